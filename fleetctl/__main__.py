@@ -1,0 +1,3 @@
+from fleetctl.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""Command-line entry point. ``main`` owns all error handling and exit codes; subcommands don't.
+
+Subcommands live in one module each under ``fleetctl/cli/`` and register on ``cli`` when
+imported below. Expected errors print one line, ``fleetctl: error: …``, to stderr; a
+traceback only with ``--traceback``.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+import click
+
+from fleetctl import __version__
+from fleetctl.errors import FleetctlError
+
+
+class ExitStatus(enum.IntEnum):
+    """Documented in README: stable for scripts."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    REMOTE_FAILURE = 3
+    INTERRUPTED = 130
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fleetctl")
+@click.option("--traceback", is_flag=True, hidden=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, traceback: bool) -> None:
+    """Run distributed training jobs on your own GPU boxes over SSH."""
+    ctx.ensure_object(dict)
+    ctx.obj["traceback"] = traceback
+
+
+def _register() -> None:
+    # Each import adds its subcommands to ``cli``.
+    from fleetctl.cli import inventory_cmd  # noqa: F401
+    from fleetctl.cli import run_cmd  # noqa: F401
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the CLI, map errors to exit codes, never leak tracebacks."""
+    args = sys.argv[1:] if argv is None else argv
+    show_tb = "--traceback" in args
+    try:
+        cli.main(args=args, prog_name="fleetctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("fleetctl: interrupted", err=True)
+        sys.exit(ExitStatus.INTERRUPTED)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        click.echo(f"fleetctl: error: {e.format_message()}", err=True)
+        sys.exit(ExitStatus.USAGE if e.exit_code == 2 else e.exit_code)
+    except FleetctlError as e:
+        if show_tb:
+            raise
+        click.echo(f"fleetctl: error: {e.one_line()}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("fleetctl: interrupted", err=True)
+        sys.exit(ExitStatus.INTERRUPTED)
+    sys.exit(ExitStatus.OK)

@@ -1,0 +1,108 @@
+"""The exception tree. Library code raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.results import FleetResult
+
+
+class FleetctlError(Exception):
+    """Root of every error fleetctl raises on purpose. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def one_line(self) -> str:
+        """The message as a single line, for `fleetctl: error: …`."""
+        return " ".join(str(self).split("\n")[0].split()) or type(self).__name__
+
+
+class UsageError(FleetctlError):
+    """Bad command-line usage."""
+
+    exit_code = 2
+
+
+class InventoryError(FleetctlError):
+    """The inventory cannot be read or is invalid. Message names file:line and host/field."""
+
+    exit_code = 2
+
+    def __init__(
+        self, message: str, *, path: str | None = None, line: int | None = None,
+        host: str | None = None, field: str | None = None,
+    ) -> None:
+        where = ""
+        if path:
+            where = f"{path}:{line}: " if line else f"{path}: "
+        super().__init__(where + message)
+        self.path, self.line, self.host, self.field = path, line, host, field
+
+
+class PlanError(FleetctlError):
+    """The job cannot be planned on these nodes (mixed GPU counts, unknown launcher, …)."""
+
+    exit_code = 2
+
+
+class LabError(FleetctlError):
+    """The namespace lab cannot be set up, inspected or torn down."""
+
+
+class ConnectError(FleetctlError):
+    """A node cannot be reached over SSH (refused, timeout, auth, host key)."""
+
+    exit_code = 3
+
+    def __init__(self, node: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{node}: {message}" + (f" ({hint})" if hint else ""))
+        self.node, self.reason, self.hint = node, message, hint
+
+
+class HostKeyError(ConnectError):
+    """The node's host key is unknown or changed: refused, never auto-added."""
+
+
+class RemoteCommandError(FleetctlError):
+    """A command on one node failed. Carries the result so the caller can show its output."""
+
+    exit_code = 3
+
+    def __init__(self, node: str, command: str, result: Any, message: str | None = None) -> None:
+        code = getattr(result, "exit_code", None)
+        tail = (getattr(result, "stderr", "") or getattr(result, "stdout", "") or "").strip()
+        last = tail.splitlines()[-1] if tail else ""
+        msg = message or f"{node}: `{command}` exited {code}" + (f": {last}" if last else "")
+        super().__init__(msg)
+        self.node, self.command, self.result = node, command, result
+
+
+class FleetError(FleetctlError):
+    """A fan-out failed on some nodes. ``result`` keeps every node's outcome, not just the first."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, result: FleetResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class CheckError(FleetError):
+    """Preflight found problems; ``result`` holds every host's check report."""
+
+
+class PushError(FleetError):
+    """Code or environment push failed on some nodes."""
+
+
+class JobFailed(FleetctlError):
+    """The training job failed on a node (exit code, signal or lost node)."""
+
+    exit_code = 3
+
+
+class Interrupted(FleetctlError):
+    """The user pressed Ctrl-C; teardown ran."""
+
+    exit_code = 130

@@ -1,0 +1,159 @@
+"""Many nodes: open one connection per node in parallel and fan work out over them.
+
+Every node's outcome is kept (``FleetResult``): a fan-out never reports only the first error.
+Every wait is bounded; a node still busy at the deadline is recorded as timed out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from fleetctl.connection import Connection, SSHSettings, connect
+from fleetctl.errors import FleetctlError
+from fleetctl.results import Cancelled, FleetResult
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+
+T = TypeVar("T")
+
+DEFAULT_FANOUT = 64
+
+
+class NodeTimeout(FleetctlError):
+    """A node's share of a fan-out did not finish before the deadline."""
+
+    exit_code = 3
+
+
+class Fleet:
+    """The selected nodes and their open connections, in rank order. Use as a context manager."""
+
+    def __init__(
+        self, nodes: Sequence[Node], settings: SSHSettings | None = None, *,
+        fanout: int = DEFAULT_FANOUT,
+    ) -> None:
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.settings = settings or SSHSettings()
+        self.fanout = max(1, fanout)
+        self._conns: dict[str, Connection] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._lock = threading.Lock()
+
+    # -- connections ------------------------------------------------------------------------
+    def connect(self, nodes: Iterable[Node] | None = None) -> FleetResult[Connection]:
+        """Open (or reuse) a connection to each node; failures are kept per node, not raised."""
+        todo = [n for n in (nodes or self.nodes) if n.name not in self._conns]
+        # Connecting is handshake-bound: run them all at once, up to the fan-out bound.
+        self._fan(todo, self._open, timeout=self.settings.connect_timeout * 2 + 5,
+                  width=self.fanout)
+        return FleetResult({
+            n.name: self._conns.get(n.name) or self._errors.get(n.name) or Cancelled(n.name)
+            for n in (nodes or self.nodes)
+        })
+
+    def _open(self, node: Node) -> Connection:
+        try:
+            conn = connect(node, self.settings)
+        except BaseException as e:
+            with self._lock:
+                self._errors[node.name] = e
+            raise
+        with self._lock:
+            self._conns[node.name] = conn
+            self._errors.pop(node.name, None)
+        return conn
+
+    def connection(self, node: Node | str) -> Connection:
+        """The open connection to a node; raises the node's connect error if it had one."""
+        name = node if isinstance(node, str) else node.name
+        if name in self._conns:
+            return self._conns[name]
+        if name in self._errors:
+            raise self._errors[name]
+        n = next((x for x in self.nodes if x.name == name), None)
+        if n is None:
+            raise KeyError(name)
+        return self._open(n)
+
+    def drop(self, node: Node | str) -> None:
+        """Forget a node's connection (lost node) so the next use reconnects."""
+        name = node if isinstance(node, str) else node.name
+        with self._lock:
+            conn = self._conns.pop(name, None)
+        if conn is not None:
+            conn.close()
+
+    @property
+    def connected(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.name in self._conns)
+
+    # -- fan-out ----------------------------------------------------------------------------
+    def map(
+        self, fn: Callable[[Node, Connection], T], *, timeout: float,
+        nodes: Iterable[Node] | None = None, fail_fast: bool = False, width: int | None = None,
+    ) -> FleetResult[T]:
+        """Run ``fn(node, connection)`` on every node in parallel; keep each node's outcome.
+
+        Nodes that could not be connected get their connect error. With ``fail_fast``, work not
+        yet started when a node fails is recorded as ``Cancelled``.
+        """
+        selected = list(nodes or self.nodes)
+
+        def work(node: Node) -> T:
+            return fn(node, self.connection(node))
+
+        return self._fan(selected, work, timeout=timeout, width=width or self.fanout,
+                         fail_fast=fail_fast)
+
+    def _fan(
+        self, nodes: list[Node], fn: Callable[[Node], T], *, timeout: float, width: int,
+        fail_fast: bool = False,
+    ) -> FleetResult[T]:
+        outcomes: dict[str, T | BaseException] = {n.name: Cancelled(n.name) for n in nodes}
+        if not nodes:
+            return FleetResult(outcomes)
+        pool = cf.ThreadPoolExecutor(max_workers=min(width, len(nodes)),
+                                     thread_name_prefix="fleet")
+        try:
+            futures = {pool.submit(fn, n): n for n in nodes}
+            deadline = time.monotonic() + timeout
+            pending = set(futures)
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                done, pending = cf.wait(pending, timeout=left, return_when=cf.FIRST_EXCEPTION)
+                for fut in done:
+                    node = futures[fut]
+                    exc = fut.exception()
+                    outcomes[node.name] = exc if exc is not None else fut.result()
+                    if exc is not None and fail_fast:
+                        for other in pending:
+                            other.cancel()
+            for fut in pending:
+                if not fut.cancelled() and not fut.done():
+                    node = futures[fut]
+                    outcomes[node.name] = NodeTimeout(
+                        f"{node.label}: no answer within {timeout:g}s"
+                    )
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return FleetResult({n.name: outcomes[n.name] for n in nodes})
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
