@@ -377,6 +377,8 @@ class SSHConnection(Connection):
             return ConnectError(node.label, f"authentication failed for {conn.user}@{where}: {e}")  # type: ignore[attr-defined]
         if isinstance(e, socket.gaierror):
             return ConnectError(node.label, f"cannot resolve host name {host!r}: {e.strerror}")
+        if isinstance(e, UnicodeError):  # not a valid DNS name (empty or >63-char label)
+            return ConnectError(node.label, f"cannot resolve host name {host!r}: invalid name")
         if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
             return ConnectError(node.label, f"connection refused by {where}")
         if isinstance(e, ConnectionRefusedError):
@@ -421,7 +423,7 @@ class SSHConnection(Connection):
                     err += ch.recv_stderr(65536)
                     continue
                 if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
-                    if ch.eof_received:
+                    if ch.eof_received or ch.closed:
                         break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -432,6 +434,13 @@ class SSHConnection(Connection):
                 transport = ch.get_transport()
                 if transport is None or not transport.is_active():
                     raise ConnectError(self.node.label, "SSH connection lost during a command")
+                if ch.eof_received or ch.closed:
+                    # Output is over but the exit status is not in yet: the channel's pipe stays
+                    # readable after EOF, so select() would return at once and spin (measured:
+                    # 500 wake-ups for `true`, a core busy while a command that closed its
+                    # stdout runs on). Sleep on the status event instead.
+                    ch.status_event.wait(min(left, 0.2))
+                    continue
                 select.select([ch], [], [], min(left, 0.2))
             code = ch.recv_exit_status()
         finally:

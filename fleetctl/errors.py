@@ -50,6 +50,12 @@ class LabError(FleetctlError):
     """The namespace lab cannot be set up, inspected or torn down."""
 
 
+class LabInputError(LabError):
+    """Bad lab arguments (host count, --subnet, --name, --dir, fault options)."""
+
+    exit_code = 2
+
+
 class ConnectError(FleetctlError):
     """A node cannot be reached over SSH (refused, timeout, auth, host key)."""
 
@@ -96,6 +102,30 @@ class PushError(FleetError):
     """Code or environment push failed on some nodes."""
 
 
+class NodePushError(FleetctlError):
+    """Push failed on one node; kept per node inside ``PushError.result``.
+
+    ``stage`` says where (probe, disk, code, upload, fetch, unpack, verify, nccl); ``enospc``
+    whether the node's disk was full.
+    """
+
+    exit_code = 3
+
+    def __init__(self, node: str, message: str, *, stage: str = "", enospc: bool = False) -> None:
+        super().__init__(f"{node}: {message}")
+        self.node, self.reason, self.stage, self.enospc = node, message, stage, enospc
+
+
+class ExecFailed(FleetctlError):
+    """``fleetctl exec`` failed on some nodes (exit 3, or the largest remote code with -S)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, exit_code: int = 3) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class JobFailed(FleetctlError):
     """The training job failed on a node (exit code, signal or lost node)."""
 
@@ -106,3 +136,14 @@ class Interrupted(FleetctlError):
     """The user pressed Ctrl-C; teardown ran."""
 
     exit_code = 130
+
+
+class ProvisionError(FleetctlError):
+    """``fleetctl provision``: ansible-playbook is missing or failed. ``exit_code`` depends on why
+    (1 ansible missing or crashed, 2 bad playbook/inventory/options, 3 hosts failed or
+    unreachable, 130 interrupted); ``returncode`` is ansible-playbook's own, when it ran."""
+
+    def __init__(self, message: str, *, exit_code: int = 1, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.returncode = returncode

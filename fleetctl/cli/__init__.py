@@ -38,7 +38,12 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 
 def _register() -> None:
     # Each import adds its subcommands to ``cli``.
+    from fleetctl.cli import check_cmd  # noqa: F401
+    from fleetctl.cli import exec_cmd  # noqa: F401
     from fleetctl.cli import inventory_cmd  # noqa: F401
+    from fleetctl.cli import lab_cmd  # noqa: F401
+    from fleetctl.cli import provision_cmd  # noqa: F401
+    from fleetctl.cli import push_cmd  # noqa: F401
     from fleetctl.cli import run_cmd  # noqa: F401
 
 

@@ -53,12 +53,13 @@ class Launcher:
 
 
 def path_from(cwd: str, target: str) -> str:
-    """``target`` as seen from ``cwd``: relative when both share a root, else ``target``.
+    """``target`` as argv can use it from ``cwd``: absolute stays absolute, ``~/…`` relative.
 
-    Pure string work (no ``os.getcwd``): ``~/.fleetctl/code/x`` from ``~/.fleetctl/runs/j`` is
-    ``../../code/x``; an absolute target with a ``~`` cwd stays absolute.
+    Only paths needing ``~`` expansion are rewritten (argv gets no shell to expand them), by
+    pure string work: ``~/.fleetctl/code/x`` seen from ``~/.fleetctl/runs/j`` is
+    ``../../code/x``. Anything else (absolute, or roots that differ) is returned unchanged.
     """
-    if target.startswith("/") != cwd.startswith("/"):
+    if target.startswith("/") or cwd.startswith("/"):
         return target
     t, c = _parts(target), _parts(cwd)
     if not t or not c or t[0] != c[0]:

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""One command for every benchmark: ``python bench/run.py --hosts 32 --out docs/benchmarks.md``.
+
+Starts a namespace lab (root), runs each measurement ``--repeat`` times (median/min/max), tears
+the lab down in ``finally`` and writes the markdown table. ``--quick`` is a smoke run with tiny
+sizes. Nothing here asserts speed: the numbers are reported, never judged, and a measurement
+that cannot run says ``not measured: <reason>`` instead of a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+from common import Result, machine_facts  # noqa: E402
+from report import write_report  # noqa: E402
+
+MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "push", "logs", "pipeline")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=16, help="lab size; fan-out runs at 8/16/32 ≤ it")
+    p.add_argument("--repeat", type=int, default=None, help="samples per row (default 5; quick 1)")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, one sample")
+    p.add_argument("--out", default=str(HERE.parent / "docs" / "benchmarks.md"))
+    p.add_argument(
+        "--only", default=",".join(MEASUREMENTS), help=f"comma list of {','.join(MEASUREMENTS)}"
+    )
+    p.add_argument("--lab-dir", default=None, help="lab folder (default: a fresh one)")
+    args = p.parse_args(argv)
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    bad = set(args.only) - set(MEASUREMENTS)
+    if bad:
+        p.error(f"unknown measurement(s): {', '.join(sorted(bad))}")
+    if args.hosts < 1:
+        p.error("--hosts must be ≥ 1")
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 5
+    return args
+
+
+def fanout_sizes(hosts: int, quick: bool) -> list[int]:
+    if quick:
+        return [hosts]
+    sizes = [n for n in (8, 16, 32) if n <= hosts]
+    return sizes or [hosts]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from fanout import FanoutBench, make_work, ssh_profile
+    from phases import PhaseBench
+
+    from fleetctl.lab import Lab
+
+    started = time.time()
+    facts = machine_facts()
+    results: list[Result] = []
+    skipped: dict[str, str] = {}
+    work = make_work()
+    lab = None
+    try:
+        t0 = time.perf_counter()
+        lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
+        facts["lab"] = f"{args.hosts} hosts, up in {time.perf_counter() - t0:.2f} s"
+        print(f"bench: lab {lab.name} up ({args.hosts} hosts) in {lab.dir}", file=sys.stderr)
+        fan = FanoutBench(lab, work)
+        phases = PhaseBench(lab, work, quick=args.quick)
+        steps = {
+            "fanout": lambda: fan.fanout(
+                fanout_sizes(args.hosts, args.quick), args.repeat, warmup=not args.quick
+            ),
+            "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
+            "teardown": lambda: phases.teardown(args.repeat),
+            "lost": lambda: phases.lost_node(args.repeat),
+            "push": lambda: phases.push(args.repeat),
+            "logs": lambda: phases.logs(args.repeat),
+            "pipeline": lambda: phases.pipeline(args.repeat),
+        }
+        for name in MEASUREMENTS:
+            if name not in args.only:
+                skipped[name] = "not selected (--only)"
+                continue
+            print(f"bench: {name} …", file=sys.stderr)
+            t1 = time.perf_counter()
+            try:
+                results.extend(steps[name]())
+            except Exception as e:
+                traceback.print_exc()
+                skipped[name] = f"not measured: {type(e).__name__}: {' '.join(str(e).split())}"[
+                    :400
+                ]
+            print(f"bench: {name} took {time.perf_counter() - t1:.1f} s", file=sys.stderr)
+    finally:
+        if lab is not None:
+            try:
+                lab.down()
+            except Exception as e:
+                print(f"bench: lab down failed: {e}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+    facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
+    meta = {
+        "command": "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "repeat": args.repeat,
+        "quick": args.quick,
+        "sizes": fanout_sizes(args.hosts, args.quick),
+        "hosts": args.hosts,
+    }
+    out = Path(args.out)
+    write_report(out, meta, facts, results, skipped)
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "facts": facts,
+                "skipped": skipped,
+                "results": [r.__dict__ for r in results],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

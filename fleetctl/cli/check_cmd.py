@@ -1,0 +1,131 @@
+"""``fleetctl check``: preflight every host and every pair of hosts, print the verdict.
+
+Output: a host × check table (✓ / ✗ with the reason), the mesh failures as directed pairs, the
+warnings, then a one-line verdict; ``--json`` prints the same as one JSON object on stdout.
+Exit status 0 when everything passed, 3 when anything failed. A passing result is cached for a
+short time so ``fleetctl run`` right after is instant; ``--recheck`` ignores the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.launchers import LAUNCHER_NAMES
+
+
+@cli.command("check")
+@inventory_option
+@limit_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--accept-new",
+    is_flag=True,
+    help="Record unknown host keys (like ssh's accept-new); changed keys still fail.",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file to verify host keys against.",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=29500,
+    show_default=True,
+    help="Port that must be free on node 0; the mesh test listens just above it.",
+)
+@click.option("--recheck", is_flag=True, help="Ignore a cached result and check again.")
+@click.option(
+    "--launcher",
+    type=click.Choice(LAUNCHER_NAMES),
+    default=None,
+    help="Check what this launcher needs (same GPU count everywhere).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["nccl", "gloo"]),
+    default=None,
+    help="nccl: a host without GPUs (no nvidia-smi) is an error.",
+)
+@click.option(
+    "--min-free",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="GiB that must be free in each host's workdir.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each host's SSH handshake.",
+)
+@click.option(
+    "-f",
+    "--fanout",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Hosts connected and checked at once.",
+)
+def check_command(
+    inventory: str | None,
+    limit: str | None,
+    as_json: bool,
+    accept_new: bool,
+    known_hosts: str | None,
+    master_port: int,
+    recheck: bool,
+    launcher: str | None,
+    backend: str | None,
+    min_free: float,
+    connect_timeout: float,
+    fanout: int,
+) -> None:
+    """Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.
+
+    Exit status 0 if every check passed, 3 if any failed.
+    """
+    from fleetctl import render
+    from fleetctl.check import CheckOptions, GiB, check_fleet
+    from fleetctl.connection import SSHSettings
+    from fleetctl.errors import CheckError
+    from fleetctl.fleet import Fleet
+
+    selected = load_selected(inventory, limit)
+    nodes = list(getattr(selected, "nodes", selected))
+    settings = SSHSettings(
+        known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
+    )
+    options = CheckOptions(
+        master_port=master_port,
+        backend=backend,
+        uniform_gpus=_needs_uniform_gpus(launcher),
+        min_free_bytes=int(min_free * GiB),
+        recheck=recheck,
+    )
+    with Fleet(nodes, settings, fanout=fanout) as fleet:
+        report = check_fleet(fleet, options)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.flush()
+    else:
+        render.print_check_report(report)
+    if not report.ok:
+        raise CheckError(f"check failed: {report.summary()}", report)  # type: ignore[arg-type]
+
+
+def _needs_uniform_gpus(launcher: str | None) -> bool:
+    """Launchers that start one process per GPU need the same count on every node."""
+    if launcher is None:
+        return False
+    from fleetctl.launchers import get_launcher
+
+    return not get_launcher(launcher).one_process_per_node

@@ -1,0 +1,160 @@
+"""``fleetctl exec``: an ad-hoc command on every node, like pdsh/clush, over fleetctl's SSH layer.
+
+Output: each node's lines prefixed ``node1: …`` as nodes finish (stderr lines go to stderr);
+``-b/--gather`` prints identical output once under its folded node set (``node[1-3,5]``) in
+rank order, like ``clush -b``. Failures are summarised on stderr, folded by status.
+Exit status: 0 when every node exited 0; 3 when any node failed, timed out or was unreachable
+(like pdsh/clush without -S; per-node codes are in the output and in ``--json``). ``-S``
+returns the largest remote exit code instead (255 for a node where the command could not run).
+
+Imports stay light at module level: every ``fleetctl`` start imports this module, and the
+SSH stack (paramiko) is only loaded when a command really connects.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.cli.options import inventory_option, limit_option, load_selected
+
+if TYPE_CHECKING:
+    from fleetctl.execute import ExecResult, NodeRun
+
+
+def _prefixed(name: str, text: str) -> str:
+    lines = text.splitlines()
+    return "".join(f"{name}: {line}\n" for line in lines)
+
+
+def _print_run(run: NodeRun) -> None:
+    """Streaming mode: one node's output, prefixed, as soon as that node is done."""
+    if run.stdout:
+        sys.stdout.write(_prefixed(run.node, run.stdout))
+        sys.stdout.flush()
+    if run.stderr:
+        sys.stderr.write(_prefixed(run.node, run.stderr))
+    if run.error is not None:
+        sys.stderr.write(f"{run.node}: error: {run.error}\n")
+    if run.stderr or run.error is not None:
+        sys.stderr.flush()
+
+
+def _print_gathered(result: ExecResult) -> None:
+    """clush -b: identical output printed once under the folded set of nodes that produced it."""
+    from fleetctl.execute import group_identical
+    from fleetctl.nodeset import fold
+
+    out = []
+    for names, run in group_identical(result.runs):
+        header = fold(names)
+        if run.status != "ok":
+            header += f" ({run.status})"
+        out.append(f"{'-' * 15}\n{header}\n{'-' * 15}\n")
+        out.append(run.stdout if run.stdout.endswith("\n") or not run.stdout else run.stdout + "\n")
+        if run.stderr:
+            out.append(_prefixed("stderr", run.stderr))
+    sys.stdout.write("".join(out))
+    sys.stdout.flush()
+
+
+def _print_failures(result: ExecResult) -> None:
+    """One stderr line per distinct failure, its nodes folded: ``node[4,7]: exit 1``."""
+    from fleetctl.nodeset import fold
+
+    by_status: dict[str, list[str]] = {}
+    for run in result.failed:
+        by_status.setdefault(run.status, []).append(run.node)
+    for status, names in by_status.items():
+        sys.stderr.write(f"fleetctl: {fold(names)}: {status}\n")
+    sys.stderr.flush()
+
+
+@cli.command(
+    "exec",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@inventory_option
+@limit_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object with every node's result."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds the command may run on each node.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each node's SSH handshake.",
+)
+@click.option(
+    "-f",
+    "--fanout",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Nodes connected and run at once.",
+)
+@click.option(
+    "-b",
+    "--gather",
+    is_flag=True,
+    help="Fold identical output under node sets (like clush -b), in rank order.",
+)
+@click.option(
+    "-S",
+    "--max-rc",
+    is_flag=True,
+    help="Exit with the largest remote exit code (255: not run) instead of 3.",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_command(
+    inventory: str | None,
+    limit: str | None,
+    as_json: bool,
+    timeout: float,
+    connect_timeout: float,
+    fanout: int,
+    gather: bool,
+    max_rc: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND on every node; output prefixed by node name.
+
+    One argument is a remote shell line (`fleetctl exec -- 'df -h | tail -1'`); several are
+    quoted one by one and reach the program literally (`fleetctl exec -- echo 'a b;c'`).
+    Exit status 0 if every node succeeded, 3 if any failed or was unreachable (see -S).
+    """
+    from fleetctl.connection import SSHSettings
+    from fleetctl.errors import ExecFailed
+    from fleetctl.execute import command_line, execute
+    from fleetctl.fleet import Fleet
+
+    line = command_line(command)
+    nodes = list(load_selected(inventory, limit).nodes)
+    settings = SSHSettings(connect_timeout=connect_timeout)
+    stream = not (as_json or gather)
+    with Fleet(nodes, settings, fanout=fanout) as fleet:
+        result = execute(fleet, line, timeout=timeout, on_result=_print_run if stream else None)
+    if as_json:
+        data = result.to_dict()
+        data["exit_code"] = result.exit_code(max_rc=max_rc)
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        sys.stdout.flush()
+    elif gather:
+        _print_gathered(result)
+    if not result.ok and not as_json:
+        _print_failures(result)
+    code = result.exit_code(max_rc=max_rc)
+    if code:
+        raise ExecFailed(f"exec failed on {len(result.failed)} of {len(result.runs)} nodes", code)

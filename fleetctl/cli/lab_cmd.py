@@ -1,0 +1,329 @@
+"""`fleetctl lab …`: real SSH hosts in network namespaces on this machine (needs root).
+
+Thin layer over :mod:`fleetctl.lab`; errors propagate to ``fleetctl.cli.main`` (LabError exits 1,
+bad arguments exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.errors import LabError
+from fleetctl.lab import Lab
+
+_NET = click.Choice(["mgmt", "data"])
+
+
+def _pick(dir: str | None, name: str | None) -> Lab:
+    return Lab.find(dir=dir, name=name)
+
+
+def _where(lab: Lab) -> str:
+    return f"--name {lab.name}" if lab.dir.parent.name == "fleetctl-lab" else f"--dir {lab.dir}"
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    data = st.get("data")
+    nets = f"mgmt {st['mgmt']['subnet']} on {st['mgmt']['bridge']}"
+    if data:
+        nets += f", data {data['subnet']} on {data['bridge']}"
+    click.echo(f"lab {st['name']} ({st['phase']}): {nets}")
+    click.echo(f"  dir {st['dir']}")
+    for h in st["hosts"]:
+        if h["init_pid"] is None:
+            state = "down"
+        elif h["sshd_pid"] is None:
+            state = "sshd stopped"
+        elif h["ssh_ok"] is False:
+            state = "unreachable"
+        else:
+            state = "ok"
+        data_part = f"  {h['nic'] + ' ' + h['data_addr']:<18}" if h["data_addr"] else ""
+        gpus = f"  gpus {h['gpus']}" if h["gpus"] else ""
+        click.echo(f"  {h['name']:<7} {h['mgmt_addr']:<15}{data_part}{gpus}  [{state}]")
+    for f in st["faults"]:
+        extra = ", ".join(f"{k}={v}" for k, v in f.items() if k not in ("kind", "host"))
+        click.echo(f"  fault: {f['kind']} on {f['host']}" + (f" ({extra})" if extra else ""))
+
+
+@cli.group("lab")
+def lab_group() -> None:
+    """Namespace lab: N real sshd hosts on this machine, for trying and testing fleetctl."""
+
+
+@lab_group.command("up")
+@click.argument("n", type=click.IntRange(1, 200))
+@click.option(
+    "--dir",
+    "dir_",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="State directory (default /var/tmp/fleetctl-lab/NAME; not under /tmp).",
+)
+@click.option(
+    "--networks",
+    type=click.IntRange(1, 2),
+    default=1,
+    show_default=True,
+    help="2 adds a data network (NIC data0, ib0 on the last host).",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Fake nvidia-smi reporting K GPUs on each host.",
+)
+@click.option("--name", default=None, help="Lab name, 1-8 of [a-z0-9] (default fl + 4 hex).")
+@click.option(
+    "--subnet",
+    default=None,
+    help="Management subnet (private CIDR); the data network is the next block.",
+)
+@click.option(
+    "--machine-bashrc",
+    is_flag=True,
+    help="Keep this machine's ~/.bashrc on the hosts (default: a minimal one).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the lab status as JSON.")
+def lab_up(
+    n: int,
+    dir_: str | None,
+    networks: int,
+    gpus: int,
+    name: str | None,
+    subnet: str | None,
+    machine_bashrc: bool,
+    as_json: bool,
+) -> None:
+    """Start N hosts (node1..nodeN), each with its own sshd, and write DIR/hosts.yml."""
+    lab = Lab.up(
+        n,
+        dir=dir_,
+        networks=networks,
+        gpus=gpus,
+        name=name,
+        subnet=subnet,
+        machine_bashrc=machine_bashrc,
+    )
+    st = lab.status(probe=False)
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    click.echo(
+        f"lab {lab.name} up: {n} host{'s' if n != 1 else ''} in "
+        f"{lab.state.get('up_seconds', 0):.2f} s"
+    )
+    _print_status(lab.status(probe=False))
+    click.echo(f"  inventory  {lab.inventory_path}")
+    click.echo(f"  ssh        ssh -F {lab.ssh_config} node1")
+    click.echo(f"  tear down  fleetctl lab down {_where(lab)}")
+
+
+@lab_group.command("status")
+@click.option("--dir", "dir_", default=None, help="Lab state directory.")
+@click.option("--name", default=None, help="Lab name.")
+@click.option("--all", "all_", is_flag=True, help="Every lab on this machine.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def lab_status(dir_: str | None, name: str | None, all_: bool, as_json: bool) -> None:
+    """Show hosts, addresses, whether each sshd answers, and active faults."""
+    labs = Lab.running() if all_ else [_pick(dir_, name)]
+    states = [lab.status(probe=True) for lab in labs]
+    if as_json:
+        click.echo(json.dumps(states if all_ else states[0], indent=2))
+        return
+    if not states:
+        click.echo("no lab is running")
+    for st in states:
+        _print_status(st)
+
+
+@lab_group.command("down")
+@click.option("--dir", "dir_", default=None, help="Lab state directory.")
+@click.option("--name", default=None, help="Lab name.")
+@click.option("--all", "all_", is_flag=True, help="Tear down every lab on this machine.")
+@click.option("--keep-dir", is_flag=True, help="Keep DIR (logs, keys) after teardown.")
+def lab_down(dir_: str | None, name: str | None, all_: bool, keep_dir: bool) -> None:
+    """Stop the lab's processes; remove its namespaces, links, bridges and files. Idempotent."""
+    if all_:
+        labs = Lab.running()
+    else:
+        try:
+            labs = [_pick(dir_, name)]
+        except LabError as e:
+            if "no lab" in str(e):  # nothing to do is success: `down` is idempotent
+                click.echo(f"nothing to tear down ({e.one_line()})")
+                return
+            raise
+    for lab in labs:
+        removed = lab.down(keep_dir=keep_dir)
+        click.echo(
+            f"lab {lab.name} down"
+            + (f" (removed {len(removed)} items)" if removed else " (already down)")
+        )
+
+
+@lab_group.command("ssh", context_settings={"ignore_unknown_options": True})
+@click.option("--dir", "dir_", default=None, help="Lab state directory.")
+@click.option("--name", default=None, help="Lab name.")
+@click.argument("host")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def lab_ssh(dir_: str | None, name: str | None, host: str, command: tuple[str, ...]) -> None:
+    """Open an OpenSSH session to HOST with the lab's key and pinned host keys."""
+    lab = _pick(dir_, name)
+    lab.host(host)
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise LabError("ssh not found (install openssh-client)")
+    os.execv(ssh, ["ssh", "-F", str(lab.ssh_config), host, *command])
+
+
+@lab_group.group("fault")
+@click.option("--dir", "dir_", default=None, help="Lab state directory.")
+@click.option("--name", default=None, help="Lab name.")
+@click.pass_context
+def lab_fault(ctx: click.Context, dir_: str | None, name: str | None) -> None:
+    """Inject or undo a fault on one lab host."""
+    ctx.ensure_object(dict)
+    ctx.obj["lab_where"] = (dir_, name)
+
+
+def _lab(ctx: click.Context) -> Lab:
+    return _pick(*ctx.obj["lab_where"])
+
+
+def _done(msg: str) -> None:
+    click.echo(msg)
+
+
+@lab_fault.command("cut")
+@click.argument("host")
+@click.option("--net", "network", type=_NET, default="mgmt", show_default=True)
+@click.pass_context
+def fault_cut(ctx: click.Context, host: str, network: str) -> None:
+    """Unplug HOST's link on a network."""
+    _lab(ctx).cut_link(host, network)
+    _done(f"{host}: {network} link cut")
+
+
+@lab_fault.command("heal")
+@click.argument("host")
+@click.option("--net", "network", type=_NET, default="mgmt", show_default=True)
+@click.pass_context
+def fault_heal(ctx: click.Context, host: str, network: str) -> None:
+    """Plug HOST's link back in."""
+    _lab(ctx).heal_link(host, network)
+    _done(f"{host}: {network} link up")
+
+
+@lab_fault.command("kill-sshd")
+@click.argument("host")
+@click.pass_context
+def fault_kill_sshd(ctx: click.Context, host: str) -> None:
+    """Kill HOST's sshd listener (SIGKILL); open sessions survive."""
+    pid = _lab(ctx).kill_sshd(host)
+    _done(f"{host}: sshd (pid {pid}) killed")
+
+
+@lab_fault.command("start-sshd")
+@click.argument("host")
+@click.pass_context
+def fault_start_sshd(ctx: click.Context, host: str) -> None:
+    """Start HOST's sshd again and wait for its banner."""
+    _lab(ctx).start_sshd(host)
+    _done(f"{host}: sshd running")
+
+
+@lab_fault.command("netem")
+@click.argument("host")
+@click.option("--delay", "delay_ms", type=click.FloatRange(0), default=0.0, help="ms each way")
+@click.option("--jitter", "jitter_ms", type=click.FloatRange(0), default=0.0, help="ms")
+@click.option("--loss", "loss_pct", type=click.FloatRange(0, 100), default=0.0, help="percent")
+@click.option("--net", "network", type=_NET, default="mgmt", show_default=True)
+@click.pass_context
+def fault_netem(
+    ctx: click.Context, host: str, delay_ms: float, jitter_ms: float, loss_pct: float, network: str
+) -> None:
+    """Add delay/jitter/loss on HOST's link, both directions (tc netem)."""
+    _lab(ctx).netem(host, network, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct)
+    _done(f"{host}: {network} netem delay {delay_ms:g}ms jitter {jitter_ms:g}ms loss {loss_pct:g}%")
+
+
+@lab_fault.command("clear-netem")
+@click.argument("host")
+@click.option("--net", "network", type=_NET, default="mgmt", show_default=True)
+@click.pass_context
+def fault_clear_netem(ctx: click.Context, host: str, network: str) -> None:
+    """Remove delay/loss from HOST's link."""
+    _lab(ctx).clear_netem(host, network)
+    _done(f"{host}: {network} netem cleared")
+
+
+@lab_fault.command("disk-full")
+@click.argument("host")
+@click.option(
+    "--path",
+    default="/root/.fleetctl",
+    show_default=True,
+    help="Directory on the host to cover with a tiny tmpfs.",
+)
+@click.option("--size", default="1m", show_default=True, help="tmpfs size (e.g. 512k, 1m).")
+@click.pass_context
+def fault_disk_full(ctx: click.Context, host: str, path: str, size: str) -> None:
+    """Make PATH on HOST (nearly) full: a tiny tmpfs covers it until disk-ok."""
+    _lab(ctx).disk_full(host, path, size)
+    _done(f"{host}: {path} is now a {size} tmpfs")
+
+
+@lab_fault.command("disk-ok")
+@click.argument("host")
+@click.option("--path", default="/root/.fleetctl", show_default=True)
+@click.pass_context
+def fault_disk_ok(ctx: click.Context, host: str, path: str) -> None:
+    """Undo disk-full on HOST."""
+    _lab(ctx).disk_ok(host, path)
+    _done(f"{host}: {path} back to normal")
+
+
+@lab_fault.command("crash")
+@click.argument("host")
+@click.pass_context
+def fault_crash(ctx: click.Context, host: str) -> None:
+    """Crash HOST: kill its PID 1, and with it every process on the host."""
+    _lab(ctx).crash_host(host)
+    _done(f"{host}: crashed")
+
+
+@lab_fault.command("boot")
+@click.argument("host")
+@click.pass_context
+def fault_boot(ctx: click.Context, host: str) -> None:
+    """Boot a crashed HOST again (same disk area and keys)."""
+    _lab(ctx).boot_host(host)
+    _done(f"{host}: booted")
+
+
+@lab_fault.command("gpus")
+@click.argument("host")
+@click.argument("count", type=click.IntRange(0, 64))
+@click.pass_context
+def fault_gpus(ctx: click.Context, host: str, count: int) -> None:
+    """Make HOST's fake nvidia-smi report COUNT GPUs."""
+    _lab(ctx).set_gpus(host, count)
+    _done(f"{host}: nvidia-smi now reports {count} GPU(s)")
+
+
+@lab_fault.command("reset")
+@click.pass_context
+def fault_reset(ctx: click.Context) -> None:
+    """Undo every active fault of the lab."""
+    lab = _lab(ctx)
+    n = len(lab.faults)
+    lab.reset_faults()
+    _done(f"lab {lab.name}: {n} fault(s) undone")

@@ -1,0 +1,96 @@
+"""``fleetctl provision PLAYBOOK -i hosts.yml [--limit P] [-- ansible-playbook args…]``.
+
+Runs the real ``ansible-playbook`` with the same inventory and host-key settings fleetctl uses
+(see ``fleetctl.provision``), its output streamed as it comes. PLAYBOOK is a file or the short
+name of a shipped playbook: ``bootstrap``, ``conda-env``, ``gpu-facts``.
+
+Exit status: 0 success; 3 a host failed or was unreachable (ansible 2/3); 2 bad playbook,
+inventory or options (ansible 4/5, or fleetctl's own checks); 130 interrupted; 1 anything else,
+including ansible-playbook missing from PATH.
+"""
+
+from __future__ import annotations
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.cli.options import inventory_option, limit_option
+
+
+@cli.command(
+    "provision",
+    context_settings={"ignore_unknown_options": False, "allow_interspersed_args": True},
+)
+@click.argument("playbook")
+@inventory_option
+@limit_option
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file Ansible verifies host keys against (default: as fleetctl's).",
+)
+@click.option(
+    "--accept-new",
+    is_flag=True,
+    help="Record unknown host keys (ssh's accept-new); changed keys still fail.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds the whole playbook may run (default 4 h).",
+)
+@click.option(
+    "--print-command",
+    is_flag=True,
+    help="Print the ansible-playbook command instead of running it.",
+)
+@click.argument("ansible_args", nargs=-1, type=click.UNPROCESSED)
+def provision_command(
+    playbook: str,
+    inventory: str | None,
+    limit: str | None,
+    known_hosts: str | None,
+    accept_new: bool,
+    timeout: float | None,
+    print_command: bool,
+    ansible_args: tuple[str, ...],
+) -> None:
+    """Run an Ansible PLAYBOOK on the fleet (everything after -- goes to ansible-playbook).
+
+    \b
+    Shipped playbooks (short names):
+      bootstrap   python3, rsync, private workdir, sshd limits, firewall ports
+      conda-env   build + conda-pack the training env on a build host
+      gpu-facts   driver/CUDA/NCCL/GPU report from every node (./fleet-facts/)
+    \b
+    Examples:
+      fleetctl provision bootstrap -i hosts.yml
+      fleetctl provision gpu-facts -i hosts.yml --limit 'gpu0*'
+      fleetctl provision bootstrap -i hosts.yml -- --check --diff -e fleetctl_sshd_manage=false
+    """
+    from fleetctl.connection import SSHSettings
+    from fleetctl.errors import UsageError
+    from fleetctl.provision import DEFAULT_TIMEOUT, exit_error, playbook_command, run_playbook
+
+    if not inventory:
+        raise UsageError("provision needs an inventory: -i hosts.yml")
+    settings = SSHSettings(known_hosts=known_hosts, accept_new=accept_new)
+    with playbook_command(
+        playbook, inventory, limit=limit, extra_args=ansible_args, settings=settings
+    ) as cmd:
+        for warning in cmd.warnings:
+            click.echo(f"fleetctl: warning: {warning}", err=True)
+        if print_command:
+            if cmd.overlay is not None:
+                click.echo(f"# {cmd.overlay} (temporary):\n{cmd.overlay.read_text()}", err=True)
+            click.echo(cmd.display())
+            return
+        click.echo(
+            f"fleetctl: ansible-playbook {cmd.playbook.name} on {len(cmd.hosts)} host(s)", err=True
+        )
+        rc = run_playbook(cmd, timeout=timeout or DEFAULT_TIMEOUT)
+    error = exit_error(rc)
+    if error is not None:
+        raise error

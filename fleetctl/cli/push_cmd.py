@@ -1,0 +1,156 @@
+"""``fleetctl push``: ship the code snapshot and the conda-pack env to every host, verify them.
+
+Live progress per host on stderr (a tty only), then a per-host table on stdout; ``--json``
+prints the report as one JSON object instead. Exit status 0 when every host has the code and a
+working env with the same NCCL version, 3 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.cli.options import inventory_option, limit_option, load_selected
+
+
+@cli.command("push")
+@inventory_option
+@limit_option
+@click.option(
+    "--code",
+    "code_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Project directory to ship (default: the git work tree holding ., else .).",
+)
+@click.option("--no-code", is_flag=True, help="Push only the env.")
+@click.option(
+    "--env",
+    "env_archive",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="conda-pack archive (default: each host's fleetctl_env_archive).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--backend",
+    type=click.Choice(["nccl", "gloo"]),
+    default=None,
+    help="nccl: an env without a loadable libnccl.so.2 is an error.",
+)
+@click.option("--check-torch", is_flag=True, help="Also check `import torch` in the env.")
+@click.option(
+    "--peer/--no-peer",
+    default=None,
+    help="Hosts fetch the archive from each other (default: from --peer-min hosts).",
+)
+@click.option(
+    "--peer-min",
+    type=click.IntRange(min=2),
+    default=4,
+    show_default=True,
+    help="Hosts needing the archive from which peer distribution is used.",
+)
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Code snapshots kept per host.",
+)
+@click.option(
+    "--accept-new",
+    is_flag=True,
+    help="Record unknown host keys (like ssh's accept-new); changed keys still fail.",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="known_hosts file to verify host keys against.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each host's SSH handshake.",
+)
+@click.option(
+    "-f",
+    "--fanout",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Hosts pushed to at once.",
+)
+def push_command(
+    inventory: str | None,
+    limit: str | None,
+    code_dir: str | None,
+    no_code: bool,
+    env_archive: str | None,
+    as_json: bool,
+    backend: str | None,
+    check_torch: bool,
+    peer: bool | None,
+    peer_min: int,
+    keep: int,
+    accept_new: bool,
+    known_hosts: str | None,
+    connect_timeout: float,
+    fanout: int,
+) -> None:
+    """Ship code and the conda-pack env to every host; verify python and NCCL there."""
+    from fleetctl import render
+    from fleetctl.codesync import default_code_dir
+    from fleetctl.connection import SSHSettings
+    from fleetctl.errors import PushError
+    from fleetctl.fleet import Fleet
+    from fleetctl.push import PushOptions, push
+
+    selected = load_selected(inventory, limit)
+    nodes = list(getattr(selected, "nodes", selected))
+    code = None if no_code else (code_dir or default_code_dir("."))
+    settings = SSHSettings(
+        known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
+    )
+    options = PushOptions(
+        keep_snapshots=keep,
+        require_nccl=backend == "nccl",
+        check_torch=check_torch,
+        peer=peer,
+        peer_min_nodes=peer_min,
+    )
+    display = render.PushProgress(
+        [n.name for n in nodes], enabled=not as_json and sys.stderr.isatty()
+    )
+    error: PushError | None = None
+    with Fleet(nodes, settings, fanout=fanout) as fleet, display:
+        try:
+            report = push(
+                fleet, code=code, env_archive=env_archive, options=options, progress=display
+            )
+        except PushError as e:
+            error, report = e, e.report  # type: ignore[attr-defined]
+    failures = (
+        {}
+        if error is None
+        else {
+            k: (v.one_line() if hasattr(v, "one_line") else str(v))
+            for k, v in error.result.failed.items()
+        }
+    )
+    if as_json:
+        doc = report.to_dict()
+        doc["ok"] = error is None
+        doc["failures"] = failures
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.flush()
+    else:
+        render.print_push_report(report, failures)
+    if error is not None:
+        raise error

@@ -1,0 +1,285 @@
+"""``fleetctl run``: plan a job from the inventory and run it on every node.
+
+Everything after SCRIPT goes to the script untouched (fleetctl's own options come first), like
+torchrun. ``--dry-run`` stops after planning: no network, nothing started; ``--json`` prints the
+plan in the contract shape ``{"job_id", "nodes": [{"host", "address", "node_rank", "nic",
+"argv", "env"}…]}``. Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run_job``
+(check → push → launch → watch → teardown → collect).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.errors import Interrupted, JobFailed, UsageError
+from fleetctl.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
+from fleetctl.plan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
+
+
+def new_job_id(now: datetime | None = None) -> str:
+    """``YYYYmmdd-HHMMSS-<6 hex>`` in UTC: sorts by start time, random suffix avoids clashes."""
+    return format_job_id(now or datetime.now(timezone.utc), secrets.token_hex(3))
+
+
+class NprocType(click.ParamType):
+    """``--nproc-per-node``: a positive integer or ``auto`` (one per GPU, 1 without GPUs)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif str(value).strip().lower() == "auto":
+            return "auto"
+        else:
+            try:
+                n = int(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+        if n < 1:
+            self.fail(f"{value!r} is not a positive integer", param, ctx)
+        return n
+
+
+def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
+    """``K=V`` pairs (``=`` allowed in V); a later K wins. BadParameter names the bad item."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY_RE.match(key):
+            raise click.BadParameter(
+                f"{item!r} is not NAME=VALUE with a valid variable name", param_hint="--env-var"
+            )
+        env[key] = value
+    return env
+
+
+def script_in_code_dir(script: str, code_dir: str) -> str:
+    """SCRIPT as a POSIX path relative to the code dir that push ships; UsageError if outside."""
+    if script.startswith("-"):
+        raise UsageError(f"unknown option {script!r} (fleetctl options go before SCRIPT)")
+    root = Path(code_dir).resolve()
+    path = Path(script)
+    full = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    if not full.is_file():
+        raise UsageError(f"script not found: {script}")
+    try:
+        rel = full.relative_to(root)
+    except ValueError as e:
+        raise UsageError(f"script {script} is outside the code dir {root} (see --code-dir)") from e
+    return rel.as_posix()
+
+
+@cli.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@inventory_option
+@limit_option
+@click.option(
+    "--launcher",
+    type=click.Choice(LAUNCHER_NAMES),
+    default=DEFAULT_LAUNCHER,
+    show_default=True,
+    help="How each node starts its processes.",
+)
+@click.option(
+    "--nproc-per-node",
+    "nproc",
+    type=NprocType(),
+    default="auto",
+    show_default=True,
+    help="Processes per node; auto = one per GPU (all nodes must agree), 1 without GPUs.",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_MASTER_PORT,
+    show_default=True,
+    help="Rendezvous port on node 0 (paddle: its start port).",
+)
+@click.option(
+    "--env-var",
+    "env_vars",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Extra env for every node; wins over fleetctl_env. Repeatable.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="Hint for the script (FLEET_BACKEND); default: the script decides.",
+)
+@click.option(
+    "--code-dir",
+    "--code",
+    "code_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=".",
+    show_default=True,
+    help="Local folder shipped to the nodes; SCRIPT must be inside it.",
+)
+@click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--env",
+    "env_archive",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
+)
+@click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
+)
+@click.option(
+    "--lost-timeout",
+    type=click.FloatRange(min=1, max=5),
+    default=5.0,
+    show_default=True,
+    help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
+)
+@click.option(
+    "--deadman",
+    type=click.FloatRange(min=2, max=10),
+    default=10.0,
+    show_default=True,
+    help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
+)
+@click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False),
+    default="fleet-runs",
+    show_default=True,
+    help="Where run folders (plan, job.json, events, logs) are written.",
+)
+@click.option(
+    "--tail",
+    default="all",
+    show_default=True,
+    metavar="all|RANK|none",
+    help="Live log lines from every node, one node only (e.g. 0), or none.",
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run_command(
+    inventory: str | None,
+    limit: str | None,
+    launcher: str,
+    nproc: int | str,
+    master_port: int,
+    env_vars: tuple[str, ...],
+    backend: str | None,
+    code_dir: str,
+    dry_run: bool,
+    as_json: bool,
+    env_archive: str | None,
+    no_check: bool,
+    grace: float,
+    lost_timeout: float,
+    deadman: float,
+    runs_dir: str,
+    tail: str,
+    script: str,
+    script_args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone)."""
+    env = parse_env_vars(env_vars)
+    rel_script = script_in_code_dir(script, code_dir)
+    inv = load_selected(inventory, limit)
+    now = datetime.now(timezone.utc)
+    spec = JobSpec(
+        script=rel_script,
+        job_id=new_job_id(now),
+        args=script_args,
+        launcher=launcher,
+        nproc_per_node=nproc,
+        master_port=master_port,
+        env=env,
+        backend=backend,
+        created=now.isoformat(timespec="seconds"),
+    )
+    if dry_run:
+        from fleetctl.plan import make_plan
+
+        plan = make_plan(inv.nodes, spec)
+        if as_json:
+            click.echo(plan.to_json())
+        else:
+            from fleetctl import render
+
+            render.print_plan(plan, inventory=inv.path)
+        return
+
+    _run_for_real(
+        spec,
+        inv.nodes,
+        code_dir=code_dir,
+        env_archive=env_archive,
+        check=not no_check,
+        grace=grace,
+        lost_timeout=lost_timeout,
+        deadman=deadman,
+        runs_dir=runs_dir,
+        tail=tail,
+        as_json=as_json,
+    )
+
+
+def _run_for_real(
+    spec: JobSpec,
+    nodes: Any,
+    *,
+    code_dir: str,
+    env_archive: str | None,
+    check: bool,
+    grace: float,
+    lost_timeout: float,
+    deadman: float,
+    runs_dir: str,
+    tail: str,
+    as_json: bool,
+) -> None:
+    """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
+    import json
+
+    from fleetctl import render
+    from fleetctl.job import RunOptions, run_job
+
+    if tail not in ("all", "none") and not tail.isdigit():
+        raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
+    options = RunOptions(
+        runs_dir=runs_dir,
+        check=check,
+        grace=grace,
+        lost_timeout=lost_timeout,
+        deadman=deadman,
+        code=os.path.abspath(code_dir),
+        env_archive=env_archive,
+    )
+    live = render.LiveLog(tail="none" if as_json else tail)
+    result = run_job(spec, nodes, options, on_event=live)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        for line in render.run_summary_lines(result):
+            click.echo(line, err=True)
+    if result.status == "interrupted":
+        raise Interrupted(f"job {result.job_id} interrupted; stopped on every node")
+    if result.exit_code:
+        ff = result.failed_node
+        what = f"node {ff.rank} ({ff.host}) failed first: {ff.how()}" if ff else result.status
+        raise JobFailed(f"job {result.job_id}: {what}")

@@ -1,0 +1,164 @@
+"""A stand-in ``nvidia-smi`` for lab hosts: prints K fake GPUs in the real tool's formats.
+
+Copied into each lab host's bin dir (first on the host's SSH ``PATH``) when the lab has
+``--gpus K``. It reads ``nvidia-smi.json`` next to itself (``count``, ``name``, ``memory_mib``,
+``driver``, ``seed``), so a test can change one host's count without restarting anything.
+Stdlib only. Covers what fleetctl and people commonly call: ``-L``, ``--query-gpu=…
+--format=csv[,noheader][,nounits]``, ``--query-compute-apps=…`` (no apps), ``-i``, and the
+plain summary table. Exit codes follow the real tool: 6 when no GPU is found, 2 for a bad field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+
+FIELDS_WITH_UNITS = {
+    "memory.total": "MiB",
+    "memory.used": "MiB",
+    "memory.free": "MiB",
+    "utilization.gpu": "%",
+    "utilization.memory": "%",
+    "power.draw": "W",
+    "power.limit": "W",
+    "clocks.sm": "MHz",
+    "clocks.max.sm": "MHz",
+}
+
+
+def load() -> dict:
+    try:
+        with open(os.path.join(HERE, "nvidia-smi.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {"count": 0}
+
+
+def gpus(cfg: dict) -> list[dict]:
+    out = []
+    mem = int(cfg.get("memory_mib", 81559))
+    for i in range(int(cfg.get("count", 0))):
+        u = uuid.uuid5(uuid.NAMESPACE_URL, f"fleetctl-lab/{cfg.get('seed', '')}/{i}")
+        out.append(
+            {
+                "index": str(i),
+                "name": cfg.get("name", "NVIDIA H100 80GB HBM3"),
+                "uuid": f"GPU-{u}",
+                "serial": str(1650000000000 + i),
+                "memory.total": str(mem),
+                "memory.used": "0",
+                "memory.free": str(mem),
+                "driver_version": cfg.get("driver", "535.104.05"),
+                "pci.bus_id": f"00000000:{0x18 + i * 0x10:02X}:00.0",
+                "utilization.gpu": "0",
+                "utilization.memory": "0",
+                "temperature.gpu": "31",
+                "power.draw": "69.42",
+                "power.limit": "700.00",
+                "clocks.sm": "345",
+                "clocks.max.sm": "1980",
+                "compute_cap": "9.0",
+                "persistence_mode": "Enabled",
+                "pstate": "P0",
+                "count": str(int(cfg.get("count", 0))),
+                "vbios_version": "96.00.74.00.01",
+            }
+        )
+    return out
+
+
+def option(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def select(devs: list[dict], args: list[str]) -> list[dict]:
+    ids = option(args, "-i") or option(args, "--id")
+    if ids is None:
+        return devs
+    wanted = {x.strip() for x in ids.split(",")}
+    return [d for d in devs if d["index"] in wanted or d["uuid"] in wanted]
+
+
+def query(devs: list[dict], fields_arg: str, fmt: str) -> int:
+    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    aliases = {
+        "gpu_name": "name",
+        "gpu_uuid": "uuid",
+        "gpu_serial": "serial",
+        "gpu_bus_id": "pci.bus_id",
+        "driver": "driver_version",
+    }
+    fields = [aliases.get(f, f) for f in fields]
+    valid = set(gpus({"count": 1})[0])
+    for f in fields:
+        if f not in valid:
+            print(f'Field "{f}" is not a valid field to query.\n', file=sys.stderr)
+            return 2
+    opts = {o.strip() for o in fmt.split(",")}
+    if "csv" not in opts:
+        print(f'"{fmt}" is not a valid format.', file=sys.stderr)
+        return 2
+    units = "nounits" not in opts
+    if "noheader" not in opts:
+        print(
+            ", ".join(
+                f + (f" [{FIELDS_WITH_UNITS[f]}]" if f in FIELDS_WITH_UNITS and units else "")
+                for f in fields
+            )
+        )
+    for d in devs:
+        vals = []
+        for f in fields:
+            v = d[f]
+            if units and f in FIELDS_WITH_UNITS:
+                v = f"{v} {FIELDS_WITH_UNITS[f]}"
+            vals.append(v)
+        print(", ".join(vals))
+    return 0
+
+
+def table(devs: list[dict], cfg: dict) -> None:
+    drv = cfg.get("driver", "535.104.05")
+    print("+" + "-" * 87 + "+")
+    print(f"| NVIDIA-SMI {drv:<17} Driver Version: {drv:<14} CUDA Version: 12.2     |")
+    print("|" + "=" * 87 + "|")
+    for d in devs:
+        mem = f"{d['memory.used']}MiB / {d['memory.total']}MiB"
+        print(f"| {d['index']:>3}  {d['name']:<32} {d['pci.bus_id']:<18} {mem:<24}  |")
+    print("+" + "-" * 87 + "+")
+
+
+def main(args: list[str]) -> int:
+    cfg = load()
+    devs = gpus(cfg)
+    if not devs:
+        print("No devices were found")
+        return 6
+    devs = select(devs, args)
+    if "-L" in args or "--list-gpus" in args:
+        for d in devs:
+            print(f"GPU {d['index']}: {d['name']} (UUID: {d['uuid']})")
+        return 0
+    q = option(args, "--query-gpu")
+    if q is not None:
+        return query(devs, q, option(args, "--format") or "csv")
+    if option(args, "--query-compute-apps") is not None:
+        fmt = option(args, "--format") or "csv"
+        if "noheader" not in fmt:
+            print(option(args, "--query-compute-apps"))
+        return 0
+    table(devs, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""PID 1 of one lab host: set up its private mounts and hostname, run sshd, reap zombies.
+
+Stdlib only and run as ``python -I -S hostinit.py HOST_JSON`` inside fresh mount/UTS/PID
+namespaces (``unshare --mount --uts --pid --fork --mount-proc``) that ``nsenter`` placed in
+the host's network namespace. Being PID 1 of its own PID namespace gives the host a real
+process table (``ps`` shows only this host) and a real "crash": killing this process makes
+the kernel kill everything on the host. Killing only the sshd child is a different fault.
+
+Signals: SIGUSR1 starts sshd if it is not running (the "restart sshd" fault); SIGTERM/SIGINT
+stop sshd and exit. sshd is never restarted on its own, so a killed sshd stays dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"hostinit[{os.getpid()}] {time.strftime('%H:%M:%S')} {msg}\n")
+    sys.stderr.flush()
+
+
+def mount(src: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    rc = _libc.mount(
+        src.encode(),
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
+        data.encode() if data else None,
+    )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} -> {target} ({fstype}): {os.strerror(err)}")
+
+
+def umount(target: str) -> None:
+    if _libc.umount2(target.encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
+def detach_nsfs() -> None:
+    """Drop copies of other namespaces' bind mounts (``/run/netns/*``) from this host's view.
+
+    Otherwise this mount namespace would pin every network namespace that existed when the
+    host started, and another lab's ``ip netns del`` could never really free its namespaces.
+    """
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    targets = []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fstype = right.split(" ", 1)[0]
+        if fstype == "nsfs":
+            targets.append(left.split(" ")[4].encode().decode("unicode_escape"))
+    for target in reversed(targets):
+        try:
+            umount(target)
+        except OSError as e:
+            log(f"warning: {e}")
+
+
+def setup(cfg: dict) -> None:
+    socket.sethostname(cfg["hostname"])
+    # unshare --propagation private already made every mount private; be explicit anyway.
+    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    detach_nsfs()
+    # The host's own /sys, so /sys/class/net lists its own NICs (best effort).
+    try:
+        mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as e:
+        log(f"warning: {e}")
+    for src, dst in cfg["binds"]:
+        mount(src, dst, None, MS_BIND)
+    try:
+        mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    except OSError as e:
+        log(f"warning: {e}")
+    os.chdir("/")
+
+
+class Init:
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.sshd_pid: int | None = None
+
+    def start_sshd(self) -> None:
+        if self.sshd_pid is not None:
+            return
+        argv = self.cfg["sshd_argv"]
+        log_fd = os.open(self.cfg["sshd_log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        pid = os.fork()
+        if pid == 0:  # child: clean signal state, then become sshd
+            try:
+                for sig in (
+                    signal.SIGCHLD,
+                    signal.SIGUSR1,
+                    signal.SIGTERM,
+                    signal.SIGINT,
+                    signal.SIGHUP,
+                ):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.setsid()
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                os.execve(argv[0], argv, self.cfg["sshd_env"])
+            finally:
+                os._exit(127)
+        os.close(log_fd)
+        self.sshd_pid = pid
+        log(f"started sshd pid {pid}")
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.sshd_pid:
+                log(f"sshd pid {pid} exited (status {status})")
+                self.sshd_pid = None
+
+    def stop(self) -> None:
+        if self.sshd_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.sshd_pid, signal.SIGTERM)
+        log("stopping")
+
+    def run(self) -> int:
+        watched = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        for sig in watched:  # handlers make the signals deliverable to a namespace's PID 1
+            signal.signal(sig, lambda *_: None)
+        signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        self.start_sshd()
+        while True:
+            info = signal.sigwaitinfo(watched)
+            if info.si_signo == signal.SIGCHLD:
+                self.reap()
+            elif info.si_signo == signal.SIGUSR1:
+                self.reap()
+                self.start_sshd()
+            elif info.si_signo in (signal.SIGTERM, signal.SIGINT):
+                self.stop()
+                return 0
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
+    try:
+        setup(cfg)
+    except OSError as e:
+        log(f"setup failed: {e}")
+        return 1
+    log(f"host {cfg['hostname']} ready")
+    return Init(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

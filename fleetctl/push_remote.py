@@ -1,0 +1,477 @@
+"""Node side of ``fleetctl push``: one stdlib-only program, run as ``python3 -c SRC MODE``.
+
+Kept in one file so each phase costs one remote command per node. The controller writes the
+config as one JSON line on stdin (a one-time peer token must never appear in argv, which any
+local user can read) and reads one ``@@FLEETCTL@@{json}`` line from stdout (a noisy .bashrc
+cannot confuse it). Runs on the node's python (3.6+); nothing here imports fleetctl.
+
+Modes:
+  probe     what is already there (code snapshot, env, rsync, free disk); prunes old snapshots
+            and stale temp dirs; verifies an env that is already present
+  finalize  code: rename an rsynced temp dir, or build it from an uploaded tar plus hard links
+            to the previous snapshot. env: fetch the archive from a peer (or take the uploaded
+            one), check its sha256, unpack into a temp dir, rewrite prefixes for the FINAL
+            location, rename; then verify (python runs, NCCL version via ncclGetVersion)
+  serve     short-lived HTTP server for one archive: one-time bearer token, bound to the training
+            address, serves only that file, exits when stdin closes or after a timeout
+  cleanup   remove this push's partial files, report free space
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+MARK = "@@FLEETCTL@@"
+STALE_TMP_S = 6 * 3600
+
+VERIFY_SRC = r"""
+import ctypes, glob, json, os, sys
+prefix, want_torch = sys.argv[1], sys.argv[2] == "1"
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+cands = [os.path.join(prefix, "lib", "libnccl.so.2")] + sorted(glob.glob(os.path.join(
+    prefix, "lib", "python*", "site-packages", "nvidia", "nccl", "lib", "libnccl.so.2")))
+for c in cands:
+    if os.path.exists(c):
+        out["nccl_path"] = c
+        try:
+            v = ctypes.c_int(0)
+            rc = ctypes.CDLL(c).ncclGetVersion(ctypes.byref(v))
+            if rc != 0:
+                out["nccl_error"] = "ncclGetVersion returned %d" % rc
+            else:
+                out["nccl_code"] = v.value
+        except Exception as e:
+            out["nccl_error"] = "%s: %s" % (type(e).__name__, e)
+        break
+if want_torch:
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except Exception as e:
+        out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+print("@@FLEETCTL@@" + json.dumps(out))
+"""
+
+
+class Failed(Exception):
+    """A step failed; ``stage`` says which, ``enospc`` whether the disk was full."""
+
+    def __init__(self, stage: str, message: str, enospc: bool = False) -> None:
+        super().__init__(message)
+        self.stage, self.enospc = stage, enospc
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def rmtree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def workdirs(cfg: dict) -> tuple[str, str, str]:
+    w = os.path.abspath(os.path.expanduser(cfg["workdir"]))
+    code_root, envs_root = os.path.join(w, "code"), os.path.join(w, "envs")
+    for d in (code_root, os.path.join(code_root, ".manifests"), envs_root):
+        os.makedirs(d, exist_ok=True)
+    return w, code_root, envs_root
+
+
+def snapshots(code_root: str) -> list[str]:
+    """Snapshot names, newest first (a push touches the snapshot it uses)."""
+    names = [
+        n
+        for n in os.listdir(code_root)
+        if not n.startswith(".") and os.path.isdir(os.path.join(code_root, n))
+    ]
+    return sorted(names, key=lambda n: os.stat(os.path.join(code_root, n)).st_mtime, reverse=True)
+
+
+def sweep_stale(*roots: str) -> None:
+    """Temp dirs of pushes that died long ago (a live push's temp dirs are younger)."""
+    now = time.time()
+    for root in roots:
+        for name in os.listdir(root):
+            if name.startswith(".tmp-"):
+                p = os.path.join(root, name)
+                try:
+                    if now - os.lstat(p).st_mtime > STALE_TMP_S:
+                        rmtree(p)
+                except OSError:
+                    pass
+
+
+def verify_env(prefix: str, cfg: dict) -> dict:
+    py = os.path.join(prefix, "bin", "python")
+    if not os.path.exists(py):
+        return {"error": "env has no bin/python"}
+    env = dict(os.environ)
+    env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env.get("PATH", "")
+    env["CONDA_PREFIX"] = prefix
+    argv = [py, "-c", VERIFY_SRC, prefix, "1" if cfg.get("check_torch") else "0"]
+    try:
+        p = subprocess.run(
+            argv, capture_output=True, env=env, timeout=float(cfg.get("verify_timeout", 120))
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": "env python did not finish the check in time"}
+    except OSError as e:
+        return {"error": f"env python does not run: {e}"}
+    for line in reversed(p.stdout.decode(errors="replace").splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    tail = p.stderr.decode(errors="replace").strip().splitlines()
+    return {"error": f"env python failed (exit {p.returncode})" + (": " + tail[-1] if tail else "")}
+
+
+# ------------------------------------------------------------------------------------ probe
+
+
+def probe(cfg: dict) -> dict:
+    w, code_root, envs_root = workdirs(cfg)
+    sweep_stale(code_root, envs_root)
+    out = {
+        "home": os.path.expanduser("~"),
+        "workdir": w,
+        "rsync": shutil.which("rsync"),
+        "free": free_bytes(envs_root),
+    }
+    digest = cfg.get("digest")
+    if digest:
+        final = os.path.join(code_root, digest)
+        out["code_present"] = os.path.isdir(final)
+        if out["code_present"]:
+            os.utime(final)
+        prev = [n for n in snapshots(code_root) if n != digest]
+        keep_prev = max(1, int(cfg.get("keep", 5)) - 1)
+        for old in prev[keep_prev:]:
+            rmtree(os.path.join(code_root, old))
+            rmtree(os.path.join(code_root, ".manifests", old + ".json"))
+        prev = prev[:keep_prev]
+        out["code_prev"] = prev[0] if prev else None
+        want = cfg.get("want_manifest")
+        if prev and (want == "always" or (want and not out["rsync"])):
+            try:
+                with open(os.path.join(code_root, ".manifests", prev[0] + ".json")) as f:
+                    out["code_prev_manifest"] = json.load(f)
+            except (OSError, ValueError):
+                out["code_prev_manifest"] = None
+    sha = cfg.get("env_sha")
+    if sha:
+        final = os.path.join(envs_root, sha)
+        out["env_present"] = os.path.isdir(final)
+        if out["env_present"]:
+            out["verify"] = verify_env(final, cfg)
+    return out
+
+
+# --------------------------------------------------------------------------------- finalize
+
+
+def safe_members(tf: tarfile.TarFile, dest: str) -> list:
+    root = os.path.realpath(dest)
+    members = []
+    for m in tf.getmembers():
+        target = os.path.realpath(os.path.join(dest, m.name))
+        if m.name.startswith("/") or not (target == root or target.startswith(root + os.sep)):
+            raise Failed("unpack", f"archive member escapes the target dir: {m.name}")
+        if m.isdev():
+            continue
+        members.append(m)
+    return members
+
+
+def extract(archive: str, dest: str) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        members = safe_members(tf, dest)
+        if sys.version_info >= (3, 12):
+            tf.extractall(dest, members=members, filter="fully_trusted")
+        else:
+            tf.extractall(dest, members=members)
+
+
+def finalize_code(cfg: dict, code_root: str) -> str:
+    digest, tmp_name = cfg["digest"], cfg["tmp"]
+    final, tmp = os.path.join(code_root, digest), os.path.join(code_root, tmp_name)
+    manifest = cfg["manifest"]
+    try:
+        if cfg.get("tar"):  # SFTP fallback: changed files in a tar, the rest linked from prev
+            tar_path = os.path.join(code_root, cfg["tar"])
+            os.makedirs(tmp, exist_ok=True)
+            prev = os.path.join(code_root, cfg["prev"]) if cfg.get("prev") else None
+            for rel in cfg.get("reuse", []):
+                src, dst = os.path.join(prev, rel), os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                try:
+                    os.link(src, dst, follow_symlinks=False)
+                except OSError:
+                    if os.path.islink(src):
+                        os.symlink(os.readlink(src), dst)
+                    else:
+                        shutil.copy2(src, dst)
+            extract(tar_path, tmp)
+            rmtree(tar_path)
+        missing = [rel for rel in manifest if not os.path.lexists(os.path.join(tmp, rel))]
+        if missing and not os.path.isdir(final):
+            raise Failed(
+                "code",
+                f"snapshot incomplete: {len(missing)} files missing (e.g. {missing[0]})",
+            )
+        if os.path.isdir(final):  # a concurrent push finished first: same content
+            rmtree(tmp)
+        else:
+            os.rename(tmp, final)
+        mpath = os.path.join(code_root, ".manifests", digest + ".json")
+        with open(mpath + ".part", "w") as f:
+            json.dump(manifest, f)
+        os.replace(mpath + ".part", mpath)
+        os.utime(final)
+    except BaseException as e:
+        rmtree(tmp)
+        if cfg.get("tar"):
+            rmtree(os.path.join(code_root, cfg["tar"]))
+        if isinstance(e, Failed):
+            raise
+        if isinstance(e, OSError):
+            raise Failed("code", str(e), e.errno == errno.ENOSPC) from e
+        raise
+    return final
+
+
+def fetch(src: dict, dest: str, sha: str, size: int, timeout: float) -> dict:
+    """Download the archive from a peer, verifying size and sha256 before accepting it."""
+    import http.client
+
+    part = dest + ".part"
+    errors = []
+    for peer in src["peers"]:
+        t0 = time.time()
+        try:
+            conn = http.client.HTTPConnection(peer["host"], int(peer["port"]), timeout=timeout)
+            conn.request("GET", "/" + sha, headers={"Authorization": "Bearer " + peer["token"]})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise OSError(f"HTTP {resp.status}")
+            h, n = hashlib.sha256(), 0
+            with open(part, "wb") as f:
+                while True:
+                    chunk = resp.read(1 << 20)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    h.update(chunk)
+                    n += len(chunk)
+            conn.close()
+            if n != size:
+                raise OSError(f"got {n} of {size} bytes")
+            if h.hexdigest() != sha:
+                raise OSError("sha256 mismatch")
+            os.rename(part, dest)
+            return {"peer": peer["name"], "bytes": n, "seconds": round(time.time() - t0, 3)}
+        except OSError as e:
+            rmtree(part)
+            if e.errno == errno.ENOSPC:
+                raise Failed("fetch", "no space left on device", True) from e
+            errors.append("{}: {}".format(peer["name"], e))
+    raise Failed("fetch", "; ".join(errors) or "no peer")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def rewrite_prefixes(tmp: str, final: str) -> int:
+    """conda-unpack's own rewrite, but for the FINAL location while files sit in ``tmp``.
+
+    Running ``bin/conda-unpack`` in the temp dir would bake the temp path into every file; so
+    load its prefix records and ``update_prefix`` (no ``__main__`` block) and apply them here.
+    """
+    import runpy
+
+    script = os.path.join(tmp, "bin", "conda-unpack")
+    if not os.path.exists(script):
+        return 0
+    bindir = os.path.join(tmp, "bin")
+    sys.path.insert(0, bindir)
+    try:
+        g = runpy.run_path(script, run_name="conda_unpack")
+    finally:
+        sys.path.remove(bindir)
+        sys.modules.pop("conda_unpack_progress", None)
+    records = g["_prefix_records"]
+    for path, placeholder, mode in records:
+        g["update_prefix"](os.path.join(tmp, path), final, placeholder, mode=mode)
+    return len(records)
+
+
+def finalize_env(cfg: dict, envs_root: str) -> dict:
+    sha = cfg["sha"]
+    final = os.path.join(envs_root, sha)
+    archive = os.path.join(envs_root, cfg["archive"])
+    out = {"env_dir": final}
+    if os.path.isdir(final):
+        if not cfg.get("keep_archive"):
+            rmtree(archive)
+        return out
+    tmp = os.path.join(envs_root, f".tmp-{sha[:16]}-{os.urandom(4).hex()}")
+    ok = False
+    try:
+        if cfg.get("fetch"):
+            out["fetched"] = fetch(
+                cfg["fetch"], archive, sha, int(cfg["size"]), float(cfg.get("fetch_timeout", 600))
+            )
+        elif sha256_file(archive) != sha:
+            raise Failed("upload", "uploaded archive does not match its sha256")
+        os.makedirs(tmp)
+        try:
+            extract(archive, tmp)
+        except Failed:
+            raise
+        except Exception as e:  # tarfile/zlib/EOF errors of a damaged archive, ENOSPC
+            full = getattr(e, "errno", None) == errno.ENOSPC
+            raise Failed("unpack", f"unpacking failed: {type(e).__name__}: {e}", full) from e
+        try:
+            out["prefixes_rewritten"] = rewrite_prefixes(tmp, final)
+        except OSError as e:
+            raise Failed("unpack", f"conda-unpack failed: {e}", e.errno == errno.ENOSPC) from e
+        except Exception as e:
+            raise Failed("unpack", f"conda-unpack failed: {type(e).__name__}: {e}") from e
+        if os.path.isdir(final):
+            rmtree(tmp)
+        else:
+            os.rename(tmp, final)
+        ok = True
+    finally:
+        if not ok:
+            rmtree(tmp)
+        if not ok or not cfg.get("keep_archive"):
+            rmtree(archive)
+            rmtree(archive + ".part")
+    return out
+
+
+def finalize(cfg: dict) -> dict:
+    w, code_root, envs_root = workdirs(cfg)
+    out = {"workdir": w}
+    if cfg.get("code"):
+        out["code_dir"] = finalize_code(cfg["code"], code_root)
+    if cfg.get("env"):
+        try:
+            out.update(finalize_env(cfg["env"], envs_root))
+        except Failed as e:
+            out.update(
+                env_error=str(e), env_stage=e.stage, enospc=e.enospc, free=free_bytes(envs_root)
+            )
+            return out
+        out["verify"] = verify_env(out["env_dir"], cfg)
+    return out
+
+
+# ------------------------------------------------------------------------------------ serve
+
+
+def serve(cfg: dict) -> dict:
+    import hmac
+    import select
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    path, sha = cfg["path"], cfg["sha"]
+    expected = ("Bearer " + cfg["token"]).encode()
+    served = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            got = (self.headers.get("Authorization") or "").encode()
+            if self.path != "/" + sha or not hmac.compare_digest(got, expected):
+                self.send_error(403)
+                return
+            size = os.path.getsize(path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            with open(path, "rb") as f:
+                shutil.copyfileobj(f, self.wfile, 1 << 20)
+            served[0] += 1
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in cfg["bind"] else socket.AF_INET
+
+    srv = Server((cfg["bind"], 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    emit({"host": cfg["bind"], "port": srv.server_address[1]})
+    deadline = time.time() + float(cfg.get("timeout", 900))
+    try:
+        while time.time() < deadline:  # until the controller closes stdin (or goes away)
+            ready, _, _ = select.select([sys.stdin], [], [], min(5.0, deadline - time.time()))
+            if ready and not sys.stdin.readline():
+                break
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        if cfg.get("remove"):
+            rmtree(path)
+    return {"served": served[0]}
+
+
+def cleanup(cfg: dict) -> dict:
+    _w, code_root, envs_root = workdirs(cfg)
+    for name in cfg.get("env_paths", []):
+        rmtree(os.path.join(envs_root, name))
+    for name in cfg.get("code_paths", []):
+        rmtree(os.path.join(code_root, name))
+    return {"free": free_bytes(envs_root)}
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    cfg = json.loads(sys.stdin.readline())
+    try:
+        result = {"probe": probe, "finalize": finalize, "serve": serve, "cleanup": cleanup}[mode](
+            cfg
+        )
+    except Failed as e:
+        emit({"error": str(e), "stage": e.stage, "enospc": e.enospc})
+        return 3
+    except OSError as e:
+        emit(
+            {"error": f"{type(e).__name__}: {e}", "stage": mode, "enospc": e.errno == errno.ENOSPC}
+        )
+        return 3
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

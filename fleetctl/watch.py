@@ -1,0 +1,173 @@
+"""Watch: one reader thread per node turns supervisor frames into events on one queue.
+
+Each thread also heartbeats its supervisor (one byte a second: the dead-man switch on the node
+stops the job when they stop coming). A node whose channel closes before it reported an exit,
+or that says nothing — not even its ``H`` heartbeat — for longer than the lost-node timeout, is
+reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleetctl.launch import exit_code_of
+
+if TYPE_CHECKING:
+    from fleetctl.launch import Frame, NodeRun
+
+DEFAULT_LOST_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT = 1.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened on a node. ``kind``: line, notice, exit, lost.
+
+    ``code`` (exit): the launcher's exit code, or -signal when a signal ended it.
+    """
+
+    kind: str
+    rank: int
+    host: str
+    time: float
+    text: str = ""
+    code: int | None = None
+
+
+class Watch:
+    """Reader threads for started nodes, feeding ``events``. Attach nodes as they start."""
+
+    def __init__(
+        self,
+        *,
+        lost_timeout: float = DEFAULT_LOST_TIMEOUT,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+    ) -> None:
+        self.lost_timeout = lost_timeout
+        self.heartbeat = heartbeat
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.runs: dict[int, NodeRun] = {}
+        self.ended: dict[int, Event] = {}  # rank -> its exit or lost event
+        self._threads: dict[int, threading.Thread] = {}
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+
+    def attach(self, run: NodeRun) -> None:
+        if self._closing.is_set():  # started after the end: EOF makes its supervisor stop it
+            with contextlib.suppress(Exception):
+                run.stream.send(b"k")
+                run.stream.close()
+            return
+        with self._lock:
+            self.runs[run.rank] = run
+            t = threading.Thread(
+                target=self._follow, args=(run,), daemon=True, name=f"watch-{run.rank}"
+            )
+            self._threads[run.rank] = t
+        t.start()
+
+    def get(self, timeout: float) -> Event | None:
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def running(self) -> list[int]:
+        """Ranks attached and not yet ended."""
+        with self._lock:
+            return [r for r in self.runs if r not in self.ended]
+
+    def stop_nodes(self, *, hard: bool = False) -> None:
+        """Ask every live supervisor to stop its job now (``t``: with grace, ``k``: kill)."""
+        for rank in self.running():
+            with contextlib.suppress(OSError, EOFError, Exception):
+                self.runs[rank].stream.send(b"k" if hard else b"t")
+
+    def wait_ended(self, timeout: float) -> list[int]:
+        """Wait until every attached node has ended (exit or lost); returns those still running.
+
+        Events keep flowing to the queue meanwhile; the caller drains it.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = self.running()
+            if not left:
+                return []
+            time.sleep(0.05)
+        return self.running()
+
+    def close(self) -> None:
+        """Stop reading; close every stream (a still-running supervisor sees EOF = dead-man)."""
+        self._closing.set()
+        for t in list(self._threads.values()):
+            t.join(2.0)
+        for run in self.runs.values():
+            with contextlib.suppress(Exception):
+                run.stream.close()
+
+    # -- per node ---------------------------------------------------------------------------
+    def _emit(self, run: NodeRun, kind: str, text: str = "", code: int | None = None) -> None:
+        ev = Event(kind, run.rank, run.node.name, time.time(), text, code)
+        if kind in ("exit", "lost"):
+            with self._lock:
+                if run.rank in self.ended:
+                    return
+                self.ended[run.rank] = ev
+        self.events.put(ev)
+
+    def _handle(self, run: NodeRun, frames: list[Frame]) -> bool:
+        """Turn frames into events; True once the node reported its exit."""
+        for fr in frames:
+            if fr.kind == "L":
+                self._emit(run, "line", fr.text)
+            elif fr.kind in ("E", "F"):
+                self._emit(run, "notice", fr.text)
+            elif fr.kind == "X":
+                code = exit_code_of(fr)
+                self._emit(run, "exit", code=code if code is not None else 255)
+                return True
+            elif fr.kind == "?" and fr.payload:
+                self._emit(run, "line", fr.text)
+        return False
+
+    def _follow(self, run: NodeRun) -> None:
+        try:
+            self._follow_inner(run)
+        except Exception as e:  # never die silently: a broken reader is a lost node
+            self._emit(run, "lost", f"reader failed: {e}")
+
+    def _follow_inner(self, run: NodeRun) -> None:
+        stream = run.stream
+        if self._handle(run, run.pending):
+            return
+        last_rx = time.monotonic()
+        last_hb = 0.0
+        while not self._closing.is_set():
+            now = time.monotonic()
+            if now - last_hb >= self.heartbeat:
+                last_hb = now
+                try:
+                    stream.send(b"h")
+                except Exception as e:
+                    self._emit(run, "lost", f"connection closed ({e or 'send failed'})")
+                    return
+            data = stream.recv(min(0.2, self.heartbeat))
+            if data is None:
+                silent = time.monotonic() - last_rx
+                if silent > self.lost_timeout:
+                    self._emit(run, "lost", f"no heartbeat for {silent:.1f}s")
+                    return
+                continue
+            if not data:
+                if self._handle(run, run.reader.flush()):
+                    return
+                self._emit(run, "lost", "connection closed before the job ended")
+                return
+            last_rx = time.monotonic()
+            if self._handle(run, run.reader.feed(data)):
+                return

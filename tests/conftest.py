@@ -1,0 +1,15 @@
+"""Shared test wiring. The lab fixtures (``lab3``, ``make_lab``, …) and the autouse fixture that
+hides the developer's SSH agent and ~/.ssh/config come from the plugin below."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["fleetctl.lab.pytest_plugin"]
+
+
+@pytest.fixture(autouse=True)
+def _private_check_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets its own check cache, so a passing check cached by one test can never hide
+    a fault that a later test injects."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

@@ -1,0 +1,492 @@
+"""``fleetctl run`` end to end on the 3-host namespace lab: real sshd, real processes, real torch.
+
+Every test runs ``python -m fleetctl run …`` as a subprocess (exit codes and signals for real)
+and then checks on every host, by job id in /proc, that nothing of the job is left — through
+testinfra (``fleetctl.infra``) over SSH, or through ``lab.exec`` when a host's link is cut.
+Torch jobs are kept tiny (1 process per node, 1 epoch, a few steps): on 2 cores a 3-node start
+still takes several seconds, so scenarios that are about process control use a small script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fleetctl.infra import node_host, node_leftovers
+from fleetctl.inventory import load_inventory
+from fleetctl.lab import Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+PADDLE_PYTHON = os.environ.get("FLEETCTL_PADDLE_PYTHON", "/work/.paddle-venv/bin/python")
+JOB_TIMEOUT = 240
+FLEETCTL = [sys.executable, *os.environ.get("FLEETCTL_E2E_MAIN", "-m fleetctl").split()]
+
+TICK = """\
+import json, os, signal, subprocess, sys, time
+seconds, fail_rank, fail_after = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if sys.argv[4:] == ["ignore-term"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank = int(os.environ["FLEET_NODE_RANK"])
+# A child that escapes the job's process group: teardown must still find it by job id.
+subprocess.Popen(["sleep", "600"], start_new_session=True)
+t0 = time.time()
+i = 0
+while time.time() - t0 < seconds:
+    print(f"tick rank={rank} i={i}", flush=True)
+    if rank == fail_rank and time.time() - t0 >= fail_after:
+        print(f"rank {rank} fails on purpose", flush=True)
+        sys.exit(1)
+    i += 1
+    time.sleep(0.2)
+print(f"tick done rank={rank}", flush=True)
+"""
+
+ARGS = """\
+import json, os, sys
+print("argv-json: " + json.dumps(sys.argv[1:]), flush=True)
+"""
+
+PINFO = """\
+import os
+e = os.environ
+print("paddle-info " + " ".join(f"{k}={e.get(k)}" for k in (
+    "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_CURRENT_ENDPOINT",
+    "PADDLE_TRAINER_ENDPOINTS", "FLEET_NODE_RANK")), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("code")
+    (d / "tick.py").write_text(TICK)
+    (d / "args.py").write_text(ARGS)
+    (d / "pinfo.py").write_text(PINFO)
+    return d
+
+
+class Run:
+    """A ``fleetctl run`` subprocess whose output is read live by two threads."""
+
+    def __init__(self, argv: list[str], runs_dir: Path) -> None:
+        self.runs_dir = runs_dir
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(f: Any, into: list[str]) -> None:
+        for line in f:
+            into.append(line.rstrip("\n"))
+
+    def wait_for(self, pred: Callable[[list[str]], bool], timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred(list(self.out)):
+                return
+            if self.proc.poll() is not None:
+                time.sleep(0.3)
+                raise AssertionError(
+                    f"fleetctl ended early ({self.proc.returncode}):\n" + self.text()
+                )
+            time.sleep(0.1)
+        raise AssertionError(f"condition not met within {timeout}s:\n" + self.text())
+
+    def finish(self, timeout: float = JOB_TIMEOUT) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            raise AssertionError("fleetctl did not finish:\n" + self.text()) from None
+        for t in self._threads:
+            t.join(10)
+        return code
+
+    def text(self) -> str:
+        return "\n".join([*self.out[-60:], "--- stderr ---", *self.err[-60:]])
+
+    @property
+    def folder(self) -> Path:
+        """This run's folder, by the job id fleetctl announces when it launches."""
+        for line in list(self.err):
+            m = re.search(r"launching \S+ on \d+ node\(s\), job (\S+)$", line)
+            if m:
+                return self.runs_dir / m.group(1)
+        raise AssertionError("no job id announced:\n" + self.text())
+
+    def job(self) -> dict[str, Any]:
+        return json.loads((self.folder / "job.json").read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    started: list[Run] = []
+
+    def start(
+        lab: Lab,
+        script: str,
+        *args: str,
+        launcher: str = "plain",
+        code_dir: Path | None = None,
+        opts: tuple[str, ...] = ("--no-check",),
+        inventory: Path | None = None,
+    ) -> Run:
+        argv = [
+            *FLEETCTL,
+            "run",
+            "--inventory",
+            str(inventory or lab.inventory_path),
+            "--launcher",
+            launcher,
+            "--nproc-per-node",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--code-dir",
+            str(code_dir or EXAMPLES),
+            *opts,
+            str((code_dir or EXAMPLES) / script),
+            *args,
+        ]
+        r = Run(argv, tmp_path / "runs")
+        started.append(r)
+        return r
+
+    try:
+        yield start
+    finally:
+        for r in started:
+            r.kill()
+
+
+def nodes(lab: Lab) -> list[Any]:
+    return list(load_inventory(str(lab.inventory_path)).nodes)
+
+
+def left_over(lab: Lab, job_id: str, *, via_ssh: bool = True) -> dict[str, list[dict]]:
+    """Processes of ``job_id`` still alive, per host (empty dict: all clean)."""
+    out = {}
+    for node in nodes(lab):
+        host: Any = node_host(node) if via_ssh else _LabExec(lab, node.name)
+        left = node_leftovers(host, job_id, workdir=node.workdir, python=node.python)
+        if left.processes:
+            out[node.name] = left.processes
+    return out
+
+
+class _LabExec:
+    """``fleetctl.infra`` host shape over ``lab.exec`` (no SSH: works while a link is cut)."""
+
+    def __init__(self, lab: Lab, name: str) -> None:
+        self.lab, self.node = lab, SimpleNamespace(name=name)
+
+    def run(self, command: str, timeout: float) -> Any:
+        cp = self.lab.exec(self.node.name, ["sh", "-c", command], timeout=timeout)
+        return SimpleNamespace(exit_code=cp.returncode, stdout=cp.stdout, stderr=cp.stderr)
+
+
+def wait_clean(lab: Lab, job_id: str, timeout: float, *, via_ssh: bool = True) -> float:
+    """Seconds until no host has a process of the job; fails after ``timeout``."""
+    t0 = time.monotonic()
+    left = left_over(lab, job_id, via_ssh=via_ssh)
+    while left and time.monotonic() - t0 < timeout:
+        time.sleep(0.2)
+        left = left_over(lab, job_id, via_ssh=via_ssh)
+    assert not left, f"processes of {job_id} still alive after {timeout}s: {left}"
+    return time.monotonic() - t0
+
+
+def ticking(n: int = 3) -> Callable[[list[str]], bool]:
+    return lambda out: all(any(f"tick rank={r} " in line for line in out) for r in range(n))
+
+
+# ---------------------------------------------------------------------------------- success
+
+
+def test_a_torchrun_ddp_job_trains_on_every_node_and_logs_come_home(lab3: Lab, runs) -> None:
+    r = runs(
+        lab3, "ddp_train.py", "--epochs", "1", "--steps", "3", launcher="torchrun", opts=()
+    )  # with the preflight check: the whole pipeline
+    assert r.finish() == 0, r.text()
+    assert any(re.match(r"\[0 node1\] epoch=0 loss=[0-9.]+$", line) for line in r.out), r.text()
+    for rank in range(3):
+        assert any(f"done rank={rank} world=3" in line for line in r.out)
+    job = r.job()
+    assert job["status"] == "succeeded" and job["first_failure"] is None
+    assert [n["state"] for n in job["nodes"]] == ["succeeded"] * 3
+    assert [n["exit_code"] for n in job["nodes"]] == [0, 0, 0]
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        folder = r.folder / f"{rank}-{host}"
+        assert f"done rank={rank} world=3" in (folder / "console.log").read_text()
+        assert (folder / "supervisor.json").is_file()
+        assert (folder / "torchrun").is_dir()  # torchrun --log-dir tree
+    assert (r.folder / "plan.json").is_file() and (r.folder / "events.log").is_file()
+    assert oct(r.folder.stat().st_mode & 0o777) == "0o700"
+    assert left_over(lab3, job["job_id"]) == {}
+
+
+def test_a_plain_ddp_job_trains_one_rank_per_node(lab3: Lab, runs) -> None:
+    r = runs(lab3, "ddp_train.py", "--epochs", "1", "--steps", "3", launcher="plain")
+    assert r.finish() == 0, r.text()
+    assert any(re.match(r"\[0 node1\] epoch=0 loss=", line) for line in r.out), r.text()
+    job = r.job()
+    assert job["status"] == "succeeded"
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        console = (r.folder / f"{rank}-{host}" / "console.log").read_text()
+        assert f"done rank={rank} world=3" in console
+
+
+# ---------------------------------------------------------------------------------- failure
+
+
+def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, runs) -> None:
+    r = runs(
+        lab3,
+        "ddp_train.py",
+        "--epochs",
+        "1",
+        "--steps",
+        "50",
+        "--fail-rank",
+        "1",
+        "--fail-step",
+        "2",
+        "--sleep-per-step",
+        "0.2",
+        launcher="torchrun",
+        opts=("--no-check", "--grace", "3"),
+    )
+    assert r.finish() == 3, r.text()
+    summary = next(line for line in r.err if line.startswith("Out of all 3 nodes"))
+    assert re.match(
+        r"Out of all 3 nodes, node 1 \(node2 [0-9.]+\) failed first: exit code 1 after "
+        r"[0-9.]+ s; nodes 0,2 were stopped\.$",
+        summary,
+    ), summary
+    assert any(
+        line.startswith("[1 node2] ") and "intentional failure at rank 1" in line for line in r.out
+    ), r.text()
+    job = r.job()
+    assert job["status"] == "failed" and job["first_failure"]["rank"] == 1
+    assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"]
+    assert job["teardown"]["verified"] is True
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        assert (r.folder / f"{rank}-{host}" / "console.log").stat().st_size > 0
+    assert "intentional failure" in (r.folder / "1-node2" / "console.log").read_text()
+    assert left_over(lab3, job["job_id"]) == {}  # testinfra over SSH, on every host
+
+
+def test_a_cut_link_is_a_lost_node_and_that_node_stops_its_own_job(lab3: Lab, runs, code) -> None:
+    r = runs(
+        lab3,
+        "tick.py",
+        "120",
+        "-1",
+        "0",
+        code_dir=code,
+        opts=("--no-check", "--lost-timeout", "3", "--deadman", "4", "--grace", "1"),
+    )
+    r.wait_for(ticking())
+    job_id = r.folder.name
+    lab3.cut_link("node2")
+    cut = time.monotonic()
+    assert r.finish(60) == 3, r.text()
+    summary = next(line for line in r.err if line.startswith("Out of all 3 nodes"))
+    assert "node 1 (node2 " in summary and "failed first: lost (no heartbeat" in summary
+    assert "nodes 0,2 were stopped" in summary
+    job = r.job()
+    assert job["nodes"][1]["state"] == "lost"
+    assert job["teardown"]["nodes"][1]["skipped"].startswith("lost")
+    assert left_over(lab3, job_id, via_ssh=False).keys() <= {"node2"}  # others torn down
+    # node2 cannot hear fleetctl: its dead-man switch (4 s + 1 s grace) stops the job, link
+    # still cut — checked from inside the host, no SSH.
+    wait_clean(lab3, job_id, timeout=max(1.0, 4 + 1 + 5 - (time.monotonic() - cut)), via_ssh=False)
+    lab3.heal_link("node2")
+    assert left_over(lab3, job_id) == {}
+    for rank, host in ((0, "node1"), (2, "node3")):
+        assert "tick rank=" in (r.folder / f"{rank}-{host}" / "console.log").read_text()
+    streamed = r.folder / "1-node2" / "console.streamed.log"  # what arrived before the cut
+    assert "tick rank=1" in streamed.read_text()
+
+
+def test_a_controller_killed_by_sigkill_leaves_nothing_running(lab3: Lab, runs, code) -> None:
+    r = runs(
+        lab3,
+        "tick.py",
+        "120",
+        "-1",
+        "0",
+        launcher="torchrun",
+        code_dir=code,
+        opts=("--no-check", "--grace", "1"),
+    )
+    r.wait_for(ticking())
+    job_id = r.folder.name
+    assert len(left_over(lab3, job_id)) == 3
+    r.proc.send_signal(signal.SIGKILL)
+    r.finish(10)
+    # Dead-man switch: EOF on the supervisors' stdin (or 10 s without heartbeat) + grace.
+    wait_clean(lab3, job_id, timeout=10 + 1 + 5)
+
+
+def test_ctrl_c_stops_one_job_and_never_touches_another_on_the_same_hosts(
+    lab3: Lab,
+    runs,
+    code,
+) -> None:
+    a = runs(lab3, "tick.py", "120", "-1", "0", code_dir=code, opts=("--no-check",))
+    b = runs(
+        lab3,
+        "tick.py",
+        "120",
+        "-1",
+        "0",
+        code_dir=code,
+        opts=("--no-check", "--master-port", "29611"),
+    )
+    a.wait_for(ticking())
+    b.wait_for(ticking())
+    a_id, b_id = a.folder.name, b.folder.name
+    before = {h: sorted(p["pid"] for p in ps) for h, ps in left_over(lab3, b_id).items()}
+    assert len(before) == 3 and all(len(p) >= 2 for p in before.values())  # script + escapee
+
+    a.proc.send_signal(signal.SIGINT)
+    assert a.finish(60) == 130, a.text()
+    job = a.job()
+    assert job["status"] == "interrupted" and job["teardown"]["verified"]
+    assert all(n["collected"] for n in job["nodes"])
+    assert any(line.startswith("Interrupted: job ") for line in a.err), a.text()
+    assert left_over(lab3, a_id) == {}
+    after = {h: sorted(p["pid"] for p in ps) for h, ps in left_over(lab3, b_id).items()}
+    assert after == before  # the other job: same processes, all alive
+    assert b.proc.poll() is None
+
+    b.proc.send_signal(signal.SIGINT)
+    assert b.finish(60) == 130, b.text()
+    assert left_over(lab3, b_id) == {}
+
+
+def test_a_second_ctrl_c_skips_the_grace_period(lab3: Lab, runs, code) -> None:
+    r = runs(
+        lab3,
+        "tick.py",
+        "120",
+        "-1",
+        "0",
+        "ignore-term",
+        code_dir=code,
+        opts=("--no-check", "--grace", "60"),
+    )
+    r.wait_for(ticking())
+    job_id = r.folder.name
+    r.proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not any("teardown: stopping" in line for line in r.err):
+        assert time.monotonic() < deadline, r.text()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    r.proc.send_signal(signal.SIGINT)
+    # The job ignores SIGTERM: only the skipped grace (SIGKILL now) ends it well before 60 s.
+    assert r.finish(40) == 130, r.text()
+    assert any("second Ctrl-C" in line for line in r.err), r.text()
+    assert r.job()["status"] == "interrupted"
+    assert left_over(lab3, job_id) == {}
+
+
+def test_arguments_with_spaces_quotes_and_semicolons_arrive_literally(
+    lab3: Lab,
+    runs,
+    code,
+) -> None:
+    args = ["two words", "it's", '"double"', "a;b", "$HOME", "`id`", "", "--flag=x y", "*"]
+    r = runs(lab3, "args.py", *args, code_dir=code)
+    assert r.finish() == 0, r.text()
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        console = (r.folder / f"{rank}-{host}" / "console.log").read_text()
+        assert console == "argv-json: " + json.dumps(args) + "\n"
+
+
+# ----------------------------------------------------------------------------------- paddle
+
+
+def _paddle_ok() -> bool:
+    if not os.path.exists(PADDLE_PYTHON):
+        return False
+    cp = subprocess.run(
+        [PADDLE_PYTHON, "-c", "import paddle.distributed.launch"], capture_output=True, timeout=120
+    )
+    return cp.returncode == 0
+
+
+def test_paddle_gives_each_node_the_trainer_id_of_its_place_in_ips(
+    lab3: Lab,
+    runs,
+    code,
+    tmp_path: Path,
+) -> None:
+    if not _paddle_ok():
+        pytest.skip(f"paddlepaddle not importable by {PADDLE_PYTHON}")
+    import yaml
+
+    inv = yaml.safe_load(lab3.inventory_path.read_text())
+    for host in inv["all"]["children"]["nodes"]["hosts"].values():
+        host["fleetctl_python"] = PADDLE_PYTHON
+        host["fleetctl_gpus"] = 0  # CPU wheel: no --devices, gloo
+    inventory = tmp_path / "paddle-hosts.yml"
+    inventory.write_text(yaml.safe_dump(inv))
+    r = runs(
+        lab3,
+        "pinfo.py",
+        launcher="paddle",
+        code_dir=code,
+        inventory=inventory,
+        opts=("--no-check", "--master-port", "29700"),
+    )
+    assert r.finish() == 0, r.text()
+    plan = json.loads((r.folder / "plan.json").read_text())
+    ips = plan["ips"]
+    assert len(ips) == 3
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        folder = r.folder / f"{rank}-{host}"
+        worker = (folder / "log" / "workerlog.0").read_text()
+        line = next(x for x in worker.splitlines() if x.startswith("paddle-info "))
+        info = dict(kv.split("=", 1) for kv in line.split()[1:])
+        assert info["PADDLE_TRAINER_ID"] == str(rank), worker
+        assert info["PADDLE_CURRENT_ENDPOINT"].split(":")[0] == ips[rank]
+        assert [e.split(":")[0] for e in info["PADDLE_TRAINER_ENDPOINTS"].split(",")] == ips
+        # paddle's own log, named after the fleet job (--job_id); paddle 3.3 on CPU writes no
+        # endpoints.log, so the launcher log folder is checked by this file and workerlog.0.
+        assert any(p.name.startswith(r.folder.name) for p in (folder / "log").iterdir())

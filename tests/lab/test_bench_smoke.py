@@ -1,0 +1,66 @@
+"""Smoke run of the benchmark (``bench/run.py --quick --hosts 2``): it runs end to end on a
+real lab, writes a report whose numbers come from that run, and leaves no lab behind.
+
+Speed is never asserted here (numbers go to docs/benchmarks.md, not to pass/fail).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetctl.lab.core import REGISTRY
+from fleetctl.lab.pytest_plugin import require_lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = [
+    "## 1. Fan-out",
+    "## 2. Teardown latency",
+    "## 3. Lost-node latency",
+    "## 4. Push",
+    "## 5. Log streaming",
+    "## 6. Whole pipeline",
+]
+
+
+def _labs() -> set[str]:
+    return {p.name for p in REGISTRY.glob("*.json")} if REGISTRY.is_dir() else set()
+
+
+def test_quick_bench_writes_a_measured_report(tmp_path: Path) -> None:
+    require_lab()
+    out = tmp_path / "bench.md"
+    before = _labs()
+    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
+    env.pop("SSH_AUTH_SOCK", None)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--hosts", "2",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _labs() <= before, "the bench left its lab behind"
+    text = out.read_text()
+    for section in SECTIONS:
+        assert section in text
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["meta"]["quick"] is True and data["meta"]["sizes"] == [2]
+    rows = {(r["group"], r["tool"], r["n"]): r for r in data["results"]}
+    # fleetctl's own fan-out row must be a real, checked measurement (every host answered)
+    fl = rows[("fanout", "fleetctl exec", 2)]
+    assert fl["failed"] is None and len(fl["samples"]) == 1 and fl["samples"][0] > 0
+    assert "| fleetctl exec | 2 |" in text
+    # every measurement either produced rows or says why it did not, never silently nothing
+    groups = {r["group"] for r in data["results"]}
+    for group in ("teardown", "lost", "push", "logs", "pipeline"):
+        assert group in groups or group in data["skipped"], group
+        if group in data["skipped"]:
+            assert data["skipped"][group].startswith("not measured: ")

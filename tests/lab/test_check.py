@@ -1,0 +1,393 @@
+"""``fleetctl check`` against real sshd hosts in the namespace lab.
+
+One shared 3-host lab (2 networks, data NICs data0/data0/ib0, 2 fake GPUs each). Each fault test
+breaks exactly one thing, asserts the exact set of (host, check) cells that fail, and heals in
+``finally`` (the ``lab3`` fixture also undoes recorded faults). Modified inventories and
+known_hosts files are written to tmp dirs; the lab's own files are never edited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetctl.check import CheckOptions, CheckReport, check_fleet
+from fleetctl.connection import SSHSettings
+from fleetctl.fleet import Fleet
+from fleetctl.inventory import load_inventory
+from fleetctl.lab import Lab
+from fleetctl.node import Node
+
+pytestmark = pytest.mark.lab
+
+
+def run_check(
+    nodes: list[Node] | tuple[Node, ...], settings: SSHSettings | None = None, **opts: Any
+) -> CheckReport:
+    opts.setdefault("cache_ttl", 0)
+    with Fleet(nodes, settings or SSHSettings(connect_timeout=5)) as fleet:
+        return check_fleet(fleet, CheckOptions(**opts))
+
+
+def lab_nodes(lab: Lab) -> tuple[Node, ...]:
+    return load_inventory(lab.inventory_path).nodes
+
+
+def failing(report: CheckReport) -> set[tuple[str, str]]:
+    return {(h, c) for h, c, _ in report.failures}
+
+
+def assert_only(report: CheckReport, expected: set[tuple[str, str]], *, mesh: bool = False) -> None:
+    """Exactly ``expected`` (host, check) cells fail; no warnings; no mesh pair unless ``mesh``."""
+    assert failing(report) == expected, report.failures
+    assert report.warnings == []
+    if not mesh:
+        assert report.mesh_failures == []
+
+
+def reason(report: CheckReport, host: str, check: str) -> str:
+    return report.hosts[host].checks[check].detail
+
+
+def edited_inventory(lab: Lab, tmp_path: Path, host: str, edit: Callable[[dict], None]) -> Path:
+    """A copy of the lab's hosts.yml with one host's variables changed by ``edit``."""
+    data = yaml.safe_load(lab.inventory_path.read_text())
+    edit(data["all"]["children"]["nodes"]["hosts"][host])
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def known_hosts_without(lab: Lab, tmp_path: Path, addr: str, replace_with: str | None) -> Path:
+    """A copy of the lab's known_hosts where ``addr``'s key is dropped or replaced by another's."""
+
+    def names(line: str) -> list[str]:
+        return line.split(" ", 1)[0].split(",")
+
+    lines = lab.known_hosts.read_text().splitlines()
+    other = next(ln for ln in lines if addr not in names(ln)) if replace_with else None
+    out = []
+    for ln in lines:
+        if addr in names(ln):
+            if other is not None:
+                out.append(ln.split(" ", 1)[0] + " " + other.split(" ", 1)[1])
+            continue
+        out.append(ln)
+    assert out != lines
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_all_good_lab_with_two_networks_passes(lab3: Lab) -> None:
+    report = run_check(lab_nodes(lab3))
+    assert report.ok, report.failures
+    assert report.failures == [] and report.mesh_failures == [] and report.mesh_skipped == []
+    assert report.warnings == []
+    for h in lab3.hosts:
+        facts = report.facts[h.name]
+        # The training NIC differs per host (data0 / ib0) and is not the SSH network.
+        assert (facts.nic, facts.train_addr) == (h.data_nic, h.data_addr)
+        assert facts.gpu_count == 2
+        row = report.hosts[h.name].checks
+        assert row["mesh"].detail == "2/2 peers"
+        assert row["ping"].status == "ok"
+    assert {h.data_nic for h in lab3.hosts} == {"data0", "ib0"}
+    assert report.hosts["node1"].checks["port"].detail == "29500 free"
+
+
+def test_data_link_cut_shows_exactly_its_row_and_column(lab3: Lab) -> None:
+    lab3.cut_link("node2", "data")
+    try:
+        report = run_check(lab_nodes(lab3))
+    finally:
+        lab3.heal_link("node2", "data")
+    assert_only(report, {("node2", "nic"), ("node2", "mesh")}, mesh=True)
+    assert "down" in reason(report, "node2", "nic")
+    pairs = {(f.src, f.dst) for f in report.mesh_failures}
+    assert pairs == {("node1", "node2"), ("node2", "node1"), ("node3", "node2"), ("node2", "node3")}
+    for f in report.mesh_failures:
+        assert any(p.startswith("TCP 2950") for p in f.problems), str(f)
+    # SSH goes over the management network, which is fine.
+    assert report.hosts["node2"].checks["ssh"].status == "ok"
+
+
+def test_killed_sshd_fails_only_that_host_and_the_rest_is_checked(lab3: Lab) -> None:
+    lab3.kill_sshd("node2")
+    try:
+        report = run_check(lab_nodes(lab3))
+    finally:
+        lab3.start_sshd("node2")
+    assert_only(report, {("node2", "ssh")})
+    assert "refused" in reason(report, "node2", "ssh")
+    assert report.mesh_skipped == ["node2: no SSH"]
+    assert report.hosts["node1"].checks["mesh"].detail == "1/1 peers"
+    assert report.mesh_failures == []
+
+
+def test_wrong_key_is_an_authentication_failure(lab3: Lab, tmp_path: Path) -> None:
+    key = tmp_path / "wrong_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+    def edit(h: dict) -> None:
+        h["ansible_ssh_private_key_file"] = str(key)
+
+    inv = edited_inventory(lab3, tmp_path, "node3", edit)
+    report = run_check(load_inventory(inv).nodes)
+    assert_only(report, {("node3", "ssh")})
+    assert "authentication failed" in reason(report, "node3", "ssh")
+
+
+def test_unknown_host_key_is_refused_with_the_command_to_accept_it(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    addr = lab3.host("node1").mgmt_addr
+    kh = known_hosts_without(lab3, tmp_path, addr, replace_with=None)
+    report = run_check(lab_nodes(lab3), SSHSettings(known_hosts=str(kh), connect_timeout=5))
+    assert_only(report, {("node1", "ssh")})
+    why = reason(report, "node1", "ssh")
+    assert "unknown" in why and f"ssh-keyscan -p 22 {addr} >> {kh}" in why
+    assert addr not in kh.read_text()  # never auto-added
+
+
+def test_changed_host_key_is_refused_with_the_ssh_keygen_hint(lab3: Lab, tmp_path: Path) -> None:
+    addr = lab3.host("node2").mgmt_addr
+    kh = known_hosts_without(lab3, tmp_path, addr, replace_with="another host's key")
+    before = kh.read_text()
+    report = run_check(
+        lab_nodes(lab3), SSHSettings(known_hosts=str(kh), accept_new=True, connect_timeout=5)
+    )
+    assert_only(report, {("node2", "ssh")})
+    why = reason(report, "node2", "ssh")
+    assert "CHANGED" in why and f"ssh-keygen -f {kh} -R '{addr}'" in why
+    assert kh.read_text() == before  # --accept-new never replaces a changed key
+
+
+def test_declared_gpus_differ_from_nvidia_smi(lab3: Lab) -> None:
+    lab3.set_gpus("node3", 1)
+    try:
+        report = run_check(lab_nodes(lab3))
+    finally:
+        lab3.set_gpus("node3", 2)
+    assert_only(report, {("node3", "gpu")})
+    assert reason(report, "node3", "gpu") == (
+        "fleetctl_gpus=2 but nvidia-smi shows 1 (1× NVIDIA H100 80GB HBM3)"
+    )
+
+
+def test_master_port_taken_on_node0(lab3: Lab) -> None:
+    code = (
+        "import socket, sys\n"
+        "held = []\n"
+        "for port in (29500, 29501):\n"
+        "    s = socket.socket()\n"
+        "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    s.bind(('0.0.0.0', port))\n"
+        "    s.listen(1)\n"
+        "    held.append(s)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        lab3.nsenter_argv("node1", [sys.executable, "-c", code]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        report = run_check(lab_nodes(lab3))
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # the listener exits when its stdin closes
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert_only(report, {("node1", "port")})
+    assert reason(report, "node1", "port") == "master port 29500 in use"
+    # The mesh listener skipped the master port and the busy 29501, and still worked.
+    assert report.mesh_failures == []
+    assert report.mesh_ports == {"node1": 29502, "node2": 29501, "node3": 29501}
+
+
+def test_full_disk_fails_the_disk_check(lab3: Lab) -> None:
+    lab3.disk_full("node2")
+    try:
+        report = run_check(lab_nodes(lab3))
+    finally:
+        lab3.disk_ok("node2")
+    assert_only(report, {("node2", "disk")})
+    assert "free in /root/.fleetctl, need 1.0 GiB" in reason(report, "node2", "disk")
+
+
+def test_missing_rsync_on_one_host(lab3: Lab) -> None:
+    path = lab3.exec("node3", ["sh", "-c", "command -v rsync"], check=True).stdout.strip()
+    assert path
+    # Hide rsync in node3's own mount namespace only.
+    lab3.exec("node3", ["mount", "--bind", "/dev/null", path], check=True)
+    try:
+        report = run_check(lab_nodes(lab3))
+    finally:
+        lab3.exec("node3", ["umount", path], check=True)
+    assert_only(report, {("node3", "rsync")})
+    assert reason(report, "node3", "rsync") == "rsync not found on PATH (push needs it)"
+    assert shutil.which("rsync")  # this machine was not touched
+
+
+def test_unresolvable_hostname_fails_ssh_of_that_host_only(lab3: Lab, tmp_path: Path) -> None:
+    # A name with a label over 63 characters can never resolve and is rejected before any DNS
+    # query leaves this machine (tests talk only to lab hosts).
+    bad = "node2-" + "x" * 60 + ".lab.invalid"
+
+    def edit(h: dict) -> None:
+        h["ansible_host"] = bad
+
+    inv = edited_inventory(lab3, tmp_path, "node2", edit)
+    report = run_check(load_inventory(inv).nodes)
+    assert_only(report, {("node2", "ssh")})
+    assert "cannot resolve host name" in reason(report, "node2", "ssh")
+    assert report.hosts["node2"].checks["ping"].status == "skip"
+
+
+def test_missing_python_fails_that_host_and_keeps_it_out_of_the_mesh(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    def edit(h: dict) -> None:
+        h["fleetctl_python"] = "/usr/bin/python-nope"
+
+    report = run_check(load_inventory(edited_inventory(lab3, tmp_path, "node2", edit)).nodes)
+    assert_only(report, {("node2", "python")})
+    assert reason(report, "node2", "python").startswith(
+        "/usr/bin/python-nope not found on the host"
+    )
+    assert report.mesh_skipped == ["node2: probe failed"]
+    assert report.mesh_failures == []
+
+
+def test_passing_result_is_cached_until_recheck(lab3: Lab, tmp_path: Path) -> None:
+    nodes = lab_nodes(lab3)
+    first = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path))
+    again = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path))
+    forced = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path), recheck=True)
+    assert first.ok and not first.cached
+    assert again.cached and again.to_dict()["hosts"] == first.to_dict()["hosts"]
+    assert again.facts == first.facts
+    assert not forced.cached
+    # A host that stopped answering makes the cached verdict stale: everything is checked again.
+    lab3.kill_sshd("node2")
+    try:
+        stale = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path))
+    finally:
+        lab3.start_sshd("node2")
+    assert not stale.cached
+    assert_only(stale, {("node2", "ssh")})
+
+
+def test_cli_prints_the_table_and_exits_3_on_failure(
+    lab3: Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "250")
+    with pytest.raises(SystemExit) as ok:
+        main(["check", "-i", str(lab3.inventory_path), "--json", "--launcher", "torchrun"])
+    assert ok.value.code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["failures"] == [] and len(data["hosts"]) == 3
+
+    lab3.kill_sshd("node3")
+    try:
+        with pytest.raises(SystemExit) as bad:
+            main(["check", "-i", str(lab3.inventory_path), "--recheck"])
+    finally:
+        lab3.start_sshd("node3")
+    out, err = capsys.readouterr()
+    assert bad.value.code == 3
+    assert "node3 ssh: connection refused" in out
+    assert "FAILED: 1 of 3 host(s) failed" in out
+    assert "fleetctl: error: check failed" in err
+
+
+def test_single_local_host_needs_no_ssh(tmp_path: Path) -> None:
+    node = Node.localhost(workdir=str(tmp_path / "w"))
+    report = run_check([node], master_port=_free_port())
+    assert report.ok, report.failures
+    assert report.hosts[node.name].checks["ssh"].detail == "local"
+    assert report.facts[node.name].train_addr == "127.0.0.1"
+    assert report.homes[node.name] == os.path.expanduser("~")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fake_nccl(folder: Path, version: int) -> Path:
+    """A stand-in libnccl.so.2 whose ncclGetVersion reports ``version`` (e.g. 21803)."""
+    src = folder / f"nccl{version}.c"
+    src.write_text(f"int ncclGetVersion(int *v) {{ *v = {version}; return 0; }}\n")
+    lib = folder / f"libnccl{version}.so.2"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for a fake libnccl")
+def test_env_python_and_nccl_versions_are_checked_and_must_agree(lab3: Lab) -> None:
+    import tempfile
+
+    # Lab hosts have a private /tmp: build the fake libraries where they can see them.
+    shared = Path(tempfile.mkdtemp(prefix="fleetctl-check-", dir="/var/tmp"))
+    env = "/root/.fleetctl/envs/e1"
+    try:
+        libs = {21803: _fake_nccl(shared, 21803), 21903: _fake_nccl(shared, 21903)}
+        for h in lab3.hosts:
+            lib = libs[21903 if h.name == "node3" else 21803]
+            lab3.exec(
+                h.name,
+                [
+                    "sh",
+                    "-c",
+                    f"mkdir -p {env}/bin {env}/lib && ln -sf "
+                    f"{os.path.realpath(sys.executable)} {env}/bin/python && "
+                    f"cp {lib} {env}/lib/libnccl.so.2",
+                ],
+                check=True,
+            )
+        lab3.exec("node2", ["mkdir", "-p", "/root/.fleetctl/code/abc"], check=True)
+        report = run_check(
+            lab_nodes(lab3),
+            env_dir="envs/e1",
+            code_dir="code/abc",
+            env_imports=("json",),
+            backend="nccl",
+        )
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        for h in lab3.hosts:
+            lab3.exec(h.name, ["rm", "-rf", env, "/root/.fleetctl/code/abc"], check=True)
+    assert_only(report, {("node3", "env")})
+    assert reason(report, "node3", "env") == "NCCL 2.19.3 while the others have 2.18.3"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    assert reason(report, "node1", "env") == f"python {py}, NCCL 2.18.3"
+    assert report.nccl_versions == {"node1": "2.18.3", "node2": "2.18.3", "node3": "2.19.3"}
+    assert report.env_present == {"node1": True, "node2": True, "node3": True}
+    assert report.code_present == {"node1": False, "node2": True, "node3": False}

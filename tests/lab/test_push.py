@@ -1,0 +1,271 @@
+"""fleetctl push on the namespace lab: real sshd hosts, real OpenSSH rsync, real conda-pack
+archives (built offline by fleetctl.envbuild), peer distribution over the data network."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.envbuild import EnvCache, build_env, nccl_from_wheel
+from fleetctl.errors import NodePushError, PushError
+from fleetctl.fleet import Fleet
+from fleetctl.inventory import load_inventory
+from fleetctl.lab import Lab
+from fleetctl.node import Node
+from fleetctl.push import NodePush, PushOptions, push
+
+pytestmark = pytest.mark.lab
+
+NCCL_WHEEL = "nvidia-nccl-cu12==2.21.5"
+
+
+@pytest.fixture(scope="session")
+def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
+    return EnvCache(tmp_path_factory.getbasetemp() / "push-envs")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture
+def wd(lab3: Lab) -> Iterator[str]:
+    """A fresh workdir on every host (the lab's /root/.fleetctl is private per host)."""
+    w = f"/root/.fleetctl/push-{secrets.token_hex(4)}"
+    yield w
+    for h in lab3.hosts:
+        lab3.exec(h.name, ["rm", "-rf", w])
+
+
+def lab_nodes(lab: Lab, workdir: str) -> list[Node]:
+    return [
+        dataclasses.replace(n, workdir=workdir) for n in load_inventory(lab.inventory_path).nodes
+    ]
+
+
+def sh(lab: Lab, host: str, script: str) -> str:
+    return lab.exec(host, ["sh", "-c", script], check=True).stdout
+
+
+def leftovers(lab: Lab, host: str, workdir: str) -> str:
+    return sh(lab, host, f"find {workdir} -name '.tmp-*' -o -name '*.part' 2>/dev/null; true")
+
+
+def project(root: Path) -> Path:
+    """A git project with ignored, untracked and .fleetignore'd files."""
+    files = {
+        "train.py": "print('train')\n",
+        "model/net.py": "N = 1\n",
+        ".gitignore": "*.ckpt\nout/\n",
+        ".fleetignore": "datasets/\n",
+        "model.ckpt": "weights",
+        "out/log.txt": "x",
+        "datasets/big.bin": "data",
+        "notes.txt": "untracked, not ignored",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "train.py", "model/net.py"], check=True)
+    return root
+
+
+SHIPPED = [".fleetignore", ".gitignore", "model/net.py", "notes.txt", "train.py"]
+
+
+def remote_files(lab: Lab, host: str, code_dir: str) -> list[str]:
+    out = sh(lab, host, f"cd {code_dir} && find . -type f | sort")
+    return [line[2:] for line in out.split()]
+
+
+def test_push_to_three_hosts_then_second_push_transfers_nothing(
+    lab3: Lab, wd: str, envs: EnvCache, tmp_path: Path
+) -> None:
+    env = envs.get("nccl")
+    src = project(tmp_path / "proj")
+    nodes = lab_nodes(lab3, wd)
+    with Fleet(nodes) as fleet:
+        report = push(fleet, code=src, env_archive=env.archive, options=PushOptions(peer=False))
+        sha = report.env_sha256["node1"]
+        assert set(report.env_sha256.values()) == {sha}
+        assert report.env_dirs == {h.name: f"{wd}/envs/{sha}" for h in lab3.hosts}
+        assert report.nccl_versions == {h.name: "2.21.5" for h in lab3.hosts}
+        for h in lab3.hosts:
+            res = report.nodes[h.name]
+            assert (res.code_method, res.env_method) == ("rsync", "sftp")
+            assert sh(lab3, h.name, f"cat {wd}/envs/{sha}/{env.prefix_file}") == (
+                f"prefix={wd}/envs/{sha}\n"
+            )
+            assert remote_files(lab3, h.name, report.code_dirs[h.name]) == SHIPPED
+            assert leftovers(lab3, h.name, wd) == ""
+        assert report.controller_bytes >= 3 * env.archive.stat().st_size
+
+        again = push(
+            fleet, code=src, env_archive=env.archive, options=PushOptions(check_torch=True)
+        )
+    import torch
+
+    assert again.controller_bytes == 0
+    assert again.code_dirs == report.code_dirs and again.env_dirs == report.env_dirs
+    for res in again.nodes.values():
+        assert (res.code_method, res.env_method, res.bytes_sent) == ("present", "present", 0)
+        assert res.torch_version == torch.__version__ and res.nccl_version == "2.21.5"
+
+
+def test_peer_distribution_sends_the_archive_about_once(lab3: Lab, wd: str, envs: EnvCache) -> None:
+    env = envs.get("noise")
+    size = env.archive.stat().st_size
+    train = {h.name: h.data_addr for h in lab3.hosts}
+    assert all(train.values())
+    with Fleet(lab_nodes(lab3, wd)) as fleet:
+        report = push(
+            fleet,
+            code=None,
+            env_archive=env.archive,
+            options=PushOptions(peer_min_nodes=3, train_addrs=train),
+        )
+    assert report.peer_fetches == 2
+    assert size <= report.controller_bytes < 1.5 * size
+    assert report.nodes["node1"].env_method == "sftp"
+    for name in ("node2", "node3"):
+        assert report.nodes[name].env_method == "peer"
+        assert report.nodes[name].env_source == "node1"
+        assert report.nodes[name].bytes_sent == 0
+    assert set(report.nccl_versions.values()) == {"2.21.5"}
+    for h in lab3.hosts:  # servers gone, served archives removed
+        assert leftovers(lab3, h.name, wd) == ""
+        listening = sh(lab3, h.name, "ss -Hltn | awk '{print $4}'").split()
+        assert all(a.endswith(":22") for a in listening), listening
+
+
+def test_host_with_a_different_archive_is_a_nccl_mismatch_naming_it(
+    lab3: Lab, wd: str, envs: EnvCache
+) -> None:
+    good, other = envs.get("nccl").archive, envs.get("nccl-other").archive
+    nodes = [
+        dataclasses.replace(n, env_archive=str(other if n.name == "node3" else good))
+        for n in lab_nodes(lab3, wd)
+    ]
+    with Fleet(nodes) as fleet, pytest.raises(PushError) as ei:
+        push(fleet, code=None, env_archive=None)
+    result = ei.value.result
+    assert set(result.failed) == {"node3"}
+    err = result["node3"]
+    assert isinstance(err, NodePushError) and err.stage == "nccl"
+    assert str(err).startswith("node3") and "NCCL 2.19.3 differs from NCCL 2.21.5" in str(err)
+    assert isinstance(result["node1"], NodePush) and isinstance(result["node2"], NodePush)
+    assert ei.value.exit_code == 3
+
+
+def test_disk_too_small_for_the_archive_fails_before_upload(
+    lab3: Lab, wd: str, envs: EnvCache
+) -> None:
+    env = envs.get("noise")  # ~3 MiB, needs ~6 MiB free
+    lab3.disk_full("node2", f"{wd}/envs", "4m")
+    try:
+        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+            push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
+        err = ei.value.result["node2"]
+        assert isinstance(err, NodePushError) and err.stage == "disk" and err.enospc
+        assert "not enough disk space" in str(err) and str(err).startswith("node2")
+        assert set(ei.value.result.failed) == {"node2"}
+        assert sh(lab3, "node2", f"ls -A {wd}/envs") == ""
+        assert ei.value.report.nodes["node1"].bytes_sent > 0  # type: ignore[attr-defined]
+    finally:
+        lab3.disk_ok("node2", f"{wd}/envs")
+
+
+def test_disk_full_while_unpacking_leaves_no_half_env(lab3: Lab, wd: str, envs: EnvCache) -> None:
+    env = envs.get("ballast")  # small archive, 16 MiB unpacked
+    lab3.disk_full("node2", f"{wd}/envs", "2m")
+    try:
+        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+            push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
+        err = ei.value.result["node2"]
+        assert isinstance(err, NodePushError) and err.enospc and err.stage == "unpack"
+        assert "disk full" in str(err) and "partial files removed" in str(err)
+        assert sh(lab3, "node2", f"ls -A {wd}/envs") == ""  # no tmp dir, no final dir
+        assert set(ei.value.result.failed) == {"node2"}
+    finally:
+        lab3.disk_ok("node2", f"{wd}/envs")
+
+
+def test_host_without_rsync_gets_the_sftp_fallback_with_a_warning(
+    lab3: Lab, wd: str, tmp_path: Path
+) -> None:
+    src = project(tmp_path / "proj")
+    rsync = sh(lab3, "node2", "command -v rsync").strip()
+    lab3.exec("node2", ["mount", "--bind", "/dev/null", rsync], check=True)
+    try:
+        assert sh(lab3, "node2", "command -v rsync || echo none").strip() == "none"
+        with Fleet(lab_nodes(lab3, wd)) as fleet:
+            report = push(fleet, code=src)
+            (src / "train.py").write_text("print('v2')\n")
+            second = push(fleet, code=src)
+    finally:
+        lab3.exec("node2", ["umount", rsync], check=True)
+    methods = {k: v.code_method for k, v in report.nodes.items()}
+    assert methods == {"node1": "rsync", "node2": "sftp", "node3": "rsync"}
+    assert any("rsync not found on the node" in w for w in report.warnings)
+    assert all(w.startswith("node2:") for w in report.warnings)
+    for h in lab3.hosts:
+        assert remote_files(lab3, h.name, report.code_dirs[h.name]) == SHIPPED
+        assert sh(lab3, h.name, f"cat {second.code_dirs[h.name]}/train.py") == "print('v2')\n"
+    assert second.nodes["node2"].bytes_sent < 1000  # only the changed file, as a tiny tar
+
+
+@pytest.fixture(scope="session")
+def nccl_wheel() -> Path:
+    cache = Path(os.environ.get("FLEETCTL_TEST_CACHE", "~/.cache/fleetctl-test")).expanduser()
+    dest = cache / "wheels"
+    found = sorted(dest.glob("nvidia_nccl_cu12-2.21.5-*.whl"))
+    if not found:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(dest),
+                NCCL_WHEEL,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        found = sorted(dest.glob("nvidia_nccl_cu12-2.21.5-*.whl"))
+        if not found:
+            pytest.fail(f"pip download {NCCL_WHEEL} failed: {r.stderr.strip()[-300:]}")
+    return found[0]
+
+
+@pytest.mark.slow
+def test_real_nccl_from_the_wheel_reports_its_version(
+    lab3: Lab, wd: str, nccl_wheel: Path, tmp_path: Path
+) -> None:
+    lib = nccl_from_wheel(nccl_wheel, tmp_path / "nccl" / "libnccl.so.2")
+    env = build_env(tmp_path / "env", nccl_lib=lib, tag="real", fmt="tar")  # no compression
+    node = lab_nodes(lab3, wd)[0]
+    with Fleet([node]) as fleet:
+        report = push(
+            fleet, code=None, env_archive=env.archive, options=PushOptions(require_nccl=True)
+        )
+    res = report.nodes[node.name]
+    assert res.nccl_version == "2.21.5"
+    assert res.nccl_path == f"{report.env_dirs[node.name]}/lib/libnccl.so.2"

@@ -1,0 +1,173 @@
+"""The supervisor's line protocol, as the controller reads it, and the run summary wording."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetctl.job import JobResult, NodeOutcome
+from fleetctl.launch import Frame, FrameReader, exit_code_of, parse_frame, start_command
+from fleetctl.render import LiveLog, fold_ranks, run_summary_lines
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "payload"),
+    [
+        (b"L hello world", "L", b"hello world"),
+        (b"L ", "L", b""),
+        (b"L", "L", b""),
+        (b"H", "H", b""),
+        (b"X 0", "X", b"0"),
+        (b"X -9", "X", b"-9"),
+        (b'S {"pid": 1}', "S", b'{"pid": 1}'),
+        (b"E stopping job: x", "E", b"stopping job: x"),
+        (b"L keeps\rcarriage\rinside", "L", b"keeps\rcarriage\rinside"),
+        (b"L trailing cr\r", "L", b"trailing cr"),
+        (b"Hello from .bashrc", "?", b"Hello from .bashrc"),
+        (b"Z unknown kind", "?", b"Z unknown kind"),
+        (b"", "?", b""),
+    ],
+)
+def test_a_line_parses_into_its_frame(line: bytes, kind: str, payload: bytes) -> None:
+    assert parse_frame(line) == Frame(kind, payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"), [(b"0", 0), (b"3", 3), (b"-15", -15), (b"", None), (b"x", None)]
+)
+def test_the_exit_frame_gives_the_code_or_minus_the_signal(payload: bytes, code: int) -> None:
+    assert exit_code_of(Frame("X", payload)) == code
+
+
+def test_a_line_split_across_chunks_is_delivered_whole_and_once() -> None:
+    r = FrameReader()
+    assert r.feed(b"L first li") == []
+    assert r.feed(b"ne\nL sec") == [Frame("L", b"first line")]
+    assert r.feed(b"ond\nH\nX 1") == [Frame("L", b"second"), Frame("H")]
+    assert r.flush() == [Frame("X", b"1")]
+    assert r.flush() == []
+
+
+def test_utf8_split_inside_a_character_is_joined_before_decoding() -> None:
+    data = "L naïve ✓\n".encode()
+    r = FrameReader()
+    frames = [f for i in range(len(data)) for f in r.feed(data[i : i + 1])]
+    assert [f.text for f in frames] == ["naïve ✓"]
+
+
+def test_the_start_command_quotes_paths_and_falls_back_to_the_loader() -> None:
+    cmd = start_command("/opt/my env/bin/python", "/home/u/.fleetctl/bin/supervisor-abc.py")
+    assert cmd.startswith("sh -c ")
+    assert "'\"'\"'/opt/my env/bin/python'\"'\"'" in cmd  # quoted twice: sh -c inside the shell
+    assert "supervisor-abc.py" in cmd and "run" in cmd
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ([], ""),
+        ([3], "3"),
+        ([0, 2], "0,2"),
+        ([0, 1], "0,1"),
+        ([0, 1, 2], "0-2"),
+        ([0, 1, 3, 4, 5, 6, 7], "0,1,3-7"),
+        ([5, 1, 0], "0,1,5"),
+    ],
+)
+def test_ranks_fold_into_short_lists(ranks: list[int], text: str) -> None:
+    assert fold_ranks(ranks) == text
+
+
+def _result(tmp_path: Path) -> JobResult:
+    res = JobResult(job_id="j", folder=tmp_path, status="failed")
+    res.nodes = [
+        NodeOutcome(0, "node1", "10.0.0.2", state="stopped", signal=15),
+        NodeOutcome(1, "node2", "10.0.0.3", "10.213.0.3", state="failed", exit_code=1),
+        NodeOutcome(2, "node3", "10.0.0.4", state="stopped", signal=15),
+    ]
+    res.nodes[1].tail.extend(["step 1", "Traceback", "RuntimeError: boom"])
+    res.first_failure = 1
+    res.started = 1000.0
+    res.failure_time = 1041.2
+    return res
+
+
+def test_the_summary_names_the_node_that_failed_first_and_the_stopped_ones(
+    tmp_path: Path,
+) -> None:
+    lines = run_summary_lines(_result(tmp_path), tail_lines=2)
+    assert lines[0] == (
+        "Out of all 3 nodes, node 1 (node2 10.213.0.3) failed first: exit code 1 after 41.2 s;"
+        " nodes 0,2 were stopped."
+    )
+    assert lines[1:4] == [
+        "--- last 2 lines of node 1 (node2) ---",
+        "Traceback",
+        "RuntimeError: boom",
+    ]
+    assert lines[-1] == f"run folder: {tmp_path}"
+
+
+def test_the_summary_of_a_lost_node_says_lost(tmp_path: Path) -> None:
+    res = _result(tmp_path)
+    res.nodes[1].state, res.nodes[1].exit_code, res.nodes[1].reason = "lost", None, "no heartbeat"
+    res.nodes[2].state = "lost"
+    line = run_summary_lines(res)[0]
+    assert "node 1 (node2 10.213.0.3) failed first: lost (no heartbeat) after 41.2 s" in line
+    assert line.endswith("node 0 was stopped; node 2 was lost.")
+
+
+def test_the_failed_node_tail_comes_from_the_collected_console_log(tmp_path: Path) -> None:
+    res = _result(tmp_path)
+    folder = tmp_path / "1-node2"
+    folder.mkdir()
+    (folder / "console.log").write_text("a\nb\nfrom the node\n")
+    res.nodes[1].folder = str(folder)
+    assert res.log_tail(1, 2) == ["b", "from the node"]
+    assert f"node 1 logs: {folder}" in run_summary_lines(res)
+
+
+def test_job_json_records_first_failure_and_every_node(tmp_path: Path) -> None:
+    d = _result(tmp_path).to_dict()
+    assert d["first_failure"]["rank"] == 1 and d["first_failure"]["after"] == 41.2
+    assert d["first_failure"]["address"] == "10.213.0.3"
+    assert [n["state"] for n in d["nodes"]] == ["stopped", "failed", "stopped"]
+    assert d["nodes"][0]["signal"] == 15
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> None:
+        self.writes.append(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("tail", "shown"), [("all", [0, 1]), ("0", [0]), ("none", [])])
+def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list[int]) -> None:
+    from fleetctl.job import JobEvent
+
+    out, err = _Out(), _Out()
+    live = LiveLog(tail=tail, colour=False, out=out, err=err)
+    for rank in (0, 1):
+        live(JobEvent("line", f"hello {rank}", rank, f"node{rank + 1}", time=time.time()))
+    assert out.writes == [f"[{r} node{r + 1}] hello {r}\n" for r in shown]
+
+
+def test_live_lines_are_coloured_per_node_on_request() -> None:
+    from fleetctl.job import JobEvent
+
+    out = _Out()
+    live = LiveLog(colour=True, out=out, err=_Out())
+    live(JobEvent("line", "x", 0, "a"))
+    live(JobEvent("line", "y", 1, "b"))
+    assert out.writes[0].startswith("\x1b[") and out.writes[0].endswith("[0 a]\x1b[0m x\n")
+    assert out.writes[0][:5] != out.writes[1][:5]

@@ -1,0 +1,56 @@
+"""The controller run folder: private, atomic job.json, events.log, found again by id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetctl.runs import RunFolder, RunFolderError, iso, list_runs, load_run
+
+
+def test_a_run_folder_is_private_and_never_reused(tmp_path: Path) -> None:
+    f = RunFolder.create(tmp_path / "fleet-runs", "20260101-000000-aaaaaa")
+    assert oct(f.path.stat().st_mode & 0o777) == "0o700"
+    assert oct(f.path.parent.stat().st_mode & 0o777) == "0o700"
+    with pytest.raises(RunFolderError, match="already exists"):
+        RunFolder.create(tmp_path / "fleet-runs", "20260101-000000-aaaaaa")
+
+
+def test_job_plan_and_events_are_written_and_read_back(tmp_path: Path) -> None:
+    f = RunFolder.create(tmp_path, "j1")
+    f.write_plan({"job_id": "j1", "nodes": []})
+    f.write_job({"job_id": "j1", "status": "running"})
+    f.write_job({"job_id": "j1", "status": "failed"})
+    f.event("exit [1 node2] exit code 1\nsecond line", ts=0.5)
+    assert f.load_job()["status"] == "failed" and f.load_plan()["job_id"] == "j1"
+    assert (f.path / "events.log").read_text() == (
+        "1970-01-01T00:00:00.500Z exit [1 node2] exit code 1 second line\n"
+    )
+    assert oct((f.path / "job.json").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in f.path.iterdir() if p.name.startswith(".")] == []  # no temp left
+    assert f.node_folder(1, "node2") == f.path / "1-node2"
+
+
+def test_runs_are_listed_oldest_first_and_found_by_unique_prefix(tmp_path: Path) -> None:
+    for job_id, status in (
+        ("20260102-000000-bbbbbb", "failed"),
+        ("20260101-000000-aaaaaa", "succeeded"),
+    ):
+        RunFolder.create(tmp_path, job_id).write_job({"job_id": job_id, "status": status})
+    (tmp_path / "not-a-run").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "job.json").write_text("{")
+    assert [r["status"] for r in list_runs(tmp_path)] == ["succeeded", "failed"]
+    assert load_run(tmp_path, "20260102").job_id == "20260102-000000-bbbbbb"
+    with pytest.raises(RunFolderError, match="ambiguous"):
+        load_run(tmp_path, "2026")
+    with pytest.raises(RunFolderError, match="no job"):
+        load_run(tmp_path, "nope")
+    assert json.loads((tmp_path / "20260101-000000-aaaaaa" / "job.json").read_text())
+
+
+def test_times_are_iso_utc_with_milliseconds() -> None:
+    assert iso(None) is None
+    assert iso(86400.25) == "1970-01-02T00:00:00.250Z"

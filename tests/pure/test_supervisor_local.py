@@ -1,0 +1,280 @@
+"""The node supervisor's lifecycle with real processes on this machine (LocalConnection).
+
+Each test starts real jobs (``sh``/``python``), checks how they end and that nothing of the job
+is left, by job id in /proc — the same rule teardown uses. Every job is stopped in a finalizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.connection import LocalConnection
+from fleetctl.job import RunOptions, run_job
+from fleetctl.launch import FrameReader, NodeRun, start_node, supervisor_path
+from fleetctl.node import Node
+from fleetctl.plan import JobSpec
+from fleetctl.supervisor import find_job_processes, stop_processes
+
+PY38 = "/root/.pyenv/versions/3.8.18/bin/python3"
+
+
+def _kill_leftovers(job_id: str) -> None:
+    stop_processes(job_id, None, None, None, 0.0)
+
+
+class Jobs:
+    """Start supervised jobs under a temp workdir; stops whatever is left at the end."""
+
+    def __init__(self, root: Path, python: str = sys.executable) -> None:
+        self.root = root
+        self.node = Node.localhost(workdir=str(root / "w"), python=python)
+        self.conn = LocalConnection(self.node)
+        self.ids: list[str] = []
+
+    def start(self, job_id: str, argv: list[str], **spec: object) -> NodeRun:
+        self.ids.append(job_id)
+        full = {
+            "job_id": job_id,
+            "node_rank": 0,
+            "argv": argv,
+            "env": {"MY_VAR": "a b"},
+            "cwd": str(self.root),
+            "run_dir": str(self.root / "w" / "runs" / job_id),
+            "deadman": 10,
+            "grace": 1,
+            "heartbeat": 0.5,
+        }
+        full.update(spec)
+        return start_node(self.node, self.conn, full, python=self.node.python)
+
+    def close(self) -> None:
+        for j in self.ids:
+            _kill_leftovers(j)
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[Jobs]:
+    j = Jobs(tmp_path)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def drain(run: NodeRun, timeout: float = 20.0, heartbeat: bool = False) -> list[tuple[str, str]]:
+    """Every frame (kind, text) until the supervisor's stream ends."""
+    frames = [(f.kind, f.text) for f in run.pending]
+    reader: FrameReader = run.reader
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if heartbeat:
+            with contextlib.suppress(OSError):  # the supervisor may just have exited
+                run.stream.send(b"h")
+        data = run.stream.recv(0.3)
+        if data is None:
+            continue
+        new = reader.feed(data) if data else reader.flush()
+        frames += [(f.kind, f.text) for f in new]
+        if not data:
+            return frames
+    raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
+
+
+def wait_gone(job_id: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = find_job_processes(job_id, None)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = find_job_processes(job_id, None)
+    return left
+
+
+def test_a_job_runs_in_its_run_folder_with_its_env_and_reports_its_exit(jobs: Jobs) -> None:
+    args = ["two words", 'it\'s "quoted"', "a;b", "$HOME", ""]
+    script = (
+        "import os,sys,json; print(json.dumps(sys.argv[1:])); "
+        "print(os.environ['FLEET_JOB_ID'], os.environ['FLEET_NODE_RANK'], os.environ['MY_VAR']); "
+        "print(open('hostfile').read().strip()); print(os.getpgid(0) == os.getpid()); "
+        "sys.stdout.write('no newline'); sys.exit(7)"
+    )
+    run = jobs.start(
+        "t-exit",
+        [sys.executable, "-c", script, *args],
+        files={"hostfile": "10.0.0.1 slots=2\n"},
+        cwd=str(jobs.root / "w" / "runs" / "t-exit"),
+    )
+    frames = drain(run, heartbeat=True)
+    lines = [t for k, t in frames if k == "L"]
+    assert lines == [json.dumps(args), "t-exit 0 a b", "10.0.0.1 slots=2", "True", "no newline"]
+    assert frames[-1] == ("X", "7")
+    run_dir = jobs.root / "w" / "runs" / "t-exit"
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert (run_dir / "console.log").read_text().splitlines() == lines
+    state = json.loads((run_dir / "supervisor.json").read_text())
+    assert state["job_id"] == "t-exit" and state["exit_code"] == 7 and state["state"] == "exited"
+    assert state["pgid"] == state["pid"] and state["end_time"] >= state["start_time"]
+    assert run.uploaded  # first start on this workdir installed the supervisor
+
+
+def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
+    first = jobs.start("t-up1", ["true"])
+    drain(first, heartbeat=True)
+    second = jobs.start("t-up2", ["true"])
+    drain(second, heartbeat=True)
+    assert first.uploaded and not second.uploaded
+    assert Path(supervisor_path(str(jobs.root / "w"))).is_file()
+
+
+@pytest.mark.skipif(not os.path.exists(PY38), reason="no python 3.8 here")
+def test_the_supervisor_runs_on_python_3_8(tmp_path: Path) -> None:
+    old = Jobs(tmp_path, python=PY38)
+    try:
+        run = old.start("t-py38", ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
+        frames = drain(run, heartbeat=True)
+    finally:
+        old.close()
+    assert ("L", "t-py38") in frames and frames[-1] == ("X", "-9")
+
+
+def test_a_job_killed_by_a_signal_reports_minus_the_signal(jobs: Jobs) -> None:
+    run = jobs.start("t-sig", ["sh", "-c", "kill -TERM $$"])
+    assert drain(run, heartbeat=True)[-1] == ("X", "-15")
+
+
+JOB_WITH_ESCAPEE = "setsid sleep 300 & sleep 300 & trap '' TERM; echo up; sleep 300; wait"
+
+
+def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs) -> None:
+    run = jobs.start("t-deadman", ["sh", "-c", JOB_WITH_ESCAPEE], deadman=2, grace=0.5)
+    time.sleep(0.3)
+    assert len(find_job_processes("t-deadman", 0)) >= 3  # sh, sleep, setsid'd sleep
+    t0 = time.monotonic()
+    frames = drain(run, heartbeat=False)
+    took = time.monotonic() - t0
+    assert any(k == "E" and "dead-man" in t for k, t in frames), frames
+    assert frames[-1] == ("X", "-9")  # it ignored SIGTERM, so SIGKILL after the grace
+    assert took < 10
+    assert wait_gone("t-deadman") == []
+
+
+def test_the_controller_closing_the_connection_stops_the_job(jobs: Jobs) -> None:
+    run = jobs.start("t-eof", ["sh", "-c", JOB_WITH_ESCAPEE], grace=0.5)
+    time.sleep(0.3)
+    run.stream.close_stdin()
+    frames = drain(run)
+    assert any(k == "E" and "connection closed" in t for k, t in frames), frames
+    assert wait_gone("t-eof") == []
+
+
+def test_a_kill_byte_stops_the_job_without_grace(jobs: Jobs) -> None:
+    run = jobs.start("t-kill", ["sh", "-c", JOB_WITH_ESCAPEE], grace=30)
+    time.sleep(0.3)
+    run.stream.send(b"k")
+    t0 = time.monotonic()
+    frames = drain(run, heartbeat=True)
+    assert frames[-1] == ("X", "-9") and time.monotonic() - t0 < 10
+    assert wait_gone("t-kill") == []
+
+
+def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
+    a = jobs.start("t-stop-a", ["sh", "-c", JOB_WITH_ESCAPEE])
+    b = jobs.start("t-stop-b", ["sh", "-c", JOB_WITH_ESCAPEE])
+    time.sleep(0.3)
+    b_before = find_job_processes("t-stop-b", 0)
+    sup = supervisor_path(str(jobs.root / "w"))
+    res = jobs.conn.run(
+        [
+            sys.executable,
+            sup,
+            "stop",
+            "--job-id",
+            "t-stop-a",
+            "--run-dir",
+            str(jobs.root / "w" / "runs" / "t-stop-a"),
+            "--rank",
+            "0",
+            "--grace",
+            "0.5",
+        ],
+        timeout=30,
+    )
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["remaining"] == [] and len(out["found"]) >= 3
+    assert find_job_processes("t-stop-a", None) == []
+    assert find_job_processes("t-stop-b", 0) == b_before  # same processes, all alive
+    assert drain(a, heartbeat=True)[-1][0] == "X"
+    b.stream.send(b"k")
+    drain(b, heartbeat=True)
+    assert wait_gone("t-stop-b") == []
+
+
+def test_a_job_that_cannot_start_is_reported_not_hung(jobs: Jobs) -> None:
+    from fleetctl.launch import LaunchError
+
+    with pytest.raises(LaunchError, match="cannot start job"):
+        jobs.start("t-nostart", ["/nonexistent/launcher"])
+
+
+def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fail.py").write_text(
+        "import os, sys\nprint('rank', os.environ['RANK'], 'args', sys.argv[1:])\nsys.exit(4)\n"
+    )
+    node = Node.localhost(workdir=str(tmp_path / "w"))
+    spec = JobSpec(script="fail.py", job_id="t-local-run", args=("a b", ";"), launcher="plain")
+    events = []
+    result = run_job(
+        spec,
+        [node],
+        RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0),
+        on_event=events.append,
+    )
+    assert result.exit_code == 3 and result.status == "failed"
+    assert result.first_failure == 0 and result.nodes[0].exit_code == 4
+    folder = tmp_path / "runs" / "t-local-run"
+    job = json.loads((folder / "job.json").read_text())
+    assert job["status"] == "failed" and job["first_failure"]["exit_code"] == 4
+    assert json.loads((folder / "plan.json").read_text())["job_id"] == "t-local-run"
+    console = (folder / f"0-{node.name}" / "console.log").read_text()
+    assert console == f"rank 0 args {['a b', ';']!r}\n"
+    assert (folder / f"0-{node.name}" / "supervisor.json").is_file()
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert any(e.kind == "line" and e.text.startswith("rank 0") for e in events)
+    assert result.teardown is not None and result.teardown.verified
+    assert "exit" in (folder / "events.log").read_text()
+
+
+def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: Jobs) -> None:
+    run = jobs.start("t-detach", ["sh", "-c", "echo started; sleep 300"], detach=True)
+    frames = drain(run)  # the channel ends at once: the supervisor double-forked
+    assert [k for k, _ in frames] == ["Q"]
+    run_dir = str(jobs.root / "w" / "runs" / "t-detach")
+    sup = supervisor_path(str(jobs.root / "w"))
+    time.sleep(0.3)
+    status = json.loads(
+        jobs.conn.run([sys.executable, sup, "status", "--run-dir", run_dir], timeout=30).stdout
+    )
+    assert status["state"] == "running" and status["supervisor_alive"] and status["processes"]
+    assert status["deadman"] is None  # no dead-man switch for detached jobs
+    res = jobs.conn.run(
+        [sys.executable, sup, "stop", "--job-id", "t-detach", "--run-dir", run_dir, "--grace", "1"],
+        timeout=30,
+    )
+    assert json.loads(res.stdout)["remaining"] == []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = json.loads(Path(run_dir, "supervisor.json").read_text())
+        if state["state"] != "running":
+            break
+        time.sleep(0.1)
+    assert state["state"] == "exited" and state["signal"] == 15
+    assert Path(run_dir, "console.log").read_text() == "started\n"
