@@ -25,6 +25,8 @@ from common import PY, Result, SampleFailed, Timed, fleetctl_argv, repeat, run_t
 
 from fleetctl.nodeset import fold
 
+SLOW_EXIT = "fleetctl exec, normal interpreter exit (A/B)"
+
 FABRIC_SCRIPT = """
 import sys
 from fabric import Config, ThreadingGroup
@@ -139,6 +141,12 @@ class FanoutBench:
             "parallel ssh (bash &)": lambda: self.check(run_timed(["bash", "-c", ssh_loop]), n),
         }
         if extra:
+            # A/B of the CLI's fast exit: the same command through main(argv), which leaves by
+            # a normal SystemExit and so pays the interpreter's module teardown.
+            slow = "import sys; from fleetctl.cli import main; main(sys.argv[1:])"
+            runners[SLOW_EXIT] = lambda: self.check(
+                run_timed([PY, "-c", slow, "exec", "-i", inv, "--", "hostname"]), n
+            )
             runners["fabric ThreadingGroup"] = lambda: self.check(
                 run_timed([PY, "-c", FABRIC_SCRIPT, self.cfg, ",".join(hosts)]), n
             )
@@ -350,8 +358,26 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
         out.append(repeat(Result("openssh", f"ssh node1 true, kex {kex}"), rounds, once))
 
     # One remote command over an open connection: sshd + the login shell's rc files.
+    out.extend(_remote_commands(node, rounds, "lab's minimal ~/.bashrc"))
+    from fleetctl.lab import Lab
+
+    heavy = Lab.up(1, networks=1, machine_bashrc=True)  # this machine's own ~/.bashrc
+    try:
+        hnode = load_inventory(heavy.inventory_path).nodes[0]
+        out.extend(_remote_commands(hnode, rounds, "this machine's ~/.bashrc", ("true",)))
+    finally:
+        heavy.down()
+    return out
+
+
+def _remote_commands(
+    node: Any, rounds: int, label: str, cmds: tuple[str, ...] = ("true", "exec true", "hostname")
+) -> list[Result]:
+    from fleetctl.connection import SSHConnection, SSHSettings
+
+    out: list[Result] = []
     with SSHConnection(node, SSHSettings()) as c:
-        for cmd in ("true", "exec true", "hostname"):
+        for cmd in cmds:
 
             def once(cmd: str = cmd) -> float:
                 t0 = time.perf_counter()
@@ -360,11 +386,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
                     raise SampleFailed(f"`{cmd}` exited {r.exit_code}")
                 return time.perf_counter() - t0
 
-            out.append(
-                repeat(
-                    Result("remote", f"one command over an open connection: {cmd}"), rounds, once
-                )
-            )
+            row = Result("remote", f"one command over an open connection: {cmd} ({label})")
+            out.append(repeat(row, rounds, once))
     return out
 
 

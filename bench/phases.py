@@ -177,17 +177,22 @@ class PhaseBench:
         reader.start()
         timer = threading.Timer(timeout, lambda: proc.send_signal(signal.SIGINT))
         timer.start()
+        hwm = [0]
+        poller = threading.Thread(target=_poll_hwm, args=(proc.pid, hwm), daemon=True)
+        poller.start()
+        status = None
         try:
             if during is not None:
                 during(proc, runs, before)
             _, status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
         finally:
             timer.cancel()
             out.close()
-            if proc.returncode is None and proc.poll() is None:
+            if status is None:
                 proc.kill()
+                proc.wait()
         wall = time.time() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
         reader.join(5)
         folders = [p for p in runs.iterdir() if p not in before] if runs.exists() else []
         if len(folders) != 1:
@@ -204,6 +209,7 @@ class PhaseBench:
             "t0": t0,
             "cpu": rusage.ru_utime + rusage.ru_stime,
             "maxrss_mb": rusage.ru_maxrss / 1024,
+            "hwm_mb": hwm[0] / 1024,
             "stderr": "".join(err_chunks),
         }
 
@@ -464,7 +470,7 @@ class PhaseBench:
                 "lost in live stream": len(expected - streamed),
                 "lost in collected logs": len(expected - collected),
                 "controller CPU s": r["cpu"],
-                "controller peak RSS MB": r["maxrss_mb"],
+                "fleetctl peak RSS MB": r["hwm_mb"],
             }
 
         row.note = "time column = whole `fleetctl run` wall time"
@@ -510,6 +516,21 @@ class PhaseBench:
             "teardown verify; collect→done: log collection; done→end: exit"
         )
         return [repeat(row, repeats, once)]
+
+
+def _poll_hwm(pid: int, out: list[int]) -> None:
+    """Peak RSS of the fleetctl process itself (VmHWM, kB), read until it exits."""
+    path = f"/proc/{pid}/status"
+    while True:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            return
+        m = re.search(r"VmHWM:\s+(\d+) kB", text)
+        if m is None:  # a zombie: gone already
+            return
+        out[0] = max(out[0], int(m.group(1)))
+        time.sleep(0.05)
 
 
 def _lines_in(path: Path) -> set[tuple[int, int]]:

@@ -9,6 +9,7 @@ from typing import Any
 from common import Result
 
 FLEETCTL = "fleetctl exec"
+PARTIAL = " — PARTIAL: the run was still going when this was written"
 
 SECTIONS: list[tuple[str, str, str]] = [
     (
@@ -46,33 +47,43 @@ SECTIONS: list[tuple[str, str, str]] = [
     ),
     (
         "teardown",
-        "2. Teardown latency (N = 8)",
-        "`fleetctl run` of a script that fails on rank 1 while the others sleep: from rank 1's "
-        "failing exit to the last process of the job gone on every node, from the run folder's "
-        "own timestamps.",
+        "2. Teardown latency",
+        "`fleetctl run` (8 hosts; fewer with --quick) of a script that fails on rank 1 while the "
+        "others sleep (each with a child `sleep`): from rank 1's own exit timestamp to the "
+        "`teardown verified` event, i.e. every node scanned and no process carrying the job's "
+        "FLEET_JOB_ID left (an upper bound on 'last process gone'). Default --grace 5.",
     ),
     (
         "lost",
         "3. Lost-node latency",
-        "`fleetctl run` on healthy nodes, then the lab cuts one node's link: from the cut to "
-        "teardown finished on every other node.",
+        "`fleetctl run` (8 hosts) with every rank sleeping; the lab cuts the last host's link: "
+        "from the cut to teardown finished on every other node (the `stopping` event plus the "
+        "teardown call's own duration). Default --lost-timeout 5.",
     ),
     (
         "push",
         "4. Push",
-        "Code push (no-op and a 200 MB change) and env-archive distribution vs parallel rsync/"
-        "scp; controller bytes sent from the push report or from the tools' own counters.",
+        "`fleetctl push` to 16 hosts (fewer with --quick) vs parallel `rsync -a` over ssh: a "
+        "no-op push (both already hold the tree: 201 files), then a fresh incompressible 200 MB "
+        "file per sample; env-archive distribution vs parallel `scp`. `controller MB (bridge)` = "
+        "transmit counter of the lab bridge on this machine (every byte this machine sent to any "
+        "lab host, headers included; host-to-host peer traffic is not in it); `payload MB` = what "
+        "fleetctl's push report counts.",
     ),
     (
         "logs",
         "5. Log streaming",
-        "16 nodes × 5,000 lines/s × 10 s through `fleetctl run`; lines counted in the collected "
-        "logs; controller CPU and peak RSS of the `fleetctl` process.",
+        "Every node prints numbered lines at a fixed rate through `fleetctl run --tail all` "
+        "(16 nodes × 5,000 lines/s × 10 s; tiny with --quick). Lost = numbered lines missing from "
+        "fleetctl's live output, and from the collected console.log files. Controller CPU: "
+        "getrusage of the `fleetctl` process (wait4, its children included); peak RSS: VmHWM of "
+        "the fleetctl process itself, polled every 50 ms.",
     ),
     (
         "pipeline",
-        "6. Whole pipeline (no-op job, N = 8)",
-        "`fleetctl run` of a script that exits 0 at once, split by phase from the run folder.",
+        "6. Whole pipeline (no-op job)",
+        "`fleetctl run` (8 hosts) of a script that exits 0 at once, after one untimed run so the "
+        "code push is a no-op; split by phase from events.log timestamps.",
     ),
 ]
 
@@ -145,6 +156,86 @@ def _table(rows: list[Result], ratio: bool) -> list[str]:
     return out
 
 
+def _row(results: list[Result], group: str, tool: str, n: int | None = None) -> Result | None:
+    for r in results:
+        if r.group == group and r.tool.startswith(tool) and (n is None or r.n == n) and r.median:
+            return r
+    return None
+
+
+def _cpu(r: Result, key: str) -> float | None:
+    v = r.extra.get(key)
+    return statistics.median(v) if isinstance(v, list) and v else None
+
+
+def _findings(results: list[Result]) -> list[str]:
+    """A few sentences whose every number is read from a measured row (absent rows: no line)."""
+    out: list[str] = []
+    sizes = sorted({r.n for r in results if r.group == "fanout" and r.n})
+    for n in sizes:
+        fl = _row(results, "fanout", FLEETCTL, n)
+        if fl is None:
+            continue
+        peers = []
+        for tool in ("pdsh", "clush", "ansible -m raw -f 64", "fabric", "asyncssh"):
+            r = _row(results, "fanout", tool, n)
+            if r is not None and r.median:
+                peers.append(f"{tool.split(' ')[0]} {r.median:.2f} s ({r.median / fl.median:.2f}×)")
+        floor = _row(results, "fanout", "fleetctl, connections already open", n)
+        tail = f"; over open connections {floor.median:.3f} s" if floor else ""
+        out.append(f"- N={n}: fleetctl exec {fl.median:.2f} s; " + ", ".join(peers) + tail + ".")
+    for n in sizes:
+        fast, slow = (
+            _row(results, "fanout", FLEETCTL, n),
+            _row(results, "fanout", "fleetctl exec, normal", n),
+        )
+        if fast and slow:
+            cf, cs = _cpu(fast, "client CPU s"), _cpu(slow, "client CPU s")
+            cpu = (
+                f" (client CPU {cs:.3f} → {cf:.3f} s)" if cf is not None and cs is not None else ""
+            )
+            out.append(
+                f"- Fast exit (os._exit after flushing, skipping module teardown), N={n}: "
+                f"{slow.median:.3f} s → {fast.median:.3f} s median{cpu}."
+            )
+    d = _row(results, "openssh", "ssh node1 true, kex default")
+    c = _row(results, "openssh", "ssh node1 true, kex curve25519")
+    if d and c and _cpu(d, "CPU s") is not None and _cpu(c, "CPU s") is not None:
+        out.append(
+            f"- OpenSSH client CPU per connection: default kex {_cpu(d, 'CPU s') * 1000:.0f} ms "
+            f"vs curve25519-sha256 {_cpu(c, 'CPU s') * 1000:.0f} ms (ssh + true, wall "
+            f"{d.median:.3f} vs {c.median:.3f} s); pdsh/clush/ansible/ssh pay the default."
+        )
+    p = _row(results, "handshake", "paramiko default kex")
+    q = _row(results, "handshake", "paramiko curve25519")
+    if p and q:
+        out.append(
+            f"- paramiko: default kex list {p.median * 1000:.0f} ms vs curve25519 only "
+            f"{q.median * 1000:.0f} ms per handshake ({p.note or 'kex unknown'}: this OpenSSH "
+            "has no mlkem768x25519, so paramiko's preference changes nothing here)."
+        )
+    rsa = _row(results, "handshake", "paramiko default kex, RSA")
+    if p and rsa and _cpu(rsa, "CPU s") is not None and _cpu(p, "CPU s") is not None:
+        out.append(
+            f"- Client key type: RSA-3072 costs {_cpu(rsa, 'CPU s') * 1000:.0f} ms of client CPU "
+            f"per handshake vs {_cpu(p, 'CPU s') * 1000:.0f} ms with ed25519."
+        )
+    rc = _row(results, "remote", "one command over an open connection: true (lab")
+    heavy = _row(results, "remote", "one command over an open connection: true (this")
+    if rc:
+        more = (
+            f", {heavy.median * 1000:.0f} ms with this machine's own ~/.bashrc (pyenv init)"
+            if heavy
+            else ""
+        )
+        out.append(
+            f"- One remote command over an open connection: {rc.median * 1000:.0f} ms with the "
+            f"lab's minimal ~/.bashrc{more}: sshd starts the login shell, which reads its rc "
+            "files, for every command, so phases batch their work into one command per node."
+        )
+    return out
+
+
 def write_report(
     path: Path,
     meta: dict[str, Any],
@@ -157,7 +248,8 @@ def write_report(
         "",
         f"Generated by `{meta['command']}` on {meta['date']} — every number below was measured "
         "in that run (rerun the command to refresh; do not edit by hand). "
-        f"Samples per row: {meta['repeat']}{' (quick smoke run)' if meta['quick'] else ''}; "
+        f"Samples per row: {meta['repeat']}{' (quick smoke run)' if meta['quick'] else ''}"
+        f"{PARTIAL if meta.get('partial') else ''}; "
         "median, min and max in seconds unless a column says otherwise.",
         "",
         "## Machine and tools",
@@ -196,6 +288,9 @@ def write_report(
         lines += [*_table(rows, ratio=group == "fanout"), ""]
         if why:
             lines += [f"Partly {why}", ""]
+    found = _findings(results)
+    if found:
+        lines += ["## Findings (computed from the rows above)", "", *found, ""]
     lines += ["## Raw samples (seconds)", "", "```"]
     for r in results:
         n = f" N={r.n}" if r.n is not None else ""

@@ -57,6 +57,12 @@ def fanout_sizes(hosts: int, quick: bool) -> list[int]:
     return sizes or [hosts]
 
 
+def _measure(group: str) -> str:
+    return {"startup": "ssh", "handshake": "ssh", "openssh": "ssh", "remote": "ssh"}.get(
+        group, group
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from fanout import FanoutBench, make_work, ssh_profile
@@ -70,6 +76,41 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     work = make_work()
     lab = None
+    out = Path(args.out)
+    meta = {
+        "command": "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "repeat": args.repeat,
+        "quick": args.quick,
+        "sizes": fanout_sizes(args.hosts, args.quick),
+        "hosts": args.hosts,
+    }
+
+    def save(final: bool) -> None:
+        """The report so far (after every measurement, so a long run is never lost)."""
+        meta["partial"] = not final
+        if final:
+            facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+            facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
+        pending = {
+            m: "not measured: run still in progress"
+            for m in MEASUREMENTS
+            if m not in skipped and not any(_measure(r.group) == m for r in results)
+        }
+        write_report(out, meta, facts, results, skipped if final else {**pending, **skipped})
+        out.with_suffix(".json").write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "facts": facts,
+                    "skipped": skipped,
+                    "results": [r.__dict__ for r in results],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+
     try:
         t0 = time.perf_counter()
         lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
@@ -102,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     :400
                 ]
             print(f"bench: {name} took {time.perf_counter() - t1:.1f} s", file=sys.stderr)
+            save(final=False)
     finally:
         if lab is not None:
             try:
@@ -109,30 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:
                 print(f"bench: lab down failed: {e}", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
-    facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
-    meta = {
-        "command": "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "repeat": args.repeat,
-        "quick": args.quick,
-        "sizes": fanout_sizes(args.hosts, args.quick),
-        "hosts": args.hosts,
-    }
-    out = Path(args.out)
-    write_report(out, meta, facts, results, skipped)
-    out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "facts": facts,
-                "skipped": skipped,
-                "results": [r.__dict__ for r in results],
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    save(final=True)
     print(f"bench: wrote {out}", file=sys.stderr)
     return 0
 

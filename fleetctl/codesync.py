@@ -273,12 +273,21 @@ class _HashCache:
             os.replace(tmp, self.path)
 
 
-def snapshot(root: str | Path) -> CodeSnapshot:
-    """List and hash the tree; raises UsageError when it is not a readable directory."""
+MAX_FILES = 100_000
+
+
+def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
+    """List and hash the tree; raises UsageError when it is not a readable directory or is
+    implausibly large for a project (pushing ``~`` or ``/`` by accident)."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise UsageError(f"code directory {root} does not exist")
     files = list_files(root)
+    if len(files) > max_files:
+        raise UsageError(
+            f"code directory {root} has {len(files)} files (more than {max_files}); "
+            f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
+        )
     cache = _HashCache()
     manifest: dict[str, list] = {}
     total = 0

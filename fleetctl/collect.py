@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import CollectError
 from fleetctl.launch import supervisor_command, supervisor_path
 
 if TYPE_CHECKING:
@@ -31,12 +31,6 @@ if TYPE_CHECKING:
 
 TAR_MARKER = b"FLEETCTL-TAR\n"
 COLLECT_TIMEOUT = 60.0
-
-
-class CollectError(FleetctlError):
-    """A node's logs could not be brought back."""
-
-    exit_code = 3
 
 
 @dataclass

@@ -144,7 +144,9 @@ def _package(
         ]
         out = channel / "noarch"
         out.mkdir(parents=True, exist_ok=True)
-        api.create(str(root), members, f"{name}-1.0-0.conda", out_folder=str(out))
+        api.create(
+            str(root), members, f"{name}-1.0-0.conda", out_folder=str(out), compression_level=1
+        )  # the default (19) takes minutes for a 250 MB .so
 
 
 async def _install(channel: Path, specs: list[str], prefix: Path, cache: Path) -> None:

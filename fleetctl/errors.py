@@ -132,6 +132,22 @@ class JobFailed(FleetctlError):
     exit_code = 3
 
 
+class LaunchError(FleetctlError):
+    """A node's supervisor could not start the job (message names the node)."""
+
+    exit_code = 3
+
+
+class CollectError(FleetctlError):
+    """A node's logs could not be brought back."""
+
+    exit_code = 3
+
+
+class RunFolderError(FleetctlError):
+    """A controller run folder (fleet-runs/<job>) cannot be created or read."""
+
+
 class Interrupted(FleetctlError):
     """The user pressed Ctrl-C; teardown ran."""
 

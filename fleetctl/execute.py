@@ -31,7 +31,8 @@ UNREACHABLE_RC = 255
 
 @dataclass(frozen=True)
 class NodeRun:
-    """One node's outcome. ``exit_code`` is None when the command did not run to completion."""
+    """One node's outcome. ``exit_code`` is None when the command did not run to completion;
+    ``seconds`` counts from the start of the fan-out to this node's result (connect included)."""
 
     node: str
     label: str

@@ -167,13 +167,21 @@ def _name(host: Any) -> str:
 
 
 def node_leftovers(
-    host: Any, job_id: str | None = None, *, workdir: str = DEFAULT_WORKDIR, python: str = "python3"
+    host: Any,
+    job_id: str | None = None,
+    *,
+    workdir: str | None = None,
+    python: str | None = None,
 ) -> Leftovers:
     """Processes and temp files of fleetctl jobs (of ``job_id`` only, when given) on one node.
 
     Processes are found in ``/proc`` as the SSH user sees it: run as root (or as the user the
-    jobs ran as) to see every job process.
+    jobs ran as) to see every job process. ``workdir``/``python`` default to the Connection's
+    node's (``fleetctl_workdir``/``fleetctl_python``), else ``~/.fleetctl`` and ``python3``.
     """
+    node = None if hasattr(host, "backend") else getattr(host, "node", None)
+    workdir = workdir or getattr(node, "workdir", None) or DEFAULT_WORKDIR
+    python = python or getattr(node, "python", None) or "python3"
     args = json.dumps({"job_id": job_id, "workdir": workdir})
     rc, out, err = _run(host, shlex.join([python, "-c", CLEAN_PROBE, args]))
     if rc != 0:
@@ -186,8 +194,8 @@ def assert_node_clean(
     host: Any,
     job_id: str | None = None,
     *,
-    workdir: str = DEFAULT_WORKDIR,
-    python: str = "python3",
+    workdir: str | None = None,
+    python: str | None = None,
     temp_files: bool = True,
 ) -> None:
     """AssertionError listing every leftover process (and temp file) of fleetctl jobs on a node.

@@ -12,6 +12,9 @@ re-implemented (no ansible import, it is not a runtime dependency):
   no group go to ``ungrouped``, hosts in another group leave it.
 * Variables: ``all`` vars < other groups sorted by (depth, ``ansible_group_priority``, name)
   < host vars (last definition of a host var wins). Depth = longest path from ``all``.
+* ``group_vars/`` and ``host_vars/`` beside the inventory file are read like Ansible's default
+  vars plugin does: ``group_vars/all`` then ``group_vars/<group>`` (same group order) above all
+  of the file's group vars; ``host_vars/<host>`` above the file's host vars.
 * Order (= node rank): the order Ansible's ``Group.get_hosts()`` yields for the selected group,
   which is what ``ansible-inventory --list`` iterates and ``ansible --list-hosts`` prints: the
   group's own hosts, then breadth-first through its children (in declaration order), each host
@@ -23,8 +26,14 @@ re-implemented (no ansible import, it is not a runtime dependency):
 * ``--limit`` patterns as Ansible: names, globs, ``~regex``, ``a:b`` / ``a,b`` unions,
   ``&`` intersections, ``!`` exclusions, ``group[0]`` / ``group[1:3]`` subscripts, ``@file``.
 
+Stricter than Ansible (which warns and carries on) because a silently dropped or doubled host
+changes a job's world size: a ``--limit`` part that matches nothing, duplicate YAML keys,
+unknown keys in a YAML group, a group that is not a mapping, a host named like a group,
+reversed ranges (``[9:2]``), two remote hosts with the same address and port.
+
 What fleetctl does *not* do: Jinja templating (a mapped value containing ``{{`` is refused),
-vault decryption, dynamic inventory scripts/plugins, ``group_vars/`` / ``host_vars/`` folders.
+vault decryption (encrypted values are refused where used; encrypted vars files are skipped),
+dynamic inventory scripts/plugins, several ``-i`` sources.
 
 Bad input raises :class:`~fleetctl.errors.InventoryError` (exit code 2) whose message starts
 with ``file:line:`` where the file gives a line, and names the host and field.
@@ -36,7 +45,9 @@ import ast
 import fnmatch
 import hashlib
 import ipaddress
+import os
 import re
+import shlex
 import string
 import warnings
 from collections.abc import Iterable, Mapping
@@ -148,16 +159,14 @@ def load_inventory(path: str | Path, limit: str | None = None, group: str = "all
         raise InventoryError(f"cannot read inventory: {e.strerror or e}", path=shown) from e
     if raw.startswith(b"$ANSIBLE_VAULT"):
         raise InventoryError("vault-encrypted inventories are not supported", path=shown)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise InventoryError("not valid UTF-8", path=shown, line=line) from e
-
+    # Undecodable bytes become surrogates: INI tolerates them in comments (like Ansible), any
+    # other place reports the line.
+    text = raw.decode("utf-8", "surrogateescape")
     model = _parse(text, shown, p.suffix.lower())
     model.reconcile()
     if not model.hosts:
         raise InventoryError("inventory has no hosts", path=shown)
+    vars_files = _load_adjacent_vars(model, p)
 
     order = _evaluate(model, _split_host_pattern(group), what="group")
     if limit is not None and limit.strip():
@@ -173,15 +182,16 @@ def load_inventory(path: str | Path, limit: str | None = None, group: str = "all
         raise InventoryError(f"{msg} (hosts: {_preview(model.hosts)})", path=shown, field="limit")
 
     nodes = tuple(_build_node(model, h) for h in selected)
-    _check_duplicates(nodes, model, shown)
+    _check_duplicates(nodes, model)
     chosen = {h.name for h in selected}
     groups = {
         g.name: tuple(h.name for h in _group_hosts(g) if h.name in chosen)
         for g in model.groups.values()
     }
-    digest = hashlib.sha256(
-        raw + b"\0limit=" + (limit or "").encode() + b"\0group=" + group.encode()
-    ).hexdigest()
+    h = hashlib.sha256(raw + b"\0limit=" + (limit or "").encode() + b"\0group=" + group.encode())
+    for name, content in vars_files:
+        h.update(b"\0" + name.encode() + b"\0" + content)
+    digest = h.hexdigest()
     return Inventory(
         path=shown, nodes=nodes, groups=groups, digest=digest, limit=limit, group=group
     )
@@ -196,27 +206,36 @@ def parse_limit(limit: str) -> list[str]:
 # The in-memory model (Ansible's InventoryData, reduced to what we need)
 
 
+_Origin = tuple[str, "int | None"]  # (file, line) a variable was set at
+
+
 class _Group:
     __slots__ = (
         "children",
         "depth",
+        "dir_src",
+        "dir_vars",
         "hosts",
         "line",
+        "members",
         "name",
         "parents",
         "priority",
-        "var_lines",
+        "var_src",
         "vars",
     )
 
     def __init__(self, name: str, line: int | None) -> None:
         self.name = name
         self.line = line
-        self.hosts: list[_Host] = []
+        self.hosts: list[_Host] = []  # direct hosts, in the order they were added
+        self.members: set[str] = set()  # their names, for O(1) membership
         self.children: list[_Group] = []
         self.parents: list[_Group] = []
-        self.vars: dict[str, Any] = {}
-        self.var_lines: dict[str, int | None] = {}
+        self.vars: dict[str, Any] = {}  # from the inventory file
+        self.var_src: dict[str, _Origin] = {}
+        self.dir_vars: dict[str, Any] = {}  # from group_vars/<name>[.yml] next to the file
+        self.dir_src: dict[str, _Origin] = {}
         self.priority = 1
         self.depth = 0
 
@@ -232,13 +251,15 @@ class _Group:
 
 
 class _Host:
-    __slots__ = ("line", "name", "var_lines", "vars")
+    __slots__ = ("dir_src", "dir_vars", "line", "name", "var_src", "vars")
 
     def __init__(self, name: str, line: int | None) -> None:
         self.name = name
         self.line = line
-        self.vars: dict[str, Any] = {}
-        self.var_lines: dict[str, int | None] = {}
+        self.vars: dict[str, Any] = {}  # from the inventory file
+        self.var_src: dict[str, _Origin] = {}
+        self.dir_vars: dict[str, Any] = {}  # from host_vars/<name>[.yml] next to the file
+        self.dir_src: dict[str, _Origin] = {}
 
 
 class _Model:
@@ -248,6 +269,7 @@ class _Model:
         self.path = path
         self.groups: dict[str, _Group] = {}
         self.hosts: dict[str, _Host] = {}
+        self._memberships: dict[str, set[_Group]] | None = None  # filled after reconcile()
         self.add_group("all", None)
         self.add_group("ungrouped", None)
         self.add_child("all", "ungrouped", None)
@@ -272,11 +294,12 @@ class _Model:
             host = self.hosts[name] = _Host(name, line)
             if port:  # Ansible applies a pattern's :port only when it creates the host
                 host.vars["ansible_port"] = port
-                host.var_lines["ansible_port"] = line
+                host.var_src["ansible_port"] = (self.path, line)
         if group is not None:
             g = self.groups[group]
-            if host not in g.hosts:
+            if name not in g.members:
                 g.hosts.append(host)
+                g.members.add(name)
 
     def add_child(self, parent: str, child: str, line: int | None) -> None:
         p, c = self.groups[parent], self.groups[child]
@@ -304,13 +327,13 @@ class _Model:
                 ) from e
             return
         g.vars[key] = value
-        g.var_lines[key] = line
+        g.var_src[key] = (self.path, line)
 
     def set_host_var(self, host: str, key: Any, value: Any, line: int | None) -> None:
         h = self.hosts[host]
         key = self._var_name(key, line)
         h.vars[key] = value
-        h.var_lines[key] = line
+        h.var_src[key] = (self.path, line)
 
     def _var_name(self, key: Any, line: int | None) -> str:
         if not isinstance(key, str) or not key:
@@ -323,25 +346,38 @@ class _Model:
         for g in list(self.groups.values()):
             if g is not all_g and not g.parents:
                 self.add_child("all", g.name, None)
-        direct: dict[str, set[_Group]] = {h: set() for h in self.hosts}
-        for g in self.groups.values():
-            for h in g.hosts:
-                direct[h.name].add(g)
         for name, host in self.hosts.items():
-            mine = _with_ancestors(direct[name])
+            mine = self.host_groups(host)
             if ungrouped in mine:
                 if mine - {all_g, ungrouped}:
                     ungrouped.hosts.remove(host)
+                    ungrouped.members.discard(name)
             elif not (mine - {all_g}):
                 ungrouped.hosts.append(host)
+                ungrouped.members.add(name)
         # depth = longest path from all (Ansible keeps it as max(parent.depth + 1)).
-        for g in _topological(all_g):
-            for c in g.children:
-                c.depth = max(c.depth, g.depth + 1)
+        depth: dict[_Group, int] = {all_g: 0}
+
+        def depth_of(g: _Group) -> int:
+            if g not in depth:
+                depth[g] = 1 + max(depth_of(p) for p in g.parents)
+            return depth[g]
+
+        for g in self.groups.values():
+            g.depth = depth_of(g)
+        # The model is final now: index memberships once (large fleets ask per host, often).
+        ancestors = {g: g.ancestors() for g in self.groups.values()}
+        memberships: dict[str, set[_Group]] = {name: set() for name in self.hosts}
+        for g in self.groups.values():
+            for h in g.hosts:
+                memberships[h.name] |= {g} | ancestors[g]
+        self._memberships = memberships
 
     def host_groups(self, host: _Host) -> set[_Group]:
         """Every group the host belongs to, directly or through a child group."""
-        return _with_ancestors({g for g in self.groups.values() if host in g.hosts})
+        if self._memberships is not None:
+            return self._memberships[host.name]
+        return _with_ancestors(g for g in self.groups.values() if host.name in g.members)
 
 
 def _descendants(g: _Group) -> set[_Group]:
@@ -361,33 +397,6 @@ def _with_ancestors(groups: Iterable[_Group]) -> set[_Group]:
         out.add(g)
         out |= g.ancestors()
     return out
-
-
-def _topological(root: _Group) -> list[_Group]:
-    """Groups reachable from root, parents before children (the graph is acyclic)."""
-    order: list[_Group] = []
-    state: dict[_Group, int] = {}
-
-    def visit(g: _Group) -> None:
-        stack: list[tuple[_Group, int]] = [(g, 0)]
-        while stack:
-            node, i = stack.pop()
-            if i == 0:
-                if state.get(node):
-                    continue
-                state[node] = 1
-            if i < len(node.children):
-                stack.append((node, i + 1))
-                child = node.children[i]
-                if not state.get(child):
-                    stack.append((child, 0))
-            else:
-                state[node] = 2
-                order.append(node)
-
-    visit(root)
-    order.reverse()
-    return order
 
 
 def _group_hosts(group: _Group) -> list[_Host]:
@@ -512,15 +521,26 @@ def _parse(text: str, path: str, suffix: str) -> _Model:
     """YAML for .yml/.yaml/.json; INI for anything else, except that a file with no extension
     that parses as a YAML mapping is YAML (Ansible tries its yaml plugin first for those)."""
     if suffix in YAML_EXTENSIONS:
+        _check_utf8(text.splitlines(), path)
         return _parse_yaml(text, path)
     if suffix == "":
         try:
             data = _load_yaml(text)
-        except (yaml.YAMLError, _YamlError):
+        except (yaml.YAMLError, _YamlError, UnicodeError):
             data = None
         if isinstance(data, dict) and data:
+            _check_utf8(text.splitlines(), path)
             return _parse_yaml(text, path)
     return _parse_ini(text, path)
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def _check_utf8(lines: Iterable[str], path: str, first: int = 1) -> None:
+    for lineno, line in enumerate(lines, start=first):
+        if _UNDECODABLE.search(line):
+            raise InventoryError("not valid UTF-8", path=path, line=lineno)
 
 
 # ---- YAML
@@ -535,6 +555,12 @@ class _Map(dict):  # type: ignore[type-arg]
 
 class _Vault(str):
     """A ``!vault`` value: kept opaque; refused if fleetctl would need to use it."""
+
+    __slots__ = ()
+
+
+class _Unsafe(str):
+    """A ``!unsafe`` value: Ansible never templates it, so ``{{`` in it is literal text."""
 
     __slots__ = ()
 
@@ -579,7 +605,7 @@ def _construct_mapping(loader: Any, node: yaml.MappingNode) -> _Map:
 
 def _construct_unsafe(loader: Any, node: yaml.Node) -> Any:
     if isinstance(node, yaml.ScalarNode):
-        return loader.construct_scalar(node)
+        return _Unsafe(loader.construct_scalar(node))
     if isinstance(node, yaml.SequenceNode):
         return loader.construct_sequence(node, deep=True)
     return _construct_mapping(loader, node)  # type: ignore[arg-type]
@@ -595,23 +621,28 @@ _Loader.add_constructor("!vault", _construct_vault)
 _Loader.add_constructor("!vault-encrypted", _construct_vault)
 
 
+def _read_yaml(text: str, path: str) -> Any:
+    """Parse YAML; any problem becomes an InventoryError at ``path:line``."""
+    try:
+        return _load_yaml(text)
+    except _YamlError as e:
+        raise InventoryError(str(e), path=path, line=e.line) from e
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        what = " ".join(str(e.problem or e.context or "malformed YAML").split())
+        line = mark.line + 1 if mark else None
+        raise InventoryError(f"malformed YAML: {what}", path=path, line=line) from e
+    except yaml.YAMLError as e:
+        raise InventoryError(f"malformed YAML: {' '.join(str(e).split())}", path=path) from e
+
+
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
 def _parse_yaml(text: str, path: str) -> _Model:
     model = _Model(path)
-    try:
-        data = _load_yaml(text)
-    except _YamlError as e:
-        raise model.error(str(e), e.line) from e
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else None
-        what = " ".join(str(e.problem or e.context or "malformed YAML").split())
-        raise model.error(f"malformed YAML: {what}", line) from e
-    except yaml.YAMLError as e:
-        raise model.error(f"malformed YAML: {' '.join(str(e).split())}", None) from e
+    data = _read_yaml(text, path)
     if data is None or data == {}:
         raise model.error("inventory is empty", None)
     if not isinstance(data, _Map):
@@ -725,8 +756,6 @@ def _ini_plain(value: Any) -> Any:
 
 
 def _parse_ini(text: str, path: str) -> _Model:
-    import shlex
-
     model = _Model(path)
     pending: dict[str, dict[str, Any]] = {}
     group, state = "ungrouped", "hosts"
@@ -742,6 +771,7 @@ def _parse_ini(text: str, path: str) -> _Model:
         line = raw.strip()
         if not line or line[0] in "#;":
             continue
+        _check_utf8([line], path, first=lineno)
         m = _SECTION_RE.match(line)
         if m:
             group, state = m.group(1), m.group(2) or "hosts"
@@ -822,6 +852,92 @@ def _parse_ini(text: str, path: str) -> _Model:
             decl["line"],
         )
     return model
+
+
+# ---- group_vars/ and host_vars/ next to the inventory file (Ansible's host_group_vars plugin)
+
+_VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
+
+
+def _load_adjacent_vars(model: _Model, inventory: Path) -> list[tuple[str, bytes]]:
+    """Fill ``dir_vars`` of groups and hosts from ``group_vars/`` and ``host_vars/`` beside the
+    inventory, as Ansible does by default. Returns (file, content) pairs for the digest.
+
+    Vault-encrypted vars files are skipped (fleetctl has no vault password); a value fleetctl
+    needs must not live only in one.
+    """
+    base = Path(os.path.realpath(os.path.dirname(os.path.abspath(inventory))))
+    shown_base = Path(model.path).parent
+    loaded: list[tuple[str, bytes]] = []
+    entities: list[tuple[str, Iterable[_Group | _Host]]] = [
+        ("group_vars", model.groups.values()),
+        ("host_vars", model.hosts.values()),
+    ]
+    for subdir, items in entities:
+        root = base / subdir
+        if not root.is_dir():
+            continue
+        for entity in items:
+            if entity.name.startswith("/"):
+                continue
+            for file in _find_vars_files(root, entity.name):
+                shown = str(shown_base / subdir / file.relative_to(root))
+                data, content = _load_vars_file(file, shown)
+                loaded.append((shown, content))
+                for key, value in data.items():
+                    entity.dir_vars[model._var_name(key, data.lines.get(key))] = value
+                    entity.dir_src[key] = (shown, data.lines.get(key))
+    return loaded
+
+
+def _find_vars_files(root: Path, name: str) -> list[Path]:
+    """``root/name`` (a file, or a folder read recursively in sorted order), else the first
+    of ``name.yml``, ``name.yaml``, ``name.json``."""
+    for ext in _VARS_EXTENSIONS:
+        candidate = root / (name + ext)
+        if candidate.is_dir():
+            return _dir_vars_files(candidate)
+        if candidate.exists():
+            return [candidate]
+    return []
+
+
+def _dir_vars_files(folder: Path) -> list[Path]:
+    found: list[Path] = []
+    for entry in sorted(os.listdir(folder)):
+        if entry.startswith(".") or entry.endswith("~"):
+            continue
+        path, ext = folder / entry, os.path.splitext(entry)[1]
+        if path.is_dir() and not ext:
+            found.extend(_dir_vars_files(path))
+        elif path.is_file() and ext in _VARS_EXTENSIONS:
+            found.append(path)
+    return found
+
+
+def _load_vars_file(file: Path, shown: str) -> tuple[_Map, bytes]:
+    try:
+        content = file.read_bytes()
+    except OSError as e:
+        raise InventoryError(f"cannot read vars file: {e.strerror or e}", path=shown) from e
+    empty = _Map()
+    empty.lines = {}
+    if content.startswith(b"$ANSIBLE_VAULT"):
+        return empty, content
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InventoryError("not valid UTF-8", path=shown) from e
+    data = _read_yaml(text, shown)
+    if data is None:
+        return empty, content
+    if not isinstance(data, _Map):
+        raise InventoryError(
+            f"vars file must be a mapping of name: value, got {type(data).__name__}",
+            path=shown,
+            line=1,
+        )
+    return data, content
 
 
 # --------------------------------------------------------------------------------------------
@@ -953,23 +1069,25 @@ def _preview(names: Iterable[str], limit: int = 8) -> str:
 # Vars -> Node
 
 
-def _effective_vars(model: _Model, host: _Host) -> tuple[dict[str, Any], dict[str, int | None]]:
-    """all < groups by (depth, priority, name) < host, with the line each winner came from."""
+def _effective_vars(model: _Model, host: _Host) -> tuple[dict[str, Any], dict[str, _Origin]]:
+    """Ansible's order, lowest first: inventory-file vars of ``all``, of the host's other groups
+    sorted by (depth, priority, name); then ``group_vars/all``, ``group_vars/<group>`` in the
+    same order; then the host's inventory-file vars, then ``host_vars/<host>``. Returns the
+    values and the (file, line) each winning value came from."""
     all_g = model.groups["all"]
     groups = sorted(
         (g for g in model.host_groups(host) if g is not all_g),
         key=lambda g: (g.depth, g.priority, g.name),
     )
+    layers = [(all_g.vars, all_g.var_src)] + [(g.vars, g.var_src) for g in groups]
+    layers += [(all_g.dir_vars, all_g.dir_src)] + [(g.dir_vars, g.dir_src) for g in groups]
+    layers += [(host.vars, host.var_src), (host.dir_vars, host.dir_src)]
     values: dict[str, Any] = {}
-    lines: dict[str, int | None] = {}
-    for src_vars, src_lines in (
-        [(all_g.vars, all_g.var_lines)]
-        + [(g.vars, g.var_lines) for g in groups]
-        + [(host.vars, host.var_lines)]
-    ):
-        values.update(src_vars)
-        lines.update(src_lines)
-    return values, lines
+    origins: dict[str, _Origin] = {}
+    for layer_vars, layer_src in layers:
+        values.update(layer_vars)
+        origins.update(layer_src)
+    return values, origins
 
 
 def _plain(value: Any) -> Any:
@@ -979,6 +1097,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, _Vault):
         return "<vault>"
+    if isinstance(value, str):
+        return str(value)  # plain str, not our YAML marker subclasses
     return value
 
 
@@ -987,13 +1107,21 @@ class _Fields:
 
     def __init__(self, model: _Model, host: _Host) -> None:
         self.model, self.host = model, host
-        self.values, self.lines = _effective_vars(model, host)
+        self.values, self.origins = _effective_vars(model, host)
+
+    def where(self, key: str | None) -> _Origin:
+        """File and line that set ``key`` (else where the host was declared)."""
+        path, line = self.origins.get(key, (None, None)) if key else (None, None)
+        if path is None or (path == self.model.path and line is None):
+            return self.model.path, self.host.line
+        return path, line
 
     def fail(self, key: str | None, message: str) -> InventoryError:
-        line = self.lines.get(key) if key else None
-        return self.model.error(
+        path, line = self.where(key)
+        return InventoryError(
             f"host {self.host.name}: {message}",
-            line or self.host.line,
+            path=path,
+            line=line,
             host=self.host.name,
             field=key,
         )
@@ -1016,14 +1144,13 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise self.fail(key, f"{key} must be a string, got {type(value).__name__} {value!r}")
-        value = str(value)
-        if "{{" in value or "{%" in value:
+        if not isinstance(value, _Unsafe) and ("{{" in str(value) or "{%" in str(value)):
             raise self.fail(
                 key,
                 f"{key}={value!r} is a Jinja template; fleetctl does not "
                 "template inventory values, write the value out",
             )
-        return value
+        return str(value)
 
     def integer(self, key: str, lo: int, hi: int | None, what: str) -> int | None:
         k, value = self.get(key)
@@ -1107,7 +1234,7 @@ def _env(f: _Fields) -> dict[str, str]:
     return env
 
 
-def _check_duplicates(nodes: tuple[Node, ...], model: _Model, path: str) -> None:
+def _check_duplicates(nodes: tuple[Node, ...], model: _Model) -> None:
     """Two remote hosts dialing the same address:port are one box counted twice."""
     seen: dict[tuple[str, int], Node] = {}
     for node in nodes:
@@ -1116,15 +1243,11 @@ def _check_duplicates(nodes: tuple[Node, ...], model: _Model, path: str) -> None
         key = (_canonical(node.address), node.port)
         other = seen.get(key)
         if other is not None:
-            host = model.hosts[node.name]
-            line = _Fields(model, host).lines.get("ansible_host") or host.line
-            raise InventoryError(
-                f"host {node.name}: address {node.address} port {node.port} is already host "
+            fields = _Fields(model, model.hosts[node.name])
+            raise fields.fail(
+                "ansible_host" if "ansible_host" in fields.values else None,
+                f"address {node.address} port {node.port} is already host "
                 f"{other.name}'s ({other.source}); one machine listed twice?",
-                path=path,
-                line=line,
-                host=node.name,
-                field="ansible_host",
             )
         seen[key] = node
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import CheckError, FleetctlError
-from fleetctl.launch import LaunchError, NodeRun, node_spec, start_node
+from fleetctl.errors import CheckError, FleetctlError, LaunchError
+from fleetctl.launch import NodeRun, node_spec, start_node
+from fleetctl.lifecycle import EXTERNAL_STOP_REASON
 from fleetctl.runs import DEFAULT_RUNS_DIR, RunFolder, iso
 from fleetctl.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
@@ -54,6 +55,12 @@ class RunOptions:
     attempt: int = 1
     check_options: Any = None  # fleetctl.check.CheckOptions; None = derived from the spec
     push_options: Any = None  # fleetctl.push.PushOptions
+    # Job lifecycle (fleetctl.lifecycle / fleetctl.rolejob):
+    detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
+    planner: Any = None  # (nodes, spec, facts, code_digest, fleet) -> Plan; None: make_plan
+    completion: Any = None  # fleetctl.roles.CompletionPolicy; None: first failure ends the job
+    inventory: str | None = None  # recorded in connect.json so other commands can reconnect
+    limit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ class JobResult:
     launcher: str | None = None
     attempt: int = 1
     plan: Plan | None = None
+    detached: bool = False
+    verdict: str | None = None  # why a role job ended early (completion policy)
 
     @property
     def exit_code(self) -> int:
@@ -179,6 +188,8 @@ class JobResult:
             "job_id": self.job_id,
             "status": self.status,
             "attempt": self.attempt,
+            "detached": self.detached,
+            "verdict": self.verdict,
             "launcher": self.launcher,
             "started": iso(self.started),
             "ended": iso(self.ended),
@@ -231,11 +242,16 @@ class _Job:
         self.spec, self.nodes, self.options = spec, list(nodes), options
         self._emit_cb = emit
         self.folder = RunFolder.create(options.runs_dir, spec.job_id)
+        with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
+            from fleetctl.lifecycle import write_connect
+
+            write_connect(self.folder.path, nodes, inventory=options.inventory, limit=options.limit)
         self.result = JobResult(
             job_id=spec.job_id,
             folder=self.folder.path,
             launcher=spec.launcher,
             attempt=options.attempt,
+            detached=options.detach,
         )
         self.result.nodes = [
             NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)
@@ -374,7 +390,10 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
                 job.path_prepend[n.name] = [prefix]
                 f = facts.get(n.name) or NodeFacts()
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python")
-    job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
+    if options.planner is not None:  # role jobs: ports probed, roles laid out
+        job.plan = options.planner(job.nodes, spec, facts or None, code_digest, fleet)
+    else:
+        job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     job.result.plan = job.plan
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr
@@ -403,6 +422,7 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
                 deadman=options.deadman,
                 grace=options.grace,
                 heartbeat=options.heartbeat,
+                detach=options.detach,
                 path_prepend=job.path_prepend.get(np.host, []),
             )
             run: NodeRun = start_node(node, conn, spec, python=node.python)
@@ -415,16 +435,14 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
         if job.stopping:  # failed elsewhere meanwhile: stop at once, the watcher sees it end
             with contextlib.suppress(Exception):
                 run.stream.send(b"t")
-        watch.attach(run)
-        watch.events.put(
-            Event(
-                "started",
-                np.node_rank,
-                np.host,
-                run.started,
-                "uploaded supervisor" if run.uploaded else "",
-            )
-        )
+        note = "uploaded supervisor" if run.uploaded else ""
+        if options.detach:  # the detached supervisor lives on alone: nothing to watch
+            with contextlib.suppress(Exception):
+                run.stream.close()
+            watch.events.put(Event("started", np.node_rank, np.host, run.started, "detached"))
+            return
+        watch.events.put(Event("started", np.node_rank, np.host, run.started, note))
+        watch.attach(run)  # after "started": its lines and exit always come later
 
     def launch_all() -> None:
         threads = [
@@ -448,9 +466,9 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
         if ev is None:
             continue
         _on_event(job, ev)
-        if ev.kind in ("exit", "lost", "start_failed"):
+        if ev.kind in ("exit", "lost", "start_failed") or (options.detach and ev.kind == "started"):
             pending.discard(ev.rank)
-            if job.result.first_failure is not None:
+            if job.result.first_failure is not None or job.result.verdict is not None:
                 return
 
 
@@ -462,10 +480,14 @@ def _on_event(job: _Job, ev: Event) -> None:
         job.emit("line", ev.text, rank=ev.rank, ts=ev.time)
         return
     if ev.kind == "notice":
+        if ev.text.endswith(EXTERNAL_STOP_REASON) and job.result.first_failure is None:
+            job.stopping = True  # `fleetctl stop` from another terminal: not a failure
+            job.result.verdict = EXTERNAL_STOP_REASON
         job.emit("notice", ev.text, rank=ev.rank, ts=ev.time)
         return
     if ev.kind == "started":
-        node.state = "running"
+        if node.state == "pending":
+            node.state = "running"
         node.start_time = ev.time
         job.emit("started", ev.text, rank=ev.rank, ts=ev.time)
         job.save()
@@ -488,6 +510,16 @@ def _on_event(job: _Job, ev: Event) -> None:
     elif ev.kind == "start_failed":
         node.state, node.reason, failed = "start_failed", ev.text, True
         job.emit("exit", f"could not start: {ev.text}", rank=ev.rank, ts=ev.time)
+    policy = job.options.completion
+    states = [n.state for n in job.result.nodes]
+    if failed and policy is not None and not policy.fails_job(ev.rank, states):
+        failed = False  # tolerated: the role's min_failed is not reached yet
+    if not failed and policy is not None and not job.stopping:
+        verdict = policy.verdict(states)
+        if verdict is not None and verdict.status == "succeeded" and verdict.role is not None:
+            job.result.status, job.result.verdict = "succeeded", verdict.reason
+            job.stopping = True
+            job.emit("notice", f"job complete: {verdict.reason}; stopping the other nodes")
     if failed and job.result.first_failure is None:
         job.result.first_failure = ev.rank
         job.result.failure_time = ev.time
@@ -507,6 +539,16 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
         job.result.ended = time.time()
         job.save()
         return
+    if job.options.detach and job.result.status == "running" and not interrupted:
+        job.launch_done.wait(35.0)
+        _drain(job)
+        if all(n.state == "running" for n in job.result.nodes):
+            # Detached and running everywhere: the supervisors own the job now; `fleetctl
+            # stop/collect JOB` end it and bring the logs home.
+            watch.close()
+            job.save()
+            job.emit("done", "detached", log=True)
+            return
     hard = False
     try:
         try:
@@ -536,7 +578,13 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
         job.result.status = (
             "succeeded" if all(n.state == "succeeded" for n in job.result.nodes) else "failed"
         )
-    if interrupted:
+        policy = job.options.completion
+        verdict = policy.verdict([n.state for n in job.result.nodes]) if policy else None
+        if verdict is not None and job.result.first_failure is None:
+            job.result.status = verdict.status  # e.g. failures min_failed tolerates
+    if interrupted or (
+        job.result.verdict == EXTERNAL_STOP_REASON and job.result.first_failure is None
+    ):
         job.result.status = "interrupted"
     try:
         _collect(job, fleet)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import LaunchError
 
 if TYPE_CHECKING:
     from fleetctl.connection import Connection, Stream
@@ -60,12 +60,6 @@ fd=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o700)
 os.write(fd,src); os.close(fd); os.replace(t,f)
 os.execv(sys.executable,[sys.executable,f]+sys.argv[2:])
 """
-
-
-class LaunchError(FleetctlError):
-    """A node's supervisor could not start the job (message names the node)."""
-
-    exit_code = 3
 
 
 @functools.cache

@@ -12,19 +12,24 @@ Playbooks given by short name (``bootstrap``) are the ones shipped with fleetctl
 copies live in the repository's ``playbooks/``; ``fleetctl/data/playbooks`` links to them and is
 installed as package data, so an installed fleetctl finds them at the same place.
 
-The library builds the command (``playbook_command``) and runs it with the terminal inherited
-(``run_playbook``), so Ansible's output streams as it comes; it never prints.
+The library builds the command (``playbook_command``) and runs it (``run_playbook``), handing
+Ansible's output to a callback as it comes (the CLI writes it through) while keeping the tail
+to read the PLAY RECAP: exit code 4 means "hosts unreachable" after a recap and "bad playbook"
+without one, and error messages name the failed hosts. It never prints.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +45,10 @@ __all__ = [
     "ANSIBLE_EXIT_MEANINGS",
     "DEFAULT_TIMEOUT",
     "PlaybookCommand",
+    "PlaybookRun",
     "exit_error",
     "find_ansible_playbook",
+    "parse_recap",
     "playbook_command",
     "playbooks_dir",
     "resolve_playbook",
@@ -55,16 +62,24 @@ DEFAULT_TIMEOUT = 4 * 3600.0
 #: How long Ansible gets to stop its workers after SIGINT/SIGTERM before it is killed.
 STOP_GRACE = 15.0
 
-#: ansible-playbook's documented exit codes -> (meaning, fleetctl exit code).
+#: ansible-core's exit codes (ansible.errors.ExitCode; 2 and 4 are bit flags of the run, and 4
+#: is also the parser's code) -> (meaning, fleetctl exit code). 4 with a PLAY RECAP means
+#: unreachable hosts (exit 3), without one a playbook/inventory error (exit 2).
 ANSIBLE_EXIT_MEANINGS: dict[int, tuple[str, int]] = {
     1: ("error", 1),
     2: ("one or more hosts failed", 3),
-    3: ("one or more hosts unreachable", 3),
     4: ("parser error: bad playbook or inventory", 2),
     5: ("bad or incomplete options", 2),
+    6: ("hosts failed and hosts unreachable", 3),
     99: ("interrupted", 130),
     250: ("unexpected error", 1),
 }
+_RECAP = re.compile(
+    rb"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M
+)
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+#: Output kept to find the PLAY RECAP (it is at the very end).
+TAIL_BYTES = 256 * 1024
 
 
 def playbooks_dir() -> Path:
@@ -241,14 +256,50 @@ def playbook_command(
             tmp.cleanup()
 
 
-def exit_error(returncode: int) -> ProvisionError | None:
-    """The error for ansible-playbook's exit status (None for 0), with fleetctl's exit code."""
+@dataclass(frozen=True)
+class PlaybookRun:
+    """How a run ended: ansible-playbook's exit status and its PLAY RECAP, per host
+    (``{"node1": {"ok": 9, "changed": 0, "unreachable": 0, "failed": 0}}``; empty when none)."""
+
+    returncode: int
+    recap: dict[str, dict[str, int]]
+
+
+def parse_recap(output: bytes) -> dict[str, dict[str, int]]:
+    """The last PLAY RECAP in Ansible's output (colour codes ignored)."""
+    text = _ANSI.sub(b"", output)
+    at = text.rfind(b"PLAY RECAP")
+    if at < 0:
+        return {}
+    keys = ("ok", "changed", "unreachable", "failed")
+    return {
+        m.group(1).decode("utf-8", "replace"): dict(
+            zip(keys, map(int, m.groups()[1:]), strict=True)
+        )
+        for m in _RECAP.finditer(text, at)
+    }
+
+
+def exit_error(
+    returncode: int, recap: dict[str, dict[str, int]] | None = None
+) -> ProvisionError | None:
+    """The error for how ansible-playbook ended (None for success), with fleetctl's exit code.
+
+    With a recap the message names the hosts that failed or were unreachable.
+    """
     if returncode == 0:
         return None
+    recap = recap or {}
     if returncode < 0:
         meaning, code = f"killed by signal {-returncode}", 1
     else:
         meaning, code = ANSIBLE_EXIT_MEANINGS.get(returncode, ("error", 1))
+    failed = sorted(h for h, r in recap.items() if r["failed"])
+    unreachable = sorted(h for h, r in recap.items() if r["unreachable"])
+    if returncode in (2, 4, 6) and (failed or unreachable):
+        parts = [f"failed on {', '.join(failed)}"] if failed else []
+        parts += [f"unreachable: {', '.join(unreachable)}"] if unreachable else []
+        meaning, code = "; ".join(parts), 3
     return ProvisionError(
         f"ansible-playbook exited {returncode}: {meaning} (see its output above)",
         exit_code=code,
@@ -269,23 +320,54 @@ def _stop(proc: subprocess.Popen[bytes], first: int) -> None:
             continue
 
 
-def run_playbook(cmd: PlaybookCommand, *, timeout: float = DEFAULT_TIMEOUT) -> int:
-    """Run the command with this process's stdin/stdout/stderr; return its exit status.
+def run_playbook(
+    cmd: PlaybookCommand,
+    on_output: Callable[[bytes], None],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    color: bool = False,
+) -> PlaybookRun:
+    """Run the command; its stdout goes to ``on_output`` chunk by chunk as it comes (stderr and
+    stdin stay this process's). ``color`` keeps Ansible's colours although stdout is a pipe.
 
     Ctrl-C reaches Ansible directly (same process group); this waits for it to stop and then
     re-raises KeyboardInterrupt. Past ``timeout`` Ansible is stopped and ProvisionError raised.
     """
+    env = dict(cmd.env)
+    if color:
+        env.setdefault("ANSIBLE_FORCE_COLOR", "1")
     try:
-        proc = subprocess.Popen(cmd.argv, env=cmd.env)
+        proc = subprocess.Popen(cmd.argv, env=env, stdout=subprocess.PIPE)
     except OSError as e:
         raise ProvisionError(f"cannot start {cmd.argv[0]}: {e.strerror or e}") from e
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    tail = bytearray()
     try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        _stop(proc, signal.SIGTERM)
-        raise ProvisionError(
-            f"ansible-playbook still running after {timeout:g}s; stopped it (see --timeout)"
-        ) from e
+        fd = proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _stop(proc, signal.SIGTERM)
+                raise ProvisionError(
+                    f"ansible-playbook still running after {timeout:g}s; stopped it (see --timeout)"
+                )
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            on_output(chunk)
+            tail += chunk
+            del tail[:-TAIL_BYTES]
+        returncode = proc.wait(timeout=max(deadline - time.monotonic(), STOP_GRACE))
     except KeyboardInterrupt:
         _stop(proc, signal.SIGINT)
         raise
+    except subprocess.TimeoutExpired as e:
+        _stop(proc, signal.SIGTERM)
+        raise ProvisionError("ansible-playbook closed its output but did not exit") from e
+    finally:
+        proc.stdout.close()
+    return PlaybookRun(returncode, parse_recap(bytes(tail)))

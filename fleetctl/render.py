@@ -216,7 +216,12 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             if result.ended is None or result.started is None
             else (f" in {result.ended - result.started:.1f} s")
         )
-        lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
+        verdict = getattr(result, "verdict", None)  # a role job's completion policy
+        if verdict and any(node.state != "succeeded" for node in result.nodes):
+            rest = others()
+            lines.append(f"Job {result.job_id} succeeded{dur}: {verdict}; {rest}.")
+        else:
+            lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
     elif ff is not None:
         addr = ff.train_addr or ff.address
         after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
@@ -261,51 +266,62 @@ class PushProgress:
 
     def __init__(self, nodes: list[str], *, enabled: bool, console: Console | None = None) -> None:
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TransferSpeedColumn,
-        )
+        from rich.progress import BarColumn, Progress, TextColumn
 
         self.enabled = enabled
         self.progress = Progress(
             TextColumn("{task.fields[node]:<12}"),
             TextColumn("{task.description:<9}"),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[size]:>21}"),
             TextColumn("{task.fields[note]}"),
             console=console or Console(stderr=True),
             transient=False,
             disable=not enabled,
         )
         self.tasks = {
-            n: self.progress.add_task("waiting", node=n, note="", total=None) for n in nodes
+            n: self.progress.add_task("waiting", node=n, note="", size="", total=None)
+            for n in nodes
         }
 
     def __call__(self, event: Any) -> None:
+        from fleetctl.envpack import human_bytes
+
         task = self.tasks.get(event.node)
         if task is None:
             return
         if event.stage == "done":
-            total = self.progress.tasks[task].total or 1
             self.progress.update(
-                task, description="done", completed=total, total=total, note=event.message
+                task,
+                description="[green]done[/]",
+                completed=1,
+                total=1,
+                size="",
+                note=event.message,
             )
         elif event.stage == "failed":
-            self.progress.update(task, description="[red]failed[/]", note=event.message[:60])
+            self.progress.update(
+                task,
+                description="[red]failed[/]",
+                completed=0,
+                total=1,
+                size="",
+                note=event.message[:70],
+            )
         elif event.total:
+            size = f"{human_bytes(event.done)}/{human_bytes(event.total)}"
             self.progress.update(
                 task,
                 description=event.stage,
                 completed=event.done,
                 total=event.total,
+                size=size,
                 note=event.message,
             )
         else:
-            self.progress.update(task, description=event.stage, note=event.message)
+            self.progress.update(
+                task, description=event.stage, total=None, size="", note=event.message
+            )
 
     def __enter__(self) -> PushProgress:
         self.progress.start()

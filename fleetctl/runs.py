@@ -16,18 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import RunFolderError
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
-
-
-class RunFolderError(FleetctlError):
-    """A run folder cannot be created or read."""
-
-    exit_code = 1
 
 
 def iso(ts: float | None) -> str | None:

@@ -43,6 +43,7 @@ import time
 PROTOCOL = 1
 STATE_FILE = "supervisor.json"
 CONSOLE_LOG = "console.log"
+STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) before it stops
 MAX_LINE = 65536
 MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
@@ -459,6 +460,11 @@ class Supervisor:
                 stopper.start()
             time.sleep(0.05)
         code = self.proc.returncode
+        if self.stop_reason is None:  # stopped from another terminal: say so to the controller
+            req = _read_json(os.path.join(self.run_dir, STOP_REQUEST))
+            if req.get("job_id") == self.job_id and req.get("reason"):
+                self.stop_reason = str(req["reason"])
+                self.out.frame("E", f"stopping job: {self.stop_reason}".encode(), must=True)
         if stopper is not None:  # let the stop finish its grace period for the workers
             stopper.join((stopping_with or 0.0) + 6.0)
         # The launcher is gone; anything of the job still alive is a straggler.

@@ -38,13 +38,16 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 
 def _register() -> None:
     # Each import adds its subcommands to ``cli``.
-    from fleetctl.cli import check_cmd  # noqa: F401
-    from fleetctl.cli import exec_cmd  # noqa: F401
-    from fleetctl.cli import inventory_cmd  # noqa: F401
-    from fleetctl.cli import lab_cmd  # noqa: F401
-    from fleetctl.cli import provision_cmd  # noqa: F401
-    from fleetctl.cli import push_cmd  # noqa: F401
-    from fleetctl.cli import run_cmd  # noqa: F401
+    from fleetctl.cli import (
+        check_cmd,  # noqa: F401
+        exec_cmd,  # noqa: F401
+        inventory_cmd,  # noqa: F401
+        jobs_cmd,  # noqa: F401
+        lab_cmd,  # noqa: F401
+        provision_cmd,  # noqa: F401
+        push_cmd,  # noqa: F401
+        run_cmd,  # noqa: F401
+    )
 
 
 _register()
@@ -52,10 +55,38 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the CLI, map errors to exit codes, never leak tracebacks."""
-    args = sys.argv[1:] if argv is None else argv
+    if argv is not None:  # called from Python (tests): a normal SystemExit
+        _main(argv)
+        return
+    try:
+        _main(sys.argv[1:])
+    except SystemExit as e:
+        _fast_exit(e.code)
+
+
+def _fast_exit(code: object) -> None:
+    """Leave the process without interpreter teardown, output flushed first.
+
+    Tearing down the modules paramiko/cryptography bring costs ~0.1 s of CPU per invocation
+    (bench: `fleetctl exec -- hostname` on 8 hosts, 0.43 → 0.34 s CPU); and a fan-out thread
+    still stuck past its deadline cannot hold the exit. Library code never relies on atexit.
+    """
+    import contextlib
+    import os
+
+    rc = 0 if code is None else code if isinstance(code, int) else 1
+    if not isinstance(code, int) and code is not None:
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(rc)
+
+
+def _main(args: list[str]) -> None:
     show_tb = "--traceback" in args
     try:
-        cli.main(args=args, prog_name="fleetctl", standalone_mode=False)
+        rc = cli.main(args=args, prog_name="fleetctl", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("fleetctl: interrupted", err=True)
         sys.exit(ExitStatus.INTERRUPTED)
@@ -72,4 +103,5 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("fleetctl: interrupted", err=True)
         sys.exit(ExitStatus.INTERRUPTED)
-    sys.exit(ExitStatus.OK)
+    # standalone_mode=False returns (not raises) the code of a command's `ctx.exit(n)`.
+    sys.exit(rc if isinstance(rc, int) and not isinstance(rc, bool) and rc else ExitStatus.OK)

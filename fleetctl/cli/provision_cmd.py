@@ -4,12 +4,14 @@ Runs the real ``ansible-playbook`` with the same inventory and host-key settings
 (see ``fleetctl.provision``), its output streamed as it comes. PLAYBOOK is a file or the short
 name of a shipped playbook: ``bootstrap``, ``conda-env``, ``gpu-facts``.
 
-Exit status: 0 success; 3 a host failed or was unreachable (ansible 2/3); 2 bad playbook,
-inventory or options (ansible 4/5, or fleetctl's own checks); 130 interrupted; 1 anything else,
-including ansible-playbook missing from PATH.
+Exit status: 0 success; 3 a host failed or was unreachable (the error line names them); 2 bad
+playbook, inventory or options (fleetctl's own checks, or Ansible's parser); 130 interrupted;
+1 anything else, including ansible-playbook missing from PATH.
 """
 
 from __future__ import annotations
+
+import sys
 
 import click
 
@@ -90,7 +92,15 @@ def provision_command(
         click.echo(
             f"fleetctl: ansible-playbook {cmd.playbook.name} on {len(cmd.hosts)} host(s)", err=True
         )
-        rc = run_playbook(cmd, timeout=timeout or DEFAULT_TIMEOUT)
-    error = exit_error(rc)
+        out = sys.stdout.buffer
+
+        def write(chunk: bytes) -> None:
+            out.write(chunk)
+            out.flush()
+
+        run = run_playbook(
+            cmd, write, timeout=timeout or DEFAULT_TIMEOUT, color=sys.stdout.isatty()
+        )
+    error = exit_error(run.returncode, run.recap)
     if error is not None:
         raise error

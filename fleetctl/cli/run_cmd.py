@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
+from fleetctl.cli.jobs_cmd import LifecycleArgs, lifecycle_options
 from fleetctl.cli.options import inventory_option, limit_option, load_selected
 from fleetctl.errors import Interrupted, JobFailed, UsageError
 from fleetctl.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
@@ -124,9 +125,9 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     "--code",
     "code_dir",
     type=click.Path(exists=True, file_okay=False),
-    default=".",
-    show_default=True,
-    help="Local folder shipped to the nodes; SCRIPT must be inside it.",
+    default=None,
+    help="Local folder shipped to the nodes; SCRIPT must be inside it "
+    "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
 )
 @click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -147,7 +148,7 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 )
 @click.option(
     "--lost-timeout",
-    type=click.FloatRange(min=1, max=5),
+    type=click.FloatRange(min=1, max=60),
     default=5.0,
     show_default=True,
     help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
@@ -173,7 +174,8 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     metavar="all|RANK|none",
     help="Live log lines from every node, one node only (e.g. 0), or none.",
 )
-@click.argument("script")
+@lifecycle_options
+@click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     inventory: str | None,
@@ -183,7 +185,7 @@ def run_command(
     master_port: int,
     env_vars: tuple[str, ...],
     backend: str | None,
-    code_dir: str,
+    code_dir: str | None,
     dry_run: bool,
     as_json: bool,
     env_archive: str | None,
@@ -193,11 +195,53 @@ def run_command(
     deadman: float,
     runs_dir: str,
     tail: str,
-    script: str,
+    script: str | None,
     script_args: tuple[str, ...],
+    **lifecycle: Any,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone)."""
     env = parse_env_vars(env_vars)
+    life = LifecycleArgs(lifecycle)
+
+    def run(spec: JobSpec, nodes: Any, code: str, inv_path: str | None, lim: str | None) -> None:
+        _run_for_real(
+            spec,
+            nodes,
+            code_dir=code,
+            env_archive=env_archive,
+            check=not no_check,
+            grace=grace,
+            lost_timeout=lost_timeout,
+            deadman=deadman,
+            runs_dir=runs_dir,
+            tail=tail,
+            as_json=as_json,
+            life=life,
+            inventory=inv_path,
+            limit=lim,
+        )
+
+    if life.job_file is not None:  # role job (fleetctl.roles): the job file replaces SCRIPT
+        life.run_role_job(
+            inventory=inventory,
+            limit=limit,
+            script=script,
+            env=env,
+            code_dir=code_dir,
+            master_port=master_port,
+            backend=backend,
+            dry_run=dry_run,
+            as_json=as_json,
+            new_job_id=new_job_id,
+            run=run,
+        )
+        return
+    if script is None:
+        raise UsageError("missing SCRIPT (or --job FILE)")
+    if code_dir is None:
+        from fleetctl.codesync import default_code_dir
+
+        code_dir = str(default_code_dir(script))
     rel_script = script_in_code_dir(script, code_dir)
     inv = load_selected(inventory, limit)
     now = datetime.now(timezone.utc)
@@ -224,19 +268,7 @@ def run_command(
             render.print_plan(plan, inventory=inv.path)
         return
 
-    _run_for_real(
-        spec,
-        inv.nodes,
-        code_dir=code_dir,
-        env_archive=env_archive,
-        check=not no_check,
-        grace=grace,
-        lost_timeout=lost_timeout,
-        deadman=deadman,
-        runs_dir=runs_dir,
-        tail=tail,
-        as_json=as_json,
-    )
+    run(spec, inv.nodes, code_dir, inv.path, limit)
 
 
 def _run_for_real(
@@ -252,6 +284,9 @@ def _run_for_real(
     runs_dir: str,
     tail: str,
     as_json: bool,
+    life: LifecycleArgs | None = None,
+    inventory: str | None = None,
+    limit: str | None = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -271,7 +306,13 @@ def _run_for_real(
         env_archive=env_archive,
     )
     live = render.LiveLog(tail="none" if as_json else tail)
-    result = run_job(spec, nodes, options, on_event=live)
+    if life is not None:  # detach, retries, role jobs (fleetctl.cli.jobs_cmd)
+        options = life.apply(options, inventory=inventory, limit=limit)
+        result = life.run(spec, nodes, options, live)
+        if life.report_detached(result):
+            return
+    else:
+        result = run_job(spec, nodes, options, on_event=live)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

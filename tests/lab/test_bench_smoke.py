@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,24 +31,35 @@ SECTIONS = [
 ]
 
 
-def _labs() -> set[str]:
-    return {p.name for p in REGISTRY.glob("*.json")} if REGISTRY.is_dir() else set()
-
-
 def test_quick_bench_writes_a_measured_report(tmp_path: Path) -> None:
     require_lab()
     out = tmp_path / "bench.md"
-    before = _labs()
     env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
     env.pop("SSH_AUTH_SOCK", None)
     p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--hosts", "2",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "--quick",
+            "--hosts",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert _labs() <= before, "the bench left its lab behind"
+    m = re.search(r"bench: lab (\w+) up", p.stderr)
+    assert m, p.stderr[-2000:]
+    name = m.group(1)
+    assert not (REGISTRY / f"{name}.json").exists(), "the bench left its lab registered"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{name}-" not in netns, "the bench left lab namespaces behind"
     text = out.read_text()
     for section in SECTIONS:
         assert section in text

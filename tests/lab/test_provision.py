@@ -2,7 +2,8 @@
 
 The lab's hosts share this machine's /etc: bootstrap's sshd drop-in is pointed at a folder in
 each host's private /tmp (``fleetctl_sshd_dropin_dir``), and the tests check that the machine's
-own /etc/ssh/sshd_config.d was not touched.
+own /etc/ssh/sshd_config.d was not touched. Likewise the firewall step meets stand-ins of ufw and
+firewall-cmd (first on a host's PATH, rules kept in its /tmp), never the machine's firewall.
 """
 
 from __future__ import annotations
@@ -99,6 +100,36 @@ def readiness(
     )  # fmt: skip
 
 
+FAKE_UFW = r"""#!/bin/sh
+# Stand-in ufw (test): rules kept in this lab host's private /tmp; ufw's messages.
+R=/tmp/fake-ufw.rules; touch "$R"
+case "$1" in
+  status) echo "Status: active"; cat "$R" ;;
+  allow) shift; rule="$*"
+    if grep -qxF -- "$rule" "$R"; then echo "Skipping adding existing rule"
+    else echo "$rule" >> "$R"; echo "Rule added"; fi ;;
+  *) exit 1 ;;
+esac
+"""
+FAKE_FWCMD = r"""#!/bin/sh
+# Stand-in firewall-cmd (test): permanent/runtime rules in this lab host's private /tmp.
+R=/tmp/fake-firewalld.rules; touch "$R"
+where=runtime; zone=public
+for a in "$@"; do
+  case "$a" in
+    --state) echo running; exit 0 ;;
+    --permanent) where=permanent ;;
+    --zone=*) zone=${a#--zone=} ;;
+    --query-port=*) grep -qxF "$where port $zone ${a#--query-port=}" "$R"; exit $? ;;
+    --query-source=*) grep -qxF "$where source $zone ${a#--query-source=}" "$R"; exit $? ;;
+    --add-port=*) echo "$where port $zone ${a#--add-port=}" >> "$R"; echo success ;;
+    --add-source=*) echo "$where source $zone ${a#--add-source=}" >> "$R"; echo success ;;
+    *) exit 2 ;;
+  esac
+done
+"""
+
+
 def etc_ssh_snapshot() -> list[tuple[str, float]]:
     d = Path("/etc/ssh/sshd_config.d")
     return sorted((p.name, p.stat().st_mtime) for p in d.iterdir()) if d.is_dir() else []
@@ -107,42 +138,72 @@ def etc_ssh_snapshot() -> list[tuple[str, float]]:
 def test_bootstrap_makes_three_hosts_ready_and_a_second_run_changes_nothing(
     lab3: Lab, ansible_env: dict[str, str], ssh_mux: Path, tmp_path: Path
 ) -> None:
+    """Also the firewall step, against stand-ins of ufw (node1) and firewall-cmd (node2) first
+    on those hosts' PATH; node3 has neither and is left alone."""
     names = [h.name for h in lab3.hosts]
+    assert names == ["node1", "node2", "node3"]
     dropin = f"/tmp/fleetctl-sshd-{secrets.token_hex(4)}.d"
     before_etc = etc_ssh_snapshot()
     # A workdir that is not private: the readiness check must catch it, bootstrap must fix it.
-    lab3.exec(names[0], ["chmod", "0755", "/root/.fleetctl"], check=True)
+    lab3.exec("node1", ["chmod", "0755", "/root/.fleetctl"], check=True)
+    fakes = []
+    for host, name, text in (("node1", "ufw", FAKE_UFW), ("node2", "firewall-cmd", FAKE_FWCMD)):
+        fake = lab3.host_dir(host) / "bin" / name
+        fake.write_text(text)
+        fake.chmod(0o755)
+        fakes.append(fake)
+    try:
+        not_ready = readiness(lab3, ["node1"], dropin, ssh_mux, tmp_path)
+        assert not_ready.returncode == 1, not_ready.stdout + not_ready.stderr
+        assert "test_workdir_is_a_private_directory_of_the_ssh_user" in not_ready.stdout
+        assert "test_sshd_allows_many_parallel_sessions" in not_ready.stdout  # no drop-in yet
 
-    not_ready = readiness(lab3, names[:1], dropin, ssh_mux, tmp_path)
-    assert not_ready.returncode == 1, not_ready.stdout + not_ready.stderr
-    assert "test_workdir_is_a_private_directory_of_the_ssh_user" in not_ready.stdout
-    assert "test_sshd_allows_many_parallel_sessions" in not_ready.stdout  # no drop-in yet
+        args = [
+            "provision", "bootstrap", "-i", str(lab3.inventory_path),
+            "--", "-e", f"fleetctl_sshd_dropin_dir={dropin}",
+            "-e", '{"fleetctl_firewall_sources": ["10.213.0.0/16"]}',
+        ]  # fmt: skip
+        first = fleetctl(*args, env=ansible_env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        r1 = recap(first.stdout)
+        assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in r1.values()), r1
+        # drop-in folder + file everywhere; node1: its workdir's mode, 2 ufw rules;
+        # node2: 2 firewalld rules (each permanent + runtime)
+        assert {h: r["changed"] for h, r in r1.items()} == {"node1": 5, "node2": 4, "node3": 2}
+        ufw = lab3.exec("node1", ["cat", "/tmp/fake-ufw.rules"], check=True).stdout
+        assert ufw.splitlines() == [
+            "proto tcp from any to any port 29400:29600 comment fleetctl",
+            "from 10.213.0.0/16 comment fleetctl",
+        ]
+        fwd = lab3.exec("node2", ["cat", "/tmp/fake-firewalld.rules"], check=True).stdout
+        assert fwd.splitlines() == [
+            "permanent port public 29400-29600/tcp",
+            "runtime port public 29400-29600/tcp",
+            "permanent source trusted 10.213.0.0/16",
+            "runtime source trusted 10.213.0.0/16",
+        ]
 
-    args = ["provision", "bootstrap", "-i", str(lab3.inventory_path)]
-    extra = ["--", "-e", f"fleetctl_sshd_dropin_dir={dropin}"]
-    first = fleetctl(*args, *extra, env=ansible_env)
-    assert first.returncode == 0, first.stdout + first.stderr
-    r1 = recap(first.stdout)
-    assert sorted(r1) == sorted(names)
-    assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in r1.values()), r1
-    assert all(r["changed"] >= 1 for r in r1.values()), r1  # the drop-in, everywhere
-    assert r1[names[0]]["changed"] >= 2, r1  # and the workdir's mode on the broken host
+        second = fleetctl(*args, env=ansible_env)
+        assert second.returncode == 0, second.stdout + second.stderr
+        r2 = recap(second.stdout)
+        assert sorted(r2) == names
+        assert all(r["changed"] == 0 and r["failed"] == 0 for r in r2.values()), r2
+        assert lab3.exec("node1", ["cat", "/tmp/fake-ufw.rules"], check=True).stdout == ufw
+        assert lab3.exec("node2", ["cat", "/tmp/fake-firewalld.rules"], check=True).stdout == fwd
 
-    second = fleetctl(*args, *extra, env=ansible_env)
-    assert second.returncode == 0, second.stdout + second.stderr
-    r2 = recap(second.stdout)
-    assert sorted(r2) == sorted(names)
-    assert all(r["changed"] == 0 and r["failed"] == 0 for r in r2.values()), r2
+        ready = readiness(lab3, names, dropin, ssh_mux, tmp_path)
+        assert ready.returncode == 0, ready.stdout + ready.stderr
+        assert re.search(r"\b24 passed\b", ready.stdout), ready.stdout  # 8 checks x 3 hosts
 
-    ready = readiness(lab3, names, dropin, ssh_mux, tmp_path)
-    assert ready.returncode == 0, ready.stdout + ready.stderr
-    assert re.search(r"\b24 passed\b", ready.stdout), ready.stdout  # 8 checks x 3 hosts
-
-    for h in names:
-        conf = lab3.exec(h, ["cat", f"{dropin}/50-fleetctl.conf"], check=True).stdout
-        assert "MaxSessions 64" in conf and "MaxStartups 64:30:256" in conf
-        lab3.exec(h, ["rm", "-rf", dropin], check=True)
-    assert etc_ssh_snapshot() == before_etc, "the machine's /etc/ssh/sshd_config.d changed"
+        for h in names:
+            conf = lab3.exec(h, ["cat", f"{dropin}/50-fleetctl.conf"], check=True).stdout
+            assert "MaxSessions 64" in conf and "MaxStartups 64:30:256" in conf
+        assert etc_ssh_snapshot() == before_etc, "the machine's /etc/ssh/sshd_config.d changed"
+    finally:
+        for fake in fakes:
+            fake.unlink()
+        for h in names:
+            lab3.exec(h, ["rm", "-rf", dropin, "/tmp/fake-ufw.rules", "/tmp/fake-firewalld.rules"])
 
 
 def test_a_failing_task_exits_3_with_one_line_and_limit_selects_hosts(
@@ -159,8 +220,7 @@ def test_a_failing_task_exits_3_with_one_line_and_limit_selects_hosts(
     assert "missing on node2: fleetctl-no-such-tool" in r.stdout
     errors = [line for line in r.stderr.splitlines() if line.startswith("fleetctl: error:")]
     assert errors == [
-        "fleetctl: error: ansible-playbook exited 2: one or more hosts failed "
-        "(see its output above)"
+        "fleetctl: error: ansible-playbook exited 2: failed on node2 (see its output above)"
     ]
 
 
@@ -210,17 +270,19 @@ def test_gpu_facts_report_covers_every_host_using_fleetctls_known_hosts(
     assert "| node1 | 2 | NVIDIA H100 80GB HBM3 | 535.104.05 | 12.2 | 2.21.5 |" in md
     assert "| node3 | 0 |" in md
 
-    # The same inventory against a known_hosts file without the lab's keys: refused.
+    # The same inventory against a known_hosts file without the lab's keys: refused. (A fresh
+    # connection: the shared master of the run above would skip the key exchange.)
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     bad = fleetctl(
         "provision", "gpu-facts", "-i", str(inv), "--known-hosts", str(empty), "--limit", "node1",
         "--", "-e", f"fleetctl_report_dir={tmp_path / 'bad'}",
-        env=ansible_env,
+        env={**ansible_env, "ANSIBLE_SSH_ARGS": "-o ControlMaster=no"},
     )  # fmt: skip
-    assert bad.returncode == 3, bad.stdout + bad.stderr
+    assert bad.returncode == 3, bad.stdout + bad.stderr  # ansible: 4 (unreachable)
     assert "Host key verification failed" in bad.stdout
     assert recap(bad.stdout)["node1"]["unreachable"] == 1
+    assert "fleetctl: error: ansible-playbook exited 4: unreachable: node1" in bad.stderr
 
 
 def test_conda_env_packs_an_existing_env_and_fetches_it_once(

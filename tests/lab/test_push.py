@@ -19,7 +19,7 @@ from fleetctl.fleet import Fleet
 from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
 from fleetctl.node import Node
-from fleetctl.push import NodePush, PushOptions, push
+from fleetctl.push import NodePush, PushEvent, PushOptions, push
 
 pytestmark = pytest.mark.lab
 
@@ -201,6 +201,37 @@ def test_disk_full_while_unpacking_leaves_no_half_env(lab3: Lab, wd: str, envs: 
         lab3.disk_ok("node2", f"{wd}/envs")
 
 
+def test_disk_filling_up_during_upload_is_a_clear_error_and_cleans_up(
+    lab3: Lab, wd: str, envs: EnvCache
+) -> None:
+    env = envs.get("noise")  # ~3 MiB: 8 MiB passes the 2x check ...
+    lab3.disk_full("node2", f"{wd}/envs", "8m")
+    filled = []
+
+    def fill_when_upload_starts(event: PushEvent) -> None:  # ... then something else fills it
+        if event.node == "node2" and event.stage == "upload" and not filled:
+            filled.append(sh(lab3, "node2", f"head -c 7M /dev/zero > {wd}/envs/filler; df"))
+
+    try:
+        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+            push(
+                fleet,
+                code=None,
+                env_archive=env.archive,
+                options=PushOptions(peer=False),
+                progress=fill_when_upload_starts,
+            )
+        assert filled
+        err = ei.value.result["node2"]
+        assert isinstance(err, NodePushError) and err.stage == "upload" and err.enospc
+        assert "disk full while uploading the env archive" in str(err)
+        assert "partial files removed" in str(err)
+        assert sh(lab3, "node2", f"ls -A {wd}/envs").split() == ["filler"]
+        assert set(ei.value.result.failed) == {"node2"}
+    finally:
+        lab3.disk_ok("node2", f"{wd}/envs")
+
+
 def test_host_without_rsync_gets_the_sftp_fallback_with_a_warning(
     lab3: Lab, wd: str, tmp_path: Path
 ) -> None:
@@ -269,3 +300,68 @@ def test_real_nccl_from_the_wheel_reports_its_version(
     res = report.nodes[node.name]
     assert res.nccl_version == "2.21.5"
     assert res.nccl_path == f"{report.env_dirs[node.name]}/lib/libnccl.so.2"
+
+
+def test_cli_push_json_reports_every_host(
+    lab3: Lab, wd: str, envs: EnvCache, tmp_path: Path
+) -> None:
+    import json
+
+    import yaml
+
+    inv = yaml.safe_load(lab3.inventory_path.read_text())
+    for host in inv["all"]["children"]["nodes"]["hosts"].values():
+        host["fleetctl_workdir"] = wd
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inv))
+    src = project(tmp_path / "proj")
+    env = envs.get("nccl")
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetctl",
+        "push",
+        "-i",
+        str(path),
+        "--code",
+        str(src),
+        "--env",
+        str(env.archive),
+        "--backend",
+        "nccl",
+        "--json",
+    ]
+    p = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "FLEETCTL_SSH_CONFIG": "/dev/null"},
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["ok"] is True and doc["failures"] == {}
+    assert set(doc["nodes"]) == {"node1", "node2", "node3"}
+    assert set(doc["nccl_versions"].values()) == {"2.21.5"}
+    assert all(d.startswith(f"{wd}/envs/") for d in doc["env_dirs"].values())
+
+    # no --env: each host's fleetctl_env_archive; node2's differs -> exit 3 naming node2
+    hosts = inv["all"]["children"]["nodes"]["hosts"]
+    for name, host in hosts.items():
+        host["fleetctl_env_archive"] = str(
+            envs.get("nccl-other" if name == "node2" else "nccl").archive
+        )
+    path.write_text(yaml.safe_dump(inv))
+    p = subprocess.run(
+        [*argv[:6], "--no-code", "--backend", "nccl"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "FLEETCTL_SSH_CONFIG": "/dev/null"},
+    )
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.startswith("fleetctl: error: push failed on 1 of 3 nodes: node2")
+    assert "NCCL 2.19.3 differs" in p.stderr
+    assert "node2" in p.stdout and "✗" in p.stdout  # the table still shows every host

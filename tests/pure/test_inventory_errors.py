@@ -43,6 +43,8 @@ CASES: list[tuple[str, str | None, int | None, tuple[str, ...]]] = [
     ("loop.yml", None, 5, ("loop", "'a'", "'b'")),
     ("connection.yml", None, 4, ("gpu01", "ansible_connection", "docker")),
     ("not_mapping.yml", None, 1, ("mapping of groups",)),
+    ("not_utf8.ini", None, 4, ("not valid UTF-8",)),  # line 2 is a comment: tolerated
+    ("not_utf8.yml", None, 4, ("not valid UTF-8",)),
     ("empty.yml", None, None, ("empty",)),
     ("vault.yml", None, None, ("vault",)),
 ]

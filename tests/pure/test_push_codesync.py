@@ -155,6 +155,14 @@ def test_digest_depends_on_content_and_exec_bit_not_on_mtime(tmp_path: Path) -> 
     assert snapshot(tmp_path).digest != second.digest
 
 
+def test_a_huge_tree_is_refused_with_a_hint(tmp_path: Path) -> None:
+    from fleetctl.errors import UsageError
+
+    tree(tmp_path, {f"f{i}.txt": "" for i in range(5)})
+    with pytest.raises(UsageError, match=r"has 5 files .*\.fleetignore"):
+        snapshot(tmp_path, max_files=4)
+
+
 def test_symlinks_ship_as_links(tmp_path: Path) -> None:
     tree(tmp_path, {"real.txt": "x"})
     (tmp_path / "link.txt").symlink_to("real.txt")

@@ -217,7 +217,7 @@ def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
 
 
 def test_a_job_that_cannot_start_is_reported_not_hung(jobs: Jobs) -> None:
-    from fleetctl.launch import LaunchError
+    from fleetctl.errors import LaunchError
 
     with pytest.raises(LaunchError, match="cannot start job"):
         jobs.start("t-nostart", ["/nonexistent/launcher"])

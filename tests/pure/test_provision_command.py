@@ -17,10 +17,13 @@ from fleetctl.errors import InventoryError, ProvisionError, UsageError
 from fleetctl.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS
 from fleetctl.provision import (
     FORCED_ENV,
+    PlaybookCommand,
     exit_error,
+    parse_recap,
     playbook_command,
     playbooks_dir,
     resolve_playbook,
+    run_playbook,
     shipped_playbooks,
 )
 
@@ -197,9 +200,9 @@ def test_limit_is_checked_by_fleetctl_and_passed_to_ansible_verbatim(
     [
         (1, 1, "error"),
         (2, 3, "one or more hosts failed"),
-        (3, 3, "one or more hosts unreachable"),
-        (4, 2, "parser error"),
+        (4, 2, "parser error: bad playbook or inventory"),  # no PLAY RECAP: never ran
         (5, 2, "bad or incomplete options"),
+        (6, 3, "hosts failed and hosts unreachable"),
         (99, 130, "interrupted"),
         (250, 1, "unexpected error"),
         (7, 1, "error"),
@@ -213,7 +216,70 @@ def test_ansible_exit_codes_map_to_fleetctl_exit_codes(
     assert err is not None
     assert err.exit_code == fleetctl_code
     assert err.returncode == ansible_rc
-    assert err.one_line().startswith(f"ansible-playbook exited {ansible_rc}: {meaning}")
+    assert (
+        err.one_line() == f"ansible-playbook exited {ansible_rc}: {meaning} (see its output above)"
+    )
+
+
+RECAP_OUTPUT = (
+    b"TASK [x] ****\nok: [n1]\n\nPLAY RECAP ****\n"
+    b"\x1b[0;32mn1\x1b[0m                 : \x1b[0;32mok=9   \x1b[0m changed=0    unreachable=0    "
+    b"failed=0    skipped=3    rescued=0    ignored=0\n"
+    b"n2                         : ok=1    changed=0    unreachable=1    failed=0    skipped=0\n"
+    b"n3                         : ok=4    changed=2    unreachable=0    failed=1    skipped=0\n"
+)
+
+
+def test_the_play_recap_is_read_even_in_colour() -> None:
+    assert parse_recap(RECAP_OUTPUT) == {
+        "n1": {"ok": 9, "changed": 0, "unreachable": 0, "failed": 0},
+        "n2": {"ok": 1, "changed": 0, "unreachable": 1, "failed": 0},
+        "n3": {"ok": 4, "changed": 2, "unreachable": 0, "failed": 1},
+    }
+    assert parse_recap(b"ERROR! the playbook could not be found\n") == {}
+
+
+def test_with_a_recap_the_error_names_failed_and_unreachable_hosts() -> None:
+    err = exit_error(4, parse_recap(RECAP_OUTPUT))
+    assert err is not None and err.exit_code == 3
+    assert err.one_line() == (
+        "ansible-playbook exited 4: failed on n3; unreachable: n2 (see its output above)"
+    )
+
+
+def _script_command(tmp_path: Path, body: str) -> PlaybookCommand:
+    script = tmp_path / "fake-ansible"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return PlaybookCommand(
+        argv=[str(script)], env=dict(os.environ), playbook=tmp_path / "p.yml", hosts=("n1",)
+    )
+
+
+def test_run_streams_output_as_it_comes_and_keeps_the_recap(tmp_path: Path) -> None:
+    body = (
+        "printf 'PLAY [x]\\n'\n"
+        + "".join(
+            f"printf '%s\\n' {shlex.quote(line)}\n" for line in RECAP_OUTPUT.decode().splitlines()
+        )
+        + "exit 4\n"
+    )
+    chunks: list[bytes] = []
+    run = run_playbook(_script_command(tmp_path, body), chunks.append, timeout=60)
+    assert b"".join(chunks).startswith(b"PLAY [x]\n")
+    assert run.returncode == 4
+    assert run.recap["n2"]["unreachable"] == 1
+
+
+def test_run_past_its_timeout_stops_the_process(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    cmd = _script_command(tmp_path, f"echo $$ > {pidfile}\nexec sleep 60\n")
+    with pytest.raises(ProvisionError, match=r"still running after 0\.5s") as err:
+        run_playbook(cmd, lambda _: None, timeout=0.5)
+    assert err.value.exit_code == 1
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_success_is_no_error() -> None:
@@ -272,3 +338,18 @@ def test_cli_unknown_playbook_is_a_usage_error(tmp_path: Path, fake_path: dict[s
     r = run_cli("provision", "nope", "-i", str(inv), env={**os.environ, **fake_path})
     assert r.returncode == 2
     assert r.stderr.startswith("fleetctl: error: playbook not found: nope (shipped playbooks:")
+
+
+@pytest.mark.parametrize("name", ["example.yml", "example.ini"])
+def test_the_example_inventory_gives_ansible_its_known_hosts_file(
+    name: str, fake_path: dict[str, str]
+) -> None:
+    inv = REPO / "inventories" / name
+    env = {**fake_path, "FLEETCTL_SSH_CONFIG": "/dev/null"}
+    with playbook_command("bootstrap", inv, environ=env) as cmd:
+        assert cmd.hosts == ("gpu01", "gpu02", "gpu03", "gpu04")
+        assert common_args(cmd.argv) == [
+            "-F", "/dev/null",
+            "-o", "UserKnownHostsFile=" + os.path.expanduser("~/.ssh/known_hosts.fleet"),
+            "-o", "StrictHostKeyChecking=yes",
+        ]  # fmt: skip

@@ -1,0 +1,462 @@
+"""Coming back to jobs: ``fleetctl runs``, ``status``, ``logs``, ``stop``, ``collect``.
+
+All of them find a job by id (a unique prefix is enough) in ``--runs-dir`` and reach its nodes
+through the run folder's ``connect.json``; the work is in ``fleetctl.lifecycle``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any
+
+import click
+
+from fleetctl.cli import cli
+from fleetctl.errors import JobFailed
+
+runs_dir_option = click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False),
+    default="fleet-runs",
+    show_default=True,
+    help="Where run folders are.",
+)
+
+
+def _fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+@cli.command("runs")
+@runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def runs_command(runs_dir: str, as_json: bool) -> None:
+    """List jobs from the run folders, oldest first."""
+    from fleetctl.lifecycle import list_records
+
+    records = list_records(runs_dir)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        return
+    if not records:
+        click.echo(f"no jobs in {runs_dir}", err=True)
+        return
+    rows = [("JOB", "LAUNCHER", "NODES", "STATUS", "STARTED", "DURATION", "FIRST FAILURE")]
+    for r in records:
+        status = r.status + (f" (attempt {r.attempts})" if r.attempts > 1 else "")
+        rows.append(
+            (
+                r.job_id,
+                r.launcher or "-",
+                str(r.nodes),
+                status,
+                (r.started or "-").replace("T", " ")[:19],
+                _fmt_duration(r.duration),
+                r.first_failure or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+        click.echo("  ".join([*cells, row[-1]]).rstrip())
+
+
+@cli.command("status")
+@runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("job")
+def status_command(runs_dir: str, as_json: bool, job: str) -> None:
+    """Per-node state of JOB (asks the node supervisors while it may be running)."""
+    from fleetctl.lifecycle import JobHandle
+
+    with JobHandle(runs_dir, job) as h:
+        states = h.status()
+        data: dict[str, Any] = {
+            "job_id": h.job_id,
+            "status": h.job.get("status"),
+            "detached": bool(h.job.get("detached")),
+            "live": h.live,
+            "folder": str(h.folder.path),
+            "nodes": [s.to_dict() for s in states],
+        }
+        if h.live:
+            running = [s for s in states if s.state == "running" or s.processes]
+            data["running_nodes"] = len(running)
+            if not running:
+                data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(
+        f"job {data['job_id']}: {data['status']}"
+        + (" (detached)" if data["detached"] else "")
+        + (f", {data['running_nodes']} node(s) running" if "running_nodes" in data else "")
+    )
+    for s in states:
+        how = ""
+        if s.signal is not None:
+            how = f" signal {s.signal}"
+        elif s.exit_code is not None:
+            how = f" exit {s.exit_code}"
+        procs = f" {len(s.processes)} process(es)" if s.processes else ""
+        err = f" ({s.error})" if s.error else ""
+        click.echo(f"  [{s.rank} {s.host}] {s.state}{how}{procs}{err}")
+    if data.get("hint"):
+        click.echo(data["hint"], err=True)
+
+
+@cli.command("logs")
+@runs_dir_option
+@click.option("--node", "node", default=None, metavar="RANK|HOST", help="Only this node.")
+@click.option("-f", "--follow", is_flag=True, help="Stream live logs until the job ends.")
+@click.option(
+    "-n", "--lines", type=click.IntRange(min=0), default=None, help="Only the last N lines."
+)
+@click.argument("job")
+def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | None, job: str):
+    """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
+    from fleetctl import render
+    from fleetctl.job import JobEvent
+    from fleetctl.lifecycle import JobHandle
+
+    live = render.LiveLog(tail="all")
+
+    def show(rank: int, host: str, text: str) -> None:
+        live(JobEvent("line", text, rank, host))
+
+    with JobHandle(runs_dir, job) as h:
+        chosen = h.select(node)
+        missing = []
+        if not follow:
+            for rank, host in chosen:
+                path = h.collected_log(rank, host)
+                if path is None:
+                    missing.append((rank, host))
+                    continue
+                text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+                for line in text[-lines:] if lines is not None else text:
+                    show(rank, host, line)
+            if not missing:
+                return
+            if not h.live:
+                names = ", ".join(f"{r} {hh}" for r, hh in missing)
+                click.echo(f"fleetctl: no collected logs for node(s) {names}", err=True)
+                return
+        try:
+            errors = h.follow(missing or chosen, show, follow=follow, lines=lines)
+        except KeyboardInterrupt:
+            return
+        for rank, err in sorted(errors.items()):
+            if err:
+                click.echo(f"fleetctl: [{rank}] logs: {err}", err=True)
+
+
+@cli.command("stop")
+@runs_dir_option
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.option("--no-collect", is_flag=True, help="Do not bring the logs home afterwards.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("job")
+def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
+    """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
+    from fleetctl.lifecycle import JobHandle
+
+    with JobHandle(runs_dir, job) as h:
+        click.echo(f"fleetctl: stopping job {h.job_id} on {len(h.nodes)} node(s)", err=True)
+        report = h.stop(grace)
+        results = [] if no_collect else h.collect(stopped=True)
+        h.mark_stopped(report, results)
+        data = {"job_id": h.job_id, "teardown": report.to_dict(), "status": h.job.get("status")}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        for n in report.nodes:
+            what = (
+                n.error
+                or n.skipped
+                or (f"LEFT: {n.remaining}" if n.remaining else f"stopped {len(n.found)}")
+            )
+            click.echo(f"  [{n.rank} {n.host}] {what}", err=True)
+        verdict = "verified: nothing left on any node" if report.verified else "NOT verified"
+        click.echo(f"fleetctl: job {data['job_id']} stopped; {verdict}", err=True)
+    if not report.verified:
+        raise JobFailed(f"job {data['job_id']}: teardown could not verify every node")
+
+
+@cli.command("collect")
+@runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("job")
+def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
+    """Bring JOB's node logs home into its run folder (and record how a detached job ended)."""
+    from fleetctl.lifecycle import JobHandle
+
+    with JobHandle(runs_dir, job) as h:
+        results = h.collect()
+        data = {
+            "job_id": h.job_id,
+            "status": h.job.get("status"),
+            "collected": [c.to_dict() for c in results],
+        }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for c in results:
+        what = c.error or c.skipped or f"{len(c.files)} file(s), {c.bytes} bytes"
+        click.echo(f"  [{c.rank} {c.host}] {what}", err=True)
+    click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------- `fleetctl run` lifecycle options
+
+
+def lifecycle_options(f: Any) -> Any:
+    """``fleetctl run`` options for detach, retries and role jobs (handled by LifecycleArgs)."""
+    options = [
+        click.option(
+            "--detach",
+            is_flag=True,
+            help="Start the job and return its id; it runs on under the node supervisors "
+            "(no dead-man switch). Then: logs -f, status, stop, collect.",
+        ),
+        click.option(
+            "--max-retries",
+            type=click.IntRange(0, 100),
+            default=None,
+            help="Run again after a retryable failure, up to N times (default 0; job file).",
+        ),
+        click.option(
+            "--retry-on",
+            multiple=True,
+            metavar="RULE",
+            help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | "
+            "any. Repeatable.",
+        ),
+        click.option(
+            "--no-retry-on", multiple=True, metavar="RULE", help="Never retry on RULE (wins)."
+        ),
+        click.option(
+            "--retry-backoff",
+            type=click.FloatRange(min=0),
+            default=None,
+            help="First wait between attempts in seconds (doubles, jittered, max 300).",
+        ),
+        click.option(
+            "--job",
+            "job_file",
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
+        ),
+        click.option(
+            "--env-style",
+            type=click.Choice(["fleet", "pai"]),
+            default=None,
+            help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+class LifecycleArgs:
+    """What the lifecycle options asked ``fleetctl run`` for, and the code doing it."""
+
+    def __init__(self, kw: dict[str, Any]) -> None:
+        self.detach: bool = bool(kw.get("detach"))
+        self.max_retries: int | None = kw.get("max_retries")
+        self.retry_on: tuple[str, ...] = tuple(kw.get("retry_on") or ())
+        self.no_retry_on: tuple[str, ...] = tuple(kw.get("no_retry_on") or ())
+        self.retry_backoff: float | None = kw.get("retry_backoff")
+        self.job_file: str | None = kw.get("job_file")
+        self.env_style: str | None = kw.get("env_style")
+        self.planner: Any = None
+        self.policy: Any = None
+
+    def build_policy(self, job_retry: Any = None) -> None:
+        """The retry policy from the job file's ``retry:`` and the CLI (CLI rules first)."""
+        from fleetctl.errors import UsageError
+        from fleetctl.retry import RetryPolicy
+
+        where = getattr(job_retry, "where", "") or "job file"
+        max_retries = self.max_retries
+        if max_retries is None:
+            max_retries = getattr(job_retry, "max_retries", None) or 0
+        backoff = self.retry_backoff
+        if backoff is None and job_retry is not None:
+            backoff = job_retry.backoff
+        self.policy = RetryPolicy.build(
+            max_retries=max_retries,
+            retry_on=[(r, "--retry-on") for r in self.retry_on]
+            + [(r, where) for r in getattr(job_retry, "retry_on", ())],
+            no_retry_on=[(r, "--no-retry-on") for r in self.no_retry_on]
+            + [(r, where) for r in getattr(job_retry, "no_retry_on", ())],
+            backoff=backoff,
+            backoff_max=getattr(job_retry, "backoff_max", None),
+        )
+        if self.detach and self.policy.max_retries:
+            raise UsageError("--detach and retries do not mix: nobody watches a detached job")
+
+    def apply(self, options: Any, *, inventory: str | None, limit: str | None) -> Any:
+        """RunOptions with detach, reconnect info and the role planner/policy filled in."""
+        import dataclasses
+
+        return dataclasses.replace(
+            options,
+            detach=self.detach,
+            inventory=inventory,
+            limit=limit,
+            planner=self.planner,
+            completion=None if self.planner is None else self.planner.policy,
+        )
+
+    def run(self, spec: Any, nodes: Any, options: Any, live: Any) -> Any:
+        """One run, or the attempt loop when retries are allowed; records roles.json."""
+        from fleetctl.job import JobEvent, run_job
+
+        if self.policy is None:
+            self.build_policy()
+        if not self.policy.max_retries:
+            result = run_job(spec, nodes, options, on_event=live)
+            self._record(result)
+            return result
+        from fleetctl.rolejob import run_attempts
+
+        out = run_attempts(spec, nodes, options, self.policy, on_event=live, on_result=self._record)
+        if len(out.attempts) > 1:
+            text = "; ".join(
+                f"#{a.attempt} {a.status}" + (f" ({a.ended_by})" if a.ended_by else "")
+                for a in out.attempts
+            )
+            live(JobEvent("notice", f"attempts: {text}"))
+        return out.final
+
+    def _record(self, result: Any) -> None:
+        if self.planner is not None:
+            from fleetctl.rolejob import write_roles
+
+            with contextlib.suppress(OSError):
+                write_roles(result.folder, self.planner)
+
+    def report_detached(self, result: Any) -> bool:
+        """A detached job running everywhere: print its id (stdout) and what to do next."""
+        if not (self.detach and result.detached and result.status == "running"):
+            return False
+        jid = result.job_id
+        click.echo(
+            f"fleetctl: job {jid} detached on {len(result.nodes)} node(s); follow with "
+            f"`fleetctl logs -f {jid}`, end with `fleetctl stop {jid}`",
+            err=True,
+        )
+        click.echo(jid)
+        return True
+
+    def run_role_job(
+        self,
+        *,
+        inventory: str | None,
+        limit: str | None,
+        script: str | None,
+        env: dict[str, str],
+        code_dir: str | None,
+        master_port: int,
+        backend: str | None,
+        dry_run: bool,
+        as_json: bool,
+        new_job_id: Any,
+        run: Any,
+    ) -> None:
+        """``fleetctl run --job job.yml``: lay roles out on the inventory, then run (or plan)."""
+        from datetime import datetime, timezone
+        from pathlib import Path
+
+        from fleetctl.cli.options import load_selected
+        from fleetctl.errors import UsageError
+        from fleetctl.plan import JobSpec
+        from fleetctl.rolejob import prepare_roles
+        from fleetctl.roles import load_job_file
+
+        assert self.job_file is not None
+        if script is not None:
+            raise UsageError(f"--job {self.job_file} replaces SCRIPT; got {script!r} too")
+        job = load_job_file(self.job_file)
+        if self.detach and any(r.min_succeeded is not None for r in job.roles):
+            raise UsageError(
+                f"{self.job_file}: min_succeeded needs a watching controller: no --detach"
+            )
+        inv = load_selected(inventory, limit)
+        planner = prepare_roles(job, inv.nodes, inv.groups, env_style=self.env_style)
+        if code_dir is None:
+            from fleetctl.codesync import default_code_dir
+
+            code_dir = str(default_code_dir(self.job_file))
+        for rel, where in [(r.script, r.where) for r in job.roles if r.script] + (
+            [(job.script, self.job_file)] if job.script else []
+        ):
+            if not (Path(code_dir) / str(rel)).is_file():
+                raise UsageError(f"{where}: script {rel} not found in the code dir {code_dir}")
+        now = datetime.now(timezone.utc)
+        spec = JobSpec(
+            script=Path(self.job_file).name,
+            job_id=new_job_id(now),
+            launcher=job.launcher,
+            nproc_per_node=1,
+            master_port=master_port,
+            env=env,
+            backend=backend,
+            created=now.isoformat(timespec="seconds"),
+        )
+        if dry_run:
+            plan = _dry_role_plan(planner, spec)
+            if as_json:
+                click.echo(plan.to_json())
+            else:
+                from fleetctl import render
+
+                render.print_plan(plan, inventory=inv.path)
+            return
+        self.planner = planner
+        self.build_policy(job.retry)
+        run(spec, planner.nodes, code_dir, inv.path, limit)
+
+
+def _dry_role_plan(planner: Any, spec: Any) -> Any:
+    """The role plan with the first candidate ports (no node asked: nothing runs)."""
+    from fleetctl.roles import (
+        assign_ports,
+        candidate_ports,
+        make_role_plan,
+        port_needs,
+        ports_per_host,
+    )
+
+    needs = port_needs(planner.job, planner.tasks)
+    free = {
+        h: candidate_ports(spec.job_id, h, c)
+        for h, c in ports_per_host(planner.tasks, needs).items()
+    }
+    ports = assign_ports(planner.tasks, needs, free)
+    return make_role_plan(
+        planner.job,
+        planner.tasks,
+        spec,
+        ports,
+        env_style=planner.env_style,
+        user=planner.user,
+    )

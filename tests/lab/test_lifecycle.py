@@ -1,0 +1,386 @@
+"""Job lifecycle on the 3-host lab: detach + runs/status/logs/stop, retries, task roles.
+
+Runs the real CLI (``python -m fleetctl``) as users do; plain Python scripts (no torch), so each
+job starts in a few seconds. "Nothing left" is checked on every host over SSH by job id in
+/proc (``fleetctl.infra.node_leftovers``, the testinfra helper).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.infra import node_host, node_leftovers
+from fleetctl.inventory import load_inventory
+from fleetctl.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEETCTL = [sys.executable, "-m", "fleetctl"]
+HOSTS = ("node1", "node2", "node3")
+
+TICK = """\
+import os, sys, time
+rank = os.environ["FLEET_NODE_RANK"]
+for i in range(int(sys.argv[1]) * 5):
+    print(f"tick rank={rank} i={i}", flush=True)
+    time.sleep(0.2)
+"""
+
+# Fails once on node rank 1 (marker in the host's private /tmp), then succeeds.
+FLAKY = """\
+import os, sys
+mode, marker = sys.argv[1], sys.argv[2]
+rank = int(os.environ["FLEET_NODE_RANK"])
+print(f"attempt job={os.environ['FLEET_JOB_ID']} rank={rank}", flush=True)
+if rank == 1 and not os.path.exists(marker):
+    open(marker, "w").close()
+    if mode == "nccl":
+        print("[E] ProcessGroupNCCL: NCCL timeout after 600000 ms", flush=True)
+        sys.exit(1)
+    if mode == "kill":
+        sys.exit(137)
+    raise ValueError("a bug in user code")
+print(f"ok rank={rank}", flush=True)
+"""
+
+SERVER = """\
+import os, socket
+port = int(os.environ["FLEET_PORT_http"])
+s = socket.socket()
+s.bind(("0.0.0.0", port))
+s.listen(8)
+print(f"server listening on {port}", flush=True)
+while True:
+    c, addr = s.accept()
+    msg = c.recv(1024).decode()
+    print(f"server got {msg!r}", flush=True)
+    c.sendall(f"ack {msg}".encode())
+    c.close()
+"""
+
+# Uses the OpenPAI names (--env-style pai) for the server, the fleet ones for itself.
+WORKER = """\
+import os, socket, time
+host = os.environ["PAI_HOST_IP_server_0"]
+port = int(os.environ["PAI_PORT_LIST_server_0_http"])
+me = os.environ["FLEET_ROLE"] + "_" + os.environ["FLEET_ROLE_INDEX"]
+mine = os.environ["FLEET_HOST_IP_" + me] + ":" + os.environ["FLEET_PORT_" + me + "_data"]
+for _ in range(100):
+    try:
+        c = socket.create_connection((host, port), timeout=5)
+        break
+    except OSError:
+        time.sleep(0.1)
+print(f"{me} connected to {host}:{port}", flush=True)
+c.sendall(f"{me} at {mine}".encode())
+print(f"{me} reply {c.recv(1024).decode()!r}", flush=True)
+print("env " + " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ)
+                        if k.startswith(("PAI_TASK", "PAI_CURRENT", "FLEET_ROLE"))), flush=True)
+"""
+
+JOB_YML = """\
+name: ps-demo
+env_style: pai
+roles:
+  server:
+    instances: 1
+    command: [python3, server.py]
+    ports: [http]
+  worker:
+    instances: 2
+    script: worker.py
+    ports: [data]
+    min_succeeded: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("code")
+    for name, text in (
+        ("tick.py", TICK),
+        ("flaky.py", FLAKY),
+        ("server.py", SERVER),
+        ("worker.py", WORKER),
+        ("job.yml", JOB_YML),
+    ):
+        (d / name).write_text(text)
+    return d
+
+
+def fleetctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.run(
+        [*FLEETCTL, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def run_args(lab: Lab, runs: Path, code: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "-i",
+        str(lab.inventory_path),
+        "--launcher",
+        "plain",
+        "--nproc-per-node",
+        "1",
+        "--no-check",
+        "--grace",
+        "2",
+        "--runs-dir",
+        str(runs),
+        "--code-dir",
+        str(code),
+        *extra,
+    ]
+
+
+def left_over(lab: Lab, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for node in load_inventory(str(lab.inventory_path)).nodes:
+        left = node_leftovers(node_host(node), job_id, workdir=node.workdir, python=node.python)
+        if left.processes:
+            out[node.name] = left.processes
+    return out
+
+
+def job_json(runs: Path, job_id: str) -> dict[str, Any]:
+    return json.loads((runs / job_id / "job.json").read_text())
+
+
+def runs_json(runs: Path) -> list[dict[str, Any]]:
+    p = fleetctl("runs", "--runs-dir", str(runs), "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+# ----------------------------------------------------------------------------- detach
+
+
+def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "300"))
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    assert (runs / job_id / "connect.json").is_file(), p.stdout + p.stderr
+    try:
+        # The controller is gone, the job runs on (no dead-man switch for detached jobs).
+        time.sleep(1.0)
+        assert sorted(left_over(lab3, job_id)) == list(HOSTS)
+        [rec] = runs_json(runs)
+        assert rec["job_id"] == job_id and rec["status"] == "detached" and rec["nodes"] == 3
+
+        st = fleetctl("status", "--runs-dir", str(runs), job_id, "--json")
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        assert [n["state"] for n in status["nodes"]] == ["running"] * 3, status
+        assert all(n["detached"] and n["processes"] for n in status["nodes"])
+
+        seen = _follow_until_every_rank_ticks(runs, job_id)
+        assert {line.split("]")[0] + "]" for line in seen} == {
+            "[0 node1]",
+            "[1 node2]",
+            "[2 node3]",
+        }
+
+        stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "2")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "verified: nothing left on any node" in stop.stderr
+    finally:
+        fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    assert left_over(lab3, job_id) == {}
+    job = job_json(runs, job_id)
+    assert job["status"] == "stopped" and job["teardown"]["verified"] is True
+    assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
+    for rank, host in enumerate(HOSTS):
+        console = (runs / job_id / f"{rank}-{host}" / "console.log").read_text()
+        assert f"tick rank={rank} i=0" in console
+    [rec] = runs_json(runs)
+    assert rec["status"] == "stopped"
+    # Collected logs are now what `logs` shows, prefixed per node.
+    logs = fleetctl("logs", "--runs-dir", str(runs), job_id, "--node", "node2", "-n", "2")
+    assert logs.returncode == 0, logs.stderr
+    assert [x.split(" ")[:2] for x in logs.stdout.splitlines()] == [["[1", "node2]"]] * 2
+
+
+def _follow_until_every_rank_ticks(runs: Path, job_id: str) -> list[str]:
+    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = subprocess.Popen(
+        [*FLEETCTL, "logs", "--runs-dir", str(runs), "--follow", "-n", "1", job_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line.rstrip("\n"))
+            ticks = {ln.split("]")[0] for ln in seen if "tick rank=" in ln}
+            if len(ticks) == 3 and len(seen) >= 9:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert len({ln.split("]")[0] for ln in seen if "tick rank=" in ln}) == 3, (
+        seen,
+        proc.stderr.read() if proc.stderr else "",
+    )
+    return seen
+
+
+# ----------------------------------------------------------------------------- retries
+
+
+@pytest.mark.parametrize("mode", ["nccl", "kill"])
+def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
+    lab3: Lab, tmp_path: Path, code: Path, mode: str
+) -> None:
+    runs = tmp_path / "runs"
+    marker = f"/tmp/fleet-retry-{uuid.uuid4().hex}"
+    p = fleetctl(
+        *run_args(
+            lab3,
+            runs,
+            code,
+            "--max-retries",
+            "2",
+            "--retry-backoff",
+            "0.2",
+            str(code / "flaky.py"),
+            mode,
+            marker,
+        )
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    job_id = rec["job_id"]
+    assert rec["status"] == "succeeded" and rec["attempts"] == 2
+    attempts = json.loads((runs / job_id / "attempts.json").read_text())["attempts"]
+    assert [(a["attempt"], a["status"], a["retried"]) for a in attempts] == [
+        (1, "failed", True),
+        (2, "succeeded", False),
+    ]
+    why = "log:NCCL" if mode == "nccl" else "exit:137"
+    assert attempts[0]["decision"].startswith("retry: ") and why in attempts[0]["decision"]
+    assert attempts[0]["ended_by"].startswith("node 1 (node2)")
+    assert job_json(runs, job_id)["first_failure"]["rank"] == 1
+    second = job_json(runs, f"{job_id}.2")
+    assert second["status"] == "succeeded" and second["attempt"] == 2
+    console = (runs / f"{job_id}.2" / "1-node2" / "console.log").read_text()
+    assert f"attempt job={job_id}.2 rank=1" in console and "ok rank=1" in console
+    assert "attempt 1 failed" in p.stderr and "attempt 2 of 3" in p.stderr
+    assert left_over(lab3, job_id) == {} and left_over(lab3, f"{job_id}.2") == {}
+
+
+def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path) -> None:
+    runs = tmp_path / "runs"
+    marker = f"/tmp/fleet-retry-{uuid.uuid4().hex}"
+    p = fleetctl(
+        *run_args(
+            lab3,
+            runs,
+            code,
+            "--max-retries",
+            "2",
+            "--retry-backoff",
+            "0.2",
+            str(code / "flaky.py"),
+            "bug",
+            marker,
+        )
+    )
+    assert p.returncode == 3, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    assert rec["status"] == "failed" and rec["attempts"] == 1
+    assert "node 1 (node2): exit code 1" in rec["first_failure"]
+    attempts = json.loads((runs / rec["job_id"] / "attempts.json").read_text())["attempts"]
+    assert len(attempts) == 1 and not attempts[0]["retried"]
+    assert "not retried: " in attempts[0]["decision"] and "Traceback" in attempts[0]["decision"]
+    assert not (runs / f"{rec['job_id']}.2").exists()
+
+
+# ------------------------------------------------------------------------------- roles
+
+
+def test_a_two_role_job_ends_when_the_workers_succeed(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    p = fleetctl(
+        "run",
+        "-i",
+        str(lab3.inventory_path),
+        "--no-check",
+        "--grace",
+        "2",
+        "--runs-dir",
+        str(runs),
+        "--code-dir",
+        str(code),
+        "--job",
+        str(code / "job.yml"),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    job_id = rec["job_id"]
+    job = job_json(runs, job_id)
+    assert job["status"] == "succeeded"
+    assert [(n["host"], n["state"]) for n in job["nodes"]] == [
+        ("node1", "stopped"),  # the server never exits by itself: stopped cleanly
+        ("node2", "succeeded"),
+        ("node3", "succeeded"),
+    ]
+    assert job["teardown"]["verified"] is True
+    roles = json.loads((runs / job_id / "roles.json").read_text())
+    tasks = {(t["role"], t["index"]): t for t in roles["tasks"]}
+    http = tasks[("server", 0)]["ports"]["http"][0]
+    inv = {n.name: n for n in load_inventory(str(lab3.inventory_path)).nodes}
+    server_ip = inv["node1"].address
+    out = "\n".join(p.stdout.splitlines())
+    assert f"[0 node1] server listening on {http}" in out
+    for i, host in ((0, "node2"), (1, "node3")):
+        data = tasks[("worker", i)]["ports"]["data"][0]
+        mine = f"worker_{i} at {inv[host].address}:{data}"
+        assert f"[{i + 1} {host}] worker_{i} reply 'ack {mine}'" in out, out
+        assert f"[0 node1] server got '{mine}'" in out
+        assert f"[{i + 1} {host}] worker_{i} connected to {server_ip}:{http}" in out
+        env_line = next(x for x in out.splitlines() if x.startswith(f"[{i + 1} {host}] env "))
+        assert "PAI_CURRENT_TASK_ROLE_NAME=worker" in env_line
+        assert f"PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX={i}" in env_line
+        assert "PAI_TASK_ROLE_TASK_COUNT_worker=2" in env_line
+        assert "PAI_TASK_ROLE_LIST=server,worker" in env_line
+        assert f"FLEET_ROLE_INDEX={i}" in env_line
+    assert left_over(lab3, job_id) == {}

@@ -1,0 +1,126 @@
+"""Retry classification (exit codes, signals, lost node, log regexes; user rules over the
+defaults) and the bounded, jittered exponential backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetctl.errors import UsageError
+from fleetctl.retry import Failure, RetryPolicy, backoff_delay, parse_rule
+
+TB = (
+    "Traceback (most recent call last):",
+    '  File "train.py", line 3, in <module>',
+    "ValueError: bad input",
+)
+NCCL_TB = (
+    "Traceback (most recent call last):",
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+    "unhandled system error",
+)
+
+
+def f(kind: str = "exit", code: int | None = 1, sig: int | None = None, log=()) -> Failure:
+    return Failure(kind=kind, exit_code=code, signal=sig, log_tail=tuple(log))
+
+
+@pytest.mark.parametrize(
+    ("failure", "retry", "why"),
+    [
+        (f("lost", None), True, "retry on lost (default)"),
+        (f("signal", None, 9), True, "retry on signal:KILL (default)"),
+        (f("exit", 137), True, "retry on exit:137 (default)"),
+        (f("exit", 1, log=["[E] NCCL timeout after 600s"]), True, "log:NCCL"),
+        (f("exit", 1, log=NCCL_TB), True, "log:NCCL"),  # retry rule beats the traceback one
+        (f("exit", 1, log=["recv: Connection reset by peer"]), True, "connection reset"),
+        (f("exit", 1, log=TB), False, "no-retry on log:^Traceback"),
+        (f("exit", 1, log=["bye"]), False, "exit code 1: no retry rule matches"),
+        (f("signal", None, 15), False, "signal 15 (SIGTERM): no retry rule matches"),
+        (f("start_failed", None), False, "could not start: no retry rule matches"),
+        (f("interrupted", None), False, "interrupted: never retried"),
+    ],
+)
+def test_default_rules(failure: Failure, retry: bool, why: str) -> None:
+    d = RetryPolicy(max_retries=3).decide(failure, 1)
+    assert d.retry is retry
+    assert why in d.reason, d.reason
+
+
+def test_user_rules_come_before_the_defaults_and_no_retry_wins_among_them() -> None:
+    p = RetryPolicy.build(
+        max_retries=2,
+        retry_on=[("exit:1,2", "--retry-on"), ("log:ValueError", "job.yml:7")],
+        no_retry_on=[("log:out of memory", "--no-retry-on"), ("lost", "--no-retry-on")],
+    )
+    assert p.decide(f("exit", 1, log=["x"]), 1).retry
+    d = p.decide(f("exit", 1, log=TB), 1)  # a user rule can retry a traceback
+    assert d.retry and "exit:1,2 (--retry-on)" in d.reason
+    assert not p.decide(f("exit", 2, log=["CUDA out of memory"]), 1).retry
+    d = p.decide(f("lost", None), 1)
+    assert not d.retry and "(--no-retry-on)" in d.reason
+
+
+def test_the_budget_of_retries_is_respected() -> None:
+    p = RetryPolicy(max_retries=1)
+    assert p.decide(f("exit", 137), 1).retry
+    d = p.decide(f("exit", 137), 2)
+    assert not d.retry and "no retries left (1 allowed)" in d.reason
+    assert not RetryPolicy(max_retries=0).decide(f("lost", None), 1).retry
+
+
+def test_defaults_can_be_switched_off() -> None:
+    p = RetryPolicy(max_retries=3, defaults=False)
+    assert not p.decide(f("exit", 137), 1).retry
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("exit", "needs a value"),
+        ("exit:x", "'x' is not an exit code"),
+        ("signal:NOPE", "unknown signal"),
+        ("lost:1", "takes no value"),
+        ("log:(", "invalid regex"),
+        ("weird:1", "use exit:N"),
+    ],
+)
+def test_bad_rules_are_usage_errors(text: str, error: str) -> None:
+    with pytest.raises(UsageError, match=error):
+        parse_rule(text, "retry")
+    with pytest.raises(UsageError, match=r"^--retry-on: "):
+        RetryPolicy.build(retry_on=[(text, "--retry-on")])
+
+
+def test_signal_rules_take_names_or_numbers() -> None:
+    for text in ("signal:KILL", "signal:SIGKILL", "signal:9", "signal:sigkill"):
+        assert parse_rule(text, "retry").codes == frozenset({9})
+
+
+def test_failure_from_a_node_outcome_dict() -> None:
+    node = {"state": "failed", "exit_code": None, "signal": 9, "host": "n2", "rank": 1}
+    fl = Failure.from_node(node, [str(i) for i in range(80)])
+    assert (fl.kind, fl.signal, fl.host, fl.rank) == ("signal", 9, "n2", 1)
+    assert len(fl.log_tail) == 50 and fl.log_tail[-1] == "79"
+    assert Failure.from_node({"state": "lost"}).kind == "lost"
+
+
+@pytest.mark.parametrize(
+    ("attempt", "rand", "want"),
+    [
+        (1, 0.5, 5.0),
+        (2, 0.5, 10.0),
+        (3, 0.5, 20.0),
+        (3, 0.0, 16.0),  # -20 %
+        (3, 1.0, 24.0),  # +20 %
+        (10, 0.5, 300.0),  # capped
+        (10, 1.0, 300.0),  # jitter never exceeds the cap
+        (200, 0.5, 300.0),  # no overflow
+    ],
+)
+def test_backoff_is_exponential_jittered_and_bounded(attempt: int, rand: float, want: float):
+    assert backoff_delay(attempt, rand=rand) == want
+
+
+def test_backoff_rejects_attempt_zero() -> None:
+    with pytest.raises(ValueError):
+        backoff_delay(0)
