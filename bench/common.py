@@ -45,7 +45,9 @@ class Result:
     samples: list[float] = field(default_factory=list)
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    failed: str | None = None  # why a sample failed (the row then shows no timing)
+    failed: str | None = None  # why every sample failed (the row then shows no timing)
+    failures: int = 0  # samples that failed (their reason: first_failure)
+    first_failure: str | None = None
 
     @property
     def median(self) -> float | None:
@@ -97,18 +99,23 @@ def run_timed(
 
 
 def repeat(
-    result: Result, times: int, fn: Callable[[], float | tuple[float, dict[str, Any]]]
+    result: Result,
+    times: int,
+    fn: Callable[[], float | tuple[float, dict[str, Any]]],
+    *,
+    finish: bool = True,
 ) -> Result:
-    """Call ``fn`` ``times`` times; a failure stops the row with its reason (no partial stats)."""
+    """Call ``fn`` ``times`` times. A failed sample is counted and its reason kept (never
+    dropped silently); stats cover the samples that succeeded (see ``finish_row``)."""
     for _ in range(times):
         try:
             got = fn()
         except SampleFailed as e:
-            result.failed = str(e)
-            return result
+            _failed(result, str(e))
+            continue
         except subprocess.TimeoutExpired as e:
-            result.failed = f"timed out after {e.timeout:g}s"
-            return result
+            _failed(result, f"timed out after {e.timeout:g}s")
+            continue
         if isinstance(got, tuple):
             seconds, extra = got
             for k, v in extra.items():
@@ -116,7 +123,23 @@ def repeat(
         else:
             seconds = got
         result.samples.append(seconds)
+    return finish_row(result) if finish else result
+
+
+def finish_row(result: Result) -> Result:
+    """A row where every sample failed shows no timing; partial failures are named in notes."""
+    if result.failures and not result.samples:
+        result.failed = f"all {result.failures} samples failed: {result.first_failure}"
+    elif result.failures:
+        msg = f"{result.failures} other sample(s) FAILED: {result.first_failure}"
+        result.note = f"{result.note}; {msg}" if result.note else msg
     return result
+
+
+def _failed(result: Result, why: str) -> None:
+    result.failures += 1
+    if result.first_failure is None:
+        result.first_failure = why
 
 
 def tail(text: str, lines: int = 3) -> str:

@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import PY, Result, SampleFailed, Timed, fleetctl_argv, repeat, run_timed, tail
+from common import (
+    PY,
+    Result,
+    SampleFailed,
+    Timed,
+    finish_row,
+    fleetctl_argv,
+    repeat,
+    run_timed,
+    tail,
+)
 
 from fleetctl.nodeset import fold
 
@@ -188,9 +198,10 @@ class FanoutBench:
                         fn()
             for _ in range(repeats):
                 for name, fn in runners.items():
-                    if rows[name].failed is None:
-                        repeat(rows[name], 1, fn)
-            results.extend(rows.values())
+                    row = rows[name]
+                    if not (row.failures >= 2 and not row.samples):  # broken: stop trying
+                        repeat(row, 1, fn, finish=False)
+            results.extend(finish_row(r) for r in rows.values())
             results.append(self.open_floor(n, repeats))
         return results
 

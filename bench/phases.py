@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import Result, SampleFailed, fleetctl_argv, repeat, run_timed, tail
+from common import Result, SampleFailed, finish_row, fleetctl_argv, repeat, run_timed, tail
 
 FAIL_SCRIPT = """
 import os, subprocess, sys, time
@@ -211,6 +211,7 @@ class PhaseBench:
             "maxrss_mb": rusage.ru_maxrss / 1024,
             "hwm_mb": hwm[0] / 1024,
             "stderr": "".join(err_chunks),
+            "why": _why("".join(err_chunks), folder),
         }
 
     # -- 2. teardown ----------------------------------------------------------------------
@@ -222,7 +223,7 @@ class PhaseBench:
         def once() -> tuple[float, dict]:
             r = self.run_job(n, FAIL_SCRIPT, [delay], name="teardown")
             if r["rc"] != 3:
-                raise SampleFailed(f"expected exit 3, got {r['rc']}: {tail(r['stderr'])}")
+                raise SampleFailed(f"expected exit 3, got {r['rc']}: {r['why']}")
             console = next(r["folder"].glob("1-*/console.log"), None)
             m = re.search(r"FAIL_AT (\d+\.\d+)", console.read_text()) if console else None
             if m is None:
@@ -233,7 +234,7 @@ class PhaseBench:
                 t for t, k, text in r["events"] if k == "teardown" and text.startswith("verified")
             ]
             if not verified:
-                raise SampleFailed("teardown not verified: " + tail(r["stderr"]))
+                raise SampleFailed("teardown not verified: " + r["why"])
             td = r["job"]["teardown"] or {}
             return verified[0] - fail_at, {
                 "exit → failure seen s": seen - fail_at,
@@ -280,14 +281,14 @@ class PhaseBench:
                 if cut:
                     self.lab.heal_link(victim)
             if "t" not in cut:
-                raise SampleFailed(f"the job never had every rank running: {tail(r['stderr'])}")
+                raise SampleFailed(f"the job never had every rank running: {r['why']}")
             lost = [t for t, k, text in r["events"] if k == "lost"]
             stopping = [
                 t for t, k, text in r["events"] if k == "teardown" and text.startswith("stopping")
             ]
             td = r["job"]["teardown"] or {}
             if not lost or not stopping or not td:
-                raise SampleFailed(f"no lost/teardown events (exit {r['rc']}): {tail(r['stderr'])}")
+                raise SampleFailed(f"no lost/teardown events (exit {r['rc']}): {r['why']}")
             finished = stopping[0] + float(td["seconds"])
             return finished - cut["t"], {
                 "cut → lost detected s": lost[0] - cut["t"],
@@ -399,11 +400,11 @@ class PhaseBench:
         reps = repeats if self.quick else min(repeats, 3)
         for _ in range(reps):
             _write_random(big, mb)
-            repeat(rows["fleetctl"], 1, lambda: fleet_push("--code", str(code)))
-            repeat(rows["rsync"], 1, par_rsync)
+            repeat(rows["fleetctl"], 1, lambda: fleet_push("--code", str(code)), finish=False)
+            repeat(rows["rsync"], 1, par_rsync, finish=False)
         for r in rows.values():
-            r.note = f"{reps} samples (each a new {mb} MB file)"
-        out.extend(rows.values())
+            r.note = f"each sample a new {mb} MB file"
+        out.extend(finish_row(r) for r in rows.values())
         big.unlink()
 
         # env archive distribution
@@ -426,12 +427,17 @@ class PhaseBench:
         }
         for _ in range(repeats):
             clear_envs()
-            repeat(rows["fleetctl"], 1, lambda: fleet_push("--no-code", "--env", str(archive)))
+            repeat(
+                rows["fleetctl"],
+                1,
+                lambda: fleet_push("--no-code", "--env", str(archive)),
+                finish=False,
+            )
             clear_envs()
-            repeat(rows["scp"], 1, lambda: par_scp(archive))
+            repeat(rows["scp"], 1, lambda: par_scp(archive), finish=False)
         clear_envs()
         rows["fleetctl"].note = "fleetctl unpacks and verifies the env too; scp only copies"
-        out.extend(rows.values())
+        out.extend(finish_row(r) for r in rows.values())
         return out
 
     def env_archive(self, noise_mb: int) -> Path:
@@ -459,13 +465,14 @@ class PhaseBench:
                 stdout_path=stream,
                 timeout=300,
             )
-            if r["rc"] != 0:
-                raise SampleFailed(f"exit {r['rc']}: {tail(r['stderr'])}")
+            if r["rc"] != 0:  # still count the lines: losing them is what this measures
+                failures.append(f"fleetctl run exit {r['rc']}: {r['why']}")
             streamed = _lines_in(stream)
             collected: set[tuple[int, int]] = set()
-            for log in r["folder"].glob("*/console.log"):
+            for log in r["folder"].glob("*/console*.log"):  # collected, else what streamed
                 collected |= _lines_in(log)
             return r["wall"], {
+                "fleetctl exit code": r["rc"],
                 "lines expected": len(expected),
                 "lost in live stream": len(expected - streamed),
                 "lost in collected logs": len(expected - collected),
@@ -473,8 +480,12 @@ class PhaseBench:
                 "fleetctl peak RSS MB": r["hwm_mb"],
             }
 
+        failures: list[str] = []
+        repeat(row, repeats, once)
         row.note = "time column = whole `fleetctl run` wall time"
-        return [repeat(row, repeats, once)]
+        if failures:
+            row.note += f"; {len(failures)} run(s) did not exit 0, first: {failures[0]}"
+        return [row]
 
     # -- 6. pipeline ----------------------------------------------------------------------
     def pipeline(self, repeats: int) -> list[Result]:
@@ -487,7 +498,7 @@ class PhaseBench:
         def once() -> tuple[float, dict]:
             r = self.run_job(n, NOOP_SCRIPT, [], name="pipeline")
             if r["rc"] != 0:
-                raise SampleFailed(f"exit {r['rc']}: {tail(r['stderr'])}")
+                raise SampleFailed(f"exit {r['rc']}: {r['why']}")
             ev = r["events"]
 
             def first(kind: str, prefix: str = "") -> float | None:
@@ -516,6 +527,15 @@ class PhaseBench:
             "teardown verify; collect→done: log collection; done→end: exit"
         )
         return [repeat(row, repeats, once)]
+
+
+def _why(stderr: str, folder: Path) -> str:
+    """fleetctl's last words plus the last events of the run: enough to see what went wrong."""
+    try:
+        ev = (folder / "events.log").read_text().splitlines()[-4:]
+    except OSError:
+        ev = []
+    return f"{tail(stderr)} / events: " + " | ".join(x[11:] for x in ev)
 
 
 def _poll_hwm(pid: int, out: list[int]) -> None:

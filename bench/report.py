@@ -260,7 +260,13 @@ def write_report(
         "",
         "The lab: one network namespace per host with its own sshd (ed25519 host key, key-only "
         "auth) on a bridge of this machine; controller, every sshd and every remote shell share "
-        "the CPUs above.",
+        "the CPUs above, and so does whatever else ran on the machine meanwhile (see the load "
+        "averages): compare rows of one run, not runs of different days.",
+        "",
+        "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
+        "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
+        "push, logs, pipeline). Raw results: the `.json` next to this file; "
+        "`--render docs/benchmarks.json` rewrites this page from them without measuring.",
         "",
     ]
     measure_of = {

@@ -10,7 +10,9 @@ command that fixes it. ``LocalConnection`` runs the same commands on this machin
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import select
 import shlex
 import socket
@@ -18,7 +20,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
 
 Command = str | Sequence[str]
+
+SFTP_IDLE_TIMEOUT = 30.0  # an SFTP request unanswered this long means the link is gone
 
 
 def to_shell(command: Command) -> str:
@@ -196,22 +200,31 @@ class LocalConnection(Connection):
         line = to_shell(command)
         try:
             proc = subprocess.run(
-                ["/bin/sh", "-c", line], input=stdin, capture_output=True, timeout=timeout,
+                ["/bin/sh", "-c", line],
+                input=stdin,
+                capture_output=True,
+                timeout=timeout,
                 stdin=None if stdin is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as e:
             raise RemoteCommandError(
-                self.node.label, line, None, f"{self.node.label}: `{line}` timed out after {timeout:g}s"
+                self.node.label,
+                line,
+                None,
+                f"{self.node.label}: `{line}` timed out after {timeout:g}s",
             ) from e
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        result = CommandResult(line, code, proc.stdout.decode(errors="replace"),
-                               proc.stderr.decode(errors="replace"))
+        result = CommandResult(
+            line, code, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+        )
         return self._checked(command, result, check)
 
     def start(self, command: Command) -> Stream:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", to_shell(command)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            ["/bin/sh", "-c", to_shell(command)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         return _LocalStream(proc)
 
@@ -300,8 +313,7 @@ class SSHConnection(Connection):
         self.client: paramiko.SSHClient = self._fabric.client
 
     # -- connecting -------------------------------------------------------------------------
-    def _connect(self):  # noqa: ANN202 - fabric.Connection
-        import paramiko
+    def _connect(self):
         from fabric import Config
         from fabric import Connection as FabricConnection
 
@@ -318,38 +330,80 @@ class SSHConnection(Connection):
             "auth_timeout": st.connect_timeout,
         }
         if node.key_file:
-            kwargs["key_filename"] = [os.path.expanduser(node.key_file)]
+            key = os.path.expanduser(node.key_file)
+            if not os.path.isfile(key):
+                raise ConnectError(node.label, f"private key file {key} not found")
+            kwargs["key_filename"] = [key]
             kwargs["look_for_keys"] = False
         conn = FabricConnection(
-            host=node.address, user=node.user, port=node.port if node.port != 22 else None,
-            config=config, connect_timeout=st.connect_timeout, connect_kwargs=kwargs,
+            host=node.address,
+            user=node.user,
+            port=node.port if node.port != 22 else None,
+            config=config,
+            connect_timeout=st.connect_timeout,
+            connect_kwargs=kwargs,
         )
-        client = conn.client
-        # fabric installs AutoAddPolicy and loads ~/.ssh/known_hosts; we verify strictly.
-        client._host_keys = paramiko.HostKeys()  # noqa: SLF001 - drop fabric's implicit file
-        client._system_host_keys = paramiko.HostKeys()  # noqa: SLF001
         known_hosts = st.known_hosts_for(node)
+        # fabric builds one Connection per ProxyJump hop from ssh_config, each with AutoAddPolicy,
+        # fabric's own connect kwargs and no timeout: verify and bound every hop like the target.
+        hops = [conn]
+        while isinstance(hops[-1].gateway, FabricConnection):
+            hops.append(hops[-1].gateway)
+        for hop in hops:
+            self._strict_host_keys(hop.client, known_hosts)
+            hop.connect_timeout = st.connect_timeout  # fabric int()s it: 0.5 would mean no limit
+            # Like OpenSSH, skip IdentityFile entries that do not exist (paramiko would abort the
+            # whole login with FileNotFoundError at the first missing one).
+            keys = [
+                k
+                for k in hop.connect_kwargs.get("key_filename") or []
+                if os.path.isfile(os.path.expanduser(k))
+            ]
+            hop.connect_kwargs = {
+                k: v for k, v in hop.connect_kwargs.items() if k != "key_filename"
+            }
+            if keys:
+                hop.connect_kwargs["key_filename"] = keys
+        for gw in hops[1:]:  # keys: the hop's own IdentityFile (fabric merged it), not the node's
+            gw.connect_kwargs = {
+                **gw.connect_kwargs,
+                "allow_agent": kwargs["allow_agent"],
+                "banner_timeout": st.connect_timeout,
+                "auth_timeout": st.connect_timeout,
+                "channel_timeout": st.connect_timeout,  # the direct-tcpip open to the next hop
+            }
+        try:
+            conn.open()
+        except BaseException as e:
+            _close_hops(conn)
+            raise self._translate(e, conn, known_hosts) from e
+        transport = conn.client.get_transport()
+        if transport is not None and st.keepalive:
+            transport.set_keepalive(max(1, int(st.keepalive)))
+        if transport is not None:
+            _record_exit_signals(transport)
+        return conn
+
+    def _strict_host_keys(self, client: paramiko.SSHClient, known_hosts: str) -> None:
+        """Only known_hosts decides (fabric installs AutoAddPolicy); accept-new records, never
+        replaces."""
+        import paramiko
+
+        client._host_keys = paramiko.HostKeys()
+        client._system_host_keys = paramiko.HostKeys()
         if os.path.exists(known_hosts):
             try:
                 client.load_host_keys(known_hosts)
             except (OSError, paramiko.SSHException) as e:
-                raise ConnectError(node.label, f"cannot read known_hosts {known_hosts}: {e}") from e
-        elif st.accept_new:
-            client._host_keys_filename = known_hosts  # noqa: SLF001
-        if st.accept_new:
+                raise ConnectError(
+                    self.node.label, f"cannot read known_hosts {known_hosts}: {e}"
+                ) from e
+        elif self.settings.accept_new:
+            client._host_keys_filename = known_hosts
+        if self.settings.accept_new:
             client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        try:
-            conn.open()
-        except BaseException as e:
-            with contextlib.suppress(Exception):
-                conn.close()
-            raise self._translate(e, conn, known_hosts) from e
-        transport = client.get_transport()
-        if transport is not None and st.keepalive:
-            transport.set_keepalive(max(1, int(st.keepalive)))
-        return conn
 
     def _translate(self, e: BaseException, conn: object, known_hosts: str) -> BaseException:
         import paramiko
@@ -358,21 +412,45 @@ class SSHConnection(Connection):
         host, port = getattr(conn, "host", node.address), getattr(conn, "port", node.port)
         where = f"{host}:{port}"
         key_name = host if port == 22 else f"[{host}]:{port}"
+        gateway = getattr(conn, "gateway", None)
+        if gateway is not None and hasattr(gateway, "host"):
+            where += f" (via {gateway.host}:{gateway.port})"
+        # Which hop's key was refused: paramiko names it; it is a ProxyJump hop unless it is ours.
+        named = getattr(e, "hostname", None)
+        if named is None and isinstance(e, paramiko.SSHException):
+            m = re.search(r"Server '(.+)' not found in known_hosts", str(e))
+            named = m.group(1) if m else None
+        if named and named != key_name:
+            key_name = named
+            host, _, p = named[1:].partition("]:") if named.startswith("[") else (named, "", "22")
+            port = int(p)
+            where = f"jump host {host}:{port}"
         if isinstance(e, paramiko.BadHostKeyException):
             return HostKeyError(
-                node.label, f"host key for {where} CHANGED (got {e.key.get_name()} "
+                node.label,
+                f"host key for {where} CHANGED (got {e.key.get_name()} "
                 f"{e.key.fingerprint}), refusing to connect",
                 hint=f"if the host was reinstalled: ssh-keygen -f {known_hosts} -R '{key_name}'",
             )
         if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
             return HostKeyError(
-                node.label, f"host key for {where} is unknown (not in {known_hosts}), refusing",
+                node.label,
+                f"host key for {where} is unknown (not in {known_hosts}), refusing",
                 hint=f"verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}"
                 " (or pass --accept-new)",
             )
         if isinstance(e, paramiko.PasswordRequiredException):
-            return ConnectError(node.label, f"private key for {where} needs a passphrase; "
-                                "load it into ssh-agent (batch mode never prompts)")
+            return ConnectError(
+                node.label,
+                f"private key for {where} needs a passphrase; "
+                "load it into ssh-agent (batch mode never prompts)",
+            )
+        if isinstance(e, paramiko.SSHException) and "No authentication methods" in str(e):
+            return ConnectError(
+                node.label,
+                f"authentication failed for {conn.user}@{where}: no key to offer "  # type: ignore[attr-defined]
+                "(no key file, no ssh-agent key, no IdentityFile that exists)",
+            )
         if isinstance(e, paramiko.AuthenticationException):
             return ConnectError(node.label, f"authentication failed for {conn.user}@{where}: {e}")  # type: ignore[attr-defined]
         if isinstance(e, socket.gaierror):
@@ -380,12 +458,16 @@ class SSHConnection(Connection):
         if isinstance(e, UnicodeError):  # not a valid DNS name (empty or >63-char label)
             return ConnectError(node.label, f"cannot resolve host name {host!r}: invalid name")
         if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+            # paramiko folds "no route to host" (nobody answers ARP: host down) into this too
+            if any(x.errno == errno.EHOSTUNREACH for x in e.errors.values()):
+                return ConnectError(node.label, f"no route to {where} (host unreachable)")
             return ConnectError(node.label, f"connection refused by {where}")
         if isinstance(e, ConnectionRefusedError):
             return ConnectError(node.label, f"connection refused by {where}")
         if isinstance(e, (socket.timeout, TimeoutError)):
             return ConnectError(
-                node.label, f"timed out after {self.settings.connect_timeout:g}s connecting to {where}"
+                node.label,
+                f"timed out after {self.settings.connect_timeout:g}s connecting to {where}",
             )
         if isinstance(e, OSError):
             return ConnectError(node.label, f"cannot connect to {where}: {e.strerror or e}")
@@ -410,11 +492,28 @@ class SSHConnection(Connection):
         ch = self._channel()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
+        timed_out = RemoteCommandError(
+            self.node.label,
+            line,
+            None,
+            f"{self.node.label}: `{_short(line)}` timed out after {timeout:g}s",
+        )
+        # exec_command waits for the server's reply and sendall for window space, both without
+        # a limit (a lost link, stdin nobody reads): closing the channel at the deadline wakes them.
+        expired = threading.Event()
+        watchdog = threading.Timer(timeout, lambda: (expired.set(), ch.close()))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            ch.exec_command(line)
-            if stdin is not None:
-                ch.sendall(stdin)
-            ch.shutdown_write()
+            try:
+                ch.exec_command(line)
+                if stdin is not None:
+                    ch.sendall(stdin)
+                ch.shutdown_write()
+            except (OSError, EOFError, _paramiko_errors()) as e:
+                if expired.is_set():
+                    raise timed_out from e
+                raise ConnectError(self.node.label, f"SSH channel failed: {e}") from e
             while True:
                 if ch.recv_ready():
                     out += ch.recv(65536)
@@ -422,15 +521,16 @@ class SSHConnection(Connection):
                 if ch.recv_stderr_ready():
                     err += ch.recv_stderr(65536)
                     continue
-                if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
-                    if ch.eof_received or ch.closed:
-                        break
+                if (
+                    ch.exit_status_ready()
+                    and not ch.recv_ready()
+                    and not ch.recv_stderr_ready()
+                    and (ch.eof_received or ch.closed)
+                ):
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RemoteCommandError(
-                        self.node.label, line, None,
-                        f"{self.node.label}: `{_short(line)}` timed out after {timeout:g}s",
-                    )
+                    raise timed_out
                 transport = ch.get_transport()
                 if transport is None or not transport.is_active():
                     raise ConnectError(self.node.label, "SSH connection lost during a command")
@@ -442,33 +542,75 @@ class SSHConnection(Connection):
                     ch.status_event.wait(min(left, 0.2))
                     continue
                 select.select([ch], [], [], min(left, 0.2))
+            if expired.is_set():  # the watchdog closed the channel: -1 is not the command's code
+                raise timed_out
             code = ch.recv_exit_status()
         finally:
+            watchdog.cancel()
             ch.close()
-        result = CommandResult(line, code, out.decode(errors="replace"), err.decode(errors="replace"))
+        result = CommandResult(
+            line, code, out.decode(errors="replace"), err.decode(errors="replace")
+        )
         return self._checked(command, result, check)
 
     def start(self, command: Command) -> Stream:
+        line = to_shell(command)
         ch = self._channel()
         ch.set_combine_stderr(True)
-        ch.exec_command(to_shell(command))
+        watchdog = threading.Timer(self.settings.connect_timeout, ch.close)  # as in run()
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            ch.exec_command(line)
+        except (OSError, EOFError, _paramiko_errors()) as e:
+            ch.close()
+            raise ConnectError(self.node.label, f"cannot start `{_short(line)}`: {e}") from e
+        finally:
+            watchdog.cancel()
         return _SSHStream(ch)
 
     # -- files ------------------------------------------------------------------------------
     def sftp(self) -> paramiko.SFTPClient:
         with self._sftp_lock:
             if self._sftp is None:
+                import paramiko
+
+                ch = self._channel()
+                # invoke_subsystem waits for the server without a limit (like exec_command); the
+                # channel timeout then bounds every SFTP read and write (paramiko's default: none).
+                watchdog = threading.Timer(self.settings.connect_timeout, ch.close)
+                watchdog.daemon = True
+                watchdog.start()
                 try:
-                    self._sftp = self.client.open_sftp()
+                    ch.settimeout(SFTP_IDLE_TIMEOUT)
+                    ch.invoke_subsystem("sftp")
+                    self._sftp = paramiko.SFTPClient(ch)
                 except Exception as e:
+                    ch.close()
                     raise ConnectError(self.node.label, f"cannot open SFTP: {e}") from e
+                finally:
+                    watchdog.cancel()
             return self._sftp
+
+    @contextlib.contextmanager
+    def _sftp_guard(self, what: str) -> Iterator[None]:
+        """A lost link inside an SFTP call is a ConnectError, and the session is dropped (its
+        replies would be out of step) so the next call opens a new one. File errors pass."""
+        try:
+            yield
+        except (OSError, EOFError, _paramiko_errors()) as e:
+            if isinstance(e, OSError) and e.errno is not None and not isinstance(e, TimeoutError):
+                raise  # the remote file's own error (ENOENT, EACCES, ...)
+            with contextlib.suppress(Exception):
+                self._sftp.close()  # type: ignore[union-attr]
+            self._sftp = None
+            raise ConnectError(self.node.label, f"SFTP {what}: {e or 'no answer'}") from e
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         sftp = self.sftp()
         dest = self.expand(remote)
         tmp = dest + ".part"
-        with self._sftp_lock:
+        with self._sftp_lock, self._sftp_guard(f"put {dest}"):
             sftp.put(str(local), tmp)
             if mode is not None:
                 sftp.chmod(tmp, mode)
@@ -476,24 +618,27 @@ class SSHConnection(Connection):
 
     def get(self, remote: str, local: str | Path) -> None:
         sftp = self.sftp()
-        with self._sftp_lock:
-            sftp.get(self.expand(remote), str(local))
+        path = self.expand(remote)  # before the lock: the first expand() takes it (home)
+        with self._sftp_lock, self._sftp_guard(f"get {path}"):
+            sftp.get(path, str(local))
 
     def listdir(self, remote: str) -> list[tuple[str, bool, int]]:
         import stat
 
         sftp = self.sftp()
-        with self._sftp_lock:
-            attrs = sftp.listdir_attr(self.expand(remote))
+        path = self.expand(remote)  # before the lock: the first expand() takes it (home)
+        with self._sftp_lock, self._sftp_guard(f"listdir {path}"):
+            attrs = sftp.listdir_attr(path)
+        dirs = [stat.S_ISDIR(a.st_mode or 0) for a in attrs]  # size 0 for folders, like local
         return [
-            (a.filename, stat.S_ISDIR(a.st_mode or 0), a.st_size or 0) for a in attrs
+            (a.filename, d, 0 if d else a.st_size or 0) for a, d in zip(attrs, dirs, strict=True)
         ]
 
     @property
     def home(self) -> str:
         if self._home is None:
             sftp = self.sftp()
-            with self._sftp_lock:
+            with self._sftp_lock, self._sftp_guard("home"):
                 self._home = sftp.normalize(".")
         return self._home
 
@@ -505,15 +650,63 @@ class SSHConnection(Connection):
         with contextlib.suppress(Exception):
             if self._sftp is not None:
                 self._sftp.close()
+        _close_hops(self._fabric)
+
+
+def _close_hops(conn: object) -> None:
+    """Close a fabric connection and its ProxyJump hops (fabric's close() leaves them open)."""
+    while conn is not None and hasattr(conn, "client"):
         with contextlib.suppress(Exception):
-            self._fabric.close()
+            conn.close()  # type: ignore[attr-defined]
+        conn = getattr(conn, "gateway", None)
+
+
+def _record_exit_signals(transport: paramiko.Transport) -> None:
+    """A command killed by signal N gets exit code 128+N (like LocalConnection and a shell).
+
+    sshd reports it as "exit-signal" with no "exit-status"; paramiko ignores that request, so
+    recv_exit_status() would say -1. Its channel handlers are a class-level table: this
+    transport gets its own copy with a request handler that records the signal first.
+    """
+    import signal
+
+    from paramiko.common import MSG_CHANNEL_REQUEST
+
+    table = getattr(type(transport), "_channel_handler_table", None)
+    if not isinstance(table, dict) or MSG_CHANNEL_REQUEST not in table:
+        return  # a paramiko without this table: keep its behaviour
+    base = table[MSG_CHANNEL_REQUEST]
+
+    def handle(chan: paramiko.Channel, m: paramiko.Message) -> None:
+        pos = m.packet.tell()
+        try:
+            if m.get_text() == "exit-signal":
+                m.get_boolean()  # want_reply
+                name = m.get_text()
+                sig = getattr(signal.Signals, f"SIG{name}", None)
+                if sig is not None and chan.exit_status == -1:
+                    chan.exit_status = 128 + int(sig)
+                    chan.status_event.set()
+        except Exception:  # a malformed request: leave it to paramiko
+            pass
+        m.packet.seek(pos)
+        base(chan, m)
+
+    transport._channel_handler_table = {**table, MSG_CHANNEL_REQUEST: handle}
+
+
+def _paramiko_errors() -> type[Exception]:
+    """paramiko's exception root, imported lazily like the rest of paramiko."""
+    import paramiko
+
+    return paramiko.SSHException
 
 
 def _short(line: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _accept_new_policy_base():  # noqa: ANN202
+def _accept_new_policy_base():
     import paramiko
 
     return paramiko.MissingHostKeyPolicy
@@ -525,7 +718,7 @@ class _AcceptNewPolicy(_accept_new_policy_base()):  # type: ignore[misc]
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def missing_host_key(self, client, hostname, key) -> None:  # noqa: ANN001
+    def missing_host_key(self, client, hostname, key) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:

@@ -34,7 +34,10 @@ class Fleet:
     """The selected nodes and their open connections, in rank order. Use as a context manager."""
 
     def __init__(
-        self, nodes: Sequence[Node], settings: SSHSettings | None = None, *,
+        self,
+        nodes: Sequence[Node],
+        settings: SSHSettings | None = None,
+        *,
         fanout: int = DEFAULT_FANOUT,
     ) -> None:
         self.nodes: tuple[Node, ...] = tuple(nodes)
@@ -47,14 +50,16 @@ class Fleet:
     # -- connections ------------------------------------------------------------------------
     def connect(self, nodes: Iterable[Node] | None = None) -> FleetResult[Connection]:
         """Open (or reuse) a connection to each node; failures are kept per node, not raised."""
-        todo = [n for n in (nodes or self.nodes) if n.name not in self._conns]
+        selected = list(self.nodes if nodes is None else nodes)  # [] means none, not all
+        todo = [n for n in selected if n.name not in self._conns]
         # Connecting is handshake-bound: run them all at once, up to the fan-out bound.
-        self._fan(todo, self._open, timeout=self.settings.connect_timeout * 2 + 5,
-                  width=self.fanout)
-        return FleetResult({
-            n.name: self._conns.get(n.name) or self._errors.get(n.name) or Cancelled(n.name)
-            for n in (nodes or self.nodes)
-        })
+        opened = self._fan(
+            todo, self._open, timeout=self.settings.connect_timeout * 2 + 5, width=self.fanout
+        )
+        # A connect still running at the deadline is a NodeTimeout (a failure), not Cancelled.
+        return FleetResult(
+            {n.name: opened[n.name] if n.name in opened else self._conns[n.name] for n in selected}
+        )
 
     def _open(self, node: Node) -> Connection:
         try:
@@ -94,33 +99,62 @@ class Fleet:
 
     # -- fan-out ----------------------------------------------------------------------------
     def map(
-        self, fn: Callable[[Node, Connection], T], *, timeout: float,
-        nodes: Iterable[Node] | None = None, fail_fast: bool = False, width: int | None = None,
+        self,
+        fn: Callable[[Node, Connection], T],
+        *,
+        timeout: float,
+        nodes: Iterable[Node] | None = None,
+        fail_fast: bool = False,
+        width: int | None = None,
     ) -> FleetResult[T]:
         """Run ``fn(node, connection)`` on every node in parallel; keep each node's outcome.
 
         Nodes that could not be connected get their connect error. With ``fail_fast``, work not
         yet started when a node fails is recorded as ``Cancelled``.
         """
-        selected = list(nodes or self.nodes)
+        selected = list(self.nodes if nodes is None else nodes)  # [] means none, not all
 
         def work(node: Node) -> T:
             return fn(node, self.connection(node))
 
-        return self._fan(selected, work, timeout=timeout, width=width or self.fanout,
-                         fail_fast=fail_fast)
+        return self._fan(
+            selected, work, timeout=timeout, width=width or self.fanout, fail_fast=fail_fast
+        )
 
     def _fan(
-        self, nodes: list[Node], fn: Callable[[Node], T], *, timeout: float, width: int,
+        self,
+        nodes: list[Node],
+        fn: Callable[[Node], T],
+        *,
+        timeout: float,
+        width: int,
         fail_fast: bool = False,
     ) -> FleetResult[T]:
         outcomes: dict[str, T | BaseException] = {n.name: Cancelled(n.name) for n in nodes}
         if not nodes:
             return FleetResult(outcomes)
-        pool = cf.ThreadPoolExecutor(max_workers=min(width, len(nodes)),
-                                     thread_name_prefix="fleet")
+        pool = cf.ThreadPoolExecutor(max_workers=min(width, len(nodes)), thread_name_prefix="fleet")
+        # Checked by each worker before it starts a node: a free worker takes the next queued node
+        # before this thread can cancel() it, so cancel() alone lets work start after a failure.
+        stop = threading.Event()
+
+        def guarded(node: Node) -> T:
+            if stop.is_set():
+                raise Cancelled(node.name)
+            try:
+                return fn(node)
+            except BaseException:
+                if fail_fast:
+                    stop.set()
+                raise
+
+        def settle(fut: cf.Future[T]) -> None:
+            if not fut.cancelled():  # a cancelled one never started: it stays Cancelled
+                exc = fut.exception()
+                outcomes[futures[fut].name] = exc if exc is not None else fut.result()
+
         try:
-            futures = {pool.submit(fn, n): n for n in nodes}
+            futures = {pool.submit(guarded, n): n for n in nodes}
             deadline = time.monotonic() + timeout
             pending = set(futures)
             while pending:
@@ -129,19 +163,20 @@ class Fleet:
                     break
                 done, pending = cf.wait(pending, timeout=left, return_when=cf.FIRST_EXCEPTION)
                 for fut in done:
-                    node = futures[fut]
-                    exc = fut.exception()
-                    outcomes[node.name] = exc if exc is not None else fut.result()
-                    if exc is not None and fail_fast:
-                        for other in pending:
-                            other.cancel()
+                    settle(fut)
+                if stop.is_set():
+                    for other in pending:
+                        other.cancel()
             for fut in pending:
-                if not fut.cancelled() and not fut.done():
+                if fut.done():  # finished between the last wait and the deadline
+                    settle(fut)
+                else:
                     node = futures[fut]
                     outcomes[node.name] = NodeTimeout(
                         f"{node.label}: no answer within {timeout:g}s"
                     )
         finally:
+            stop.set()  # queued work must not start after we returned
             pool.shutdown(wait=False, cancel_futures=True)
         return FleetResult({n.name: outcomes[n.name] for n in nodes})
 

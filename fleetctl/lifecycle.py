@@ -107,7 +107,10 @@ def load_nodes(folder: RunFolder) -> list[Node]:
             return nodes
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise RunFolderError(f"{path}: unreadable: {e}") from e
-    plan = folder.load_plan()
+    try:
+        plan = folder.load_plan()
+    except RunFolderError:
+        return []  # never launched: nothing to reach
     return [
         Node(
             name=n["host"],
@@ -535,7 +538,8 @@ class JobHandle:
 
         ensure_supervisor(self.fleet, self.nodes)
         results = collect(self.fleet, self.plan, self.folder.path, pythons=self.pythons())
-        self._finalise(results, stopped=stopped)
+        if not stopped:  # after a stop, mark_stopped finalises with the teardown's verdict
+            self._finalise(results)
         return results
 
     def _event(self, text: str) -> None:
@@ -582,6 +586,8 @@ class JobHandle:
             for node in nodes:
                 if node.get("state") in ("running", "pending"):
                     node["state"] = "stopped"
+        # A node whose record did not come back (unreachable) may still run: the job stays live.
+        still = still or any(n.get("state") in ("running", "pending") for n in nodes)
         job["nodes"] = nodes
         job["collected"] = [c.to_dict() for c in collected.values()]
         if str(job.get("status")) in LIVE_STATES and not still:
@@ -610,11 +616,14 @@ class JobHandle:
         self.job = job
 
     def mark_stopped(self, report: TeardownReport, results: Iterable[NodeCollect]) -> None:
-        """After ``stop`` + ``collect``: job.json says stopped, with the teardown report."""
-        self._finalise(results, stopped=True)
+        """After ``stop`` + ``collect``: job.json says stopped, with the teardown report.
+
+        A stop that could not verify every node leaves the job live (a later ``stop`` retries).
+        """
+        self._finalise(results, stopped=report.verified)
         job = dict(self.job)
         job["teardown"] = report.to_dict()
-        if str(job.get("status")) in LIVE_STATES:
+        if report.verified and str(job.get("status")) in LIVE_STATES:
             job["status"] = "stopped"
             job["ended"] = iso(time.time())
         self.folder.write_job(job)

@@ -199,7 +199,8 @@ def run_command(
     script_args: tuple[str, ...],
     **lifecycle: Any,
 ) -> None:
-    """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone)."""
+    """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
+    or the roles of a job file (--job)."""
     env = parse_env_vars(env_vars)
     life = LifecycleArgs(lifecycle)
 

@@ -261,6 +261,48 @@ def _follow_until_every_rank_ticks(runs: Path, job_id: str) -> list[str]:
     return seen
 
 
+def test_stop_from_another_terminal_interrupts_an_attached_run(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
+    env.pop("SSH_AUTH_SOCK", None)
+    argv = [*FLEETCTL, *run_args(lab3, runs, code, str(code / "tick.py"), "300")]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        job_id = None
+        while time.monotonic() < deadline and job_id is None:
+            time.sleep(0.3)
+            for d in runs.glob("*") if runs.is_dir() else []:
+                j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
+                if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
+                    job_id = d.name
+        assert job_id is not None, "job never ran on all 3 nodes"
+        stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "1")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert proc.returncode == 130, err
+    assert "stopped by `fleetctl stop`" in err
+    assert "FAILED FIRST" not in err and "Interrupted: job " in err
+    job = job_json(runs, job_id)
+    assert job["status"] == "interrupted" and job["first_failure"] is None
+    assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
+    assert left_over(lab3, job_id) == {}
+
+
 # ----------------------------------------------------------------------------- retries
 
 

@@ -121,3 +121,46 @@ def test_a_detached_job_is_finalised_from_the_collected_supervisor_records(tmp_p
     assert [r for r, _ in h.select("b")] == [1]
     with pytest.raises(UsageError, match="has no node 'zz'"):
         h.select("zz")
+
+
+def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_path: Path):
+    from fleetctl.cli import main
+
+    nodes = [
+        {"rank": 0, "host": "a", "state": "stopped", "signal": 15, "exit_code": None},
+        {"rank": 1, "host": "b", "state": "failed", "exit_code": 2, "signal": None},
+    ]
+    ff = {"rank": 1, "host": "b", "state": "failed", "exit_code": 2, "after": 1.5}
+    folder = _job(
+        tmp_path, "20260101-000000-cccccc", status="failed", first_failure=ff, nodes=nodes
+    )
+    for rank, host in ((0, "a"), (1, "b")):
+        d = folder.node_folder(rank, host)
+        d.mkdir()
+        (d / "console.log").write_text(f"line1 {host}\nline2 {host}\n")
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["runs", "--runs-dir", str(tmp_path), "--json"])
+    [rec] = json.loads(out.getvalue())
+    assert (
+        rec["status"] == "failed" and rec["first_failure"] == "node 1 (b): exit code 2 after 1.5 s"
+    )
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["status", "--runs-dir", str(tmp_path), "20260101", "--json"])
+    status = json.loads(out.getvalue())
+    assert status["live"] is False
+    assert [(n["host"], n["state"], n["signal"], n["exit_code"]) for n in status["nodes"]] == [
+        ("a", "stopped", 15, None),
+        ("b", "failed", None, 2),
+    ]
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["logs", "--runs-dir", str(tmp_path), "20260101", "-n", "1"])
+    assert out.getvalue().splitlines() == ["[0 a] line2 a", "[1 b] line2 b"]

@@ -124,3 +124,51 @@ def test_backoff_is_exponential_jittered_and_bounded(attempt: int, rand: float, 
 def test_backoff_rejects_attempt_zero() -> None:
     with pytest.raises(ValueError):
         backoff_delay(0)
+
+
+def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatch) -> None:
+    """run_attempts with run_job replaced by a scripted sequence of outcomes (the real loop,
+    the real policy; the lab test runs real jobs)."""
+    import json
+
+    from fleetctl import job as job_mod
+    from fleetctl.job import JobResult, NodeOutcome, RunOptions
+    from fleetctl.plan import JobSpec
+    from fleetctl.rolejob import run_attempts
+
+    seen: list[tuple[str, int]] = []
+
+    def fake_run_job(spec, nodes, options, *, on_event=None, fleet=None):
+        seen.append((spec.job_id, options.attempt))
+        folder = tmp_path / spec.job_id
+        folder.mkdir()
+        r = JobResult(job_id=spec.job_id, folder=folder, status="failed", attempt=options.attempt)
+        r.nodes = [NodeOutcome(0, "a", "10.0.0.1", state="stopped")]
+        bad = NodeOutcome(1, "b", "10.0.0.2", state="failed", exit_code=1)
+        bad.tail.append("NCCL error: unhandled system error")
+        r.nodes.append(bad)
+        r.first_failure = 1
+        return r
+
+    monkeypatch.setattr(job_mod, "run_job", fake_run_job)
+    sleeps: list[float] = []
+
+    class NoFleet:
+        def close(self) -> None:
+            pass
+
+    out = run_attempts(
+        JobSpec(script="t.py", job_id="j"),
+        [],
+        RunOptions(runs_dir=tmp_path),
+        RetryPolicy(max_retries=2, backoff=1.0, jitter=0.0),
+        fleet=NoFleet(),  # type: ignore[arg-type]
+        sleep=sleeps.append,
+    )
+    assert seen == [("j", 1), ("j.2", 2), ("j.3", 3)]
+    assert sleeps == [1.0, 2.0]
+    assert [a.retried for a in out.attempts] == [True, True, False]
+    assert "no retries left (2 allowed)" in (out.attempts[-1].decision or "")
+    data = json.loads((tmp_path / "j" / "attempts.json").read_text())
+    assert [a["job_id"] for a in data["attempts"]] == ["j", "j.2", "j.3"]
+    assert out.final.job_id == "j.3"
