@@ -370,6 +370,19 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
 
     # One remote command over an open connection: sshd + the login shell's rc files.
     out.extend(_remote_commands(node, rounds, "lab's minimal ~/.bashrc"))
+    # A command that closes its output early, then runs on: the client must sleep, not spin,
+    # until the exit status comes (SSHConnection.run once woke ~23,000 times for this).
+    with SSHConnection(node, SSHSettings()) as c:
+
+        def closes_early() -> tuple[float, dict]:
+            c0, t0 = _self_cpu(), time.perf_counter()
+            r = c.run("exec >&- 2>&-; sleep 0.5", timeout=30)
+            if r.exit_code != 0:
+                raise SampleFailed(f"exited {r.exit_code}")
+            return time.perf_counter() - t0, {"client CPU s": _self_cpu() - c0}
+
+        row = Result("remote", "command closing its stdout, then running 0.5 s: client CPU")
+        out.append(repeat(row, max(1, rounds // 4), closes_early))
     from fleetctl.lab import Lab
 
     heavy = Lab.up(1, networks=1, machine_bashrc=True)  # this machine's own ~/.bashrc

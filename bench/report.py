@@ -220,6 +220,49 @@ def _findings(results: list[Result]) -> list[str]:
             f"- Client key type: RSA-3072 costs {_cpu(rsa, 'CPU s') * 1000:.0f} ms of client CPU "
             f"per handshake vs {_cpu(p, 'CPU s') * 1000:.0f} ms with ed25519."
         )
+    t = _row(results, "teardown", "fleetctl run")
+    if t:
+        out.append(
+            f"- Teardown (N={t.n}): rank 1's failing exit → verified nothing left on any node: "
+            f"median {t.median:.3f} s (min {min(t.samples):.3f}, max {max(t.samples):.3f})."
+        )
+    lost = _row(results, "lost", "fleetctl run")
+    if lost:
+        det = _cpu(lost, "cut → lost detected s")
+        out.append(
+            f"- Lost node (N={lost.n}): link cut → teardown finished on the others: median "
+            f"{lost.median:.2f} s" + (f", of which {det:.2f} s to declare it lost." if det else ".")
+        )
+    for what in ("no-op code push", "env archive"):
+        rows = [r for r in results if r.group == "push" and r.tool.startswith(what) and r.median]
+        fl = next((r for r in rows if "fleetctl" in r.tool), None)
+        peer = next((r for r in rows if "fleetctl" not in r.tool), None)
+        if fl and peer:
+            fb, pb = _cpu(fl, "controller MB (bridge)"), _cpu(peer, "controller MB (bridge)")
+            bytes_ = f"; controller sent {fb:.1f} vs {pb:.1f} MB" if fb is not None and pb else ""
+            out.append(
+                f"- {fl.tool} (N={fl.n}): {fl.median:.2f} s vs {peer.tool.split(': ')[-1]} "
+                f"{peer.median:.2f} s{bytes_}."
+            )
+    for r in results:
+        if r.group == "logs" and r.samples:
+            ls, lc = _cpu(r, "lost in live stream"), _cpu(r, "lost in collected logs")
+            exp = _cpu(r, "lines expected")
+            if ls is not None and lc is not None and exp:
+                out.append(
+                    f"- Log streaming, {r.tool.split(' via')[0]}: lines lost (median of "
+                    f"{len(r.samples)}) {ls:.0f} of {exp:.0f} in the live stream, {lc:.0f} in the "
+                    f"collected logs; controller CPU {_cpu(r, 'controller CPU s') or 0:.1f} s, "
+                    f"peak RSS {_cpu(r, 'fleetctl peak RSS MB') or 0:.0f} MB."
+                )
+    pl = _row(results, "pipeline", "fleetctl run")
+    if pl:
+        parts = ", ".join(
+            f"{k.removesuffix(' s')} {statistics.median(v):.2f}"
+            for k, v in pl.extra.items()
+            if isinstance(v, list) and v
+        )
+        out.append(f"- No-op `fleetctl run` on {pl.n} hosts: {pl.median:.2f} s ({parts}).")
     rc = _row(results, "remote", "one command over an open connection: true (lab")
     heavy = _row(results, "remote", "one command over an open connection: true (this")
     if rc:
@@ -232,6 +275,12 @@ def _findings(results: list[Result]) -> list[str]:
             f"- One remote command over an open connection: {rc.median * 1000:.0f} ms with the "
             f"lab's minimal ~/.bashrc{more}: sshd starts the login shell, which reads its rc "
             "files, for every command, so phases batch their work into one command per node."
+        )
+    early = _row(results, "remote", "command closing its stdout")
+    if early and _cpu(early, "client CPU s") is not None:
+        out.append(
+            f"- A remote command that closes its stdout and runs 0.5 s more costs the client "
+            f"{_cpu(early, 'client CPU s') * 1000:.0f} ms CPU (it waits on the exit status)."
         )
     return out
 

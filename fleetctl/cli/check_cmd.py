@@ -14,25 +14,21 @@ import sys
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.cli.options import (
+    SSHOptions,
+    inventory_option,
+    limit_option,
+    load_selected,
+    ssh_options,
+)
 from fleetctl.launchers import LAUNCHER_NAMES
 
 
 @cli.command("check")
 @inventory_option
 @limit_option
+@ssh_options(fanout_help="Hosts connected and checked at once.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-@click.option(
-    "--accept-new",
-    is_flag=True,
-    help="Record unknown host keys (like ssh's accept-new); changed keys still fail.",
-)
-@click.option(
-    "--known-hosts",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="known_hosts file to verify host keys against.",
-)
 @click.option(
     "--master-port",
     type=click.IntRange(1, 65535),
@@ -60,34 +56,16 @@ from fleetctl.launchers import LAUNCHER_NAMES
     show_default=True,
     help="GiB that must be free in each host's workdir.",
 )
-@click.option(
-    "--connect-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for each host's SSH handshake.",
-)
-@click.option(
-    "-f",
-    "--fanout",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Hosts connected and checked at once.",
-)
 def check_command(
     inventory: str | None,
     limit: str | None,
     as_json: bool,
-    accept_new: bool,
-    known_hosts: str | None,
     master_port: int,
     recheck: bool,
     launcher: str | None,
     backend: str | None,
     min_free: float,
-    connect_timeout: float,
-    fanout: int,
+    ssh: SSHOptions,
 ) -> None:
     """Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.
 
@@ -95,15 +73,11 @@ def check_command(
     """
     from fleetctl import render
     from fleetctl.check import CheckOptions, GiB, check_fleet
-    from fleetctl.connection import SSHSettings
     from fleetctl.errors import CheckError
     from fleetctl.fleet import Fleet
 
     selected = load_selected(inventory, limit)
     nodes = list(getattr(selected, "nodes", selected))
-    settings = SSHSettings(
-        known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
-    )
     options = CheckOptions(
         master_port=master_port,
         backend=backend,
@@ -111,7 +85,7 @@ def check_command(
         min_free_bytes=int(min_free * GiB),
         recheck=recheck,
     )
-    with Fleet(nodes, settings, fanout=fanout) as fleet:
+    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
         report = check_fleet(fleet, options)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")

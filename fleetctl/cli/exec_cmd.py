@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.cli.options import (
+    SSHOptions,
+    inventory_option,
+    limit_option,
+    load_selected,
+    ssh_options,
+)
 
 if TYPE_CHECKING:
     from fleetctl.execute import ExecResult, NodeRun
@@ -80,6 +86,7 @@ def _print_failures(result: ExecResult) -> None:
 )
 @inventory_option
 @limit_option
+@ssh_options(fanout_help="Nodes connected and run at once.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object with every node's result."
 )
@@ -89,21 +96,6 @@ def _print_failures(result: ExecResult) -> None:
     default=60.0,
     show_default=True,
     help="Seconds the command may run on each node.",
-)
-@click.option(
-    "--connect-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for each node's SSH handshake.",
-)
-@click.option(
-    "-f",
-    "--fanout",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Nodes connected and run at once.",
 )
 @click.option(
     "-b",
@@ -123,11 +115,10 @@ def exec_command(
     limit: str | None,
     as_json: bool,
     timeout: float,
-    connect_timeout: float,
-    fanout: int,
     gather: bool,
     max_rc: bool,
     command: tuple[str, ...],
+    ssh: SSHOptions,
 ) -> None:
     """Run COMMAND on every node; output prefixed by node name.
 
@@ -135,16 +126,14 @@ def exec_command(
     quoted one by one and reach the program literally (`fleetctl exec -- echo 'a b;c'`).
     Exit status 0 if every node succeeded, 3 if any failed or was unreachable (see -S).
     """
-    from fleetctl.connection import SSHSettings
     from fleetctl.errors import ExecFailed
     from fleetctl.execute import command_line, execute
     from fleetctl.fleet import Fleet
 
     line = command_line(command)
     nodes = list(load_selected(inventory, limit).nodes)
-    settings = SSHSettings(connect_timeout=connect_timeout)
     stream = not (as_json or gather)
-    with Fleet(nodes, settings, fanout=fanout) as fleet:
+    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
         result = execute(fleet, line, timeout=timeout, on_result=_print_run if stream else None)
     if as_json:
         data = result.to_dict()

@@ -11,12 +11,16 @@ Usage in a command module::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
+from fleetctl.connection import SSHSettings
 from fleetctl.errors import UsageError
+from fleetctl.fleet import DEFAULT_FANOUT
 from fleetctl.inventory import Inventory, load_inventory, local_inventory
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,3 +55,71 @@ def load_selected(inventory: str | None, limit: str | None, group: str = "all") 
             )
         return local_inventory()
     return load_inventory(inventory, limit=limit, group=group)
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """How a command reaches its nodes: the SSH settings every phase shares, and the fan-out."""
+
+    settings: SSHSettings
+    fanout: int
+
+
+def ssh_options(
+    *, fanout_help: str | None = "Hosts connected and worked on at once."
+) -> Callable[[F], F]:
+    """``--accept-new``, ``--known-hosts``, ``--connect-timeout`` (and ``-f/--fanout`` unless
+    ``fanout_help`` is None), handed to the command as one ``ssh: SSHOptions`` argument."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(
+            *args: Any,
+            accept_new: bool,
+            known_hosts: str | None,
+            connect_timeout: float,
+            fanout: int = DEFAULT_FANOUT,
+            **kwargs: Any,
+        ) -> Any:
+            settings = SSHSettings(
+                known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
+            )
+            return fn(*args, ssh=SSHOptions(settings, fanout), **kwargs)
+
+        options = [
+            click.option(
+                "--accept-new",
+                is_flag=True,
+                help="Record unknown host keys (like ssh's accept-new); changed keys still fail.",
+            ),
+            click.option(
+                "--known-hosts",
+                type=click.Path(dir_okay=False),
+                default=None,
+                help="known_hosts file to verify host keys against "
+                "(default: fleetctl_known_hosts, else ~/.ssh/known_hosts).",
+            ),
+            click.option(
+                "--connect-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=10.0,
+                show_default=True,
+                help="Seconds to wait for each host's SSH handshake.",
+            ),
+        ]
+        if fanout_help is not None:
+            options.append(
+                click.option(
+                    "-f",
+                    "--fanout",
+                    type=click.IntRange(min=1),
+                    default=DEFAULT_FANOUT,
+                    show_default=True,
+                    help=fanout_help,
+                )
+            )
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

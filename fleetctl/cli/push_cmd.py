@@ -13,12 +13,19 @@ import sys
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.cli.options import (
+    SSHOptions,
+    inventory_option,
+    limit_option,
+    load_selected,
+    ssh_options,
+)
 
 
 @cli.command("push")
 @inventory_option
 @limit_option
+@ssh_options(fanout_help="Hosts pushed to at once.")
 @click.option(
     "--code",
     "code_dir",
@@ -61,32 +68,6 @@ from fleetctl.cli.options import inventory_option, limit_option, load_selected
     show_default=True,
     help="Code snapshots kept per host.",
 )
-@click.option(
-    "--accept-new",
-    is_flag=True,
-    help="Record unknown host keys (like ssh's accept-new); changed keys still fail.",
-)
-@click.option(
-    "--known-hosts",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="known_hosts file to verify host keys against.",
-)
-@click.option(
-    "--connect-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for each host's SSH handshake.",
-)
-@click.option(
-    "-f",
-    "--fanout",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Hosts pushed to at once.",
-)
 def push_command(
     inventory: str | None,
     limit: str | None,
@@ -99,15 +80,11 @@ def push_command(
     peer: bool | None,
     peer_min: int,
     keep: int,
-    accept_new: bool,
-    known_hosts: str | None,
-    connect_timeout: float,
-    fanout: int,
+    ssh: SSHOptions,
 ) -> None:
     """Ship code and the conda-pack env to every host; verify python and NCCL there."""
     from fleetctl import render
     from fleetctl.codesync import default_code_dir
-    from fleetctl.connection import SSHSettings
     from fleetctl.errors import PushError
     from fleetctl.fleet import Fleet
     from fleetctl.push import PushOptions, push
@@ -115,9 +92,6 @@ def push_command(
     selected = load_selected(inventory, limit)
     nodes = list(getattr(selected, "nodes", selected))
     code = None if no_code else (code_dir or default_code_dir("."))
-    settings = SSHSettings(
-        known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
-    )
     options = PushOptions(
         keep_snapshots=keep,
         require_nccl=backend == "nccl",
@@ -129,7 +103,7 @@ def push_command(
         [n.name for n in nodes], enabled=not as_json and sys.stderr.isatty()
     )
     error: PushError | None = None
-    with Fleet(nodes, settings, fanout=fanout) as fleet, display:
+    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet, display:
         try:
             report = push(
                 fleet, code=code, env_archive=env_archive, options=options, progress=display

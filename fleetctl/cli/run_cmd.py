@@ -19,7 +19,14 @@ import click
 
 from fleetctl.cli import cli
 from fleetctl.cli.jobs_cmd import LifecycleArgs, lifecycle_options
-from fleetctl.cli.options import inventory_option, limit_option, load_selected
+from fleetctl.cli.options import (
+    SSHOptions,
+    inventory_option,
+    limit_option,
+    load_selected,
+    ssh_options,
+)
+from fleetctl.connection import SSHSettings
 from fleetctl.errors import Interrupted, JobFailed, UsageError
 from fleetctl.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
 from fleetctl.plan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
@@ -85,6 +92,7 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 )
 @inventory_option
 @limit_option
+@ssh_options(fanout_help=None)  # a job needs every node at once
 @click.option(
     "--launcher",
     type=click.Choice(LAUNCHER_NAMES),
@@ -197,6 +205,7 @@ def run_command(
     tail: str,
     script: str | None,
     script_args: tuple[str, ...],
+    ssh: SSHOptions,
     **lifecycle: Any,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
@@ -220,6 +229,7 @@ def run_command(
             life=life,
             inventory=inv_path,
             limit=lim,
+            settings=ssh.settings,
         )
 
     if life.job_file is not None:  # role job (fleetctl.roles): the job file replaces SCRIPT
@@ -288,6 +298,7 @@ def _run_for_real(
     life: LifecycleArgs | None = None,
     inventory: str | None = None,
     limit: str | None = None,
+    settings: SSHSettings | None = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -305,6 +316,7 @@ def _run_for_real(
         deadman=deadman,
         code=os.path.abspath(code_dir),
         env_archive=env_archive,
+        settings=settings,
     )
     live = render.LiveLog(tail="none" if as_json else tail)
     if life is not None:  # detach, retries, role jobs (fleetctl.cli.jobs_cmd)

@@ -53,6 +53,8 @@ MINIMAL_BASHRC = (
 MAX_HOSTS = 200
 READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
+LINK_TIMEOUT = 10.0  # cut/heal: how long the kernel may take to apply a carrier change
+SSH_PORT = 22
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 STATE_VERSION = 1
 _HERE = Path(__file__).resolve().parent
@@ -904,14 +906,27 @@ class Lab:
 
     # ------------------------------------------------------------------ status
     def sshd_pid(self, host: str) -> int | None:
-        """PID of the host's sshd listener (a direct child of its PID 1), or None."""
+        """PID of the host's sshd listener, or None when nothing listens on port 22.
+
+        The listener is the child of the host's PID 1 that runs sshd *and holds the listening
+        socket*. The executable alone does not tell: OpenSSH < 9.8 runs every session as a
+        re-executed sshd, and sessions that outlived a killed listener are re-parented to PID
+        1, so they look the same (killing one of those instead left sshd answering).
+        """
         h = self.host(host)
         init = h.init_pid
         if init is None:
             return None
+        listening = net.listen_inodes(init, SSH_PORT)
+        if not listening:
+            return None
         sshd = os.path.realpath(self.state["sshd"])
         for pid in procs.children(init):
-            if procs.exe_of(pid) == sshd and procs.start_time(pid) is not None:
+            if (
+                procs.exe_of(pid) == sshd
+                and procs.start_time(pid) is not None
+                and procs.socket_inodes(pid) & listening
+            ):
                 return pid
         return None
 
@@ -969,17 +984,77 @@ class Lab:
         raise LabInputError(f"network must be 'mgmt' or 'data', got {network!r}")
 
     def cut_link(self, host: str, network: str = "mgmt") -> None:
-        """Unplug the host's cable on ``network`` (its bridge port goes down)."""
-        h, veth, _ = self._veth(host, network)
+        """Unplug the host's cable on ``network``; returns once the host's NIC reads as down."""
+        h, veth, nic = self._veth(host, network)
         with self._mutate():
             net.run(["ip", "link", "set", veth, "down"])
+            self._wait_link(h, veth, nic, up=False)
             self._record({"kind": "link", "host": h.name, "net": network}, True)
 
     def heal_link(self, host: str, network: str = "mgmt") -> None:
-        h, veth, _ = self._veth(host, network)
+        """Plug the cable back in; returns once the link forwards and nobody's ARP is stale."""
+        h, veth, nic = self._veth(host, network)
         with self._mutate():
             net.run(["ip", "link", "set", veth, "up"])
+            self._wait_link(h, veth, nic, up=True)
+            self._flush_neighbours(h, network, nic)
             self._record({"kind": "link", "host": h.name, "net": network}, False)
+
+    def _link_pending(self, h: LabHost, veth: str, nic: str, up: bool) -> str | None:
+        """What still differs from a fully cut (``up=False``) or healed link; None when done."""
+        info = net.link_info(nic, h.ns)
+        inside = (info or {}).get("operstate", "?")
+        if not up:
+            # The host's NIC must read as down (what a node-side check looks at).
+            if info is not None and inside == "UP":
+                return f"{h.name} {nic} still reads as up"
+            return None
+        if net.sys_value(veth, "operstate") != "up":
+            return f"{veth} is {net.sys_value(veth, 'operstate')}"
+        port = net.sys_value(veth, "brport/state")
+        if port != "3":  # BR_STATE_FORWARDING
+            return f"bridge port {veth} is in state {port} (not forwarding)"
+        if info is not None and "UP" in info.get("flags", []) and inside != "UP":
+            return f"{h.name} {nic} is {inside}"
+        return None
+
+    def _wait_link(self, h: LabHost, veth: str, nic: str, *, up: bool) -> None:
+        """Poll until a cut or heal has really taken effect on both ends of the cable.
+
+        ``ip link set`` returns before the kernel's link watcher has handled the carrier
+        change: it runs later, under the RTNL lock that namespace churn elsewhere on the
+        machine can hold for long. Until it has, a healed bridge port is not forwarding yet
+        and the host's NIC drops what it sends, and a cut NIC still reads as "up".
+        """
+        deadline = time.monotonic() + LINK_TIMEOUT
+        while True:
+            why = self._link_pending(h, veth, nic, up)
+            if why is None:
+                return
+            if time.monotonic() >= deadline:
+                state = "up" if up else "down"
+                raise LabError(f"{h.name}: link {veth} not {state} after {LINK_TIMEOUT:g}s: {why}")
+            time.sleep(0.01)
+
+    def _flush_neighbours(self, h: LabHost, network: str, nic: str) -> None:
+        """Forget every neighbour entry about the healed host, and the host's own on that NIC.
+
+        Address resolution tried while the cable was out leaves entries that are still
+        INCOMPLETE with all their probes spent; up to a retransmit interval (1 s) after the
+        heal the kernel fails them, and with them every packet queued on them meanwhile
+        ("No route to host" for a link that works). Fresh entries resolve at once.
+        """
+        addr = h.mgmt_addr if network == "mgmt" else h.data_addr
+        cmds = [["ip", "-n", h.ns, "neigh", "flush", "dev", nic]]
+        for o in self.hosts:
+            dev = "eth0" if network == "mgmt" else o.data_nic
+            if o is not h and dev and net.netns_exists(o.ns):
+                cmds.append(["ip", "-n", o.ns, "neigh", "flush", "to", str(addr), "dev", dev])
+        if network == "mgmt":  # this machine reaches the hosts through the management bridge
+            cmds.append(["ip", "neigh", "flush", "to", str(addr), "dev", self.mgmt_bridge])
+        errors = net.run_parallel(cmds)
+        if errors:
+            raise LabError(f"{h.name}: flushing neighbour entries failed: {'; '.join(errors)}")
 
     def netem(
         self,
@@ -1047,16 +1122,27 @@ class Lab:
             ]
 
     def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> int:
-        """Kill only the host's sshd listener (open sessions live on, like a real crash)."""
+        """Kill only the host's sshd listener (open sessions live on, like a real crash).
+
+        Returns once the listening socket is closed, so a connection attempt is refused.
+        """
         h = self.host(host)
         with self._mutate():
+            init = h.init_pid
             pid = self.sshd_pid(h.name)
-            if pid is None:
+            if pid is None or init is None:
                 raise LabError(f"{h.name}: sshd is not running")
             st = procs.start_time(pid)
+            held = procs.socket_inodes(pid) & net.listen_inodes(init, SSH_PORT)
             procs.kill(pid, sig)
             if procs.wait_gone([(pid, st)], STOP_TIMEOUT):
                 raise LabError(f"{h.name}: sshd pid {pid} did not exit")
+            # A session child forked just before the kill may hold the socket a moment longer.
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while h.init_pid is not None and held & net.listen_inodes(init, SSH_PORT):
+                if time.monotonic() >= deadline:
+                    raise LabError(f"{h.name}: sshd's listening socket stayed open")
+                time.sleep(0.01)
             self._record({"kind": "sshd", "host": h.name}, True)
         return pid
 

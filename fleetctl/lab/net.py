@@ -64,6 +64,35 @@ def ip_batch(lines: Iterable[str], *, netns: str | None = None, force: bool = Fa
     run([*argv, "-batch", "-"], input=body + "\n", check=not force)
 
 
+def run_parallel(argvs: Sequence[Sequence[str]], timeout: float = CMD_TIMEOUT) -> list[str]:
+    """Run independent admin commands side by side; one line per command that failed."""
+    running = [
+        (
+            argv,
+            subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+        for argv in argvs
+    ]
+    errors = []
+    for argv, p in running:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            err = f"timed out after {timeout:g}s"
+        if p.returncode != 0:
+            last = err.strip().splitlines()
+            errors.append(f"`{' '.join(argv[:6])}`: {last[-1] if last else p.returncode}")
+    return errors
+
+
 def route_networks() -> list[ipaddress.IPv4Network]:
     """Every IPv4 destination in every routing table, except default routes."""
     out = run(["ip", "-4", "-j", "route", "show", "table", "all"]).stdout
@@ -89,6 +118,45 @@ def netns_exists(name: str) -> bool:
     import os
 
     return os.path.exists(f"/run/netns/{name}")
+
+
+def link_info(name: str, netns: str | None = None) -> dict | None:
+    """``ip -j link show dev NAME`` (in ``netns``): flags, operstate…; None when it is absent."""
+    argv = ["ip"] + (["-n", netns] if netns else []) + ["-j", "link", "show", "dev", name]
+    cp = run(argv, check=False)
+    if cp.returncode != 0:
+        return None
+    try:
+        data = json.loads(cp.stdout or "[]")
+    except ValueError:
+        return None
+    return data[0] if data else None
+
+
+def sys_value(name: str, attr: str) -> str | None:
+    """``/sys/class/net/NAME/ATTR`` of this machine's own namespace, or None when unreadable."""
+    try:
+        with open(f"/sys/class/net/{name}/{attr}") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def listen_inodes(pid: int, port: int) -> set[str]:
+    """Socket inodes of TCP listeners on ``port`` in the network namespace of process ``pid``."""
+    found: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            # sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rpartition(":")[2], 16) == port:
+                found.add(cols[9])
+    return found
 
 
 def parse_subnet(text: str) -> ipaddress.IPv4Network:

@@ -66,6 +66,23 @@ def exe_of(pid: int) -> str | None:
         return None
 
 
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process ``pid`` has open (empty when gone or unreadable)."""
+    found: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
+
+
 def pids_in_netns(ns_path: str) -> list[int]:
     """Every process whose network namespace is the one bound at ``ns_path``."""
     try:

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetctl.connection import SSHSettings, connect
 from fleetctl.errors import LabError, LabInputError
+from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab, procs
 from fleetctl.lab.core import REGISTRY
 
@@ -262,6 +264,63 @@ def test_kill_and_restart_sshd(lab3: Lab) -> None:
     new = lab3.sshd_pid(h.name)
     assert new is not None and new != old
     assert ssh(lab3, h.name, "hostname").stdout.strip() == h.name
+
+
+def test_kill_sshd_after_a_restart_kills_the_listener_not_a_surviving_session(
+    lab3: Lab,
+) -> None:
+    """A session that outlived a killed listener is re-parented to the host's PID 1 and runs
+    the same sshd binary; the next ``kill_sshd`` must still kill the (new) listener."""
+    h = lab3.hosts[1]
+    node = next(n for n in load_inventory(lab3.inventory_path).nodes if n.name == h.name)
+    conn = connect(node, SSHSettings(connect_timeout=5))
+    try:
+        assert conn.run("hostname", timeout=SSH_TIMEOUT).stdout.strip() == h.name
+        first = lab3.kill_sshd(h.name)  # the session above lives on, now a child of PID 1
+        lab3.start_sshd(h.name)
+        listener = lab3.sshd_pid(h.name)
+        assert listener is not None and listener != first
+        assert lab3.kill_sshd(h.name) == listener
+        with pytest.raises(ConnectionRefusedError):
+            banner(h.mgmt_addr)
+        assert lab3.sshd_pid(h.name) is None
+        # The surviving session was left alone (a real crash keeps open sessions too).
+        assert conn.run("hostname", timeout=SSH_TIMEOUT).stdout.strip() == h.name
+    finally:
+        conn.close()
+
+
+def neigh_states(lab: Lab, host: str, addr: str, dev: str) -> list[str]:
+    out = lab.exec(host, ["ip", "-j", "neigh", "show", "to", addr, "dev", dev], check=True).stdout
+    return [s for e in json.loads(out or "[]") for s in e.get("state", [])]
+
+
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection((sys.argv[1], 22), timeout=3).close()\n"
+    "    print('ok')\n"
+    "except OSError as e:\n"
+    "    print(repr(e))\n"
+)
+
+
+def test_heal_link_forgets_address_resolution_that_ran_out_while_cut(make_lab) -> None:  # type: ignore[no-untyped-def]
+    """Right after ``heal_link`` a connection works, even from a host whose ARP for the healed
+    host was still pending: the kernel would fail every packet queued on that entry once its
+    last probe timed out ("No route to host" on a working link)."""
+    lab = make_lab(2, networks=2)
+    a, b = lab.hosts
+    assert a.data_nic and b.data_addr
+    # One ARP probe, given up after 5 s: the pending entry outlives the heal for sure.
+    knobs = [f"net.ipv4.neigh.{a.data_nic}.{k}" for k in ("mcast_solicit", "retrans_time_ms")]
+    lab.exec(a.name, ["sysctl", "-qw", f"{knobs[0]}=1", f"{knobs[1]}=5000"], check=True)
+    lab.cut_link(b.name, "data")
+    assert ping(lab, a.name, b.data_addr).returncode != 0
+    assert neigh_states(lab, a.name, b.data_addr, a.data_nic) == ["INCOMPLETE"]
+    lab.heal_link(b.name, "data")
+    r = lab.exec(a.name, [lab.state["python"], "-c", CONNECT, b.data_addr], timeout=10)
+    assert r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
 def test_netem_delay_raises_rtt(lab3: Lab) -> None:

@@ -1,0 +1,55 @@
+"""The probe's mesh test (``fleetctl.probe.mesh``) run on a lab host against real kernels.
+
+A peer whose address resolution ran out while it was unreachable leaves a stale neighbour
+entry behind: the kernel fails the next packets queued on it with "No route to host" although
+the peer answers again. The mesh must see through that, and still fail a link that is down.
+Traffic goes only between the hosts of a private 2-host lab, over its data network.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetctl.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+MESH = (
+    "import json, sys\n"
+    "from fleetctl.probe import mesh\n"
+    "src, dst = sys.argv[1:3]\n"
+    "out = mesh(src, [{'name': 'peer', 'addr': dst, 'port': 22}], float(sys.argv[3]))\n"
+    "print(json.dumps(out['peers']['peer']))\n"
+)
+
+
+def run_mesh(lab: Lab, timeout: float) -> dict:
+    a, b = lab.hosts
+    argv = [lab.state["python"], "-c", MESH, a.data_addr or "", b.data_addr or "", str(timeout)]
+    r = lab.exec(a.name, argv, timeout=30, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_mesh_gets_through_a_stale_neighbour_entry_but_not_a_cut_link(make_lab) -> None:  # type: ignore[no-untyped-def]
+    lab = make_lab(2, networks=2)
+    a, b = lab.hosts
+    assert a.data_nic and b.data_nic and b.data_addr
+    # node1 sends one ARP probe and gives up after 2.5 s, so the entry stays stale a while.
+    knobs = [f"net.ipv4.neigh.{a.data_nic}.{k}" for k in ("mcast_solicit", "retrans_time_ms")]
+    lab.exec(a.name, ["sysctl", "-qw", f"{knobs[0]}=1", f"{knobs[1]}=2500"], check=True)
+    lab.exec(b.name, ["ip", "link", "set", "dev", b.data_nic, "arp", "off"], check=True)
+    ping = lab.exec(a.name, ["ping", "-n", "-c1", "-W1", b.data_addr], timeout=10)
+    assert ping.returncode != 0  # node2 ignored the ARP request
+    lab.exec(b.name, ["ip", "link", "set", "dev", b.data_nic, "arp", "on"], check=True)
+    states = lab.exec(a.name, ["ip", "-j", "neigh", "show", "to", b.data_addr], check=True).stdout
+    assert [s for e in json.loads(states) for s in e["state"]] == ["INCOMPLETE"]
+    # node2 answers again; the first packets die with the stale entry, later ones get through.
+    res = run_mesh(lab, 6.0)
+    assert (res["ping"], res["tcp"]) == ("ok", "ok"), res
+
+    lab.cut_link(b.name, "data")  # honest: a link that is down still fails both tests
+    res = run_mesh(lab, 2.0)
+    assert res["tcp"] in ("timed out", "unreachable"), res
+    assert res["ping"] == "timeout", res
