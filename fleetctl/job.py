@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -245,7 +246,12 @@ class _Job:
         with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
             from fleetctl.lifecycle import write_connect
 
-            write_connect(self.folder.path, nodes, inventory=options.inventory, limit=options.limit)
+            write_connect(
+                self.folder.path,
+                _with_settings(nodes, options.settings),
+                inventory=options.inventory,
+                limit=options.limit,
+            )
         self.result = JobResult(
             job_id=spec.job_id,
             folder=self.folder.path,
@@ -683,3 +689,11 @@ def _write_streamed_tail(node: NodeOutcome, folder: str) -> None:
         )
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in node.tail)
+
+
+def _with_settings(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:
+    """Nodes as this run reached them: a --known-hosts given to `run` must also verify the keys
+    when `status`, `logs`, `stop` or `collect` reconnect later from connect.json."""
+    if settings is None or settings.known_hosts is None:
+        return list(nodes)
+    return [dataclasses.replace(n, known_hosts=settings.known_hosts) for n in nodes]

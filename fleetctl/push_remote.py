@@ -91,8 +91,12 @@ def rmtree(path: str) -> None:
 def workdirs(cfg: dict) -> tuple[str, str, str]:
     w = os.path.abspath(os.path.expanduser(cfg["workdir"]))
     code_root, envs_root = os.path.join(w, "code"), os.path.join(w, "envs")
-    for d in (code_root, os.path.join(code_root, ".manifests"), envs_root):
-        os.makedirs(d, exist_ok=True)
+    # Private like the run folders: code and envs may hold credentials or proprietary code.
+    for d in (w, code_root, os.path.join(code_root, ".manifests"), envs_root):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.stat(d)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(d, 0o700)
     return w, code_root, envs_root
 
 

@@ -58,10 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     if argv is not None:  # called from Python (tests): a normal SystemExit
         _main(argv)
         return
+    _terminate_like_ctrl_c()
     try:
         _main(sys.argv[1:])
     except SystemExit as e:
         _fast_exit(e.code)
+
+
+def _terminate_like_ctrl_c() -> None:
+    """SIGTERM (systemd, a batch scheduler, `kill`) gets the same verified teardown and log
+    collection as Ctrl-C, instead of leaving the nodes to their dead-man switches."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _fast_exit(code: object) -> None:

@@ -394,8 +394,12 @@ def test_ctrl_c_stops_one_job_and_never_touches_another_on_the_same_hosts(
     assert after == before  # the other job: same processes, all alive
     assert b.proc.poll() is None
 
-    b.proc.send_signal(signal.SIGINT)
+    # SIGTERM (a scheduler, `kill`) gets the same verified teardown and collection as Ctrl-C.
+    b.proc.send_signal(signal.SIGTERM)
     assert b.finish(60) == 130, b.text()
+    job = b.job()
+    assert job["status"] == "interrupted" and job["teardown"]["verified"], b.text()
+    assert all(n["collected"] for n in job["nodes"])
     assert left_over(lab3, b_id) == {}
 
 

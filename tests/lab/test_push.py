@@ -109,6 +109,8 @@ def test_push_to_three_hosts_then_second_push_transfers_nothing(
             )
             assert remote_files(lab3, h.name, report.code_dirs[h.name]) == SHIPPED
             assert leftovers(lab3, h.name, wd) == ""
+            # code and envs are as private as the run folders
+            assert sh(lab3, h.name, f"stat -c %a {wd} {wd}/code {wd}/envs").split() == ["700"] * 3
         assert report.controller_bytes >= 3 * env.archive.stat().st_size
 
         again = push(

@@ -164,3 +164,15 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         main(["logs", "--runs-dir", str(tmp_path), "20260101", "-n", "1"])
     assert out.getvalue().splitlines() == ["[0 a] line2 a", "[1 b] line2 b"]
+
+
+def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:
+    from fleetctl.connection import SSHSettings
+    from fleetctl.job import _with_settings
+
+    folder = _job(tmp_path, "j2")
+    nodes = [Node("a", "10.0.0.1", known_hosts="/inventory_kh"), Node("b", "10.0.0.2")]
+    write_connect(folder.path, _with_settings(nodes, SSHSettings(known_hosts="/cli_kh")))
+    assert [n.known_hosts for n in load_nodes(folder)] == ["/cli_kh", "/cli_kh"]
+    write_connect(folder.path, _with_settings(nodes, SSHSettings()))
+    assert [n.known_hosts for n in load_nodes(folder)] == ["/inventory_kh", None]
