@@ -30,8 +30,13 @@ class InventoryError(FleetctlError):
     exit_code = 2
 
     def __init__(
-        self, message: str, *, path: str | None = None, line: int | None = None,
-        host: str | None = None, field: str | None = None,
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        host: str | None = None,
+        field: str | None = None,
     ) -> None:
         where = ""
         if path:

@@ -49,7 +49,8 @@ class FleetResult(Generic[T], Mapping[str, "T | BaseException"]):
     @property
     def failed(self) -> dict[str, BaseException]:
         return {
-            k: v for k, v in self.outcomes.items()
+            k: v
+            for k, v in self.outcomes.items()
             if isinstance(v, BaseException) and not isinstance(v, Cancelled)
         }
 
