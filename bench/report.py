@@ -92,11 +92,25 @@ def _s(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
-def _extra_cell(values: Any) -> str:
+WORST = ("lost in live stream", "lost in collected logs")  # must be 0: show the worst sample
+EVERY = ("fleetctl exit code",)  # show every distinct value
+
+
+def _label(key: str) -> str:
+    if key in WORST:
+        return f"{key} (worst sample)"
+    if key in EVERY:
+        return f"{key} (each sample)"
+    return f"{key} (median)"
+
+
+def _extra_cell(values: Any, key: str = "") -> str:
     if isinstance(values, list):
+        if key in EVERY:
+            return ", ".join(str(v) for v in values)
         nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if nums and len(nums) == len(values):
-            med = statistics.median(nums)
+            med = max(nums) if key in WORST else statistics.median(nums)
             return (
                 f"{med:.3f}"
                 if isinstance(med, float) and not float(med).is_integer()
@@ -137,7 +151,7 @@ def _table(rows: list[Result], ratio: bool) -> list[str]:
     head = ["measurement", "N", "median s", "min s", "max s"]
     if ratio:
         head.append("× fleetctl")
-    head += [f"{k} (median)" if k != "note" else k for k in keys] + ["samples", "notes"]
+    head += [_label(k) for k in keys] + ["samples", "notes"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         st = r.stats()
@@ -148,7 +162,7 @@ def _table(rows: list[Result], ratio: bool) -> list[str]:
             cells += [_s(st[0]), _s(st[1]), _s(st[2])]
         if ratio:
             cells.append(f"{st[0] / base[r.n]:.2f}" if st and base.get(r.n) else "—")
-        cells += [_extra_cell(r.extra[k]) if k in r.extra else "—" for k in keys]
+        cells += [_extra_cell(r.extra[k], k) if k in r.extra else "—" for k in keys]
         cells.append(str(len(r.samples)))
         notes = "; ".join(x for x in (r.note, r.failed or "") if x)
         cells.append(notes.replace("|", "/"))
@@ -246,14 +260,19 @@ def _findings(results: list[Result]) -> list[str]:
             )
     for r in results:
         if r.group == "logs" and r.samples:
-            ls, lc = _cpu(r, "lost in live stream"), _cpu(r, "lost in collected logs")
+            ls, lc = r.extra.get("lost in live stream"), r.extra.get("lost in collected logs")
             exp = _cpu(r, "lines expected")
-            if ls is not None and lc is not None and exp:
+            codes = r.extra.get("fleetctl exit code") or []
+            if ls and lc and exp:
+                bad = sum(1 for c in codes if c != 0)
+                runs = f"{len(r.samples)} runs" + (
+                    f", {bad} exited {codes}" if bad else ", all exit 0"
+                )
                 out.append(
-                    f"- Log streaming, {r.tool.split(' via')[0]}: lines lost (median of "
-                    f"{len(r.samples)}) {ls:.0f} of {exp:.0f} in the live stream, {lc:.0f} in the "
-                    f"collected logs; controller CPU {_cpu(r, 'controller CPU s') or 0:.1f} s, "
-                    f"peak RSS {_cpu(r, 'fleetctl peak RSS MB') or 0:.0f} MB."
+                    f"- Log streaming, {r.tool.split(' via')[0]} ({runs}): lines lost in the "
+                    f"worst run {max(ls):.0f} of {exp:.0f} in the live stream, {max(lc):.0f} in "
+                    f"the collected logs; controller CPU {_cpu(r, 'controller CPU s') or 0:.1f} s,"
+                    f" peak RSS {_cpu(r, 'fleetctl peak RSS MB') or 0:.0f} MB (medians)."
                 )
     pl = _row(results, "pipeline", "fleetctl run")
     if pl:

@@ -290,7 +290,7 @@ class _Job:
         self._emit_cb(ev)
 
     def save(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self.folder.locked():
             self.folder.write_job(self.result.to_dict())
 
 

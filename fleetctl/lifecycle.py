@@ -539,7 +539,8 @@ class JobHandle:
         ensure_supervisor(self.fleet, self.nodes)
         results = collect(self.fleet, self.plan, self.folder.path, pythons=self.pythons())
         if not stopped:  # after a stop, mark_stopped finalises with the teardown's verdict
-            self._finalise(results)
+            with self.folder.locked():
+                self._finalise(results)
         return results
 
     def _event(self, text: str) -> None:
@@ -548,7 +549,13 @@ class JobHandle:
 
     def _finalise(self, results: Iterable[NodeCollect], stopped: bool = False) -> None:
         """Update job.json from each collected ``supervisor.json`` (a detached job's only
-        record of how it ended). The job stays live while any node still runs."""
+        record of how it ended). The job stays live while any node still runs.
+
+        Call with ``self.folder.locked()`` held: it starts from job.json as it is *now*, since
+        an attached run may have written its own final record meanwhile (that one stands).
+        """
+        with contextlib.suppress(RunFolderError):
+            self.job = self.folder.load_job()
         job = dict(self.job)
         nodes = [dict(n) for n in job.get("nodes") or []]
         by_rank = {int(n["rank"]): n for n in nodes}
@@ -620,14 +627,15 @@ class JobHandle:
 
         A stop that could not verify every node leaves the job live (a later ``stop`` retries).
         """
-        self._finalise(results, stopped=report.verified)
-        job = dict(self.job)
-        job["teardown"] = report.to_dict()
-        if report.verified and str(job.get("status")) in LIVE_STATES:
-            job["status"] = "stopped"
-            job["ended"] = iso(time.time())
-        self.folder.write_job(job)
-        self.job = job
+        with self.folder.locked():
+            self._finalise(results, stopped=report.verified)
+            job = dict(self.job)
+            job["teardown"] = report.to_dict()
+            if report.verified and str(job.get("status")) in LIVE_STATES:
+                job["status"] = "stopped"
+                job["ended"] = iso(time.time())
+            self.folder.write_job(job)
+            self.job = job
 
     # -- logs ---------------------------------------------------------------------------
     def collected_log(self, rank: int, host: str) -> Path | None:

@@ -9,9 +9,12 @@ its collected logs. Folders are 0700: logs and env may hold things others should
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,21 @@ class RunFolder:
 
     def write_job(self, job: dict[str, Any]) -> None:
         _write_atomic(self.path / JOB_FILE, json.dumps(job, indent=2) + "\n")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive lock on the folder while job.json is read, updated and written.
+
+        An attached ``fleetctl run`` and a ``fleetctl stop`` from another terminal both update
+        job.json; without it the stop could overwrite the run's final record with its own
+        older copy. Not re-entrant (flock on a fresh descriptor): take it once per update.
+        """
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def event(self, text: str, ts: float | None = None) -> None:
         """Append one line to events.log (newlines in ``text`` are folded)."""

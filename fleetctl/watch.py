@@ -141,6 +141,20 @@ class Watch:
         except Exception as e:  # never die silently: a broken reader is a lost node
             self._emit(run, "lost", f"reader failed: {e}")
 
+    def _drain(self, run: NodeRun) -> bool:
+        """Read what is left on a closing channel, bounded by the lost-node timeout; True when
+        the node's exit report was among it."""
+        deadline = time.monotonic() + self.lost_timeout
+        while time.monotonic() < deadline:
+            data = run.stream.recv(min(0.2, max(0.01, deadline - time.monotonic())))
+            if data is None:
+                continue
+            if not data:
+                return self._handle(run, run.reader.flush())
+            if self._handle(run, run.reader.feed(data)):
+                return True
+        return False
+
     def _follow_inner(self, run: NodeRun) -> None:
         stream = run.stream
         if self._handle(run, run.pending):
@@ -154,6 +168,11 @@ class Watch:
                 try:
                     stream.send(b"h")
                 except Exception as e:
+                    # The supervisor closes its end when the job is over; its last lines and
+                    # its exit report may still be buffered here. Drain them before calling
+                    # the node lost, or a finished node loses its tail (and its logs).
+                    if self._drain(run):
+                        return
                     self._emit(run, "lost", f"connection closed ({e or 'send failed'})")
                     return
             data = stream.recv(min(0.2, self.heartbeat))

@@ -123,6 +123,29 @@ def test_a_detached_job_is_finalised_from_the_collected_supervisor_records(tmp_p
         h.select("zz")
 
 
+def test_stop_keeps_the_final_record_an_attached_run_wrote_meanwhile(tmp_path: Path) -> None:
+    """`fleetctl stop` loads job.json at the start; the attached run it interrupts writes its
+    own final record ("interrupted") while the stop still collects. The stop's update must
+    start from job.json as it is then, not overwrite it from its older copy."""
+    from fleetctl.teardown import NodeStop, TeardownReport
+
+    nodes = [{"rank": 0, "host": "a", "state": "running", "address": "10.0.0.1"}]
+    folder = _job(tmp_path, "j5", status="running", nodes=nodes, ended=None)
+    write_connect(folder.path, [Node("a", "10.0.0.1")])
+    h = JobHandle(tmp_path, "j5")
+    assert h.live
+    final = json.loads((folder.path / "job.json").read_text())
+    final.update(status="interrupted", ended="2026-01-01T00:02:00.000Z")
+    final["nodes"][0]["state"] = "stopped"
+    folder.write_job(final)  # the attached run ends first
+    report = TeardownReport([NodeStop("a", 0, found=[42])], grace=1.0)
+    h.mark_stopped(report, [])
+    job = json.loads((folder.path / "job.json").read_text())
+    assert job["status"] == "interrupted" and job["ended"] == "2026-01-01T00:02:00.000Z"
+    assert [n["state"] for n in job["nodes"]] == ["stopped"]
+    assert job["teardown"]["verified"] is True
+
+
 def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_path: Path):
     from fleetctl.cli import main
 

@@ -171,3 +171,46 @@ def test_live_lines_are_coloured_per_node_on_request() -> None:
     live(JobEvent("line", "y", 1, "b"))
     assert out.writes[0].startswith("\x1b[") and out.writes[0].endswith("[0 a]\x1b[0m x\n")
     assert out.writes[0][:5] != out.writes[1][:5]
+
+
+class _ClosingStream:
+    """A supervisor channel that has closed its write side: heartbeats fail, but its last
+    lines and exit report are still buffered for us to read."""
+
+    def __init__(self, data: bytes) -> None:
+        self.chunks = [data[i : i + 7] for i in range(0, len(data), 7)]
+
+    def send(self, data: bytes) -> None:
+        raise OSError("channel closed")
+
+    def recv(self, timeout: float) -> bytes | None:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
+    from fleetctl.launch import FrameReader, NodeRun
+    from fleetctl.node import Node
+    from fleetctl.watch import Watch
+
+    lines = [f"line {i}" for i in range(50)]
+    data = b"".join(f"L {x}\n".encode() for x in lines) + b"X 0\n"
+    run = NodeRun(
+        node=Node("n1", "10.0.0.1"),
+        rank=0,
+        conn=None,  # type: ignore[arg-type]
+        stream=_ClosingStream(data),  # type: ignore[arg-type]
+        reader=FrameReader(),
+        python="python3",
+        sup_path="s.py",
+        run_dir="/r",
+    )
+    watch = Watch(lost_timeout=2.0, heartbeat=0.05)
+    watch.attach(run)
+    events = [watch.events.get(timeout=5) for _ in range(len(lines) + 1)]
+    watch.close()
+    assert [e.text for e in events if e.kind == "line"] == lines
+    assert events[-1].kind == "exit" and events[-1].code == 0
+    assert watch.ended[0].kind == "exit"
