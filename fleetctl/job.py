@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import CheckError, FleetctlError, LaunchError
+from fleetctl.errors import CheckError, FleetctlError, LaunchError, RunFolderError
 from fleetctl.launch import NodeRun, node_spec, start_node
 from fleetctl.lifecycle import EXTERNAL_STOP_REASON
 from fleetctl.runs import DEFAULT_RUNS_DIR, RunFolder, iso
@@ -290,7 +290,7 @@ class _Job:
         self._emit_cb(ev)
 
     def save(self) -> None:
-        with contextlib.suppress(OSError), self.folder.locked():
+        with contextlib.suppress(OSError, RunFolderError), self.folder.locked():
             self.folder.write_job(self.result.to_dict())
 
 

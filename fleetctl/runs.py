@@ -25,6 +25,7 @@ DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
+LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
 
 
 def iso(ts: float | None) -> str | None:
@@ -84,7 +85,18 @@ class RunFolder:
         """
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + LOCK_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError as e:
+                    if time.monotonic() > deadline:
+                        raise RunFolderError(
+                            f"{self.path}: job.json is locked by another fleetctl for over "
+                            f"{LOCK_TIMEOUT:g}s"
+                        ) from e
+                    time.sleep(0.05)
             yield
         finally:
             os.close(fd)

@@ -54,3 +54,25 @@ def test_runs_are_listed_oldest_first_and_found_by_unique_prefix(tmp_path: Path)
 def test_times_are_iso_utc_with_milliseconds() -> None:
     assert iso(None) is None
     assert iso(86400.25) == "1970-01-02T00:00:00.250Z"
+
+
+def test_a_run_folder_lock_held_too_long_is_an_error_not_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+    import os
+
+    from fleetctl import runs
+    from fleetctl.errors import RunFolderError
+
+    folder = runs.RunFolder.create(tmp_path, "j-lock")
+    monkeypatch.setattr(runs, "LOCK_TIMEOUT", 0.3)
+    fd = os.open(folder.path, os.O_RDONLY | os.O_DIRECTORY)  # another fleetctl holding it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(RunFolderError, match="locked by another fleetctl"), folder.locked():
+            pass
+    finally:
+        os.close(fd)
+    with folder.locked():  # released: taken at once
+        pass
