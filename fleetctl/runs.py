@@ -57,16 +57,20 @@ class RunFolder:
     def create(cls, runs_dir: str | Path, job_id: str) -> RunFolder:
         """Make ``runs_dir/job_id`` (0700); refuses an existing one (job ids are unique)."""
         root = Path(runs_dir)
+        path = root / job_id
         try:
-            if not root.exists():
-                root.mkdir(parents=True, mode=0o700)
-            path = root / job_id
+            # exist_ok: two runs started together both find no runs dir and both create it;
+            # only the job's own folder must be new.
+            root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise RunFolderError(f"{root}: cannot create runs folder: {e}") from e
+        try:
             path.mkdir(mode=0o700)
             os.chmod(path, 0o700)
         except FileExistsError as e:
-            raise RunFolderError(f"{root / job_id}: run folder already exists") from e
+            raise RunFolderError(f"{path}: run folder already exists") from e
         except OSError as e:
-            raise RunFolderError(f"{root / job_id}: cannot create run folder: {e}") from e
+            raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
         return cls(path)
 
     def write_plan(self, plan: dict[str, Any]) -> None:

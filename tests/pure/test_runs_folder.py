@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,27 @@ def test_a_run_folder_is_private_and_never_reused(tmp_path: Path) -> None:
     assert oct(f.path.parent.stat().st_mode & 0o777) == "0o700"
     with pytest.raises(RunFolderError, match="already exists"):
         RunFolder.create(tmp_path / "fleet-runs", "20260101-000000-aaaaaa")
+
+
+def test_two_runs_starting_together_both_get_their_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs dir made by a peer between "does it exist?" and mkdir is not our folder clashing.
+
+    Two `fleetctl run` started in the same second into a fresh --runs-dir once failed with
+    "run folder already exists" for a job id nobody had used.
+    """
+    root = tmp_path / "fleet-runs"
+    real_mkdir = Path.mkdir
+
+    def peer_wins(self: Path, *args: object, **kwargs: object) -> None:
+        if self == root and not root.exists():
+            os.mkdir(root, 0o700)  # the other run, a moment earlier
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", peer_wins)
+    f = RunFolder.create(root, "20260101-000000-bbbbbb")
+    assert f.path.is_dir() and f.path.parent == root
 
 
 def test_job_plan_and_events_are_written_and_read_back(tmp_path: Path) -> None:
