@@ -66,8 +66,9 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class JobEvent:
-    """What the CLI shows. ``kind``: phase, line, notice, exit, lost, failure, teardown,
-    collect, warning. ``rank``/``host`` name the node for node events."""
+    """What the CLI shows. ``kind``: phase, line, lines, notice, exit, lost, failure,
+    teardown, collect, warning. ``rank``/``host`` name the node for node events; ``lines``
+    holds a node's output lines that arrived together (kind ``lines``)."""
 
     kind: str
     text: str = ""
@@ -75,6 +76,7 @@ class JobEvent:
     host: str | None = None
     code: int | None = None
     time: float = field(default_factory=time.time)
+    lines: tuple[str, ...] = ()
 
 
 @dataclass
@@ -280,10 +282,11 @@ class _Job:
         code: int | None = None,
         log: bool = True,
         ts: float | None = None,
+        lines: tuple[str, ...] = (),
     ) -> None:
         host = self.result.nodes[rank].host if rank is not None else None
-        ev = JobEvent(kind, text, rank, host, code, ts or time.time())
-        if log and kind != "line":
+        ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines)
+        if log and kind not in ("line", "lines"):
             where = f"[{rank} {host}] " if rank is not None else ""
             with contextlib.suppress(OSError):
                 self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
@@ -481,9 +484,9 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
 def _on_event(job: _Job, ev: Event) -> None:
     """Record a watcher event in the result and pass it on."""
     node = job.result.nodes[ev.rank]
-    if ev.kind == "line":
-        node.tail.append(ev.text)
-        job.emit("line", ev.text, rank=ev.rank, ts=ev.time)
+    if ev.kind == "lines":
+        node.tail.extend(ev.lines)
+        job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
     if ev.kind == "notice":
         if ev.text.endswith(EXTERNAL_STOP_REASON) and job.result.first_failure is None:

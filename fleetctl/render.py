@@ -153,9 +153,12 @@ class LiveLog:
         return self.tail == "all" or rank is None or str(rank) == self.tail
 
     def __call__(self, ev: JobEvent) -> None:
-        if ev.kind == "line":
+        if ev.kind in ("line", "lines"):
             if self.shows(ev.rank):
-                self.out.write(self._prefix(ev.rank, ev.host, self.colour) + ev.text + "\n")
+                prefix = self._prefix(ev.rank, ev.host, self.colour)
+                lines = ev.lines if ev.kind == "lines" else (ev.text,)
+                # one write and one flush per batch: whole lines, never interleaved
+                self.out.write("".join(f"{prefix}{text}\n" for text in lines))
                 self.out.flush()
             return
         if ev.kind in ("started",) and not ev.text:

@@ -26,9 +26,12 @@ DEFAULT_HEARTBEAT = 1.0
 
 @dataclass(frozen=True)
 class Event:
-    """Something that happened on a node. ``kind``: line, notice, exit, lost.
+    """Something that happened on a node. ``kind``: lines, notice, exit, lost.
 
-    ``code`` (exit): the launcher's exit code, or -signal when a signal ended it.
+    ``lines`` (lines): the job's output lines that arrived together, in order — one event per
+    received chunk, not per line, so a chatty job costs the controller one queue hand-off and
+    one terminal write per chunk. ``code`` (exit): the launcher's exit code, or -signal when a
+    signal ended it.
     """
 
     kind: str
@@ -37,6 +40,7 @@ class Event:
     time: float
     text: str = ""
     code: int | None = None
+    lines: tuple[str, ...] = ()
 
 
 class Watch:
@@ -111,8 +115,15 @@ class Watch:
                 run.stream.close()
 
     # -- per node ---------------------------------------------------------------------------
-    def _emit(self, run: NodeRun, kind: str, text: str = "", code: int | None = None) -> None:
-        ev = Event(kind, run.rank, run.node.name, time.time(), text, code)
+    def _emit(
+        self,
+        run: NodeRun,
+        kind: str,
+        text: str = "",
+        code: int | None = None,
+        lines: tuple[str, ...] = (),
+    ) -> None:
+        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines)
         if kind in ("exit", "lost"):
             with self._lock:
                 if run.rank in self.ended:
@@ -121,18 +132,28 @@ class Watch:
         self.events.put(ev)
 
     def _handle(self, run: NodeRun, frames: list[Frame]) -> bool:
-        """Turn frames into events; True once the node reported its exit."""
+        """Turn frames into events; True once the node reported its exit.
+
+        Consecutive output lines become one ``lines`` event; any other frame flushes them
+        first, so the order of lines, notices and the exit stays the node's order.
+        """
+        batch: list[str] = []
         for fr in frames:
-            if fr.kind == "L":
-                self._emit(run, "line", fr.text)
-            elif fr.kind in ("E", "F"):
-                self._emit(run, "notice", fr.text)
-            elif fr.kind == "X":
+            if fr.kind == "L" or (fr.kind == "?" and fr.payload):
+                batch.append(fr.text)
+                continue
+            if fr.kind not in ("E", "F", "X"):
+                continue
+            if batch:
+                self._emit(run, "lines", lines=tuple(batch))
+                batch = []
+            if fr.kind == "X":
                 code = exit_code_of(fr)
                 self._emit(run, "exit", code=code if code is not None else 255)
                 return True
-            elif fr.kind == "?" and fr.payload:
-                self._emit(run, "line", fr.text)
+            self._emit(run, "notice", fr.text)
+        if batch:
+            self._emit(run, "lines", lines=tuple(batch))
         return False
 
     def _follow(self, run: NodeRun) -> None:

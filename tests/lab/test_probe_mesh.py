@@ -9,18 +9,23 @@ Traffic goes only between the hosts of a private 2-host lab, over its data netwo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from fleetctl import probe
 from fleetctl.lab import Lab
 
 pytestmark = pytest.mark.lab
 
+# The probe's source comes on stdin, as `fleetctl check` ships it: the lab host cannot import
+# fleetctl (a checkout under /tmp is hidden by the host's private /tmp).
 MESH = (
-    "import json, sys\n"
-    "from fleetctl.probe import mesh\n"
+    "import json, sys, types\n"
+    "probe = types.ModuleType('probe')\n"
+    "exec(compile(sys.stdin.read(), 'probe.py', 'exec'), probe.__dict__)\n"
     "src, dst = sys.argv[1:3]\n"
-    "out = mesh(src, [{'name': 'peer', 'addr': dst, 'port': 22}], float(sys.argv[3]))\n"
+    "out = probe.mesh(src, [{'name': 'peer', 'addr': dst, 'port': 22}], float(sys.argv[3]))\n"
     "print(json.dumps(out['peers']['peer']))\n"
 )
 
@@ -28,7 +33,8 @@ MESH = (
 def run_mesh(lab: Lab, timeout: float) -> dict:
     a, b = lab.hosts
     argv = [lab.state["python"], "-c", MESH, a.data_addr or "", b.data_addr or "", str(timeout)]
-    r = lab.exec(a.name, argv, timeout=30, check=True)
+    source = Path(probe.__file__).read_text()
+    r = lab.exec(a.name, argv, input=source, timeout=30, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

@@ -173,6 +173,15 @@ def test_live_lines_are_coloured_per_node_on_request() -> None:
     assert out.writes[0][:5] != out.writes[1][:5]
 
 
+def test_a_batch_of_lines_is_one_write_with_every_line_prefixed() -> None:
+    from fleetctl.job import JobEvent
+
+    out = _Out()
+    live = LiveLog(colour=False, out=out, err=_Out())
+    live(JobEvent("lines", rank=2, host="gpu03", lines=("step 1", "", "step 2")))
+    assert out.writes == ["[2 gpu03] step 1\n[2 gpu03] \n[2 gpu03] step 2\n"]
+
+
 class _ClosingStream:
     """A supervisor channel that has closed its write side: heartbeats fail, but its last
     lines and exit report are still buffered for us to read."""
@@ -209,8 +218,42 @@ def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
     )
     watch = Watch(lost_timeout=2.0, heartbeat=0.05)
     watch.attach(run)
-    events = [watch.events.get(timeout=5) for _ in range(len(lines) + 1)]
+    events = []
+    while not events or events[-1].kind != "exit":
+        events.append(watch.events.get(timeout=5))
     watch.close()
-    assert [e.text for e in events if e.kind == "line"] == lines
+    assert [x for e in events if e.kind == "lines" for x in e.lines] == lines
     assert events[-1].kind == "exit" and events[-1].code == 0
     assert watch.ended[0].kind == "exit"
+
+
+def test_lines_arrive_in_one_event_per_chunk_in_the_node_order() -> None:
+    """A chatty node costs one event per received chunk, and a notice or the exit between
+    lines is never reordered around them."""
+    from fleetctl.launch import FrameReader, NodeRun
+    from fleetctl.node import Node
+    from fleetctl.watch import Watch
+
+    run = NodeRun(
+        node=Node("n1", "10.0.0.1"),
+        rank=0,
+        conn=None,  # type: ignore[arg-type]
+        stream=None,  # type: ignore[arg-type]
+        reader=FrameReader(),
+        python="python3",
+        sup_path="s.py",
+        run_dir="/r",
+    )
+    watch = Watch()
+    chunk = b"L a\nL b\nnoise from bashrc\nH\nE node says hi\nL c\nX 3\nL after exit\n"
+    assert watch._handle(run, run.reader.feed(chunk)) is True
+    got = []
+    while not watch.events.empty():
+        e = watch.events.get_nowait()
+        got.append((e.kind, e.lines or e.text or e.code))
+    assert got == [
+        ("lines", ("a", "b", "noise from bashrc")),
+        ("notice", "node says hi"),
+        ("lines", ("c",)),
+        ("exit", 3),
+    ]

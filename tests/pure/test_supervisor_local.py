@@ -248,7 +248,7 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
     assert console == f"rank 0 args {['a b', ';']!r}\n"
     assert (folder / f"0-{node.name}" / "supervisor.json").is_file()
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
-    assert any(e.kind == "line" and e.text.startswith("rank 0") for e in events)
+    assert any(e.kind == "lines" and e.lines[0].startswith("rank 0") for e in events)
     assert result.teardown is not None and result.teardown.verified
     assert "exit" in (folder / "events.log").read_text()
 
