@@ -158,7 +158,7 @@ class LiveLog:
                 prefix = self._prefix(ev.rank, ev.host, self.colour)
                 lines = ev.lines if ev.kind == "lines" else (ev.text,)
                 # one write and one flush per batch: whole lines, never interleaved
-                self.out.write("".join(f"{prefix}{text}\n" for text in lines))
+                self.out.write(prefix + ("\n" + prefix).join(lines) + "\n")
                 self.out.flush()
             return
         if ev.kind in ("started",) and not ev.text:

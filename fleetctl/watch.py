@@ -62,6 +62,7 @@ class Watch:
         self._lock = threading.Lock()
 
     def attach(self, run: NodeRun) -> None:
+        run.reader.batch_lines = True  # from here on, only lines come in bulk
         if self._closing.is_set():  # started after the end: EOF makes its supervisor stop it
             with contextlib.suppress(Exception):
                 run.stream.send(b"k")
@@ -139,7 +140,10 @@ class Watch:
         """
         batch: list[str] = []
         for fr in frames:
-            if fr.kind == "L" or (fr.kind == "?" and fr.payload):
+            if fr.kind == "L":  # one line, or several joined by newlines (batched reader)
+                batch.extend(fr.text.split("\n"))
+                continue
+            if fr.kind == "?" and fr.payload:
                 batch.append(fr.text)
                 continue
             if fr.kind not in ("E", "F", "X"):

@@ -183,6 +183,9 @@ def test_proxyjump_reaches_node3_through_node1(lab3: Lab, tmp_path: Path) -> Non
         r = c.run("hostname; echo $SSH_CONNECTION", timeout=10)
         gateway = c._fabric.gateway
         assert gateway.transport.is_active()
+        # both hops use AES-GCM (one C call per packet, see connection._transport)
+        assert gateway.transport.local_cipher == "aes128-gcm@openssh.com"
+        assert c.client.get_transport().local_cipher == "aes128-gcm@openssh.com"
     finally:
         c.close()
     name, ssh_conn = r.stdout.splitlines()
@@ -377,6 +380,13 @@ def test_run_on_a_connection_whose_link_is_cut_fails_instead_of_hanging(lab3: La
 
 
 # ----------------------------------------------------------------------------------- run()
+
+
+def test_the_session_cipher_is_aes_gcm_from_the_servers_list(conn: SSHConnection) -> None:
+    """The real OpenSSH server offers both: we must pick GCM, not paramiko's aes128-ctr + HMAC."""
+    t = conn.client.get_transport()
+    assert t is not None
+    assert (t.local_cipher, t.remote_cipher) == ("aes128-gcm@openssh.com",) * 2
 
 
 def test_run_passes_argv_literally(conn: SSHConnection) -> None:

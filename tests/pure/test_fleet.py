@@ -261,3 +261,22 @@ def test_drop_reconnects_and_close_closes_every_connection(
             fleet.connection("nope")
     assert CountingConnection.closed == 1 + 3
     assert fleet.connected == ()
+
+
+def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
+    import socket
+
+    import paramiko
+
+    from fleetctl.connection import _transport
+
+    a, b = socket.socketpair()
+    try:
+        t = _transport(a)
+        ciphers = tuple(t.get_security_options().ciphers)
+        t.close()
+    finally:
+        a.close()
+        b.close()
+    assert ciphers[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+    assert sorted(ciphers) == sorted(paramiko.Transport._preferred_ciphers)  # nothing dropped

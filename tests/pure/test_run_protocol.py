@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from fleetctl.job import JobResult, NodeOutcome
-from fleetctl.launch import Frame, FrameReader, exit_code_of, parse_frame, start_command
+from fleetctl.launch import (
+    Frame,
+    FrameReader,
+    exit_code_of,
+    parse_block,
+    parse_frame,
+    start_command,
+)
 from fleetctl.render import LiveLog, fold_ranks, run_summary_lines
 
 
@@ -32,6 +39,35 @@ from fleetctl.render import LiveLog, fold_ranks, run_summary_lines
 )
 def test_a_line_parses_into_its_frame(line: bytes, kind: str, payload: bytes) -> None:
     assert parse_frame(line) == Frame(kind, payload)
+
+
+BLOCKS = [
+    (b"L a\nL b\nL ", [Frame("L", b"a\nb\n")]),  # fast path: nothing but L lines
+    (b"L a\nL\nL b", [Frame("L", b"a\n\nb")]),  # a bare "L" is an empty line
+    (b"L a\r\nL b\rc", [Frame("L", b"a\nb\rc")]),  # trailing CR dropped, inner CR kept
+    (b"L a\nH\nL b\nX 0", [Frame("L", b"a"), Frame("H"), Frame("L", b"b"), Frame("X", b"0")]),
+    (b"noise\nL a\nL b", [Frame("?", b"noise"), Frame("L", b"a\nb")]),
+    (b"L x\nLx", [Frame("L", b"x"), Frame("?", b"Lx")]),  # "Lx" is not an L frame
+    (b"X 1", [Frame("X", b"1")]),
+]
+
+
+@pytest.mark.parametrize(("block", "frames"), BLOCKS)
+def test_a_block_of_lines_merges_consecutive_output_lines(block: bytes, frames: list) -> None:
+    assert parse_block(block) == frames
+    # the same lines, frame by frame, say exactly the same thing
+    flat = [parse_frame(x) for x in block.split(b"\n")]
+    merged_back = []
+    for f in frames:
+        merged_back += [Frame("L", p) for p in f.payload.split(b"\n")] if f.kind == "L" else [f]
+    assert merged_back == flat
+
+
+def test_a_batching_reader_keeps_a_partial_line_for_the_next_chunk() -> None:
+    r = FrameReader(batch_lines=True)
+    assert r.feed(b"L one\nL tw") == [Frame("L", b"one")]
+    assert r.feed(b"o\nL three\nX 0\n") == [Frame("L", b"two\nthree"), Frame("X", b"0")]
+    assert r.feed(b"L tail") == [] and r.flush() == [Frame("L", b"tail")]
 
 
 @pytest.mark.parametrize(
