@@ -47,6 +47,7 @@ STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) 
 MAX_LINE = 65536
 MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
+COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
 
 
 # ------------------------------------------------------------------------------- /proc helpers
@@ -246,6 +247,23 @@ class Out:
             data = self.q.get()
             if data is None:
                 return
+            # Coalesce what queued meanwhile: one write, and fewer SSH packets for the
+            # controller to decrypt, when the job prints fast.
+            end = False
+            parts = [data]
+            size = len(data)
+            while size < COALESCE_BYTES:
+                try:
+                    more = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    end = True
+                    break
+                parts.append(more)
+                size += len(more)
+            if len(parts) > 1:
+                data = b"".join(parts)
             try:
                 view = memoryview(data)
                 while view:
@@ -253,6 +271,8 @@ class Out:
                     view = view[n:]
             except OSError:
                 self.broken = True  # controller gone; the log still gets everything
+                return
+            if end:
                 return
 
     def close(self, timeout: float) -> None:
