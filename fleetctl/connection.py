@@ -726,14 +726,13 @@ def _short(line: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _accept_new_policy_base():
-    import paramiko
+class _AcceptNewPolicy:
+    """``--accept-new``: like OpenSSH's accept-new — record unknown keys, still refuse changed.
 
-    return paramiko.MissingHostKeyPolicy
-
-
-class _AcceptNewPolicy(_accept_new_policy_base()):  # type: ignore[misc]
-    """``--accept-new``: like OpenSSH's accept-new — record unknown keys, still refuse changed."""
+    Duck-types paramiko.MissingHostKeyPolicy (paramiko only calls ``missing_host_key``), so
+    importing this module does not import paramiko: ``--help``, ``lab`` and ``--dry-run``
+    start faster.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
