@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import pytest
 
+from fleetctl.envbuild import EnvCache
+
 pytest_plugins = ["fleetctl.lab.pytest_plugin"]
 
 
 @pytest.fixture(autouse=True)
-def _private_check_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
-    """Each test gets its own check cache, so a passing check cached by one test can never hide
-    a fault that a later test injects."""
+def _private_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets its own check cache and controller push cache, so a passing check or a
+    hashed snapshot cached by one test can never hide a fault that a later test injects."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="session")
+def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
+    """Conda-pack test environments, built once per session (fleetctl.envbuild)."""
+    return EnvCache(tmp_path_factory.getbasetemp() / "push-envs")
 
 
 def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:

@@ -26,18 +26,6 @@ pytestmark = pytest.mark.lab
 NCCL_WHEEL = "nvidia-nccl-cu12==2.21.5"
 
 
-@pytest.fixture(scope="session")
-def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
-    return EnvCache(tmp_path_factory.getbasetemp() / "push-envs")
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-
-
 @pytest.fixture
 def wd(lab3: Lab) -> Iterator[str]:
     """A fresh workdir on every host (the lab's /root/.fleetctl is private per host)."""

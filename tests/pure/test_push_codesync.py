@@ -22,13 +22,6 @@ from fleetctl.envpack import archive_info, nccl_version
 from fleetctl.node import Node
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-
-
 def tree(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         p = root / rel

@@ -16,18 +16,6 @@ from fleetctl.node import Node
 from fleetctl.push import NodePush, PushOptions, env_path_prefix, push
 
 
-@pytest.fixture(scope="session")
-def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
-    return EnvCache(tmp_path_factory.getbasetemp() / "push-envs")
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-
-
 def local(name: str, workdir: Path, **kw: object) -> Node:
     return Node.localhost(name=name, workdir=str(workdir), **kw)
 
