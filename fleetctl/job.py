@@ -152,6 +152,9 @@ class JobResult:
     plan: Plan | None = None
     detached: bool = False
     verdict: str | None = None  # why a role job ended early (completion policy)
+    # With retries, on the last attempt's result: every attempt and why it ended/was retried
+    # (fleetctl.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
+    attempts: list[dict[str, Any]] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -217,7 +220,7 @@ class JobResult:
             "collected": [c.to_dict() for c in self.collected],
             "errors": self.errors,
             "folder": str(self.folder),
-        }
+        } | ({} if self.attempts is None else {"attempts": self.attempts})
 
 
 def _signame(sig: int) -> str:

@@ -298,6 +298,8 @@ def run_attempts(
     finally:
         if own:
             fleet.close()
+    if out.results:
+        out.final.attempts = [a.to_dict() for a in out.attempts]
     return out
 
 

@@ -172,3 +172,11 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
     data = json.loads((tmp_path / "j" / "attempts.json").read_text())
     assert [a["job_id"] for a in data["attempts"]] == ["j", "j.2", "j.3"]
     assert out.final.job_id == "j.3"
+    # `run --json` prints the final result: it carries every attempt, not just the last
+    final = out.final.to_dict()
+    assert [(a["job_id"], a["retried"]) for a in final["attempts"]] == [
+        ("j", True),
+        ("j.2", True),
+        ("j.3", False),
+    ]
+    assert final["attempts"][0]["ended_by"] == "node 1 (b): exit code 1"
