@@ -95,6 +95,7 @@ class NodeOutcome:
     reason: str | None = None
     folder: str | None = None
     collected: bool = False
+    leftovers: dict[str, Any] | None = None  # the supervisor's after-exit scan (exit report)
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES), repr=False
     )
@@ -507,6 +508,7 @@ def _on_event(job: _Job, ev: Event) -> None:
     node.end_time = ev.time
     failed = False
     if ev.kind == "exit":
+        node.leftovers = ev.report
         code = ev.code if ev.code is not None else 255
         node.exit_code, node.signal = (code, None) if code >= 0 else (None, -code)
         if code == 0:
@@ -637,7 +639,24 @@ def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
             f"stopping the job on {len(job.result.nodes)} node(s)"
             + (f" (grace {grace:g}s)" if grace else " (no grace)"),
         )
-    report = teardown(fleet, job.plan, grace=grace, pythons=job.pythons, lost=_lost_hosts(job))
+        # The supervisors got the stop over their channels: each reports its job's end with
+        # its own scan for leftovers. Wait for those (bounded); only the nodes that do not
+        # answer in time get a remote stop command.
+        job.watch.wait_ended(grace + 3.0)
+        _drain(job)
+    reported = {
+        n.host: n.leftovers
+        for n in job.result.nodes
+        if n.leftovers is not None and n.state not in ("running", "lost")
+    }
+    report = teardown(
+        fleet,
+        job.plan,
+        grace=grace,
+        pythons=job.pythons,
+        lost=_lost_hosts(job),
+        reported=reported,
+    )
     job.result.teardown = report
     for stop in report.nodes:
         if stop.skipped:

@@ -153,6 +153,21 @@ def parse_block(block: bytes) -> list[Frame]:
     return frames
 
 
+def exit_report_of(frame: Frame) -> dict[str, Any] | None:
+    """The ``X`` frame's JSON after the code: the supervisor's scan for the job's processes
+    once the launcher had exited (``found``, ``killed``, ``remaining``). None when absent."""
+    _, _, rest = frame.payload.partition(b" ")
+    if not rest.strip():
+        return None
+    try:
+        data = json.loads(rest)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("remaining"), list):
+        return None
+    return data
+
+
 class FrameReader:
     """Split a byte stream into frames; a partial line waits for the rest, never split.
 

@@ -11,7 +11,8 @@ controller -> supervisor (stdin)
 supervisor -> controller (stdout), one frame per line, never a partial line:
     ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``L <text>`` one output
     line of the job · ``H`` heartbeat · ``E <text>`` supervisor notice · ``F <text>`` could not
-    start · ``Q`` detached · ``X <code>`` the job ended (exit code, or -signal).
+    start · ``Q`` detached · ``X <code> [<json>]`` the job ended (exit code, or -signal), with
+    what the scan for the job's processes after the exit found, killed and left.
 
 The job runs in its own session/process group with ``FLEET_JOB_ID``/``FLEET_NODE_RANK`` in its
 env. Stopping = SIGTERM to that group and to every process whose /proc/<pid>/environ carries
@@ -332,6 +333,8 @@ class Supervisor:
         self.last_hb = time.monotonic()
         self.stop_request: tuple[float, str] | None = None  # (grace, reason)
         self.stop_reason: str | None = None
+        self.leftovers: dict | None = None  # the after-exit scan, reported with ``X``
+        self.stopped: dict = {}  # what a requested stop found and killed
         self.lock = threading.Lock()
         self.log = None
         self.state: dict = {}
@@ -495,6 +498,11 @@ class Supervisor:
             self.leader_start,
             min(self.grace, 2.0) if stopping_with is None else 0.0,
         )
+        self.leftovers = {
+            "found": sorted({*self.stopped.get("found", []), *left["found"]}),
+            "killed": sorted({*self.stopped.get("killed", []), *left["killed"]}),
+            "remaining": left["remaining"],
+        }
         if left["found"]:
             self.out.frame(
                 "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
@@ -519,7 +527,7 @@ class Supervisor:
         return code
 
     def _stop(self, grace: float) -> None:
-        stop_processes(
+        self.stopped = stop_processes(
             self.job_id,
             self.rank,
             self.proc.pid if self.proc else None,
@@ -561,7 +569,17 @@ def cmd_run() -> int:
     )
     signal.signal(signal.SIGINT, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGINT"))
     code = _start_and_supervise(sup)
-    out.frame("X", str(code).encode(), must=True)
+    # ``X <code> <json>``: the scan after the launcher exited, the same one `stop` mode does,
+    # so the controller's teardown needs no extra remote command for this node.
+    report = b""
+    if sup.leftovers is not None:
+        report = (
+            b" "
+            + json.dumps(
+                {k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")}
+            ).encode()
+        )
+    out.frame("X", str(code).encode() + report, must=True)
     out.close(3.0)
     return 0
 

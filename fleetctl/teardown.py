@@ -34,6 +34,9 @@ class NodeStop:
     remaining: list[dict[str, Any]] = field(default_factory=list)  # alive after SIGKILL: error
     skipped: str | None = None  # why the node was not asked (lost)
     error: str | None = None  # could not run the stop on the node
+    # "supervisor": the node's supervisor scanned for the job's processes after its launcher
+    # exited and reported it with the exit (no remote command); "stop command": we asked.
+    checked_by: str = "stop command"
 
     @property
     def clean(self) -> bool:
@@ -48,6 +51,7 @@ class NodeStop:
             "remaining": self.remaining,
             "skipped": self.skipped,
             "error": self.error,
+            "checked_by": self.checked_by,
         }
 
 
@@ -121,16 +125,25 @@ def teardown(
     pythons: Mapping[str, str],
     lost: Iterable[str] = (),
     timeout: float | None = None,
+    reported: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> TeardownReport:
-    """Stop the job on every node of the plan except lost ones, in parallel; verify each."""
+    """Stop the job on every node of the plan except lost ones, in parallel; verify each.
+
+    ``reported``: per host, the leftover scan its supervisor sent with the job's exit (see
+    ``launch.exit_report_of``). That scan is the one ``stop`` mode would do, made after the
+    launcher was gone, so those nodes need no remote command: only the others are asked.
+    """
     import time
 
     t0 = time.monotonic()
     lost = set(lost)
+    reported = reported or {}
     by_name = {n.name: n for n in fleet.nodes}
     ranks = {np.host: np.node_rank for np in plan.nodes}
     run_dirs = {np.host: np.run_dir for np in plan.nodes}
-    todo = [by_name[np.host] for np in plan.nodes if np.host not in lost]
+    todo = [
+        by_name[np.host] for np in plan.nodes if np.host not in lost and np.host not in reported
+    ]
 
     def one(node: Node, conn: Connection) -> NodeStop:
         return stop_on_node(
@@ -156,6 +169,19 @@ def teardown(
                     np.host,
                     np.node_rank,
                     skipped="lost: cannot be reached; its dead-man switch stops the job",
+                )
+            )
+            continue
+        if np.host in reported:
+            rep = reported[np.host]
+            stops.append(
+                NodeStop(
+                    np.host,
+                    np.node_rank,
+                    found=list(rep.get("found") or []),
+                    killed=list(rep.get("killed") or []),
+                    remaining=list(rep.get("remaining") or []),
+                    checked_by="supervisor",
                 )
             )
             continue

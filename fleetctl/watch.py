@@ -13,9 +13,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fleetctl.launch import exit_code_of
+from fleetctl.launch import exit_code_of, exit_report_of
 
 if TYPE_CHECKING:
     from fleetctl.launch import Frame, NodeRun
@@ -41,6 +41,7 @@ class Event:
     text: str = ""
     code: int | None = None
     lines: tuple[str, ...] = ()
+    report: dict[str, Any] | None = None  # exit: the node's own scan for leftovers
 
 
 class Watch:
@@ -123,8 +124,9 @@ class Watch:
         text: str = "",
         code: int | None = None,
         lines: tuple[str, ...] = (),
+        report: dict[str, Any] | None = None,
     ) -> None:
-        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines)
+        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines, report)
         if kind in ("exit", "lost"):
             with self._lock:
                 if run.rank in self.ended:
@@ -153,7 +155,9 @@ class Watch:
                 batch = []
             if fr.kind == "X":
                 code = exit_code_of(fr)
-                self._emit(run, "exit", code=code if code is not None else 255)
+                self._emit(
+                    run, "exit", code=code if code is not None else 255, report=exit_report_of(fr)
+                )
                 return True
             self._emit(run, "notice", fr.text)
         if batch:

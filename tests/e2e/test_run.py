@@ -302,6 +302,9 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
     assert job["status"] == "failed" and job["first_failure"]["rank"] == 1
     assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"]
     assert job["teardown"]["verified"] is True
+    # every supervisor answered the stop over its own channel with its sweep of the job's
+    # processes: no node needed a separate stop command (testinfra below double-checks)
+    assert [n["checked_by"] for n in job["teardown"]["nodes"]] == ["supervisor"] * 3
     for rank, host in enumerate(("node1", "node2", "node3")):
         assert (r.folder / f"{rank}-{host}" / "console.log").stat().st_size > 0
     assert "intentional failure" in (r.folder / "1-node2" / "console.log").read_text()

@@ -18,7 +18,7 @@ import pytest
 
 from fleetctl.connection import LocalConnection
 from fleetctl.job import RunOptions, run_job
-from fleetctl.launch import FrameReader, NodeRun, start_node, supervisor_path
+from fleetctl.launch import FrameReader, NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.node import Node
 from fleetctl.plan import JobSpec
 from fleetctl.supervisor import find_job_processes, stop_processes
@@ -69,9 +69,26 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
         j.close()
 
 
-def drain(run: NodeRun, timeout: float = 20.0, heartbeat: bool = False) -> list[tuple[str, str]]:
-    """Every frame (kind, text) until the supervisor's stream ends."""
-    frames = [(f.kind, f.text) for f in run.pending]
+def drain(
+    run: NodeRun,
+    timeout: float = 20.0,
+    heartbeat: bool = False,
+    reports: list[dict | None] | None = None,
+) -> list[tuple[str, str]]:
+    """Every frame (kind, text) until the supervisor's stream ends. ``X`` frames keep only
+    their exit code; the leftover scan that follows it goes to ``reports``."""
+    frames: list[tuple[str, str]] = []
+
+    def add(new: list) -> None:
+        for f in new:
+            if f.kind == "X":
+                frames.append(("X", f.text.split(" ", 1)[0]))
+                if reports is not None:
+                    reports.append(exit_report_of(f))
+            else:
+                frames.append((f.kind, f.text))
+
+    add(run.pending)
     reader: FrameReader = run.reader
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,8 +98,7 @@ def drain(run: NodeRun, timeout: float = 20.0, heartbeat: bool = False) -> list[
         data = run.stream.recv(0.3)
         if data is None:
             continue
-        new = reader.feed(data) if data else reader.flush()
-        frames += [(f.kind, f.text) for f in new]
+        add(reader.feed(data) if data else reader.flush())
         if not data:
             return frames
     raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
@@ -157,12 +173,17 @@ def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs
     time.sleep(0.3)
     assert len(find_job_processes("t-deadman", 0)) >= 3  # sh, sleep, setsid'd sleep
     t0 = time.monotonic()
-    frames = drain(run, heartbeat=False)
+    reports: list[dict | None] = []
+    frames = drain(run, heartbeat=False, reports=reports)
     took = time.monotonic() - t0
     assert any(k == "E" and "dead-man" in t for k, t in frames), frames
     assert frames[-1] == ("X", "-9")  # it ignored SIGTERM, so SIGKILL after the grace
     assert took < 10
     assert wait_gone("t-deadman") == []
+    # the exit carries the supervisor's own sweep: the escapees it found and killed, none left
+    [report] = reports
+    assert report is not None and report["remaining"] == []
+    assert len(report["found"]) >= 3 and report["killed"]
 
 
 def test_the_controller_closing_the_connection_stops_the_job(jobs: Jobs) -> None:
