@@ -15,13 +15,14 @@ import posixpath
 import shlex
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetctl.errors import CollectError
 from fleetctl.launch import supervisor_command, supervisor_path
+from fleetctl.supervisor import TAR_MARKER  # the same marker at both ends
 
 if TYPE_CHECKING:
     from fleetctl.connection import Connection, Stream
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan import Plan
 
-TAR_MARKER = b"FLEETCTL-TAR\n"
 COLLECT_TIMEOUT = 60.0
 
 
@@ -176,6 +176,39 @@ def node_folder_name(rank: int, host: str) -> str:
     return f"{rank}-{safe}"
 
 
+def collect_from_supervisor(
+    node: Node,
+    stream: Stream,
+    *,
+    dest: Path,
+    rank: int,
+    timeout: float = COLLECT_TIMEOUT,
+) -> NodeCollect | None:
+    """Ask a supervisor whose job has ended for its run folder on its own channel (``c``).
+
+    No remote command, so no remote shell start-up. None when that channel cannot deliver
+    (closed, no marker): the caller falls back to :func:`collect_node`.
+    """
+    out = NodeCollect(node.name, rank, str(dest))
+    try:
+        stream.send(b"c")
+        reader = _StreamReader(stream, time.monotonic() + timeout)
+        while not reader.started and not reader.eof:
+            reader._fill()
+        if not reader.started:
+            return None
+        try:
+            out.files, out.bytes, out.refused = extract_tar(reader, dest)  # type: ignore[arg-type]
+        except (tarfile.TarError, OSError, EOFError) as e:
+            out.error = f"log archive from the node is damaged: {e}"
+        return out
+    except (OSError, EOFError, CollectError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            stream.close()
+
+
 def collect_node(
     node: Node,
     conn: Connection,
@@ -223,8 +256,15 @@ def collect(
     pythons: dict[str, str],
     skip: Iterable[str] = (),
     timeout: float = COLLECT_TIMEOUT,
+    streams: Mapping[str, Stream] | None = None,
 ) -> list[NodeCollect]:
-    """Collect every node's run folder in parallel into ``folder/<rank>-<host>/``."""
+    """Collect every node's run folder in parallel into ``folder/<rank>-<host>/``.
+
+    ``streams``: per host, the channel of a supervisor whose job ended and that waits to send
+    its run folder (see :func:`collect_from_supervisor`); the others, and any of those that
+    cannot deliver, run the supervisor's ``pack`` mode as a remote command.
+    """
+    streams = streams or {}
     skip = set(skip)
     by_name = {n.name: n for n in fleet.nodes}
     todo = [by_name[np.host] for np in plan.nodes if np.host not in skip]
@@ -235,6 +275,13 @@ def collect(
         return folder / node_folder_name(ranks[host], host)
 
     def one(node: Node, conn: Connection) -> NodeCollect:
+        stream = streams.get(node.name)
+        if stream is not None:
+            got = collect_from_supervisor(
+                node, stream, dest=dest(node.name), rank=ranks[node.name], timeout=timeout
+            )
+            if got is not None:
+                return got
         return collect_node(
             node,
             conn,

@@ -167,6 +167,8 @@ class _LocalStream(Stream):
 
     def send(self, data: bytes) -> None:
         assert self._proc.stdin is not None
+        if self._proc.stdin.closed:  # like a closed SSH channel: OSError, as documented
+            raise OSError("stdin closed")
         self._proc.stdin.write(data)
         self._proc.stdin.flush()
 

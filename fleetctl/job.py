@@ -29,7 +29,7 @@ from fleetctl.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
 if TYPE_CHECKING:
     from fleetctl.collect import NodeCollect
-    from fleetctl.connection import Connection, SSHSettings
+    from fleetctl.connection import Connection, SSHSettings, Stream
     from fleetctl.fleet import Fleet
     from fleetctl.node import Node
     from fleetctl.plan import JobSpec, Plan
@@ -583,7 +583,9 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
         node = job.result.nodes[rank]
         if node.state == "running":
             node.state, node.reason = "lost", "no exit report after teardown"
-    watch.close()
+    # Supervisors that reported their exit wait on their channel to send the run folder.
+    in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
+    watch.close(keep=in_band)
     _drain(job)
     for node in job.result.nodes:
         if node.state in ("pending", "running") and node.rank not in watch.runs:
@@ -601,9 +603,13 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
     ):
         job.result.status = "interrupted"
     try:
-        _collect(job, fleet)
+        _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
     except KeyboardInterrupt:
         job.result.errors.append("log collection interrupted")
+    finally:
+        for r in in_band:  # collected or not, nothing more to say on these channels
+            with contextlib.suppress(Exception):
+                watch.runs[r].stream.close()
     job.result.ended = time.time()
     job.save()
     job.emit("done", job.result.status, log=True)
@@ -680,13 +686,15 @@ def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
         )
 
 
-def _collect(job: _Job, fleet: Fleet) -> None:
+def _collect(job: _Job, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
     from fleetctl.collect import collect
 
     assert job.plan is not None
     lost = _lost_hosts(job)
     job.emit("phase", f"collecting logs into {job.folder.path}")
-    results = collect(fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost)
+    results = collect(
+        fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost, streams=streams
+    )
     job.result.collected = results
     for c in results:
         node = job.result.nodes[c.rank]

@@ -49,6 +49,8 @@ MAX_LINE = 65536
 MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
+LINGER = 120.0  # s after the exit to wait for the controller's ``c`` (collect) or EOF
+TAR_MARKER = b"FLEETCTL-TAR\n"  # precedes the tar stream (as in fleetctl.collect)
 
 
 # ------------------------------------------------------------------------------- /proc helpers
@@ -338,6 +340,9 @@ class Supervisor:
         self.lock = threading.Lock()
         self.log = None
         self.state: dict = {}
+        self.listening = False
+        self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
+        self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -439,6 +444,7 @@ class Supervisor:
                 data = b""
             if not data:
                 self.request_stop(self.grace, "controller connection closed (dead-man switch)")
+                self.released.set()
                 return
             self._handle(data)
 
@@ -446,6 +452,9 @@ class Supervisor:
         if not data:
             return
         self.last_hb = time.monotonic()
+        if b"c" in data:
+            self.collect_req.set()
+            self.released.set()
         if b"k" in data:
             self.request_stop(0.0, "kill requested by the controller")
         elif b"t" in data:
@@ -465,6 +474,7 @@ class Supervisor:
         if not self.detach:
             threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
             threading.Thread(target=self.listen, daemon=True).start()
+            self.listening = True
         stopping_with: float | None = None
         stopper: threading.Thread | None = None
         while self.proc.poll() is None:
@@ -581,6 +591,13 @@ def cmd_run() -> int:
         )
     out.frame("X", str(code).encode() + report, must=True)
     out.close(3.0)
+    # After the exit, the controller may ask for the run folder on this same channel (``c``):
+    # no second remote command to collect the logs. EOF, or nothing within LINGER, ends it.
+    released = sup.listening and not out.broken and sup.released.wait(LINGER)
+    if released and sup.collect_req.is_set():
+        with contextlib.suppress(OSError):
+            os.write(out_fd, TAR_MARKER)
+            pack_dir(sup.run_dir, out_fd)
     return 0
 
 
@@ -717,8 +734,13 @@ def cmd_status(argv: list[str]) -> int:
 def cmd_pack(argv: list[str]) -> int:
     """The run folder as a tar stream on stdout: regular files and folders only, no links."""
     opts = _opts(argv)
-    root = os.path.abspath(os.path.expanduser(opts["run_dir"]))
-    out = os.fdopen(1, "wb", closefd=False)
+    pack_dir(os.path.abspath(os.path.expanduser(opts["run_dir"])), 1)
+    return 0
+
+
+def pack_dir(root: str, fd: int) -> None:
+    """Write ``root`` as a tar stream to ``fd``: regular files and folders only, no links."""
+    out = os.fdopen(fd, "wb", closefd=False)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             rel = os.path.relpath(dirpath, root)
@@ -743,7 +765,6 @@ def cmd_pack(argv: list[str]) -> int:
                 d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
             )
     out.flush()
-    return 0
 
 
 def _is_regular(mode: int) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,12 +108,19 @@ class Watch:
             time.sleep(0.05)
         return self.running()
 
-    def close(self) -> None:
-        """Stop reading; close every stream (a still-running supervisor sees EOF = dead-man)."""
+    def close(self, keep: Iterable[int] = ()) -> None:
+        """Stop reading; close every stream (a still-running supervisor sees EOF = dead-man).
+
+        ``keep``: ranks whose stream stays open — their job has ended and their supervisor
+        waits to send its run folder on it (``fleetctl.collect``); the collector closes them.
+        """
         self._closing.set()
+        keep = set(keep)
         for t in list(self._threads.values()):
             t.join(2.0)
-        for run in self.runs.values():
+        for rank, run in self.runs.items():
+            if rank in keep and not self._threads[rank].is_alive():
+                continue
             with contextlib.suppress(Exception):
                 run.stream.close()
 

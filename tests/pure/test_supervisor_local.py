@@ -85,6 +85,9 @@ def drain(
                 frames.append(("X", f.text.split(" ", 1)[0]))
                 if reports is not None:
                     reports.append(exit_report_of(f))
+                # after its exit the supervisor waits for `c` (collect) or EOF: say goodbye
+                with contextlib.suppress(OSError, EOFError):
+                    run.stream.close_stdin()
             else:
                 frames.append((f.kind, f.text))
 
@@ -138,6 +141,45 @@ def test_a_job_runs_in_its_run_folder_with_its_env_and_reports_its_exit(jobs: Jo
     assert state["job_id"] == "t-exit" and state["exit_code"] == 7 and state["state"] == "exited"
     assert state["pgid"] == state["pid"] and state["end_time"] >= state["start_time"]
     assert run.uploaded  # first start on this workdir installed the supervisor
+
+
+def test_after_its_exit_the_supervisor_sends_the_run_folder_on_the_same_channel(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Collecting needs no second remote command: ``c`` after ``X`` brings the folder home."""
+    from fleetctl.collect import collect_from_supervisor
+    from fleetctl.watch import Watch
+
+    run = jobs.start(
+        "t-inband",
+        ["sh", "-c", "echo one; mkdir -p log; echo w0 > log/workerlog.0"],
+        cwd=str(jobs.root / "w" / "runs" / "t-inband"),
+    )
+    watch = Watch(heartbeat=0.2)
+    watch.attach(run)
+    assert watch.wait_ended(20.0) == []
+    events = []
+    while not watch.events.empty():
+        events.append(watch.events.get_nowait())
+    [exit_ev] = [e for e in events if e.kind == "exit"]
+    assert exit_ev.code == 0 and exit_ev.report == {"found": [], "killed": [], "remaining": []}
+    watch.close(keep={0})  # its stream stays open for the collector
+    dest = tmp_path / "home" / "0-local"
+    got = collect_from_supervisor(run.node, run.stream, dest=dest, rank=0, timeout=20.0)
+    assert got is not None and got.error is None
+    assert (dest / "console.log").read_text() == "one\n"
+    assert (dest / "log" / "workerlog.0").read_text() == "w0\n"
+    assert json.loads((dest / "supervisor.json").read_text())["exit_code"] == 0
+    assert run.stream.exit_code(10.0) == 0  # and then the supervisor is gone
+
+
+def test_a_supervisor_whose_controller_says_nothing_after_the_exit_leaves_on_eof(
+    jobs: Jobs,
+) -> None:
+    run = jobs.start("t-eof-after", ["true"])
+    frames = drain(run, heartbeat=True)  # closes stdin once X arrived
+    assert frames[-1] == ("X", "0")
+    assert run.stream.exit_code(10.0) == 0
 
 
 def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
