@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fleetctl.connection import Connection, SSHSettings
     from fleetctl.fleet import Fleet
     from fleetctl.plan import Plan
-    from fleetctl.teardown import TeardownReport
+    from fleetctl.teardown import NodeStop, TeardownReport
 
 CONNECT_FILE = "connect.json"
 EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
@@ -302,11 +302,20 @@ if os.path.isdir(d):
 """
 
 
-def request_stop(fleet: Fleet, plan: Plan, nodes: Sequence[Node]) -> None:
+def request_stop(
+    fleet: Fleet,
+    plan: Plan,
+    nodes: Sequence[Node],
+    *,
+    reason: str = EXTERNAL_STOP_REASON,
+    skip: Iterable[str] = (),
+) -> None:
     """Leave ``stop-request.json`` in every node's run folder before the stop, so each
     supervisor reports why its job ended and an attached ``fleetctl run`` (in another
-    terminal) counts the job as stopped, not failed. Best effort: the stop itself follows."""
+    terminal) counts the job as stopped, not failed. Best effort: the stop itself follows.
+    ``skip``: hosts not to ask (lost: unreachable)."""
     by_name = {n.name: n for n in nodes}
+    skip = set(skip)
 
     def one(node: Node, conn: Connection) -> None:
         np = plan.node(node.name)
@@ -316,11 +325,12 @@ def request_stop(fleet: Fleet, plan: Plan, nodes: Sequence[Node]) -> None:
             _STOP_MARK,
             conn.expand(np.run_dir),
             plan.job_id,
-            EXTERNAL_STOP_REASON,
+            reason,
         ]
         conn.run(argv, timeout=STATUS_TIMEOUT)
 
-    fleet.map(one, timeout=STATUS_TIMEOUT + 10, nodes=[by_name[n.host] for n in plan.nodes])
+    todo = [by_name[n.host] for n in plan.nodes if n.host in by_name and n.host not in skip]
+    fleet.map(one, timeout=STATUS_TIMEOUT + 10, nodes=todo)
 
 
 @dataclass
@@ -338,6 +348,7 @@ class NodeState:
     start_time: float | None = None
     end_time: float | None = None
     error: str | None = None
+    stop_reason: str | None = None  # the supervisor's, when it stopped the job
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -352,15 +363,29 @@ class NodeState:
             "start_time": iso(self.start_time),
             "end_time": iso(self.end_time),
             "error": self.error,
+            "stop_reason": self.stop_reason,
         }
 
 
-def node_states(fleet: Fleet, plan: Plan, nodes: Sequence[Node]) -> list[NodeState]:
-    """Ask every node's supervisor (``status`` mode) about the job, in parallel."""
+def node_states(
+    fleet: Fleet,
+    plan: Plan,
+    nodes: Sequence[Node],
+    *,
+    ensure: bool = True,
+    timeout: float = STATUS_TIMEOUT,
+) -> list[NodeState]:
+    """Ask every node's supervisor (``status`` mode) about the job, in parallel.
+
+    ``ensure`` first installs the supervisor where it is missing (one more command per node;
+    a watcher polling every few seconds does that once, then passes False). ``timeout`` bounds
+    each node's answer; a node that does not answer in time is ``unreachable``.
+    """
     from fleetctl.launch import supervisor_command, supervisor_path
 
     by_name = {n.name: n for n in nodes}
-    ensure_supervisor(fleet, [by_name[np.host] for np in plan.nodes if np.host in by_name])
+    if ensure:
+        ensure_supervisor(fleet, [by_name[np.host] for np in plan.nodes if np.host in by_name])
 
     def one(node: Node, conn: Connection) -> dict[str, Any]:
         np = plan.node(node.name)
@@ -372,15 +397,13 @@ def node_states(fleet: Fleet, plan: Plan, nodes: Sequence[Node]) -> list[NodeSta
             job_id=plan.job_id,
             run_dir=conn.expand(np.run_dir),
         )
-        res = conn.run(argv, timeout=STATUS_TIMEOUT)
+        res = conn.run(argv, timeout=timeout)
         data = _last_json(res.stdout)
         if res.exit_code != 0 or data is None:
             raise FleetctlError(f"status exited {res.exit_code}: {res.stderr.strip()[-200:]}")
         return data
 
-    results = fleet.map(
-        one, timeout=STATUS_TIMEOUT + 10, nodes=[by_name[n.host] for n in plan.nodes]
-    )
+    results = fleet.map(one, timeout=timeout + 10, nodes=[by_name[n.host] for n in plan.nodes])
     out = []
     for np in plan.nodes:
         r = results.get(np.host)
@@ -402,6 +425,7 @@ def node_states(fleet: Fleet, plan: Plan, nodes: Sequence[Node]) -> list[NodeSta
                 detached=bool(r.get("detached")),
                 start_time=r.get("start_time"),
                 end_time=r.get("end_time"),
+                stop_reason=r.get("stop_reason"),
             )
         )
     return out
@@ -547,9 +571,23 @@ class JobHandle:
         with contextlib.suppress(OSError):
             self.folder.event(text)
 
-    def _finalise(self, results: Iterable[NodeCollect], stopped: bool = False) -> None:
+    def _finalise(
+        self,
+        results: Iterable[NodeCollect],
+        stopped: bool = False,
+        *,
+        status: str | None = None,
+        failed_first: dict[str, Any] | None = None,
+        verified: Iterable[str] | None = None,
+    ) -> bool:
         """Update job.json from each collected ``supervisor.json`` (a detached job's only
         record of how it ended). The job stays live while any node still runs.
+
+        ``status`` (with ``failed_first`` for "failed"): the job monitor decided how the job
+        ended and tore the rest down; the node that failed first keeps its own state, peers
+        the teardown stopped are "stopped" nodes of a failed job, and ``verified`` (hosts the
+        teardown verified clean) tells which nodes with no record back are surely not running.
+        Returns True when this call wrote the job's final status.
 
         Call with ``self.folder.locked()`` held: it starts from job.json as it is *now*, since
         an attached run may have written its own final record meanwhile (that one stands).
@@ -560,6 +598,7 @@ class JobHandle:
         nodes = [dict(n) for n in job.get("nodes") or []]
         by_rank = {int(n["rank"]): n for n in nodes}
         collected = {c.rank: c for c in results}
+        first_rank = None if failed_first is None else failed_first.get("rank")
         still = False
         for rank, c in collected.items():
             node = by_rank.get(rank)
@@ -579,48 +618,132 @@ class JobHandle:
             node["start_time"] = node.get("start_time") or iso(sup.get("start_time"))
             ended = sup.get("end_time")
             by_stop = (
-                stopped
+                (stopped or failed_first is not None)  # ended by our teardown
                 and self.stop_time is not None
                 and isinstance(ended, (int, float))
                 and ended >= self.stop_time - 1.0
             )
+            if rank == first_rank:
+                continue  # set from the monitor's record below
             if st == "stopped" or by_stop:
                 node["state"] = "stopped"
                 node["reason"] = sup.get("stop_reason")
             else:
                 node["state"] = "succeeded" if sup.get("exit_code") == 0 else "failed"
+        if failed_first is not None and first_rank in by_rank:
+            node = by_rank[first_rank]
+            node["state"] = failed_first.get("state") or "failed"
+            for k in ("exit_code", "signal", "reason"):
+                if failed_first.get(k) is not None or k == "reason":
+                    node[k] = failed_first.get(k)
+            node["end_time"] = node.get("end_time") or failed_first.get("time")
         if stopped:  # nodes whose record did not come back were stopped all the same
             for node in nodes:
                 if node.get("state") in ("running", "pending"):
                     node["state"] = "stopped"
+        elif status is not None:
+            clean = set(verified or ())
+            for node in nodes:
+                if node.get("state") in ("running", "pending"):
+                    if node.get("host") in clean:
+                        node["state"] = "stopped"
+                    else:
+                        node["state"] = "lost"
+                        node["reason"] = "not reachable: the teardown could not verify it"
         # A node whose record did not come back (unreachable) may still run: the job stays live.
         still = still or any(n.get("state") in ("running", "pending") for n in nodes)
         job["nodes"] = nodes
         job["collected"] = [c.to_dict() for c in collected.values()]
-        if str(job.get("status")) in LIVE_STATES and not still:
+        final = False
+        if str(job.get("status")) in LIVE_STATES and (not still or status is not None):
+            final = True
             states = [n.get("state") for n in nodes]
-            if stopped or "stopped" in states:
+            failed = [n for n in nodes if n.get("state") in ("failed", "lost", "start_failed")]
+            if status is not None:
+                job["status"] = status
+                if failed_first is not None:
+                    ff = dict(failed_first)
+                    where = by_rank.get(first_rank) or {}
+                    ff.setdefault("address", where.get("train_addr") or where.get("address"))
+                    job["first_failure"] = _with_after(ff, job.get("started"))
+            elif stopped or ("stopped" in states and not failed):
                 job["status"] = "stopped"
             elif all(s == "succeeded" for s in states):
                 job["status"] = "succeeded"
             else:
                 job["status"] = "failed"
-                failed = [n for n in nodes if n.get("state") == "failed"]
-                if failed and not job.get("first_failure"):
-                    first = min(failed, key=lambda n: n.get("end_time") or "")
-                    job["first_failure"] = {
-                        k: first.get(k)
-                        for k in ("rank", "host", "state", "exit_code", "signal", "reason")
-                    } | {
-                        "address": first.get("train_addr") or first.get("address"),
-                        "time": first.get("end_time"),
-                    }
+            if job["status"] == "failed" and failed and not job.get("first_failure"):
+                first = min(failed, key=lambda n: n.get("end_time") or "")
+                job["first_failure"] = {
+                    k: first.get(k)
+                    for k in ("rank", "host", "state", "exit_code", "signal", "reason")
+                } | {
+                    "address": first.get("train_addr") or first.get("address"),
+                    "time": first.get("end_time"),
+                }
             ends = [n.get("end_time") for n in nodes if n.get("end_time")]
-            job["ended"] = max(ends) if ends else iso(time.time())
+            job["ended"] = max(ends) if ends and status is None else iso(time.time())
             if job.get("started") and job.get("ended"):
                 job["duration"] = _duration(job["started"], job["ended"])
         self.folder.write_job(job)
         self.job = job
+        return final
+
+    def mark_ended(
+        self,
+        status: str,
+        report: TeardownReport,
+        results: Iterable[NodeCollect],
+        *,
+        failed_first: dict[str, Any] | None = None,
+    ) -> bool:
+        """The job monitor's verdict: job.json says ``status`` (with who failed first), with
+        the teardown report. A job that ended meanwhile (``fleetctl stop`` or ``collect`` from
+        another terminal) keeps its own record. True when this verdict is the final record."""
+        with self.folder.locked():
+            final = self._finalise(
+                results,
+                status=status,
+                failed_first=failed_first,
+                verified={n.host for n in report.nodes if n.clean},
+            )
+            job = dict(self.job)
+            if final:
+                job["teardown"] = report.to_dict()
+            self.folder.write_job(job)
+            self.job = job
+        return final
+
+    def record_late_stop(self, stop: NodeStop, results: Iterable[NodeCollect]) -> None:
+        """A lost node reached again after the job ended: its teardown outcome and collected
+        logs join job.json's record (the job's status and first failure stand)."""
+        with self.folder.locked():
+            with contextlib.suppress(RunFolderError):
+                self.job = self.folder.load_job()
+            job = dict(self.job)
+            td = dict(job.get("teardown") or {"nodes": []})
+            td_nodes = [n for n in td.get("nodes") or [] if n.get("host") != stop.host]
+            td["nodes"] = sorted([*td_nodes, stop.to_dict()], key=lambda n: n.get("rank", 0))
+            td["verified"] = all(
+                not n.get("remaining") and not n.get("error") and not n.get("skipped")
+                for n in td["nodes"]
+            )
+            job["teardown"] = td
+            nodes = [dict(n) for n in job.get("nodes") or []]
+            collected = [dict(c) for c in job.get("collected") or []]
+            for c in results:
+                collected = [x for x in collected if x.get("rank") != c.rank] + [c.to_dict()]
+                for n in nodes:
+                    if n.get("rank") == c.rank:
+                        n["folder"] = c.folder
+                        n["collected"] = c.error is None and c.skipped is None
+            for n in nodes:
+                if n.get("host") == stop.host and stop.clean:
+                    n["reason"] = f"{n.get('reason') or 'lost'}; stopped when it answered again"
+            job["nodes"] = nodes
+            job["collected"] = sorted(collected, key=lambda c: c.get("rank", 0))
+            self.folder.write_job(job)
+            self.job = job
 
     def mark_stopped(self, report: TeardownReport, results: Iterable[NodeCollect]) -> None:
         """After ``stop`` + ``collect``: job.json says stopped, with the teardown report.
@@ -755,6 +878,14 @@ class JobHandle:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     stream.close()
+
+
+def _with_after(ff: dict[str, Any], started: str | None) -> dict[str, Any]:
+    """``after``: seconds from the job's start to the failure (as an attached run records)."""
+    if ff.get("after") is None:
+        a, b = _parse_iso(started), _parse_iso(ff.get("time"))
+        ff["after"] = None if a is None or b is None else round(max(0.0, b - a), 3)
+    return ff
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
+from fleetctl.cli.options import SSHOptions, ssh_options
 from fleetctl.errors import JobFailed
 
 runs_dir_option = click.option(
@@ -92,6 +93,9 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
             data["running_nodes"] = len(running)
             if not running:
                 data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
+        from fleetctl.monitor import monitor_status
+
+        data["monitor"] = monitor_status(h.job)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -100,6 +104,17 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         + (" (detached)" if data["detached"] else "")
         + (f", {data['running_nodes']} node(s) running" if "running_nodes" in data else "")
     )
+    mon = data["monitor"]
+    if mon is None and data["live"] and data["detached"]:
+        click.echo(f"  monitor: none; attach one with `fleetctl monitor {data['job_id']}`")
+    elif mon is not None and (mon["alive"] or data["live"]):
+        if mon["alive"]:
+            click.echo(f"  monitor: pid {mon['pid']} {mon['phase']} (log {mon['log']})")
+        else:
+            click.echo(
+                f"  monitor: pid {mon['pid']} NOT running (last: {mon['phase']}); "
+                f"re-attach with `fleetctl monitor {data['job_id']}`"
+            )
     for s in states:
         how = ""
         if s.signal is not None:
@@ -174,13 +189,24 @@ def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | Non
 def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
     from fleetctl.lifecycle import JobHandle
+    from fleetctl.monitor import stop_monitor
 
     with JobHandle(runs_dir, job) as h:
+        said = stop_monitor(h.folder)  # never two of us tearing down / collecting at once
+        if said:
+            click.echo(f"fleetctl: {said}", err=True)
+            with contextlib.suppress(OSError):
+                h.folder.event(f"stop: {said}")
         click.echo(f"fleetctl: stopping job {h.job_id} on {len(h.nodes)} node(s)", err=True)
         report = h.stop(grace)
         results = [] if no_collect else h.collect(stopped=True)
         h.mark_stopped(report, results)
-        data = {"job_id": h.job_id, "teardown": report.to_dict(), "status": h.job.get("status")}
+        data = {
+            "job_id": h.job_id,
+            "teardown": report.to_dict(),
+            "status": h.job.get("status"),
+            "monitor": said,
+        }
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -222,6 +248,89 @@ def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     sys.stdout.flush()
 
 
+@cli.command("monitor", hidden=True)
+@runs_dir_option
+@ssh_options(fanout_help=None)
+@click.option(
+    "--poll", type=click.FloatRange(min=0.2), default=None, help="Seconds between polls (2)."
+)
+@click.option(
+    "--lost-timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="A node unreachable this long is lost: the job is stopped (60).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds between SIGTERM and SIGKILL in the teardown (the run's, else 5).",
+)
+@click.option(
+    "--chase-lost",
+    type=click.FloatRange(min=0),
+    default=1800.0,
+    show_default=True,
+    help="After the job ended, seconds to keep trying to stop it on lost nodes.",
+)
+@click.argument("job")
+def monitor_command(
+    runs_dir: str,
+    ssh: SSHOptions,
+    poll: float | None,
+    lost_timeout: float | None,
+    grace: float | None,
+    chase_lost: float,
+    job: str,
+) -> None:
+    """Watch detached JOB until it ends: on the first failure stop it everywhere, then
+    collect its logs. `fleetctl run --detach` starts one; run it by hand to re-attach a
+    watcher whose monitor died. Signals end the watcher only, never the job."""
+    import signal
+    import threading
+    from datetime import datetime, timezone
+
+    from fleetctl import monitor as mon
+    from fleetctl.runs import load_run
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    # paramiko logs a traceback per failed reconnect to a lost node; the monitor's own lines
+    # say what happened, once.
+    import logging
+
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
+    last: Any = {}
+    with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used
+        last = load_run(runs_dir, job).load_job().get("monitor") or {}
+    last = last if isinstance(last, dict) else {}
+    if grace is None:
+        grace = float(last["grace"]) if last.get("grace") is not None else mon.DEFAULT_GRACE
+
+    def note(text: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        click.echo(f"{stamp} fleetctl monitor: {text}", err=True)
+
+    result = mon.monitor_job(
+        runs_dir,
+        job,
+        ssh.settings,
+        poll=poll or float(last.get("poll") or mon.DEFAULT_POLL),
+        lost_timeout=lost_timeout or float(last.get("lost_timeout") or mon.DEFAULT_LOST_TIMEOUT),
+        grace=grace,
+        stop_event=stop,
+        on_note=note,
+        chase_lost=chase_lost,
+    )
+    note(f"done: {result.outcome}")
+
+
 # ------------------------------------------------------- `fleetctl run` lifecycle options
 
 
@@ -233,6 +342,19 @@ def lifecycle_options(f: Any) -> Any:
             is_flag=True,
             help="Start the job and return its id; it runs on under the node supervisors "
             "(no dead-man switch). Then: logs -f, status, stop, collect.",
+        ),
+        click.option(
+            "--no-monitor",
+            is_flag=True,
+            help="With --detach: start no job monitor (nobody tears the job down on a "
+            "failure or brings its logs home; `fleetctl monitor JOB` attaches one later).",
+        ),
+        click.option(
+            "--monitor-lost-timeout",
+            type=click.FloatRange(min=1),
+            default=None,
+            help="With --detach: a node unreachable this long is lost and the job is "
+            "stopped (default 60 s).",
         ),
         click.option(
             "--max-retries",
@@ -280,6 +402,8 @@ class LifecycleArgs:
 
     def __init__(self, kw: dict[str, Any]) -> None:
         self.detach: bool = bool(kw.get("detach"))
+        self.no_monitor: bool = bool(kw.get("no_monitor"))
+        self.monitor_lost_timeout: float | None = kw.get("monitor_lost_timeout")
         self.max_retries: int | None = kw.get("max_retries")
         self.retry_on: tuple[str, ...] = tuple(kw.get("retry_on") or ())
         self.no_retry_on: tuple[str, ...] = tuple(kw.get("no_retry_on") or ())
@@ -354,8 +478,9 @@ class LifecycleArgs:
             with contextlib.suppress(OSError):
                 write_roles(result.folder, self.planner)
 
-    def report_detached(self, result: Any) -> bool:
-        """A detached job running everywhere: print its id (stdout) and what to do next."""
+    def report_detached(self, result: Any, *, settings: Any = None, grace: float = 5.0) -> bool:
+        """A detached job running everywhere: start its monitor (unless --no-monitor), print
+        its id (stdout) and what to do next."""
         if not (self.detach and result.detached and result.status == "running"):
             return False
         jid = result.job_id
@@ -364,8 +489,47 @@ class LifecycleArgs:
             f"`fleetctl logs -f {jid}`, end with `fleetctl stop {jid}`",
             err=True,
         )
+        if self.no_monitor:
+            click.echo(
+                "fleetctl: no monitor (--no-monitor): a failure is not acted on; "
+                f"`fleetctl collect {jid}` brings the logs home",
+                err=True,
+            )
+        else:
+            self._start_monitor(result, settings, grace)
         click.echo(jid)
         return True
+
+    def _start_monitor(self, result: Any, settings: Any, grace: float) -> None:
+        from fleetctl.monitor import DEFAULT_LOST_TIMEOUT, completion_record, spawn_monitor
+        from fleetctl.runs import RunFolder
+
+        folder = RunFolder(result.folder)
+        record = completion_record(None if self.planner is None else self.planner.policy)
+        if record is not None:  # the role job's min_failed, for the monitor to apply
+            with folder.locked():
+                job = folder.load_job()
+                job["completion"] = record
+                folder.write_job(job)
+        mon = spawn_monitor(
+            folder.path,
+            settings=settings,
+            lost_timeout=self.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
+            grace=grace,
+        )
+        if mon.registered:
+            click.echo(
+                f"fleetctl: watched by monitor pid {mon.pid}: on the first failure it stops "
+                f"the job everywhere; logs come home when it ends (monitor log: {mon.log})",
+                err=True,
+            )
+        else:
+            why = "exited" if mon.exit_code is not None else "did not report in time"
+            click.echo(
+                f"fleetctl: warning: the job monitor (pid {mon.pid}) {why}; see {mon.log}. "
+                f"The job runs unwatched: `fleetctl monitor {result.job_id}` retries",
+                err=True,
+            )
 
     def run_role_job(
         self,

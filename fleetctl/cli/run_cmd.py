@@ -322,7 +322,7 @@ def _run_for_real(
     if life is not None:  # detach, retries, role jobs (fleetctl.cli.jobs_cmd)
         options = life.apply(options, inventory=inventory, limit=limit)
         result = life.run(spec, nodes, options, live)
-        if life.report_detached(result):
+        if life.report_detached(result, settings=settings, grace=grace):
             return
     else:
         result = run_job(spec, nodes, options, on_event=live)

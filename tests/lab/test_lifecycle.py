@@ -22,6 +22,7 @@ import pytest
 from fleetctl.infra import node_host, node_leftovers
 from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
+from fleetctl.monitor import monitor_alive
 
 pytestmark = pytest.mark.lab
 
@@ -34,6 +35,21 @@ import os, sys, time
 rank = os.environ["FLEET_NODE_RANK"]
 for i in range(int(sys.argv[1]) * 5):
     print(f"tick rank={rank} i={i}", flush=True)
+    time.sleep(0.2)
+"""
+
+# Node rank 1 fails (exit 1) after ~2 s; every other rank ticks until stopped.
+FAIL_ON_1 = """\
+import os, sys, time
+rank = int(os.environ["FLEET_NODE_RANK"])
+t0 = time.time()
+i = 0
+while True:
+    print(f"tick rank={rank} i={i}", flush=True)
+    if rank == 1 and time.time() - t0 >= 2:
+        print("rank 1 fails on purpose", flush=True)
+        sys.exit(1)
+    i += 1
     time.sleep(0.2)
 """
 
@@ -110,6 +126,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("code")
     for name, text in (
         ("tick.py", TICK),
+        ("fail_on_1.py", FAIL_ON_1),
         ("flaky.py", FLAKY),
         ("server.py", SERVER),
         ("worker.py", WORKER),
@@ -153,9 +170,13 @@ def run_args(lab: Lab, runs: Path, code: Path, *extra: str) -> list[str]:
     ]
 
 
-def left_over(lab: Lab, job_id: str) -> dict[str, list[dict[str, Any]]]:
+def left_over(
+    lab: Lab, job_id: str, hosts: tuple[str, ...] = HOSTS
+) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for node in load_inventory(str(lab.inventory_path)).nodes:
+        if node.name not in hosts:
+            continue
         left = node_leftovers(node_host(node), job_id, workdir=node.workdir, python=node.python)
         if left.processes:
             out[node.name] = left.processes
@@ -164,6 +185,48 @@ def left_over(lab: Lab, job_id: str) -> dict[str, list[dict[str, Any]]]:
 
 def job_json(runs: Path, job_id: str) -> dict[str, Any]:
     return json.loads((runs / job_id / "job.json").read_text())
+
+
+def monitor_of(runs: Path, job_id: str) -> dict[str, Any]:
+    info = job_json(runs, job_id).get("monitor")
+    assert isinstance(info, dict), job_json(runs, job_id)
+    return info
+
+
+def kill_monitor(runs: Path, job_id: str) -> None:
+    """Test cleanup: SIGKILL the job's monitor, only while pid and start time still name it."""
+    try:
+        info = job_json(runs, job_id).get("monitor")
+    except (OSError, ValueError):
+        return
+    if monitor_alive(info):
+        os.kill(info["pid"], signal.SIGKILL)
+
+
+def wait_ended(runs: Path, job_id: str, timeout: float) -> dict[str, Any]:
+    """job.json once the job is no longer live and its monitor has exited (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_json(runs, job_id)
+        ended = job["status"] not in ("running", "starting", "detached")
+        if ended and not monitor_alive(job.get("monitor")):
+            return job
+        if time.monotonic() > deadline:
+            log = (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s:\n{log}")
+        time.sleep(0.3)
+
+
+def wait_job(runs: Path, job_id: str, what: str, pred: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_json(runs, job_id)
+        if pred(job):
+            return job
+        if time.monotonic() > deadline:
+            log = (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"job {job_id}: not {what} after {timeout}s:\n{job}\n{log}")
+        time.sleep(0.3)
 
 
 def runs_json(runs: Path) -> list[dict[str, Any]]:
@@ -184,6 +247,11 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
     job_id = p.stdout.strip()
     assert (runs / job_id / "connect.json").is_file(), p.stdout + p.stderr
     try:
+        monitor = monitor_of(runs, job_id)
+        assert monitor_alive(monitor) and monitor["phase"] == "watching"
+        assert f"watched by monitor pid {monitor['pid']}" in p.stderr
+        log = runs / job_id / "monitor.log"
+        assert log.stat().st_mode & 0o777 == 0o600 and str(log) in p.stderr
         # The controller is gone, the job runs on (no dead-man switch for detached jobs).
         time.sleep(1.0)
         assert sorted(left_over(lab3, job_id)) == list(HOSTS)
@@ -195,6 +263,7 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
         status = json.loads(st.stdout)
         assert [n["state"] for n in status["nodes"]] == ["running"] * 3, status
         assert all(n["detached"] and n["processes"] for n in status["nodes"])
+        assert status["monitor"]["pid"] == monitor["pid"] and status["monitor"]["alive"]
 
         seen = _follow_until_every_rank_ticks(runs, job_id)
         assert {line.split("]")[0] + "]" for line in seen} == {
@@ -206,9 +275,16 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
         stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "2")
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert "verified: nothing left on any node" in stop.stderr
+        # The stop first sent the monitor away, so the two never tore down at once.
+        assert f"monitor pid {monitor['pid']} exited" in stop.stderr
+        assert not monitor_alive(monitor)
     finally:
+        kill_monitor(runs, job_id)
         fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
     assert left_over(lab3, job_id) == {}
+    assert monitor_of(runs, job_id)["phase"] == "exited"
+    events = (runs / job_id / "events.log").read_text()
+    assert "stopped by a signal: the job is left running" in events
     job = job_json(runs, job_id)
     assert job["status"] == "stopped" and job["teardown"]["verified"] is True
     assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
@@ -259,6 +335,133 @@ def _follow_until_every_rank_ticks(runs: Path, job_id: str) -> list[str]:
         proc.stderr.read() if proc.stderr else "",
     )
     return seen
+
+
+def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """Nobody types anything after `run --detach`: the monitor sees rank 1 fail, stops the
+    job on every node, brings every node's log home and records who failed first."""
+    runs = tmp_path / "runs"
+    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "fail_on_1.py")))
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    try:
+        job = wait_ended(runs, job_id, timeout=60)
+        assert left_over(lab3, job_id) == {}
+    finally:
+        kill_monitor(runs, job_id)
+        if left_over(lab3, job_id):
+            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    assert job["status"] == "failed", job
+    ff = job["first_failure"]
+    assert (ff["rank"], ff["host"], ff["state"], ff["exit_code"]) == (1, "node2", "failed", 1)
+    assert ff["time"] and ff["after"] >= 2.0
+    assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"], job["nodes"]
+    assert job["teardown"]["verified"] is True
+    for rank, host in enumerate(HOSTS):
+        console = (runs / job_id / f"{rank}-{host}" / "console.log").read_text()
+        assert f"tick rank={rank} i=0" in console
+    assert "rank 1 fails on purpose" in (runs / job_id / "1-node2" / "console.log").read_text()
+    mon = job["monitor"]
+    assert (mon["phase"], mon["outcome"]) == ("exited", "failed") and not monitor_alive(mon)
+    events = (runs / job_id / "events.log").read_text()
+    assert "monitor node 1 (node2) failed first: exit code 1" in events
+    [rec] = runs_json(runs)
+    assert rec["status"] == "failed" and rec["first_failure"].startswith("node 1 (node2): exit")
+
+
+def test_a_detached_job_that_succeeds_is_collected_by_its_monitor(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "2"))
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    try:
+        job = wait_ended(runs, job_id, timeout=45)
+    finally:
+        kill_monitor(runs, job_id)
+    assert job["status"] == "succeeded" and job["first_failure"] is None, job
+    assert [n["state"] for n in job["nodes"]] == ["succeeded"] * 3
+    assert job["teardown"]["verified"] is True and job["monitor"]["outcome"] == "succeeded"
+    for rank, host in enumerate(HOSTS):
+        console = (runs / job_id / f"{rank}-{host}" / "console.log").read_text()
+        assert f"tick rank={rank} i=9" in console  # the whole log: 2 s of ticks
+    assert left_over(lab3, job_id) == {}
+
+
+def test_a_monitor_attached_by_hand_watches_a_job_started_without_one(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    p = fleetctl(
+        *run_args(lab3, runs, code, "--detach", "--no-monitor", str(code / "tick.py"), "2")
+    )
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    assert "no monitor (--no-monitor)" in p.stderr and "monitor" not in job_json(runs, job_id)
+    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = subprocess.Popen(
+        [*FLEETCTL, "monitor", "--runs-dir", str(runs), "--poll", "0.5", job_id[:15]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=45)  # it ends with the job, by itself
+    finally:
+        if proc.poll() is None:  # our own child: its pid cannot have been reused
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode == 0, out
+    assert "fleetctl monitor: done: succeeded" in out
+    job = job_json(runs, job_id)
+    assert job["status"] == "succeeded" and job["monitor"]["pid"] == proc.pid
+    assert (runs / job_id / "2-node3" / "console.log").is_file()
+    assert left_over(lab3, job_id) == {}
+
+
+def test_a_lost_node_fails_a_detached_job_and_is_stopped_once_it_answers_again(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """node3's cable is pulled: after --monitor-lost-timeout the monitor fails the job (node 2
+    lost) and stops the others; node3's detached part has no dead-man switch and runs on
+    until the cable is back, when the monitor stops it there too and brings its log home."""
+    runs = tmp_path / "runs"
+    args = ("--detach", "--monitor-lost-timeout", "3", "--connect-timeout", "2")
+    p = fleetctl(*run_args(lab3, runs, code, *args, str(code / "tick.py"), "300"))
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    try:
+        lab3.cut_link("node3")
+        job = wait_job(runs, job_id, "failed", lambda j: j["status"] == "failed", timeout=45)
+        ff = job["first_failure"]
+        assert (ff["rank"], ff["host"], ff["state"]) == (2, "node3", "lost"), ff
+        assert ff["reason"].startswith("unreachable for ")
+        assert [n["state"] for n in job["nodes"]] == ["stopped", "stopped", "lost"]
+        assert job["teardown"]["nodes"][2]["skipped"] and not job["teardown"]["verified"]
+        assert left_over(lab3, job_id, ("node1", "node2")) == {}
+        assert job["monitor"]["phase"] == "chasing" and monitor_alive(job["monitor"])
+        lab3.heal_link("node3")
+        job = wait_ended(runs, job_id, timeout=45)
+        assert left_over(lab3, job_id) == {}
+    finally:
+        kill_monitor(runs, job_id)
+        lab3.reset_faults()
+        if left_over(lab3, job_id):
+            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    assert job["status"] == "failed" and job["first_failure"]["rank"] == 2
+    assert job["teardown"]["verified"] is True and job["nodes"][2]["collected"] is True
+    assert job["nodes"][2]["reason"].endswith("stopped when it answered again")
+    assert "tick rank=2 i=0" in (runs / job_id / "2-node3" / "console.log").read_text()
+    events = (runs / job_id / "events.log").read_text()
+    assert "monitor node 2 (node3) did not answer" in events
+    assert "monitor lost node 2 (node3) answers again; job stopped there" in events
 
 
 def test_stop_from_another_terminal_interrupts_an_attached_run(
