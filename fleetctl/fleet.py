@@ -86,10 +86,11 @@ class Fleet:
         return self._open(n)
 
     def drop(self, node: Node | str) -> None:
-        """Forget a node's connection (lost node) so the next use reconnects."""
+        """Forget a node's connection or connect error (lost node) so the next use reconnects."""
         name = node if isinstance(node, str) else node.name
         with self._lock:
             conn = self._conns.pop(name, None)
+            self._errors.pop(name, None)
         if conn is not None:
             conn.close()
 

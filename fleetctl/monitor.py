@@ -61,6 +61,8 @@ STOP_WAIT = 30.0  # s for a watching monitor to exit after SIGTERM (a poll in fl
 FINISH_WAIT = 180.0  # s for a monitor already tearing down / collecting to finish
 DEFAULT_CHASE_LOST = 1800.0  # s to keep trying to stop the job on a lost node
 ENDED = frozenset({"succeeded", "failed", "lost"})
+# A detached job has no dead-man switch: say who stops it on a node that cannot be reached.
+LOST_NOTE = "lost: cannot be reached; the monitor keeps trying to stop the job there"
 
 
 # ---------------------------------------------------------------------------- the decision
@@ -550,7 +552,14 @@ def _finish(
     else:
         event(f"{decision.describe()}; verifying nothing is left, collecting logs")
     h.stop_time = time.time()
-    report = teardown(h.fleet, h.plan, grace=grace, pythons=h.pythons(), lost=lost)
+    report = teardown(
+        h.fleet,
+        h.plan,
+        grace=grace,
+        pythons=h.pythons(),
+        lost=lost,
+        lost_note=LOST_NOTE,
+    )
     for n in report.nodes:
         if n.remaining or n.error:
             event(f"node {n.rank} ({n.host}) teardown: {n.error or f'LEFT {n.remaining}'}")
@@ -602,7 +611,9 @@ def _chase_lost(
             if h.fleet.connect([node]).failed:
                 continue
             others = everyone - {host}
-            report = teardown(h.fleet, h.plan, grace=grace, pythons=h.pythons(), lost=others)
+            report = teardown(
+                h.fleet, h.plan, grace=grace, pythons=h.pythons(), lost=others, lost_note=LOST_NOTE
+            )
             stop = next(n for n in report.nodes if n.host == host)
             if stop.error:
                 continue  # answered the handshake, not the stop: try again

@@ -126,12 +126,14 @@ def teardown(
     lost: Iterable[str] = (),
     timeout: float | None = None,
     reported: Mapping[str, Mapping[str, Any]] | None = None,
+    lost_note: str = "lost: cannot be reached; its dead-man switch stops the job",
 ) -> TeardownReport:
     """Stop the job on every node of the plan except lost ones, in parallel; verify each.
 
     ``reported``: per host, the leftover scan its supervisor sent with the job's exit (see
     ``launch.exit_report_of``). That scan is the one ``stop`` mode would do, made after the
     launcher was gone, so those nodes need no remote command: only the others are asked.
+    ``lost_note``: what a lost node's entry says (who stops the job there, if anyone).
     """
     import time
 
@@ -164,13 +166,7 @@ def teardown(
     stops: list[NodeStop] = []
     for np in plan.nodes:
         if np.host in lost:
-            stops.append(
-                NodeStop(
-                    np.host,
-                    np.node_rank,
-                    skipped="lost: cannot be reached; its dead-man switch stops the job",
-                )
-            )
+            stops.append(NodeStop(np.host, np.node_rank, skipped=lost_note))
             continue
         if np.host in reported:
             rep = reported[np.host]

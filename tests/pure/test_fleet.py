@@ -280,3 +280,26 @@ def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
         b.close()
     assert ciphers[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
     assert sorted(ciphers) == sorted(paramiko.Transport._preferred_ciphers)  # nothing dropped
+
+
+def test_dropping_a_node_forgets_its_connect_error_so_the_next_use_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job monitor reconnects to a node that was lost: drop() must not leave the old
+    connect error cached for connection() to raise forever."""
+    up = {"now": False}
+
+    def fake_connect(node: Node, settings: object) -> LocalConnection:
+        if not up["now"]:
+            raise ConnectError(node.label, "connection refused")
+        return LocalConnection(node)
+
+    monkeypatch.setattr(fleet_mod, "connect", fake_connect)
+    node = Node("n1", "10.0.0.1")
+    fleet = Fleet([node])
+    assert isinstance(fleet.connect()["n1"], ConnectError)
+    up["now"] = True
+    with pytest.raises(ConnectError):
+        fleet.connection("n1")  # still the remembered error
+    fleet.drop("n1")
+    assert isinstance(fleet.connection("n1"), LocalConnection)
