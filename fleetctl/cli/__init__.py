@@ -76,6 +76,14 @@ def _terminate_like_ctrl_c() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _quiet_paramiko() -> None:
+    import logging
+
+    log = logging.getLogger("paramiko")
+    log.addHandler(logging.NullHandler())
+    log.propagate = False
+
+
 def _fast_exit(code: object) -> None:
     """Leave the process without interpreter teardown, output flushed first.
 
@@ -97,6 +105,8 @@ def _fast_exit(code: object) -> None:
 
 def _main(args: list[str]) -> None:
     show_tb = "--traceback" in args
+    if not show_tb:  # paramiko logs tracebacks (e.g. a reset during a handshake) to stderr;
+        _quiet_paramiko()  # fleetctl reports every connection error itself, in one line
     try:
         rc = cli.main(args=args, prog_name="fleetctl", standalone_mode=False)
     except click.exceptions.Abort:

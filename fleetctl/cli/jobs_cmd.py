@@ -300,12 +300,6 @@ def monitor_command(
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    # paramiko logs a traceback per failed reconnect to a lost node; the monitor's own lines
-    # say what happened, once.
-    import logging
-
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    logging.getLogger("paramiko").propagate = False
     last: Any = {}
     with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used
         last = load_run(runs_dir, job).load_job().get("monitor") or {}
