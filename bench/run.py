@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
 import sys
 import time
@@ -80,6 +81,23 @@ def render(src: Path, out: Path) -> int:
     return 0
 
 
+def precompile() -> str:
+    """Compile fleetctl's bytecode once, as `pip install` does for the tools it is compared with.
+
+    With PYTHONDONTWRITEBYTECODE set (it is, on our machines) an editable checkout is
+    recompiled from source on every `fleetctl` start (~0.1 s of CPU), while paramiko, asyncssh
+    and the rest load the .pyc files pip wrote at install time.
+    """
+    import compileall
+
+    import fleetctl
+
+    root = Path(fleetctl.__file__).parent
+    ok = compileall.compile_dir(str(root), quiet=1)
+    env = "set" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "not set"
+    return f"precompiled {'ok' if ok else 'with errors'} (PYTHONDONTWRITEBYTECODE {env})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     facts = machine_facts()
+    facts["fleetctl bytecode"] = precompile()
     results: list[Result] = []
     skipped: dict[str, str] = {}
     work = make_work()
