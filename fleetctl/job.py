@@ -353,6 +353,7 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
     spec, options = job.spec, job.options
     job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
     facts: dict[str, NodeFacts] = {}
+    known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
     if options.check:
         from fleetctl.check import CheckOptions, check_fleet
 
@@ -361,6 +362,12 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
             backend=spec.backend,
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
         )
+        if options.check_options is None and options.code is not None:
+            from fleetctl import codesync
+
+            # the probe also looks for this snapshot, so a no-op push needs no round trip
+            snap = codesync.snapshot(options.code)
+            copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, copts)
         if not report.ok:
@@ -373,6 +380,8 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
                 FleetResult(dict(report.hosts)),
             )
         facts = dict(report.facts)
+        if not report.cached:  # a cached report may be minutes old: ask again
+            known_present = frozenset(h for h, ok in report.code_present.items() if ok)
         for w in report.warnings:
             job.emit("warning", w)
     else:
@@ -392,6 +401,7 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
         popts = options.push_options or push_mod.PushOptions(
             require_nccl=spec.backend == "nccl",
             train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
+            known_present=known_present,
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts

@@ -82,6 +82,9 @@ class PushOptions:
     command_timeout: float = 300.0
     verify_timeout: float = 120.0
     server_timeout: float = 1800.0
+    # Nodes where a preflight made moments ago (not a cached one) found this very code
+    # snapshot: when they need no env either, there is nothing to probe or send.
+    known_present: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -274,11 +277,8 @@ class _Push:
             self.states[node.name] = self._every[node.name] = _State(
                 node, NodePush(node.name, env_sha256=arch.sha256 if arch else None), arch
             )
-        self._map(
-            self._probe,
-            list(self.states.values()),
-            self.options.command_timeout + self.options.verify_timeout,
-        )
+        to_probe = [st for st in self.states.values() if not self._known_present(st)]
+        self._map(self._probe, to_probe, self.options.command_timeout + self.options.verify_timeout)
         fetchers = self._plan_env()
         self._fetchers = {st.node.name for st in fetchers}
         self._map(
@@ -291,6 +291,24 @@ class _Push:
         return self._report()
 
     # probe ---------------------------------------------------------------------------------
+    def _known_present(self, st: _State) -> bool:
+        """The preflight already saw this snapshot on the node and no env is wanted: record it
+        as present without a remote command (a no-op push costs nothing in `fleetctl run`)."""
+        if self.snap is None or st.archive is not None:
+            return False
+        if st.node.name not in self.options.known_present:
+            return False
+        try:
+            workdir = self.fleet.connection(st.node).expand(st.node.workdir)
+        except Exception:  # the probe will say what is wrong with this node
+            return False
+        st.workdir = st.result.workdir = workdir
+        st.code_present = True
+        st.result.code_dir = f"{workdir}/code/{self.snap.digest}"
+        st.result.code_method = "present"
+        self.emit(st.node.name, "present")
+        return True
+
     def _probe(self, st: _State, conn: Connection) -> None:
         node = st.node
         self.emit(node.name, "probe")

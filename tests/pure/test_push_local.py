@@ -80,6 +80,35 @@ def test_second_push_transfers_nothing(tmp_path: Path, envs: EnvCache) -> None:
     assert again.code_dirs == first.code_dirs and again.env_dirs == first.env_dirs
 
 
+def test_a_snapshot_the_preflight_saw_is_not_probed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetctl run` passes the nodes whose fresh check found this snapshot: no remote
+    command for them; the others are probed (and sent the code) as usual."""
+    import fleetctl.push as push_mod
+
+    src = code_tree(tmp_path / "src")
+    n1, n2 = local("n1", tmp_path / "w1"), local("n2", tmp_path / "w2")
+    with Fleet([n1]) as fleet:
+        first = push(fleet, code=src, env_archive=None)
+    calls: list[tuple[str, str]] = []
+    real = push_mod._Push._remote
+
+    def counting(self, node, conn, mode, cfg, timeout):  # type: ignore[no-untyped-def]
+        calls.append((node.name, mode))
+        return real(self, node, conn, mode, cfg, timeout)
+
+    monkeypatch.setattr(push_mod._Push, "_remote", counting)
+    with Fleet([n1, n2]) as fleet:
+        again = push(
+            fleet, code=src, env_archive=None, options=PushOptions(known_present=frozenset({"n1"}))
+        )
+    assert ("n1", "probe") not in calls and ("n2", "probe") in calls
+    assert again.nodes["n1"].code_method == "present"
+    assert again.code_dirs["n1"] == first.code_dirs["n1"]
+    assert Path(again.code_dirs["n2"], "train.py").read_text() == "print('hi')\n"
+
+
 def test_unpack_needs_no_python_on_path(
     tmp_path: Path, envs: EnvCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
