@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
 from fleetctl.lifecycle import EXTERNAL_STOP_REASON, LIVE_STATES, JobHandle, NodeState
 from fleetctl.runs import RunFolder, iso
+from fleetctl.supervisor import proc_start_time
 
 if TYPE_CHECKING:
     from fleetctl.connection import SSHSettings
@@ -240,20 +241,6 @@ def decide(
 
 
 # ------------------------------------------------------------------------ process identity
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks since boot); None when gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return None if rest[0] in ("Z", "X") else int(rest[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def boot_id() -> str | None:

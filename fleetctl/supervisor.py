@@ -56,6 +56,15 @@ TAR_MARKER = b"FLEETCTL-TAR\n"  # precedes the tar stream (as in fleetctl.collec
 # ------------------------------------------------------------------------------- /proc helpers
 
 
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot); None when gone or a zombie.
+
+    With the pid it names one process for good: pids are reused, start times are not.
+    """
+    st = _proc_stat(pid)
+    return None if st is None or st[0] in ("Z", "X") else st[2]
+
+
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, pgid, starttime) of a process, None when it is gone."""
     try:

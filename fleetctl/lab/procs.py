@@ -12,18 +12,12 @@ import signal
 import time
 from collections.abc import Iterable
 
+from fleetctl.supervisor import proc_start_time
+
 
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat (clock ticks since boot), or None when gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    rest = stat.rpartition(")")[2].split()
-    if not rest or rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
+    return proc_start_time(pid)
 
 
 def ppid_of(pid: int) -> int | None:
