@@ -618,6 +618,7 @@ def build_report(
     """Judge raw probe outcomes into the host × check table. Pure: unit-tested without SSH."""
     rows: dict[str, HostReport] = {}
     facts_by: dict[str, dict[str, Any]] = {}
+    offsets: dict[str, float] = {}  # node clock minus this machine's, when both are known
     report = CheckReport(hosts=rows, checked_at=controller_time or time.time())
     master = nodes[0].name if nodes else None
     for node in nodes:
@@ -668,7 +669,12 @@ def build_report(
             report.env_present[node.name] = bool(f["env"].get("present"))
             report.nccl_versions[node.name] = f["env"].get("nccl")
         c["clock"] = _judge_clock(f, out.received_at, options)
+        if out.received_at is not None and f.get("time") is not None:
+            offsets[node.name] = float(f["time"]) - out.received_at
         report.facts[node.name] = _node_facts(f)
+    spread = fleet_clock_spread(offsets, options.max_clock_skew)
+    if spread:
+        report.warnings.append(spread)
     _judge_fleet_gpus(rows, facts_by, options)
     _judge_fleet_nccl(rows, report.nccl_versions, options)
     _judge_mtu(rows, facts_by, report.warnings)
@@ -901,6 +907,22 @@ def _judge_clock(
     if abs(skew) > options.max_clock_skew:
         return CheckResult(WARN, text + " (timestamps in merged logs will lie)")
     return CheckResult(OK, f"{skew:+.2f} s")
+
+
+def fleet_clock_spread(offsets: Mapping[str, float], limit: float) -> str | None:
+    """Node-to-node skew: two nodes each within ``limit`` of this machine can still be up to
+    twice that apart, and it is their merged logs that must line up. None when within."""
+    if len(offsets) < 2:
+        return None
+    early = min(offsets, key=lambda h: offsets[h])
+    late = max(offsets, key=lambda h: offsets[h])
+    gap = offsets[late] - offsets[early]
+    if gap <= limit:
+        return None
+    return (
+        f"node clocks differ by {gap:.1f} s: {late} ({offsets[late]:+.1f} s) vs {early} "
+        f"({offsets[early]:+.1f} s) against this machine; timestamps in merged logs will lie"
+    )
 
 
 def _judge_mtu(

@@ -24,6 +24,7 @@ from fleetctl.check import (
     ProbeOutcome,
     build_report,
     cache_key,
+    fleet_clock_spread,
     load_cached,
     probe_command,
     save_cached,
@@ -341,6 +342,33 @@ def test_clock_skew_and_mtu_mismatch_are_warnings() -> None:
     assert r.hosts["node3"].checks["nic"].status == "warn"
     assert "training NIC MTUs differ (node1 1500, node2 1500, node3 9000)" in r.warnings
     assert any(w.startswith("node3: clock: 5.0 s ahead") for w in r.warnings)
+
+
+def test_nodes_each_close_to_this_machine_can_still_be_too_far_from_each_other() -> None:
+    ns = nodes(3)
+    outs = good(ns, node1=facts(1, time=NOW - 1.5), node3=facts(3, time=NOW + 1.5))
+    r = judge(ns, outs)
+    assert r.ok
+    assert [r.hosts[n.name].checks["clock"].status for n in ns] == ["ok"] * 3  # each ±1.5 s
+    assert (
+        "node clocks differ by 3.0 s: node3 (+1.5 s) vs node1 (-1.5 s) against this machine; "
+        "timestamps in merged logs will lie"
+    ) in r.warnings
+
+
+@pytest.mark.parametrize(
+    ("offsets", "spread"),
+    [
+        ({}, None),
+        ({"a": 9.0}, None),  # one node: nothing to compare (its own check covers it)
+        ({"a": 0.5, "b": -1.4}, None),  # 1.9 s apart, limit 2
+        ({"a": 0.0, "b": 2.0}, None),  # exactly the limit
+        ({"a": 0.1, "b": 2.2, "c": -0.3}, "node clocks differ by 2.5 s: b (+2.2 s) vs c (-0.3 s)"),
+    ],
+)
+def test_fleet_clock_spread(offsets: dict, spread: str | None) -> None:
+    got = fleet_clock_spread(offsets, 2.0)
+    assert (got is None) if spread is None else (got is not None and got.startswith(spread))
 
 
 def test_env_nccl_versions_must_agree() -> None:
