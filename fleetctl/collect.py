@@ -176,6 +176,21 @@ def node_folder_name(rank: int, host: str) -> str:
     return f"{rank}-{safe}"
 
 
+def _receive(stream: Stream, dest: Path, out: NodeCollect, timeout: float) -> bool:
+    """Skip to the tar marker and unpack what follows into ``dest``, filling ``out``.
+    False when the stream ended without a marker (nothing was sent)."""
+    reader = _StreamReader(stream, time.monotonic() + timeout)
+    while not reader.started and not reader.eof:
+        reader._fill()
+    if not reader.started:
+        return False
+    try:
+        out.files, out.bytes, out.refused = extract_tar(reader, dest)  # type: ignore[arg-type]
+    except (tarfile.TarError, OSError, EOFError) as e:
+        out.error = f"log archive from the node is damaged: {e}"
+    return True
+
+
 def collect_from_supervisor(
     node: Node,
     stream: Stream,
@@ -192,16 +207,7 @@ def collect_from_supervisor(
     out = NodeCollect(node.name, rank, str(dest))
     try:
         stream.send(b"c")
-        reader = _StreamReader(stream, time.monotonic() + timeout)
-        while not reader.started and not reader.eof:
-            reader._fill()
-        if not reader.started:
-            return None
-        try:
-            out.files, out.bytes, out.refused = extract_tar(reader, dest)  # type: ignore[arg-type]
-        except (tarfile.TarError, OSError, EOFError) as e:
-            out.error = f"log archive from the node is damaged: {e}"
-        return out
+        return out if _receive(stream, dest, out, timeout) else None
     except (OSError, EOFError, CollectError):
         return None
     finally:
@@ -231,17 +237,8 @@ def collect_node(
     )
     stream = conn.start(line)
     try:
-        reader = _StreamReader(stream, time.monotonic() + timeout)
-        reader.read(0)  # find the marker (or EOF)
-        while not reader.started and not reader.eof:
-            reader._fill()
-        if not reader.started:
+        if not _receive(stream, dest, out, timeout):
             out.error = "no run folder on the node (the job never started there)"
-            return out
-        try:
-            out.files, out.bytes, out.refused = extract_tar(reader, dest)  # type: ignore[arg-type]
-        except (tarfile.TarError, OSError, EOFError) as e:
-            out.error = f"log archive from the node is damaged: {e}"
     finally:
         with contextlib.suppress(Exception):
             stream.close()
