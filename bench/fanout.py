@@ -33,7 +33,7 @@ from common import (
     tail,
 )
 
-from fleetctl.nodeset import fold
+from fleetctl.cli.nodeset import fold
 
 SLOW_EXIT = "fleetctl exec, normal interpreter exit (A/B)"
 
@@ -207,10 +207,10 @@ class FanoutBench:
 
     def open_floor(self, n: int, repeats: int) -> Result:
         """``hostname`` over connections that are already open (what later phases of a run pay)."""
-        from fleetctl.connection import SSHSettings
-        from fleetctl.execute import execute
-        from fleetctl.fleet import Fleet
-        from fleetctl.inventory import load_inventory
+        from fleetctl.plan.inventory import load_inventory
+        from fleetctl.ssh.connection import SSHSettings
+        from fleetctl.ssh.execute import execute
+        from fleetctl.ssh.fleet import Fleet
 
         row = Result("fanout", "fleetctl, connections already open (in-process)", n)
         nodes = load_inventory(self.inventory(n)).nodes
@@ -261,8 +261,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
     wrapper vs bare paramiko), client CPU of OpenSSH's default kex, and one remote command."""
     import paramiko
 
-    from fleetctl.connection import SSHConnection, SSHSettings
-    from fleetctl.inventory import load_inventory
+    from fleetctl.plan.inventory import load_inventory
+    from fleetctl.ssh.connection import SSHConnection, SSHSettings
 
     out: list[Result] = []
     node = load_inventory(lab.inventory_path).nodes[0]
@@ -397,7 +397,7 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
 def _remote_commands(
     node: Any, rounds: int, label: str, cmds: tuple[str, ...] = ("true", "exec true", "hostname")
 ) -> list[Result]:
-    from fleetctl.connection import SSHConnection, SSHSettings
+    from fleetctl.ssh.connection import SSHConnection, SSHSettings
 
     out: list[Result] = []
     with SSHConnection(node, SSHSettings()) as c:

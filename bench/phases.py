@@ -441,7 +441,7 @@ class PhaseBench:
         return out
 
     def env_archive(self, noise_mb: int) -> Path:
-        from fleetctl.envbuild import build_env, build_fake_nccl
+        from fleetctl.testing.envbuild import build_env, build_fake_nccl
 
         work = self.work / "envbuild"
         lib = build_fake_nccl(work / "nccl" / "libnccl.so.2")

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from fleetctl.connection import SSHSettings
 from fleetctl.errors import ProvisionError, UsageError
-from fleetctl.inventory import load_inventory
 from fleetctl.node import Node
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh.connection import SSHSettings
 
 __all__ = [
     "ANSIBLE_EXIT_MEANINGS",

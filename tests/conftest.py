@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.envbuild import EnvCache
+from fleetctl.testing.envbuild import EnvCache
 
-pytest_plugins = ["fleetctl.lab.pytest_plugin"]
+pytest_plugins = ["fleetctl.testing.pytest_plugin"]
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +20,7 @@ def _private_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 @pytest.fixture(scope="session")
 def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
-    """Conda-pack test environments, built once per session (fleetctl.envbuild)."""
+    """Conda-pack test environments, built once per session (fleetctl.testing.envbuild)."""
     return EnvCache(tmp_path_factory.getbasetemp() / "push-envs")
 
 

@@ -21,7 +21,7 @@ from fleetctl.cli.options import (
     load_selected,
     ssh_options,
 )
-from fleetctl.launchers import LAUNCHER_NAMES
+from fleetctl.plan.launchers import LAUNCHER_NAMES
 
 
 @cli.command("check")
@@ -71,10 +71,10 @@ def check_command(
 
     Exit status 0 if every check passed, 3 if any failed.
     """
-    from fleetctl import render
-    from fleetctl.check import CheckOptions, GiB, check_fleet
+    from fleetctl.cli import render
     from fleetctl.errors import CheckError
-    from fleetctl.fleet import Fleet
+    from fleetctl.phases.check import CheckOptions, GiB, check_fleet
+    from fleetctl.ssh.fleet import Fleet
 
     selected = load_selected(inventory, limit)
     nodes = list(getattr(selected, "nodes", selected))
@@ -100,6 +100,6 @@ def _needs_uniform_gpus(launcher: str | None) -> bool:
     """Launchers that start one process per GPU need the same count on every node."""
     if launcher is None:
         return False
-    from fleetctl.launchers import get_launcher
+    from fleetctl.plan.launchers import get_launcher
 
     return not get_launcher(launcher).one_process_per_node

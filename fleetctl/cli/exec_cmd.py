@@ -29,7 +29,7 @@ from fleetctl.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from fleetctl.execute import ExecResult, NodeRun
+    from fleetctl.ssh.execute import ExecResult, NodeRun
 
 
 def _prefixed(name: str, text: str) -> str:
@@ -52,8 +52,8 @@ def _print_run(run: NodeRun) -> None:
 
 def _print_gathered(result: ExecResult) -> None:
     """clush -b: identical output printed once under the folded set of nodes that produced it."""
-    from fleetctl.execute import group_identical
-    from fleetctl.nodeset import fold
+    from fleetctl.cli.nodeset import fold
+    from fleetctl.ssh.execute import group_identical
 
     out = []
     for names, run in group_identical(result.runs):
@@ -70,7 +70,7 @@ def _print_gathered(result: ExecResult) -> None:
 
 def _print_failures(result: ExecResult) -> None:
     """One stderr line per distinct failure, its nodes folded: ``node[4,7]: exit 1``."""
-    from fleetctl.nodeset import fold
+    from fleetctl.cli.nodeset import fold
 
     by_status: dict[str, list[str]] = {}
     for run in result.failed:
@@ -127,8 +127,8 @@ def exec_command(
     Exit status 0 if every node succeeded, 3 if any failed or was unreachable (see -S).
     """
     from fleetctl.errors import ExecFailed
-    from fleetctl.execute import command_line, execute
-    from fleetctl.fleet import Fleet
+    from fleetctl.ssh.execute import command_line, execute
+    from fleetctl.ssh.fleet import Fleet
 
     line = command_line(command)
     nodes = list(load_selected(inventory, limit).nodes)

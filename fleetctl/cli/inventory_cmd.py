@@ -6,8 +6,7 @@ import json
 
 import click
 
-from fleetctl import render
-from fleetctl.cli import cli
+from fleetctl.cli import cli, render
 from fleetctl.cli.options import inventory_option, limit_option, load_selected
 
 

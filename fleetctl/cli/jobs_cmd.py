@@ -1,7 +1,7 @@
 """Coming back to jobs: ``fleetctl runs``, ``status``, ``logs``, ``stop``, ``collect``.
 
 All of them find a job by id (a unique prefix is enough) in ``--runs-dir`` and reach its nodes
-through the run folder's ``connect.json``; the work is in ``fleetctl.lifecycle``.
+through the run folder's ``connect.json``; the work is in ``fleetctl.job.lifecycle``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _fmt_duration(seconds: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def runs_command(runs_dir: str, as_json: bool) -> None:
     """List jobs from the run folders, oldest first."""
-    from fleetctl.lifecycle import list_records
+    from fleetctl.job.lifecycle import list_records
 
     records = list_records(runs_dir)
     if as_json:
@@ -76,7 +76,7 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
 @click.argument("job")
 def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Per-node state of JOB (asks the node supervisors while it may be running)."""
-    from fleetctl.lifecycle import JobHandle
+    from fleetctl.job.lifecycle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
         states = h.status()
@@ -93,7 +93,7 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
             data["running_nodes"] = len(running)
             if not running:
                 data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
-        from fleetctl.monitor import monitor_status
+        from fleetctl.job.monitor import monitor_status
 
         data["monitor"] = monitor_status(h.job)
     if as_json:
@@ -138,9 +138,9 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
 @click.argument("job")
 def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | None, job: str):
     """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
-    from fleetctl import render
-    from fleetctl.job import JobEvent
-    from fleetctl.lifecycle import JobHandle
+    from fleetctl.cli import render
+    from fleetctl.job.lifecycle import JobHandle
+    from fleetctl.job.run import JobEvent
 
     live = render.LiveLog(tail="all")
 
@@ -188,8 +188,8 @@ def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | Non
 @click.argument("job")
 def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
-    from fleetctl.lifecycle import JobHandle
-    from fleetctl.monitor import stop_monitor
+    from fleetctl.job.lifecycle import JobHandle
+    from fleetctl.job.monitor import stop_monitor
 
     with JobHandle(runs_dir, job) as h:
         said = stop_monitor(h.folder)  # never two of us tearing down / collecting at once
@@ -229,7 +229,7 @@ def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, j
 @click.argument("job")
 def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Bring JOB's node logs home into its run folder (and record how a detached job ended)."""
-    from fleetctl.lifecycle import JobHandle
+    from fleetctl.job.lifecycle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
         results = h.collect()
@@ -290,8 +290,8 @@ def monitor_command(
     import threading
     from datetime import datetime, timezone
 
-    from fleetctl import monitor as mon
-    from fleetctl.runs import load_run
+    from fleetctl.job import monitor as mon
+    from fleetctl.job.runfolder import load_run
 
     stop = threading.Event()
 
@@ -410,7 +410,7 @@ class LifecycleArgs:
     def build_policy(self, job_retry: Any = None) -> None:
         """The retry policy from the job file's ``retry:`` and the CLI (CLI rules first)."""
         from fleetctl.errors import UsageError
-        from fleetctl.retry import RetryPolicy
+        from fleetctl.job.retry import RetryPolicy
 
         where = getattr(job_retry, "where", "") or "job file"
         max_retries = self.max_retries
@@ -446,7 +446,7 @@ class LifecycleArgs:
 
     def run(self, spec: Any, nodes: Any, options: Any, live: Any) -> Any:
         """One run, or the attempt loop when retries are allowed; records roles.json."""
-        from fleetctl.job import JobEvent, run_job
+        from fleetctl.job.run import JobEvent, run_job
 
         if self.policy is None:
             self.build_policy()
@@ -454,7 +454,7 @@ class LifecycleArgs:
             result = run_job(spec, nodes, options, on_event=live)
             self._record(result)
             return result
-        from fleetctl.rolejob import run_attempts
+        from fleetctl.job.rolejob import run_attempts
 
         out = run_attempts(spec, nodes, options, self.policy, on_event=live, on_result=self._record)
         if len(out.attempts) > 1:
@@ -467,7 +467,7 @@ class LifecycleArgs:
 
     def _record(self, result: Any) -> None:
         if self.planner is not None:
-            from fleetctl.rolejob import write_roles
+            from fleetctl.job.rolejob import write_roles
 
             with contextlib.suppress(OSError):
                 write_roles(result.folder, self.planner)
@@ -495,8 +495,8 @@ class LifecycleArgs:
         return True
 
     def _start_monitor(self, result: Any, settings: Any, grace: float) -> None:
-        from fleetctl.monitor import DEFAULT_LOST_TIMEOUT, completion_record, spawn_monitor
-        from fleetctl.runs import RunFolder
+        from fleetctl.job.monitor import DEFAULT_LOST_TIMEOUT, completion_record, spawn_monitor
+        from fleetctl.job.runfolder import RunFolder
 
         folder = RunFolder(result.folder)
         record = completion_record(None if self.planner is None else self.planner.policy)
@@ -546,9 +546,9 @@ class LifecycleArgs:
 
         from fleetctl.cli.options import load_selected
         from fleetctl.errors import UsageError
-        from fleetctl.plan import JobSpec
-        from fleetctl.rolejob import prepare_roles
-        from fleetctl.roles import load_job_file
+        from fleetctl.job.rolejob import prepare_roles
+        from fleetctl.plan.rankplan import JobSpec
+        from fleetctl.plan.roles import load_job_file
 
         assert self.job_file is not None
         if script is not None:
@@ -561,7 +561,7 @@ class LifecycleArgs:
         inv = load_selected(inventory, limit)
         planner = prepare_roles(job, inv.nodes, inv.groups, env_style=self.env_style)
         if code_dir is None:
-            from fleetctl.codesync import default_code_dir
+            from fleetctl.phases.codesync import default_code_dir
 
             code_dir = str(default_code_dir(self.job_file))
         for rel, where in [(r.script, r.where) for r in job.roles if r.script] + (
@@ -585,7 +585,7 @@ class LifecycleArgs:
             if as_json:
                 click.echo(plan.to_json())
             else:
-                from fleetctl import render
+                from fleetctl.cli import render
 
                 render.print_plan(plan, inventory=inv.path)
             return
@@ -596,7 +596,7 @@ class LifecycleArgs:
 
 def _dry_role_plan(planner: Any, spec: Any) -> Any:
     """The role plan with the first candidate ports (no node asked: nothing runs)."""
-    from fleetctl.roles import (
+    from fleetctl.plan.roles import (
         assign_ports,
         candidate_ports,
         make_role_plan,

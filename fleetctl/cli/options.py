@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 import click
 
-from fleetctl.connection import SSHSettings
 from fleetctl.errors import UsageError
-from fleetctl.fleet import DEFAULT_FANOUT
-from fleetctl.inventory import Inventory, load_inventory, local_inventory
+from fleetctl.plan.inventory import Inventory, load_inventory, local_inventory
+from fleetctl.ssh.connection import SSHSettings
+from fleetctl.ssh.fleet import DEFAULT_FANOUT
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -72,9 +72,9 @@ def provision_command(
       fleetctl provision gpu-facts -i hosts.yml --limit 'gpu0*'
       fleetctl provision bootstrap -i hosts.yml -- --check --diff -e fleetctl_sshd_manage=false
     """
-    from fleetctl.connection import SSHSettings
     from fleetctl.errors import UsageError
     from fleetctl.provision import DEFAULT_TIMEOUT, exit_error, playbook_command, run_playbook
+    from fleetctl.ssh.connection import SSHSettings
 
     if not inventory:
         raise UsageError("provision needs an inventory: -i hosts.yml")

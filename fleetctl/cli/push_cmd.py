@@ -83,11 +83,11 @@ def push_command(
     ssh: SSHOptions,
 ) -> None:
     """Ship code and the conda-pack env to every host; verify python and NCCL there."""
-    from fleetctl import render
-    from fleetctl.codesync import default_code_dir
+    from fleetctl.cli import render
     from fleetctl.errors import PushError
-    from fleetctl.fleet import Fleet
-    from fleetctl.push import PushOptions, push
+    from fleetctl.phases.codesync import default_code_dir
+    from fleetctl.phases.push import PushOptions, push
+    from fleetctl.ssh.fleet import Fleet
 
     selected = load_selected(inventory, limit)
     nodes = list(getattr(selected, "nodes", selected))

@@ -3,7 +3,7 @@
 Everything after SCRIPT goes to the script untouched (fleetctl's own options come first), like
 torchrun. ``--dry-run`` stops after planning: no network, nothing started; ``--json`` prints the
 plan in the contract shape ``{"job_id", "nodes": [{"host", "address", "node_rank", "nic",
-"argv", "env"}…]}``. Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run_job``
+"argv", "env"}…]}``. Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run.run_job``
 (check → push → launch → watch → teardown → collect).
 """
 
@@ -26,10 +26,10 @@ from fleetctl.cli.options import (
     load_selected,
     ssh_options,
 )
-from fleetctl.connection import SSHSettings
 from fleetctl.errors import Interrupted, JobFailed, UsageError
-from fleetctl.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
-from fleetctl.plan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
+from fleetctl.plan.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
+from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
+from fleetctl.ssh.connection import SSHSettings
 
 
 def new_job_id(now: datetime | None = None) -> str:
@@ -232,7 +232,7 @@ def run_command(
             settings=ssh.settings,
         )
 
-    if life.job_file is not None:  # role job (fleetctl.roles): the job file replaces SCRIPT
+    if life.job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
         life.run_role_job(
             inventory=inventory,
             limit=limit,
@@ -250,7 +250,7 @@ def run_command(
     if script is None:
         raise UsageError("missing SCRIPT (or --job FILE)")
     if code_dir is None:
-        from fleetctl.codesync import default_code_dir
+        from fleetctl.phases.codesync import default_code_dir
 
         code_dir = str(default_code_dir(script))
     rel_script = script_in_code_dir(script, code_dir)
@@ -268,13 +268,13 @@ def run_command(
         created=now.isoformat(timespec="seconds"),
     )
     if dry_run:
-        from fleetctl.plan import make_plan
+        from fleetctl.plan.rankplan import make_plan
 
         plan = make_plan(inv.nodes, spec)
         if as_json:
             click.echo(plan.to_json())
         else:
-            from fleetctl import render
+            from fleetctl.cli import render
 
             render.print_plan(plan, inventory=inv.path)
         return
@@ -303,8 +303,8 @@ def _run_for_real(
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
 
-    from fleetctl import render
-    from fleetctl.job import RunOptions, run_job
+    from fleetctl.cli import render
+    from fleetctl.job.run import RunOptions, run_job
 
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")

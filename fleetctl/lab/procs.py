@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from fleetctl.supervisor import proc_start_time
+from fleetctl.remote.supervisor import proc_start_time
 
 
 def start_time(pid: int) -> int | None:

@@ -2,7 +2,7 @@
 
 Every test runs ``python -m fleetctl run …`` as a subprocess (exit codes and signals for real)
 and then checks on every host, by job id in /proc, that nothing of the job is left — through
-testinfra (``fleetctl.infra``) over SSH, or through ``lab.exec`` when a host's link is cut.
+testinfra (``fleetctl.testing.infra``) over SSH, or through ``lab.exec`` when a host's link is cut.
 Torch jobs are kept tiny (1 process per node, 1 epoch, a few steps): on 2 cores a 3-node start
 still takes several seconds, so scenarios that are about process control use a small script.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl.infra import node_host, node_leftovers
-from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.infra import node_host, node_leftovers
 
 pytestmark = [pytest.mark.lab, pytest.mark.e2e]
 
@@ -207,7 +207,7 @@ def left_over(lab: Lab, job_id: str, *, via_ssh: bool = True) -> dict[str, list[
 
 
 class _LabExec:
-    """``fleetctl.infra`` host shape over ``lab.exec`` (no SSH: works while a link is cut)."""
+    """``fleetctl.testing.infra`` host shape over ``lab.exec`` (no SSH: works with a link cut)."""
 
     def __init__(self, lab: Lab, name: str) -> None:
         self.lab, self.node = lab, SimpleNamespace(name=name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.infra import Leftovers, node_leftovers
+from fleetctl.testing.infra import Leftovers, node_leftovers
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from fleetctl.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS, sshd_effective
+from fleetctl.testing.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS, sshd_effective
 
 
 def test_python3_runs_and_is_recent_enough(host, node_python: str) -> None:

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl.check import CheckOptions, CheckReport, check_fleet
-from fleetctl.connection import SSHSettings
-from fleetctl.fleet import Fleet
-from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
 from fleetctl.node import Node
+from fleetctl.phases.check import CheckOptions, CheckReport, check_fleet
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh.connection import SSHSettings
+from fleetctl.ssh.fleet import Fleet
 
 pytestmark = pytest.mark.lab
 

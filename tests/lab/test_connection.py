@@ -1,4 +1,4 @@
-"""The SSH connection layer (``fleetctl.connection``) against real sshd hosts in the namespace lab.
+"""The SSH connection layer (``fleetctl.ssh.connection``) against real sshd hosts in the lab.
 
 ``tests/lab/test_check.py`` covers unknown/changed host keys and a wrong key through
 ``fleetctl check``; here: ssh_config (alias, User/Port/IdentityFile, ProxyJump with the jump host's
@@ -23,11 +23,11 @@ from typing import TypeVar
 
 import pytest
 
-from fleetctl.connection import SSHConnection, SSHSettings, connect
 from fleetctl.errors import ConnectError, HostKeyError, RemoteCommandError
-from fleetctl.fleet import Fleet
 from fleetctl.lab import Lab
 from fleetctl.node import Node
+from fleetctl.ssh.connection import SSHConnection, SSHSettings, connect
+from fleetctl.ssh.fleet import Fleet
 
 pytestmark = pytest.mark.lab
 
@@ -528,7 +528,7 @@ def test_put_get_listdir_home_and_expand(conn: SSHConnection, tmp_path: Path) ->
 def test_sftp_on_a_cut_link_fails_instead_of_hanging(
     lab3: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fleetctl.connection as connection_mod
+    import fleetctl.ssh.connection as connection_mod
 
     monkeypatch.setattr(connection_mod, "SFTP_IDLE_TIMEOUT", 1.0)
     with SSHConnection(lab_node(lab3, "node2"), settings(connect_timeout=2)) as c:

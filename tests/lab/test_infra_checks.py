@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.connection import SSHSettings, connect
-from fleetctl.infra import assert_node_clean, node_host, node_leftovers
-from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh.connection import SSHSettings, connect
+from fleetctl.testing.infra import assert_node_clean, node_host, node_leftovers
 
 pytestmark = pytest.mark.lab
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl.connection import SSHSettings, connect
 from fleetctl.errors import LabError, LabInputError
-from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab, procs
 from fleetctl.lab.core import REGISTRY
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh.connection import SSHSettings, connect
 
 pytestmark = pytest.mark.lab
 

@@ -2,7 +2,7 @@
 
 Runs the real CLI (``python -m fleetctl``) as users do; plain Python scripts (no torch), so each
 job starts in a few seconds. "Nothing left" is checked on every host over SSH by job id in
-/proc (``fleetctl.infra.node_leftovers``, the testinfra helper).
+/proc (``fleetctl.testing.infra.node_leftovers``, the testinfra helper).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from fleetctl.infra import node_host, node_leftovers
-from fleetctl.inventory import load_inventory
+from fleetctl.job.monitor import monitor_alive
 from fleetctl.lab import Lab
-from fleetctl.monitor import monitor_alive
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.infra import node_host, node_leftovers
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,4 @@
-"""The probe's mesh test (``fleetctl.probe.mesh``) run on a lab host against real kernels.
+"""The probe's mesh test (``fleetctl.remote.probe.mesh``) run on a lab host against real kernels.
 
 A peer whose address resolution ran out while it was unreachable leaves a stale neighbour
 entry behind: the kernel fails the next packets queued on it with "No route to host" although
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import probe
 from fleetctl.lab import Lab
+from fleetctl.remote import probe
 
 pytestmark = pytest.mark.lab
 

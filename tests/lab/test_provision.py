@@ -238,7 +238,7 @@ def test_gpu_facts_report_covers_every_host_using_fleetctls_known_hosts(
 ) -> None:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed to build the stand-in libnccl.so.2")
-    from fleetctl.envbuild import build_fake_nccl
+    from fleetctl.testing.envbuild import build_fake_nccl
 
     inv = _inventory_without_ssh_args(lab3, tmp_path / "hosts.yml")
     lab3.set_gpus("node2", 1)
@@ -295,7 +295,7 @@ def test_conda_env_packs_an_existing_env_and_fetches_it_once(
     pytest.importorskip("conda_pack")
     if shutil.which("gcc") is None:
         pytest.skip("gcc is needed to build the stand-in libnccl.so.2")
-    from fleetctl.envbuild import build_env, build_fake_nccl
+    from fleetctl.testing.envbuild import build_env, build_fake_nccl
 
     # /var/tmp is shared by the lab hosts and this machine (their /tmp is private).
     work = Path(tempfile.mkdtemp(prefix="fc-conda-env-", dir="/var/tmp"))
@@ -314,7 +314,7 @@ def test_conda_env_packs_an_existing_env_and_fetches_it_once(
         assert first.returncode == 0, first.stdout + first.stderr
         assert recap(first.stdout)["node1"]["changed"] >= 2  # packed + fetched
         archive = archives / "prefix.tar.gz"
-        from fleetctl.envbuild import archive_members
+        from fleetctl.testing.envbuild import archive_members
 
         members = set(archive_members(archive))
         assert {"bin/python", "lib/libnccl.so.2", "bin/conda-unpack"} <= members

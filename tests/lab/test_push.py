@@ -1,5 +1,5 @@
 """fleetctl push on the namespace lab: real sshd hosts, real OpenSSH rsync, real conda-pack
-archives (built offline by fleetctl.envbuild), peer distribution over the data network."""
+archives (built offline by fleetctl.testing.envbuild), peer distribution over the data network."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.envbuild import EnvCache, build_env, nccl_from_wheel
 from fleetctl.errors import NodePushError, PushError
-from fleetctl.fleet import Fleet
-from fleetctl.inventory import load_inventory
 from fleetctl.lab import Lab
 from fleetctl.node import Node
-from fleetctl.push import NodePush, PushEvent, PushOptions, push
+from fleetctl.phases.push import NodePush, PushEvent, PushOptions, push
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh.fleet import Fleet
+from fleetctl.testing.envbuild import EnvCache, build_env, nccl_from_wheel
 
 pytestmark = pytest.mark.lab
 

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from fleetctl.check import (
+from fleetctl.errors import ConnectError, HostKeyError
+from fleetctl.node import Node
+from fleetctl.phases.check import (
     CHECKS,
     CheckOptions,
     CheckReport,
@@ -29,10 +31,8 @@ from fleetctl.check import (
     probe_command,
     save_cached,
 )
-from fleetctl.connection import SSHSettings
-from fleetctl.errors import ConnectError, HostKeyError
-from fleetctl.node import Node
-from fleetctl.plan import NodeFacts
+from fleetctl.plan.rankplan import NodeFacts
+from fleetctl.ssh.connection import SSHSettings
 
 NOW = 1_800_000_000.0
 
@@ -440,7 +440,7 @@ def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) ->
     import socket
     import subprocess
 
-    from fleetctl.check import ping_host
+    from fleetctl.phases.check import ping_host
 
     def no_icmp(argv, **kw):  # what ping prints without CAP_NET_RAW / ping_group_range
         return subprocess.CompletedProcess(argv, 2, b"", b"ping: socket: Operation not permitted\n")

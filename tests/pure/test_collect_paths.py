@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.collect import extract_tar, node_folder_name, safe_member_path
+from fleetctl.phases.collect import extract_tar, node_folder_name, safe_member_path
 
 
 @pytest.mark.parametrize(

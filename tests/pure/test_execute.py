@@ -1,4 +1,4 @@
-"""fleetctl.execute without SSH: local nodes (LocalConnection), exit-code semantics, grouping."""
+"""fleetctl.ssh.execute without SSH: local nodes (LocalConnection), exit codes, grouping."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.execute import ExecResult, NodeRun, command_line, execute, group_identical
-from fleetctl.fleet import Fleet
 from fleetctl.node import Node
+from fleetctl.ssh.execute import ExecResult, NodeRun, command_line, execute, group_identical
+from fleetctl.ssh.fleet import Fleet
 
 
 def local_fleet(*names: str) -> Fleet:

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-import fleetctl.fleet as fleet_mod
-from fleetctl.connection import Connection, LocalConnection, SSHSettings
+import fleetctl.ssh.fleet as fleet_mod
 from fleetctl.errors import ConnectError, FleetctlError
-from fleetctl.fleet import Fleet, NodeTimeout
 from fleetctl.node import Node
 from fleetctl.results import Cancelled
+from fleetctl.ssh.connection import Connection, LocalConnection, SSHSettings
+from fleetctl.ssh.fleet import Fleet, NodeTimeout
 
 
 def local_nodes(n: int) -> list[Node]:
@@ -268,7 +268,7 @@ def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
 
     import paramiko
 
-    from fleetctl.connection import _transport
+    from fleetctl.ssh.connection import _transport
 
     a, b = socket.socketpair()
     try:

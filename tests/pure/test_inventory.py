@@ -15,8 +15,8 @@ import pytest
 
 from fleetctl.cli import main
 from fleetctl.errors import InventoryError
-from fleetctl.inventory import Inventory, load_inventory, local_inventory, parse_limit
 from fleetctl.node import Node
+from fleetctl.plan.inventory import Inventory, load_inventory, local_inventory, parse_limit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

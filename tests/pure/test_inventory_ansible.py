@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from fleetctl.inventory import load_inventory
 from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR
+from fleetctl.plan.inventory import load_inventory
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -77,7 +77,7 @@ GOLDEN: list[tuple[str, str, str | None, str]] = [
     ("inventories/example.ini", "gpu", "gpu0*:!gpu03", "gpu01 gpu02 gpu04"),
 ]
 FILES = sorted({case[0] for case in GOLDEN})
-# Where ansible-core's own order is not stable (see fleetctl.inventory): fleetctl's fixed order.
+# Where ansible-core's own order is unstable (see fleetctl.plan.inventory): fleetctl's fixed order.
 UNSTABLE = ("unstable.ini", "ah bh ch a1h b1h c1h")
 
 

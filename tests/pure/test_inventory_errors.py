@@ -13,7 +13,7 @@ import pytest
 
 from fleetctl.cli import main
 from fleetctl.errors import InventoryError
-from fleetctl.inventory import load_inventory
+from fleetctl.plan.inventory import load_inventory
 
 HERE = Path(__file__).resolve().parent
 ERRORS = HERE / "inventories" / "errors"

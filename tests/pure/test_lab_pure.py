@@ -169,7 +169,7 @@ def test_fake_nvidia_smi_speaks_the_real_formats(smi) -> None:  # type: ignore[n
 def test_fixture_skips_without_root_but_fails_when_the_lab_is_required(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fleetctl.lab import pytest_plugin
+    from fleetctl.testing import pytest_plugin
 
     monkeypatch.setattr(pytest_plugin.os, "geteuid", lambda: 1000)
     monkeypatch.delenv("FLEETCTL_REQUIRE_LAB", raising=False)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.collect import NodeCollect
 from fleetctl.errors import UsageError
-from fleetctl.lifecycle import (
+from fleetctl.job.lifecycle import (
     JobHandle,
     describe_failure,
     latest_attempt,
@@ -18,8 +17,9 @@ from fleetctl.lifecycle import (
     load_nodes,
     write_connect,
 )
+from fleetctl.job.runfolder import RunFolder
 from fleetctl.node import Node
-from fleetctl.runs import RunFolder
+from fleetctl.phases.collect import NodeCollect
 
 
 def _job(runs: Path, job_id: str, **kw) -> RunFolder:
@@ -127,7 +127,7 @@ def test_stop_keeps_the_final_record_an_attached_run_wrote_meanwhile(tmp_path: P
     """`fleetctl stop` loads job.json at the start; the attached run it interrupts writes its
     own final record ("interrupted") while the stop still collects. The stop's update must
     start from job.json as it is then, not overwrite it from its older copy."""
-    from fleetctl.teardown import NodeStop, TeardownReport
+    from fleetctl.phases.teardown import NodeStop, TeardownReport
 
     nodes = [{"rank": 0, "host": "a", "state": "running", "address": "10.0.0.1"}]
     folder = _job(tmp_path, "j5", status="running", nodes=nodes, ended=None)
@@ -190,8 +190,8 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
 
 
 def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:
-    from fleetctl.connection import SSHSettings
-    from fleetctl.job import _with_settings
+    from fleetctl.job.run import _with_settings
+    from fleetctl.ssh.connection import SSHSettings
 
     folder = _job(tmp_path, "j2")
     nodes = [Node("a", "10.0.0.1", known_hosts="/inventory_kh"), Node("b", "10.0.0.2")]

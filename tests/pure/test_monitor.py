@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.collect import NodeCollect
-from fleetctl.lifecycle import EXTERNAL_STOP_REASON, JobHandle, NodeState, write_connect
-from fleetctl.monitor import (
+from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, JobHandle, NodeState, write_connect
+from fleetctl.job.monitor import (
     MONITOR_REASON,
     WatchState,
     decide,
@@ -22,10 +21,11 @@ from fleetctl.monitor import (
     monitor_status,
     stop_monitor,
 )
+from fleetctl.job.runfolder import RunFolder
 from fleetctl.node import Node
-from fleetctl.roles import CompletionPolicy
-from fleetctl.runs import RunFolder
-from fleetctl.teardown import NodeStop, TeardownReport
+from fleetctl.phases.collect import NodeCollect
+from fleetctl.phases.teardown import NodeStop, TeardownReport
+from fleetctl.plan.roles import CompletionPolicy
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 

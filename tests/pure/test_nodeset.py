@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fleetctl.nodeset import expand, fold
+from fleetctl.cli.nodeset import expand, fold
 
 GOLDEN = [
     (["node1"], "node1"),

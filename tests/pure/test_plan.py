@@ -8,10 +8,10 @@ import click
 import pytest
 
 from fleetctl.errors import PlanError
-from fleetctl.launchers import LAUNCHER_NAMES, LAUNCHERS, build_argv, get_launcher
-from fleetctl.launchers.base import path_from
 from fleetctl.node import Node
-from fleetctl.plan import JobSpec, NodeFacts, format_job_id, make_plan
+from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS, build_argv, get_launcher
+from fleetctl.plan.launchers.base import path_from
+from fleetctl.plan.rankplan import JobSpec, NodeFacts, format_job_id, make_plan
 
 JOB = "20261122-001500-a1b2c3"
 

@@ -19,7 +19,7 @@ import pytest
 
 from fleetctl.errors import PlanError
 from fleetctl.node import Node
-from fleetctl.plan import JobSpec, NodeFacts, Plan, make_plan
+from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan, make_plan
 
 CASES_DIR = Path(__file__).parent / "plan_cases"
 CASES = sorted(CASES_DIR.glob("*.json"))

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl.connection import SSHSettings
 from fleetctl.errors import InventoryError, ProvisionError, UsageError
-from fleetctl.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS
 from fleetctl.provision import (
     FORCED_ENV,
     PlaybookCommand,
@@ -26,6 +24,8 @@ from fleetctl.provision import (
     run_playbook,
     shipped_playbooks,
 )
+from fleetctl.ssh.connection import SSHSettings
+from fleetctl.testing.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS
 
 REPO = Path(__file__).resolve().parents[2]
 

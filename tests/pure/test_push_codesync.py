@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.codesync import (
+from fleetctl.node import Node
+from fleetctl.phases.codesync import (
     IgnoreMatcher,
     default_code_dir,
     list_files,
@@ -17,9 +18,8 @@ from fleetctl.codesync import (
     snapshot,
     ssh_argv,
 )
-from fleetctl.connection import SSHSettings
-from fleetctl.envpack import archive_info, nccl_version
-from fleetctl.node import Node
+from fleetctl.phases.envpack import archive_info, nccl_version
+from fleetctl.ssh.connection import SSHSettings
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.envbuild import EnvCache
 from fleetctl.errors import NodePushError, PushError
-from fleetctl.fleet import Fleet
 from fleetctl.node import Node
-from fleetctl.push import NodePush, PushOptions, env_path_prefix, push
+from fleetctl.phases.push import NodePush, PushOptions, env_path_prefix, push
+from fleetctl.ssh.fleet import Fleet
+from fleetctl.testing.envbuild import EnvCache
 
 
 def local(name: str, workdir: Path, **kw: object) -> Node:
@@ -85,7 +85,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
 ) -> None:
     """`fleetctl run` passes the nodes whose fresh check found this snapshot: no remote
     command for them; the others are probed (and sent the code) as usual."""
-    import fleetctl.push as push_mod
+    import fleetctl.phases.push as push_mod
 
     src = code_tree(tmp_path / "src")
     n1, n2 = local("n1", tmp_path / "w1"), local("n2", tmp_path / "w2")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.retry import Failure, RetryPolicy, backoff_delay, parse_rule
+from fleetctl.job.retry import Failure, RetryPolicy, backoff_delay, parse_rule
 
 TB = (
     "Traceback (most recent call last):",
@@ -131,10 +131,10 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
     the real policy; the lab test runs real jobs)."""
     import json
 
-    from fleetctl import job as job_mod
-    from fleetctl.job import JobResult, NodeOutcome, RunOptions
-    from fleetctl.plan import JobSpec
-    from fleetctl.rolejob import run_attempts
+    from fleetctl.job import run as job_mod
+    from fleetctl.job.rolejob import run_attempts
+    from fleetctl.job.run import JobResult, NodeOutcome, RunOptions
+    from fleetctl.plan.rankplan import JobSpec
 
     seen: list[tuple[str, int]] = []
 

@@ -7,8 +7,8 @@ import pytest
 
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
-from fleetctl.plan import JobSpec, NodeFacts
-from fleetctl.roles import (
+from fleetctl.plan.rankplan import JobSpec, NodeFacts
+from fleetctl.plan.roles import (
     PORT_HI,
     PORT_LO,
     CompletionPolicy,

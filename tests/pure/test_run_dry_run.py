@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fleetctl.cli import main
-from fleetctl.launchers import LAUNCHER_NAMES
+from fleetctl.plan.launchers import LAUNCHER_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_INVENTORY = ROOT / "inventories" / "example.yml"

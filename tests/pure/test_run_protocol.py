@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job import JobResult, NodeOutcome
-from fleetctl.launch import (
+from fleetctl.cli.render import LiveLog, fold_ranks, run_summary_lines
+from fleetctl.job.run import JobResult, NodeOutcome
+from fleetctl.phases.launch import (
     Frame,
     FrameReader,
     exit_code_of,
@@ -16,7 +17,6 @@ from fleetctl.launch import (
     parse_frame,
     start_command,
 )
-from fleetctl.render import LiveLog, fold_ranks, run_summary_lines
 
 
 @pytest.mark.parametrize(
@@ -189,7 +189,7 @@ class _Out:
 
 @pytest.mark.parametrize(("tail", "shown"), [("all", [0, 1]), ("0", [0]), ("none", [])])
 def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list[int]) -> None:
-    from fleetctl.job import JobEvent
+    from fleetctl.job.run import JobEvent
 
     out, err = _Out(), _Out()
     live = LiveLog(tail=tail, colour=False, out=out, err=err)
@@ -199,7 +199,7 @@ def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list
 
 
 def test_live_lines_are_coloured_per_node_on_request() -> None:
-    from fleetctl.job import JobEvent
+    from fleetctl.job.run import JobEvent
 
     out = _Out()
     live = LiveLog(colour=True, out=out, err=_Out())
@@ -210,7 +210,7 @@ def test_live_lines_are_coloured_per_node_on_request() -> None:
 
 
 def test_a_batch_of_lines_is_one_write_with_every_line_prefixed() -> None:
-    from fleetctl.job import JobEvent
+    from fleetctl.job.run import JobEvent
 
     out = _Out()
     live = LiveLog(colour=False, out=out, err=_Out())
@@ -236,9 +236,9 @@ class _ClosingStream:
 
 
 def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
-    from fleetctl.launch import FrameReader, NodeRun
     from fleetctl.node import Node
-    from fleetctl.watch import Watch
+    from fleetctl.phases.launch import FrameReader, NodeRun
+    from fleetctl.phases.watch import Watch
 
     lines = [f"line {i}" for i in range(50)]
     data = b"".join(f"L {x}\n".encode() for x in lines) + b"X 0\n"
@@ -266,9 +266,9 @@ def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
 def test_lines_arrive_in_one_event_per_chunk_in_the_node_order() -> None:
     """A chatty node costs one event per received chunk, and a notice or the exit between
     lines is never reordered around them."""
-    from fleetctl.launch import FrameReader, NodeRun
     from fleetctl.node import Node
-    from fleetctl.watch import Watch
+    from fleetctl.phases.launch import FrameReader, NodeRun
+    from fleetctl.phases.watch import Watch
 
     run = NodeRun(
         node=Node("n1", "10.0.0.1"),

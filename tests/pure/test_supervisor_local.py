@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.connection import LocalConnection
-from fleetctl.job import RunOptions, run_job
-from fleetctl.launch import FrameReader, NodeRun, exit_report_of, start_node, supervisor_path
+from fleetctl.job.run import RunOptions, run_job
 from fleetctl.node import Node
-from fleetctl.plan import JobSpec
-from fleetctl.supervisor import find_job_processes, stop_processes
+from fleetctl.phases.launch import FrameReader, NodeRun, exit_report_of, start_node, supervisor_path
+from fleetctl.plan.rankplan import JobSpec
+from fleetctl.remote.supervisor import find_job_processes, stop_processes
+from fleetctl.ssh.connection import LocalConnection
 
 PY38 = "/root/.pyenv/versions/3.8.18/bin/python3"
 
@@ -147,8 +147,8 @@ def test_after_its_exit_the_supervisor_sends_the_run_folder_on_the_same_channel(
     jobs: Jobs, tmp_path: Path
 ) -> None:
     """Collecting needs no second remote command: ``c`` after ``X`` brings the folder home."""
-    from fleetctl.collect import collect_from_supervisor
-    from fleetctl.watch import Watch
+    from fleetctl.phases.collect import collect_from_supervisor
+    from fleetctl.phases.watch import Watch
 
     run = jobs.start(
         "t-inband",

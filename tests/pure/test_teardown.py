@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleetctl.node import Node
-from fleetctl.plan import JobSpec, make_plan
-from fleetctl.teardown import teardown
+from fleetctl.phases.teardown import teardown
+from fleetctl.plan.rankplan import JobSpec, make_plan
 
 
 class AskedFleet:

@@ -1,0 +1,476 @@
+"""All terminal output helpers (rich). Library code never prints; the CLI calls these.
+
+Shared by every area: add functions with small edits, keep imports of heavy modules inside them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fleetctl.job.run import JobEvent, JobResult
+    from fleetctl.phases.check import CheckReport
+    from fleetctl.plan.inventory import Inventory
+    from fleetctl.plan.rankplan import Plan
+
+
+# ------------------------------------------------------------------------------------ check
+
+_CHECK_STYLE = {
+    "ok": ("✓", "green"),
+    "warn": ("!", "yellow"),
+    "fail": ("✗", "bold red"),
+    "skip": ("–", "dim"),
+}
+
+
+def check_cell(status: str, detail: str, *, width: int = 28) -> str:
+    """One table cell as rich markup: symbol + reason; ok details are clipped, failures not."""
+    from rich.markup import escape
+
+    symbol, style = _CHECK_STYLE.get(status, ("?", "magenta"))
+    if status in ("ok", "skip") and len(detail) > width:
+        detail = detail[: width - 1] + "…"
+    text = f"{symbol} {escape(detail)}" if detail else symbol
+    return f"[{style}]{text}[/]"
+
+
+def print_check_report(report: CheckReport, console: Console | None = None) -> None:
+    """``fleetctl check``: the host × check table, then mesh failures, warnings, the verdict."""
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleetctl.phases.check import CHECKS
+
+    console = console or Console()
+    # Narrow terminals get symbols only (+ the training address); reasons follow the table.
+    compact = console.width < 160
+    table = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
+    )
+    width = max([4, *(len(h) for h in report.hosts)])
+    table.add_column("host", style="bold", no_wrap=True, min_width=width)
+    for name in CHECKS:
+        table.add_column(name, overflow="fold", no_wrap=compact, min_width=len(name))
+    if compact:
+        table.add_column("training NIC", overflow="fold", min_width=20)
+    for host in report.hosts.values():
+        cells = [
+            check_cell(c.status, "" if compact else c.detail)
+            for c in (host.checks[k] for k in CHECKS)
+        ]
+        if compact:
+            facts = report.facts.get(host.name)
+            nic = f"{facts.nic} {facts.train_addr}" if facts and facts.train_addr else "–"
+            cells.append(escape(nic))
+        table.add_row(escape(host.name), *cells)
+    console.print(table)
+    if report.mesh_failures:
+        console.print("[bold]mesh failures[/] (training network, source → destination):")
+        for f in report.mesh_failures:
+            console.print(f"  [red]✗[/] {escape(str(f))}")
+    if report.mesh_skipped:
+        console.print(
+            "[dim]not in the mesh test: " + escape("; ".join(report.mesh_skipped)) + "[/]"
+        )
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+    for host, check, reason in report.failures:
+        console.print(f"[red]✗[/] {escape(host)} {check}: {escape(reason)}")
+    when = (
+        f" (cached result, {max(0, int(_now() - report.checked_at))} s old)"
+        if report.cached
+        else f" in {report.elapsed:.1f} s"
+    )
+    verdict = "[bold green]OK[/]" if report.ok else "[bold red]FAILED[/]"
+    console.print(f"{verdict}: {escape(report.summary())}{when}")
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+# -------------------------------------------------------------------------------------- run
+
+_NODE_COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92, 94, 31)  # ANSI foreground codes
+
+
+def fold_ranks(ranks: list[int]) -> str:
+    """``[0, 1, 3, 4, 5, 7]`` -> ``0,1,3-5,7`` (runs of three or more become ranges)."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{rs[i]}-{rs[j]}")
+        else:
+            out.extend(str(r) for r in rs[i : j + 1])
+        i = j + 1
+    return ",".join(out)
+
+
+class LiveLog:
+    """``fleetctl run``'s live output: job lines on stdout as ``[rank host] text``, one whole
+    line per write (never interleaved), coloured per node on a tty; everything else on stderr.
+
+    ``tail``: ``all`` (every node), a rank (only that node, like paddle's rank-0 console) or
+    ``none`` (no job lines; the summary still shows the failing node's last lines).
+    """
+
+    def __init__(
+        self, *, tail: str = "all", colour: bool | None = None, out: Any = None, err: Any = None
+    ) -> None:
+        import sys
+
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.tail = tail
+        self.colour = self.out.isatty() if colour is None else colour
+        self.err_colour = self.err.isatty() if colour is None else colour
+
+    def _prefix(self, rank: int | None, host: str | None, colour: bool) -> str:
+        if rank is None:
+            return ""
+        text = f"[{rank} {host}]"
+        if colour:
+            code = _NODE_COLOURS[rank % len(_NODE_COLOURS)]
+            text = f"\x1b[{code}m{text}\x1b[0m"
+        return text + " "
+
+    def shows(self, rank: int | None) -> bool:
+        if self.tail == "none":
+            return False
+        return self.tail == "all" or rank is None or str(rank) == self.tail
+
+    def __call__(self, ev: JobEvent) -> None:
+        if ev.kind in ("line", "lines"):
+            if self.shows(ev.rank):
+                prefix = self._prefix(ev.rank, ev.host, self.colour)
+                lines = ev.lines if ev.kind == "lines" else (ev.text,)
+                # one write and one flush per batch: whole lines, never interleaved
+                self.out.write(prefix + ("\n" + prefix).join(lines) + "\n")
+                self.out.flush()
+            return
+        if ev.kind in ("started",) and not ev.text:
+            return
+        label = {
+            "phase": "",
+            "teardown": "teardown: ",
+            "warning": "warning: ",
+            "failure": "FAILED FIRST: ",
+            "lost": "lost: ",
+            "exit": "exited: ",
+            "collect": "",
+            "notice": "",
+            "started": "",
+            "done": "job ",
+        }.get(ev.kind, "")
+        if ev.kind == "exit" and ev.code == 0:
+            label = "finished: "
+        line = f"fleetctl: {self._prefix(ev.rank, ev.host, self.err_colour)}{label}{ev.text}"
+        self.err.write(line.rstrip() + "\n")
+        self.err.flush()
+
+
+def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
+    """The fleet-wide verdict, like paddle's but for every node, plus the failing node's tail.
+
+    ``Out of all 3 nodes, node 1 (node2 10.0.0.3) failed first: exit code 1 after 41.2 s;
+    nodes 0,2 were stopped.``
+    """
+    n = len(result.nodes)
+    lines: list[str] = []
+    ff = result.failed_node
+    by_state: dict[str, list[int]] = {}
+    for node in result.nodes:
+        if ff is None or node.rank != ff.rank:
+            by_state.setdefault(node.state, []).append(node.rank)
+
+    def others() -> str:
+        parts = []
+        for state, verb in (
+            ("stopped", "were stopped"),
+            ("lost", "were lost"),
+            ("failed", "also failed"),
+            ("start_failed", "could not start"),
+            ("succeeded", "had succeeded"),
+            ("running", "did not report"),
+        ):
+            ranks = by_state.get(state)
+            if ranks:
+                one = len(ranks) == 1
+                verb = verb.replace("were", "was") if one else verb
+                parts.append(f"{'node' if one else 'nodes'} {fold_ranks(ranks)} {verb}")
+        return "; ".join(parts)
+
+    if result.status == "succeeded":
+        dur = (
+            ""
+            if result.ended is None or result.started is None
+            else (f" in {result.ended - result.started:.1f} s")
+        )
+        verdict = getattr(result, "verdict", None)  # a role job's completion policy
+        if verdict and any(node.state != "succeeded" for node in result.nodes):
+            rest = others()
+            lines.append(f"Job {result.job_id} succeeded{dur}: {verdict}; {rest}.")
+        else:
+            lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
+    elif ff is not None:
+        addr = ff.train_addr or ff.address
+        after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
+        rest = others()
+        lines.append(
+            f"Out of all {n} node{'s' if n != 1 else ''}, node {ff.rank} ({ff.host} {addr}) "
+            f"failed first: {ff.how()}{after}" + (f"; {rest}." if rest else ".")
+        )
+        tail = result.log_tail(ff.rank, tail_lines)
+        if tail:
+            lines.append(f"--- last {len(tail)} lines of node {ff.rank} ({ff.host}) ---")
+            lines.extend(tail)
+            lines.append("---")
+        if ff.folder:
+            lines.append(f"node {ff.rank} logs: {ff.folder}")
+    elif result.status == "interrupted":
+        rest = others()
+        lines.append(
+            f"Interrupted: job {result.job_id} stopped on all {n} node"
+            f"{'s' if n != 1 else ''}" + (f" ({rest})." if rest else ".")
+        )
+    else:
+        lines.append(f"Job {result.job_id} {result.status}.")
+    if result.teardown is not None and not result.teardown.verified:
+        for host, procs in result.teardown.leftovers.items():
+            pids = ", ".join(f"{p['pid']} {p['cmd'][:60]}" for p in procs)
+            lines.append(f"ERROR: processes of the job left on {host}: {pids}")
+    for err in result.errors:
+        lines.append(f"error: {err}")
+    lines.append(f"run folder: {result.folder}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- push
+
+
+class PushProgress:
+    """``fleetctl push``: one live progress bar per node (stderr), fed by push's callback.
+
+    Thread-safe (rich's Progress is); a no-op display when ``enabled`` is False (not a tty).
+    """
+
+    def __init__(self, nodes: list[str], *, enabled: bool, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.enabled = enabled
+        self.progress = Progress(
+            TextColumn("{task.fields[node]:<12}"),
+            TextColumn("{task.description:<9}"),
+            BarColumn(),
+            TextColumn("{task.fields[size]:>21}"),
+            TextColumn("{task.fields[note]}"),
+            console=console or Console(stderr=True),
+            transient=False,
+            disable=not enabled,
+        )
+        self.tasks = {
+            n: self.progress.add_task("waiting", node=n, note="", size="", total=None)
+            for n in nodes
+        }
+
+    def __call__(self, event: Any) -> None:
+        from fleetctl.phases.envpack import human_bytes
+
+        task = self.tasks.get(event.node)
+        if task is None:
+            return
+        if event.stage == "done":
+            self.progress.update(
+                task,
+                description="[green]done[/]",
+                completed=1,
+                total=1,
+                size="",
+                note=event.message,
+            )
+        elif event.stage == "failed":
+            self.progress.update(
+                task,
+                description="[red]failed[/]",
+                completed=0,
+                total=1,
+                size="",
+                note=event.message[:70],
+            )
+        elif event.total:
+            size = f"{human_bytes(event.done)}/{human_bytes(event.total)}"
+            self.progress.update(
+                task,
+                description=event.stage,
+                completed=event.done,
+                total=event.total,
+                size=size,
+                note=event.message,
+            )
+        else:
+            self.progress.update(
+                task, description=event.stage, total=None, size="", note=event.message
+            )
+
+    def __enter__(self) -> PushProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def print_push_report(
+    report: Any, failures: dict[str, str] | None = None, console: Console | None = None
+) -> None:
+    """``fleetctl push``: per-node table (code, env, NCCL, bytes), warnings, failures."""
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleetctl.phases.envpack import human_bytes
+
+    console = console or Console()
+    table = Table(box=box.SIMPLE, show_header=True, header_style="bold")
+    for col in ("node", "code", "env", "NCCL", "python", "sent", "time"):
+        table.add_column(col)
+    for name, n in report.nodes.items():
+        env = n.env_method or "–"
+        if n.env_source:
+            env += f" ← {n.env_source}"
+        table.add_row(
+            name,
+            n.code_method or "–",
+            env,
+            n.nccl_version or "–",
+            n.python_version or "–",
+            human_bytes(n.bytes_sent),
+            f"{n.seconds:.1f}s",
+        )
+    for name in failures or {}:
+        table.add_row(name, "[bold red]✗[/]", "", "", "", "", "", style="red")
+    console.print(table)
+    if report.code_dir:
+        console.print(f"code: ~workdir/{report.code_dir}")
+    shas = sorted(set(report.env_sha256.values()))
+    if shas:
+        console.print("env: " + ", ".join(f"envs/{s[:16]}…" for s in shas))
+    line = f"controller sent {human_bytes(report.controller_bytes)}"
+    if report.archive_bytes:
+        line += f" (archive {human_bytes(report.archive_bytes)}"
+        line += f", {report.peer_fetches} peer fetches)" if report.peer_fetches else ")"
+    console.print(line + f" in {report.seconds:.1f}s")
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+    for why in (failures or {}).values():
+        console.print(f"[bold red]✗[/] {escape(why)}")
+
+
+# ------------------------------------------------------------------------------------- plan
+
+
+def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | None = None) -> None:
+    """``fleetctl run --dry-run``: the plan-wide values, one row per node, each node's command.
+
+    Commands are shown shell-quoted (``shlex.join``) exactly as they would run; the env shown is
+    node 0's fleetctl/user part (every node's full env is in ``--json``).
+    """
+    import shlex
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    where = inventory or "this machine (no inventory)"
+    console.print(
+        f"[bold]job[/] {escape(plan.job_id)}  [bold]launcher[/] {plan.launcher}  "
+        f"[bold]master[/] {escape(plan.master_addr)}:{plan.master_port}  "
+        f"[bold]world[/] {plan.nnodes} node(s) x {plan.nproc_per_node} = {plan.world_size}  "
+        f"[dim]({escape(where)})[/]"
+    )
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("rank", "host", "ssh address", "training address", "nic", "run folder"):
+        table.add_column(col)
+    for n in plan.nodes:
+        cells = (n.host, n.address, n.train_addr, n.nic or "–", n.run_dir)
+        table.add_row(str(n.node_rank), *(escape(c) for c in cells))
+    console.print(table)
+    for n in plan.nodes:
+        command = escape(shlex.join(n.argv))
+        console.print(f"[bold][{n.node_rank} {escape(n.host)}][/] $ {command}", soft_wrap=True)
+        for rel in n.files:
+            console.print(f"    writes {escape(rel)} in the run folder", style="dim")
+    if plan.nodes:
+        first = plan.nodes[0]
+        keys = [k for k in first.env if k.startswith(("MASTER_", "FLEET_JOB", "NCCL_", "GLOO_"))]
+        keys += [k for k in plan.user_env if k not in keys]
+        shown = " ".join(f"{k}={shlex.quote(first.env[k])}" for k in keys)
+        console.print(f"env (node 0): {escape(shown)}", soft_wrap=True)
+    console.print("[dim]dry run: nothing was started[/]")
+
+
+# -------------------------------------------------------------------------------- inventory
+
+
+def inventory_table(inv: Inventory) -> Table:
+    """The ``fleetctl inventory`` table: one row per node in rank order."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    title = f"{inv.path or 'this machine (no inventory)'}"
+    if inv.limit:
+        title += f"  --limit {inv.limit}"
+    table = Table(title=escape(title), box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (
+        ("rank", "right"),
+        ("host", "left"),
+        ("address", "left"),
+        ("port", "right"),
+        ("user", "left"),
+        ("nic", "left"),
+        ("gpus", "right"),
+        ("workdir", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for rank, n in enumerate(inv.nodes):
+        address = "local" if n.local else n.address
+        if n.train_addr:
+            address += f" (train {n.train_addr})"
+        table.add_row(
+            str(rank),
+            escape(n.name),
+            escape(address),
+            "" if n.local else str(n.port),
+            escape(n.user or ""),
+            escape(n.nic or ""),
+            "" if n.gpus is None else str(n.gpus),
+            escape(n.workdir),
+        )
+    return table
+
+
+def print_inventory(inv: Inventory, console: Console | None = None) -> None:
+    """``fleetctl inventory``: the node table and how many nodes were selected."""
+    from rich.console import Console
+
+    console = console or Console()
+    console.print(inventory_table(inv))
+    n = len(inv.nodes)
+    console.print(f"{n} node{'s' if n != 1 else ''}, digest {inv.digest[:12]}", style="dim")

@@ -1,0 +1,1 @@
+"""One job's life: the run, its run folder, retries, the detached monitor."""

@@ -1,0 +1,742 @@
+"""``fleetctl run``, the whole job: connect → check → push → plan → launch → watch → teardown →
+collect → summary data.
+
+Everything a user should see arrives through ``on_event`` (``JobEvent``); this module never
+prints. Teardown runs in ``finally`` — after the first failure, on Ctrl-C (a second Ctrl-C skips
+the grace period), after an error and after success (then it only verifies nothing is left) —
+and logs are collected every time. ``run_job`` returns a ``JobResult`` whose ``exit_code`` is 0
+(every node succeeded), 3 (a node failed or was lost) or 130 (interrupted); errors before the
+launch (inventory, check, push, plan) are raised as ``FleetctlError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import CheckError, FleetctlError, LaunchError, RunFolderError
+from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON
+from fleetctl.job.runfolder import DEFAULT_RUNS_DIR, RunFolder, iso
+from fleetctl.phases.launch import NodeRun, node_spec, start_node
+from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.teardown import TeardownReport
+    from fleetctl.plan.rankplan import JobSpec, Plan
+    from fleetctl.ssh.connection import Connection, SSHSettings, Stream
+    from fleetctl.ssh.fleet import Fleet
+
+DEFAULT_GRACE = 5.0
+DEFAULT_DEADMAN = 10.0
+TAIL_LINES = 200  # per node, kept in memory for the summary when logs cannot be collected
+
+
+@dataclass
+class RunOptions:
+    """How ``fleetctl run`` behaves around the job (the job itself is the ``JobSpec``)."""
+
+    runs_dir: str | Path = DEFAULT_RUNS_DIR
+    check: bool = True
+    grace: float = DEFAULT_GRACE
+    lost_timeout: float = DEFAULT_LOST_TIMEOUT
+    deadman: float = DEFAULT_DEADMAN
+    heartbeat: float = DEFAULT_HEARTBEAT
+    code: str | Path | None = None  # local folder to push (None: nothing pushed)
+    env_archive: str | Path | None = None  # conda-pack archive to push
+    settings: SSHSettings | None = None
+    attempt: int = 1
+    check_options: Any = None  # fleetctl.phases.check.CheckOptions; None = derived from the spec
+    push_options: Any = None  # fleetctl.phases.push.PushOptions
+    # Job lifecycle (fleetctl.job.lifecycle / fleetctl.job.rolejob):
+    detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
+    planner: Any = None  # (nodes, spec, facts, code_digest, fleet) -> Plan; None: make_plan
+    completion: Any = None  # fleetctl.plan.roles.CompletionPolicy; None: first failure ends the job
+    inventory: str | None = None  # recorded in connect.json so other commands can reconnect
+    limit: str | None = None
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """What the CLI shows. ``kind``: phase, line, lines, notice, exit, lost, failure,
+    teardown, collect, warning. ``rank``/``host`` name the node for node events; ``lines``
+    holds a node's output lines that arrived together (kind ``lines``)."""
+
+    kind: str
+    text: str = ""
+    rank: int | None = None
+    host: str | None = None
+    code: int | None = None
+    time: float = field(default_factory=time.time)
+    lines: tuple[str, ...] = ()
+
+
+@dataclass
+class NodeOutcome:
+    """One node's part of the result (also its entry in job.json)."""
+
+    rank: int
+    host: str
+    address: str
+    train_addr: str | None = None
+    state: str = "pending"  # pending, running, succeeded, failed, stopped, lost, start_failed
+    exit_code: int | None = None
+    signal: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    reason: str | None = None
+    folder: str | None = None
+    collected: bool = False
+    leftovers: dict[str, Any] | None = None  # the supervisor's after-exit scan (exit report)
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES), repr=False
+    )
+
+    @property
+    def ended_badly(self) -> bool:
+        return self.state in ("failed", "lost", "start_failed")
+
+    def how(self) -> str:
+        """``exit code 1``, ``signal 9 (SIGKILL)``, ``lost (…)``, ``could not start (…)``."""
+        if self.state == "lost":
+            return f"lost ({self.reason})" if self.reason else "lost"
+        if self.state == "start_failed":
+            return f"could not start ({self.reason})" if self.reason else "could not start"
+        if self.signal is not None:
+            return f"signal {self.signal} ({_signame(self.signal)})"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return self.state
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "address": self.address,
+            "train_addr": self.train_addr,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "start_time": iso(self.start_time),
+            "end_time": iso(self.end_time),
+            "reason": self.reason,
+            "folder": self.folder,
+            "collected": self.collected,
+        }
+
+
+@dataclass
+class JobResult:
+    """What happened: status, every node's outcome, who failed first, teardown and collect."""
+
+    job_id: str
+    folder: Path
+    status: str = "starting"  # starting, running, succeeded, failed, interrupted, error
+    nodes: list[NodeOutcome] = field(default_factory=list)
+    first_failure: int | None = None  # rank
+    failure_time: float | None = None
+    started: float | None = None  # launch began
+    ended: float | None = None
+    teardown: TeardownReport | None = None
+    collected: list[NodeCollect] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    launcher: str | None = None
+    attempt: int = 1
+    plan: Plan | None = None
+    detached: bool = False
+    verdict: str | None = None  # why a role job ended early (completion policy)
+    # With retries, on the last attempt's result: every attempt and why it ended/was retried
+    # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
+    attempts: list[dict[str, Any]] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "succeeded":  # processes left after teardown are a remote failure
+            return 3 if self.teardown is not None and self.teardown.leftovers else 0
+        if self.status == "interrupted":
+            return 130
+        return 3 if self.status == "failed" else 1
+
+    def node(self, rank: int) -> NodeOutcome:
+        return self.nodes[rank]
+
+    @property
+    def failed_node(self) -> NodeOutcome | None:
+        return None if self.first_failure is None else self.nodes[self.first_failure]
+
+    @property
+    def failed_after(self) -> float | None:
+        """Seconds from launch to the first failure."""
+        if self.failure_time is None or self.started is None:
+            return None
+        return max(0.0, self.failure_time - self.started)
+
+    def log_tail(self, rank: int, n: int = 20) -> list[str]:
+        """Last ``n`` lines of a node's console: the collected console.log, else what streamed."""
+        node = self.nodes[rank]
+        if node.folder:
+            path = Path(node.folder) / "console.log"
+            with contextlib.suppress(OSError), path.open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 256 * 1024))  # the end is enough for a tail
+                return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
+        return list(node.tail)[-n:]
+
+    def to_dict(self) -> dict[str, Any]:
+        ff = self.failed_node
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "attempt": self.attempt,
+            "detached": self.detached,
+            "verdict": self.verdict,
+            "launcher": self.launcher,
+            "started": iso(self.started),
+            "ended": iso(self.ended),
+            "duration": None
+            if self.started is None or self.ended is None
+            else round(self.ended - self.started, 3),
+            "first_failure": None
+            if ff is None
+            else {
+                "rank": ff.rank,
+                "host": ff.host,
+                "address": ff.train_addr or ff.address,
+                "state": ff.state,
+                "exit_code": ff.exit_code,
+                "signal": ff.signal,
+                "reason": ff.reason,
+                "time": iso(self.failure_time),
+                "after": None if self.failed_after is None else round(self.failed_after, 3),
+            },
+            "nodes": [n.to_dict() for n in self.nodes],
+            "teardown": None if self.teardown is None else self.teardown.to_dict(),
+            "collected": [c.to_dict() for c in self.collected],
+            "errors": self.errors,
+            "folder": str(self.folder),
+        } | ({} if self.attempts is None else {"attempts": self.attempts})
+
+
+def _signame(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+# ----------------------------------------------------------------------------------- the job
+
+
+class _Job:
+    """State shared by the phases of one run (kept off the public API)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[Node],
+        options: RunOptions,
+        emit: Callable[[JobEvent], None],
+    ) -> None:
+        self.spec, self.nodes, self.options = spec, list(nodes), options
+        self._emit_cb = emit
+        self.folder = RunFolder.create(options.runs_dir, spec.job_id)
+        with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
+            from fleetctl.job.lifecycle import write_connect
+
+            write_connect(
+                self.folder.path,
+                _with_settings(nodes, options.settings),
+                inventory=options.inventory,
+                limit=options.limit,
+            )
+        self.result = JobResult(
+            job_id=spec.job_id,
+            folder=self.folder.path,
+            launcher=spec.launcher,
+            attempt=options.attempt,
+            detached=options.detach,
+        )
+        self.result.nodes = [
+            NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)
+        ]
+        self.plan: Plan | None = None
+        self.watch: Watch | None = None
+        self.launch_thread: threading.Thread | None = None
+        self.launch_done = threading.Event()
+        self.launched: set[int] = set()  # ranks whose start was attempted
+        self.pythons: dict[str, str] = {n.name: n.python for n in nodes}
+        self.path_prepend: dict[str, list[str]] = {}
+        self.stopping = False
+
+    def emit(
+        self,
+        kind: str,
+        text: str = "",
+        *,
+        rank: int | None = None,
+        code: int | None = None,
+        log: bool = True,
+        ts: float | None = None,
+        lines: tuple[str, ...] = (),
+    ) -> None:
+        host = self.result.nodes[rank].host if rank is not None else None
+        ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines)
+        if log and kind not in ("line", "lines"):
+            where = f"[{rank} {host}] " if rank is not None else ""
+            with contextlib.suppress(OSError):
+                self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
+        self._emit_cb(ev)
+
+    def save(self) -> None:
+        with contextlib.suppress(OSError, RunFolderError), self.folder.locked():
+            self.folder.write_job(self.result.to_dict())
+
+
+def run_job(
+    spec: JobSpec,
+    nodes: Sequence[Node],
+    options: RunOptions | None = None,
+    *,
+    on_event: Callable[[JobEvent], None] | None = None,
+    fleet: Fleet | None = None,
+) -> JobResult:
+    """Run ``spec`` on ``nodes`` (rank order). Returns the result; raises only before launch.
+
+    A ``fleet`` given by the caller is reused and left open; otherwise one is made and closed.
+    """
+    from fleetctl.ssh.fleet import Fleet
+
+    options = options or RunOptions()
+    job = _Job(spec, nodes, options, on_event or (lambda e: None))
+    own = fleet is None
+    fleet = fleet or Fleet(nodes, options.settings)
+    interrupted = False
+    try:
+        job.save()
+        _prepare(job, fleet)
+        _launch_and_watch(job, fleet)
+    except KeyboardInterrupt:
+        interrupted = True
+        job.result.status = "interrupted"
+        job.emit("notice", "interrupted: stopping the job on every node (Ctrl-C again: no grace)")
+    except FleetctlError as e:
+        job.result.status = "error"
+        job.result.errors.append(e.one_line())
+        raise
+    finally:
+        try:
+            _finish(job, fleet, interrupted)
+        except Exception as e:  # attached to the result, never replacing the original error
+            job.result.errors.append(f"teardown/collect failed: {type(e).__name__}: {e}")
+            job.save()
+        finally:
+            if own:
+                fleet.close()
+    return job.result
+
+
+def _prepare(job: _Job, fleet: Fleet) -> None:
+    """Connect, check, push and plan; writes plan.json. Raises on anything that blocks launch."""
+    import dataclasses
+
+    from fleetctl.plan.rankplan import NodeFacts, make_plan
+
+    spec, options = job.spec, job.options
+    job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
+    facts: dict[str, NodeFacts] = {}
+    known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
+    if options.check:
+        from fleetctl.phases.check import CheckOptions, check_fleet
+
+        copts = options.check_options or CheckOptions(
+            master_port=spec.master_port,
+            backend=spec.backend,
+            uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+        )
+        if options.check_options is None and options.code is not None:
+            from fleetctl.phases import codesync
+
+            # the probe also looks for this snapshot, so a no-op push needs no round trip
+            snap = codesync.snapshot(options.code)
+            copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
+        job.emit("phase", "checking nodes")
+        report = check_fleet(fleet, copts)
+        if not report.ok:
+            from fleetctl.results import FleetResult
+
+            problems = "; ".join(f"{h}: {c}: {why}" for h, c, why in report.failures[:5])
+            mesh = "; ".join(str(m) for m in report.mesh_failures[:3])
+            raise CheckError(
+                f"preflight failed ({report.summary()}): {problems or mesh}",
+                FleetResult(dict(report.hosts)),
+            )
+        facts = dict(report.facts)
+        if not report.cached:  # a cached report may be minutes old: ask again
+            known_present = frozenset(h for h, ok in report.code_present.items() if ok)
+        for w in report.warnings:
+            job.emit("warning", w)
+    else:
+        res = fleet.connect()
+        if res.failed:
+            from fleetctl.errors import FleetError
+
+            first = next(iter(res.failed.values()))
+            raise FleetError(
+                f"cannot connect to {len(res.failed)} node(s): {first}", res
+            ) from first
+    code_digest = None
+    if options.code is not None or options.env_archive is not None:
+        from fleetctl.phases import push as push_mod
+
+        job.emit("phase", "pushing code" + (" and env" if options.env_archive else ""))
+        popts = options.push_options or push_mod.PushOptions(
+            require_nccl=spec.backend == "nccl",
+            train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
+            known_present=known_present,
+        )
+        report = push_mod.push(
+            fleet, code=options.code, env_archive=options.env_archive, options=popts
+        )
+        code_digest = report.code_digest
+        for n in job.nodes:
+            prefix = push_mod.env_path_prefix(report, n.name)
+            if prefix:
+                job.path_prepend[n.name] = [prefix]
+                f = facts.get(n.name) or NodeFacts()
+                facts[n.name] = dataclasses.replace(f, python=prefix + "/python")
+    if options.planner is not None:  # role jobs: ports probed, roles laid out
+        job.plan = options.planner(job.nodes, spec, facts or None, code_digest, fleet)
+    else:
+        job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
+    job.result.plan = job.plan
+    for np in job.plan.nodes:
+        job.result.nodes[np.node_rank].train_addr = np.train_addr
+    job.folder.write_plan(job.plan.to_dict())
+
+
+def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
+    """Start every node in parallel, stream events until all ended or the first failure."""
+    plan, options = job.plan, job.options
+    assert plan is not None
+    watch = job.watch = Watch(lost_timeout=options.lost_timeout, heartbeat=options.heartbeat)
+    by_name = {n.name: n for n in job.nodes}
+    job.result.status = "running"
+    job.result.started = time.time()
+    job.emit("phase", f"launching {plan.launcher} on {len(plan.nodes)} node(s), job {plan.job_id}")
+    job.save()
+
+    def start_one(np: Any) -> None:
+        node = by_name[np.host]
+        try:
+            conn: Connection = fleet.connection(node)
+            spec = node_spec(
+                np,
+                conn,
+                job_id=plan.job_id,
+                deadman=options.deadman,
+                grace=options.grace,
+                heartbeat=options.heartbeat,
+                detach=options.detach,
+                path_prepend=job.path_prepend.get(np.host, []),
+            )
+            run: NodeRun = start_node(node, conn, spec, python=node.python)
+        except BaseException as e:  # every node's outcome becomes an event, never lost
+            reason = e.one_line() if isinstance(e, FleetctlError) else f"{type(e).__name__}: {e}"
+            if isinstance(e, LaunchError) and reason.startswith(node.label + ": "):
+                reason = reason[len(node.label) + 2 :]
+            watch.events.put(Event("start_failed", np.node_rank, np.host, time.time(), reason))
+            return
+        if job.stopping:  # failed elsewhere meanwhile: stop at once, the watcher sees it end
+            with contextlib.suppress(Exception):
+                run.stream.send(b"t")
+        note = "uploaded supervisor" if run.uploaded else ""
+        if options.detach:  # the detached supervisor lives on alone: nothing to watch
+            with contextlib.suppress(Exception):
+                run.stream.close()
+            watch.events.put(Event("started", np.node_rank, np.host, run.started, "detached"))
+            return
+        watch.events.put(Event("started", np.node_rank, np.host, run.started, note))
+        watch.attach(run)  # after "started": its lines and exit always come later
+
+    def launch_all() -> None:
+        threads = [
+            threading.Thread(
+                target=start_one, args=(np,), daemon=True, name=f"launch-{np.node_rank}"
+            )
+            for np in plan.nodes
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60.0)
+        job.launch_done.set()
+
+    job.launched = {np.node_rank for np in plan.nodes}
+    job.launch_thread = threading.Thread(target=launch_all, daemon=True, name="launch")
+    job.launch_thread.start()
+    pending = set(job.launched)
+    while pending:
+        ev = watch.get(0.2)
+        if ev is None:
+            continue
+        _on_event(job, ev)
+        if ev.kind in ("exit", "lost", "start_failed") or (options.detach and ev.kind == "started"):
+            pending.discard(ev.rank)
+            if job.result.first_failure is not None or job.result.verdict is not None:
+                return
+
+
+def _on_event(job: _Job, ev: Event) -> None:
+    """Record a watcher event in the result and pass it on."""
+    node = job.result.nodes[ev.rank]
+    if ev.kind == "lines":
+        node.tail.extend(ev.lines)
+        job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
+        return
+    if ev.kind == "notice":
+        if ev.text.endswith(EXTERNAL_STOP_REASON) and job.result.first_failure is None:
+            job.stopping = True  # `fleetctl stop` from another terminal: not a failure
+            job.result.verdict = EXTERNAL_STOP_REASON
+        job.emit("notice", ev.text, rank=ev.rank, ts=ev.time)
+        return
+    if ev.kind == "started":
+        if node.state == "pending":
+            node.state = "running"
+        node.start_time = ev.time
+        job.emit("started", ev.text, rank=ev.rank, ts=ev.time)
+        job.save()
+        return
+    node.end_time = ev.time
+    failed = False
+    if ev.kind == "exit":
+        node.leftovers = ev.report
+        code = ev.code if ev.code is not None else 255
+        node.exit_code, node.signal = (code, None) if code >= 0 else (None, -code)
+        if code == 0:
+            node.state = "succeeded"
+        elif job.stopping:
+            node.state = "stopped"
+        else:
+            node.state, failed = "failed", True
+        job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
+    elif ev.kind == "lost":
+        node.state, node.reason, failed = "lost", ev.text, True
+        job.emit("lost", ev.text, rank=ev.rank, ts=ev.time)
+    elif ev.kind == "start_failed":
+        node.state, node.reason, failed = "start_failed", ev.text, True
+        job.emit("exit", f"could not start: {ev.text}", rank=ev.rank, ts=ev.time)
+    policy = job.options.completion
+    states = [n.state for n in job.result.nodes]
+    if failed and policy is not None and not policy.fails_job(ev.rank, states):
+        failed = False  # tolerated: the role's min_failed is not reached yet
+    if not failed and policy is not None and not job.stopping:
+        verdict = policy.verdict(states)
+        if verdict is not None and verdict.status == "succeeded" and verdict.role is not None:
+            job.result.status, job.result.verdict = "succeeded", verdict.reason
+            job.stopping = True
+            job.emit("notice", f"job complete: {verdict.reason}; stopping the other nodes")
+    if failed and job.result.first_failure is None:
+        job.result.first_failure = ev.rank
+        job.result.failure_time = ev.time
+        job.result.status = "failed"
+        job.stopping = True
+        job.emit("failure", node.how(), rank=ev.rank, ts=ev.time)
+    job.save()
+
+
+def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
+    """Teardown (verify), wait for the supervisors' last words, collect, write job.json."""
+    watch, plan = job.watch, job.plan
+    job.stopping = True
+    if plan is None or watch is None:  # never launched: nothing runs anywhere
+        if job.result.status in ("starting", "running"):
+            job.result.status = "interrupted" if interrupted else "error"
+        job.result.ended = time.time()
+        job.save()
+        return
+    if job.options.detach and job.result.status == "running" and not interrupted:
+        job.launch_done.wait(35.0)
+        _drain(job)
+        if all(n.state == "running" for n in job.result.nodes):
+            # Detached and running everywhere: the supervisors own the job now; `fleetctl
+            # stop/collect JOB` end it and bring the logs home.
+            watch.close()
+            job.save()
+            job.emit("done", "detached", log=True)
+            return
+    hard = False
+    try:
+        try:
+            _teardown(job, fleet, hard=False)
+        except KeyboardInterrupt:
+            hard = True
+            job.emit("notice", "second Ctrl-C: killing without grace")
+            _teardown(job, fleet, hard=True)
+    except KeyboardInterrupt:
+        job.result.errors.append("teardown interrupted a third time; not verified")
+    # The supervisors report their job's end once it is stopped: record, then stop reading.
+    try:
+        watch.wait_ended(1.0 if hard else 5.0)
+        _drain(job)
+    except KeyboardInterrupt:
+        pass
+    for rank in watch.running():
+        node = job.result.nodes[rank]
+        if node.state == "running":
+            node.state, node.reason = "lost", "no exit report after teardown"
+    # Supervisors that reported their exit wait on their channel to send the run folder.
+    in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
+    watch.close(keep=in_band)
+    _drain(job)
+    for node in job.result.nodes:
+        if node.state in ("pending", "running") and node.rank not in watch.runs:
+            node.state = "start_failed" if node.state == "pending" else node.state
+    if job.result.status == "running":
+        job.result.status = (
+            "succeeded" if all(n.state == "succeeded" for n in job.result.nodes) else "failed"
+        )
+        policy = job.options.completion
+        verdict = policy.verdict([n.state for n in job.result.nodes]) if policy else None
+        if verdict is not None and job.result.first_failure is None:
+            job.result.status = verdict.status  # e.g. failures min_failed tolerates
+    if interrupted or (
+        job.result.verdict == EXTERNAL_STOP_REASON and job.result.first_failure is None
+    ):
+        job.result.status = "interrupted"
+    try:
+        _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
+    except KeyboardInterrupt:
+        job.result.errors.append("log collection interrupted")
+    finally:
+        for r in in_band:  # collected or not, nothing more to say on these channels
+            with contextlib.suppress(Exception):
+                watch.runs[r].stream.close()
+    job.result.ended = time.time()
+    job.save()
+    job.emit("done", job.result.status, log=True)
+
+
+def _drain(job: _Job) -> None:
+    assert job.watch is not None
+    while True:
+        ev = job.watch.get(0.0)
+        if ev is None:
+            return
+        _on_event(job, ev)
+
+
+def _lost_hosts(job: _Job) -> set[str]:
+    return {n.host for n in job.result.nodes if n.state == "lost"}
+
+
+def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
+    from fleetctl.phases.teardown import teardown
+
+    assert job.watch is not None and job.plan is not None
+    job.watch.stop_nodes(hard=hard)  # instant: over the supervisors' own channels
+    # Starts still in flight must finish (or fail) so that teardown sees every started job.
+    job.launch_done.wait(35.0)
+    job.watch.stop_nodes(hard=hard)
+    _drain(job)
+    grace = 0.0 if hard else job.options.grace
+    running = [n for n in job.result.nodes if n.state == "running"]
+    if running:
+        job.emit(
+            "teardown",
+            f"stopping the job on {len(job.result.nodes)} node(s)"
+            + (f" (grace {grace:g}s)" if grace else " (no grace)"),
+        )
+        # The supervisors got the stop over their channels: each reports its job's end with
+        # its own scan for leftovers. Wait for those (bounded); only the nodes that do not
+        # answer in time get a remote stop command.
+        job.watch.wait_ended(grace + 3.0)
+        _drain(job)
+    reported = {
+        n.host: n.leftovers
+        for n in job.result.nodes
+        if n.leftovers is not None and n.state not in ("running", "lost")
+    }
+    report = teardown(
+        fleet,
+        job.plan,
+        grace=grace,
+        pythons=job.pythons,
+        lost=_lost_hosts(job),
+        reported=reported,
+    )
+    job.result.teardown = report
+    for stop in report.nodes:
+        if stop.skipped:
+            job.emit("warning", stop.skipped, rank=stop.rank)
+        elif stop.error:
+            job.result.errors.append(f"{stop.host}: teardown: {stop.error}")
+            job.emit("warning", f"teardown could not verify: {stop.error}", rank=stop.rank)
+        elif stop.remaining:
+            pids = ", ".join(f"{p['pid']} ({p['cmd'][:60]})" for p in stop.remaining)
+            job.result.errors.append(f"{stop.host}: processes left after SIGKILL: {pids}")
+            job.emit(
+                "warning",
+                f"processes of the job still running after SIGKILL: {pids}",
+                rank=stop.rank,
+            )
+    if report.verified:
+        job.emit(
+            "teardown",
+            f"verified: no process of job {job.plan.job_id} left on any node "
+            f"({report.seconds:.1f}s)",
+        )
+
+
+def _collect(job: _Job, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
+    from fleetctl.phases.collect import collect
+
+    assert job.plan is not None
+    lost = _lost_hosts(job)
+    job.emit("phase", f"collecting logs into {job.folder.path}")
+    results = collect(
+        fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost, streams=streams
+    )
+    job.result.collected = results
+    for c in results:
+        node = job.result.nodes[c.rank]
+        node.folder = c.folder
+        node.collected = c.error is None and c.skipped is None
+        if c.error:
+            job.emit("warning", f"logs not collected: {c.error}", rank=c.rank)
+        if c.refused:
+            job.emit(
+                "warning",
+                f"refused unsafe names in the node's log archive: {', '.join(c.refused[:5])}",
+                rank=c.rank,
+            )
+        if not node.collected:  # keep what streamed, so the folder always has the console
+            _write_streamed_tail(node, c.folder)
+
+
+def _write_streamed_tail(node: NodeOutcome, folder: str) -> None:
+    import os
+
+    with contextlib.suppress(OSError):
+        Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(
+            Path(folder) / "console.streamed.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+        )
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in node.tail)
+
+
+def _with_settings(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:
+    """Nodes as this run reached them: a --known-hosts given to `run` must also verify the keys
+    when `status`, `logs`, `stop` or `collect` reconnect later from connect.json."""
+    if settings is None or settings.known_hosts is None:
+        return list(nodes)
+    return [dataclasses.replace(n, known_hosts=settings.known_hosts) for n in nodes]

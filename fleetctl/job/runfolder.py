@@ -1,0 +1,167 @@
+"""The controller run folder ``fleet-runs/<job-id>/``: what happened, durable and greppable.
+
+``plan.json`` (the rank plan as run), ``job.json`` (status, per-node exit code/signal, times,
+which node failed first and when, attempt; rewritten atomically as the job moves on),
+``events.log`` (one timestamped line per event) and one ``<rank>-<host>/`` folder per node with
+its collected logs. Folders are 0700: logs and env may hold things others should not read.
+``list_runs``/``load_run`` read them back for ``fleetctl runs/status/logs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import RunFolderError
+
+DEFAULT_RUNS_DIR = "fleet-runs"
+JOB_FILE = "job.json"
+PLAN_FILE = "plan.json"
+EVENTS_FILE = "events.log"
+LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
+
+
+def iso(ts: float | None) -> str | None:
+    """Seconds since the epoch as ISO-8601 UTC with milliseconds (None stays None)."""
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunFolder:
+    """One job's folder on the controller."""
+
+    path: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls, runs_dir: str | Path, job_id: str) -> RunFolder:
+        """Make ``runs_dir/job_id`` (0700); refuses an existing one (job ids are unique)."""
+        root = Path(runs_dir)
+        path = root / job_id
+        try:
+            # exist_ok: two runs started together both find no runs dir and both create it;
+            # only the job's own folder must be new.
+            root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise RunFolderError(f"{root}: cannot create runs folder: {e}") from e
+        try:
+            path.mkdir(mode=0o700)
+            os.chmod(path, 0o700)
+        except FileExistsError as e:
+            raise RunFolderError(f"{path}: run folder already exists") from e
+        except OSError as e:
+            raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
+        return cls(path)
+
+    def write_plan(self, plan: dict[str, Any]) -> None:
+        _write_atomic(self.path / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
+
+    def write_job(self, job: dict[str, Any]) -> None:
+        _write_atomic(self.path / JOB_FILE, json.dumps(job, indent=2) + "\n")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive lock on the folder while job.json is read, updated and written.
+
+        An attached ``fleetctl run`` and a ``fleetctl stop`` from another terminal both update
+        job.json; without it the stop could overwrite the run's final record with its own
+        older copy. Not re-entrant (flock on a fresh descriptor): take it once per update.
+        """
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            deadline = time.monotonic() + LOCK_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError as e:
+                    if time.monotonic() > deadline:
+                        raise RunFolderError(
+                            f"{self.path}: job.json is locked by another fleetctl for over "
+                            f"{LOCK_TIMEOUT:g}s"
+                        ) from e
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+
+    def event(self, text: str, ts: float | None = None) -> None:
+        """Append one line to events.log (newlines in ``text`` are folded)."""
+        line = f"{iso(ts or time.time())} {' '.join(text.splitlines())}\n"
+        fd = os.open(self.path / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(line)
+
+    def load_job(self) -> dict[str, Any]:
+        return _read_json(self.path / JOB_FILE)
+
+    def load_plan(self) -> dict[str, Any]:
+        return _read_json(self.path / PLAN_FILE)
+
+    def node_folder(self, rank: int, host: str) -> Path:
+        from fleetctl.phases.collect import node_folder_name
+
+        return self.path / node_folder_name(rank, host)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise RunFolderError(f"{path}: not found") from e
+    except (OSError, ValueError) as e:
+        raise RunFolderError(f"{path}: unreadable: {e}") from e
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: not a JSON object")
+    return data
+
+
+def load_run(runs_dir: str | Path, job_id: str) -> RunFolder:
+    """The folder of ``job_id`` (a unique prefix is enough); RunFolderError if none/ambiguous."""
+    root = Path(runs_dir)
+    exact = root / job_id
+    if "/" not in job_id and exact.is_dir():
+        return RunFolder(exact)
+    matches = [p for p in root.glob(f"{job_id}*") if p.is_dir()] if root.is_dir() else []
+    if len(matches) == 1:
+        return RunFolder(matches[0])
+    if not matches:
+        raise RunFolderError(f"no job {job_id} in {root}")
+    raise RunFolderError(
+        f"job id {job_id} is ambiguous in {root}: " + ", ".join(sorted(p.name for p in matches))
+    )
+
+
+def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
+    """job.json of every run folder, oldest first (ids sort by start time); unreadable skipped."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and (p / JOB_FILE).is_file():
+            try:
+                out.append(_read_json(p / JOB_FILE))
+            except RunFolderError:
+                continue
+    return out

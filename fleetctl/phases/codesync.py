@@ -1,0 +1,393 @@
+"""Code snapshots: which files to ship, their content digest, and the OpenSSH/rsync command line.
+
+A snapshot is content-addressed: the digest covers every shipped file's path, kind, exec bit and
+content hash, so an unchanged tree maps to the same ``W/code/<digest>/`` on every node and a
+no-op push only has to ask whether that folder exists. Content hashes are cached by
+(size, mtime, inode), so re-digesting an unchanged tree reads no file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
+
+IGNORE_FILE = ".fleetignore"
+ALWAYS_SKIP = frozenset({".git", ".hg", ".svn"})
+
+
+def cache_dir() -> Path:
+    """Controller-side cache (file hashes, archive sha256s). ``$FLEETCTL_CACHE_DIR`` overrides."""
+    base = os.environ.get("FLEETCTL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleetctl"
+    )
+    return Path(base)
+
+
+def default_code_dir(script: str | Path) -> Path:
+    """What ``fleetctl run train.py`` ships: the git work tree holding the script, else its dir."""
+    path = Path(script).resolve()
+    here = path if path.is_dir() else path.parent
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return here
+    if top.returncode == 0 and top.stdout.strip():
+        return Path(top.stdout.strip())
+    return here
+
+
+# ------------------------------------------------------------------------- ignore patterns
+
+
+@dataclass(frozen=True)
+class _Rule:
+    regex: re.Pattern[str]
+    negate: bool
+    dir_only: bool
+
+
+def _translate(pattern: str) -> str:
+    """A gitignore glob (already stripped of ``!`` and trailing ``/``) as a regex on rel paths."""
+    anchored = "/" in pattern.rstrip("/")
+    pattern = pattern.lstrip("/")
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("/.*")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = j
+        elif c == "\\" and i + 1 < len(pattern):
+            i += 1
+            out.append(re.escape(pattern[i]))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    body = "".join(out)
+    return ("^" if anchored else "^(?:.*/)?") + body + "$"
+
+
+def parse_ignore(text: str) -> list[_Rule]:
+    """gitignore syntax: comments, ``!`` negation, trailing ``/`` (dirs), anchoring, ``**``."""
+    rules = []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        if negate:
+            line = line[1:]
+        if line.startswith("\\"):
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        if line:
+            rules.append(_Rule(re.compile(_translate(line)), negate, dir_only))
+    return rules
+
+
+class IgnoreMatcher:
+    """Per-directory ignore files (``.gitignore``/``.fleetignore``) applied like git does."""
+
+    def __init__(self, root: Path, names: tuple[str, ...]) -> None:
+        self.root, self.names = root, names
+        self._rules: dict[str, list[_Rule]] = {}
+
+    def _rules_in(self, reldir: str) -> list[_Rule]:
+        if reldir not in self._rules:
+            rules: list[_Rule] = []
+            for name in self.names:
+                p = self.root / reldir / name
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    rules += parse_ignore(p.read_text(encoding="utf-8"))
+            self._rules[reldir] = rules
+        return self._rules[reldir]
+
+    def _match(self, rel: str, is_dir: bool) -> bool:
+        """Whether ``rel`` itself is excluded (parents are checked by the caller)."""
+        parts = rel.split("/")
+        verdict = False
+        for depth in range(len(parts)):  # outer ignore files first, inner ones override
+            reldir = "/".join(parts[:depth])
+            sub = "/".join(parts[depth:])
+            for rule in self._rules_in(reldir):
+                if rule.dir_only and not is_dir:
+                    continue
+                if rule.regex.match(sub):
+                    verdict = not rule.negate
+        return verdict
+
+    def ignored(self, rel: str, is_dir: bool = False) -> bool:
+        """Git semantics: a path under an excluded directory stays excluded."""
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if self._match("/".join(parts[:i]), True):
+                return True
+        return self._match(rel, is_dir)
+
+
+def list_files(root: Path) -> list[str]:
+    """Files to ship, relative, sorted: git's view when in a work tree, plus ``.fleetignore``."""
+    root = root.resolve()
+    files = _git_files(root)
+    if files is None:
+        matcher = IgnoreMatcher(root, (".gitignore", IGNORE_FILE))
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            reldir = os.path.relpath(dirpath, root)
+            reldir = "" if reldir == "." else reldir
+            keep = []
+            for d in sorted(dirnames):
+                rel = f"{reldir}/{d}" if reldir else d
+                full = os.path.join(dirpath, d)
+                if d in ALWAYS_SKIP:
+                    continue
+                if os.path.islink(full):  # a symlink to a dir ships as a link
+                    if not matcher.ignored(rel):
+                        files.append(rel)
+                    continue
+                if not matcher.ignored(rel, True):
+                    keep.append(d)
+            dirnames[:] = keep
+            for f in filenames:
+                rel = f"{reldir}/{f}" if reldir else f
+                if not matcher.ignored(rel):
+                    files.append(rel)
+    else:
+        matcher = IgnoreMatcher(root, (IGNORE_FILE,))
+        files = [f for f in files if not matcher.ignored(f)]
+    return sorted(f for f in files if os.path.lexists(root / f))
+
+
+def _git_files(root: Path) -> list[str] | None:
+    try:
+        inside = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [n.decode("utf-8", "surrogateescape") for n in out.stdout.split(b"\0") if n]
+    # submodules show up as directories: ship regular files and symlinks only
+    return [n for n in names if not (root / n).is_dir() or (root / n).is_symlink()]
+
+
+# ---------------------------------------------------------------------------- the snapshot
+
+
+@dataclass(frozen=True)
+class CodeSnapshot:
+    """A code tree as shipped: ``manifest`` maps rel path -> [kind, sha256/target, mode]."""
+
+    root: Path
+    digest: str
+    files: tuple[str, ...]
+    total_bytes: int
+    manifest: dict[str, list] = field(hash=False, compare=False)
+
+
+class _HashCache:
+    """(size, mtime_ns, inode) -> sha256 for files under any tree; one small JSON file."""
+
+    def __init__(self) -> None:
+        self.path = cache_dir() / "filehash.json"
+        self.data: dict[str, list] = {}
+        self.dirty = False
+        with contextlib.suppress(OSError, ValueError):
+            self.data = json.loads(self.path.read_text())
+
+    def sha(self, path: str, st: os.stat_result) -> str:
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self.data.get(path)
+        if hit and hit[:3] == key:
+            return hit[3]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        self.data[path] = [*key, h.hexdigest()]
+        self.dirty = True
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(self.data))
+            os.replace(tmp, self.path)
+
+
+MAX_FILES = 100_000
+
+
+def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
+    """List and hash the tree; raises UsageError when it is not a readable directory or is
+    implausibly large for a project (pushing ``~`` or ``/`` by accident)."""
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise UsageError(f"code directory {root} does not exist")
+    files = list_files(root)
+    if len(files) > max_files:
+        raise UsageError(
+            f"code directory {root} has {len(files)} files (more than {max_files}); "
+            f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
+        )
+    cache = _HashCache()
+    manifest: dict[str, list] = {}
+    total = 0
+    digest = hashlib.sha256()
+    for rel in files:
+        full = os.path.join(root, rel)
+        try:
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                entry = ["l", os.readlink(full), 0o777]
+            elif stat.S_ISREG(st.st_mode):
+                entry = ["f", cache.sha(full, st), 0o755 if st.st_mode & 0o111 else 0o644]
+                total += st.st_size
+            else:
+                continue
+        except OSError as e:
+            raise UsageError(f"cannot read {full}: {e.strerror}") from e
+        manifest[rel] = entry
+        digest.update(
+            f"{rel}\0{entry[0]}\0{entry[1]}\0{entry[2]:o}\n".encode("utf-8", "surrogateescape")
+        )
+    cache.save()
+    return CodeSnapshot(root, digest.hexdigest()[:32], tuple(manifest), total, manifest)
+
+
+# ----------------------------------------------------------------------- OpenSSH for rsync
+
+
+def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
+    """The OpenSSH client with fleetctl's exact trust settings (same keys, known_hosts, config).
+
+    Strict host-key checking against the same known_hosts file paramiko used; batch mode so it
+    never prompts; only the inventory's key when one is set.
+    """
+    config = settings.ssh_config_for(node) or "/dev/null"
+    argv = [
+        "ssh",
+        "-F",
+        config,
+        "-o",
+        f"UserKnownHostsFile={settings.known_hosts_for(node)}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=" + ("accept-new" if settings.accept_new else "yes"),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={max(1, int(settings.connect_timeout))}",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    if settings.keepalive:
+        argv += [
+            "-o",
+            f"ServerAliveInterval={max(1, int(settings.keepalive))}",
+            "-o",
+            "ServerAliveCountMax=5",
+        ]
+    if node.key_file:
+        argv += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(node.key_file)]
+    if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
+        argv += ["-o", "IdentityAgent=none"]
+    argv += ["-p", str(node.port)]
+    if node.user:
+        argv += ["-l", node.user]
+    return argv
+
+
+def rsync_target(node: Node, path: str) -> str:
+    host = f"[{node.address}]" if ":" in node.address else node.address
+    return f"{host}:{path}"
+
+
+def rsync_argv(
+    node: Node,
+    settings: SSHSettings,
+    src: Path,
+    dest: str,
+    *,
+    files_from: str,
+    link_dest: str | None,
+    io_timeout: int,
+) -> list[str]:
+    """rsync of the listed files into ``dest`` (a fresh temp dir), hard-linking unchanged files
+    from ``link_dest`` (the newest previous snapshot) so only changes cross the wire."""
+    argv = [
+        "rsync",
+        "-a",
+        "--from0",
+        f"--files-from={files_from}",
+        "--stats",
+        "--info=progress2",
+        "--no-human-readable",
+        f"--timeout={io_timeout}",
+    ]
+    if link_dest:
+        argv.append(f"--link-dest={link_dest}")
+    if node.local:
+        return [*argv, f"{src}/", f"{dest}/"]
+    argv += ["-e", shlex.join(ssh_argv(node, settings))]
+    # --protect-args: the remote path travels inside the rsync protocol, never re-split by a shell
+    return [*argv, "--protect-args", f"{src}/", rsync_target(node, dest + "/")]

@@ -1,0 +1,324 @@
+"""Launch: start the node supervisor on every node at once, each as ONE streamed SSH command.
+
+The supervisor (``fleetctl/remote/supervisor.py``) lives on the node as
+``W/bin/supervisor-<sha12>.py``.
+The start command checks for it and, when missing, runs a tiny loader instead that asks for the
+source (``U``), checks its hash, installs it atomically and execs it — so a node costs one remote
+command per launch whether or not the supervisor was there. Then the supervisor says ``R``, gets
+the JSON spec on stdin and answers ``S <json>`` once the job is running.
+
+``fleetctl.job.run`` starts every node at once, one thread per node (a job needs all its nodes at
+once: the fan-out is never narrower than the node count); as soon as a node's supervisor is up,
+its stream goes to the watcher, which starts heartbeating it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import posixpath
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetctl import remote
+from fleetctl.errors import LaunchError
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import NodePlan
+    from fleetctl.ssh.connection import Connection, Stream
+
+SUPERVISOR_FILE = remote.path("supervisor.py")
+START_TIMEOUT = 30.0  # handshake: supervisor up, spec sent, job started
+FRAME_KINDS = frozenset("RUSLHEFQX")
+
+# Runs when W/bin/supervisor-<sha>.py is missing: ask for the source, verify, install, exec.
+LOADER = """\
+import hashlib,os,sys
+f=sys.argv[1]
+def rd(n):
+    b=b""
+    while len(b)<n:
+        c=os.read(0,n-len(b))
+        if not c: sys.exit(98)
+        b+=c
+    return b
+os.write(1,b"U\\n")
+h=b""
+while not h.endswith(b"\\n"):
+    h+=rd(1)
+src=rd(int(h))
+want=os.path.basename(f)[len("supervisor-"):-len(".py")]
+if hashlib.sha256(src).hexdigest()[:12]!=want:
+    os.write(1,b"F supervisor upload corrupted\\nX 127\\n"); sys.exit(97)
+os.makedirs(os.path.dirname(f),0o700,exist_ok=True)
+t="%s.%d.part"%(f,os.getpid())
+fd=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o700)
+os.write(fd,src); os.close(fd); os.replace(t,f)
+os.execv(sys.executable,[sys.executable,f]+sys.argv[2:])
+"""
+
+
+@functools.cache
+def supervisor_source() -> tuple[bytes, str]:
+    """The supervisor's bytes and its content hash (12 hex), which names it on the nodes."""
+    data = SUPERVISOR_FILE.read_bytes()
+    return data, hashlib.sha256(data).hexdigest()[:12]
+
+
+def supervisor_path(workdir: str) -> str:
+    """Where the supervisor lives under a (home-expanded) workdir."""
+    return posixpath.join(workdir, "bin", f"supervisor-{supervisor_source()[1]}.py")
+
+
+def start_command(python: str, sup_path: str) -> str:
+    """One shell line: exec the installed supervisor, or the loader that installs it first."""
+    py, f = shlex.quote(python), shlex.quote(sup_path)
+    script = (
+        f'f={f}; if [ -f "$f" ]; then exec {py} "$f" run; '
+        f'else exec {py} -c {shlex.quote(LOADER)} "$f" run; fi'
+    )
+    return shlex.join(["sh", "-c", script])
+
+
+def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) -> list[str]:
+    """argv for a one-shot supervisor mode (stop, status, pack) on a node."""
+    argv = [python, sup_path, mode]
+    for key, value in opts.items():
+        if value is not None:
+            argv += ["--" + key.replace("_", "-"), str(value)]
+    return argv
+
+
+# ------------------------------------------------------------------------------ protocol
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One protocol line from a supervisor. ``kind`` ``?`` = noise (e.g. a chatty .bashrc)."""
+
+    kind: str
+    payload: bytes = b""
+
+    @property
+    def text(self) -> str:
+        return self.payload.decode("utf-8", errors="replace")
+
+
+def parse_frame(line: bytes) -> Frame:
+    """A line without its newline -> Frame. Unknown shapes are kept as noise, never dropped."""
+    line = line.rstrip(b"\r")
+    if line and chr(line[0]) in FRAME_KINDS and (len(line) == 1 or line[1:2] == b" "):
+        return Frame(chr(line[0]), line[2:])
+    return Frame("?", line)
+
+
+def exit_code_of(frame: Frame) -> int | None:
+    """The ``X`` frame's code: exit code >= 0, or -signal. None if malformed."""
+    try:
+        return int(frame.payload.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def parse_block(block: bytes) -> list[Frame]:
+    """Whole lines (newline-separated, no final newline) -> frames, consecutive ``L`` lines
+    merged into one ``L`` frame whose payload holds them joined by newlines.
+
+    A job printing fast sends blocks of nothing but ``L`` lines: those are recognised and
+    unwrapped with a few C-level bytes operations instead of one Frame per line.
+    """
+    if (
+        block.startswith(b"L ")
+        and b"\r" not in block
+        and block.count(b"\n") == block.count(b"\nL ")
+    ):
+        return [Frame("L", block[2:].replace(b"\nL ", b"\n"))]
+    frames: list[Frame] = []
+    run: list[bytes] = []
+    for line in block.split(b"\n"):
+        fr = parse_frame(line)
+        if fr.kind == "L":
+            run.append(fr.payload)
+            continue
+        if run:
+            frames.append(Frame("L", b"\n".join(run)))
+            run = []
+        frames.append(fr)
+    if run:
+        frames.append(Frame("L", b"\n".join(run)))
+    return frames
+
+
+def exit_report_of(frame: Frame) -> dict[str, Any] | None:
+    """The ``X`` frame's JSON after the code: the supervisor's scan for the job's processes
+    once the launcher had exited (``found``, ``killed``, ``remaining``). None when absent."""
+    _, _, rest = frame.payload.partition(b" ")
+    if not rest.strip():
+        return None
+    try:
+        data = json.loads(rest)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("remaining"), list):
+        return None
+    return data
+
+
+class FrameReader:
+    """Split a byte stream into frames; a partial line waits for the rest, never split.
+
+    ``batch_lines``: consecutive ``L`` lines come as one frame (see :func:`parse_block`); the
+    watcher uses it once the job runs, the start-up handshake reads frame by frame.
+    """
+
+    def __init__(self, *, batch_lines: bool = False) -> None:
+        self._buf = b""
+        self.batch_lines = batch_lines
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self._buf += data
+        end = self._buf.rfind(b"\n")
+        if end < 0:
+            return []
+        block, self._buf = self._buf[:end], self._buf[end + 1 :]
+        if self.batch_lines:
+            return parse_block(block)
+        return [parse_frame(line) for line in block.split(b"\n")]
+
+    def flush(self) -> list[Frame]:
+        """At end of stream: the unterminated tail, if any."""
+        rest, self._buf = self._buf, b""
+        return [parse_frame(rest)] if rest else []
+
+
+# ---------------------------------------------------------------------------------- start
+
+
+@dataclass
+class NodeRun:
+    """A node whose supervisor is up and running the job."""
+
+    node: Node
+    rank: int
+    conn: Connection
+    stream: Stream
+    reader: FrameReader
+    python: str
+    sup_path: str
+    run_dir: str  # home-expanded
+    info: dict[str, Any] = field(default_factory=dict)
+    started: float = 0.0  # time.time() when the supervisor reported the job running
+    pending: list[Frame] = field(default_factory=list)  # frames read along with ``S``
+    uploaded: bool = False
+
+
+def node_spec(
+    np: NodePlan,
+    conn: Connection,
+    *,
+    job_id: str,
+    deadman: float,
+    grace: float,
+    heartbeat: float = 1.0,
+    detach: bool = False,
+    path_prepend: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The JSON spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node)."""
+    return {
+        "job_id": job_id,
+        "node_rank": np.node_rank,
+        "argv": list(np.argv),
+        "env": dict(np.env),
+        "cwd": conn.expand(np.cwd),
+        "run_dir": conn.expand(np.run_dir),
+        "files": dict(np.files),
+        "path_prepend": [conn.expand(p) for p in path_prepend],
+        "deadman": deadman,
+        "grace": grace,
+        "heartbeat": heartbeat,
+        "detach": detach,
+    }
+
+
+def start_node(
+    node: Node,
+    conn: Connection,
+    spec: Mapping[str, Any],
+    *,
+    python: str,
+    timeout: float = START_TIMEOUT,
+) -> NodeRun:
+    """Start one node's supervisor and job; returns once the job runs. Raises LaunchError."""
+    src, _sha = supervisor_source()
+    workdir = conn.expand(node.workdir)
+    sup = supervisor_path(workdir)
+    py = conn.expand(python)
+    stream = conn.start(start_command(py, sup))
+    reader = FrameReader()
+    noise: list[str] = []
+    uploaded = False
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LaunchError(
+                    f"{node.label}: supervisor did not start the job within "
+                    f"{timeout:g}s" + _tail(noise)
+                )
+            data = stream.recv(min(left, 1.0))
+            if data is None:
+                continue
+            frames = reader.feed(data) if data else reader.flush()
+            for i, fr in enumerate(frames):
+                if fr.kind == "U":
+                    stream.send(b"%d\n" % len(src) + src)
+                    uploaded = True
+                elif fr.kind == "R":
+                    stream.send(json.dumps(dict(spec)).encode() + b"\n")
+                elif fr.kind == "S":
+                    try:
+                        info = json.loads(fr.payload)
+                    except ValueError:
+                        info = {}
+                    return NodeRun(
+                        node=node,
+                        rank=int(spec["node_rank"]),
+                        conn=conn,
+                        stream=stream,
+                        reader=reader,
+                        python=py,
+                        sup_path=sup,
+                        run_dir=str(spec["run_dir"]),
+                        info=info,
+                        started=time.time(),
+                        pending=frames[i + 1 :],
+                        uploaded=uploaded,
+                    )
+                elif fr.kind == "F":
+                    noise.append(fr.text)
+                elif fr.kind == "X":
+                    raise LaunchError(
+                        f"{node.label}: "
+                        + (noise[-1] if noise else f"supervisor ended with {fr.text}")
+                    )
+                elif fr.kind == "?" and fr.payload:
+                    noise.append(fr.text)
+            if not data:
+                code = stream.exit_code(2.0)
+                raise LaunchError(
+                    f"{node.label}: supervisor exited (status {code}) before "
+                    "starting the job" + _tail(noise)
+                )
+    except BaseException:
+        stream.close()
+        raise
+
+
+def _tail(noise: list[str]) -> str:
+    return (": " + " | ".join(noise[-3:])) if noise else ""

@@ -1,0 +1,229 @@
+"""Watch: one reader thread per node turns supervisor frames into events on one queue.
+
+Each thread also heartbeats its supervisor (one byte a second: the dead-man switch on the node
+stops the job when they stop coming). A node whose channel closes before it reported an exit,
+or that says nothing — not even its ``H`` heartbeat — for longer than the lost-node timeout, is
+reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.phases.launch import exit_code_of, exit_report_of
+
+if TYPE_CHECKING:
+    from fleetctl.phases.launch import Frame, NodeRun
+
+DEFAULT_LOST_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT = 1.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened on a node. ``kind``: lines, notice, exit, lost.
+
+    ``lines`` (lines): the job's output lines that arrived together, in order — one event per
+    received chunk, not per line, so a chatty job costs the controller one queue hand-off and
+    one terminal write per chunk. ``code`` (exit): the launcher's exit code, or -signal when a
+    signal ended it.
+    """
+
+    kind: str
+    rank: int
+    host: str
+    time: float
+    text: str = ""
+    code: int | None = None
+    lines: tuple[str, ...] = ()
+    report: dict[str, Any] | None = None  # exit: the node's own scan for leftovers
+
+
+class Watch:
+    """Reader threads for started nodes, feeding ``events``. Attach nodes as they start."""
+
+    def __init__(
+        self,
+        *,
+        lost_timeout: float = DEFAULT_LOST_TIMEOUT,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+    ) -> None:
+        self.lost_timeout = lost_timeout
+        self.heartbeat = heartbeat
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.runs: dict[int, NodeRun] = {}
+        self.ended: dict[int, Event] = {}  # rank -> its exit or lost event
+        self._threads: dict[int, threading.Thread] = {}
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+
+    def attach(self, run: NodeRun) -> None:
+        run.reader.batch_lines = True  # from here on, only lines come in bulk
+        if self._closing.is_set():  # started after the end: EOF makes its supervisor stop it
+            with contextlib.suppress(Exception):
+                run.stream.send(b"k")
+                run.stream.close()
+            return
+        with self._lock:
+            self.runs[run.rank] = run
+            t = threading.Thread(
+                target=self._follow, args=(run,), daemon=True, name=f"watch-{run.rank}"
+            )
+            self._threads[run.rank] = t
+        t.start()
+
+    def get(self, timeout: float) -> Event | None:
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def running(self) -> list[int]:
+        """Ranks attached and not yet ended."""
+        with self._lock:
+            return [r for r in self.runs if r not in self.ended]
+
+    def stop_nodes(self, *, hard: bool = False) -> None:
+        """Ask every live supervisor to stop its job now (``t``: with grace, ``k``: kill)."""
+        for rank in self.running():
+            with contextlib.suppress(OSError, EOFError, Exception):
+                self.runs[rank].stream.send(b"k" if hard else b"t")
+
+    def wait_ended(self, timeout: float) -> list[int]:
+        """Wait until every attached node has ended (exit or lost); returns those still running.
+
+        Events keep flowing to the queue meanwhile; the caller drains it.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = self.running()
+            if not left:
+                return []
+            time.sleep(0.05)
+        return self.running()
+
+    def close(self, keep: Iterable[int] = ()) -> None:
+        """Stop reading; close every stream (a still-running supervisor sees EOF = dead-man).
+
+        ``keep``: ranks whose stream stays open — their job has ended and their supervisor
+        waits to send its run folder on it (``fleetctl.phases.collect``); the collector closes them.
+        """
+        self._closing.set()
+        keep = set(keep)
+        for t in list(self._threads.values()):
+            t.join(2.0)
+        for rank, run in self.runs.items():
+            if rank in keep and not self._threads[rank].is_alive():
+                continue
+            with contextlib.suppress(Exception):
+                run.stream.close()
+
+    # -- per node ---------------------------------------------------------------------------
+    def _emit(
+        self,
+        run: NodeRun,
+        kind: str,
+        text: str = "",
+        code: int | None = None,
+        lines: tuple[str, ...] = (),
+        report: dict[str, Any] | None = None,
+    ) -> None:
+        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines, report)
+        if kind in ("exit", "lost"):
+            with self._lock:
+                if run.rank in self.ended:
+                    return
+                self.ended[run.rank] = ev
+        self.events.put(ev)
+
+    def _handle(self, run: NodeRun, frames: list[Frame]) -> bool:
+        """Turn frames into events; True once the node reported its exit.
+
+        Consecutive output lines become one ``lines`` event; any other frame flushes them
+        first, so the order of lines, notices and the exit stays the node's order.
+        """
+        batch: list[str] = []
+        for fr in frames:
+            if fr.kind == "L":  # one line, or several joined by newlines (batched reader)
+                batch.extend(fr.text.split("\n"))
+                continue
+            if fr.kind == "?" and fr.payload:
+                batch.append(fr.text)
+                continue
+            if fr.kind not in ("E", "F", "X"):
+                continue
+            if batch:
+                self._emit(run, "lines", lines=tuple(batch))
+                batch = []
+            if fr.kind == "X":
+                code = exit_code_of(fr)
+                self._emit(
+                    run, "exit", code=code if code is not None else 255, report=exit_report_of(fr)
+                )
+                return True
+            self._emit(run, "notice", fr.text)
+        if batch:
+            self._emit(run, "lines", lines=tuple(batch))
+        return False
+
+    def _follow(self, run: NodeRun) -> None:
+        try:
+            self._follow_inner(run)
+        except Exception as e:  # never die silently: a broken reader is a lost node
+            self._emit(run, "lost", f"reader failed: {e}")
+
+    def _drain(self, run: NodeRun) -> bool:
+        """Read what is left on a closing channel, bounded by the lost-node timeout; True when
+        the node's exit report was among it."""
+        deadline = time.monotonic() + self.lost_timeout
+        while time.monotonic() < deadline:
+            data = run.stream.recv(min(0.2, max(0.01, deadline - time.monotonic())))
+            if data is None:
+                continue
+            if not data:
+                return self._handle(run, run.reader.flush())
+            if self._handle(run, run.reader.feed(data)):
+                return True
+        return False
+
+    def _follow_inner(self, run: NodeRun) -> None:
+        stream = run.stream
+        if self._handle(run, run.pending):
+            return
+        last_rx = time.monotonic()
+        last_hb = 0.0
+        while not self._closing.is_set():
+            now = time.monotonic()
+            if now - last_hb >= self.heartbeat:
+                last_hb = now
+                try:
+                    stream.send(b"h")
+                except Exception as e:
+                    # The supervisor closes its end when the job is over; its last lines and
+                    # its exit report may still be buffered here. Drain them before calling
+                    # the node lost, or a finished node loses its tail (and its logs).
+                    if self._drain(run):
+                        return
+                    self._emit(run, "lost", f"connection closed ({e or 'send failed'})")
+                    return
+            data = stream.recv(min(0.2, self.heartbeat))
+            if data is None:
+                silent = time.monotonic() - last_rx
+                if silent > self.lost_timeout:
+                    self._emit(run, "lost", f"no heartbeat for {silent:.1f}s")
+                    return
+                continue
+            if not data:
+                if self._handle(run, run.reader.flush()):
+                    return
+                self._emit(run, "lost", "connection closed before the job ended")
+                return
+            last_rx = time.monotonic()
+            if self._handle(run, run.reader.feed(data)):
+                return

@@ -1,0 +1,1 @@
+"""What to run where, pure: inventory, rank plan, task roles, launcher argv."""

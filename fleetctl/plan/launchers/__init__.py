@@ -1,0 +1,47 @@
+"""Launcher adapters: pure argv builders, one module per launcher, and their registry.
+
+``build_argv(launcher, ctx, node)`` is what the plan calls for each node. Adding a launcher =
+one module exposing ``LAUNCHER`` plus one line in ``LAUNCHERS``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import PlanError
+from fleetctl.plan.launchers import deepspeed, paddle, plain, torchrun
+from fleetctl.plan.launchers.base import LaunchContext, Launcher
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import NodePlan
+
+LAUNCHERS: dict[str, Launcher] = {
+    m.LAUNCHER.name: m.LAUNCHER for m in (torchrun, paddle, deepspeed, plain)
+}
+LAUNCHER_NAMES: tuple[str, ...] = tuple(LAUNCHERS)
+DEFAULT_LAUNCHER = "torchrun"
+
+
+def get_launcher(name: str) -> Launcher:
+    """The adapter called ``name``; PlanError (exit 2) naming the known ones otherwise."""
+    try:
+        return LAUNCHERS[name]
+    except KeyError as e:
+        known = ", ".join(LAUNCHER_NAMES)
+        raise PlanError(f"unknown launcher {name!r} (known: {known})") from e
+
+
+def build_argv(launcher: str, ctx: LaunchContext, node: NodePlan) -> list[str]:
+    """That node's full command line, argv[0] first; user args appended untouched."""
+    return get_launcher(launcher).argv(ctx, node)
+
+
+__all__ = [
+    "DEFAULT_LAUNCHER",
+    "LAUNCHERS",
+    "LAUNCHER_NAMES",
+    "LaunchContext",
+    "Launcher",
+    "build_argv",
+    "get_launcher",
+]

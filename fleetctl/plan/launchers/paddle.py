@@ -1,0 +1,78 @@
+"""paddle: ``python -m paddle.distributed.launch`` in its static ``--ips`` mode.
+
+Checked against paddlepaddle 3.3.1 (``distributed/launch/context/args_envs.py``,
+``plugins/__init__.py``, ``controllers/collective.py``):
+
+* ``--ips`` (same list, same order on every node) with no ``--master`` selects
+  ``_build_pod_with_args``: the node's rank is ``ips.index(node_ip)``. paddle guesses
+  ``node_ip`` with ``gethostbyname(getfqdn())``, which is 127.0.0.1 on many boxes — and an IP
+  missing from ``--ips`` silently becomes rank 0 on every node. So each node also gets
+  ``--host=<its training address>``; paddle's ``rewrite_host_ip`` plugin only honours a value
+  containing a dot, hence :func:`validate` insists on dotted addresses. There is no
+  ``--rank`` flag in this mode: the position in ``--ips`` is the rank.
+* Endpoints are ``<ip>:<start_port + local_rank>`` and the job's store lives at the first one,
+  so ``--start_port`` carries the plan's master port: two jobs on the same hosts stay apart
+  when given different ``--master-port`` values.
+* GPUs: ``--devices=0,…,K-1`` (``--gpus`` is an alias). CPU (no GPUs known): no device flag,
+  ``--nproc_per_node=K`` and paddle falls back to gloo.
+* ``--log_dir=log`` (relative to the node run folder) holds ``workerlog.N`` and
+  ``endpoints.log``; ``--job_id`` names paddle's own log files after the fleet job.
+
+Only flags paddle's parser knows are passed: an unknown one flips paddle into legacy mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import PlanError
+from fleetctl.plan.launchers.base import LaunchContext, Launcher, python_path, script_path
+from fleetctl.plan.launchers.deepspeed import _require_unique
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import NodePlan
+
+LOG_DIR = "log"  # relative to the node run folder
+
+
+def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
+    if ctx.gpus_per_node > 0:
+        procs = "--devices=" + ",".join(str(i) for i in range(ctx.nproc_per_node))
+    else:
+        procs = f"--nproc_per_node={ctx.nproc_per_node}"
+    return [
+        python_path(node),
+        "-m",
+        "paddle.distributed.launch",
+        f"--ips={','.join(ctx.ips)}",
+        f"--host={node.train_addr}",
+        f"--nnodes={ctx.nnodes}",
+        procs,
+        f"--start_port={ctx.master_port}",
+        f"--job_id={ctx.job_id}",
+        f"--log_dir={LOG_DIR}",
+        script_path(node, ctx.script),
+        *ctx.args,
+    ]
+
+
+def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
+    _require_unique(addrs, "paddle")
+    for host, addr in addrs.items():
+        if "." not in addr or ":" in addr:
+            raise PlanError(
+                f"{host}: training address {addr!r} is not a dotted IPv4 address or FQDN; "
+                "paddle ignores --host without a dot and would guess the node's IP "
+                "(set fleetctl_addr or fleetctl_nic)"
+            )
+    if ctx.nnodes > 1:
+        for host, addr in addrs.items():
+            if addr.startswith("127."):
+                raise PlanError(
+                    f"{host}: training address {addr} is loopback; paddle refuses 127.0.0.1 in a "
+                    "multi-node --ips list (set fleetctl_addr or fleetctl_nic)"
+                )
+
+
+LAUNCHER = Launcher(name="paddle", argv=argv, validate=validate)

@@ -1,0 +1,41 @@
+"""torchrun (``python -m torch.distributed.run``) with the static rendezvous.
+
+Every node gets the same ``--nnodes/--master-addr/--master-port`` and its own ``--node-rank``;
+``--rdzv-backend=static`` is spelled out (it is torchrun's default, but with ``--nnodes=1`` and
+no port torchrun would silently switch to a c10d rendezvous on a random port). The job id is the
+rendezvous id, so torchrun's log sub-folder under ``--log-dir`` carries it. Running the node's
+own python with ``-m`` means PATH on the node never decides which torchrun runs.
+Option names checked against torch 2.13 ``torchrun --help``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetctl.plan.launchers.base import LaunchContext, Launcher, python_path, script_path
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import NodePlan
+
+LOG_DIR = "torchrun"  # relative to the node run folder (the launcher's cwd)
+
+
+def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
+    return [
+        python_path(node),
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={ctx.nnodes}",
+        f"--node-rank={node.node_rank}",
+        f"--nproc-per-node={ctx.nproc_per_node}",
+        "--rdzv-backend=static",
+        f"--rdzv-id={ctx.job_id}",
+        f"--master-addr={ctx.master_addr}",
+        f"--master-port={ctx.master_port}",
+        f"--log-dir={LOG_DIR}",
+        script_path(node, ctx.script),
+        *ctx.args,
+    ]
+
+
+LAUNCHER = Launcher(name="torchrun", argv=argv)

@@ -1,0 +1,527 @@
+"""The rank plan: nodes + job options (+ what the check phase learned) → one plan for every node.
+
+Pure on purpose — no I/O, no network, no clock: the job id and any timestamp come in through
+``JobSpec``. The same inputs always give the same plan, which is what the golden tests pin and
+what ``plan.json`` in the run folder records.
+
+Per-node env precedence (later wins): fleetctl's own variables, the launcher's (``plain`` adds
+``RANK``…), the inventory's ``fleetctl_env``, then the user's ``--env-var``. Only
+``FLEET_JOB_ID`` and ``FLEET_NODE_RANK`` cannot be overridden: teardown finds a job's
+processes by them.
+
+``WORLD_SIZE`` in the node env is the job's total process count (``nnodes * nproc_per_node``).
+Under torchrun/paddle/deepspeed the launcher sets each worker's own ``RANK``/``WORLD_SIZE``;
+under ``plain`` (one process per node) the script is rank ``NODE_RANK`` of ``NNODES``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from fleetctl.errors import PlanError
+from fleetctl.node import LOCAL_ADDRESSES, Node
+from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
+from fleetctl.plan.launchers.base import path_from
+
+PLAN_VERSION = 1
+DEFAULT_MASTER_PORT = 29500
+PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = frozenset({"FLEET_JOB_ID", "FLEET_NODE_RANK"})
+BACKENDS = ("nccl", "gloo")
+
+
+def format_job_id(now: datetime, suffix: str) -> str:
+    """``YYYYmmdd-HHMMSS-<6 hex>``: sortable by start time, unique with the random suffix.
+
+    The caller passes the clock and the randomness (``secrets.token_hex(3)``), keeping this pure.
+    """
+    if not re.fullmatch(r"[0-9a-f]{6}", suffix):
+        raise PlanError(f"job id suffix must be 6 lowercase hex digits, got {suffix!r}")
+    return f"{now:%Y%m%d-%H%M%S}-{suffix}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """What the user asked for: script (relative to the code dir), its args, launcher options.
+
+    ``args`` are kept exactly as given (spaces, quotes, ``;``): they become separate argv
+    entries, never a shell string. ``env`` is the user's ``--env-var K=V`` set.
+    """
+
+    script: str
+    job_id: str
+    args: tuple[str, ...] = ()
+    launcher: str = "torchrun"
+    nproc_per_node: int | str = "auto"
+    master_port: int = DEFAULT_MASTER_PORT
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    backend: str | None = None
+    created: str | None = None  # ISO-8601 time the job layer stamped, recorded in plan.json
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the check phase learned about one node; every field optional (None = unknown).
+
+    ``train_addr`` is the IPv4 address of the node's ``fleetctl_nic``; ``python`` the
+    interpreter push prepared (e.g. an unpacked conda-pack env), overriding ``fleetctl_python``.
+    """
+
+    train_addr: str | None = None
+    nic: str | None = None
+    gpu_count: int | None = None
+    gpu_names: tuple[str, ...] = ()
+    python: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeFacts:
+        return cls(
+            train_addr=data.get("train_addr"),
+            nic=data.get("nic"),
+            gpu_count=data.get("gpu_count"),
+            gpu_names=tuple(data.get("gpu_names") or ()),
+            python=data.get("python"),
+        )
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part of the plan: where it runs, its rank, and the exact command and env.
+
+    The run phase writes ``files`` (path relative to ``run_dir`` → content) into the node run
+    folder, then starts ``argv`` (no shell) with ``env`` added to the node's environment and
+    ``cwd`` as working directory. ``cwd``/``run_dir``/``code_dir`` may start with ``~/`` (the
+    inventory's workdir); argv never relies on ``~`` expansion (see launchers.base).
+    """
+
+    host: str
+    address: str
+    node_rank: int
+    train_addr: str
+    nic: str | None
+    python: str
+    workdir: str
+    code_dir: str
+    run_dir: str
+    cwd: str
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    files: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "address": self.address,
+            "node_rank": self.node_rank,
+            "nic": self.nic,
+            "train_addr": self.train_addr,
+            "python": self.python,
+            "workdir": self.workdir,
+            "code_dir": self.code_dir,
+            "run_dir": self.run_dir,
+            "cwd": self.cwd,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodePlan:
+        d = _require(data, "node", ("host", "address", "node_rank", "argv", "env"))
+        run_dir = d.get("run_dir", "")
+        return cls(
+            host=d["host"],
+            address=d["address"],
+            node_rank=int(d["node_rank"]),
+            train_addr=d.get("train_addr") or d["address"],
+            nic=d.get("nic"),
+            python=d.get("python", ""),
+            workdir=d.get("workdir", ""),
+            code_dir=d.get("code_dir", ""),
+            run_dir=run_dir,
+            cwd=d.get("cwd", run_dir),
+            argv=tuple(d["argv"]),
+            env=dict(d["env"]),
+            files=dict(d.get("files") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole job: identical plan-wide values plus one ``NodePlan`` per node in rank order.
+
+    ``to_dict()`` is the ``--dry-run --json`` contract: ``{"job_id", "nodes": [{"host",
+    "address", "node_rank", "nic", "argv", "env", …}]}`` with extra keys allowed around it.
+    """
+
+    job_id: str
+    launcher: str
+    script: str
+    args: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    ips: tuple[str, ...]
+    nnodes: int
+    nproc_per_node: int
+    gpus_per_node: int
+    world_size: int
+    nodes: tuple[NodePlan, ...]
+    user_env: dict[str, str] = field(default_factory=dict, hash=False)
+    backend: str | None = None
+    created: str | None = None
+    version: int = PLAN_VERSION
+
+    @property
+    def context(self) -> LaunchContext:
+        """The plan-wide values the launcher adapters build argv from."""
+        return LaunchContext(
+            job_id=self.job_id,
+            launcher=self.launcher,
+            script=self.script,
+            args=self.args,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            ips=self.ips,
+            nnodes=self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+            gpus_per_node=self.gpus_per_node,
+        )
+
+    @property
+    def spec(self) -> JobSpec:
+        """The JobSpec this plan was made from (for re-planning a retry from plan.json)."""
+        return JobSpec(
+            script=self.script,
+            job_id=self.job_id,
+            args=self.args,
+            launcher=self.launcher,
+            nproc_per_node=self.nproc_per_node,
+            master_port=self.master_port,
+            env=self.user_env,
+            backend=self.backend,
+            created=self.created,
+        )
+
+    def node(self, host: str) -> NodePlan:
+        """The NodePlan of inventory host ``host``."""
+        for n in self.nodes:
+            if n.host == host:
+                return n
+        raise KeyError(host)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "job_id": self.job_id,
+            "created": self.created,
+            "launcher": self.launcher,
+            "script": self.script,
+            "args": list(self.args),
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "ips": list(self.ips),
+            "nnodes": self.nnodes,
+            "nproc_per_node": self.nproc_per_node,
+            "gpus_per_node": self.gpus_per_node,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "user_env": dict(self.user_env),
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Reload a plan (``plan.json``). Raises PlanError on a malformed document."""
+        d = _require(data, "plan", ("job_id", "nodes"))
+        try:
+            nodes = tuple(NodePlan.from_dict(n) for n in d["nodes"])
+            first_env = nodes[0].env if nodes else {}
+            return cls(
+                job_id=str(d["job_id"]),
+                launcher=d.get("launcher", ""),
+                script=d.get("script", ""),
+                args=tuple(d.get("args") or ()),
+                master_addr=d.get("master_addr") or first_env.get("MASTER_ADDR", ""),
+                master_port=int(d.get("master_port") or first_env.get("MASTER_PORT", 0)),
+                ips=tuple(d.get("ips") or (n.train_addr for n in nodes)),
+                nnodes=int(d.get("nnodes") or len(nodes)),
+                nproc_per_node=int(d.get("nproc_per_node") or 1),
+                gpus_per_node=int(d.get("gpus_per_node") or 0),
+                world_size=int(d.get("world_size") or len(nodes)),
+                nodes=nodes,
+                user_env=dict(d.get("user_env") or {}),
+                backend=d.get("backend"),
+                created=d.get("created"),
+                version=int(d.get("version") or PLAN_VERSION),
+            )
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"malformed plan: {e}") from e
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from e
+        return cls.from_dict(data)
+
+
+def _require(data: Any, what: str, keys: Sequence[str]) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise PlanError(f"malformed plan: {what} is not an object")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise PlanError(f"malformed plan: {what} lacks {', '.join(missing)}")
+    return data
+
+
+def make_plan(
+    nodes: Sequence[Node],
+    spec: JobSpec,
+    facts: Mapping[str, NodeFacts] | None = None,
+    code_dir: str | None = None,
+    code_digest: str | None = None,
+) -> Plan:
+    """Rank plan for ``nodes`` (already in rank order: node_rank = position).
+
+    ``facts`` (by host name) come from the check phase and win over inventory values.
+    ``code_dir`` is one remote code path for all nodes; otherwise each node uses
+    ``<workdir>/code/<code_digest>`` (a placeholder digest before push has run).
+    Raises PlanError (exit 2) for anything that cannot work, naming the host.
+    """
+    nodes = tuple(nodes)
+    facts = facts or {}
+    if not nodes:
+        raise PlanError("no nodes to run on")
+    launcher = get_launcher(spec.launcher)
+    _check_spec(spec)
+    _check_unique_names(nodes)
+    spec = replace(spec, script=posixpath.normpath(spec.script))
+
+    addrs: dict[str, str] = {}
+    nics: dict[str, str | None] = {}
+    gpus: dict[str, int] = {}
+    for n in nodes:
+        f = facts.get(n.name) or NodeFacts()
+        addrs[n.name] = f.train_addr or n.train_addr or n.address
+        nics[n.name] = f.nic or n.nic
+        count = f.gpu_count if f.gpu_count is not None else n.gpus
+        gpus[n.name] = int(count or 0)
+    _check_loopback_mix(addrs)
+
+    nproc, gpus_per_node = _nproc(spec, gpus, one_per_node=launcher.one_process_per_node)
+    ips = tuple(addrs[n.name] for n in nodes)
+    ctx = LaunchContext(
+        job_id=spec.job_id,
+        launcher=launcher.name,
+        script=spec.script,
+        args=spec.args,
+        master_addr=ips[0],
+        master_port=spec.master_port,
+        ips=ips,
+        nnodes=len(nodes),
+        nproc_per_node=nproc,
+        gpus_per_node=gpus_per_node,
+    )
+    launcher.validate(ctx, addrs)
+
+    plans = []
+    for rank, n in enumerate(nodes):
+        f = facts.get(n.name) or NodeFacts()
+        workdir = n.workdir.rstrip("/") or "/"
+        run_dir = posixpath.join(workdir, "runs", spec.job_id)
+        node_code = code_dir or posixpath.join(workdir, "code", code_digest or PENDING_DIGEST)
+        slot = NodePlan(
+            host=n.name,
+            address=n.address,
+            node_rank=rank,
+            train_addr=addrs[n.name],
+            nic=nics[n.name],
+            python=f.python or n.python,
+            workdir=workdir,
+            code_dir=node_code,
+            run_dir=run_dir,
+            cwd=run_dir,
+        )
+        env = _node_env(ctx, slot, spec)
+        env.update(launcher.env(ctx, slot))
+        env.update(_checked_env(n.env, f"{_where(n)}fleetctl_env"))
+        env.update(spec.env)
+        files = launcher.files(ctx, slot)
+        for rel in files:
+            _check_relpath(rel, f"{launcher.name} file")
+        plans.append(replace(slot, argv=tuple(launcher.argv(ctx, slot)), env=env, files=files))
+
+    return Plan(
+        job_id=spec.job_id,
+        launcher=launcher.name,
+        script=spec.script,
+        args=spec.args,
+        master_addr=ctx.master_addr,
+        master_port=spec.master_port,
+        ips=ips,
+        nnodes=ctx.nnodes,
+        nproc_per_node=nproc,
+        gpus_per_node=gpus_per_node,
+        world_size=ctx.nnodes * nproc,
+        nodes=tuple(plans),
+        user_env=dict(spec.env),
+        backend=spec.backend,
+        created=spec.created,
+    )
+
+
+def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, str]:
+    env = {
+        "MASTER_ADDR": ctx.master_addr,
+        "MASTER_PORT": str(ctx.master_port),
+        "WORLD_SIZE": str(ctx.nnodes * ctx.nproc_per_node),
+        "NODE_RANK": str(node.node_rank),
+        "NNODES": str(ctx.nnodes),
+        "FLEET_JOB_ID": ctx.job_id,
+        "FLEET_NODE_RANK": str(node.node_rank),
+        "FLEET_NUM_NODES": str(ctx.nnodes),
+        "FLEET_NODE_IPS": ",".join(ctx.ips),
+        "FLEET_NPROC_PER_NODE": str(ctx.nproc_per_node),
+        "FLEET_HOST": node.host,
+        "FLEET_LAUNCHER": ctx.launcher,
+        "FLEET_CODE_DIR": path_from(node.cwd, node.code_dir),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if node.nic:
+        env["NCCL_SOCKET_IFNAME"] = node.nic
+        env["GLOO_SOCKET_IFNAME"] = node.nic
+    if spec.backend:
+        env["FLEET_BACKEND"] = spec.backend
+    return env
+
+
+def _check_spec(spec: JobSpec) -> None:
+    if not JOB_ID_RE.match(spec.job_id or ""):
+        raise PlanError(f"invalid job id {spec.job_id!r} (letters, digits, '.', '_', '-')")
+    _check_relpath(spec.script, "script")
+    if not isinstance(spec.master_port, int) or not 1 <= spec.master_port <= 65535:
+        raise PlanError(f"master port must be 1-65535, got {spec.master_port!r}")
+    n = spec.nproc_per_node
+    if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise PlanError(f"--nproc-per-node must be a positive integer or 'auto', got {n!r}")
+    if spec.backend is not None and spec.backend not in BACKENDS:
+        raise PlanError(f"unknown backend {spec.backend!r} (known: {', '.join(BACKENDS)})")
+    _checked_env(spec.env, "--env-var")
+
+
+def _check_relpath(path: str, what: str) -> None:
+    """Paths that land on a node must stay inside the folder they are relative to."""
+    norm = posixpath.normpath(path) if path else ""
+    if not path or path.startswith("/") or norm == "." or norm.split("/")[0] == "..":
+        raise PlanError(f"{what} {path!r} must be a relative path inside the code dir")
+
+
+def _checked_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+            raise PlanError(f"{where}: invalid environment variable name {key!r}")
+        if key in RESERVED_ENV:
+            raise PlanError(f"{where}: {key} is set by fleetctl and cannot be overridden")
+        text = "" if value is None else str(value)
+        if "\0" in text:
+            raise PlanError(f"{where}: value of {key} contains a NUL byte")
+        out[key] = text
+    return out
+
+
+def _where(n: Node) -> str:
+    return f"{n.source}: {n.name}: " if n.source else f"{n.name}: "
+
+
+def _check_unique_names(nodes: Sequence[Node]) -> None:
+    seen: set[str] = set()
+    for n in nodes:
+        if n.name in seen:
+            raise PlanError(f"host {n.name} appears twice in the node list")
+        seen.add(n.name)
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in LOCAL_ADDRESSES or addr.startswith("127.")
+
+
+def _check_loopback_mix(addrs: Mapping[str, str]) -> None:
+    """A loopback training address next to real ones cannot be reached by the other nodes."""
+    loop = [h for h, a in addrs.items() if _is_loopback(a)]
+    if loop and len(loop) < len(addrs):
+        raise PlanError(
+            f"{', '.join(loop)}: training address is loopback but other nodes are remote; "
+            "they could not reach it (set fleetctl_addr or fleetctl_nic)"
+        )
+
+
+def _nproc(spec: JobSpec, gpus: Mapping[str, int], *, one_per_node: bool) -> tuple[int, int]:
+    """(processes per node, GPUs per node used by the launcher; 0 = CPU)."""
+    counts = Counter(gpus.values())
+    uniform = len(counts) == 1
+    if one_per_node:
+        if spec.nproc_per_node not in ("auto", 1):
+            raise PlanError(
+                f"launcher {spec.launcher!r} runs one process per node; "
+                f"--nproc-per-node must be 1 or auto, got {spec.nproc_per_node}"
+            )
+        return 1, next(iter(counts)) if uniform else 0
+    if spec.nproc_per_node == "auto":
+        if not uniform:
+            raise PlanError(_mixed_gpus_message(gpus, counts))
+        count = next(iter(counts))
+        return max(count, 1), count
+    k = int(spec.nproc_per_node)
+    if 0 in counts and not uniform:
+        none = ", ".join(h for h, c in gpus.items() if c == 0)
+        raise PlanError(
+            f"{none}: no GPUs known while other nodes have GPUs; CPU and GPU nodes cannot share "
+            "one job (set fleetctl_gpus)"
+        )
+    short = [h for h, c in gpus.items() if 0 < c < k]
+    if short:
+        have = ", ".join(f"{h} has {gpus[h]}" for h in short)
+        raise PlanError(f"--nproc-per-node {k} needs {k} GPUs per node but {have}")
+    return k, (k if 0 not in counts else 0)
+
+
+def _mixed_gpus_message(gpus: Mapping[str, int], counts: Counter[int]) -> str:
+    # The most common count is "normal" (ties: node 0's); the others are the odd hosts.
+    first = next(iter(gpus.values()))
+    top = max(counts.values())
+    normal = first if counts[first] == top else counts.most_common(1)[0][0]
+    odd = [f"{h} has {c}" for h, c in gpus.items() if c != normal]
+    return (
+        f"mixed GPU counts: {', '.join(odd)} while the others have {normal}; every node must "
+        "run the same number of processes (fix fleetctl_gpus or pass --nproc-per-node)"
+    )
+
+
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "LAUNCHER_NAMES",
+    "JobSpec",
+    "NodeFacts",
+    "NodePlan",
+    "Plan",
+    "format_job_id",
+    "make_plan",
+]

@@ -1,0 +1,586 @@
+"""Node-side preflight probe: stdlib only, shipped as source text and run by the node's python.
+
+``fleetctl check`` runs this once per node as ONE streamed remote command (every extra command
+costs a remote shell start-up). It prints everything the controller needs in one go, then
+optionally takes part in the N×N mesh test on the same channel:
+
+1. ``@@FLEETCTL FACTS <json>``: home, hostname, python, rsync, training NIC (address, MTU,
+   speed, state), GPUs (nvidia-smi), free disk under the workdir, port bind tests, the clock,
+   an optional environment's python/NCCL version, whether a code snapshot is already there.
+2. with ``mesh``: bind a short-lived TCP listener on the training address (a port of the master
+   port range, never the master port itself) and print ``@@FLEETCTL READY <port>`` (or
+   ``@@FLEETCTL NOREADY <reason>`` and exit).
+3. read one JSON line from stdin: ``{"peers": [{"name", "addr", "port"}]}``; ping (ICMP from the
+   training address, when permitted) and TCP-connect to every peer in parallel, print
+   ``@@FLEETCTL MESH <json>``.
+4. keep the listener up until stdin closes (the others may still be testing us) or ``linger``
+   seconds pass, then exit 0.
+
+Arguments come as one JSON object in ``sys.argv[2]`` (``sys.argv[1]`` is this source, packed;
+see ``fleetctl.phases.check.probe_command``). Every wait here is bounded. Must stay importable by an
+older node python (3.7+): no third-party imports, no newer syntax.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import fcntl
+import json
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+TAG = "@@FLEETCTL"
+BAD_NIC_PREFIXES = ("docker", "virbr", "veth-docker")
+NCCL_SNIPPET = r"""
+import ctypes, glob, json, os, sys
+env = sys.argv[1]
+out = {"python": sys.version.split()[0], "executable": sys.executable, "imports": {}}
+for mod in sys.argv[2:]:
+    try:
+        m = __import__(mod)
+        out["imports"][mod] = str(getattr(m, "__version__", "ok"))
+    except Exception as e:
+        out["imports"][mod] = "error: %s: %s" % (type(e).__name__, e)
+cands = [os.path.join(env, "lib", "libnccl.so.2")]
+cands += sorted(glob.glob(os.path.join(env, "lib", "python*", "site-packages", "nvidia", "nccl",
+                                       "lib", "libnccl.so*")))
+out["nccl"] = None
+for c in cands:
+    if not os.path.exists(c):
+        continue
+    try:
+        lib = ctypes.CDLL(c)
+        v = ctypes.c_int()
+        if lib.ncclGetVersion(ctypes.byref(v)) == 0:
+            n = v.value
+            major, rest = (n // 10000, n % 10000) if n >= 10000 else (n // 1000, n % 1000)
+            minor, patch = rest // 100, rest % 100
+            out["nccl"] = "%d.%d.%d" % (major, minor, patch)
+            out["nccl_path"] = c
+            break
+    except OSError as e:
+        out["nccl_error"] = "%s: %s" % (c, e)
+print(json.dumps(out))
+"""
+
+
+def emit(kind: str, payload: object) -> None:
+    text = payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True)
+    sys.stdout.write(f"{TAG} {kind} {text}\n")
+    sys.stdout.flush()
+
+
+def run(argv: list, timeout: float) -> tuple:
+    """(exit code, stdout, stderr); 127 when the program is missing, 124 on timeout."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except FileNotFoundError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:g}s"
+    except OSError as e:
+        return 126, "", str(e)
+    return (
+        proc.returncode,
+        proc.stdout.decode(errors="replace"),
+        proc.stderr.decode(errors="replace"),
+    )
+
+
+def bounded(fn, timeout: float, default: object) -> object:
+    """Run fn in a daemon thread; ``default`` if it does not finish (DNS can hang)."""
+    box = [default]
+
+    def target() -> None:
+        try:
+            box[0] = fn()
+        except Exception as e:  # reported as data, never raised
+            box[0] = {"error": str(e)}
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    return box[0]
+
+
+# ---------------------------------------------------------------------------------- facts
+
+
+def read_sys(iface: str, name: str) -> str | None:
+    try:
+        with open(f"/sys/class/net/{iface}/{name}") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def ipv4_by_iface() -> dict:
+    """Interface name -> its IPv4 addresses; ``ip -j`` when there, else one per iface by ioctl."""
+    out: dict = {}
+    ip = shutil.which("ip") or ("/sbin/ip" if os.path.exists("/sbin/ip") else None)
+    if ip:
+        code, stdout, _ = run([ip, "-j", "-4", "addr", "show"], 5)
+        if code == 0:
+            try:
+                for entry in json.loads(stdout or "[]"):
+                    addrs = [
+                        a["local"]
+                        for a in entry.get("addr_info", [])
+                        if a.get("family") == "inet" and a.get("local")
+                    ]
+                    out[entry["ifname"]] = addrs
+                return out
+            except (ValueError, KeyError, TypeError):
+                out = {}
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                res = fcntl.ioctl(s.fileno(), 0x8915, req)  # SIOCGIFADDR
+                out[name] = [socket.inet_ntoa(res[20:24])]
+            except OSError:
+                out[name] = []
+    finally:
+        s.close()
+    return out
+
+
+def iface_info(name: str, addrs: list) -> dict:
+    flags_text = read_sys(name, "flags")
+    flags = int(flags_text, 16) if flags_text else 0
+    speed_text = read_sys(name, "speed")
+    speed = None
+    if speed_text and speed_text.lstrip("-").isdigit() and int(speed_text) > 0:
+        speed = int(speed_text)
+    mtu_text = read_sys(name, "mtu")
+    oper = read_sys(name, "operstate") or "unknown"
+    carrier = read_sys(name, "carrier")
+    up = oper == "up" or (oper == "unknown" and bool(flags & 0x1) and carrier != "0")
+    return {
+        "name": name,
+        "addrs": addrs,
+        "mtu": int(mtu_text) if mtu_text and mtu_text.isdigit() else None,
+        "speed_mbps": speed,
+        "operstate": oper,
+        "carrier": carrier,
+        "up": up,
+        "loopback": bool(flags & 0x8) or name == "lo",
+    }
+
+
+def resolve_ipv4(host: str) -> list:
+    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    return sorted({i[4][0] for i in infos})
+
+
+def is_loopback_addr(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"
+
+
+def pick_nic(args: dict) -> dict:
+    """The training NIC: ``fleetctl_nic``, else the iface carrying the declared or SSH address."""
+    by_iface = ipv4_by_iface()
+    want_nic, want_addr = args.get("nic"), args.get("train_addr")
+    allow_lo = bool(args.get("allow_loopback"))
+    result: dict = {"ok": False, "all": sorted(by_iface)}
+    name = None
+    targets: list = []
+    if want_nic:
+        if want_nic not in by_iface and not os.path.exists(f"/sys/class/net/{want_nic}"):
+            have = ", ".join(sorted(by_iface)) or "none"
+            result["error"] = f"no interface {want_nic} (have: {have})"
+            return result
+        name = want_nic
+    else:
+        targets = [want_addr] if want_addr else []
+        if not targets:
+            resolved = bounded(lambda: resolve_ipv4(args["address"]), 3.0, None)
+            if not isinstance(resolved, list):
+                result["error"] = f"cannot resolve {args['address']} on the node"
+                return result
+            targets = resolved
+        name = next((i for i, a in sorted(by_iface.items()) if set(targets) & set(a)), None)
+        if name is None:
+            result["error"] = (
+                f"no interface carries {', '.join(targets)} (SSH through NAT or "
+                "a jump host?); set fleetctl_nic"
+            )
+            return result
+    info = iface_info(name, by_iface.get(name, []))
+    result.update(info)
+    if info["loopback"] and not allow_lo:
+        result["error"] = f"{name} is loopback; other nodes cannot reach it (set fleetctl_nic)"
+        return result
+    if name.startswith(BAD_NIC_PREFIXES):
+        result["error"] = f"{name} is a container/VM bridge, not a training network"
+        return result
+    addrs = info["addrs"]
+    if not addrs:
+        result["error"] = f"{name} has no IPv4 address"
+        return result
+    if want_addr and want_addr not in addrs:
+        have = ", ".join(addrs)
+        result["error"] = f"{name} does not carry fleetctl_addr {want_addr} (has {have})"
+        return result
+    matching = [a for a in addrs if a in targets]
+    addr = want_addr or (matching[0] if matching else addrs[0])
+    if is_loopback_addr(addr) and not allow_lo:
+        result["error"] = f"training address {addr} is loopback"
+        return result
+    # A down NIC keeps its address: the mesh then shows which pairs it cuts.
+    result["addr"] = addr
+    if not info["up"]:
+        why = "no carrier" if info["carrier"] == "0" else info["operstate"]
+        result["error"] = f"{name} is down ({why})"
+        return result
+    result["ok"] = True
+    return result
+
+
+def gpu_facts() -> dict:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {"present": False}
+    code, out, err = run(
+        [exe, "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"], 10
+    )
+    if code != 0:
+        last = (err or out).strip().splitlines()
+        return {
+            "present": True,
+            "path": exe,
+            "error": f"nvidia-smi exited {code}" + (f": {last[-1]}" if last else ""),
+        }
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            gpus.append(
+                {"index": int(parts[0]), "name": parts[1], "memory": parts[2], "driver": parts[3]}
+            )
+    return {"present": True, "path": exe, "gpus": gpus}
+
+
+def rsync_facts() -> dict:
+    exe = shutil.which("rsync")
+    if not exe:
+        return {"present": False}
+    code, out, err = run([exe, "--version"], 5)
+    first = (out or err).strip().splitlines()[:1]
+    version = None
+    if first:
+        words = first[0].split()
+        if "version" in words and words.index("version") + 1 < len(words):
+            version = words[words.index("version") + 1]
+    return {
+        "present": code == 0,
+        "path": exe,
+        "version": version,
+        "error": None if code == 0 else f"rsync --version exited {code}",
+    }
+
+
+def expand(path: str, home: str) -> str:
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def disk_facts(workdir: str) -> dict:
+    path = os.path.abspath(workdir)
+    probe = path
+    while not os.path.exists(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    try:
+        st = os.statvfs(probe)
+    except OSError as e:
+        return {"path": path, "checked": probe, "error": str(e)}
+    writable = os.access(probe, os.W_OK)
+    return {
+        "path": path,
+        "checked": probe,
+        "free": st.f_bavail * st.f_frsize,
+        "total": st.f_blocks * st.f_frsize,
+        "writable": writable,
+    }
+
+
+def port_free(port: int) -> str | None:
+    """None when a server could bind ``port`` on all addresses (as torch's store does)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", port))
+        s.listen(1)
+    except OSError as e:
+        return "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+    finally:
+        s.close()
+    return None
+
+
+def env_facts(env_dir: str, imports: list) -> dict:
+    py = os.path.join(env_dir, "bin", "python")
+    if not os.path.isdir(env_dir):
+        return {"present": False, "path": env_dir}
+    if not os.path.exists(py):
+        return {"present": True, "path": env_dir, "error": f"{py} missing"}
+    code, out, err = run([py, "-c", NCCL_SNIPPET, env_dir, *imports], 60)
+    if code != 0:
+        last = (err or out).strip().splitlines()
+        return {
+            "present": True,
+            "path": env_dir,
+            "error": f"env python exited {code}" + (f": {last[-1]}" if last else ""),
+        }
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"present": True, "path": env_dir, "error": "env python printed no result"}
+    data.update({"present": True, "path": env_dir})
+    return data
+
+
+def gather(args: dict) -> dict:
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    workdir = expand(args.get("workdir") or "~/.fleetctl", home)
+    if not os.path.isabs(workdir):
+        workdir = os.path.join(home, workdir)
+    facts: dict = {
+        "home": home,
+        "hostname": socket.gethostname(),
+        "python": {"version": sys.version.split()[0], "executable": sys.executable},
+        "workdir": workdir,
+    }
+    facts["nic"] = pick_nic(args)
+    # The order of the slow parts does not matter: run them side by side.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        gpu = pool.submit(gpu_facts)
+        rs = pool.submit(rsync_facts)
+        env = None
+        if args.get("env_dir"):
+            env_dir = expand(args["env_dir"], home)
+            if not os.path.isabs(env_dir):
+                env_dir = os.path.join(workdir, env_dir)
+            env = pool.submit(env_facts, env_dir, list(args.get("env_imports") or []))
+        facts["disk"] = disk_facts(workdir)
+        facts["ports"] = {str(p): port_free(int(p)) for p in args.get("ports") or []}
+        host_addrs = bounded(lambda: resolve_ipv4(facts["hostname"]), 2.0, None)
+        facts["hostname_addrs"] = host_addrs if isinstance(host_addrs, list) else None
+        if args.get("code_dir"):
+            code_dir = expand(args["code_dir"], home)
+            if not os.path.isabs(code_dir):
+                code_dir = os.path.join(workdir, code_dir)
+            facts["code_present"] = os.path.isdir(code_dir)
+        facts["gpu"] = gpu.result(timeout=15)
+        facts["rsync"] = rs.result(timeout=10)
+        facts["env"] = env.result(timeout=70) if env is not None else None
+    facts["time"] = time.time()
+    return facts
+
+
+# ----------------------------------------------------------------------------------- mesh
+
+
+class StdinLines:
+    """Line reader on fd 0 with timeouts (the controller talks to us over the SSH channel)."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.eof = False
+
+    def readline(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf and not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([0], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+        if b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            return line
+        return None
+
+    def wait_eof(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready, _, _ = select.select([0], [], [], left)
+            if ready and not os.read(0, 65536):
+                self.eof = True
+
+
+def listen(addr: str, base: int, span: int, avoid: set) -> tuple:
+    """(socket, port) of a listener on ``addr`` in base..base+span-1, or (None, reason)."""
+    last = "no port tried"
+    for port in range(base, base + span):
+        if port in avoid:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Like real servers: a TIME_WAIT left by the last check must not move us to another port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+            s.listen(256)
+        except OSError as e:
+            s.close()
+            last = f"cannot listen on {addr}:{port}: {e.strerror or e}"
+            if e.errno == errno.EADDRINUSE:
+                continue
+            return None, last
+        return s, port
+    return None, last
+
+
+def serve(sock: socket.socket, stop: threading.Event) -> None:
+    sock.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            conn, _ = sock.accept()
+        except socket.timeout:  # noqa: UP041 - not yet TimeoutError on a node's python < 3.10
+            continue
+        except OSError:
+            return
+        conn.close()
+
+
+def ping(src: str, dst: str, timeout: float) -> str:
+    exe = shutil.which("ping")
+    if not exe:
+        return "n/a: no ping"
+    code, out, err = run(
+        [exe, "-n", "-c1", f"-W{max(1, int(timeout))}", "-I", src, dst], timeout + 2
+    )
+    if code == 0:
+        return "ok"
+    text = (err + out).lower()
+    if "not permitted" in text or "permission denied" in text or "socket:" in text:
+        return "n/a: ICMP not permitted"
+    if code == 1 or code == 124:
+        return "timeout"
+    last = (err or out).strip().splitlines()
+    return "error: " + (last[-1] if last else f"ping exited {code}")
+
+
+def tcp(src: str, dst: str, port: int, timeout: float) -> str:
+    """Open a TCP connection to ``dst:port`` from ``src`` within ``timeout``: "ok" or why not.
+
+    A "no route to host" is tried again until the time is up: it is also what the kernel
+    reports for every packet queued on a stale neighbour entry, one whose address resolution
+    ran out while the peer's link was down, even if the link is back (a peer that recovered
+    seconds ago). The next attempt resolves afresh; a link that is really down fails again.
+    """
+    deadline = time.monotonic() + timeout
+    last = "timed out"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return last
+        try:
+            s = socket.create_connection((dst, port), timeout=left, source_address=(src, 0))
+        except socket.timeout:  # noqa: UP041 - not yet TimeoutError on a node's python < 3.10
+            return "timed out"
+        except ConnectionRefusedError:
+            return "refused"
+        except OSError as e:
+            if e.errno == errno.EHOSTUNREACH:
+                last = "unreachable"
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            if e.errno == errno.ENETUNREACH:
+                return "unreachable"
+            return e.strerror or str(e)
+        s.close()
+        return "ok"
+
+
+def route_source(dst: str) -> str | None:
+    """The source address the kernel picks for ``dst`` (no packet is sent)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((dst, 9))
+        return s.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def mesh(src: str, peers: list, timeout: float) -> dict:
+    def one(peer: dict) -> tuple:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            p = pool.submit(ping, src, peer["addr"], 1.0)
+            t = pool.submit(tcp, src, peer["addr"], int(peer["port"]), timeout)
+            echo, conn = p.result(), t.result()
+        if conn == "ok" and echo != "ok" and not echo.startswith("n/a"):
+            # The one echo may have died with a stale neighbour entry (see ``tcp``); now that
+            # TCP got through, the peer's address is resolved: a filtered ICMP still fails.
+            echo = ping(src, peer["addr"], 1.0)
+        return peer["name"], {"ping": echo, "tcp": conn, "route_src": route_source(peer["addr"])}
+
+    results = {}
+    if peers:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
+            for name, res in pool.map(one, peers):
+                results[name] = res
+    return {"src": src, "peers": results}
+
+
+def main() -> int:
+    args = json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
+    facts = gather(args)
+    emit("FACTS", facts)
+    if not args.get("mesh"):
+        return 0
+    nic = facts["nic"]
+    if not nic.get("addr"):
+        emit("NOREADY", nic.get("error") or "no training address")
+        return 0
+    avoid = {int(p) for p in args.get("avoid_ports") or []}
+    sock, port = listen(nic["addr"], int(args["mesh_port"]), int(args.get("mesh_span", 64)), avoid)
+    if sock is None:
+        emit("NOREADY", port)
+        return 0
+    stop = threading.Event()
+    threading.Thread(target=serve, args=(sock, stop), daemon=True).start()
+    stdin = StdinLines()
+    try:
+        emit("READY", str(port))
+        line = stdin.readline(float(args.get("peer_wait", 30)))
+        if line is None:
+            emit("MESH", {"error": "no peer list from the controller"})
+            return 0
+        peers = json.loads(line.decode() or "{}").get("peers") or []
+        emit("MESH", mesh(nic["addr"], peers, float(args.get("mesh_timeout", 2))))
+        stdin.wait_eof(float(args.get("linger", 30)))
+    finally:
+        stop.set()
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

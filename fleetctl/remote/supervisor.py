@@ -1,0 +1,821 @@
+#!/usr/bin/env python3
+"""fleetctl node supervisor: runs ONE job's launcher on one node and stops only that job.
+
+Stdlib only, Python >= 3.8: it is uploaded to ``W/bin/supervisor-<sha12>.py`` and run by the
+node's own python. fleetctl starts it over SSH as one streamed command (mode ``run``):
+
+controller -> supervisor (stdin)
+    after the supervisor prints ``R``: one JSON line, the spec (argv, env, cwd, run_dir, job_id,
+    node_rank, deadman, grace, detach, files, path_prepend, heartbeat); then single bytes:
+    ``h`` heartbeat, ``t`` stop the job (grace), ``k`` kill the job now. EOF = controller gone.
+supervisor -> controller (stdout), one frame per line, never a partial line:
+    ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``L <text>`` one output
+    line of the job · ``H`` heartbeat · ``E <text>`` supervisor notice · ``F <text>`` could not
+    start · ``Q`` detached · ``X <code> [<json>]`` the job ended (exit code, or -signal), with
+    what the scan for the job's processes after the exit found, killed and left.
+
+The job runs in its own session/process group with ``FLEET_JOB_ID``/``FLEET_NODE_RANK`` in its
+env. Stopping = SIGTERM to that group and to every process whose /proc/<pid>/environ carries
+exactly this job id and node rank (catches ``setsid`` escapees), a grace period, SIGKILL, then a
+check that none remain. Never by name pattern, never another job's processes.
+
+Dead-man switch (attached mode): no heartbeat byte for ``deadman`` seconds, or EOF on stdin
+(controller killed, connection closed) -> the supervisor stops the job by itself. SIGHUP and
+SIGPIPE never kill it: it always finishes teardown and writes its logs.
+
+Other modes: ``stop --job-id J --run-dir D [--rank R] [--grace G]`` (prints JSON with what
+remains), ``status --run-dir D`` (JSON), ``pack --run-dir D`` (tar of the run folder to stdout,
+regular files and folders only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+PROTOCOL = 1
+STATE_FILE = "supervisor.json"
+CONSOLE_LOG = "console.log"
+STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) before it stops
+MAX_LINE = 65536
+MAX_DEADMAN = 10.0
+OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
+COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
+LINGER = 120.0  # s after the exit to wait for the controller's ``c`` (collect) or EOF
+TAR_MARKER = b"FLEETCTL-TAR\n"  # precedes the tar stream (as in fleetctl.phases.collect)
+
+
+# ------------------------------------------------------------------------------- /proc helpers
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks since boot); None when gone or a zombie.
+
+    With the pid it names one process for good: pids are reused, start times are not.
+    """
+    st = _proc_stat(pid)
+    return None if st is None or st[0] in ("Z", "X") else st[2]
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgid, starttime) of a process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: split after the last ')'.
+    rest = data[data.rfind(")") + 2 :].split()
+    try:
+        return rest[0], int(rest[2]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ_has(pid: int, tags: list[bytes]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = set(f.read().split(b"\0"))
+    except OSError:
+        return False
+    return all(t in entries for t in tags)
+
+
+def job_tags(job_id: str, rank: int | None) -> list[bytes]:
+    tags = [b"FLEET_JOB_ID=" + job_id.encode()]
+    if rank is not None:
+        tags.append(b"FLEET_NODE_RANK=" + str(rank).encode())
+    return tags
+
+
+def find_job_processes(
+    job_id: str, rank: int | None, pgid: int | None = None, leader_start: int | None = None
+) -> list[int]:
+    """Live (non-zombie) processes of this job here: env-tagged, or in its verified group."""
+    return scan_job(job_id, rank, pgid, leader_start)[0]
+
+
+def scan_job(
+    job_id: str, rank: int | None, pgid: int | None, leader_start: int | None
+) -> tuple[list[int], bool]:
+    """(live pids of the job, whether the recorded process group is still this job's).
+
+    The recorded group counts only when it is still ours (its leader has the recorded start
+    time, or a member carries the job's env tag): a recycled pgid never points at strangers.
+    """
+    me = os.getpid()
+    tags = job_tags(job_id, rank)
+    tagged: list[int] = []
+    group: list[int] = []
+    group_ours = False
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me:
+            continue
+        st = _proc_stat(pid)
+        if st is None:
+            continue
+        if pgid is not None and pid == pgid and leader_start is not None and st[2] == leader_start:
+            group_ours = True
+        if st[0] in ("Z", "X"):
+            continue
+        has_tag = _environ_has(pid, tags)
+        if has_tag:
+            tagged.append(pid)
+        if pgid is not None and st[1] == pgid:
+            group.append(pid)
+            group_ours = group_ours or has_tag
+    found = set(tagged)
+    if group_ours:
+        found.update(group)
+    return sorted(found), group_ours
+
+
+def _signal_all(pids: list[int], pgid: int | None, group_ours: bool, sig: int) -> None:
+    if pgid is not None and group_ours:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, sig)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def stop_processes(
+    job_id: str,
+    rank: int | None,
+    pgid: int | None,
+    leader_start: int | None,
+    grace: float,
+    reap: object = None,
+    settle: float = 5.0,
+) -> dict:
+    """SIGTERM, wait ``grace``, SIGKILL, wait up to ``settle``: returns what was done and left.
+
+    ``reap`` (a Popen) is polled while waiting so the supervisor's own child never lingers as a
+    zombie that would keep its group alive.
+    """
+
+    def alive() -> tuple[list[int], bool]:
+        if reap is not None:
+            reap.poll()  # type: ignore[attr-defined]
+        return scan_job(job_id, rank, pgid, leader_start)
+
+    first, ours = alive()
+    result: dict = {"found": first, "terminated": [], "killed": [], "remaining": []}
+    if not first:
+        return result
+    _signal_all(first, pgid, ours, signal.SIGTERM)
+    result["terminated"] = first
+    deadline = time.monotonic() + max(0.0, grace)
+    left, ours = alive()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left, ours = alive()
+    if left:
+        _signal_all(left, pgid, ours, signal.SIGKILL)
+        result["killed"] = left
+        deadline = time.monotonic() + settle
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left, ours = alive()
+            if left:
+                _signal_all(left, pgid, ours, signal.SIGKILL)
+    result["remaining"] = [{"pid": p, "cmd": _cmdline(p)} for p in left]
+    return result
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------------------------ state
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _now() -> float:
+    return round(time.time(), 3)
+
+
+# ----------------------------------------------------------------------------------- output
+
+
+class Out:
+    """Frames to the controller through one writer thread, so a stalled SSH channel never blocks
+    the job, the log or the dead-man switch. Frames are whole lines, written in one call each."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.q: queue.Queue = queue.Queue(OUT_QUEUE)
+        self.dropped = 0
+        self.broken = fd is None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        if fd is not None:
+            self.thread.start()
+
+    def frame(self, kind: str, payload: bytes = b"", *, must: bool = False) -> None:
+        if self.broken:
+            return
+        data = kind.encode() + (b" " + payload if payload else b"") + b"\n"
+        try:
+            if must:
+                self.q.put(data, timeout=2.0)
+            else:
+                self.q.put_nowait(data)
+        except queue.Full:
+            self.dropped += 1
+
+    def _loop(self) -> None:
+        while True:
+            data = self.q.get()
+            if data is None:
+                return
+            # Coalesce what queued meanwhile: one write, and fewer SSH packets for the
+            # controller to decrypt, when the job prints fast.
+            end = False
+            parts = [data]
+            size = len(data)
+            while size < COALESCE_BYTES:
+                try:
+                    more = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    end = True
+                    break
+                parts.append(more)
+                size += len(more)
+            if len(parts) > 1:
+                data = b"".join(parts)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self.fd, view)  # type: ignore[arg-type]
+                    view = view[n:]
+            except OSError:
+                self.broken = True  # controller gone; the log still gets everything
+                return
+            if end:
+                return
+
+    def close(self, timeout: float) -> None:
+        if self.fd is None or not self.thread.is_alive():
+            return
+        try:
+            self.q.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self.thread.join(timeout)
+
+
+# -------------------------------------------------------------------------------------- run
+
+
+def _read_spec(fd: int, timeout: float) -> tuple[dict, bytes]:
+    """The JSON spec line from stdin; returns (spec, bytes read past it)."""
+    import select
+
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ValueError(f"no spec within {timeout:g}s")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise ValueError("stdin closed before the spec")
+        buf += chunk
+    line, rest = buf.split(b"\n", 1)
+    spec = json.loads(line.decode("utf-8"))
+    if not isinstance(spec, dict) or not spec.get("argv") or not spec.get("job_id"):
+        raise ValueError("spec needs argv and job_id")
+    return spec, rest
+
+
+class Supervisor:
+    """One job on this node: start it, copy its output, watch the controller, stop it."""
+
+    def __init__(self, spec: dict, out: Out, stdin_fd: int | None, early: bytes = b"") -> None:
+        self.spec = spec
+        self.out = out
+        self.stdin_fd = stdin_fd
+        self.early = early
+        self.job_id = str(spec["job_id"])
+        self.rank = int(spec.get("node_rank", 0))
+        self.run_dir = os.path.abspath(os.path.expanduser(spec["run_dir"]))
+        self.grace = float(spec.get("grace", 5.0))
+        self.deadman = min(float(spec.get("deadman", MAX_DEADMAN)), MAX_DEADMAN)
+        self.hb_every = float(spec.get("heartbeat", 1.0))
+        self.detach = bool(spec.get("detach", False))
+        self.proc: subprocess.Popen | None = None
+        self.leader_start: int | None = None
+        self.last_hb = time.monotonic()
+        self.stop_request: tuple[float, str] | None = None  # (grace, reason)
+        self.stop_reason: str | None = None
+        self.leftovers: dict | None = None  # the after-exit scan, reported with ``X``
+        self.stopped: dict = {}  # what a requested stop found and killed
+        self.lock = threading.Lock()
+        self.log = None
+        self.state: dict = {}
+        self.listening = False
+        self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
+        self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
+
+    # -- setup --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        runs = os.path.dirname(self.run_dir)
+        os.makedirs(runs, mode=0o700, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        old = _read_json(os.path.join(self.run_dir, STATE_FILE))
+        if old.get("state") == "running" and _pid_alive(
+            old.get("supervisor_pid"), old.get("supervisor_start")
+        ):
+            raise RuntimeError(
+                f"job {self.job_id} is already running here "
+                f"(supervisor pid {old.get('supervisor_pid')})"
+            )
+        for rel, content in (self.spec.get("files") or {}).items():
+            path = rel if os.path.isabs(rel) else os.path.join(self.run_dir, rel)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(content)
+        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab")  # noqa: SIM115 - lives with the job
+
+    def child_env(self) -> dict:
+        env = dict(os.environ)
+        for key in ("FLEET_SUPERVISOR",):
+            env.pop(key, None)
+        env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
+        prepend = [os.path.expanduser(p) for p in self.spec.get("path_prepend") or []]
+        if prepend:
+            env["PATH"] = os.pathsep.join([*prepend, env.get("PATH", "/usr/bin:/bin")])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["FLEET_JOB_ID"] = self.job_id
+        env["FLEET_NODE_RANK"] = str(self.rank)
+        env["FLEET_RUN_DIR"] = self.run_dir
+        return env
+
+    def start(self) -> None:
+        cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        self.proc = subprocess.Popen(
+            [str(a) for a in self.spec["argv"]],
+            cwd=cwd,
+            env=self.child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        st = _proc_stat(self.proc.pid)
+        self.leader_start = st[2] if st else None
+        me = _proc_stat(os.getpid())
+        self.state = {
+            "protocol": PROTOCOL,
+            "job_id": self.job_id,
+            "node_rank": self.rank,
+            "run_dir": self.run_dir,
+            "cwd": cwd,
+            "argv": [str(a) for a in self.spec["argv"]],
+            "pid": self.proc.pid,
+            "pgid": self.proc.pid,
+            "leader_start": self.leader_start,
+            "supervisor_pid": os.getpid(),
+            "supervisor_start": me[2] if me else None,
+            "start_time": _now(),
+            "detached": self.detach,
+            "deadman": None if self.detach else self.deadman,
+            "grace": self.grace,
+            "state": "running",
+        }
+        _write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+
+    # -- threads ------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Job output -> console.log and the controller, line by line."""
+        assert self.proc is not None and self.proc.stdout is not None
+        src = self.proc.stdout
+        while True:
+            line = src.readline(MAX_LINE)
+            if not line:
+                break
+            try:
+                self.log.write(line if line.endswith(b"\n") else line + b"\n")  # type: ignore[union-attr]
+                self.log.flush()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            self.out.frame("L", line.rstrip(b"\n"))
+
+    def heartbeats(self, done: threading.Event) -> None:
+        while not done.wait(self.hb_every):
+            self.out.frame("H")
+
+    def listen(self) -> None:
+        """Controller bytes: heartbeats and stop requests; EOF means the controller is gone."""
+        self._handle(self.early)
+        while True:
+            try:
+                data = os.read(self.stdin_fd, 4096)  # type: ignore[arg-type]
+            except OSError:
+                data = b""
+            if not data:
+                self.request_stop(self.grace, "controller connection closed (dead-man switch)")
+                self.released.set()
+                return
+            self._handle(data)
+
+    def _handle(self, data: bytes) -> None:
+        if not data:
+            return
+        self.last_hb = time.monotonic()
+        if b"c" in data:
+            self.collect_req.set()
+            self.released.set()
+        if b"k" in data:
+            self.request_stop(0.0, "kill requested by the controller")
+        elif b"t" in data:
+            self.request_stop(self.grace, "stop requested by the controller")
+
+    def request_stop(self, grace: float, reason: str) -> None:
+        with self.lock:
+            if self.stop_request is None or grace < self.stop_request[0]:
+                self.stop_request = (grace, reason)
+
+    # -- main loop ----------------------------------------------------------------------
+    def supervise(self) -> int:
+        assert self.proc is not None
+        done = threading.Event()
+        pump = threading.Thread(target=self.pump, daemon=True)
+        pump.start()
+        if not self.detach:
+            threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
+            threading.Thread(target=self.listen, daemon=True).start()
+            self.listening = True
+        stopping_with: float | None = None
+        stopper: threading.Thread | None = None
+        while self.proc.poll() is None:
+            if not self.detach and time.monotonic() - self.last_hb > self.deadman:
+                self.request_stop(
+                    self.grace,
+                    f"no heartbeat from the controller for {self.deadman:g}s (dead-man switch)",
+                )
+            with self.lock:
+                req = self.stop_request
+            if req is not None and (stopping_with is None or req[0] < stopping_with):
+                stopping_with = req[0]
+                self.stop_reason = req[1]
+                self.out.frame("E", f"stopping job: {req[1]}".encode(), must=True)
+                stopper = threading.Thread(target=self._stop, args=(req[0],), daemon=True)
+                stopper.start()
+            time.sleep(0.05)
+        code = self.proc.returncode
+        if self.stop_reason is None:  # stopped from another terminal: say so to the controller
+            req = _read_json(os.path.join(self.run_dir, STOP_REQUEST))
+            if req.get("job_id") == self.job_id and req.get("reason"):
+                self.stop_reason = str(req["reason"])
+                self.out.frame("E", f"stopping job: {self.stop_reason}".encode(), must=True)
+        if stopper is not None:  # let the stop finish its grace period for the workers
+            stopper.join((stopping_with or 0.0) + 6.0)
+        # The launcher is gone; anything of the job still alive is a straggler.
+        left = stop_processes(
+            self.job_id,
+            self.rank,
+            self.proc.pid,
+            self.leader_start,
+            min(self.grace, 2.0) if stopping_with is None else 0.0,
+        )
+        self.leftovers = {
+            "found": sorted({*self.stopped.get("found", []), *left["found"]}),
+            "killed": sorted({*self.stopped.get("killed", []), *left["killed"]}),
+            "remaining": left["remaining"],
+        }
+        if left["found"]:
+            self.out.frame(
+                "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
+            )
+        pump.join(5.0)
+        done.set()
+        self.state.update(
+            {
+                "state": "stopped" if self.stop_reason else "exited",
+                "exit_code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "end_time": _now(),
+                "stop_reason": self.stop_reason,
+                "remaining": left["remaining"],
+                "dropped_frames": self.out.dropped,
+            }
+        )
+        with contextlib.suppress(OSError):
+            _write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+        if self.log is not None:
+            self.log.close()
+        return code
+
+    def _stop(self, grace: float) -> None:
+        self.stopped = stop_processes(
+            self.job_id,
+            self.rank,
+            self.proc.pid if self.proc else None,
+            self.leader_start,
+            grace,
+            reap=self.proc,
+        )
+
+
+def _pid_alive(pid: object, start: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (start is None or st[2] == start)
+
+
+def _noop(signum: int, frame: object) -> None:
+    """A handler (not SIG_IGN) so the job's processes get default dispositions after exec."""
+
+
+def cmd_run() -> int:
+    signal.signal(signal.SIGHUP, _noop)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # subprocess restores it for the job
+    out_fd = 1
+    out = Out(out_fd)
+    out.frame("R", b"%d" % PROTOCOL, must=True)
+    try:
+        spec, early = _read_spec(0, 60.0)
+    except (ValueError, OSError) as e:
+        out.frame("F", f"bad spec: {e}".encode(), must=True)
+        out.frame("X", b"127", must=True)
+        out.close(2.0)
+        return 2
+    if spec.get("detach"):
+        return _run_detached(spec, out)
+    sup = Supervisor(spec, out, 0, early)
+    signal.signal(
+        signal.SIGTERM, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGTERM")
+    )
+    signal.signal(signal.SIGINT, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGINT"))
+    code = _start_and_supervise(sup)
+    # ``X <code> <json>``: the scan after the launcher exited, the same one `stop` mode does,
+    # so the controller's teardown needs no extra remote command for this node.
+    report = b""
+    if sup.leftovers is not None:
+        report = (
+            b" "
+            + json.dumps(
+                {k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")}
+            ).encode()
+        )
+    out.frame("X", str(code).encode() + report, must=True)
+    out.close(3.0)
+    # After the exit, the controller may ask for the run folder on this same channel (``c``):
+    # no second remote command to collect the logs. EOF, or nothing within LINGER, ends it.
+    released = sup.listening and not out.broken and sup.released.wait(LINGER)
+    if released and sup.collect_req.is_set():
+        with contextlib.suppress(OSError):
+            os.write(out_fd, TAR_MARKER)
+            pack_dir(sup.run_dir, out_fd)
+    return 0
+
+
+def _start_and_supervise(sup: Supervisor) -> int:
+    try:
+        sup.prepare()
+        sup.start()
+    except Exception as e:  # report why the job could not start; the controller shows it
+        msg = f"cannot start job on this node: {e}"
+        sup.out.frame("F", msg.encode(), must=True)
+        if sup.log is not None:
+            sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
+            sup.log.close()
+        return 127
+    sup.out.frame(
+        "S",
+        json.dumps(
+            {k: sup.state[k] for k in ("pid", "pgid", "supervisor_pid", "start_time", "run_dir")}
+        ).encode(),
+        must=True,
+    )
+    return sup.supervise()
+
+
+def _run_detached(spec: dict, out: Out) -> int:
+    """Double-fork: the job keeps running under a supervisor that outlives the SSH channel."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(rfd)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        sup = Supervisor(spec, Out(None), None)
+        signal.signal(
+            signal.SIGTERM, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGTERM")
+        )
+        try:
+            sup.prepare()
+            sup.start()
+            os.write(wfd, ("S " + json.dumps(sup.state) + "\n").encode())
+        except Exception as e:
+            os.write(wfd, f"F cannot start job on this node: {e}\n".encode())
+            os._exit(1)
+        os.close(wfd)
+        sup.supervise()
+        os._exit(0)
+    os.close(wfd)
+    os.waitpid(pid, 0)
+    data = b""
+    while True:
+        chunk = os.read(rfd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    line = data.strip() or b"F detached supervisor died before starting the job"
+    kind, _, payload = line.partition(b" ")
+    out.frame(kind.decode(), payload, must=True)
+    if kind == b"S":
+        out.frame("Q", must=True)
+    else:
+        out.frame("X", b"127", must=True)
+    out.close(3.0)
+    return 0
+
+
+# ------------------------------------------------------------------------------ other modes
+
+
+def _opts(argv: list[str]) -> dict:
+    opts: dict = {}
+    i = 0
+    while i < len(argv):
+        key = argv[i]
+        if not key.startswith("--") or i + 1 >= len(argv):
+            raise SystemExit("usage: supervisor.py MODE --job-id J --run-dir D [--rank R]")
+        opts[key[2:].replace("-", "_")] = argv[i + 1]
+        i += 2
+    return opts
+
+
+def cmd_stop(argv: list[str]) -> int:
+    """Stop a job on this node (teardown, ``fleetctl stop``); print JSON with what remains."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    opts = _opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    state = _read_json(os.path.join(run_dir, STATE_FILE)) if run_dir else {}
+    job_id = opts.get("job_id") or state.get("job_id")
+    if not job_id:
+        print(json.dumps({"error": "no job id"}))
+        return 2
+    if state and state.get("job_id") not in (None, job_id):
+        state = {}  # a folder of another job: trust only the env tag
+    rank = opts.get("rank", state.get("node_rank"))
+    result = stop_processes(
+        job_id,
+        int(rank) if rank is not None else None,
+        state.get("pgid"),
+        state.get("leader_start"),
+        float(opts.get("grace", 5.0)),
+    )
+    result["job_id"] = job_id
+    result["supervisor_alive"] = _pid_alive(
+        state.get("supervisor_pid"), state.get("supervisor_start")
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_status(argv: list[str]) -> int:
+    """State of a job on this node (for ``fleetctl status``)."""
+    opts = _opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    state = _read_json(os.path.join(run_dir, STATE_FILE))
+    job_id = opts.get("job_id") or state.get("job_id")
+    live = []
+    if job_id:
+        live = find_job_processes(
+            job_id, state.get("node_rank"), state.get("pgid"), state.get("leader_start")
+        )
+    state["processes"] = live
+    state["supervisor_alive"] = _pid_alive(
+        state.get("supervisor_pid"), state.get("supervisor_start")
+    )
+    if state.get("state") == "running" and not state["supervisor_alive"]:
+        state["state"] = "lost"
+    print(json.dumps(state))
+    return 0
+
+
+def cmd_pack(argv: list[str]) -> int:
+    """The run folder as a tar stream on stdout: regular files and folders only, no links."""
+    opts = _opts(argv)
+    pack_dir(os.path.abspath(os.path.expanduser(opts["run_dir"])), 1)
+    return 0
+
+
+def pack_dir(root: str, fd: int) -> None:
+    """Write ``root`` as a tar stream to ``fd``: regular files and folders only, no links."""
+    out = os.fdopen(fd, "wb", closefd=False)
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            rel = os.path.relpath(dirpath, root)
+            if rel != ".":  # folders too: launcher log trees may hold empty rank folders
+                info = tarfile.TarInfo(rel)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+                tar.addfile(info)
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                arc = name if rel == "." else os.path.join(rel, name)
+                try:
+                    st = os.lstat(path)
+                    if not _is_regular(st.st_mode):
+                        continue
+                    info = tar.gettarinfo(path, arcname=arc)
+                    with open(path, "rb") as f:
+                        info.size = min(info.size, os.fstat(f.fileno()).st_size)
+                        tar.addfile(info, _Bounded(f, info.size))
+                except OSError:
+                    continue
+            dirnames[:] = sorted(
+                d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
+            )
+    out.flush()
+
+
+def _is_regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
+class _Bounded:
+    """Reads at most ``size`` bytes, padding with NULs if the file shrank meanwhile."""
+
+    def __init__(self, f, size: int) -> None:
+        self.f, self.left = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n)
+        if len(data) < n:
+            data += b"\0" * (n - len(data))
+        self.left -= len(data)
+        return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    mode = args[0] if args else "run"
+    if mode == "run":
+        return cmd_run()
+    if mode == "stop":
+        return cmd_stop(args[1:])
+    if mode == "status":
+        return cmd_status(args[1:])
+    if mode == "pack":
+        return cmd_pack(args[1:])
+    print(f"unknown mode {mode!r} (run, stop, status, pack)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    code = main()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(code)  # no interpreter teardown: daemon threads may sit in blocking writes

@@ -1,0 +1,1 @@
+"""Reaching nodes: one connection per host, fleets of them, ad-hoc commands."""

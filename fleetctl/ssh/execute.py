@@ -1,0 +1,200 @@
+"""Ad-hoc commands on every node (``fleetctl exec``): one fan-out, every node's outcome kept.
+
+Each node connects and runs in the same worker, so a fast node prints while a slow one is still
+in its handshake, and one remote command per node is all it costs (no SFTP, no home lookup).
+Exit status semantics (like ``pdsh``/``clush`` without ``-S``): 0 when every node ran the
+command and it exited 0, else 3 (remote failure) — the per-node codes are in the result; with
+``max_rc`` the largest remote exit code is returned instead (``clush -S``/``pdsh -S``), 255
+for a node where the command could not run at all (as ``ssh`` reports it).
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.results import Cancelled
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.fleet import Fleet
+
+REMOTE_FAILURE = 3
+UNREACHABLE_RC = 255
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node's outcome. ``exit_code`` is None when the command did not run to completion;
+    ``seconds`` counts from the start of the fan-out to this node's result (connect included)."""
+
+    node: str
+    label: str
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.exit_code == 0
+
+    @property
+    def status(self) -> str:
+        """Short outcome for summaries: ``ok``, ``exit 2``, or the error line."""
+        if self.error is not None:
+            return self.error
+        return "ok" if self.exit_code == 0 else f"exit {self.exit_code}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "exit_code": self.exit_code,
+            "ok": self.ok,
+            "error": self.error,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Every selected node's outcome, in rank order."""
+
+    command: str
+    runs: tuple[NodeRun, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.runs)
+
+    @property
+    def failed(self) -> tuple[NodeRun, ...]:
+        return tuple(r for r in self.runs if not r.ok)
+
+    def exit_code(self, *, max_rc: bool = False) -> int:
+        """0 if all ok; else 3, or with ``max_rc`` the largest remote code (255 = not run)."""
+        if self.ok:
+            return 0
+        if not max_rc:
+            return REMOTE_FAILURE
+        return max(UNREACHABLE_RC if r.exit_code is None else r.exit_code for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "ok": self.ok,
+            "exit_code": self.exit_code(),
+            "seconds": round(self.seconds, 4),
+            "nodes": [r.to_dict() for r in self.runs],
+        }
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The remote command line for ``exec -- ARGV``.
+
+    One argument is a shell command line, as with ``ssh host 'cmd | wc -l'`` (pipes, globs and
+    ``$VARS`` work); several are quoted one by one so each reaches the program literally
+    (``exec -- echo 'a b;c'`` prints ``a b;c``).
+    """
+    if not argv:
+        raise UsageError("no command given (usage: fleetctl exec [OPTIONS] -- COMMAND...)")
+    if len(argv) == 1:
+        if not argv[0].strip():
+            raise UsageError("empty command")
+        return argv[0]
+    return shlex.join(argv)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, FleetctlError):
+        return e.one_line()
+    if isinstance(e, Cancelled):
+        return "cancelled"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def execute(
+    fleet: Fleet,
+    command: str,
+    *,
+    timeout: float,
+    on_result: Callable[[NodeRun], None] | None = None,
+) -> ExecResult:
+    """Run ``command`` (a remote shell line) on every node of ``fleet``; never raises per node.
+
+    ``on_result`` is called once per node, from a worker thread, as soon as that node is done
+    (serialised: calls never overlap), so a CLI can print while others still run.
+    """
+    started = time.monotonic()
+    lock = threading.Lock()
+    runs: dict[str, NodeRun] = {}
+
+    def report(run: NodeRun) -> NodeRun:
+        with lock:
+            if run.node in runs:  # a straggler finishing after its deadline was recorded
+                return runs[run.node]
+            runs[run.node] = run
+            if on_result is not None:
+                on_result(run)
+        return run
+
+    def work(node: Node, conn: Connection) -> NodeRun:
+        try:
+            res = conn.run(command, timeout=timeout)
+        except Exception as e:
+            return report(
+                NodeRun(
+                    node.name,
+                    node.label,
+                    None,
+                    error=_one_line(e),
+                    seconds=time.monotonic() - started,
+                )
+            )
+        code = res.exit_code if res.exit_code >= 0 else UNREACHABLE_RC  # -1: no exit status
+        return report(
+            NodeRun(
+                node.name,
+                node.label,
+                code,
+                res.stdout,
+                res.stderr,
+                seconds=time.monotonic() - started,
+            )
+        )
+
+    budget = fleet.settings.connect_timeout * 2 + timeout + 5
+    outcome = fleet.map(work, timeout=budget)
+    for node in fleet.nodes:
+        if node.name in runs:
+            continue
+        value = outcome.get(node.name)
+        error = _one_line(value) if isinstance(value, BaseException) else "no result"
+        report(
+            NodeRun(node.name, node.label, None, error=error, seconds=time.monotonic() - started)
+        )
+    ordered = tuple(runs[n.name] for n in fleet.nodes)
+    return ExecResult(command, ordered, time.monotonic() - started)
+
+
+def group_identical(runs: Sequence[NodeRun]) -> list[tuple[list[str], NodeRun]]:
+    """Nodes whose output and status are identical, grouped (clush ``-b``), first-seen order."""
+    groups: dict[tuple[str, str, str], tuple[list[str], NodeRun]] = {}
+    for r in runs:
+        key = (r.stdout, r.stderr, r.status)
+        if key in groups:
+            groups[key][0].append(r.node)
+        else:
+            groups[key] = ([r.node], r)
+    return list(groups.values())

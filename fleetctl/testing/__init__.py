@@ -1,0 +1,1 @@
+"""Test-only helpers (lab fixtures, conda-pack builders, testinfra checks)."""
