@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
 from fleetctl.job.runfolder import RunFolder, iso, list_runs, load_run
+from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, node_state
 from fleetctl.node import Node
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 CONNECT_FILE = "connect.json"
 EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
 ATTEMPTS_FILE = "attempts.json"
-LIVE_STATES = frozenset({"starting", "running", "detached"})
 ATTEMPT_RE = re.compile(r"^(?P<base>.+)\.(?P<k>[0-9]+)$")
 STATUS_TIMEOUT = 30.0
 _NODE_FIELDS = (
@@ -334,7 +334,7 @@ def request_stop(
 
 
 @dataclass
-class NodeState:
+class NodeReport:
     """One node's view of the job (``fleetctl status``)."""
 
     rank: int
@@ -374,7 +374,7 @@ def node_states(
     *,
     ensure: bool = True,
     timeout: float = STATUS_TIMEOUT,
-) -> list[NodeState]:
+) -> list[NodeReport]:
     """Ask every node's supervisor (``status`` mode) about the job, in parallel.
 
     ``ensure`` first installs the supervisor where it is missing (one more command per node;
@@ -408,13 +408,13 @@ def node_states(
     for np in plan.nodes:
         r = results.get(np.host)
         if not isinstance(r, dict):
-            out.append(NodeState(np.node_rank, np.host, "unreachable", error=_one_line(r)))
+            out.append(NodeReport(np.node_rank, np.host, "unreachable", error=_one_line(r)))
             continue
         state = r.get("state") or "absent"
         if not r.get("job_id") and not r.get("processes"):
             state = "absent"
         out.append(
-            NodeState(
+            NodeReport(
                 rank=np.node_rank,
                 host=np.host,
                 state=state,
@@ -521,14 +521,14 @@ class JobHandle:
         return chosen
 
     # -- actions ------------------------------------------------------------------------
-    def status(self) -> list[NodeState]:
+    def status(self) -> list[NodeReport]:
         """Per-node state: the supervisors' answers when live, else job.json's record."""
         if self.live:
             return node_states(self.fleet, self.plan, self.nodes)
         out = []
         for n in self.job.get("nodes") or []:
             out.append(
-                NodeState(
+                NodeReport(
                     rank=int(n["rank"]),
                     host=str(n["host"]),
                     state=str(n.get("state")),
@@ -657,8 +657,7 @@ class JobHandle:
         final = False
         if str(job.get("status")) in LIVE_STATES and (not still or status is not None):
             final = True
-            states = [n.get("state") for n in nodes]
-            failed = [n for n in nodes if n.get("state") in ("failed", "lost", "start_failed")]
+            machine = _replay(nodes)
             if status is not None:
                 job["status"] = status
                 if failed_first is not None:
@@ -666,14 +665,14 @@ class JobHandle:
                     where = by_rank.get(first_rank) or {}
                     ff.setdefault("address", where.get("train_addr") or where.get("address"))
                     job["first_failure"] = _with_after(ff, job.get("started"))
-            elif stopped or ("stopped" in states and not failed):
-                job["status"] = "stopped"
-            elif all(s == "succeeded" for s in states):
-                job["status"] = "succeeded"
             else:
-                job["status"] = "failed"
-            if job["status"] == "failed" and failed and not job.get("first_failure"):
-                first = min(failed, key=lambda n: n.get("end_time") or "")
+                job["status"] = str(JobStatus.STOPPED if stopped else machine.outcome())
+            if (
+                job["status"] == "failed"
+                and machine.first_failure is not None
+                and not job.get("first_failure")
+            ):
+                first = nodes[machine.first_failure]
                 job["first_failure"] = {
                     k: first.get(k)
                     for k in ("rank", "host", "state", "exit_code", "signal", "reason")
@@ -878,6 +877,20 @@ class JobHandle:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     stream.close()
+
+
+def _replay(nodes: Sequence[dict[str, Any]]) -> JobState:
+    """job.json's node records through the state machine: successes and stops as they stand,
+    the bad ends in the order they happened (ISO times sort as text), so the first failure
+    is the state machine's."""
+    states = [node_state(n.get("state")) for n in nodes]
+    machine = JobState(len(nodes), None, [NodeState.RUNNING if s.bad else s for s in states])
+    for i in sorted(
+        (i for i, s in enumerate(states) if s.bad),
+        key=lambda i: (nodes[i].get("end_time") or "", i),
+    ):
+        machine.end(i, states[i])
+    return machine
 
 
 def _with_after(ff: dict[str, Any], started: str | None) -> dict[str, Any]:

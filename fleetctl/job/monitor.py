@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
-from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, LIVE_STATES, JobHandle, NodeState
+from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, LIVE_STATES, JobHandle, NodeReport
 from fleetctl.job.runfolder import RunFolder, iso
+from fleetctl.job.state import JobState, NodeState
 from fleetctl.remote.supervisor import proc_start_time
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Decision:
         return "the job is being stopped from another terminal"
 
 
-def _classify(s: NodeState) -> tuple[str, str | None]:
+def _classify(s: NodeReport) -> tuple[str, str | None]:
     """A supervisor's answer as running / succeeded / failed / lost / unreachable / external,
     with a reason for the bad ones."""
     if s.state == "unreachable":
@@ -146,7 +147,7 @@ def _classify(s: NodeState) -> tuple[str, str | None]:
 
 
 def decide(
-    states: Sequence[NodeState],
+    states: Sequence[NodeReport],
     watch: WatchState,
     now: float,
     *,
@@ -212,31 +213,32 @@ def decide(
         elif kind == "succeeded" and s.rank not in watch.reported:
             watch.reported.add(s.rank)
             notes.append(f"node {s.rank} ({s.host}) succeeded")
-    ranks = [s.rank for s in states]
+    # The job's state machine decides, as for an attached run: successes as they stand, then
+    # the bad ends one by one, earliest first; the one that reaches a role's min_failed (for a
+    # plain job: the first) is the job's first failure.
+    index = {s.rank: i for i, s in enumerate(states)}
+    machine = JobState(
+        len(states),
+        policy,
+        [
+            NodeState.SUCCEEDED if kinds[s.rank] == "succeeded" else NodeState.RUNNING
+            for s in states
+        ],
+    )
     bad.sort(key=lambda x: (x[0], x[1].rank or 0))
-    # Failures enter the policy's view one by one, earliest first: the one that reaches a
-    # role's min_failed is the job's first failure.
-    view = {r: ("running" if kinds[r] in ("failed", "lost") else kinds[r]) for r in ranks}
-    for _, d in bad:
+    for when, d in bad:
         assert d.rank is not None and d.state is not None
-        view[d.rank] = d.state
-        if d.rank in watch.tolerated:
-            continue
-        vector = [view[r] for r in sorted(ranks)]
-        if policy is None or policy.fails_job(d.rank, vector):
+        change = machine.end(index[d.rank], NodeState(d.state), when)
+        if change.first_failure:
             return d, notes
-        watch.tolerated.add(d.rank)
-        notes.append(
-            f"node {d.rank} ({d.host}) ended badly ({d.state}); tolerated by its role's min_failed"
-        )
-    if all(kinds[r] in ENDED for r in ranks):
-        vector = [kinds[r] for r in sorted(ranks)]
-        if policy is not None:
-            verdict = policy.verdict(vector)
-            status = verdict.status if verdict is not None else "succeeded"
-        else:
-            status = "succeeded" if all(k == "succeeded" for k in vector) else "failed"
-        return Decision("done", status), notes
+        if d.rank not in watch.tolerated:
+            watch.tolerated.add(d.rank)
+            notes.append(
+                f"node {d.rank} ({d.host}) ended badly ({d.state}); tolerated by its role's "
+                "min_failed"
+            )
+    if all(kinds[s.rank] in ENDED for s in states):
+        return Decision("done", str(machine.outcome())), notes
     return None, notes
 
 

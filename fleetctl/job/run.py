@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import CheckError, FleetctlError, LaunchError, RunFolderError
 from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON
 from fleetctl.job.runfolder import DEFAULT_RUNS_DIR, RunFolder, iso
+from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state, node_state
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
@@ -87,7 +88,7 @@ class NodeOutcome:
     host: str
     address: str
     train_addr: str | None = None
-    state: str = "pending"  # pending, running, succeeded, failed, stopped, lost, start_failed
+    state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     signal: int | None = None
     start_time: float | None = None
@@ -102,7 +103,10 @@ class NodeOutcome:
 
     @property
     def ended_badly(self) -> bool:
-        return self.state in ("failed", "lost", "start_failed")
+        return self.state.bad
+
+    def __post_init__(self) -> None:
+        self.state = node_state(self.state)  # records built from plain strings
 
     def how(self) -> str:
         """``exit code 1``, ``signal 9 (SIGKILL)``, ``lost (…)``, ``could not start (…)``."""
@@ -139,7 +143,7 @@ class JobResult:
 
     job_id: str
     folder: Path
-    status: str = "starting"  # starting, running, succeeded, failed, interrupted, error
+    status: JobStatus = JobStatus.STARTING
     nodes: list[NodeOutcome] = field(default_factory=list)
     first_failure: int | None = None  # rank
     failure_time: float | None = None
@@ -156,6 +160,9 @@ class JobResult:
     # With retries, on the last attempt's result: every attempt and why it ended/was retried
     # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
     attempts: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        self.status = JobStatus(self.status)
 
     @property
     def exit_code(self) -> int:
@@ -275,7 +282,17 @@ class _Job:
         self.launched: set[int] = set()  # ranks whose start was attempted
         self.pythons: dict[str, str] = {n.name: n.python for n in nodes}
         self.path_prepend: dict[str, list[str]] = {}
-        self.stopping = False
+        self.state = JobState(len(self.nodes), options.completion)
+
+    @property
+    def stopping(self) -> bool:
+        return self.state.stopping
+
+    def sync(self) -> None:
+        """The state machine's verdict into the result (what job.json and the CLI show)."""
+        r, st = self.result, self.state
+        r.status, r.first_failure, r.failure_time = st.status, st.first_failure, st.failure_time
+        r.verdict = st.verdict
 
     def emit(
         self,
@@ -326,10 +343,12 @@ def run_job(
         _launch_and_watch(job, fleet)
     except KeyboardInterrupt:
         interrupted = True
-        job.result.status = "interrupted"
+        job.state.status = JobStatus.INTERRUPTED
+        job.sync()
         job.emit("notice", "interrupted: stopping the job on every node (Ctrl-C again: no grace)")
     except FleetctlError as e:
-        job.result.status = "error"
+        job.state.status = JobStatus.ERROR
+        job.sync()
         job.result.errors.append(e.one_line())
         raise
     finally:
@@ -429,7 +448,8 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
     assert plan is not None
     watch = job.watch = Watch(lost_timeout=options.lost_timeout, heartbeat=options.heartbeat)
     by_name = {n.name: n for n in job.nodes}
-    job.result.status = "running"
+    job.state.launch()
+    job.sync()
     job.result.started = time.time()
     job.emit("phase", f"launching {plan.launcher} on {len(plan.nodes)} node(s), job {plan.job_id}")
     job.save()
@@ -491,64 +511,51 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
         _on_event(job, ev)
         if ev.kind in ("exit", "lost", "start_failed") or (options.detach and ev.kind == "started"):
             pending.discard(ev.rank)
-            if job.result.first_failure is not None or job.result.verdict is not None:
+            if job.state.first_failure is not None or job.state.verdict is not None:
                 return
 
 
 def _on_event(job: _Job, ev: Event) -> None:
-    """Record a watcher event in the result and pass it on."""
-    node = job.result.nodes[ev.rank]
+    """Feed a watcher event to the job's state machine, record it in the result, pass it on."""
+    node, state = job.result.nodes[ev.rank], job.state
     if ev.kind == "lines":
         node.tail.extend(ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
     if ev.kind == "notice":
-        if ev.text.endswith(EXTERNAL_STOP_REASON) and job.result.first_failure is None:
-            job.stopping = True  # `fleetctl stop` from another terminal: not a failure
-            job.result.verdict = EXTERNAL_STOP_REASON
+        if ev.text.endswith(EXTERNAL_STOP_REASON):
+            state.stop_requested(EXTERNAL_STOP_REASON)  # `fleetctl stop` elsewhere: no failure
+        job.sync()
         job.emit("notice", ev.text, rank=ev.rank, ts=ev.time)
         return
     if ev.kind == "started":
-        if node.state == "pending":
-            node.state = "running"
-        node.start_time = ev.time
+        state.start(ev.rank)
+        node.state, node.start_time = state.states[ev.rank], ev.time
         job.emit("started", ev.text, rank=ev.rank, ts=ev.time)
         job.save()
         return
     node.end_time = ev.time
-    failed = False
     if ev.kind == "exit":
         node.leftovers = ev.report
         code = ev.code if ev.code is not None else 255
         node.exit_code, node.signal = (code, None) if code >= 0 else (None, -code)
-        if code == 0:
-            node.state = "succeeded"
-        elif job.stopping:
-            node.state = "stopped"
-        else:
-            node.state, failed = "failed", True
+        change = state.end(ev.rank, exit_state(code, stopping=state.stopping), ev.time)
+        node.state = change.state
         job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
     elif ev.kind == "lost":
-        node.state, node.reason, failed = "lost", ev.text, True
+        node.reason = ev.text
+        change = state.end(ev.rank, NodeState.LOST, ev.time)
+        node.state = change.state
         job.emit("lost", ev.text, rank=ev.rank, ts=ev.time)
-    elif ev.kind == "start_failed":
-        node.state, node.reason, failed = "start_failed", ev.text, True
+    else:  # start_failed
+        node.reason = ev.text
+        change = state.end(ev.rank, NodeState.START_FAILED, ev.time)
+        node.state = change.state
         job.emit("exit", f"could not start: {ev.text}", rank=ev.rank, ts=ev.time)
-    policy = job.options.completion
-    states = [n.state for n in job.result.nodes]
-    if failed and policy is not None and not policy.fails_job(ev.rank, states):
-        failed = False  # tolerated: the role's min_failed is not reached yet
-    if not failed and policy is not None and not job.stopping:
-        verdict = policy.verdict(states)
-        if verdict is not None and verdict.status == "succeeded" and verdict.role is not None:
-            job.result.status, job.result.verdict = "succeeded", verdict.reason
-            job.stopping = True
-            job.emit("notice", f"job complete: {verdict.reason}; stopping the other nodes")
-    if failed and job.result.first_failure is None:
-        job.result.first_failure = ev.rank
-        job.result.failure_time = ev.time
-        job.result.status = "failed"
-        job.stopping = True
+    job.sync()
+    if change.completed is not None:
+        job.emit("notice", f"job complete: {change.completed}; stopping the other nodes")
+    if change.first_failure:
         job.emit("failure", node.how(), rank=ev.rank, ts=ev.time)
     job.save()
 
@@ -556,10 +563,11 @@ def _on_event(job: _Job, ev: Event) -> None:
 def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
     """Teardown (verify), wait for the supervisors' last words, collect, write job.json."""
     watch, plan = job.watch, job.plan
-    job.stopping = True
+    job.state.stopping = True
     if plan is None or watch is None:  # never launched: nothing runs anywhere
-        if job.result.status in ("starting", "running"):
-            job.result.status = "interrupted" if interrupted else "error"
+        if job.state.status.live:
+            job.state.status = JobStatus.INTERRUPTED if interrupted else JobStatus.ERROR
+            job.sync()
         job.result.ended = time.time()
         job.save()
         return
@@ -591,27 +599,18 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
         pass
     for rank in watch.running():
         node = job.result.nodes[rank]
-        if node.state == "running":
-            node.state, node.reason = "lost", "no exit report after teardown"
+        if node.state == NodeState.RUNNING:
+            node.reason = "no exit report after teardown"
+            node.state = job.state.end(rank, NodeState.LOST, time.time()).state
     # Supervisors that reported their exit wait on their channel to send the run folder.
     in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
     watch.close(keep=in_band)
     _drain(job)
     for node in job.result.nodes:
-        if node.state in ("pending", "running") and node.rank not in watch.runs:
-            node.state = "start_failed" if node.state == "pending" else node.state
-    if job.result.status == "running":
-        job.result.status = (
-            "succeeded" if all(n.state == "succeeded" for n in job.result.nodes) else "failed"
-        )
-        policy = job.options.completion
-        verdict = policy.verdict([n.state for n in job.result.nodes]) if policy else None
-        if verdict is not None and job.result.first_failure is None:
-            job.result.status = verdict.status  # e.g. failures min_failed tolerates
-    if interrupted or (
-        job.result.verdict == EXTERNAL_STOP_REASON and job.result.first_failure is None
-    ):
-        job.result.status = "interrupted"
+        if node.state == NodeState.PENDING and node.rank not in watch.runs:
+            node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
+    job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
+    job.sync()
     try:
         _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
     except KeyboardInterrupt:

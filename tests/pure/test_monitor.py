@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, JobHandle, NodeState, write_connect
+from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, JobHandle, NodeReport, write_connect
 from fleetctl.job.monitor import (
     MONITOR_REASON,
     WatchState,
@@ -30,16 +30,16 @@ from fleetctl.plan.roles import CompletionPolicy
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
-def running(rank: int) -> NodeState:
-    return NodeState(rank, f"n{rank}", "running", processes=[100 + rank])
+def running(rank: int) -> NodeReport:
+    return NodeReport(rank, f"n{rank}", "running", processes=[100 + rank])
 
 
-def exited(rank: int, code: int | None, end: float, sig: int | None = None) -> NodeState:
-    return NodeState(rank, f"n{rank}", "exited", exit_code=code, signal=sig, end_time=end)
+def exited(rank: int, code: int | None, end: float, sig: int | None = None) -> NodeReport:
+    return NodeReport(rank, f"n{rank}", "exited", exit_code=code, signal=sig, end_time=end)
 
 
-def unreachable(rank: int) -> NodeState:
-    return NodeState(rank, f"n{rank}", "unreachable", error="no answer within 15s")
+def unreachable(rank: int) -> NodeReport:
+    return NodeReport(rank, f"n{rank}", "unreachable", error="no answer within 15s")
 
 
 def test_the_node_that_ended_badly_first_is_the_first_failure() -> None:
@@ -88,17 +88,17 @@ def test_short_blips_are_tolerated_and_a_long_silence_is_a_lost_node() -> None:
 
 def test_a_dead_supervisor_or_a_missing_record_is_a_lost_node() -> None:
     for state, why in (("lost", "its supervisor died"), ("absent", "no record of the job")):
-        d, _ = decide([running(0), NodeState(1, "n1", state)], WatchState(), T0, lost_timeout=60)
+        d, _ = decide([running(0), NodeReport(1, "n1", state)], WatchState(), T0, lost_timeout=60)
         assert d is not None and (d.rank, d.state, d.unreachable) == (1, "lost", False)
         assert d.reason is not None and d.reason.startswith(why)
 
 
 def test_a_stop_from_another_terminal_is_left_to_it() -> None:
-    stopped = NodeState(1, "n1", "stopped", signal=15, stop_reason=EXTERNAL_STOP_REASON)
+    stopped = NodeReport(1, "n1", "stopped", signal=15, stop_reason=EXTERNAL_STOP_REASON)
     d, _ = decide([running(0), stopped, exited(2, 1, T0)], WatchState(), T0, lost_timeout=60)
     assert d is not None and d.action == "external"
     # Stopped on the node for another reason (its supervisor got SIGTERM): a failure.
-    other = NodeState(1, "n1", "stopped", signal=15, stop_reason="supervisor got SIGTERM")
+    other = NodeReport(1, "n1", "stopped", signal=15, stop_reason="supervisor got SIGTERM")
     d, _ = decide([running(0), other], WatchState(), T0, lost_timeout=60)
     assert d is not None and (d.action, d.rank, d.state) == ("fail", 1, "failed")
     assert d.reason == "stopped on the node: supervisor got SIGTERM"
