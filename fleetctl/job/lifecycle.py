@@ -38,9 +38,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import Connection, SSHSettings
     from fleetctl.ssh.fleet import Fleet
 
-CONNECT_FILE = "connect.json"
 EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
-ATTEMPTS_FILE = "attempts.json"
 ATTEMPT_RE = re.compile(r"^(?P<base>.+)\.(?P<k>[0-9]+)$")
 STATUS_TIMEOUT = 30.0
 _NODE_FIELDS = (
@@ -80,13 +78,7 @@ def write_connect(
             for n in nodes
         ],
     }
-    path = Path(folder) / CONNECT_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    RunFolder(Path(folder)).write_connect(data)
 
 
 def _node_fields(n: Node) -> dict[str, Any]:
@@ -95,18 +87,17 @@ def _node_fields(n: Node) -> dict[str, Any]:
 
 def load_nodes(folder: RunFolder) -> list[Node]:
     """The job's nodes in rank order: ``connect.json``, else what ``plan.json`` knows."""
-    path = folder.path / CONNECT_FILE
-    if path.is_file():
+    if folder.has_connect:
+        data = folder.load_connect()
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
             nodes = []
             for d in data["nodes"]:
                 d = {k: v for k, v in d.items() if k in _NODE_FIELDS}
                 d["groups"] = tuple(d.get("groups") or ())
                 nodes.append(Node(**d))
             return nodes
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise RunFolderError(f"{path}: unreadable: {e}") from e
+        except (KeyError, TypeError, AttributeError) as e:
+            raise RunFolderError(f"{folder.path}: connect.json: unreadable: {e}") from e
     try:
         plan = folder.load_plan()
     except RunFolderError:

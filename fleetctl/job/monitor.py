@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 DEFAULT_POLL = 2.0
 DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
 DEFAULT_GRACE = 5.0
-MONITOR_LOG = "monitor.log"
 MONITOR_REASON = "stopped by the job monitor"
 REGISTER_WAIT = 20.0  # s for a spawned monitor to record itself in job.json
 STOP_WAIT = 30.0  # s for a watching monitor to exit after SIGTERM (a poll in flight ends)
@@ -404,7 +403,7 @@ def monitor_job(
             "poll": poll,
             "lost_timeout": lost_timeout,
             "grace": grace,
-            "log": str(folder.path / MONITOR_LOG),
+            "log": str(folder.monitor_log),
             "phase": "watching",
         }
         _register(h, info)
@@ -661,11 +660,9 @@ def spawn_monitor(
         if settings.known_hosts:
             argv += ["--known-hosts", os.path.abspath(os.path.expanduser(settings.known_hosts))]
     argv.append(folder.name)
-    log = folder / MONITOR_LOG
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    except OSError as e:
-        raise RunFolderError(f"{log}: cannot create the monitor log: {e}") from e
+    run = RunFolder(folder)
+    log = run.monitor_log
+    fd = run.open_monitor_log()
     try:
         proc = subprocess.Popen(
             argv,
@@ -679,7 +676,6 @@ def spawn_monitor(
         raise FleetctlError(f"cannot start the job monitor: {e}") from e
     finally:
         os.close(fd)
-    run = RunFolder(folder)
     end = time.monotonic() + wait
     while True:
         with contextlib.suppress(RunFolderError):

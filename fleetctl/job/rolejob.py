@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetError, PlanError
+from fleetctl.job.runfolder import RunFolder
 from fleetctl.plan.roles import (
     CompletionPolicy,
     JobFile,
@@ -176,13 +176,8 @@ def _user() -> str:
 
 def write_roles(folder: str | Path, planner: RolePlanner) -> None:
     """``roles.json`` in the run folder: the job file as parsed and every task's ports."""
-    if planner.layout is None:
-        return
-    path = Path(folder) / "roles.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(planner.layout.to_dict(), f, indent=2)
-        f.write("\n")
+    if planner.layout is not None:
+        RunFolder(Path(folder)).write_roles(planner.layout.to_dict())
 
 
 # ---------------------------------------------------------------------------------- retries
@@ -305,9 +300,4 @@ def run_attempts(
 
 def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:
     with contextlib.suppress(OSError):
-        tmp = folder / f".attempts.json.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"attempts": [a.to_dict() for a in attempts]}, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, folder / "attempts.json")
+        RunFolder(folder).write_attempts(a.to_dict() for a in attempts)

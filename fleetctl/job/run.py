@@ -718,19 +718,8 @@ def _collect(job: _Job, fleet: Fleet, streams: dict[str, Stream] | None = None) 
                 rank=c.rank,
             )
         if not node.collected:  # keep what streamed, so the folder always has the console
-            _write_streamed_tail(node, c.folder)
-
-
-def _write_streamed_tail(node: NodeOutcome, folder: str) -> None:
-    import os
-
-    with contextlib.suppress(OSError):
-        Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(
-            Path(folder) / "console.streamed.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
-        )
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in node.tail)
+            with contextlib.suppress(OSError):
+                job.folder.write_streamed_console(node.rank, node.host, node.tail)
 
 
 def _with_settings(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:

@@ -1,10 +1,23 @@
 """The controller run folder ``fleet-runs/<job-id>/``: what happened, durable and greppable.
 
-``plan.json`` (the rank plan as run), ``job.json`` (status, per-node exit code/signal, times,
-which node failed first and when, attempt; rewritten atomically as the job moves on),
-``events.log`` (one timestamped line per event) and one ``<rank>-<host>/`` folder per node with
-its collected logs. Folders are 0700: logs and env may hold things others should not read.
-``list_runs``/``load_run`` read them back for ``fleetctl runs/status/logs``.
+This module is the folder's only writer: every file in it is named here and written through
+:class:`RunFolder`, atomically (temp file + rename, 0600) and, for job.json, under the folder
+lock. The files:
+
+* ``plan.json`` — the rank plan as run;
+* ``job.json`` — status, per-node exit code/signal, times, who failed first, attempt, monitor;
+* ``events.log`` — one timestamped line per event (appended);
+* ``connect.json`` — how to reach the nodes again (no env values, no secrets);
+* ``attempts.json`` — with retries, every attempt and why it was (not) retried (in the first
+  attempt's folder);
+* ``roles.json`` — a role job's layout: the job file as parsed and every task's ports;
+* ``monitor.log`` — a detached job's monitor output;
+* ``<rank>-<host>/`` — one folder per node with its collected logs (written by collect, into
+  the path :meth:`RunFolder.node_folder` gives), and ``console.streamed.log`` there when the
+  node's own log could not be collected.
+
+Folders are 0700: logs and env may hold things others should not read. ``list_runs``/
+``load_run`` read them back for ``fleetctl runs/status/logs``; job ids are checked as ids first.
 """
 
 from __future__ import annotations
@@ -13,18 +26,26 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl.errors import RunFolderError
+from fleetctl.errors import RunFolderError, UsageError
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
+CONNECT_FILE = "connect.json"
+ATTEMPTS_FILE = "attempts.json"
+ROLES_FILE = "roles.json"
+MONITOR_LOG = "monitor.log"
+STREAMED_CONSOLE = "console.streamed.log"
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
 
 
@@ -35,8 +56,17 @@ def iso(ts: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
 
+def check_job_id(job_id: str) -> str:
+    """A job id (or a prefix of one) as given on the command line: an id, never a path."""
+    if not JOB_ID_RE.match(job_id) or ".." in job_id:
+        raise UsageError(
+            f"{job_id!r} is not a job id (letters, digits, '.', '_', '-'; see `fleetctl runs`)"
+        )
+    return job_id
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
@@ -73,11 +103,60 @@ class RunFolder:
             raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
         return cls(path)
 
+    def _write_json(self, name: str, data: dict[str, Any]) -> None:
+        _write_atomic(self.path / name, json.dumps(data, indent=2) + "\n")
+
     def write_plan(self, plan: dict[str, Any]) -> None:
-        _write_atomic(self.path / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
+        self._write_json(PLAN_FILE, plan)
 
     def write_job(self, job: dict[str, Any]) -> None:
-        _write_atomic(self.path / JOB_FILE, json.dumps(job, indent=2) + "\n")
+        """Replace job.json (callers that read it first hold :meth:`locked`, or use
+        :meth:`editing_job`)."""
+        self._write_json(JOB_FILE, job)
+
+    @contextlib.contextmanager
+    def editing_job(self) -> Iterator[dict[str, Any]]:
+        """job.json to change in place, under the folder lock; written back unless the
+        ``with`` body raises."""
+        with self.locked():
+            job = self.load_job()
+            yield job
+            self.write_job(job)
+
+    def write_connect(self, data: dict[str, Any]) -> None:
+        self._write_json(CONNECT_FILE, data)
+
+    def load_connect(self) -> dict[str, Any]:
+        return _read_json(self.path / CONNECT_FILE)
+
+    @property
+    def has_connect(self) -> bool:
+        return (self.path / CONNECT_FILE).is_file()
+
+    def write_attempts(self, attempts: Iterable[dict[str, Any]]) -> None:
+        self._write_json(ATTEMPTS_FILE, {"attempts": list(attempts)})
+
+    def write_roles(self, layout: dict[str, Any]) -> None:
+        self._write_json(ROLES_FILE, layout)
+
+    @property
+    def monitor_log(self) -> Path:
+        return self.path / MONITOR_LOG
+
+    def open_monitor_log(self) -> int:
+        """A descriptor appending to monitor.log (0600), for the monitor process's output."""
+        try:
+            return os.open(self.monitor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as e:
+            raise RunFolderError(f"{self.monitor_log}: cannot create the monitor log: {e}") from e
+
+    def write_streamed_console(self, rank: int, host: str, lines: Iterable[str]) -> Path:
+        """What streamed from a node whose own logs could not be collected."""
+        folder = self.node_folder(rank, host)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = folder / STREAMED_CONSOLE
+        _write_atomic(path, "".join(line + "\n" for line in lines))
+        return path
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -119,9 +198,13 @@ class RunFolder:
         return _read_json(self.path / PLAN_FILE)
 
     def node_folder(self, rank: int, host: str) -> Path:
-        from fleetctl.phases.collect import node_folder_name
-
         return self.path / node_folder_name(rank, host)
+
+
+def node_folder_name(rank: int, host: str) -> str:
+    """``<rank>-<host>`` with anything but [A-Za-z0-9._-] in the host name replaced."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host).lstrip(".") or "node"
+    return f"{rank}-{safe}"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -129,8 +212,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise RunFolderError(f"{path}: not found") from e
-    except (OSError, ValueError) as e:
-        raise RunFolderError(f"{path}: unreadable: {e}") from e
+    except (OSError, ValueError, RecursionError) as e:
+        raise RunFolderError(f"{path}: unreadable: {type(e).__name__}: {e}") from e
     if not isinstance(data, dict):
         raise RunFolderError(f"{path}: not a JSON object")
     return data
@@ -138,9 +221,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def load_run(runs_dir: str | Path, job_id: str) -> RunFolder:
     """The folder of ``job_id`` (a unique prefix is enough); RunFolderError if none/ambiguous."""
+    check_job_id(job_id)
     root = Path(runs_dir)
     exact = root / job_id
-    if "/" not in job_id and exact.is_dir():
+    if exact.is_dir():
         return RunFolder(exact)
     matches = [p for p in root.glob(f"{job_id}*") if p.is_dir()] if root.is_dir() else []
     if len(matches) == 1:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetctl.errors import CollectError
+from fleetctl.job.runfolder import node_folder_name
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 from fleetctl.remote.supervisor import TAR_MARKER  # the same marker at both ends
 
@@ -168,12 +169,6 @@ class _StreamReader:
         else:
             data, self.buf = self.buf[:n], self.buf[n:]
         return data
-
-
-def node_folder_name(rank: int, host: str) -> str:
-    """``<rank>-<host>`` with anything but [A-Za-z0-9._-] in the host name replaced."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host).lstrip(".") or "node"
-    return f"{rank}-{safe}"
 
 
 def _receive(stream: Stream, dest: Path, out: NodeCollect, timeout: float) -> bool:

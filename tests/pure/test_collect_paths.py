@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.phases.collect import extract_tar, node_folder_name, safe_member_path
+from fleetctl.job.runfolder import node_folder_name
+from fleetctl.phases.collect import extract_tar, safe_member_path
 
 
 @pytest.mark.parametrize(

@@ -98,3 +98,67 @@ def test_a_run_folder_lock_held_too_long_is_an_error_not_a_hang(
         os.close(fd)
     with folder.locked():  # released: taken at once
         pass
+
+
+@pytest.mark.parametrize("given", ["../../x", "/etc", "*3223*", "a/b", "", ".hidden", "x..y"])
+def test_a_job_id_that_is_not_an_id_is_refused_before_any_path_is_read(
+    tmp_path: Path, given: str
+) -> None:
+    from fleetctl.errors import UsageError
+
+    outside = tmp_path / "x"
+    outside.mkdir()
+    (outside / "job.json").write_text('{"job_id": "x"}')
+    runs = tmp_path / "a" / "b"
+    runs.mkdir(parents=True)
+    with pytest.raises(UsageError, match="is not a job id"):
+        load_run(runs, given)
+
+
+def test_one_broken_job_json_never_hides_the_other_runs(tmp_path: Path) -> None:
+    good = RunFolder.create(tmp_path, "20260101-000000-aaaa")
+    good.write_job({"job_id": good.job_id, "status": "succeeded"})
+    deep = RunFolder.create(tmp_path, "20260101-000001-bbbb")
+    (deep.path / "job.json").write_text("[" * 100_000 + "]" * 100_000)
+    bad = RunFolder.create(tmp_path, "20260101-000002-cccc")
+    (bad.path / "job.json").write_text("{not json")
+    assert [j["job_id"] for j in list_runs(tmp_path)] == [good.job_id]
+    with pytest.raises(RunFolderError, match="unreadable"):
+        deep.load_job()
+
+
+def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
+    tmp_path: Path,
+) -> None:
+    folder = RunFolder.create(tmp_path, "j")
+    folder.write_plan({"job_id": "j"})
+    folder.write_job({"job_id": "j", "status": "running"})
+    folder.write_connect({"nodes": []})
+    folder.write_attempts([{"attempt": 1}])
+    folder.write_roles({"roles": []})
+    folder.write_streamed_console(1, "node/2", ["a", "b"])
+    with folder.editing_job() as job:
+        job["status"] = "failed"
+    assert folder.load_job()["status"] == "failed"
+    files = sorted(p.relative_to(folder.path).as_posix() for p in folder.path.rglob("*"))
+    assert files == [
+        "1-node_2",
+        "1-node_2/console.streamed.log",
+        "attempts.json",
+        "connect.json",
+        "job.json",
+        "plan.json",
+        "roles.json",
+    ]
+    for p in folder.path.rglob("*"):
+        assert p.stat().st_mode & 0o077 == 0, p
+    assert (folder.path / "1-node_2" / "console.streamed.log").read_text() == "a\nb\n"
+
+
+def test_a_failed_edit_leaves_job_json_as_it_was(tmp_path: Path) -> None:
+    folder = RunFolder.create(tmp_path, "j")
+    folder.write_job({"job_id": "j", "status": "running"})
+    with pytest.raises(KeyError), folder.editing_job() as job:
+        job["status"] = "failed"
+        raise KeyError("boom")
+    assert folder.load_job()["status"] == "running"
