@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from fleetctl.job.monitor import SpawnedMonitor
     from fleetctl.job.run import JobEvent, JobResult
     from fleetctl.phases.check import CheckReport
     from fleetctl.plan.inventory import Inventory
@@ -180,6 +181,34 @@ class LiveLog:
         line = f"fleetctl: {self._prefix(ev.rank, ev.host, self.err_colour)}{label}{ev.text}"
         self.err.write(line.rstrip() + "\n")
         self.err.flush()
+
+
+def detached_lines(
+    result: JobResult, monitor: SpawnedMonitor | None, *, monitor_wanted: bool
+) -> list[str]:
+    """What to tell the user about a job left running detached, and who watches it."""
+    jid = result.job_id
+    lines = [
+        f"fleetctl: job {jid} detached on {len(result.nodes)} node(s); follow with "
+        f"`fleetctl logs -f {jid}`, end with `fleetctl stop {jid}`"
+    ]
+    if not monitor_wanted:
+        lines.append(
+            "fleetctl: no monitor (--no-monitor): a failure is not acted on; "
+            f"`fleetctl collect {jid}` brings the logs home"
+        )
+    elif monitor is not None and monitor.registered:
+        lines.append(
+            f"fleetctl: watched by monitor pid {monitor.pid}: on the first failure it stops "
+            f"the job everywhere; logs come home when it ends (monitor log: {monitor.log})"
+        )
+    elif monitor is not None:
+        why = "exited" if monitor.exit_code is not None else "did not report in time"
+        lines.append(
+            f"fleetctl: warning: the job monitor (pid {monitor.pid}) {why}; see {monitor.log}. "
+            f"The job runs unwatched: `fleetctl monitor {jid}` retries"
+        )
+    return lines
 
 
 def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:

@@ -13,12 +13,12 @@ import os
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.jobs_cmd import LifecycleArgs, lifecycle_options
+from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     SSHOptions,
     inventory_option,
@@ -30,6 +30,10 @@ from fleetctl.errors import Interrupted, JobFailed, UsageError
 from fleetctl.plan.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
 from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
 from fleetctl.ssh.connection import SSHSettings
+
+if TYPE_CHECKING:
+    from fleetctl.job.retry import RetryPolicy
+    from fleetctl.job.rolejob import RolePlanner
 
 
 def new_job_id(now: datetime | None = None) -> str:
@@ -210,54 +214,36 @@ def run_command(
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
     or the roles of a job file (--job)."""
+    from fleetctl.job.submit import RetryRequest
+
     env = parse_env_vars(env_vars)
-    life = LifecycleArgs(lifecycle)
+    if tail not in ("all", "none") and not tail.isdigit():
+        raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
+    job_file: str | None = lifecycle["job_file"]
+    env_style: str | None = lifecycle["env_style"]
+    detach: bool = lifecycle["detach"]
+    retry = RetryRequest(
+        max_retries=lifecycle["max_retries"],
+        retry_on=tuple(lifecycle["retry_on"]),
+        no_retry_on=tuple(lifecycle["no_retry_on"]),
+        backoff=lifecycle["retry_backoff"],
+    )
+    if env_style is not None and job_file is None:
+        raise UsageError("--env-style names role env variables: it needs a role job (--job FILE)")
+    if job_file is not None and script is not None:
+        raise UsageError(f"--job {job_file} replaces SCRIPT; got {script!r} too")
+    if job_file is None:
+        if script is None:
+            raise UsageError("missing SCRIPT (or --job FILE)")
+        if code_dir is None:
+            from fleetctl.phases.codesync import default_code_dir
 
-    def run(spec: JobSpec, nodes: Any, code: str, inv_path: str | None, lim: str | None) -> None:
-        _run_for_real(
-            spec,
-            nodes,
-            code_dir=code,
-            env_archive=env_archive,
-            check=not no_check,
-            grace=grace,
-            lost_timeout=lost_timeout,
-            deadman=deadman,
-            runs_dir=runs_dir,
-            tail=tail,
-            as_json=as_json,
-            life=life,
-            inventory=inv_path,
-            limit=lim,
-            settings=ssh.settings,
-        )
-
-    if life.job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
-        life.run_role_job(
-            inventory=inventory,
-            limit=limit,
-            script=script,
-            env=env,
-            code_dir=code_dir,
-            master_port=master_port,
-            backend=backend,
-            dry_run=dry_run,
-            as_json=as_json,
-            new_job_id=new_job_id,
-            run=run,
-        )
-        return
-    if script is None:
-        raise UsageError("missing SCRIPT (or --job FILE)")
-    if code_dir is None:
-        from fleetctl.phases.codesync import default_code_dir
-
-        code_dir = str(default_code_dir(script))
-    rel_script = script_in_code_dir(script, code_dir)
+            code_dir = str(default_code_dir(script))
+        script = script_in_code_dir(script, code_dir)
     inv = load_selected(inventory, limit)
     now = datetime.now(timezone.utc)
     spec = JobSpec(
-        script=rel_script,
+        script=script or "",
         job_id=new_job_id(now),
         args=script_args,
         launcher=launcher,
@@ -267,10 +253,39 @@ def run_command(
         backend=backend,
         created=now.isoformat(timespec="seconds"),
     )
-    if dry_run:
-        from fleetctl.plan.rankplan import make_plan
+    planner = None
+    job_retry = None
+    if job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
+        from fleetctl.job.rolejob import load_role_job
 
-        plan = make_plan(inv.nodes, spec)
+        role_job = load_role_job(
+            job_file,
+            inv.nodes,
+            inv.groups,
+            spec,
+            code_dir=code_dir,
+            env_style=env_style,
+            detach=detach,
+        )
+        spec, code_dir, planner, job_retry = (
+            role_job.spec,
+            role_job.code_dir,
+            role_job.planner,
+            role_job.retry,
+        )
+        nodes = planner.nodes
+        plan_now = planner.dry_plan if dry_run else None
+    else:
+        nodes = inv.nodes
+        plan_now = None
+        if dry_run:
+            from fleetctl.plan.rankplan import make_plan
+
+            def plan_now(spec: JobSpec) -> Any:
+                return make_plan(inv.nodes, spec)
+
+    if plan_now is not None:
+        plan = plan_now(spec)
         if as_json:
             click.echo(plan.to_json())
         else:
@@ -278,8 +293,27 @@ def run_command(
 
             render.print_plan(plan, inventory=inv.path)
         return
-
-    run(spec, inv.nodes, code_dir, inv.path, limit)
+    _run_for_real(
+        spec,
+        nodes,
+        code_dir=code_dir,
+        env_archive=env_archive,
+        check=not no_check,
+        grace=grace,
+        lost_timeout=lost_timeout,
+        deadman=deadman,
+        runs_dir=runs_dir,
+        tail=tail,
+        as_json=as_json,
+        inventory=inv.path,
+        limit=limit,
+        settings=ssh.settings,
+        detach=detach,
+        planner=planner,
+        retry=retry.policy(job_retry),
+        monitor=not lifecycle["no_monitor"],
+        monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
+    )
 
 
 def _run_for_real(
@@ -295,19 +329,22 @@ def _run_for_real(
     runs_dir: str,
     tail: str,
     as_json: bool,
-    life: LifecycleArgs | None = None,
-    inventory: str | None = None,
-    limit: str | None = None,
-    settings: SSHSettings | None = None,
+    inventory: str | None,
+    limit: str | None,
+    settings: SSHSettings | None,
+    detach: bool,
+    planner: RolePlanner | None,
+    retry: RetryPolicy,
+    monitor: bool,
+    monitor_lost_timeout: float | None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
 
     from fleetctl.cli import render
-    from fleetctl.job.run import RunOptions, run_job
+    from fleetctl.job.run import RunOptions
+    from fleetctl.job.submit import JobRequest, submit
 
-    if tail not in ("all", "none") and not tail.isdigit():
-        raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
     options = RunOptions(
         runs_dir=runs_dir,
         check=check,
@@ -317,15 +354,27 @@ def _run_for_real(
         code=os.path.abspath(code_dir),
         env_archive=env_archive,
         settings=settings,
+        detach=detach,
+        planner=planner,
+        inventory=inventory,
+        limit=limit,
+    )
+    request = JobRequest(
+        spec,
+        nodes,
+        options,
+        retry=retry,
+        monitor=monitor,
+        monitor_lost_timeout=monitor_lost_timeout,
     )
     live = render.LiveLog(tail="none" if as_json else tail)
-    if life is not None:  # detach, retries, role jobs (fleetctl.cli.jobs_cmd)
-        options = life.apply(options, inventory=inventory, limit=limit)
-        result = life.run(spec, nodes, options, live)
-        if life.report_detached(result, settings=settings, grace=grace):
-            return
-    else:
-        result = run_job(spec, nodes, options, on_event=live)
+    done = submit(request, on_event=live)
+    result = done.result
+    if done.detached:
+        for line in render.detached_lines(result, done.monitor, monitor_wanted=monitor):
+            click.echo(line, err=True)
+        click.echo(result.job_id)
+        return
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

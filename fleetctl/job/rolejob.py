@@ -1,14 +1,9 @@
-"""The I/O around role jobs and retries: free-port probing, the role planner ``run_job`` calls
-after check/push, and the attempt loop behind ``--max-retries``.
+"""Role jobs (``fleetctl run --job job.yml``) around the pure layout: reading the job file
+against the inventory, free-port probing on the nodes, and the role planner ``run_job`` calls
+after check/push.
 
-Pure decisions live in ``fleetctl.plan.roles`` (layout, env, completion) and ``fleetctl.job.retry``
-(classification, backoff); this module only talks to nodes and sequences attempts.
-
-Attempts: attempt 1 is the job itself (``fleet-runs/<job>/``, job id ``<job>``); attempt k >= 2
-runs as job id ``<job>.<k>`` in ``fleet-runs/<job>.<k>/`` — its own node run folders, its own
-``FLEET_JOB_ID``, so a straggler of one attempt can never be mistaken for the next one.
-``fleet-runs/<job>/attempts.json`` lists every attempt, how it ended and why it was (not)
-retried; ``fleetctl runs`` folds attempts into their job.
+Pure decisions live in ``fleetctl.plan.roles`` (layout, env, completion); this module reads
+files and talks to nodes.
 """
 
 from __future__ import annotations
@@ -16,15 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetError, PlanError
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.errors import FleetError, PlanError, UsageError
 from fleetctl.plan.roles import (
     CompletionPolicy,
     JobFile,
@@ -39,8 +31,6 @@ from fleetctl.plan.roles import (
 )
 
 if TYPE_CHECKING:
-    from fleetctl.job.retry import Decision, RetryPolicy
-    from fleetctl.job.run import JobEvent, JobResult, RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.connection import Connection
@@ -104,14 +94,14 @@ class RolePlanner:
     """Plans a role job once check/push are done: probes free ports, then the pure plan.
 
     Construct with :func:`prepare_roles`; pass as ``RunOptions.planner``; ``policy`` is the
-    completion policy for ``RunOptions.completion``; ``layout`` is recorded in ``roles.json``.
+    completion policy for ``RunOptions.completion``. Each :meth:`plan` returns the layout with
+    the plan (recorded in ``roles.json``); the planner itself never changes.
     """
 
     job: JobFile
     tasks: list[Task]
     env_style: str | None = None
     user: str = ""
-    layout: RoleLayout | None = None
 
     @property
     def nodes(self) -> list[Node]:
@@ -125,22 +115,21 @@ class RolePlanner:
             min_succeeded={r.name: r.min_succeeded for r in self.job.roles},
         )
 
-    def __call__(
+    def plan(
         self,
         nodes: Sequence[Node],
         spec: JobSpec,
         facts: Mapping[str, NodeFacts] | None,
         code_digest: str | None,
         fleet: Fleet,
-    ) -> Plan:
+    ) -> tuple[Plan, RoleLayout]:
         # Retried attempts keep the hosts but get fresh ports (the old ones may linger).
         by_name = {n.name: n for n in nodes}
         tasks = [dataclasses.replace(t, node=by_name.get(t.node.name, t.node)) for t in self.tasks]
         needs = port_needs(self.job, tasks)
         free = probe_free_ports(fleet, spec.job_id, ports_per_host(tasks, needs))
         ports = assign_ports(tasks, needs, free)
-        self.layout = RoleLayout(self.job, tuple(tasks), ports)
-        return make_role_plan(
+        plan = make_role_plan(
             self.job,
             tasks,
             spec,
@@ -149,6 +138,19 @@ class RolePlanner:
             code_digest=code_digest,
             env_style=self.env_style,
             user=self.user,
+        )
+        return plan, RoleLayout(self.job, tuple(tasks), ports)
+
+    def dry_plan(self, spec: JobSpec) -> Plan:
+        """The role plan with the first candidate ports (no node asked: nothing runs)."""
+        needs = port_needs(self.job, self.tasks)
+        free = {
+            h: candidate_ports(spec.job_id, h, c)
+            for h, c in ports_per_host(self.tasks, needs).items()
+        }
+        ports = assign_ports(self.tasks, needs, free)
+        return make_role_plan(
+            self.job, self.tasks, spec, ports, env_style=self.env_style, user=self.user
         )
 
 
@@ -174,130 +176,43 @@ def _user() -> str:
         return ""
 
 
-def write_roles(folder: str | Path, planner: RolePlanner) -> None:
-    """``roles.json`` in the run folder: the job file as parsed and every task's ports."""
-    if planner.layout is not None:
-        RunFolder(Path(folder)).write_roles(planner.layout.to_dict())
+@dataclass(frozen=True)
+class RoleJob:
+    """A job file laid out on the inventory: the planner, the job spec, the code dir."""
+
+    planner: RolePlanner
+    spec: JobSpec
+    code_dir: str
+    retry: Any  # fleetctl.plan.roles job-file retry section (or None)
 
 
-# ---------------------------------------------------------------------------------- retries
-
-
-@dataclass
-class Attempt:
-    """One attempt of a job and what became of it."""
-
-    attempt: int
-    job_id: str
-    folder: str
-    status: str
-    ended_by: str | None  # the first failure, in words
-    decision: str | None  # why it was (not) retried
-    retried: bool = False
-    backoff: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class AttemptsResult:
-    results: list[JobResult] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
-
-    @property
-    def final(self) -> JobResult:
-        return self.results[-1]
-
-
-def attempt_job_id(base: str, attempt: int) -> str:
-    return base if attempt == 1 else f"{base}.{attempt}"
-
-
-def run_attempts(
-    spec: JobSpec,
+def load_role_job(
+    job_file: str,
     nodes: Sequence[Node],
-    options: RunOptions,
-    policy: RetryPolicy,
+    groups: Mapping[str, Sequence[str]],
+    spec: JobSpec,
     *,
-    on_event: Callable[[JobEvent], None] | None = None,
-    on_result: Callable[[JobResult], None] | None = None,
-    fleet: Fleet | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    rng: random.Random | None = None,
-) -> AttemptsResult:
-    """``run_job`` up to ``1 + policy.max_retries`` times, retrying only classified failures.
+    code_dir: str | None = None,
+    env_style: str | None = None,
+    detach: bool = False,
+) -> RoleJob:
+    """Read ``job_file``, lay its roles out on the nodes, check its scripts exist in the code
+    dir (default: the git work tree holding the job file). ``spec`` carries the job id, port,
+    env and backend; its script and launcher come from the job file."""
+    from fleetctl.phases.codesync import default_code_dir
+    from fleetctl.plan.roles import load_job_file
 
-    ``on_result`` sees every attempt's result (the CLI prints its summary). Errors before a
-    launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
-    """
-    from fleetctl.job.retry import Failure
-    from fleetctl.job.run import JobEvent, run_job
-    from fleetctl.ssh.fleet import Fleet
-
-    emit = on_event or (lambda e: None)
-    rng = rng or random.Random()
-    own = fleet is None
-    fleet = fleet or Fleet(nodes, options.settings)
-    out = AttemptsResult()
-    base = spec.job_id
-    base_folder = Path(options.runs_dir) / base
-    try:
-        for k in range(1, policy.max_retries + 2):
-            aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k))
-            aopts = dataclasses.replace(options, attempt=k)
-            if k > 1:
-                emit(
-                    JobEvent(
-                        "phase", f"attempt {k} of {policy.max_retries + 1}: job {aspec.job_id}"
-                    )
-                )
-            result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
-            out.results.append(result)
-            if on_result is not None:
-                on_result(result)
-            ff = result.failed_node
-            att = Attempt(
-                attempt=k,
-                job_id=aspec.job_id,
-                folder=str(result.folder),
-                status=result.status,
-                ended_by=None if ff is None else f"node {ff.rank} ({ff.host}): {ff.how()}",
-                decision=None,
-            )
-            out.attempts.append(att)
-            decision: Decision | None = None
-            if result.status == "failed" and ff is not None:
-                failure = Failure.from_node(ff, result.log_tail(ff.rank, 50))
-                decision = policy.decide(failure, k)
-            elif result.status == "interrupted":
-                decision = policy.decide(Failure("interrupted"), k)
-            if decision is not None:
-                att.decision = ("retry: " if decision.retry else "not retried: ") + decision.reason
-                att.retried = decision.retry
-                if decision.retry:
-                    att.backoff = policy.delay(k, rng.random())
-            _write_attempts(base_folder, out.attempts)
-            if decision is None or not decision.retry:
-                if decision is not None and policy.max_retries > 0:
-                    emit(JobEvent("notice", f"attempt {k} {result.status}; {att.decision}"))
-                break
-            emit(
-                JobEvent(
-                    "notice",
-                    f"attempt {k} failed ({att.ended_by}); {att.decision}; "
-                    f"next attempt in {att.backoff:.1f}s",
-                )
-            )
-            sleep(att.backoff or 0.0)
-    finally:
-        if own:
-            fleet.close()
-    if out.results:
-        out.final.attempts = [a.to_dict() for a in out.attempts]
-    return out
-
-
-def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:
-    with contextlib.suppress(OSError):
-        RunFolder(folder).write_attempts(a.to_dict() for a in attempts)
+    job = load_job_file(job_file)
+    if detach and any(r.min_succeeded is not None for r in job.roles):
+        raise UsageError(f"{job_file}: min_succeeded needs a watching controller: no --detach")
+    planner = prepare_roles(job, nodes, groups, env_style=env_style)
+    code = code_dir if code_dir is not None else str(default_code_dir(job_file))
+    for rel, where in [(r.script, r.where) for r in job.roles if r.script] + (
+        [(job.script, job_file)] if job.script else []
+    ):
+        if not (Path(code) / str(rel)).is_file():
+            raise UsageError(f"{where}: script {rel} not found in the code dir {code}")
+    spec = dataclasses.replace(
+        spec, script=Path(job_file).name, launcher=job.launcher, nproc_per_node=1
+    )
+    return RoleJob(planner, spec, code, job.retry)

@@ -29,10 +29,14 @@ from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
 if TYPE_CHECKING:
+    from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
+    from fleetctl.phases.check import CheckOptions
     from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.push import PushOptions
     from fleetctl.phases.teardown import TeardownReport
     from fleetctl.plan.rankplan import JobSpec, Plan
+    from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import Connection, SSHSettings, Stream
     from fleetctl.ssh.fleet import Fleet
 
@@ -55,12 +59,11 @@ class RunOptions:
     env_archive: str | Path | None = None  # conda-pack archive to push
     settings: SSHSettings | None = None
     attempt: int = 1
-    check_options: Any = None  # fleetctl.phases.check.CheckOptions; None = derived from the spec
-    push_options: Any = None  # fleetctl.phases.push.PushOptions
-    # Job lifecycle (fleetctl.job.lifecycle / fleetctl.job.rolejob):
+    check_options: CheckOptions | None = None  # None = derived from the spec
+    push_options: PushOptions | None = None
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
-    planner: Any = None  # (nodes, spec, facts, code_digest, fleet) -> Plan; None: make_plan
-    completion: Any = None  # fleetctl.plan.roles.CompletionPolicy; None: first failure ends the job
+    planner: RolePlanner | None = None  # role jobs; None: make_plan
+    completion: CompletionPolicy | None = None  # None: the first failure ends the job
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
 
@@ -433,7 +436,8 @@ def _prepare(job: _Job, fleet: Fleet) -> None:
                 f = facts.get(n.name) or NodeFacts()
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python")
     if options.planner is not None:  # role jobs: ports probed, roles laid out
-        job.plan = options.planner(job.nodes, spec, facts or None, code_digest, fleet)
+        job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
+        job.folder.write_roles(layout.to_dict())
     else:
         job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     job.result.plan = job.plan

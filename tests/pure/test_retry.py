@@ -132,7 +132,7 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
     import json
 
     from fleetctl.job import run as job_mod
-    from fleetctl.job.rolejob import run_attempts
+    from fleetctl.job.attempts import run_attempts
     from fleetctl.job.run import JobResult, NodeOutcome, RunOptions
     from fleetctl.plan.rankplan import JobSpec
 

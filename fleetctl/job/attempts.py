@@ -1,0 +1,149 @@
+"""The attempt loop behind ``--max-retries``: run the job again after a retryable failure.
+
+Attempt 1 is the job itself (``fleet-runs/<job>/``, job id ``<job>``); attempt k >= 2 runs as
+job id ``<job>.<k>`` in ``fleet-runs/<job>.<k>/`` — its own node run folders, its own
+``FLEET_JOB_ID``, so a straggler of one attempt can never be mistaken for the next one.
+``fleet-runs/<job>/attempts.json`` lists every attempt, how it ended and why it was (not)
+retried; ``fleetctl runs`` folds attempts into their job. Which failures are retried, and the
+backoff, is ``fleetctl.job.retry`` (pure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.job.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from fleetctl.job.retry import Decision, RetryPolicy
+    from fleetctl.job.run import JobEvent, JobResult, RunOptions
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import JobSpec
+    from fleetctl.ssh.fleet import Fleet
+
+
+@dataclass
+class Attempt:
+    """One attempt of a job and what became of it."""
+
+    attempt: int
+    job_id: str
+    folder: str
+    status: str
+    ended_by: str | None  # the first failure, in words
+    decision: str | None  # why it was (not) retried
+    retried: bool = False
+    backoff: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class AttemptsResult:
+    results: list[JobResult] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def final(self) -> JobResult:
+        return self.results[-1]
+
+
+def attempt_job_id(base: str, attempt: int) -> str:
+    return base if attempt == 1 else f"{base}.{attempt}"
+
+
+def run_attempts(
+    spec: JobSpec,
+    nodes: Sequence[Node],
+    options: RunOptions,
+    policy: RetryPolicy,
+    *,
+    on_event: Callable[[JobEvent], None] | None = None,
+    on_result: Callable[[JobResult], None] | None = None,
+    fleet: Fleet | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+) -> AttemptsResult:
+    """``run_job`` up to ``1 + policy.max_retries`` times, retrying only classified failures.
+
+    ``on_result`` sees every attempt's result (the CLI prints its summary). Errors before a
+    launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
+    """
+    from fleetctl.job.retry import Failure
+    from fleetctl.job.run import JobEvent, run_job
+    from fleetctl.ssh.fleet import Fleet
+
+    emit = on_event or (lambda e: None)
+    rng = rng or random.Random()
+    own = fleet is None
+    fleet = fleet or Fleet(nodes, options.settings)
+    out = AttemptsResult()
+    base = spec.job_id
+    base_folder = Path(options.runs_dir) / base
+    try:
+        for k in range(1, policy.max_retries + 2):
+            aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k))
+            aopts = dataclasses.replace(options, attempt=k)
+            if k > 1:
+                emit(
+                    JobEvent(
+                        "phase", f"attempt {k} of {policy.max_retries + 1}: job {aspec.job_id}"
+                    )
+                )
+            result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
+            out.results.append(result)
+            if on_result is not None:
+                on_result(result)
+            ff = result.failed_node
+            att = Attempt(
+                attempt=k,
+                job_id=aspec.job_id,
+                folder=str(result.folder),
+                status=result.status,
+                ended_by=None if ff is None else f"node {ff.rank} ({ff.host}): {ff.how()}",
+                decision=None,
+            )
+            out.attempts.append(att)
+            decision: Decision | None = None
+            if result.status == "failed" and ff is not None:
+                failure = Failure.from_node(ff, result.log_tail(ff.rank, 50))
+                decision = policy.decide(failure, k)
+            elif result.status == "interrupted":
+                decision = policy.decide(Failure("interrupted"), k)
+            if decision is not None:
+                att.decision = ("retry: " if decision.retry else "not retried: ") + decision.reason
+                att.retried = decision.retry
+                if decision.retry:
+                    att.backoff = policy.delay(k, rng.random())
+            _write_attempts(base_folder, out.attempts)
+            if decision is None or not decision.retry:
+                if decision is not None and policy.max_retries > 0:
+                    emit(JobEvent("notice", f"attempt {k} {result.status}; {att.decision}"))
+                break
+            emit(
+                JobEvent(
+                    "notice",
+                    f"attempt {k} failed ({att.ended_by}); {att.decision}; "
+                    f"next attempt in {att.backoff:.1f}s",
+                )
+            )
+            sleep(att.backoff or 0.0)
+    finally:
+        if own:
+            fleet.close()
+    if out.results:
+        out.final.attempts = [a.to_dict() for a in out.attempts]
+    return out
+
+
+def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:
+    with contextlib.suppress(OSError):
+        RunFolder(folder).write_attempts(a.to_dict() for a in attempts)

@@ -1,0 +1,126 @@
+"""``fleetctl run`` as one call: the run (or the attempt loop), and for a detached job its
+monitor — everything the CLI asked for around the job, so the CLI only parses and renders.
+
+:func:`submit` takes a :class:`JobRequest` (the job spec, its nodes, how to run it, the retry
+policy, detach and monitor wishes, a role planner) and returns a :class:`Submitted`: the final
+attempt's result, every attempt, and the monitor that watches a detached job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import UsageError
+from fleetctl.job.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from fleetctl.job.monitor import SpawnedMonitor
+    from fleetctl.job.run import JobEvent, JobResult, RunOptions
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import JobSpec
+
+
+@dataclass(frozen=True)
+class RetryRequest:
+    """Retry wishes from the command line; a job file's ``retry:`` fills what is unset."""
+
+    max_retries: int | None = None
+    retry_on: tuple[str, ...] = ()
+    no_retry_on: tuple[str, ...] = ()
+    backoff: float | None = None
+
+    def policy(self, job_retry: Any = None) -> RetryPolicy:
+        """The retry policy: command-line rules first, then the job file's."""
+        where = getattr(job_retry, "where", "") or "job file"
+        max_retries = self.max_retries
+        if max_retries is None:
+            max_retries = getattr(job_retry, "max_retries", None) or 0
+        backoff = self.backoff
+        if backoff is None and job_retry is not None:
+            backoff = job_retry.backoff
+        return RetryPolicy.build(
+            max_retries=max_retries,
+            retry_on=[(r, "--retry-on") for r in self.retry_on]
+            + [(r, where) for r in getattr(job_retry, "retry_on", ())],
+            no_retry_on=[(r, "--no-retry-on") for r in self.no_retry_on]
+            + [(r, where) for r in getattr(job_retry, "no_retry_on", ())],
+            backoff=backoff,
+            backoff_max=getattr(job_retry, "backoff_max", None),
+        )
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One ``fleetctl run``: what to run where, and what to do around it."""
+
+    spec: JobSpec
+    nodes: Sequence[Node]
+    options: RunOptions  # check, push, timeouts, settings, runs dir, detach, role planner
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    monitor: bool = True  # detached: start a job monitor
+    monitor_lost_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.options.detach and self.retry.max_retries:
+            raise UsageError("--detach and retries do not mix: nobody watches a detached job")
+
+
+@dataclass
+class Submitted:
+    """What :func:`submit` did: the final result, and for a detached job its monitor."""
+
+    result: JobResult
+    monitor: SpawnedMonitor | None = None
+
+    @property
+    def detached(self) -> bool:
+        """The job runs on under its supervisors (the CLI prints its id and returns)."""
+        r = self.result
+        return r.detached and r.status == "running"
+
+
+def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
+    """Run the job — once, or attempt after attempt while the retry policy says so — and
+    start the monitor of a detached job that runs everywhere."""
+    from fleetctl.job.run import JobEvent, run_job
+
+    options = request.options
+    if options.planner is not None and options.completion is None:
+        options = dataclasses.replace(options, completion=options.planner.policy)
+    if not request.retry.max_retries:
+        result = run_job(request.spec, request.nodes, options, on_event=on_event)
+    else:
+        from fleetctl.job.attempts import run_attempts
+
+        out = run_attempts(request.spec, request.nodes, options, request.retry, on_event=on_event)
+        if len(out.attempts) > 1:
+            text = "; ".join(
+                f"#{a.attempt} {a.status}" + (f" ({a.ended_by})" if a.ended_by else "")
+                for a in out.attempts
+            )
+            on_event(JobEvent("notice", f"attempts: {text}"))
+        result = out.final
+    done = Submitted(result)
+    if done.detached and request.monitor:
+        done.monitor = _start_monitor(request, options, result)
+    return done
+
+
+def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) -> SpawnedMonitor:
+    from fleetctl.job.monitor import DEFAULT_LOST_TIMEOUT, completion_record, spawn_monitor
+    from fleetctl.job.runfolder import RunFolder
+
+    folder = RunFolder(result.folder)
+    record = completion_record(options.completion)
+    if record is not None:  # the role job's min_failed, for the monitor to apply
+        with folder.editing_job() as job:
+            job["completion"] = record
+    return spawn_monitor(
+        folder.path,
+        settings=options.settings,
+        lost_timeout=request.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
+        grace=options.grace,
+    )
