@@ -41,7 +41,7 @@ def _fmt_duration(seconds: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def runs_command(runs_dir: str, as_json: bool) -> None:
     """List jobs from the run folders, oldest first."""
-    from fleetctl.job.lifecycle import list_records
+    from fleetctl.job.records import list_records
 
     records = list_records(runs_dir)
     if as_json:
@@ -76,7 +76,7 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
 @click.argument("job")
 def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Per-node state of JOB (asks the node supervisors while it may be running)."""
-    from fleetctl.job.lifecycle import JobHandle
+    from fleetctl.job.handle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
         states = h.status()
@@ -93,7 +93,7 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
             data["running_nodes"] = len(running)
             if not running:
                 data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
-        from fleetctl.job.monitor import monitor_status
+        from fleetctl.job.monitor_process import monitor_status
 
         data["monitor"] = monitor_status(h.job)
     if as_json:
@@ -139,8 +139,9 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
 def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | None, job: str):
     """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
     from fleetctl.cli import render
-    from fleetctl.job.lifecycle import JobHandle
-    from fleetctl.job.run import JobEvent
+    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.logs import follow_logs
+    from fleetctl.job.result import JobEvent
 
     live = render.LiveLog(tail="all")
 
@@ -166,7 +167,7 @@ def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | Non
                 click.echo(f"fleetctl: no collected logs for node(s) {names}", err=True)
                 return
         try:
-            errors = h.follow(missing or chosen, show, follow=follow, lines=lines)
+            errors = follow_logs(h, missing or chosen, show, follow=follow, lines=lines)
         except KeyboardInterrupt:
             return
         for rank, err in sorted(errors.items()):
@@ -188,8 +189,8 @@ def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | Non
 @click.argument("job")
 def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
-    from fleetctl.job.lifecycle import JobHandle
-    from fleetctl.job.monitor import stop_monitor
+    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.monitor_process import stop_monitor
 
     with JobHandle(runs_dir, job) as h:
         said = stop_monitor(h.folder)  # never two of us tearing down / collecting at once
@@ -229,7 +230,7 @@ def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, j
 @click.argument("job")
 def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Bring JOB's node logs home into its run folder (and record how a detached job ended)."""
-    from fleetctl.job.lifecycle import JobHandle
+    from fleetctl.job.handle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
         results = h.collect()

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from fleetctl.job.monitor import SpawnedMonitor
-    from fleetctl.job.run import JobEvent, JobResult
+    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.phases.check import CheckReport
     from fleetctl.plan.inventory import Inventory
     from fleetctl.plan.rankplan import Plan

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.job.runfolder import RunFolder
 
 if TYPE_CHECKING:
+    from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.retry import Decision, RetryPolicy
-    from fleetctl.job.run import JobEvent, JobResult, RunOptions
+    from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fleet import Fleet
@@ -77,8 +78,9 @@ def run_attempts(
     ``on_result`` sees every attempt's result (the CLI prints its summary). Errors before a
     launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
     """
+    from fleetctl.job.result import JobEvent
     from fleetctl.job.retry import Failure
-    from fleetctl.job.run import JobEvent, run_job
+    from fleetctl.job.run import run_job
     from fleetctl.ssh.fleet import Fleet
 
     emit = on_event or (lambda e: None)

@@ -31,264 +31,35 @@ Library code: raises ``FleetctlError`` subclasses, never prints.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
-from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, LIVE_STATES, JobHandle, NodeReport
-from fleetctl.job.runfolder import RunFolder, iso
-from fleetctl.job.state import JobState, NodeState
-from fleetctl.remote.supervisor import proc_start_time
+from fleetctl.job.handle import JobHandle
+from fleetctl.job.monitor_decide import (
+    DEFAULT_GRACE,
+    DEFAULT_LOST_TIMEOUT,
+    DEFAULT_POLL,
+    MONITOR_REASON,
+    Decision,
+    WatchState,
+    decide,
+)
+from fleetctl.job.monitor_process import identity, monitor_alive
+from fleetctl.job.runfolder import iso
+from fleetctl.job.state import LIVE_STATES
 
 if TYPE_CHECKING:
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
 
-DEFAULT_POLL = 2.0
-DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
-DEFAULT_GRACE = 5.0
-MONITOR_REASON = "stopped by the job monitor"
-REGISTER_WAIT = 20.0  # s for a spawned monitor to record itself in job.json
-STOP_WAIT = 30.0  # s for a watching monitor to exit after SIGTERM (a poll in flight ends)
-FINISH_WAIT = 180.0  # s for a monitor already tearing down / collecting to finish
 DEFAULT_CHASE_LOST = 1800.0  # s to keep trying to stop the job on a lost node
-ENDED = frozenset({"succeeded", "failed", "lost"})
 # A detached job has no dead-man switch: say who stops it on a node that cannot be reached.
 LOST_NOTE = "lost: cannot be reached; the monitor keeps trying to stop the job there"
-
-
-# ---------------------------------------------------------------------------- the decision
-
-
-@dataclass
-class WatchState:
-    """What the monitor remembers between polls (kept by the caller of :func:`decide`)."""
-
-    unreachable_since: dict[int, float] = field(default_factory=dict)  # rank -> first miss
-    reported: set[int] = field(default_factory=set)  # ranks whose end was written to events
-    tolerated: set[int] = field(default_factory=set)  # failures the completion policy allows
-
-
-@dataclass(frozen=True)
-class Decision:
-    """How the job ends. ``action``: ``fail`` (a node failed first: tear the rest down),
-    ``done`` (every node ended; ``status`` says how), ``external`` (someone else stops it)."""
-
-    action: str
-    status: str | None = None
-    rank: int | None = None
-    host: str | None = None
-    state: str | None = None  # failed or lost, for ``fail``
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str | None = None
-    time: float | None = None
-    unreachable: bool = False  # lost because it did not answer: do not wait on it again
-
-    def first_failure(self) -> dict[str, Any] | None:
-        """job.json's ``first_failure`` entry (None unless ``fail``)."""
-        if self.action != "fail":
-            return None
-        return {
-            "rank": self.rank,
-            "host": self.host,
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "time": iso(self.time),
-            "found_by": "monitor",
-        }
-
-    def describe(self) -> str:
-        if self.action == "fail":
-            if self.state == "lost":
-                how = f"lost ({self.reason})" if self.reason else "lost"
-            elif self.signal is not None:
-                how = f"signal {self.signal}"
-            else:
-                how = f"exit code {self.exit_code}"
-            return f"node {self.rank} ({self.host}) failed first: {how}"
-        if self.action == "done":
-            return f"every node ended: {self.status}"
-        return "the job is being stopped from another terminal"
-
-
-def _classify(s: NodeReport) -> tuple[str, str | None]:
-    """A supervisor's answer as running / succeeded / failed / lost / unreachable / external,
-    with a reason for the bad ones."""
-    if s.state == "unreachable":
-        return "unreachable", s.error
-    if s.state == "exited":
-        if s.signal is None and s.exit_code == 0:
-            return "succeeded", None
-        return "failed", None
-    if s.state == "stopped":
-        if s.stop_reason == EXTERNAL_STOP_REASON:
-            return "external", s.stop_reason
-        if s.stop_reason and s.stop_reason.startswith(MONITOR_REASON):
-            return "external", s.stop_reason  # another monitor already tears it down
-        return "failed", f"stopped on the node: {s.stop_reason or 'no reason recorded'}"
-    if s.state == "lost":
-        return "lost", "its supervisor died"
-    if s.state == "absent":
-        return "lost", "no record of the job on the node"
-    return "running", None
-
-
-def decide(
-    states: Sequence[NodeReport],
-    watch: WatchState,
-    now: float,
-    *,
-    lost_timeout: float,
-    policy: CompletionPolicy | None = None,
-) -> tuple[Decision | None, list[str]]:
-    """One poll's verdict (None: keep watching) and the event lines it gives rise to.
-
-    The first failure is the bad end with the earliest time (a node's recorded end time; for
-    a node that stopped answering, when it first did not), so two nodes failing between two
-    polls are told apart. A role job's ``min_failed`` (``policy``) may tolerate a failure.
-    Updates ``watch`` (unreachable streaks, what was already reported).
-    """
-    notes: list[str] = []
-    kinds: dict[int, str] = {}
-    bad: list[tuple[float, Decision]] = []
-    for s in states:
-        kind, why = _classify(s)
-        if kind == "external":
-            return Decision("external", reason=why), notes
-        if kind == "unreachable":
-            since = watch.unreachable_since.setdefault(s.rank, now)
-            if since == now:
-                notes.append(
-                    f"node {s.rank} ({s.host}) did not answer: {why or 'no reason'}; "
-                    f"tolerated up to {lost_timeout:g}s"
-                )
-            if now - since > lost_timeout:
-                kinds[s.rank] = "lost"
-                reason = f"unreachable for {now - since:.0f}s" + (f": {why}" if why else "")
-                d = Decision(
-                    "fail",
-                    "failed",
-                    s.rank,
-                    s.host,
-                    "lost",
-                    reason=reason,
-                    time=since,
-                    unreachable=True,
-                )
-                bad.append((since, d))
-            else:
-                kinds[s.rank] = "running"
-            continue
-        since = watch.unreachable_since.pop(s.rank, None)
-        if since is not None:
-            notes.append(f"node {s.rank} ({s.host}) answers again after {now - since:.1f}s")
-        kinds[s.rank] = kind
-        if kind in ("failed", "lost"):
-            when = s.end_time if s.end_time is not None else now
-            d = Decision(
-                "fail",
-                "failed",
-                s.rank,
-                s.host,
-                "failed" if kind == "failed" else "lost",
-                exit_code=s.exit_code,
-                signal=s.signal,
-                reason=why,
-                time=when,
-            )
-            bad.append((when, d))
-        elif kind == "succeeded" and s.rank not in watch.reported:
-            watch.reported.add(s.rank)
-            notes.append(f"node {s.rank} ({s.host}) succeeded")
-    # The job's state machine decides, as for an attached run: successes as they stand, then
-    # the bad ends one by one, earliest first; the one that reaches a role's min_failed (for a
-    # plain job: the first) is the job's first failure.
-    index = {s.rank: i for i, s in enumerate(states)}
-    machine = JobState(
-        len(states),
-        policy,
-        [
-            NodeState.SUCCEEDED if kinds[s.rank] == "succeeded" else NodeState.RUNNING
-            for s in states
-        ],
-    )
-    bad.sort(key=lambda x: (x[0], x[1].rank or 0))
-    for when, d in bad:
-        assert d.rank is not None and d.state is not None
-        change = machine.end(index[d.rank], NodeState(d.state), when)
-        if change.first_failure:
-            return d, notes
-        if d.rank not in watch.tolerated:
-            watch.tolerated.add(d.rank)
-            notes.append(
-                f"node {d.rank} ({d.host}) ended badly ({d.state}); tolerated by its role's "
-                "min_failed"
-            )
-    if all(kinds[s.rank] in ENDED for s in states):
-        return Decision("done", str(machine.outcome())), notes
-    return None, notes
-
-
-# ------------------------------------------------------------------------ process identity
-
-
-def boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def identity(pid: int | None = None) -> dict[str, Any]:
-    """Who a process is, beyond its pid: start time, boot, host."""
-    pid = os.getpid() if pid is None else pid
-    return {
-        "pid": pid,
-        "start_time": proc_start_time(pid),
-        "boot_id": boot_id(),
-        "host": socket.gethostname(),
-    }
-
-
-def monitor_alive(info: Any) -> bool:
-    """Is the process job.json's ``monitor`` entry names still that very process, here?"""
-    if not isinstance(info, dict):
-        return False
-    pid, start = info.get("pid"), info.get("start_time")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(start, int):
-        return False
-    if info.get("host") not in (None, socket.gethostname()):
-        return False  # recorded on another controller: its pid means nothing here
-    if info.get("boot_id") not in (None, boot_id()):
-        return False
-    return proc_start_time(pid) == start
-
-
-def monitor_status(job: dict[str, Any]) -> dict[str, Any] | None:
-    """``fleetctl status``'s view of the job's monitor (None: it never had one)."""
-    info = job.get("monitor")
-    if not isinstance(info, dict):
-        return None
-    return {
-        "pid": info.get("pid"),
-        "alive": monitor_alive(info),
-        "phase": info.get("phase"),
-        "log": info.get("log"),
-        "outcome": info.get("outcome"),
-    }
-
 
 # --------------------------------------------------------------------------- the watcher
 
@@ -459,7 +230,7 @@ def _watch(
     result: MonitorResult,
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended."""
-    from fleetctl.job.lifecycle import ensure_supervisor, node_states
+    from fleetctl.job.supervisors import ensure_supervisor, node_states
 
     policy = _policy(h.job)
     watch = WatchState()
@@ -512,7 +283,7 @@ def _finish(
 ) -> None:
     """Tear the job down everywhere (verified), collect every node's logs, write job.json.
     ``lost``: nodes not answering now (not waited on; chased afterwards)."""
-    from fleetctl.job.lifecycle import request_stop
+    from fleetctl.job.supervisors import request_stop
     from fleetctl.phases.collect import collect
     from fleetctl.phases.teardown import teardown
 
@@ -615,134 +386,3 @@ def _chase_lost(
             f"lost node(s) {', '.join(sorted(pending))} not reached; the job may still run "
             f"there: `fleetctl stop {h.job_id}` once they are back"
         )
-
-
-# ----------------------------------------------------------------- spawning and stopping
-
-
-@dataclass
-class SpawnedMonitor:
-    pid: int
-    log: str
-    registered: bool  # it recorded itself in job.json (else: see its log)
-    exit_code: int | None = None  # when it already ended
-
-
-def spawn_monitor(
-    folder: str | Path,
-    *,
-    settings: SSHSettings | None = None,
-    poll: float = DEFAULT_POLL,
-    lost_timeout: float = DEFAULT_LOST_TIMEOUT,
-    grace: float = DEFAULT_GRACE,
-    wait: float = REGISTER_WAIT,
-) -> SpawnedMonitor:
-    """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
-    no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
-    itself in job.json."""
-    folder = Path(folder).resolve()
-    argv = [
-        sys.executable,
-        "-m",
-        "fleetctl",
-        "monitor",
-        "--runs-dir",
-        str(folder.parent),
-        "--poll",
-        repr(float(poll)),
-        "--lost-timeout",
-        repr(float(lost_timeout)),
-        "--grace",
-        repr(float(grace)),
-    ]
-    if settings is not None:
-        argv += ["--connect-timeout", repr(float(settings.connect_timeout))]
-        if settings.known_hosts:
-            argv += ["--known-hosts", os.path.abspath(os.path.expanduser(settings.known_hosts))]
-    argv.append(folder.name)
-    run = RunFolder(folder)
-    log = run.monitor_log
-    fd = run.open_monitor_log()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except OSError as e:
-        raise FleetctlError(f"cannot start the job monitor: {e}") from e
-    finally:
-        os.close(fd)
-    end = time.monotonic() + wait
-    while True:
-        with contextlib.suppress(RunFolderError):
-            info = run.load_job().get("monitor")
-            if isinstance(info, dict) and info.get("pid") == proc.pid:
-                return SpawnedMonitor(proc.pid, str(log), True, proc.poll())
-        code = proc.poll()
-        if code is not None or time.monotonic() > end:
-            return SpawnedMonitor(proc.pid, str(log), False, code)
-        time.sleep(0.1)
-
-
-def stop_monitor(
-    folder: RunFolder,
-    *,
-    wait: float = STOP_WAIT,
-    finish_wait: float = FINISH_WAIT,
-) -> str | None:
-    """Ask the job's live monitor to exit (SIGTERM to its verified pid) and wait for it, so a
-    ``fleetctl stop`` never tears down and collects at the same time as the monitor.
-
-    A monitor already tearing down is given ``finish_wait`` to end the job itself; one that
-    still runs after that is killed (SIGKILL, pid and start time checked again). Returns a
-    line saying what happened, None when no live monitor watches the job.
-    """
-    try:
-        info = folder.load_job().get("monitor")
-    except RunFolderError:
-        return None
-    if not monitor_alive(info):
-        return None
-    pid = int(info["pid"])
-    if not _signal_verified(info, signal.SIGTERM):
-        return None
-    end = time.monotonic() + wait
-    while time.monotonic() < end or _finishing(folder, pid, time.monotonic() < end + finish_wait):
-        if not monitor_alive(info):
-            return f"monitor pid {pid} exited"
-        time.sleep(0.1)
-    if _signal_verified(info, signal.SIGKILL):
-        for _ in range(50):
-            if not monitor_alive(info):
-                break
-            time.sleep(0.1)
-        return f"monitor pid {pid} did not exit in time: killed"
-    return f"monitor pid {pid} exited"
-
-
-def _finishing(folder: RunFolder, pid: int, in_time: bool) -> bool:
-    if not in_time:
-        return False
-    with contextlib.suppress(RunFolderError):
-        info = folder.load_job().get("monitor")
-        return (
-            isinstance(info, dict) and info.get("pid") == pid and info.get("phase") == "finishing"
-        )
-    return False
-
-
-def _signal_verified(info: dict[str, Any], sig: int) -> bool:
-    """Signal the monitor only while pid and start time still name it."""
-    if not monitor_alive(info):
-        return False
-    try:
-        os.kill(int(info["pid"]), sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError as e:
-        raise FleetctlError(f"cannot signal monitor pid {info['pid']}: {e}") from e
-    return True

@@ -17,8 +17,9 @@ from fleetctl.errors import UsageError
 from fleetctl.job.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from fleetctl.job.monitor import SpawnedMonitor
-    from fleetctl.job.run import JobEvent, JobResult, RunOptions
+    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
 
@@ -85,7 +86,8 @@ class Submitted:
 def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     """Run the job — once, or attempt after attempt while the retry policy says so — and
     start the monitor of a detached job that runs everywhere."""
-    from fleetctl.job.run import JobEvent, run_job
+    from fleetctl.job.result import JobEvent
+    from fleetctl.job.run import run_job
 
     options = request.options
     if options.planner is not None and options.completion is None:
@@ -110,7 +112,9 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
 
 
 def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) -> SpawnedMonitor:
-    from fleetctl.job.monitor import DEFAULT_LOST_TIMEOUT, completion_record, spawn_monitor
+    from fleetctl.job.monitor import completion_record
+    from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT
+    from fleetctl.job.monitor_process import spawn_monitor
     from fleetctl.job.runfolder import RunFolder
 
     folder = RunFolder(result.folder)

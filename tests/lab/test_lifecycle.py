@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.monitor import monitor_alive
+from fleetctl.job.monitor_process import monitor_alive
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.infra import node_host, node_leftovers

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.lifecycle import (
-    JobHandle,
+from fleetctl.job.handle import JobHandle
+from fleetctl.job.records import (
     describe_failure,
     latest_attempt,
     list_records,

@@ -10,18 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.lifecycle import EXTERNAL_STOP_REASON, JobHandle, NodeReport, write_connect
-from fleetctl.job.monitor import (
-    MONITOR_REASON,
-    WatchState,
-    decide,
-    identity,
-    monitor_alive,
-    monitor_job,
-    monitor_status,
-    stop_monitor,
-)
+from fleetctl.job.handle import JobHandle
+from fleetctl.job.monitor import monitor_job
+from fleetctl.job.monitor_decide import MONITOR_REASON, WatchState, decide
+from fleetctl.job.monitor_process import identity, monitor_alive, monitor_status, stop_monitor
+from fleetctl.job.records import write_connect
 from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
 from fleetctl.node import Node
 from fleetctl.phases.collect import NodeCollect
 from fleetctl.phases.teardown import NodeStop, TeardownReport

@@ -133,7 +133,8 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
 
     from fleetctl.job import run as job_mod
     from fleetctl.job.attempts import run_attempts
-    from fleetctl.job.run import JobResult, NodeOutcome, RunOptions
+    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.run import RunOptions
     from fleetctl.plan.rankplan import JobSpec
 
     seen: list[tuple[str, int]] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.cli.render import LiveLog, fold_ranks, run_summary_lines
-from fleetctl.job.run import JobResult, NodeOutcome
+from fleetctl.job.result import JobResult, NodeOutcome
 from fleetctl.phases.launch import (
     Frame,
     FrameReader,
@@ -189,7 +189,7 @@ class _Out:
 
 @pytest.mark.parametrize(("tail", "shown"), [("all", [0, 1]), ("0", [0]), ("none", [])])
 def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list[int]) -> None:
-    from fleetctl.job.run import JobEvent
+    from fleetctl.job.result import JobEvent
 
     out, err = _Out(), _Out()
     live = LiveLog(tail=tail, colour=False, out=out, err=err)
@@ -199,7 +199,7 @@ def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list
 
 
 def test_live_lines_are_coloured_per_node_on_request() -> None:
-    from fleetctl.job.run import JobEvent
+    from fleetctl.job.result import JobEvent
 
     out = _Out()
     live = LiveLog(colour=True, out=out, err=_Out())
@@ -210,7 +210,7 @@ def test_live_lines_are_coloured_per_node_on_request() -> None:
 
 
 def test_a_batch_of_lines_is_one_write_with_every_line_prefixed() -> None:
-    from fleetctl.job.run import JobEvent
+    from fleetctl.job.result import JobEvent
 
     out = _Out()
     live = LiveLog(colour=False, out=out, err=_Out())

@@ -1,0 +1,388 @@
+"""Coming back to a job from its run folder: live status, stop, collect, and the final
+record of a job nobody watched to the end.
+
+Works from ``fleet-runs/<job-id>/`` alone, from any terminal: ``plan.json`` says what runs
+where, ``connect.json`` how to reach the nodes again, ``job.json`` what happened. Retry
+attempts live next to it as ``<job-id>.<k>/``; the latest one is the job's handle. Library
+code: raises ``FleetctlError`` subclasses, never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.job.runfolder import iso
+from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, node_state
+
+if TYPE_CHECKING:
+    from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.teardown import NodeStop, TeardownReport
+    from fleetctl.plan.rankplan import Plan
+    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.ssh.fleet import Fleet
+
+from fleetctl.job.records import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
+from fleetctl.job.supervisors import (
+    NodeReport,
+    ensure_supervisor,
+    node_states,
+    request_stop,
+)
+
+# ------------------------------------------------------------------------------- the job
+
+
+class JobHandle:
+    """A job found by id in a runs folder, with a lazily opened fleet to its nodes."""
+
+    def __init__(
+        self, runs_dir: str | Path, job_id: str, settings: SSHSettings | None = None
+    ) -> None:
+        self.folder = latest_attempt(runs_dir, job_id)
+        self.job = self.folder.load_job()
+        self.nodes = load_nodes(self.folder)
+        self._plan: Plan | None = None
+        self.stop_time: float | None = None
+        self.settings = settings
+        self._fleet: Fleet | None = None
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.get("job_id") or self.folder.job_id)
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            try:
+                self._plan = load_plan(self.folder)
+            except RunFolderError as e:
+                raise RunFolderError(
+                    f"job {self.job_id} has no plan.json: it never launched ({e})"
+                ) from e
+        return self._plan
+
+    @property
+    def live(self) -> bool:
+        """job.json says the job may still run (a crashed controller leaves 'running')."""
+        return str(self.job.get("status")) in LIVE_STATES
+
+    @property
+    def fleet(self) -> Fleet:
+        if self._fleet is None:
+            from fleetctl.ssh.fleet import Fleet
+
+            self._fleet = Fleet(self.nodes, self.settings)
+        return self._fleet
+
+    def close(self) -> None:
+        if self._fleet is not None:
+            self._fleet.close()
+            self._fleet = None
+
+    def __enter__(self) -> JobHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pythons(self) -> dict[str, str]:
+        return {n.name: n.python for n in self.nodes}
+
+    def node_folder(self, rank: int, host: str) -> Path:
+        return self.folder.node_folder(rank, host)
+
+    def select(self, node: str | None) -> list[tuple[int, str]]:
+        """(rank, host) of the job's nodes, or of the one named by rank or host name."""
+        ranks = [(int(n["rank"]), str(n["host"])) for n in self.job.get("nodes") or []]
+        if not ranks:
+            ranks = [(np.node_rank, np.host) for np in self.plan.nodes]
+        if node is None:
+            return ranks
+        chosen = [(r, h) for r, h in ranks if str(r) == node or h == node]
+        if not chosen:
+            names = ", ".join(f"{r} {h}" for r, h in ranks)
+            raise UsageError(f"job {self.job_id} has no node {node!r} (nodes: {names})")
+        return chosen
+
+    # -- actions ------------------------------------------------------------------------
+    def status(self) -> list[NodeReport]:
+        """Per-node state: the supervisors' answers when live, else job.json's record."""
+        if self.live:
+            return node_states(self.fleet, self.plan, self.nodes)
+        out = []
+        for n in self.job.get("nodes") or []:
+            out.append(
+                NodeReport(
+                    rank=int(n["rank"]),
+                    host=str(n["host"]),
+                    state=str(n.get("state")),
+                    exit_code=n.get("exit_code"),
+                    signal=n.get("signal"),
+                    start_time=_parse_iso(n.get("start_time")),
+                    end_time=_parse_iso(n.get("end_time")),
+                    error=n.get("reason"),
+                )
+            )
+        return out
+
+    def stop(self, grace: float = 5.0) -> TeardownReport:
+        """Stop the job on every node (same teardown + verification as after a failure)."""
+        from fleetctl.phases.teardown import teardown
+
+        ensure_supervisor(self.fleet, self.nodes)
+        request_stop(self.fleet, self.plan, self.nodes)
+        self.stop_time = time.time()
+        report = teardown(self.fleet, self.plan, grace=grace, pythons=self.pythons())
+        self._event(
+            f"stop requested from a terminal: "
+            f"{'verified clean' if report.verified else 'NOT verified'} ({report.seconds:.1f}s)"
+        )
+        return report
+
+    def collect(self, *, stopped: bool = False) -> list[NodeCollect]:
+        """Bring every node's run folder home and finalise job.json from the nodes' records
+        (``stopped``: after :meth:`stop`, jobs that ended then count as stopped)."""
+        from fleetctl.phases.collect import collect
+
+        ensure_supervisor(self.fleet, self.nodes)
+        results = collect(self.fleet, self.plan, self.folder.path, pythons=self.pythons())
+        if not stopped:  # after a stop, mark_stopped finalises with the teardown's verdict
+            with self.folder.locked():
+                self._finalise(results)
+        return results
+
+    def _event(self, text: str) -> None:
+        with contextlib.suppress(OSError):
+            self.folder.event(text)
+
+    def _finalise(
+        self,
+        results: Iterable[NodeCollect],
+        stopped: bool = False,
+        *,
+        status: str | None = None,
+        failed_first: dict[str, Any] | None = None,
+        verified: Iterable[str] | None = None,
+    ) -> bool:
+        """Update job.json from each collected ``supervisor.json`` (a detached job's only
+        record of how it ended). The job stays live while any node still runs.
+
+        ``status`` (with ``failed_first`` for "failed"): the job monitor decided how the job
+        ended and tore the rest down; the node that failed first keeps its own state, peers
+        the teardown stopped are "stopped" nodes of a failed job, and ``verified`` (hosts the
+        teardown verified clean) tells which nodes with no record back are surely not running.
+        Returns True when this call wrote the job's final status.
+
+        Call with ``self.folder.locked()`` held: it starts from job.json as it is *now*, since
+        an attached run may have written its own final record meanwhile (that one stands).
+        """
+        with contextlib.suppress(RunFolderError):
+            self.job = self.folder.load_job()
+        job = dict(self.job)
+        nodes = [dict(n) for n in job.get("nodes") or []]
+        by_rank = {int(n["rank"]): n for n in nodes}
+        collected = {c.rank: c for c in results}
+        first_rank = None if failed_first is None else failed_first.get("rank")
+        still = False
+        for rank, c in collected.items():
+            node = by_rank.get(rank)
+            if node is None:
+                continue
+            node["folder"] = c.folder
+            node["collected"] = c.error is None and c.skipped is None
+            sup = _read_json(Path(c.folder) / "supervisor.json")
+            if not sup:
+                continue
+            st = sup.get("state")
+            if st == "running":
+                still = True
+                continue
+            node["exit_code"], node["signal"] = sup.get("exit_code"), sup.get("signal")
+            node["end_time"] = iso(sup.get("end_time"))
+            node["start_time"] = node.get("start_time") or iso(sup.get("start_time"))
+            ended = sup.get("end_time")
+            by_stop = (
+                (stopped or failed_first is not None)  # ended by our teardown
+                and self.stop_time is not None
+                and isinstance(ended, (int, float))
+                and ended >= self.stop_time - 1.0
+            )
+            if rank == first_rank:
+                continue  # set from the monitor's record below
+            if st == "stopped" or by_stop:
+                node["state"] = "stopped"
+                node["reason"] = sup.get("stop_reason")
+            else:
+                node["state"] = "succeeded" if sup.get("exit_code") == 0 else "failed"
+        if failed_first is not None and first_rank in by_rank:
+            node = by_rank[first_rank]
+            node["state"] = failed_first.get("state") or "failed"
+            for k in ("exit_code", "signal", "reason"):
+                if failed_first.get(k) is not None or k == "reason":
+                    node[k] = failed_first.get(k)
+            node["end_time"] = node.get("end_time") or failed_first.get("time")
+        if stopped:  # nodes whose record did not come back were stopped all the same
+            for node in nodes:
+                if node.get("state") in ("running", "pending"):
+                    node["state"] = "stopped"
+        elif status is not None:
+            clean = set(verified or ())
+            for node in nodes:
+                if node.get("state") in ("running", "pending"):
+                    if node.get("host") in clean:
+                        node["state"] = "stopped"
+                    else:
+                        node["state"] = "lost"
+                        node["reason"] = "not reachable: the teardown could not verify it"
+        # A node whose record did not come back (unreachable) may still run: the job stays live.
+        still = still or any(n.get("state") in ("running", "pending") for n in nodes)
+        job["nodes"] = nodes
+        job["collected"] = [c.to_dict() for c in collected.values()]
+        final = False
+        if str(job.get("status")) in LIVE_STATES and (not still or status is not None):
+            final = True
+            machine = _replay(nodes)
+            if status is not None:
+                job["status"] = status
+                if failed_first is not None:
+                    ff = dict(failed_first)
+                    where = by_rank.get(first_rank) or {}
+                    ff.setdefault("address", where.get("train_addr") or where.get("address"))
+                    job["first_failure"] = _with_after(ff, job.get("started"))
+            else:
+                job["status"] = str(JobStatus.STOPPED if stopped else machine.outcome())
+            if (
+                job["status"] == "failed"
+                and machine.first_failure is not None
+                and not job.get("first_failure")
+            ):
+                first = nodes[machine.first_failure]
+                job["first_failure"] = {
+                    k: first.get(k)
+                    for k in ("rank", "host", "state", "exit_code", "signal", "reason")
+                } | {
+                    "address": first.get("train_addr") or first.get("address"),
+                    "time": first.get("end_time"),
+                }
+            ends = [n.get("end_time") for n in nodes if n.get("end_time")]
+            job["ended"] = max(ends) if ends and status is None else iso(time.time())
+            if job.get("started") and job.get("ended"):
+                job["duration"] = _duration(job["started"], job["ended"])
+        self.folder.write_job(job)
+        self.job = job
+        return final
+
+    def mark_ended(
+        self,
+        status: str,
+        report: TeardownReport,
+        results: Iterable[NodeCollect],
+        *,
+        failed_first: dict[str, Any] | None = None,
+    ) -> bool:
+        """The job monitor's verdict: job.json says ``status`` (with who failed first), with
+        the teardown report. A job that ended meanwhile (``fleetctl stop`` or ``collect`` from
+        another terminal) keeps its own record. True when this verdict is the final record."""
+        with self.folder.locked():
+            final = self._finalise(
+                results,
+                status=status,
+                failed_first=failed_first,
+                verified={n.host for n in report.nodes if n.clean},
+            )
+            job = dict(self.job)
+            if final:
+                job["teardown"] = report.to_dict()
+            self.folder.write_job(job)
+            self.job = job
+        return final
+
+    def record_late_stop(self, stop: NodeStop, results: Iterable[NodeCollect]) -> None:
+        """A lost node reached again after the job ended: its teardown outcome and collected
+        logs join job.json's record (the job's status and first failure stand)."""
+        with self.folder.locked():
+            with contextlib.suppress(RunFolderError):
+                self.job = self.folder.load_job()
+            job = dict(self.job)
+            td = dict(job.get("teardown") or {"nodes": []})
+            td_nodes = [n for n in td.get("nodes") or [] if n.get("host") != stop.host]
+            td["nodes"] = sorted([*td_nodes, stop.to_dict()], key=lambda n: n.get("rank", 0))
+            td["verified"] = all(
+                not n.get("remaining") and not n.get("error") and not n.get("skipped")
+                for n in td["nodes"]
+            )
+            job["teardown"] = td
+            nodes = [dict(n) for n in job.get("nodes") or []]
+            collected = [dict(c) for c in job.get("collected") or []]
+            for c in results:
+                collected = [x for x in collected if x.get("rank") != c.rank] + [c.to_dict()]
+                for n in nodes:
+                    if n.get("rank") == c.rank:
+                        n["folder"] = c.folder
+                        n["collected"] = c.error is None and c.skipped is None
+            for n in nodes:
+                if n.get("host") == stop.host and stop.clean:
+                    n["reason"] = f"{n.get('reason') or 'lost'}; stopped when it answered again"
+            job["nodes"] = nodes
+            job["collected"] = sorted(collected, key=lambda c: c.get("rank", 0))
+            self.folder.write_job(job)
+            self.job = job
+
+    def mark_stopped(self, report: TeardownReport, results: Iterable[NodeCollect]) -> None:
+        """After ``stop`` + ``collect``: job.json says stopped, with the teardown report.
+
+        A stop that could not verify every node leaves the job live (a later ``stop`` retries).
+        """
+        with self.folder.locked():
+            self._finalise(results, stopped=report.verified)
+            job = dict(self.job)
+            job["teardown"] = report.to_dict()
+            if report.verified and str(job.get("status")) in LIVE_STATES:
+                job["status"] = "stopped"
+                job["ended"] = iso(time.time())
+            self.folder.write_job(job)
+            self.job = job
+
+    # -- logs ---------------------------------------------------------------------------
+    def collected_log(self, rank: int, host: str) -> Path | None:
+        folder = self.node_folder(rank, host)
+        for name in ("console.log", "console.streamed.log"):
+            if (folder / name).is_file():
+                return folder / name
+        return None
+
+
+def _replay(nodes: Sequence[dict[str, Any]]) -> JobState:
+    """job.json's node records through the state machine: successes and stops as they stand,
+    the bad ends in the order they happened (ISO times sort as text), so the first failure
+    is the state machine's."""
+    states = [node_state(n.get("state")) for n in nodes]
+    machine = JobState(len(nodes), None, [NodeState.RUNNING if s.bad else s for s in states])
+    for i in sorted(
+        (i for i, s in enumerate(states) if s.bad),
+        key=lambda i: (nodes[i].get("end_time") or "", i),
+    ):
+        machine.end(i, states[i])
+    return machine
+
+
+def _with_after(ff: dict[str, Any], started: str | None) -> dict[str, Any]:
+    """``after``: seconds from the job's start to the failure (as an attached run records)."""
+    if ff.get("after") is None:
+        a, b = _parse_iso(started), _parse_iso(ff.get("time"))
+        ff["after"] = None if a is None or b is None else round(max(0.0, b - a), 3)
+    return ff
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

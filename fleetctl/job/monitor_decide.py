@@ -1,0 +1,196 @@
+"""The job monitor's decision: one poll of every node's supervisor in, the job's verdict (or
+"keep watching") and the event lines out — through the same state machine an attached run uses
+(``fleetctl.job.state``). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.job.runfolder import iso
+from fleetctl.job.state import JobState, NodeState
+from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
+
+if TYPE_CHECKING:
+    from fleetctl.plan.roles import CompletionPolicy
+
+DEFAULT_POLL = 2.0
+DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
+DEFAULT_GRACE = 5.0
+MONITOR_REASON = "stopped by the job monitor"
+ENDED = frozenset({"succeeded", "failed", "lost"})
+
+# ---------------------------------------------------------------------------- the decision
+
+
+@dataclass
+class WatchState:
+    """What the monitor remembers between polls (kept by the caller of :func:`decide`)."""
+
+    unreachable_since: dict[int, float] = field(default_factory=dict)  # rank -> first miss
+    reported: set[int] = field(default_factory=set)  # ranks whose end was written to events
+    tolerated: set[int] = field(default_factory=set)  # failures the completion policy allows
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How the job ends. ``action``: ``fail`` (a node failed first: tear the rest down),
+    ``done`` (every node ended; ``status`` says how), ``external`` (someone else stops it)."""
+
+    action: str
+    status: str | None = None
+    rank: int | None = None
+    host: str | None = None
+    state: str | None = None  # failed or lost, for ``fail``
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    time: float | None = None
+    unreachable: bool = False  # lost because it did not answer: do not wait on it again
+
+    def first_failure(self) -> dict[str, Any] | None:
+        """job.json's ``first_failure`` entry (None unless ``fail``)."""
+        if self.action != "fail":
+            return None
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "time": iso(self.time),
+            "found_by": "monitor",
+        }
+
+    def describe(self) -> str:
+        if self.action == "fail":
+            if self.state == "lost":
+                how = f"lost ({self.reason})" if self.reason else "lost"
+            elif self.signal is not None:
+                how = f"signal {self.signal}"
+            else:
+                how = f"exit code {self.exit_code}"
+            return f"node {self.rank} ({self.host}) failed first: {how}"
+        if self.action == "done":
+            return f"every node ended: {self.status}"
+        return "the job is being stopped from another terminal"
+
+
+def _classify(s: NodeReport) -> tuple[str, str | None]:
+    """A supervisor's answer as running / succeeded / failed / lost / unreachable / external,
+    with a reason for the bad ones."""
+    if s.state == "unreachable":
+        return "unreachable", s.error
+    if s.state == "exited":
+        if s.signal is None and s.exit_code == 0:
+            return "succeeded", None
+        return "failed", None
+    if s.state == "stopped":
+        if s.stop_reason == EXTERNAL_STOP_REASON:
+            return "external", s.stop_reason
+        if s.stop_reason and s.stop_reason.startswith(MONITOR_REASON):
+            return "external", s.stop_reason  # another monitor already tears it down
+        return "failed", f"stopped on the node: {s.stop_reason or 'no reason recorded'}"
+    if s.state == "lost":
+        return "lost", "its supervisor died"
+    if s.state == "absent":
+        return "lost", "no record of the job on the node"
+    return "running", None
+
+
+def decide(
+    states: Sequence[NodeReport],
+    watch: WatchState,
+    now: float,
+    *,
+    lost_timeout: float,
+    policy: CompletionPolicy | None = None,
+) -> tuple[Decision | None, list[str]]:
+    """One poll's verdict (None: keep watching) and the event lines it gives rise to.
+
+    The first failure is the bad end with the earliest time (a node's recorded end time; for
+    a node that stopped answering, when it first did not), so two nodes failing between two
+    polls are told apart. A role job's ``min_failed`` (``policy``) may tolerate a failure.
+    Updates ``watch`` (unreachable streaks, what was already reported).
+    """
+    notes: list[str] = []
+    kinds: dict[int, str] = {}
+    bad: list[tuple[float, Decision]] = []
+    for s in states:
+        kind, why = _classify(s)
+        if kind == "external":
+            return Decision("external", reason=why), notes
+        if kind == "unreachable":
+            since = watch.unreachable_since.setdefault(s.rank, now)
+            if since == now:
+                notes.append(
+                    f"node {s.rank} ({s.host}) did not answer: {why or 'no reason'}; "
+                    f"tolerated up to {lost_timeout:g}s"
+                )
+            if now - since > lost_timeout:
+                kinds[s.rank] = "lost"
+                reason = f"unreachable for {now - since:.0f}s" + (f": {why}" if why else "")
+                d = Decision(
+                    "fail",
+                    "failed",
+                    s.rank,
+                    s.host,
+                    "lost",
+                    reason=reason,
+                    time=since,
+                    unreachable=True,
+                )
+                bad.append((since, d))
+            else:
+                kinds[s.rank] = "running"
+            continue
+        since = watch.unreachable_since.pop(s.rank, None)
+        if since is not None:
+            notes.append(f"node {s.rank} ({s.host}) answers again after {now - since:.1f}s")
+        kinds[s.rank] = kind
+        if kind in ("failed", "lost"):
+            when = s.end_time if s.end_time is not None else now
+            d = Decision(
+                "fail",
+                "failed",
+                s.rank,
+                s.host,
+                "failed" if kind == "failed" else "lost",
+                exit_code=s.exit_code,
+                signal=s.signal,
+                reason=why,
+                time=when,
+            )
+            bad.append((when, d))
+        elif kind == "succeeded" and s.rank not in watch.reported:
+            watch.reported.add(s.rank)
+            notes.append(f"node {s.rank} ({s.host}) succeeded")
+    # The job's state machine decides, as for an attached run: successes as they stand, then
+    # the bad ends one by one, earliest first; the one that reaches a role's min_failed (for a
+    # plain job: the first) is the job's first failure.
+    index = {s.rank: i for i, s in enumerate(states)}
+    machine = JobState(
+        len(states),
+        policy,
+        [
+            NodeState.SUCCEEDED if kinds[s.rank] == "succeeded" else NodeState.RUNNING
+            for s in states
+        ],
+    )
+    bad.sort(key=lambda x: (x[0], x[1].rank or 0))
+    for when, d in bad:
+        assert d.rank is not None and d.state is not None
+        change = machine.end(index[d.rank], NodeState(d.state), when)
+        if change.first_failure:
+            return d, notes
+        if d.rank not in watch.tolerated:
+            watch.tolerated.add(d.rank)
+            notes.append(
+                f"node {d.rank} ({d.host}) ended badly ({d.state}); tolerated by its role's "
+                "min_failed"
+            )
+    if all(kinds[s.rank] in ENDED for s in states):
+        return Decision("done", str(machine.outcome())), notes
+    return None, notes

@@ -1,0 +1,238 @@
+"""What a run folder says about a job, without reaching any node: how to reconnect
+(``connect.json``), the rows of ``fleetctl runs``, a job's latest retry attempt."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import RunFolderError
+from fleetctl.job.runfolder import RunFolder, list_runs, load_run
+from fleetctl.job.state import LIVE_STATES
+from fleetctl.node import Node
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import Plan
+
+ATTEMPT_RE = re.compile(r"^(?P<base>.+)\.(?P<k>[0-9]+)$")
+_NODE_FIELDS = (
+    "name",
+    "address",
+    "port",
+    "user",
+    "key_file",
+    "nic",
+    "train_addr",
+    "gpus",
+    "workdir",
+    "python",
+    "known_hosts",
+    "ssh_config",
+    "local",
+    "groups",
+)
+
+
+# ------------------------------------------------------------------------------ reconnect
+
+
+def write_connect(
+    folder: str | Path,
+    nodes: Sequence[Node],
+    *,
+    inventory: str | None = None,
+    limit: str | None = None,
+) -> None:
+    """Record how to reach the job's nodes again (no env values, no secrets)."""
+    data = {
+        "inventory": os.path.abspath(inventory) if inventory else None,
+        "limit": limit,
+        "nodes": [
+            {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
+            for n in nodes
+        ],
+    }
+    RunFolder(Path(folder)).write_connect(data)
+
+
+def _node_fields(n: Node) -> dict[str, Any]:
+    return {k: getattr(n, k) for k in _NODE_FIELDS}
+
+
+def load_nodes(folder: RunFolder) -> list[Node]:
+    """The job's nodes in rank order: ``connect.json``, else what ``plan.json`` knows."""
+    if folder.has_connect:
+        data = folder.load_connect()
+        try:
+            nodes = []
+            for d in data["nodes"]:
+                d = {k: v for k, v in d.items() if k in _NODE_FIELDS}
+                d["groups"] = tuple(d.get("groups") or ())
+                nodes.append(Node(**d))
+            return nodes
+        except (KeyError, TypeError, AttributeError) as e:
+            raise RunFolderError(f"{folder.path}: connect.json: unreadable: {e}") from e
+    try:
+        plan = folder.load_plan()
+    except RunFolderError:
+        return []  # never launched: nothing to reach
+    return [
+        Node(
+            name=n["host"],
+            address=n["address"],
+            workdir=n.get("workdir") or "~/.fleetctl",
+            python=n.get("python") or "python3",
+        )
+        for n in plan.get("nodes", [])
+    ]
+
+
+def load_plan(folder: RunFolder) -> Plan:
+    from fleetctl.plan.rankplan import Plan
+
+    return Plan.from_dict(folder.load_plan())
+
+
+# ---------------------------------------------------------------------------- run records
+
+
+@dataclass
+class RunRecord:
+    """One line of ``fleetctl runs``."""
+
+    job_id: str
+    launcher: str | None
+    nodes: int
+    status: str
+    started: str | None
+    duration: float | None
+    first_failure: str | None
+    attempts: int = 1
+    detached: bool = False
+    folder: str = ""
+    roles: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "launcher": self.launcher,
+            "nodes": self.nodes,
+            "status": self.status,
+            "started": self.started,
+            "duration": self.duration,
+            "first_failure": self.first_failure,
+            "attempts": self.attempts,
+            "detached": self.detached,
+            "folder": self.folder,
+        }
+
+
+def describe_failure(ff: dict[str, Any] | None) -> str | None:
+    """``node 1 (node2): exit code 1 after 3.2 s`` from job.json's ``first_failure``."""
+    if not ff:
+        return None
+    if ff.get("state") == "lost":
+        how = "lost" + (f" ({ff['reason']})" if ff.get("reason") else "")
+    elif ff.get("state") == "start_failed":
+        how = "could not start" + (f" ({ff['reason']})" if ff.get("reason") else "")
+    elif ff.get("signal") is not None:
+        from fleetctl.job.retry import signal_name
+
+        how = f"signal {ff['signal']} ({signal_name(int(ff['signal']))})"
+    else:
+        how = f"exit code {ff.get('exit_code')}"
+    after = f" after {ff['after']:.1f} s" if isinstance(ff.get("after"), (int, float)) else ""
+    return f"node {ff.get('rank')} ({ff.get('host')}): {how}{after}"
+
+
+def list_records(runs_dir: str | Path) -> list[RunRecord]:
+    """Every job under ``runs_dir``, oldest first; retry attempts fold into their job."""
+    jobs = list_runs(runs_dir)
+    by_id = {j.get("job_id"): j for j in jobs if j.get("job_id")}
+    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    order: list[str] = []
+    for j in jobs:
+        jid = str(j.get("job_id") or "")
+        m = ATTEMPT_RE.match(jid)
+        base, k = (
+            (m.group("base"), int(m.group("k")))
+            if m and m.group("base") in by_id
+            else (
+                jid,
+                int(j.get("attempt") or 1),
+            )
+        )
+        if base not in latest:
+            order.append(base)
+        if base not in latest or k >= latest[base][0]:
+            latest[base] = (k, j)
+    out = []
+    for base in order:
+        k, j = latest[base]
+        first = by_id.get(base, j)
+        status = str(j.get("status") or "?")
+        if j.get("detached") and status in LIVE_STATES:
+            status = "detached"
+        out.append(
+            RunRecord(
+                job_id=base,
+                launcher=j.get("launcher"),
+                nodes=len(j.get("nodes") or []),
+                status=status,
+                started=first.get("started"),
+                duration=_duration(first.get("started"), j.get("ended")),
+                first_failure=describe_failure(j.get("first_failure")),
+                attempts=k,
+                detached=bool(j.get("detached")),
+                folder=str(j.get("folder") or Path(runs_dir) / base),
+            )
+        )
+    return out
+
+
+def _parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    import calendar
+
+    try:
+        main, _, frac = text.rstrip("Z").partition(".")
+        t = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
+        return t + (int(frac) / 10 ** len(frac) if frac.isdigit() else 0.0)
+    except ValueError:
+        return None
+
+
+def _duration(started: str | None, ended: str | None) -> float | None:
+    a, b = _parse_iso(started), _parse_iso(ended)
+    return None if a is None or b is None else round(b - a, 3)
+
+
+def latest_attempt(runs_dir: str | Path, job_id: str) -> RunFolder:
+    """The folder of a job's latest attempt (``<job>.<k>`` with the highest k, else the job)."""
+    try:
+        folder = load_run(runs_dir, job_id)
+    except RunFolderError:
+        # A prefix matching a job and its own attempts (<job>.<k>) still names one job.
+        root = Path(runs_dir)
+        names = {p.name for p in root.glob(f"{job_id}*") if p.is_dir()} if root.is_dir() else set()
+        bases = {
+            m.group("base") if (m := ATTEMPT_RE.match(n)) and m.group("base") in names else n
+            for n in names
+        }
+        if len(bases) != 1:
+            raise
+        folder = RunFolder(root / bases.pop())
+    base = folder.path.name
+    best, best_k = folder, 1
+    root = folder.path.parent
+    for p in root.glob(f"{base}.*"):
+        m = ATTEMPT_RE.match(p.name)
+        if m and m.group("base") == base and p.is_dir() and int(m.group("k")) > best_k:
+            best, best_k = RunFolder(p), int(m.group("k"))
+    return best

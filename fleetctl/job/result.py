@@ -1,0 +1,196 @@
+"""What one run of a job produced: its events as the CLI sees them, every node's outcome, and
+the job's result (also job.json's shape)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.job.runfolder import iso
+from fleetctl.job.state import JobStatus, NodeState, node_state
+
+if TYPE_CHECKING:
+    from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.teardown import TeardownReport
+    from fleetctl.plan.rankplan import Plan
+
+TAIL_LINES = 200  # per node, kept in memory for the summary when logs cannot be collected
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """What the CLI shows. ``kind``: phase, line, lines, notice, exit, lost, failure,
+    teardown, collect, warning. ``rank``/``host`` name the node for node events; ``lines``
+    holds a node's output lines that arrived together (kind ``lines``)."""
+
+    kind: str
+    text: str = ""
+    rank: int | None = None
+    host: str | None = None
+    code: int | None = None
+    time: float = field(default_factory=time.time)
+    lines: tuple[str, ...] = ()
+
+
+@dataclass
+class NodeOutcome:
+    """One node's part of the result (also its entry in job.json)."""
+
+    rank: int
+    host: str
+    address: str
+    train_addr: str | None = None
+    state: NodeState = NodeState.PENDING
+    exit_code: int | None = None
+    signal: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    reason: str | None = None
+    folder: str | None = None
+    collected: bool = False
+    leftovers: dict[str, Any] | None = None  # the supervisor's after-exit scan (exit report)
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES), repr=False
+    )
+
+    @property
+    def ended_badly(self) -> bool:
+        return self.state.bad
+
+    def __post_init__(self) -> None:
+        self.state = node_state(self.state)  # records built from plain strings
+
+    def how(self) -> str:
+        """``exit code 1``, ``signal 9 (SIGKILL)``, ``lost (…)``, ``could not start (…)``."""
+        if self.state == "lost":
+            return f"lost ({self.reason})" if self.reason else "lost"
+        if self.state == "start_failed":
+            return f"could not start ({self.reason})" if self.reason else "could not start"
+        if self.signal is not None:
+            return f"signal {self.signal} ({_signame(self.signal)})"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return self.state
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "address": self.address,
+            "train_addr": self.train_addr,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "start_time": iso(self.start_time),
+            "end_time": iso(self.end_time),
+            "reason": self.reason,
+            "folder": self.folder,
+            "collected": self.collected,
+        }
+
+
+@dataclass
+class JobResult:
+    """What happened: status, every node's outcome, who failed first, teardown and collect."""
+
+    job_id: str
+    folder: Path
+    status: JobStatus = JobStatus.STARTING
+    nodes: list[NodeOutcome] = field(default_factory=list)
+    first_failure: int | None = None  # rank
+    failure_time: float | None = None
+    started: float | None = None  # launch began
+    ended: float | None = None
+    teardown: TeardownReport | None = None
+    collected: list[NodeCollect] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    launcher: str | None = None
+    attempt: int = 1
+    plan: Plan | None = None
+    detached: bool = False
+    verdict: str | None = None  # why a role job ended early (completion policy)
+    # With retries, on the last attempt's result: every attempt and why it ended/was retried
+    # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
+    attempts: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        self.status = JobStatus(self.status)
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "succeeded":  # processes left after teardown are a remote failure
+            return 3 if self.teardown is not None and self.teardown.leftovers else 0
+        if self.status == "interrupted":
+            return 130
+        return 3 if self.status == "failed" else 1
+
+    def node(self, rank: int) -> NodeOutcome:
+        return self.nodes[rank]
+
+    @property
+    def failed_node(self) -> NodeOutcome | None:
+        return None if self.first_failure is None else self.nodes[self.first_failure]
+
+    @property
+    def failed_after(self) -> float | None:
+        """Seconds from launch to the first failure."""
+        if self.failure_time is None or self.started is None:
+            return None
+        return max(0.0, self.failure_time - self.started)
+
+    def log_tail(self, rank: int, n: int = 20) -> list[str]:
+        """Last ``n`` lines of a node's console: the collected console.log, else what streamed."""
+        node = self.nodes[rank]
+        if node.folder:
+            path = Path(node.folder) / "console.log"
+            with contextlib.suppress(OSError), path.open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 256 * 1024))  # the end is enough for a tail
+                return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
+        return list(node.tail)[-n:]
+
+    def to_dict(self) -> dict[str, Any]:
+        ff = self.failed_node
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "attempt": self.attempt,
+            "detached": self.detached,
+            "verdict": self.verdict,
+            "launcher": self.launcher,
+            "started": iso(self.started),
+            "ended": iso(self.ended),
+            "duration": None
+            if self.started is None or self.ended is None
+            else round(self.ended - self.started, 3),
+            "first_failure": None
+            if ff is None
+            else {
+                "rank": ff.rank,
+                "host": ff.host,
+                "address": ff.train_addr or ff.address,
+                "state": ff.state,
+                "exit_code": ff.exit_code,
+                "signal": ff.signal,
+                "reason": ff.reason,
+                "time": iso(self.failure_time),
+                "after": None if self.failed_after is None else round(self.failed_after, 3),
+            },
+            "nodes": [n.to_dict() for n in self.nodes],
+            "teardown": None if self.teardown is None else self.teardown.to_dict(),
+            "collected": [c.to_dict() for c in self.collected],
+            "errors": self.errors,
+            "folder": str(self.folder),
+        } | ({} if self.attempts is None else {"attempts": self.attempts})
+
+
+def _signame(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"

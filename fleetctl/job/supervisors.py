@@ -1,0 +1,204 @@
+"""A job's node supervisors, asked from another process: make sure each node has this
+fleetctl's supervisor, leave it a stop request, ask every node how the job stands there.
+
+Each is one remote command per node, in parallel; a node that does not answer in time is
+reported, never waited on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import FleetctlError
+from fleetctl.job.runfolder import iso
+from fleetctl.node import Node
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import Plan
+    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.fleet import Fleet
+
+EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
+STATUS_TIMEOUT = 30.0
+
+# ------------------------------------------------------------------------------ node side
+
+
+def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict[str, str]:
+    """Make sure this fleetctl's supervisor is on every node (for status/stop/pack); returns
+    node name -> its path. Uploads it (atomically) only where it is missing."""
+    from fleetctl.phases.launch import SUPERVISOR_FILE, supervisor_path
+
+    def one(node: Node, conn: Connection) -> str:
+        sup = supervisor_path(conn.expand(node.workdir))
+        res = conn.run(f"test -f {shlex.quote(sup)}", timeout=STATUS_TIMEOUT)
+        if res.exit_code != 0:
+            conn.run(["mkdir", "-p", "-m", "700", os.path.dirname(sup)], timeout=STATUS_TIMEOUT)
+            conn.put(SUPERVISOR_FILE, sup, mode=0o700)
+        return sup
+
+    res = fleet.map(one, timeout=STATUS_TIMEOUT + 30, nodes=nodes)
+    return {k: v for k, v in res.succeeded.items()}
+
+
+# Node side of request_stop: argv = run_dir, job_id, reason. Only into an existing run folder.
+_STOP_MARK = r"""
+import json, os, sys, time
+d, job, reason = sys.argv[1:4]
+if os.path.isdir(d):
+    p = os.path.join(d, "stop-request.json")
+    t = "%s.%d.tmp" % (p, os.getpid())
+    fd = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"job_id": job, "reason": reason, "time": time.time()}, f)
+    os.replace(t, p)
+"""
+
+
+def request_stop(
+    fleet: Fleet,
+    plan: Plan,
+    nodes: Sequence[Node],
+    *,
+    reason: str = EXTERNAL_STOP_REASON,
+    skip: Iterable[str] = (),
+) -> None:
+    """Leave ``stop-request.json`` in every node's run folder before the stop, so each
+    supervisor reports why its job ended and an attached ``fleetctl run`` (in another
+    terminal) counts the job as stopped, not failed. Best effort: the stop itself follows.
+    ``skip``: hosts not to ask (lost: unreachable)."""
+    by_name = {n.name: n for n in nodes}
+    skip = set(skip)
+
+    def one(node: Node, conn: Connection) -> None:
+        np = plan.node(node.name)
+        argv = [
+            conn.expand(node.python),
+            "-c",
+            _STOP_MARK,
+            conn.expand(np.run_dir),
+            plan.job_id,
+            reason,
+        ]
+        conn.run(argv, timeout=STATUS_TIMEOUT)
+
+    todo = [by_name[n.host] for n in plan.nodes if n.host in by_name and n.host not in skip]
+    fleet.map(one, timeout=STATUS_TIMEOUT + 10, nodes=todo)
+
+
+@dataclass
+class NodeReport:
+    """One node's view of the job (``fleetctl status``)."""
+
+    rank: int
+    host: str
+    state: str  # running, exited, stopped, lost (supervisor died), absent, unreachable
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    processes: list[int] = field(default_factory=list)
+    detached: bool = False
+    start_time: float | None = None
+    end_time: float | None = None
+    error: str | None = None
+    stop_reason: str | None = None  # the supervisor's, when it stopped the job
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "state": self.state,
+            "pid": self.pid,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "processes": self.processes,
+            "detached": self.detached,
+            "start_time": iso(self.start_time),
+            "end_time": iso(self.end_time),
+            "error": self.error,
+            "stop_reason": self.stop_reason,
+        }
+
+
+def node_states(
+    fleet: Fleet,
+    plan: Plan,
+    nodes: Sequence[Node],
+    *,
+    ensure: bool = True,
+    timeout: float = STATUS_TIMEOUT,
+) -> list[NodeReport]:
+    """Ask every node's supervisor (``status`` mode) about the job, in parallel.
+
+    ``ensure`` first installs the supervisor where it is missing (one more command per node;
+    a watcher polling every few seconds does that once, then passes False). ``timeout`` bounds
+    each node's answer; a node that does not answer in time is ``unreachable``.
+    """
+    from fleetctl.phases.launch import supervisor_command, supervisor_path
+
+    by_name = {n.name: n for n in nodes}
+    if ensure:
+        ensure_supervisor(fleet, [by_name[np.host] for np in plan.nodes if np.host in by_name])
+
+    def one(node: Node, conn: Connection) -> dict[str, Any]:
+        np = plan.node(node.name)
+        sup = supervisor_path(conn.expand(node.workdir))
+        argv = supervisor_command(
+            conn.expand(node.python),
+            sup,
+            "status",
+            job_id=plan.job_id,
+            run_dir=conn.expand(np.run_dir),
+        )
+        res = conn.run(argv, timeout=timeout)
+        data = _last_json(res.stdout)
+        if res.exit_code != 0 or data is None:
+            raise FleetctlError(f"status exited {res.exit_code}: {res.stderr.strip()[-200:]}")
+        return data
+
+    results = fleet.map(one, timeout=timeout + 10, nodes=[by_name[n.host] for n in plan.nodes])
+    out = []
+    for np in plan.nodes:
+        r = results.get(np.host)
+        if not isinstance(r, dict):
+            out.append(NodeReport(np.node_rank, np.host, "unreachable", error=_one_line(r)))
+            continue
+        state = r.get("state") or "absent"
+        if not r.get("job_id") and not r.get("processes"):
+            state = "absent"
+        out.append(
+            NodeReport(
+                rank=np.node_rank,
+                host=np.host,
+                state=state,
+                pid=r.get("pid"),
+                exit_code=r.get("exit_code"),
+                signal=r.get("signal"),
+                processes=list(r.get("processes") or []),
+                detached=bool(r.get("detached")),
+                start_time=r.get("start_time"),
+                end_time=r.get("end_time"),
+                stop_reason=r.get("stop_reason"),
+            )
+        )
+    return out
+
+
+def _one_line(e: object) -> str:
+    text = getattr(e, "one_line", None)
+    return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            data = json.loads(line)
+            if isinstance(data, dict):
+                return data
+    return None
