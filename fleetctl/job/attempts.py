@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.state import JobStatus
 
 if TYPE_CHECKING:
     from fleetctl.job.result import JobEvent, JobResult
@@ -115,10 +116,10 @@ def run_attempts(
             )
             out.attempts.append(att)
             decision: Decision | None = None
-            if result.status == "failed" and ff is not None:
+            if result.status == JobStatus.FAILED and ff is not None:
                 failure = Failure.from_node(ff, result.log_tail(ff.rank, 50))
                 decision = policy.decide(failure, k)
-            elif result.status == "interrupted":
+            elif result.status == JobStatus.INTERRUPTED:
                 decision = policy.decide(Failure("interrupted"), k)
             if decision is not None:
                 att.decision = ("retry: " if decision.retry else "not retried: ") + decision.reason

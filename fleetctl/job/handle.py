@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError, UsageError
 from fleetctl.job.runfolder import iso
-from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, node_state
+from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, exit_state, node_state
 
 if TYPE_CHECKING:
     from fleetctl.phases.collect import NodeCollect
@@ -200,7 +200,7 @@ class JobHandle:
             if not sup:
                 continue
             st = sup.get("state")
-            if st == "running":
+            if st == NodeState.RUNNING:
                 still = True
                 continue
             node["exit_code"], node["signal"] = sup.get("exit_code"), sup.get("signal")
@@ -215,33 +215,33 @@ class JobHandle:
             )
             if rank == first_rank:
                 continue  # set from the monitor's record below
-            if st == "stopped" or by_stop:
-                node["state"] = "stopped"
+            if st == NodeState.STOPPED or by_stop:
+                node["state"] = str(NodeState.STOPPED)
                 node["reason"] = sup.get("stop_reason")
             else:
-                node["state"] = "succeeded" if sup.get("exit_code") == 0 else "failed"
+                node["state"] = str(exit_state(0 if sup.get("exit_code") == 0 else 1, stopping=False))
         if failed_first is not None and first_rank in by_rank:
             node = by_rank[first_rank]
-            node["state"] = failed_first.get("state") or "failed"
+            node["state"] = failed_first.get("state") or str(NodeState.FAILED)
             for k in ("exit_code", "signal", "reason"):
                 if failed_first.get(k) is not None or k == "reason":
                     node[k] = failed_first.get(k)
             node["end_time"] = node.get("end_time") or failed_first.get("time")
         if stopped:  # nodes whose record did not come back were stopped all the same
             for node in nodes:
-                if node.get("state") in ("running", "pending"):
-                    node["state"] = "stopped"
+                if not node_state(node.get("state")).ended:
+                    node["state"] = str(NodeState.STOPPED)
         elif status is not None:
             clean = set(verified or ())
             for node in nodes:
-                if node.get("state") in ("running", "pending"):
+                if not node_state(node.get("state")).ended:
                     if node.get("host") in clean:
-                        node["state"] = "stopped"
+                        node["state"] = str(NodeState.STOPPED)
                     else:
-                        node["state"] = "lost"
+                        node["state"] = str(NodeState.LOST)
                         node["reason"] = "not reachable: the teardown could not verify it"
         # A node whose record did not come back (unreachable) may still run: the job stays live.
-        still = still or any(n.get("state") in ("running", "pending") for n in nodes)
+        still = still or any(not node_state(n.get("state")).ended for n in nodes)
         job["nodes"] = nodes
         job["collected"] = [c.to_dict() for c in collected.values()]
         final = False
@@ -258,7 +258,7 @@ class JobHandle:
             else:
                 job["status"] = str(JobStatus.STOPPED if stopped else machine.outcome())
             if (
-                job["status"] == "failed"
+                job["status"] == JobStatus.FAILED
                 and machine.first_failure is not None
                 and not job.get("first_failure")
             ):
@@ -344,7 +344,7 @@ class JobHandle:
             job = dict(self.job)
             job["teardown"] = report.to_dict()
             if report.verified and str(job.get("status")) in LIVE_STATES:
-                job["status"] = "stopped"
+                job["status"] = str(JobStatus.STOPPED)
                 job["ended"] = iso(time.time())
             self.folder.write_job(job)
             self.job = job

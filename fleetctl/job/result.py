@@ -66,9 +66,9 @@ class NodeOutcome:
 
     def how(self) -> str:
         """``exit code 1``, ``signal 9 (SIGKILL)``, ``lost (…)``, ``could not start (…)``."""
-        if self.state == "lost":
+        if self.state == NodeState.LOST:
             return f"lost ({self.reason})" if self.reason else "lost"
-        if self.state == "start_failed":
+        if self.state == NodeState.START_FAILED:
             return f"could not start ({self.reason})" if self.reason else "could not start"
         if self.signal is not None:
             return f"signal {self.signal} ({_signame(self.signal)})"
@@ -122,11 +122,11 @@ class JobResult:
 
     @property
     def exit_code(self) -> int:
-        if self.status == "succeeded":  # processes left after teardown are a remote failure
+        if self.status == JobStatus.SUCCEEDED:  # processes left after teardown are a remote failure
             return 3 if self.teardown is not None and self.teardown.leftovers else 0
-        if self.status == "interrupted":
+        if self.status == JobStatus.INTERRUPTED:
             return 130
-        return 3 if self.status == "failed" else 1
+        return 3 if self.status == JobStatus.FAILED else 1
 
     def node(self, rank: int) -> NodeOutcome:
         return self.nodes[rank]

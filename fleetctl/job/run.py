@@ -397,10 +397,10 @@ def _finish(job: _Job, fleet: Fleet, interrupted: bool) -> None:
         job.result.ended = time.time()
         job.save()
         return
-    if job.options.detach and job.result.status == "running" and not interrupted:
+    if job.options.detach and job.result.status == JobStatus.RUNNING and not interrupted:
         job.launch_done.wait(35.0)
         _drain(job)
-        if all(n.state == "running" for n in job.result.nodes):
+        if all(n.state == NodeState.RUNNING for n in job.result.nodes):
             # Detached and running everywhere: the supervisors own the job now; `fleetctl
             # stop/collect JOB` end it and bring the logs home.
             watch.close()
@@ -460,7 +460,7 @@ def _drain(job: _Job) -> None:
 
 
 def _lost_hosts(job: _Job) -> set[str]:
-    return {n.host for n in job.result.nodes if n.state == "lost"}
+    return {n.host for n in job.result.nodes if n.state == NodeState.LOST}
 
 
 def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
@@ -473,7 +473,7 @@ def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
     job.watch.stop_nodes(hard=hard)
     _drain(job)
     grace = 0.0 if hard else job.options.grace
-    running = [n for n in job.result.nodes if n.state == "running"]
+    running = [n for n in job.result.nodes if n.state == NodeState.RUNNING]
     if running:
         job.emit(
             "teardown",
@@ -488,7 +488,7 @@ def _teardown(job: _Job, fleet: Fleet, *, hard: bool) -> None:
     reported = {
         n.host: n.leftovers
         for n in job.result.nodes
-        if n.leftovers is not None and n.state not in ("running", "lost")
+        if n.leftovers is not None and n.state not in (NodeState.RUNNING, NodeState.LOST)
     }
     report = teardown(
         fleet,

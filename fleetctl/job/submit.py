@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import UsageError
 from fleetctl.job.retry import RetryPolicy
+from fleetctl.job.state import JobStatus
 
 if TYPE_CHECKING:
     from fleetctl.job.monitor_process import SpawnedMonitor
@@ -80,7 +81,7 @@ class Submitted:
     def detached(self) -> bool:
         """The job runs on under its supervisors (the CLI prints its id and returns)."""
         r = self.result
-        return r.detached and r.status == "running"
+        return r.detached and r.status == JobStatus.RUNNING
 
 
 def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:

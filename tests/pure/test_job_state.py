@@ -1,0 +1,135 @@
+"""The job state machine (fleetctl.job.state): one golden table of node ends → the job's fate,
+and the detached monitor's decision agreeing with it on the same ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetctl.job.monitor_decide import WatchState, decide
+from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state
+from fleetctl.job.supervisors import NodeReport
+from fleetctl.plan.roles import CompletionPolicy
+
+S, F, L, X = NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.START_FAILED
+PS = CompletionPolicy(roles=("ps", "worker", "worker"), min_failed={"worker": 2, "ps": 1})
+WORKERS_DONE = CompletionPolicy(
+    roles=("ps", "worker", "worker"), min_succeeded={"worker": 2}, min_failed={"ps": 1}
+)
+
+# (name, nodes, policy, ends in time order as (rank, state), first failure, final status)
+GOLDEN = [
+    ("all succeed", 3, None, [(0, S), (1, S), (2, S)], None, JobStatus.SUCCEEDED),
+    ("first bad end fails the job", 3, None, [(0, S), (2, F), (1, F)], 2, JobStatus.FAILED),
+    ("a lost node fails the job", 2, None, [(1, L), (0, F)], 1, JobStatus.FAILED),
+    ("could not start fails the job", 2, None, [(0, X)], 0, JobStatus.FAILED),
+    ("min_failed tolerates one worker", 3, PS, [(1, F), (0, S), (2, S)], None, JobStatus.SUCCEEDED),
+    ("min_failed reached by the second", 3, PS, [(1, F), (2, L)], 2, JobStatus.FAILED),
+    ("the ps role fails at once", 3, PS, [(0, F)], 0, JobStatus.FAILED),
+]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "policy", "ends", "first", "status"),
+    [case[1:] for case in GOLDEN],
+    ids=[case[0] for case in GOLDEN],
+)
+def test_node_ends_give_the_job_its_first_failure_and_status(
+    nodes: int,
+    policy: CompletionPolicy | None,
+    ends: list[tuple[int, NodeState]],
+    first: int | None,
+    status: JobStatus,
+) -> None:
+    machine = JobState(nodes, policy)
+    machine.launch()
+    for rank in range(nodes):
+        machine.start(rank)
+    firsts = []
+    for t, (rank, state) in enumerate(ends):
+        if machine.end(
+            rank,
+            exit_state(0 if state is S else 1, stopping=machine.stopping)
+            if state in (S, F)
+            else state,
+            float(t),
+        ).first_failure:
+            firsts.append(rank)
+    assert firsts == ([] if first is None else [first])
+    assert machine.first_failure == first
+    for rank in range(nodes):  # whatever still runs is stopped by the teardown
+        if not machine.states[rank].ended:
+            machine.end(rank, NodeState.STOPPED)
+    assert machine.settle() is status
+
+
+def test_after_the_first_failure_the_others_end_as_stopped_not_failed() -> None:
+    machine = JobState(3)
+    machine.launch()
+    assert machine.end(1, exit_state(1, stopping=machine.stopping)).first_failure
+    assert exit_state(-15, stopping=machine.stopping) is NodeState.STOPPED
+    assert exit_state(0, stopping=machine.stopping) is NodeState.SUCCEEDED
+
+
+def test_min_succeeded_completes_a_role_job_early_and_stops_the_rest() -> None:
+    machine = JobState(3, WORKERS_DONE)
+    machine.launch()
+    assert machine.end(1, S).completed is None
+    change = machine.end(2, S)
+    assert change.completed == "2 task(s) of role 'worker' succeeded"
+    assert machine.stopping and machine.status is JobStatus.SUCCEEDED
+    machine.end(0, NodeState.STOPPED)
+    assert machine.settle() is JobStatus.SUCCEEDED
+
+
+def test_interrupt_and_an_external_stop_end_as_interrupted_unless_a_node_failed_first() -> None:
+    reason = "stopped by `fleetctl stop`"
+    machine = JobState(2)
+    machine.launch()
+    machine.stop_requested(reason)
+    machine.end(0, NodeState.STOPPED)
+    machine.end(1, NodeState.STOPPED)
+    assert machine.settle(external=reason) is JobStatus.INTERRUPTED
+    failed = JobState(2)
+    failed.launch()
+    failed.end(0, F)
+    failed.stop_requested(reason)
+    assert failed.settle(external=reason) is JobStatus.FAILED
+    assert JobState(1).settle(interrupted=True) is JobStatus.INTERRUPTED
+
+
+def _report(rank: int, state: NodeState, t: float) -> NodeReport:
+    if state is S:
+        return NodeReport(rank, f"n{rank}", "exited", exit_code=0, end_time=t)
+    if state is F:
+        return NodeReport(rank, f"n{rank}", "exited", exit_code=1, end_time=t)
+    return NodeReport(rank, f"n{rank}", "lost", end_time=t)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "policy", "ends", "first", "status"),
+    [case[1:] for case in GOLDEN if all(s in (S, F, L) for _, s in case[3])],
+    ids=[case[0] for case in GOLDEN if all(s in (S, F, L) for _, s in case[3])],
+)
+def test_the_detached_monitor_decides_as_the_attached_run_does(
+    nodes: int,
+    policy: CompletionPolicy | None,
+    ends: list[tuple[int, NodeState]],
+    first: int | None,
+    status: JobStatus,
+) -> None:
+    """All ends seen in one poll (the monitor's worst case): same first failure, same status."""
+    times = {rank: 100.0 + t for t, (rank, _) in enumerate(ends)}
+    states = {rank: s for rank, s in ends}
+    reports = [
+        _report(r, states[r], times[r])
+        if r in states
+        else NodeReport(r, f"n{r}", "running", processes=[1])
+        for r in range(nodes)
+    ]
+    d, _ = decide(reports, WatchState(), 200.0, lost_timeout=60, policy=policy)
+    if first is not None:
+        assert d is not None and d.action == "fail" and d.rank == first
+    elif len(ends) == nodes:
+        assert d is not None and d.action == "done" and d.status == str(status)
+    else:
+        assert d is None
