@@ -219,7 +219,9 @@ class JobHandle:
                 node["state"] = str(NodeState.STOPPED)
                 node["reason"] = sup.get("stop_reason")
             else:
-                node["state"] = str(exit_state(0 if sup.get("exit_code") == 0 else 1, stopping=False))
+                node["state"] = str(
+                    exit_state(0 if sup.get("exit_code") == 0 else 1, stopping=False)
+                )
         if failed_first is not None and first_rank in by_rank:
             node = by_rank[first_rank]
             node["state"] = failed_first.get("state") or str(NodeState.FAILED)
