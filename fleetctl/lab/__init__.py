@@ -7,7 +7,9 @@ network stack; ``lab.down()`` removes everything. See docs/lab.md.
 from __future__ import annotations
 
 from fleetctl.errors import LabError, LabInputError
-from fleetctl.lab.core import DEFAULT_PARENT, WORKDIR, Lab, LabHost, require_root
+from fleetctl.lab.constants import DEFAULT_PARENT, WORKDIR
+from fleetctl.lab.core import Lab, require_root
+from fleetctl.lab.hosts import LabHost
 
 __all__ = [
     "DEFAULT_PARENT",

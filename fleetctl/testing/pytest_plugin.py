@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 from fleetctl.errors import LabError
-from fleetctl.lab.core import REGISTRY, Lab, _entry_live, _registry_entries
+from fleetctl.lab.constants import REGISTRY
+from fleetctl.lab.core import Lab
+from fleetctl.lab.registry import _entry_live, _registry_entries
 
 PYTEST_OWNER = "pytest"
 

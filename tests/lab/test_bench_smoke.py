@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.lab.core import REGISTRY
+from fleetctl.lab.constants import REGISTRY
 from fleetctl.testing.pytest_plugin import require_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

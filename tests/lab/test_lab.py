@@ -21,7 +21,7 @@ import yaml
 
 from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import Lab, procs
-from fleetctl.lab.core import REGISTRY
+from fleetctl.lab.constants import REGISTRY
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh.connection import SSHSettings, connect
 

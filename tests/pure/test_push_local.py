@@ -85,7 +85,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
 ) -> None:
     """`fleetctl run` passes the nodes whose fresh check found this snapshot: no remote
     command for them; the others are probed (and sent the code) as usual."""
-    import fleetctl.phases.push as push_mod
+    import fleetctl.phases.push.phase as push_mod
 
     src = code_tree(tmp_path / "src")
     n1, n2 = local("n1", tmp_path / "w1"), local("n2", tmp_path / "w2")

@@ -1,0 +1,218 @@
+"""The files a lab writes: its SSH key pair, each host's sshd_config, the users'
+ssh_config, known_hosts and hosts.yml, and each host's fake GPU files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.lab import net
+from fleetctl.lab.constants import _HERE, MINIMAL_BASHRC, ROOT_BASHRC, SSHD_PATH_ENV, WORKDIR
+
+if TYPE_CHECKING:
+    from fleetctl.lab.hosts import LabHost
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Atomic write: readers (another `fleetctl lab` process) never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _gen_keypair(comment: str) -> tuple[str, str]:
+    """An ed25519 key pair in OpenSSH format (private, public line)."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    except ImportError:  # pragma: no cover - cryptography ships with paramiko
+        return _gen_keypair_ssh_keygen(comment)
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    pub = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return priv, f"{pub} {comment}"
+
+
+def _gen_keypair_ssh_keygen(comment: str) -> tuple[str, str]:  # pragma: no cover
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "k"
+        net.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(p)])
+        return p.read_text(), p.with_suffix(".pub").read_text().strip()
+
+
+class _LabFiles:
+    """The file-writing part of :class:`~fleetctl.lab.core.Lab` (a mixin)."""
+
+    # files -------------------------------------------------------------
+    def _write_keys_and_configs(self) -> None:
+        d = self.dir
+        priv, pub = _gen_keypair(f"fleetctl-lab-{self.name}")
+        _write(d / "id_ed25519", priv, 0o600)
+        _write(d / "id_ed25519.pub", pub + "\n", 0o644)
+        _write(d / "authorized_keys", pub + "\n", 0o600)
+        known = []
+        etc_hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        etc_hosts += [f"{h.mgmt_addr}\t{h.name}" for h in self.hosts]
+        for h in self.hosts:
+            hd = self.host_dir(h)
+            for sub in ("ssh", "fleetctl", "bin"):
+                (hd / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (hd / "tmp").mkdir(exist_ok=True)
+            os.chmod(hd / "tmp", 0o1777)
+            hpriv, hpub = _gen_keypair(f"root@{h.name}")
+            _write(hd / "ssh" / "ssh_host_ed25519_key", hpriv, 0o600)
+            _write(hd / "ssh" / "ssh_host_ed25519_key.pub", hpub + "\n", 0o644)
+            names = ",".join(a for a in (h.name, h.mgmt_addr, h.data_addr) if a)
+            known.append(f"{names} {' '.join(hpub.split()[:2])}")
+            _write(hd / "ssh" / "sshd_config", self._sshd_config(h), 0o600)
+            _write(hd / "hosts", "\n".join(etc_hosts) + "\n", 0o644)
+            self._write_gpu_files(h)
+            binds = [[str(hd / "fleetctl"), WORKDIR], [str(hd / "hosts"), "/etc/hosts"]]
+            if not self.state.get("machine_bashrc") and os.path.isfile(ROOT_BASHRC):
+                _write(hd / "bashrc", MINIMAL_BASHRC, 0o644)
+                binds.append([str(hd / "bashrc"), ROOT_BASHRC])
+            binds.append([str(hd / "tmp"), "/tmp"])  # last: it hides /tmp for later binds
+            init_cfg = {
+                "hostname": h.name,
+                "binds": binds,
+                "sshd_argv": [
+                    self.state["sshd"],
+                    "-D",
+                    "-e",
+                    "-f",
+                    str(hd / "ssh" / "sshd_config"),
+                ],
+                "sshd_env": {"PATH": SSHD_PATH_ENV, "LANG": "C.UTF-8"},
+                "sshd_log": str(hd / "sshd.log"),
+            }
+            _write(hd / "host.json", json.dumps(init_cfg, indent=2) + "\n", 0o600)
+        _write(self.known_hosts, "\n".join(known) + "\n", 0o644)
+        _write(self.ssh_config, self._ssh_client_config(), 0o644)
+        _write(self.inventory_path, self._inventory(), 0o644)
+
+    def _host_path(self, h: LabHost) -> str:
+        """This host's bin dir (fake nvidia-smi), the lab's Python, then Debian's root PATH."""
+        pybin = os.path.dirname(self.state["python"])
+        return f"{self.host_dir(h) / 'bin'}:{pybin}:{SSHD_PATH_ENV}"
+
+    def _sshd_config(self, h: LabHost) -> str:
+        hd = self.host_dir(h)
+        listen = [h.mgmt_addr] + ([h.data_addr] if h.data_addr else [])
+        lines = [
+            f"# fleetctl lab {self.name} host {h.name} (generated; removed by `fleetctl lab down`)",
+            *[f"ListenAddress {a}:22" for a in listen],
+            f"HostKey {hd / 'ssh' / 'ssh_host_ed25519_key'}",
+            f"PidFile {hd / 'sshd.pid'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            # StrictModes would reject DIR under world-writable /var/tmp; the lab owns DIR (0700).
+            "StrictModes no",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "HostbasedAuthentication no",
+            "GSSAPIAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "PermitEmptyPasswords no",
+            "PermitUserEnvironment no",
+            "UsePAM no",
+            "UseDNS no",
+            "MaxSessions 256",
+            "MaxStartups 256:30:512",
+            "MaxAuthTries 6",
+            "LoginGraceTime 30",
+            "X11Forwarding no",
+            "AllowAgentForwarding no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "LogLevel INFO",
+            # First on PATH: this host's bin dir (fake nvidia-smi), the lab's Python, then
+            # Debian's root PATH. SetEnv overrides sshd's default PATH (sshd_config(5)).
+            f"SetEnv PATH={self._host_path(h)}",
+            "Subsystem sftp internal-sftp",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _ssh_client_config(self) -> str:
+        pats = " ".join(
+            [h.name for h in self.hosts]
+            + [h.mgmt_addr for h in self.hosts]
+            + [h.data_addr for h in self.hosts if h.data_addr]
+        )
+        out = [f"# fleetctl lab {self.name}: ssh -F {self.ssh_config} node1", ""]
+        for h in self.hosts:
+            out += [f"Host {h.name}", f"  HostName {h.mgmt_addr}", ""]
+        out += [
+            f"Host {pats}",
+            "  User root",
+            "  Port 22",
+            f"  IdentityFile {self.key_path}",
+            "  IdentitiesOnly yes",
+            f"  UserKnownHostsFile {self.known_hosts}",
+            "  GlobalKnownHostsFile /dev/null",
+            "  StrictHostKeyChecking yes",
+            "  BatchMode yes",
+            "  ConnectTimeout 5",
+            "  ForwardAgent no",
+            "  LogLevel ERROR",
+            "",
+        ]
+        return "\n".join(out)
+
+    def _inventory(self) -> str:
+        import yaml
+
+        common = (
+            f"-F /dev/null -o UserKnownHostsFile={self.known_hosts} "
+            "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
+        )
+        hosts: dict[str, Any] = {}
+        for h in self.hosts:
+            v: dict[str, Any] = {
+                "ansible_host": h.mgmt_addr,
+                "ansible_port": 22,
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(self.key_path),
+                "ansible_ssh_common_args": common,
+                "ansible_python_interpreter": self.state["python"],
+                "fleetctl_known_hosts": str(self.known_hosts),
+                "fleetctl_python": self.state["python"],
+                "fleetctl_nic": h.nic,
+            }
+            if h.gpus:
+                v["fleetctl_gpus"] = h.gpus
+            hosts[h.name] = v
+        doc = {"all": {"children": {"nodes": {"hosts": hosts}}}}
+        head = (
+            f"# fleetctl lab {self.name} ({len(self.hosts)} hosts, {self.networks} "
+            f"network{'s' if self.networks == 2 else ''}); generated by `fleetctl lab up`\n"
+        )
+        return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+    def _write_gpu_files(self, h: LabHost) -> None:
+        bindir = self.host_dir(h) / "bin"
+        smi = bindir / "nvidia-smi"
+        if not h.fake_smi:
+            for p in (smi, bindir / "nvidia-smi.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            return
+        src = (_HERE / "fake_nvidia_smi.py").read_text()
+        _write(smi, f"#!{self.state['python']} -IS\n" + src, 0o755)
+        cfg = {"count": h.gpus, "seed": f"{self.name}/{h.name}"}
+        _write(bindir / "nvidia-smi.json", json.dumps(cfg) + "\n", 0o644)

@@ -1,0 +1,50 @@
+"""The check cache: passing reports kept for a short time per fleet + options, so ``run``
+right after ``check`` is instant (the key is :func:`fleetctl.phases.check.cache_key`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from fleetctl.phases.check_report import CheckOptions, CheckReport
+
+
+def cache_dir(options: CheckOptions) -> Path:
+    if options.cache_dir:
+        return Path(options.cache_dir)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "fleetctl" / "check"
+
+
+def load_cached(key: str, options: CheckOptions) -> CheckReport | None:
+    if options.recheck or options.cache_ttl <= 0:
+        return None
+    path = cache_dir(options) / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        age = time.time() - float(data["checked_at"])
+        if not 0 <= age <= options.cache_ttl or not data.get("ok"):
+            return None
+        report = CheckReport.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    report.cached = True
+    return report
+
+
+def save_cached(key: str, report: CheckReport, options: CheckOptions) -> None:
+    """Only passing reports are kept: a failure must be re-checked once fixed."""
+    if options.cache_ttl <= 0 or not report.ok:
+        return
+    folder = cache_dir(options)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(report.to_dict(), fh)
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:
+        return  # a cache that cannot be written only costs time

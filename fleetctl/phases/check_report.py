@@ -1,0 +1,255 @@
+"""What a check takes and gives: :class:`CheckOptions`, the per-host :class:`ProbeOutcome`,
+and the :class:`CheckReport` (host x check -> ok / warn / fail / skip, mesh failures)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import NodeFacts
+    from fleetctl.ssh.fleet import Fleet
+
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+CHECKS = (
+    "ssh",
+    "ping",
+    "python",
+    "rsync",
+    "nic",
+    "addr",
+    "mesh",
+    "gpu",
+    "port",
+    "disk",
+    "env",
+    "clock",
+)
+GiB = 1 << 30
+DEFAULT_MASTER_PORT = 29500
+# ------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What to check and how long to wait. Everything but the cache knobs keys the cache.
+
+    ``uniform_gpus``: the launcher runs the same number of processes on every node (torchrun,
+    paddle, deepspeed with ``--nproc-per-node auto``), so GPU counts must agree.
+    ``backend``: ``nccl`` makes a node without nvidia-smi an error. ``env_dir``/``code_dir``:
+    remote paths (relative to the node workdir, or absolute/``~``) whose presence the probe
+    reports, so push can skip what is already there. ``env_archive_bytes``: the disk check then
+    needs at least twice that (archive + unpacked) where the env is not there yet.
+    """
+
+    master_port: int = DEFAULT_MASTER_PORT
+    reserved_ports: tuple[int, ...] = ()
+    backend: str | None = None
+    uniform_gpus: bool = False
+    min_free_bytes: int = GiB
+    env_archive_bytes: int | None = None
+    env_dir: str | None = None
+    env_imports: tuple[str, ...] = ()
+    code_dir: str | None = None
+    mesh: bool = True
+    mesh_span: int = 64
+    allow_loopback: bool = False
+    max_clock_skew: float = 2.0
+    ping: bool = True
+    probe_timeout: float = 30.0
+    tcp_timeout: float = 2.0
+    cache_ttl: float = 120.0
+    recheck: bool = False
+    cache_dir: str | None = None
+
+    def cache_fields(self) -> dict[str, Any]:
+        skip = {"cache_ttl", "recheck", "cache_dir"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One cell of the table: a check's status on one host and why."""
+
+    status: str
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass
+class HostReport:
+    """One row: every check of one host, in ``CHECKS`` order."""
+
+    name: str
+    label: str
+    checks: dict[str, CheckResult] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.failed for c in self.checks.values())
+
+    @property
+    def failed(self) -> list[str]:
+        return [k for k, c in self.checks.items() if c.failed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.name,
+            "label": self.label,
+            "ok": self.ok,
+            "checks": {k: {"status": c.status, "detail": c.detail} for k, c in self.checks.items()},
+        }
+
+
+@dataclass(frozen=True)
+class MeshFailure:
+    """A directed pair that cannot talk over the training network: ``src → dst: problems``."""
+
+    src: str
+    dst: str
+    problems: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.src} → {self.dst}: {', '.join(self.problems)}"
+
+
+@dataclass
+class CheckReport:
+    """Everything preflight found. ``ok`` is False when any cell failed or any pair failed.
+
+    ``facts`` feeds ``make_plan``; ``homes`` lets later phases skip the SFTP home lookup
+    (see ``prime``); ``code_present``/``env_present`` let push skip a round trip.
+    """
+
+    hosts: dict[str, HostReport]
+    mesh_failures: list[MeshFailure] = field(default_factory=list)
+    mesh_skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    facts: dict[str, NodeFacts] = field(default_factory=dict)
+    homes: dict[str, str] = field(default_factory=dict)
+    code_present: dict[str, bool] = field(default_factory=dict)
+    env_present: dict[str, bool] = field(default_factory=dict)
+    nccl_versions: dict[str, str | None] = field(default_factory=dict)
+    mesh_ports: dict[str, int] = field(default_factory=dict)
+    checked_at: float = 0.0
+    elapsed: float = 0.0
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.mesh_failures and all(h.ok for h in self.hosts.values())
+
+    @property
+    def failures(self) -> list[tuple[str, str, str]]:
+        """(host, check, reason) for every failed cell, in rank and check order."""
+        return [
+            (h.name, k, c.detail)
+            for h in self.hosts.values()
+            for k, c in h.checks.items()
+            if c.failed
+        ]
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return [h.name for h in self.hosts.values() if not h.ok]
+
+    def summary(self) -> str:
+        """The one-line verdict."""
+        n = len(self.hosts)
+        if self.ok:
+            extra = f", {len(self.warnings)} warning(s)" if self.warnings else ""
+            return f"all {n} host(s) ready{extra}"
+        bad = self.failed_hosts
+        parts = [f"{len(bad)} of {n} host(s) failed" if bad else f"{n} host(s) checked"]
+        if self.mesh_failures:
+            parts.append(f"{len(self.mesh_failures)} mesh pair(s) failed")
+        return "; ".join(parts)
+
+    def prime(self, fleet: Fleet) -> None:
+        """Give the fleet's open SSH connections the homes the probe reported (no SFTP lookup)."""
+        for node in fleet.connected:
+            home = self.homes.get(node.name)
+            conn = fleet.connection(node)
+            if home and hasattr(conn, "set_home"):
+                conn.set_home(home)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "summary": self.summary(),
+            "checks": list(CHECKS),
+            "hosts": [h.to_dict() for h in self.hosts.values()],
+            "failures": [{"host": h, "check": c, "reason": r} for h, c, r in self.failures],
+            "mesh_failures": [
+                {"src": f.src, "dst": f.dst, "problems": list(f.problems), "text": str(f)}
+                for f in self.mesh_failures
+            ],
+            "mesh_skipped": list(self.mesh_skipped),
+            "warnings": list(self.warnings),
+            "facts": {k: _facts_dict(v) for k, v in self.facts.items()},
+            "homes": dict(self.homes),
+            "code_present": dict(self.code_present),
+            "env_present": dict(self.env_present),
+            "nccl_versions": dict(self.nccl_versions),
+            "mesh_ports": dict(self.mesh_ports),
+            "checked_at": self.checked_at,
+            "elapsed": round(self.elapsed, 3),
+            "cached": self.cached,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CheckReport:
+        from fleetctl.plan.rankplan import NodeFacts
+
+        hosts = {}
+        for h in data["hosts"]:
+            checks = {k: CheckResult(v["status"], v["detail"]) for k, v in h["checks"].items()}
+            hosts[h["host"]] = HostReport(h["host"], h["label"], checks)
+        return cls(
+            hosts=hosts,
+            mesh_failures=[
+                MeshFailure(f["src"], f["dst"], tuple(f["problems"]))
+                for f in data.get("mesh_failures", [])
+            ],
+            mesh_skipped=list(data.get("mesh_skipped", [])),
+            warnings=list(data.get("warnings", [])),
+            facts={k: NodeFacts.from_dict(v) for k, v in data.get("facts", {}).items()},
+            homes=dict(data.get("homes", {})),
+            code_present=dict(data.get("code_present", {})),
+            env_present=dict(data.get("env_present", {})),
+            nccl_versions=dict(data.get("nccl_versions", {})),
+            mesh_ports={k: int(v) for k, v in data.get("mesh_ports", {}).items()},
+            checked_at=float(data.get("checked_at", 0.0)),
+            elapsed=float(data.get("elapsed", 0.0)),
+            cached=bool(data.get("cached", False)),
+        )
+
+
+def _facts_dict(f: NodeFacts) -> dict[str, Any]:
+    d = dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+@dataclass
+class ProbeOutcome:
+    """What one node's probe session produced (raw; judged by ``build_report``)."""
+
+    facts: dict[str, Any] | None = None
+    received_at: float | None = None
+    error: str | None = None  # the probe did not deliver facts
+    exit_code: int | None = None
+    tail: str = ""
+    old_python: str | None = None
+    listener: tuple[str, int] | None = None
+    noready: str | None = None
+    mesh: dict[str, Any] | None = None
+    mesh_error: str | None = None

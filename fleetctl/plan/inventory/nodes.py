@@ -1,0 +1,190 @@
+"""One host's effective vars -> a validated :class:`~fleetctl.node.Node`, and the check
+that no machine is listed twice."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import InventoryError
+from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, Node
+from fleetctl.plan.inventory.ranges import _parse_address
+from fleetctl.plan.inventory.vars import _effective_vars
+from fleetctl.plan.inventory.yaml_source import _Unsafe, _Vault
+
+if TYPE_CHECKING:
+    from fleetctl.plan.inventory.model import _Host, _Model, _Origin
+
+SSH_CONNECTIONS = frozenset({"ssh", "smart", "paramiko", "paramiko_ssh"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, _Vault):
+        return "<vault>"
+    if isinstance(value, str):
+        return str(value)  # plain str, not our YAML marker subclasses
+    return value
+
+
+class _Fields:
+    """Reads one host's mapped vars, raising errors that name host, field and line."""
+
+    def __init__(self, model: _Model, host: _Host) -> None:
+        self.model, self.host = model, host
+        self.values, self.origins = _effective_vars(model, host)
+
+    def where(self, key: str | None) -> _Origin:
+        """File and line that set ``key`` (else where the host was declared)."""
+        path, line = self.origins.get(key, (None, None)) if key else (None, None)
+        if path is None or (path == self.model.path and line is None):
+            return self.model.path, self.host.line
+        return path, line
+
+    def fail(self, key: str | None, message: str) -> InventoryError:
+        path, line = self.where(key)
+        return InventoryError(
+            f"host {self.host.name}: {message}",
+            path=path,
+            line=line,
+            host=self.host.name,
+            field=key,
+        )
+
+    def get(self, *keys: str) -> tuple[str | None, Any]:
+        for k in keys:
+            if k in self.values:
+                return k, self.values[k]
+        return None, None
+
+    def text(self, *keys: str, default: str | None = None, required: bool = False) -> str | None:
+        key, value = self.get(*keys)
+        if key is None:
+            return default
+        if isinstance(value, _Vault):
+            raise self.fail(key, f"{key} is vault-encrypted; fleetctl cannot decrypt it")
+        if value is None or value == "":
+            if required:
+                raise self.fail(key, f"{key} is empty")
+            return default
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail(key, f"{key} must be a string, got {type(value).__name__} {value!r}")
+        if not isinstance(value, _Unsafe) and ("{{" in str(value) or "{%" in str(value)):
+            raise self.fail(
+                key,
+                f"{key}={value!r} is a Jinja template; fleetctl does not "
+                "template inventory values, write the value out",
+            )
+        return str(value)
+
+    def integer(self, key: str, lo: int, hi: int | None, what: str) -> int | None:
+        k, value = self.get(key)
+        if k is None or value is None:
+            return None
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
+            value, ok = int(value), True
+        if not ok or value < lo or (hi is not None and value > hi):
+            raise self.fail(key, f"{key} must be {what}, got {value!r}")
+        return value
+
+
+def _build_node(model: _Model, host: _Host) -> Node:
+    """Map one host's effective vars to a Node, validating the fields fleetctl uses."""
+    name = host.name
+    f = _Fields(model, host)
+    conn = f.text("ansible_connection", default="ssh") or "ssh"
+    local = conn.removeprefix("ansible.builtin.") == "local"
+    if not local and conn.removeprefix("ansible.builtin.") not in SSH_CONNECTIONS:
+        raise f.fail(
+            "ansible_connection", f"ansible_connection {conn!r} is not supported (use ssh or local)"
+        )
+    addr_key, _ = f.get("ansible_host", "ansible_ssh_host")
+    address = f.text("ansible_host", "ansible_ssh_host", default=name, required=True) or name
+    if not local and not _is_dialable(address):
+        if addr_key:
+            msg = f"{addr_key} {address!r} is not a valid host name or IP address"
+        else:
+            msg = f"no ansible_host, and the name {address!r} is not a valid host name or IP"
+        raise f.fail(addr_key, msg)
+    port_key = "ansible_port" if "ansible_port" in f.values else "ansible_ssh_port"
+    port = f.integer(port_key, 1, 65535, "a port number 1-65535")
+    return Node(
+        name=name,
+        address=address,
+        port=port if port is not None else 22,
+        user=f.text("ansible_user", "ansible_ssh_user"),
+        key_file=f.text("ansible_ssh_private_key_file", "ansible_private_key_file"),
+        nic=f.text("fleetctl_nic"),
+        train_addr=f.text("fleetctl_addr"),
+        gpus=f.integer("fleetctl_gpus", 0, None, "a non-negative integer"),
+        workdir=f.text("fleetctl_workdir", default=DEFAULT_WORKDIR) or DEFAULT_WORKDIR,
+        python=f.text("fleetctl_python", default=DEFAULT_PYTHON) or DEFAULT_PYTHON,
+        env=_env(f),
+        env_archive=f.text("fleetctl_env_archive"),
+        known_hosts=f.text("fleetctl_known_hosts"),
+        ssh_config=f.text("fleetctl_ssh_config"),
+        local=local,
+        groups=tuple(sorted(g.name for g in model.host_groups(host) if g.name != "all")),
+        vars=_plain(f.values),
+        source=f"{model.path}:{host.line}" if host.line else model.path,
+    )
+
+
+def _is_dialable(address: str) -> bool:
+    parsed = _parse_address(address)
+    return parsed is not None and parsed[1] is None and "[" not in address
+
+
+def _env(f: _Fields) -> dict[str, str]:
+    key, value = f.get("fleetctl_env")
+    if key is None or value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise f.fail(key, f"fleetctl_env must be a mapping of NAME: value, got {value!r}")
+    env: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise f.fail(key, f"fleetctl_env: {k!r} is not a valid environment variable name")
+        if isinstance(v, _Vault):
+            raise f.fail(key, f"fleetctl_env.{k} is vault-encrypted; fleetctl cannot decrypt it")
+        if isinstance(v, bool):
+            env[k] = "true" if v else "false"
+        elif v is None:
+            env[k] = ""
+        elif isinstance(v, (str, int, float)):
+            env[k] = str(v)
+        else:
+            raise f.fail(key, f"fleetctl_env.{k} must be a scalar, got {type(v).__name__}")
+    return env
+
+
+def _check_duplicates(nodes: tuple[Node, ...], model: _Model) -> None:
+    """Two remote hosts dialing the same address:port are one box counted twice."""
+    seen: dict[tuple[str, int], Node] = {}
+    for node in nodes:
+        if node.local:
+            continue
+        key = (_canonical(node.address), node.port)
+        other = seen.get(key)
+        if other is not None:
+            fields = _Fields(model, model.hosts[node.name])
+            raise fields.fail(
+                "ansible_host" if "ansible_host" in fields.values else None,
+                f"address {node.address} port {node.port} is already host "
+                f"{other.name}'s ({other.source}); one machine listed twice?",
+            )
+        seen[key] = node
+
+
+def _canonical(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower().rstrip(".")

@@ -1,0 +1,103 @@
+"""Task roles (``fleetctl run --job job.yml``): the job file, the task layout and its env.
+
+Pure — no I/O beyond reading the job file text the caller hands in, no network, no clock. A role
+job runs several *roles* (OpenPAI's task roles), each on hosts of an inventory group, with its own
+command or launcher, instance count and reserved port labels. Every task is one node of the
+run (one supervisor, one ``FLEET_NODE_RANK``): a host runs at most one task of a job.
+
+Job file (YAML)::
+
+    name: ps-demo                 # optional, for people
+    env_style: pai                # fleet (default) | pai — ``--env-style`` wins
+    launcher: paddle-ps           # optional job-level variant (see below)
+    script: train.py              # paddle-ps only: the script every task runs
+    args: []
+    env: {LOG_LEVEL: info}        # every task
+    retry: {max_retries: 2, retry_on: ["log:NCCL timeout"], no_retry_on: ["exit:2"]}
+    roles:
+      server:
+        group: servers            # inventory group (default: the role name if it is a group)
+        instances: 1              # default: every host of the group not used by an earlier role
+        command: python3 server.py   # a string runs under ``sh -c`` (OpenPAI style, $VARS work)
+        ports: [http]             # or {http: 2}: reserved port labels (count per label)
+        min_failed: 1             # completion policy (default 1; null = never fails the job)
+      worker:
+        group: workers
+        instances: 2
+        launcher: plain           # torchrun | paddle | deepspeed | plain (default plain)
+        script: worker.py         # relative to the code dir
+        args: [--steps, 10]
+        nproc_per_node: 1
+        min_succeeded: 2          # the job is done once 2 workers succeeded
+
+Env of every task (``--env-style fleet``, always set): ``FLEET_ROLE``, ``FLEET_ROLE_INDEX``,
+``FLEET_ROLES`` (comma list), ``FLEET_ROLE_COUNT_<role>``, ``FLEET_TASK_INDEX`` /
+``FLEET_TASK_COUNT``, ``FLEET_HOST_IP_<role>_<idx>``, ``FLEET_HOSTS_<role>`` (comma list),
+``FLEET_PORT_<role>_<idx>_<label>`` (comma list when a label reserves several ports) and the
+task's own ``FLEET_PORT_<label>``. Within a role, the launcher variables (``MASTER_ADDR``,
+``NODE_RANK``, ``WORLD_SIZE``, ``RANK``…) describe that role's own world, so a torchrun role
+is a self-contained DDP job; a torchrun/paddle/deepspeed role reserves a ``master`` port on its
+task 0 for its rendezvous.
+
+``--env-style pai`` adds OpenPAI's names (protocol v2 "environment variables and port
+reservation", plus the kube-runtime ones): ``PAI_JOB_NAME``, ``PAI_USER_NAME``,
+``PAI_DEFAULT_FS_URI`` (empty), ``PAI_TASK_ROLE_COUNT``, ``PAI_TASK_ROLE_LIST``,
+``PAI_TASK_ROLE_TASK_COUNT_<role>``, ``PAI_HOST_IP_<role>_<idx>``,
+``PAI_PORT_LIST_<role>_<idx>_<label>``, ``PAI_<role>_<idx>_<label>_PORT``,
+``PAI_TASK_ROLE_<role>_HOST_LIST``, ``PAI_MIN_FAILED_TASK_COUNT_<role>``,
+``PAI_MIN_SUCCEEDED_TASK_COUNT_<role>``, ``PAI_CURRENT_TASK_ROLE_NAME``,
+``PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX``, ``PAI_TASK_INDEX``, ``PAI_TASK_ROLE_INDEX``.
+(``PAI_RESOURCE_<role>`` is not set: fleetctl does not allocate CPU/memory.)
+
+Completion policy (FrameworkController semantics): a role fails the job once ``min_failed`` of its
+tasks failed (default 1; ``null``/-1: never); a role with ``min_succeeded`` ends the job as
+succeeded once that many of its tasks succeeded — the others (servers still up) are then
+stopped cleanly. Otherwise the job ends when every task ended.
+
+Paddle parameter-server mode (``launcher: paddle-ps``): exactly two roles, ``server`` and
+``worker`` (or ``trainer``); every task runs ``python -m paddle.distributed.launch
+--servers=<ip:port,…> --trainers=<ip:port,…> --host=<own ip>`` with the job-level script (paddle
+3.x names the worker list ``--trainers``; legacy fleetrun called it ``--workers``). Ports are
+reserved per task (label ``paddle``; ``gloo`` on server 0 for paddle's gloo HTTP store).
+
+Free ports: :func:`candidate_ports` proposes a deterministic window per host (below Linux's
+ephemeral range, so the kernel never hands them to outgoing connections meanwhile), the node
+answers which are bindable (a one-shot bind test, ``fleetctl.job.rolejob``), and
+:func:`assign_ports` hands them out — tasks on one host never share a port.
+"""
+
+from __future__ import annotations
+
+from fleetctl.plan.roles.completion import CompletionPolicy, Verdict
+from fleetctl.plan.roles.jobfile import JobFile, RetrySpec, RoleSpec, load_job_file, parse_job_file
+from fleetctl.plan.roles.plan import RoleLayout, make_role_plan
+from fleetctl.plan.roles.tasks import (
+    PORT_HI,
+    PORT_LO,
+    Task,
+    assign_ports,
+    assign_tasks,
+    candidate_ports,
+    port_needs,
+    ports_per_host,
+)
+
+__all__ = [
+    "PORT_HI",
+    "PORT_LO",
+    "CompletionPolicy",
+    "JobFile",
+    "RetrySpec",
+    "RoleLayout",
+    "RoleSpec",
+    "Task",
+    "Verdict",
+    "assign_ports",
+    "assign_tasks",
+    "candidate_ports",
+    "load_job_file",
+    "make_role_plan",
+    "parse_job_file",
+    "port_needs",
+    "ports_per_host",
+]

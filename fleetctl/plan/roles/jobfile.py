@@ -1,0 +1,485 @@
+"""The role job file (YAML), parsed and validated into :class:`JobFile`, :class:`RoleSpec`
+and :class:`RetrySpec`; errors name the file, line and key."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.errors import UsageError
+from fleetctl.plan.launchers import LAUNCHER_NAMES
+from fleetctl.plan.rankplan import ENV_KEY_RE
+
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
+ENV_STYLES = ("fleet", "pai")
+ROLE_LAUNCHERS = (*LAUNCHER_NAMES, "command")
+JOB_LAUNCHERS = ("roles", "paddle-ps")
+MULTI_NODE_LAUNCHERS = frozenset({"torchrun", "paddle", "deepspeed"})
+MASTER_LABEL = "master"
+PADDLE_LABEL = "paddle"
+GLOO_LABEL = "gloo"
+_ROLE_KEYS = frozenset(
+    {
+        "group",
+        "instances",
+        "command",
+        "launcher",
+        "script",
+        "args",
+        "ports",
+        "env",
+        "nproc_per_node",
+        "min_failed",
+        "min_succeeded",
+        "backend",
+    }
+)
+_JOB_KEYS = frozenset(
+    {"name", "env_style", "launcher", "script", "args", "env", "retry", "roles", "backend"}
+)
+_RETRY_KEYS = frozenset({"max_retries", "retry_on", "no_retry_on", "backoff", "backoff_max"})
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One task role of the job file. ``command`` (argv) or ``script`` (+launcher), not both."""
+
+    name: str
+    group: str | None = None  # None: the role name when it is a group, else "all"
+    instances: int | None = None  # None: every free host of the group
+    launcher: str = "plain"  # "command" when ``command`` is given
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    ports: tuple[tuple[str, int], ...] = ()  # (label, count) in file order
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    nproc_per_node: int | str = "auto"
+    min_failed: int | None = 1  # None: never fails the job
+    min_succeeded: int | None = None
+    backend: str | None = None
+    where: str = ""  # "job.yml:12" — for messages
+
+
+@dataclass(frozen=True)
+class RetrySpec:
+    """The job file's ``retry:`` block (the CLI adds to / overrides it)."""
+
+    max_retries: int | None = None
+    retry_on: tuple[str, ...] = ()
+    no_retry_on: tuple[str, ...] = ()
+    backoff: float | None = None
+    backoff_max: float | None = None
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A parsed ``job.yml``."""
+
+    path: str
+    roles: tuple[RoleSpec, ...]
+    name: str | None = None
+    env_style: str = "fleet"
+    launcher: str = "roles"  # or "paddle-ps"
+    script: str | None = None  # paddle-ps
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    retry: RetrySpec = RetrySpec()
+    backend: str | None = None
+
+    def role(self, name: str) -> RoleSpec:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "name": self.name,
+            "env_style": self.env_style,
+            "launcher": self.launcher,
+            "script": self.script,
+            "args": list(self.args),
+            "roles": [
+                {
+                    "name": r.name,
+                    "group": r.group,
+                    "instances": r.instances,
+                    "launcher": r.launcher,
+                    "script": r.script,
+                    "args": list(r.args),
+                    "command": list(r.command),
+                    "ports": {label: n for label, n in r.ports},
+                    "min_failed": r.min_failed,
+                    "min_succeeded": r.min_succeeded,
+                }
+                for r in self.roles
+            ],
+        }
+
+
+class _Map(dict):
+    """A YAML mapping that remembers its line and each key's line (1-based)."""
+
+    line: int = 0
+    key_lines: dict[Any, int]
+
+
+class _List(list):
+    line: int = 0
+    item_lines: list[int]
+
+
+def _load_located(text: str, path: str) -> Any:
+    """YAML → Python values whose mappings/lists know their source lines. Raises UsageError."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{path}:{line}: invalid YAML: {problem}") from e
+    if root is None:
+        raise UsageError(f"{path}:1: job file is empty")
+    constructor = yaml.SafeLoader("")
+
+    def conv(node: Any) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            out = _Map()
+            out.line = node.start_mark.line + 1
+            out.key_lines = {}
+            for k, v in node.value:
+                key = conv(k)
+                if isinstance(key, (dict, list)):
+                    raise UsageError(f"{path}:{k.start_mark.line + 1}: keys must be plain")
+                if key in out:
+                    raise UsageError(f"{path}:{k.start_mark.line + 1}: duplicate key {key!r}")
+                out[key] = conv(v)
+                out.key_lines[key] = k.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            lst = _List(conv(v) for v in node.value)
+            lst.line = node.start_mark.line + 1
+            lst.item_lines = [v.start_mark.line + 1 for v in node.value]
+            return lst
+        try:
+            return constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as e:
+            raise UsageError(f"{path}:{node.start_mark.line + 1}: {e}") from e
+
+    return conv(root)
+
+
+def load_job_file(path: str, text: str | None = None) -> JobFile:
+    """Read and validate a job file. Every error is one line naming ``path:line``."""
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read job file: {e.strerror or e}") from e
+    return parse_job_file(text, path)
+
+
+def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
+    """Validate job-file text (see the module doc). Raises UsageError naming ``path:line``."""
+    data = _load_located(text, path)
+    if not isinstance(data, _Map):
+        raise UsageError(f"{path}:1: a job file is a mapping with a 'roles:' key")
+
+    def at(m: _Map, key: Any = None) -> str:
+        return f"{path}:{m.key_lines.get(key, m.line) if key is not None else m.line}"
+
+    for key in data:
+        if key not in _JOB_KEYS:
+            raise UsageError(f"{at(data, key)}: unknown key {key!r} (known: {_known(_JOB_KEYS)})")
+    env_style = _str(data, "env_style", at, default="fleet")
+    if env_style not in ENV_STYLES:
+        raise UsageError(f"{at(data, 'env_style')}: env_style must be one of {ENV_STYLES}")
+    launcher = _str(data, "launcher", at, default="roles")
+    if launcher not in JOB_LAUNCHERS:
+        raise UsageError(
+            f"{at(data, 'launcher')}: job launcher must be one of {', '.join(JOB_LAUNCHERS)} "
+            "(a role's own launcher goes under the role)"
+        )
+    roles_raw = data.get("roles")
+    if not isinstance(roles_raw, _Map) or not roles_raw:
+        raise UsageError(f"{at(data, 'roles')}: 'roles:' must map role names to their settings")
+    roles = tuple(_parse_role(name, roles_raw, path) for name in roles_raw)
+    job_env = _env(data, "env", at)
+    retry = _parse_retry(data, path, at)
+    script = _str(data, "script", at, default=None)
+    args = _args(data, "args", at)
+    if launcher == "paddle-ps":
+        _check_paddle_ps(roles, script, at(data, "launcher"), at(data, "roles"))
+    elif script is not None or args:
+        raise UsageError(
+            f"{at(data, 'script' if script is not None else 'args')}: a job-level script/args "
+            "is only for launcher: paddle-ps; give each role its own"
+        )
+    else:
+        for r in roles:
+            if not r.command and not r.script:
+                raise UsageError(f"{r.where}: role {r.name!r} needs a command or a script")
+    return JobFile(
+        path=path,
+        roles=roles,
+        name=_str(data, "name", at, default=None),
+        env_style=env_style,
+        launcher=launcher,
+        script=script,
+        args=args,
+        env=job_env,
+        retry=retry,
+        backend=_str(data, "backend", at, default=None),
+    )
+
+
+def _known(keys: frozenset[str]) -> str:
+    return ", ".join(sorted(keys))
+
+
+def _str(m: _Map, key: str, at: Any, *, default: str | None) -> Any:
+    if key not in m or m[key] is None:
+        return default
+    v = m[key]
+    if not isinstance(v, str) or not v.strip():
+        raise UsageError(f"{at(m, key)}: {key} must be a non-empty string")
+    return v.strip()
+
+
+def _int(m: _Map, key: str, at: Any, *, default: int | None, low: int, null_ok: bool) -> Any:
+    if key not in m:
+        return default
+    v = m[key]
+    if v is None or (null_ok and v == -1):
+        if null_ok:
+            return None
+        raise UsageError(f"{at(m, key)}: {key} must be an integer")
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise UsageError(f"{at(m, key)}: {key} must be an integer >= {low}, got {v!r}")
+    return v
+
+
+def _args(m: _Map, key: str, at: Any) -> tuple[str, ...]:
+    v = m.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise UsageError(f"{at(m, key)}: {key} must be a list (each item one argument)")
+    for item in v:
+        if isinstance(item, (dict, list)):
+            raise UsageError(f"{at(m, key)}: {key} items must be plain values")
+    return tuple("" if a is None else str(a).lower() if isinstance(a, bool) else str(a) for a in v)
+
+
+def _env(m: _Map, key: str, at: Any) -> dict[str, str]:
+    v = m.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, _Map):
+        raise UsageError(f"{at(m, key)}: {key} must map NAME: value")
+    out: dict[str, str] = {}
+    for k, val in v.items():
+        where = f"{at(v, k)}"
+        if not isinstance(k, str) or not ENV_KEY_RE.match(k):
+            raise UsageError(f"{where}: invalid environment variable name {k!r}")
+        if k.startswith(("FLEET_", "PAI_")):
+            raise UsageError(f"{where}: {k}: FLEET_* and PAI_* are set by fleetctl")
+        if isinstance(val, (dict, list)):
+            raise UsageError(f"{where}: value of {k} must be a plain value")
+        out[k] = "" if val is None else str(val)
+    return out
+
+
+def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
+    line = roles.key_lines.get(name, roles.line)
+    where = f"{path}:{line}"
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise UsageError(
+            f"{where}: role name {name!r} must be letters, digits and '_' (it is part of env "
+            "variable names)"
+        )
+    m = roles[name]
+    if not isinstance(m, _Map):
+        raise UsageError(f"{where}: role {name!r} must be a mapping of settings")
+
+    def at(mm: _Map, key: Any = None) -> str:
+        return f"{path}:{mm.key_lines.get(key, mm.line) if key is not None else mm.line}"
+
+    for key in m:
+        if key not in _ROLE_KEYS:
+            raise UsageError(
+                f"{at(m, key)}: unknown role key {key!r} (known: {_known(_ROLE_KEYS)})"
+            )
+    command: tuple[str, ...] = ()
+    if "command" in m and m["command"] is not None:
+        c = m["command"]
+        if isinstance(c, str) and c.strip():
+            command = ("sh", "-c", c)
+        elif isinstance(c, list) and c and all(not isinstance(a, (dict, list)) for a in c):
+            command = tuple(str(a) for a in c)
+        else:
+            raise UsageError(
+                f"{at(m, 'command')}: command must be a shell string or a non-empty argv list"
+            )
+    script = _str(m, "script", at, default=None)
+    launcher = _str(m, "launcher", at, default=None)
+    if command and (script or launcher not in (None, "command")):
+        raise UsageError(f"{at(m, 'command')}: role {name!r}: give command or script+launcher")
+    if command:
+        launcher = "command"
+        if m.get("args"):
+            raise UsageError(f"{at(m, 'args')}: args go into the command itself")
+    else:
+        launcher = launcher or "plain"
+        if launcher not in LAUNCHER_NAMES:
+            raise UsageError(
+                f"{at(m, 'launcher')}: unknown launcher {launcher!r} "
+                f"(known: {', '.join(LAUNCHER_NAMES)})"
+            )
+    ports = _ports(m, at)
+    if launcher in MULTI_NODE_LAUNCHERS and MASTER_LABEL not in dict(ports):
+        ports = (*ports, (MASTER_LABEL, 1))
+    nproc: int | str = "auto"
+    if "nproc_per_node" in m:
+        v = m["nproc_per_node"]
+        if v == "auto":
+            nproc = "auto"
+        else:
+            nproc = _int(m, "nproc_per_node", at, default=None, low=1, null_ok=False)
+    min_failed = _int(m, "min_failed", at, default=1, low=1, null_ok=True)
+    min_succeeded = _int(m, "min_succeeded", at, default=None, low=1, null_ok=True)
+    instances = _int(m, "instances", at, default=None, low=1, null_ok=False)
+    if min_succeeded is not None and instances is not None and min_succeeded > instances:
+        raise UsageError(
+            f"{at(m, 'min_succeeded')}: min_succeeded {min_succeeded} > instances {instances}"
+        )
+    return RoleSpec(
+        name=name,
+        group=_str(m, "group", at, default=None),
+        instances=instances,
+        launcher=launcher,
+        script=script,
+        args=_args(m, "args", at),
+        command=command,
+        ports=ports,
+        env=_env(m, "env", at),
+        nproc_per_node=nproc,
+        min_failed=min_failed,
+        min_succeeded=min_succeeded,
+        backend=_str(m, "backend", at, default=None),
+        where=where,
+    )
+
+
+def _ports(m: _Map, at: Any) -> tuple[tuple[str, int], ...]:
+    v = m.get("ports")
+    if v is None:
+        return ()
+    items: list[tuple[Any, Any, str]] = []
+    if isinstance(v, _List):
+        items = [(label, 1, f"{at(m, 'ports')}") for label in v]
+    elif isinstance(v, _Map):
+        items = [(label, n, at(v, label)) for label, n in v.items()]
+    else:
+        raise UsageError(f"{at(m, 'ports')}: ports must be a list of labels or label: count")
+    out: list[tuple[str, int]] = []
+    for label, n, where in items:
+        if not isinstance(label, str) or not LABEL_RE.match(label):
+            raise UsageError(f"{where}: port label {label!r} must be letters, digits and '_'")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+            raise UsageError(f"{where}: port count for {label!r} must be 1-64, got {n!r}")
+        if label in dict(out):
+            raise UsageError(f"{where}: port label {label!r} given twice")
+        out.append((label, n))
+    return tuple(out)
+
+
+def _parse_retry(data: _Map, path: str, at: Any) -> RetrySpec:
+    r = data.get("retry")
+    if r is None:
+        return RetrySpec()
+    if not isinstance(r, _Map):
+        raise UsageError(f"{at(data, 'retry')}: retry must be a mapping")
+    for key in r:
+        if key not in _RETRY_KEYS:
+            raise UsageError(
+                f"{at(r, key)}: unknown retry key {key!r} (known: {_known(_RETRY_KEYS)})"
+            )
+
+    def rules(key: str) -> tuple[str, ...]:
+        v = r.get(key)
+        if v is None:
+            return ()
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, (str, int)) for x in v):
+            raise UsageError(f"{at(r, key)}: {key} must be a list of rules")
+        from fleetctl.job.retry import parse_rule
+
+        for i, x in enumerate(v):
+            line = r.key_lines.get(key, r.line)
+            if isinstance(v, _List) and i < len(v.item_lines):
+                line = v.item_lines[i]
+            try:
+                parse_rule(str(x), "retry", source=f"{path}:{line}")
+            except UsageError as e:
+                raise UsageError(f"{path}:{line}: {e}") from e
+        return tuple(str(x) for x in v)
+
+    def number(key: str) -> float | None:
+        v = r.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise UsageError(f"{at(r, key)}: {key} must be a number of seconds >= 0")
+        return float(v)
+
+    return RetrySpec(
+        max_retries=_int(r, "max_retries", at, default=None, low=0, null_ok=False),
+        retry_on=rules("retry_on"),
+        no_retry_on=rules("no_retry_on"),
+        backoff=number("backoff"),
+        backoff_max=number("backoff_max"),
+        where=at(data, "retry"),
+    )
+
+
+PADDLE_SERVER_ROLES = ("server",)
+PADDLE_TRAINER_ROLES = ("worker", "trainer")
+
+
+def _check_paddle_ps(
+    roles: Sequence[RoleSpec], script: str | None, where: str, rwhere: str
+) -> None:
+    names = sorted(r.name for r in roles)
+    if len(roles) != 2 or not (
+        set(names) & set(PADDLE_SERVER_ROLES) and set(names) & set(PADDLE_TRAINER_ROLES)
+    ):
+        raise UsageError(
+            f"{rwhere}: launcher paddle-ps needs exactly two roles, 'server' and 'worker' "
+            f"(or 'trainer'), got {', '.join(names)}"
+        )
+    if not script:
+        raise UsageError(f"{where}: launcher paddle-ps needs a job-level script")
+    for r in roles:
+        if r.command or r.script or r.launcher not in ("plain",):
+            raise UsageError(
+                f"{r.where}: under paddle-ps a role only picks hosts (group, instances, ports)"
+            )
+
+
+def split_command(text: str) -> tuple[str, ...]:
+    """``shlex.split`` for CLI command strings (UsageError on bad quoting)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise UsageError(f"cannot split command {text!r}: {e}") from e
