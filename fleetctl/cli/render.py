@@ -269,6 +269,11 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             lines.append("---")
         if ff.folder:
             lines.append(f"node {ff.rank} logs: {ff.folder}")
+    elif result.status == "failed" and result.verdict:  # --timeout, a stall: no node failed
+        rest = others()
+        lines.append(
+            f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
+        )
     elif result.status == "interrupted":
         rest = others()
         lines.append(
