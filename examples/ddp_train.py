@@ -49,6 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default=None)
     p.add_argument("--fail-rank", type=int, default=None)
     p.add_argument("--fail-step", type=int, default=None)
+    p.add_argument(
+        "--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-step"
+    )
+    p.add_argument("--hang-step", type=int, default=None)
     p.add_argument("--sleep-per-step", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout, seconds")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
@@ -58,7 +62,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"unrecognized arguments: {' '.join(unknown)}")
     if (args.fail_rank is None) != (args.fail_step is None):
         p.error("--fail-rank and --fail-step go together")
+    if (args.hang_rank is None) != (args.hang_step is None):
+        p.error("--hang-rank and --hang-step go together")
     return args
+
+
+def stuck_loading_batch(rank: int, step: int) -> None:
+    """A rank that never comes back (a dataloader deadlock, say): silent, alive, stuck."""
+    say(f"rank {rank} step {step}: waiting for a batch that never comes")
+    while True:
+        time.sleep(3600)
 
 
 def main(argv: list[str]) -> int:
@@ -130,6 +143,8 @@ def main(argv: list[str]) -> int:
         for xb, yb in loader:
             if rank == args.fail_rank and step == args.fail_step:
                 raise RuntimeError(f"intentional failure at rank {rank} step {step}")
+            if rank == args.hang_rank and step == args.hang_step:
+                stuck_loading_batch(rank, step)  # the peers block in their next all-reduce
             xb, yb = xb.to(device), yb.to(device)
             opt.zero_grad()
             loss = loss_fn(ddp(xb), yb)

@@ -25,6 +25,22 @@ from fleetctl.ssh.fleet import DEFAULT_FANOUT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class Seconds(click.FloatRange):
+    """A duration in seconds: a finite number in range (click's FloatRange lets ``nan`` pass
+    every bound and takes ``inf``; ``--deadman nan`` would silently disable the dead-man)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 inventory_option: Callable[[F], F] = click.option(
     "-i",
     "--inventory",

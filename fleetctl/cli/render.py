@@ -8,11 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
     from rich.table import Table
 
     from fleetctl.job.monitor_process import SpawnedMonitor
     from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.stacks import StackGroup
     from fleetctl.phases.check import CheckReport
     from fleetctl.plan.inventory import Inventory
     from fleetctl.plan.rankplan import Plan
@@ -101,6 +104,19 @@ def _now() -> float:
 # -------------------------------------------------------------------------------------- run
 
 _NODE_COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92, 94, 31)  # ANSI foreground codes
+
+
+def stack_lines(groups: Sequence[StackGroup]) -> list[str]:
+    """``ranks 0,2-5: wait (distributed_c10d.py:3041)`` per group of a hung job's stacks."""
+    lines = []
+    for g in groups:
+        if g.ranks:
+            who, numbers = "rank", list(g.ranks)
+        else:
+            who, numbers = "launcher on node", list(g.launcher_nodes)
+        plural = "s" if len(numbers) > 1 else ""
+        lines.append(f"{who}{plural} {fold_ranks(numbers)}: {g.frame}")
+    return lines
 
 
 def fold_ranks(ranks: list[int]) -> str:
@@ -269,6 +285,11 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             lines.append("---")
         if ff.folder:
             lines.append(f"node {ff.rank} logs: {ff.folder}")
+    elif result.status == "failed" and result.verdict:  # --timeout, a stall: no node failed
+        rest = others()
+        lines.append(
+            f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
+        )
     elif result.status == "interrupted":
         rest = others()
         lines.append(

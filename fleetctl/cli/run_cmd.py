@@ -20,6 +20,7 @@ import click
 from fleetctl.cli import cli
 from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
+    Seconds,
     SSHOptions,
     inventory_option,
     limit_option,
@@ -153,24 +154,37 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 @click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     default=5.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
 )
 @click.option(
     "--lost-timeout",
-    type=click.FloatRange(min=1, max=60),
+    type=Seconds(min=1, max=60),
     default=5.0,
     show_default=True,
     help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
 )
 @click.option(
     "--deadman",
-    type=click.FloatRange(min=2, max=10),
+    type=Seconds(min=2, max=10),
     default=10.0,
     show_default=True,
     help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
+)
+@click.option(
+    "--timeout",
+    "timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="Wall-clock limit from launch: then the job is stopped everywhere (exit 3).",
+)
+@click.option(
+    "--stall-timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="No output line from any node this long: the job is stalled and stopped (exit 3).",
 )
 @click.option(
     "--runs-dir",
@@ -205,6 +219,8 @@ def run_command(
     grace: float,
     lost_timeout: float,
     deadman: float,
+    timeout: float | None,
+    stall_timeout: float | None,
     runs_dir: str,
     tail: str,
     script: str | None,
@@ -302,6 +318,8 @@ def run_command(
         grace=grace,
         lost_timeout=lost_timeout,
         deadman=deadman,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
         runs_dir=runs_dir,
         tail=tail,
         as_json=as_json,
@@ -326,6 +344,8 @@ def _run_for_real(
     grace: float,
     lost_timeout: float,
     deadman: float,
+    timeout: float | None,
+    stall_timeout: float | None,
     runs_dir: str,
     tail: str,
     as_json: bool,
@@ -351,6 +371,8 @@ def _run_for_real(
         grace=grace,
         lost_timeout=lost_timeout,
         deadman=deadman,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
         code=os.path.abspath(code_dir),
         env_archive=env_archive,
         settings=settings,
@@ -384,5 +406,9 @@ def _run_for_real(
         raise Interrupted(f"job {result.job_id} interrupted; stopped on every node")
     if result.exit_code:
         ff = result.failed_node
-        what = f"node {ff.rank} ({ff.host}) failed first: {ff.how()}" if ff else result.status
+        what = (
+            f"node {ff.rank} ({ff.host}) failed first: {ff.how()}"
+            if ff
+            else result.verdict or result.status
+        )
         raise JobFailed(f"job {result.job_id}: {what}")

@@ -61,6 +61,8 @@ class RunOptions:
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
+    timeout: float | None = None  # s of wall clock from launch, then the job is stopped
+    stall_timeout: float | None = None  # s with no output line from any node, then stopped
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
 
@@ -108,6 +110,7 @@ class _Job:
         self.pythons: dict[str, str] = {n.name: n.python for n in nodes}
         self.path_prepend: dict[str, list[str]] = {}
         self.state = JobState(len(self.nodes), options.completion)
+        self.progress = time.monotonic()  # last output line or start on any node
 
     @property
     def stopping(self) -> bool:
@@ -330,21 +333,41 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
     job.launch_thread = threading.Thread(target=launch_all, daemon=True, name="launch")
     job.launch_thread.start()
     pending = set(job.launched)
+    job.progress = time.monotonic()
+    deadline = None if options.timeout is None else job.progress + options.timeout
     while pending:
         ev = watch.get(0.2)
+        if ev is not None:
+            _on_event(job, ev)
+        why = _limit_reached(job, deadline)
+        if why is not None and job.state.give_up(why):
+            job.sync()
+            job.emit("failure", why)
+            return
         if ev is None:
             continue
-        _on_event(job, ev)
         if ev.kind in ("exit", "lost", "start_failed") or (options.detach and ev.kind == "started"):
             pending.discard(ev.rank)
             if job.state.first_failure is not None or job.state.verdict is not None:
                 return
 
 
+def _limit_reached(job: _Job, deadline: float | None) -> str | None:
+    """``--timeout`` passed, or no rank made progress for ``--stall-timeout``: why, else None."""
+    now, options = time.monotonic(), job.options
+    if deadline is not None and now > deadline:
+        return f"timed out after {options.timeout:g} s"
+    stall = options.stall_timeout
+    if stall is not None and now - job.progress > stall and job.launch_done.is_set():
+        return f"stalled: no progress on any node for {now - job.progress:.0f} s"
+    return None
+
+
 def _on_event(job: _Job, ev: Event) -> None:
     """Feed a watcher event to the job's state machine, record it in the result, pass it on."""
     node, state = job.result.nodes[ev.rank], job.state
     if ev.kind == "lines":
+        job.progress = time.monotonic()
         node.tail.extend(ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
@@ -355,6 +378,7 @@ def _on_event(job: _Job, ev: Event) -> None:
         job.emit("notice", ev.text, rank=ev.rank, ts=ev.time)
         return
     if ev.kind == "started":
+        job.progress = time.monotonic()
         state.start(ev.rank)
         node.state, node.start_time = state.states[ev.rank], ev.time
         job.emit("started", ev.text, rank=ev.rank, ts=ev.time)

@@ -158,6 +158,14 @@ class JobState:
             self.status, self.stopping, first = JobStatus.FAILED, True, True
         return Transition(state, first, tolerated, completed)
 
+    def give_up(self, reason: str) -> bool:
+        """The job as a whole failed without a node failing first (``--timeout``, a stall):
+        stop every node. False when the job is already ending for another reason."""
+        if self.stopping or self.first_failure is not None:
+            return False
+        self.status, self.stopping, self.verdict = JobStatus.FAILED, True, reason
+        return True
+
     def stop_requested(self, reason: str) -> None:
         """Someone else stops the job (`fleetctl stop`): not a failure."""
         if self.first_failure is None:

@@ -68,6 +68,11 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
+        if self.options.detach and (self.options.timeout or self.options.stall_timeout):
+            raise UsageError(
+                "--timeout/--stall-timeout need an attached run: the job monitor of a detached "
+                "job does not enforce them yet"
+            )
 
 
 @dataclass

@@ -311,6 +311,55 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
     assert left_over(lab3, job["job_id"]) == {}  # testinfra over SSH, on every host
 
 
+def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3: Lab, runs) -> None:
+    """Rank 1 blocks in a function while its peers wait in all-reduce (gloo's own timeout is
+    120 s): with --stall-timeout 6 fleetctl ends the job within seconds of the threshold."""
+    r = runs(
+        lab3,
+        "ddp_train.py",
+        "--epochs",
+        "1",
+        "--steps",
+        "50",
+        "--hang-rank",
+        "1",
+        "--hang-step",
+        "2",
+        launcher="torchrun",
+        opts=("--no-check", "--grace", "3", "--stall-timeout", "6"),
+    )
+    r.wait_for(lambda out: any("waiting for a batch that never comes" in x for x in out))
+    hung_at = time.monotonic()
+    assert r.finish() == 3, r.text()
+    assert time.monotonic() - hung_at < 6 + 20, r.text()
+    summary = next(line for line in r.err if line.startswith("Job "))
+    assert re.match(
+        r"Job \S+ failed: stalled: no progress on any node for [0-9]+ s; nodes 0-2 were "
+        r"stopped\.$",
+        summary,
+    ), summary
+    job = r.job()
+    assert job["status"] == "failed" and job["first_failure"] is None
+    assert job["verdict"].startswith("stalled: no progress on any node for ")
+    assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
+    assert job["teardown"]["verified"] is True
+    assert left_over(lab3, job["job_id"]) == {}
+
+
+def test_a_job_past_its_timeout_is_stopped_on_every_node(lab3: Lab, runs, code) -> None:
+    r = runs(
+        lab3, "tick.py", "600", "-1", "0", code_dir=code, opts=("--no-check", "--timeout", "4")
+    )
+    assert r.finish() == 3, r.text()
+    assert any(
+        re.match(r"Job \S+ failed: timed out after 4 s; nodes 0-2 were stopped\.$", x)
+        for x in r.err
+    ), r.text()
+    job = r.job()
+    assert job["verdict"] == "timed out after 4 s" and job["teardown"]["verified"] is True
+    assert left_over(lab3, job["job_id"]) == {}
+
+
 def test_a_cut_link_is_a_lost_node_and_that_node_stops_its_own_job(lab3: Lab, runs, code) -> None:
     r = runs(
         lab3,

@@ -133,3 +133,18 @@ def test_the_detached_monitor_decides_as_the_attached_run_does(
         assert d is not None and d.action == "done" and d.status == str(status)
     else:
         assert d is None
+
+
+def test_a_timeout_or_stall_fails_the_job_without_naming_a_node_and_only_once() -> None:
+    machine = JobState(2)
+    machine.launch()
+    assert machine.give_up("timed out after 4 s")
+    assert not machine.give_up("stalled")  # already stopping: the first reason stands
+    machine.end(0, exit_state(-15, stopping=machine.stopping))
+    machine.end(1, exit_state(-15, stopping=machine.stopping))
+    assert machine.states == [NodeState.STOPPED, NodeState.STOPPED]
+    assert machine.first_failure is None and machine.verdict == "timed out after 4 s"
+    assert machine.settle() is JobStatus.FAILED
+    failed = JobState(2)
+    failed.end(1, F)
+    assert not failed.give_up("timed out")  # a node failed first: that is the story

@@ -158,3 +158,30 @@ def test_console_entry_point() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["nodes"][0]["node_rank"] == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--deadman", "nan"),
+        ("--grace", "nan"),
+        ("--lost-timeout", "inf"),
+        ("--timeout", "nan"),
+        ("--stall-timeout", "-inf"),
+        ("--timeout", "0.5"),
+    ],
+)
+def test_a_duration_that_is_not_a_finite_number_in_range_is_refused(
+    capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    code, out, err = fleetctl(capsys, "run", "--dry-run", option, value, SCRIPT)
+    assert code == 2, err
+    assert out == ""
+    assert option in err and "Traceback" not in err
+
+
+def test_env_style_without_a_role_job_is_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = fleetctl(capsys, "run", "--dry-run", "--env-style", "pai", SCRIPT)
+    assert code == 2 and "--env-style" in err and "--job" in err, err

@@ -1,0 +1,91 @@
+"""Stack dumps of a hung job, folded so the odd rank out shows at once.
+
+A hung collective leaves every healthy rank waiting in the same frame and the culprit
+somewhere else; folding ranks by their innermost Python frame turns 64 stack dumps into
+two groups, which the CLI prints as::
+
+    ranks 0,2-5: wait (distributed_c10d.py:3041)
+    rank 1: stuck_loading_batch (ddp_train.py:75)
+
+Understands both dump formats a node produces: py-spy's ``dump`` (``func (file:line)``,
+innermost first) and faulthandler's (``File "file", line N in func``, most recent call first).
+Pure: text in, groups out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ .*?(?:"(?P<name>[^"]*)")?\s*$')
+_PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^():]+):(?P<line>\d+)\)\s*$")
+_FH_THREAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+")
+_FH_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One process's dump: who (``rank`` None: not a rank, e.g. the launcher) and the text."""
+
+    node: int
+    rank: int | None
+    text: str
+
+
+def innermost_frame(text: str) -> str | None:
+    """``func (file:line)`` of the main thread's innermost Python frame (None: no frame).
+
+    The main thread is py-spy's ``"MainThread"`` or faulthandler's ``Current thread`` (the
+    one that took the signal); failing that, the first thread listed.
+    """
+    first: str | None = None
+    chosen: str | None = None
+    in_main = False
+    want_next = False
+    for line in text.splitlines():
+        m = _PYSPY_THREAD.match(line) or _FH_THREAD.match(line)
+        if m:
+            group = m.groupdict()
+            in_main = group.get("name") == "MainThread" or group.get("current") == "Current thread"
+            want_next = True
+            continue
+        f = _PYSPY_FRAME.match(line) or _FH_FRAME.match(line)
+        if f and want_next:
+            want_next = False
+            frame = f"{f['func']} ({os.path.basename(f['file'])}:{f['line']})"
+            first = first or frame
+            if in_main and chosen is None:
+                chosen = frame
+    return chosen or first
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks (or, for launchers, nodes) whose main thread waits in the same innermost frame."""
+
+    frame: str
+    ranks: tuple[int, ...] = ()
+    launcher_nodes: tuple[int, ...] = ()
+
+
+def fold(stacks: Iterable[RankStack]) -> list[StackGroup]:
+    """Groups by innermost frame: ranks first, the most common frame first; processes that
+    are not ranks (launchers) after them, by node."""
+    ranks: dict[str, list[int]] = {}
+    launchers: dict[str, list[int]] = {}
+    for s in stacks:
+        frame = innermost_frame(s.text) or "no Python stack"
+        if s.rank is None:
+            launchers.setdefault(frame, []).append(s.node)
+        else:
+            ranks.setdefault(frame, []).append(s.rank)
+
+    def order(kv: tuple[str, list[int]]) -> tuple[int, int]:
+        return -len(kv[1]), min(kv[1])
+
+    return [StackGroup(f, ranks=tuple(sorted(r))) for f, r in sorted(ranks.items(), key=order)] + [
+        StackGroup(f, launcher_nodes=tuple(sorted(n)))
+        for f, n in sorted(launchers.items(), key=order)
+    ]
