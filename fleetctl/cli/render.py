@@ -290,6 +290,24 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(
             f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
         )
+        if result.stacks is not None:
+            from fleetctl.job.stacks import StackGroup
+
+            groups = [
+                StackGroup(g["frame"], tuple(g["ranks"]), tuple(g["launcher_nodes"]))
+                for g in result.stacks
+            ]
+            lines.append("where every rank was (innermost Python frame):")
+            lines.extend("  " + line for line in stack_lines(groups))
+            for n in result.stack_nodes or []:
+                if n.get("methods", {}).get("faulthandler"):
+                    lines.append(
+                        f"  node {n['rank']} ({n['host']}): py-spy could not read "
+                        f"{n['methods']['faulthandler']} process(es); faulthandler wrote their "
+                        "threads to the node's console.log"
+                    )
+                if n.get("error"):
+                    lines.append(f"  node {n['rank']} ({n['host']}): no stacks: {n['error']}")
     elif result.status == "interrupted":
         rest = others()
         lines.append(

@@ -116,6 +116,10 @@ class JobResult:
     # With retries, on the last attempt's result: every attempt and why it ended/was retried
     # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
     attempts: list[dict[str, Any]] | None = None
+    # A stalled job: its ranks folded by innermost frame (fleetctl.job.stacks.StackGroup as
+    # dicts), and per node how its processes were dumped.
+    stacks: list[dict[str, Any]] | None = None
+    stack_nodes: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -154,37 +158,45 @@ class JobResult:
 
     def to_dict(self) -> dict[str, Any]:
         ff = self.failed_node
-        return {
-            "job_id": self.job_id,
-            "status": self.status,
-            "attempt": self.attempt,
-            "detached": self.detached,
-            "verdict": self.verdict,
-            "launcher": self.launcher,
-            "started": iso(self.started),
-            "ended": iso(self.ended),
-            "duration": None
-            if self.started is None or self.ended is None
-            else round(self.ended - self.started, 3),
-            "first_failure": None
-            if ff is None
-            else {
-                "rank": ff.rank,
-                "host": ff.host,
-                "address": ff.train_addr or ff.address,
-                "state": ff.state,
-                "exit_code": ff.exit_code,
-                "signal": ff.signal,
-                "reason": ff.reason,
-                "time": iso(self.failure_time),
-                "after": None if self.failed_after is None else round(self.failed_after, 3),
-            },
-            "nodes": [n.to_dict() for n in self.nodes],
-            "teardown": None if self.teardown is None else self.teardown.to_dict(),
-            "collected": [c.to_dict() for c in self.collected],
-            "errors": self.errors,
-            "folder": str(self.folder),
-        } | ({} if self.attempts is None else {"attempts": self.attempts})
+        return (
+            {
+                "job_id": self.job_id,
+                "status": self.status,
+                "attempt": self.attempt,
+                "detached": self.detached,
+                "verdict": self.verdict,
+                "launcher": self.launcher,
+                "started": iso(self.started),
+                "ended": iso(self.ended),
+                "duration": None
+                if self.started is None or self.ended is None
+                else round(self.ended - self.started, 3),
+                "first_failure": None
+                if ff is None
+                else {
+                    "rank": ff.rank,
+                    "host": ff.host,
+                    "address": ff.train_addr or ff.address,
+                    "state": ff.state,
+                    "exit_code": ff.exit_code,
+                    "signal": ff.signal,
+                    "reason": ff.reason,
+                    "time": iso(self.failure_time),
+                    "after": None if self.failed_after is None else round(self.failed_after, 3),
+                },
+                "nodes": [n.to_dict() for n in self.nodes],
+                "teardown": None if self.teardown is None else self.teardown.to_dict(),
+                "collected": [c.to_dict() for c in self.collected],
+                "errors": self.errors,
+                "folder": str(self.folder),
+            }
+            | ({} if self.attempts is None else {"attempts": self.attempts})
+            | (
+                {}
+                if self.stacks is None
+                else {"stacks": self.stacks, "stack_nodes": self.stack_nodes}
+            )
+        )
 
 
 def _signame(sig: int) -> str:

@@ -343,6 +343,8 @@ def _launch_and_watch(job: _Job, fleet: Fleet) -> None:
         if why is not None and job.state.give_up(why):
             job.sync()
             job.emit("failure", why)
+            if why.startswith("stalled"):
+                _dump_stacks(job, fleet)
             return
         if ev is None:
             continue
@@ -361,6 +363,23 @@ def _limit_reached(job: _Job, deadline: float | None) -> str | None:
     if stall is not None and now - job.progress > stall and job.launch_done.is_set():
         return f"stalled: no progress on any node for {now - job.progress:.0f} s"
     return None
+
+
+def _dump_stacks(job: _Job, fleet: Fleet) -> None:
+    """Every rank's stack before the teardown, folded so the odd rank out shows."""
+    from fleetctl.job.stacks import fold
+    from fleetctl.phases.stacks import dump_stacks
+
+    assert job.plan is not None
+    job.emit("notice", "dumping the stack of every process of the job on every node")
+    report = dump_stacks(fleet, job.plan, pythons=job.pythons, abort=True)
+    job.result.stacks = [dataclasses.asdict(g) for g in fold(report.stacks())]
+    job.result.stack_nodes = [n.to_dict() for n in report.nodes]
+    for n in report.nodes:
+        how = ", ".join(f"{k} {v}" for k, v in sorted(n.methods().items()))
+        job.emit(
+            "notice", f"stacks: {n.error or how or 'no Python process of the job'}", rank=n.rank
+        )
 
 
 def _on_event(job: _Job, ev: Event) -> None:

@@ -233,7 +233,8 @@ def node_spec(
         "job_id": job_id,
         "node_rank": np.node_rank,
         "argv": list(np.argv),
-        "env": dict(np.env),
+        # faulthandler: a stalled job's ranks can be made to print every thread as they end
+        "env": {"PYTHONFAULTHANDLER": "1", **np.env},
         "cwd": conn.expand(np.cwd),
         "run_dir": conn.expand(np.run_dir),
         "files": dict(np.files),

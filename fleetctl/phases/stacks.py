@@ -1,0 +1,137 @@
+"""Dump the Python stack of every process of a job on every node, without the job's help.
+
+py-spy is the tool for it: when the controller has it (``pip install py-spy``; its wheel
+carries one static binary) fleetctl ships that binary to each node once, named by its content
+hash (``W/bin/py-spy-<sha12>``), like the supervisor; otherwise a node's own ``py-spy`` on PATH
+is used. Where py-spy cannot attach (not installed; a non-root user under
+``kernel.yama.ptrace_scope=1``), a dump that may end the process (``abort``: the job is being
+torn down anyway) sends SIGABRT, and Python's faulthandler — enabled for every job
+(``PYTHONFAULTHANDLER=1`` unless the job sets it) — writes every thread to the job's console
+log as it dies. Each process's outcome says which way it went.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl import remote
+from fleetctl.errors import FleetctlError
+from fleetctl.job.stacks import RankStack
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import Plan
+    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.fleet import Fleet
+
+DUMP_TIMEOUT = 60.0  # s per node: py-spy takes well under a second per process
+
+
+@dataclass
+class NodeStacks:
+    """One node's dumps: every Python process of the job and how it was dumped."""
+
+    rank: int
+    host: str
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def methods(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.processes:
+            out[p["method"]] = out.get(p["method"], 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "methods": self.methods(),
+            "errors": sorted({p["error"] for p in self.processes if p.get("error")}),
+            "error": self.error,
+        }
+
+
+@dataclass
+class StackReport:
+    nodes: list[NodeStacks]
+
+    def stacks(self) -> list[RankStack]:
+        """The dumps py-spy read (faulthandler's went to the console logs)."""
+        return [
+            RankStack(n.rank, p.get("rank"), p["text"])
+            for n in self.nodes
+            for p in n.processes
+            if p.get("text")
+        ]
+
+
+def local_py_spy() -> Path | None:
+    """The controller's py-spy binary: next to this interpreter's scripts, else on PATH."""
+    here = Path(sysconfig.get_path("scripts")) / "py-spy"
+    if here.is_file() and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("py-spy")
+    return Path(found) if found else None
+
+
+def dump_stacks(
+    fleet: Fleet,
+    plan: Plan,
+    *,
+    pythons: dict[str, str],
+    abort: bool,
+    timeout: float = DUMP_TIMEOUT,
+) -> StackReport:
+    """Dump every node in parallel; each node's outcome is kept, failures included."""
+    binary = local_py_spy()
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12] if binary else None
+    source = remote.source("stacks.py").decode("utf-8")
+    by_name = {n.name: n for n in fleet.nodes}
+    ranks = {np.host: np.node_rank for np in plan.nodes}
+
+    def one(node: Node, conn: Connection) -> NodeStacks:
+        np = plan.node(node.name)
+        py_spy = None
+        if binary is not None and digest is not None:
+            py_spy = posixpath.join(conn.expand(node.workdir), "bin", f"py-spy-{digest}")
+            if conn.run(["test", "-x", py_spy], timeout=timeout).exit_code != 0:
+                conn.run(["mkdir", "-p", "-m", "700", posixpath.dirname(py_spy)], timeout=timeout)
+                conn.put(binary, py_spy, mode=0o700)
+        args = {"job_id": plan.job_id, "run_dir": conn.expand(np.run_dir), "py_spy": py_spy}
+        args["abort"] = abort
+        python = conn.expand(pythons.get(node.name) or node.python)
+        res = conn.run([python, "-c", source, json.dumps(args)], timeout=timeout)
+        out = NodeStacks(ranks[node.name], node.name)
+        for line in res.stdout.splitlines():
+            tag, _, payload = line.partition(" ")
+            if tag == "K":
+                out.processes.append(json.loads(payload))
+        if res.exit_code != 0:
+            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise FleetctlError(f"stack dump exited {res.exit_code}: {tail}")
+        return out
+
+    todo = [by_name[np.host] for np in plan.nodes if np.host in by_name]
+    res = fleet.map(one, timeout=timeout + 30, nodes=todo)
+    nodes: list[NodeStacks] = []
+    for np in plan.nodes:
+        got = res.get(np.host)
+        if isinstance(got, NodeStacks):
+            nodes.append(got)
+        else:
+            nodes.append(NodeStacks(np.node_rank, np.host, error=_one_line(got)))
+    return StackReport(nodes)
+
+
+def _one_line(e: object) -> str:
+    text = getattr(e, "one_line", None)
+    return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
