@@ -276,6 +276,7 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
         "python -c 'import fabric'": [PY, "-c", "import fabric"],
         "python -c 'import fleetctl.cli' (every command)": [PY, "-c", "import fleetctl.cli"],
         "fleetctl --version": [*fl, "--version"],
+        "fleetctl exec --help": [*fl, "exec", "--help"],
         "python -c 'import asyncssh'": [PY, "-c", "import asyncssh"],
     }
     for name, argv in startups.items():

@@ -9,6 +9,9 @@ from typing import Any
 from common import Result
 
 FLEETCTL = "fleetctl exec"
+STARTUP_BASE = "python -c pass (interpreter)"
+# The row each section's medians are divided by, and its column label.
+RATIO_TO = {"fanout": (FLEETCTL, "fleetctl"), "startup": (STARTUP_BASE, "python -c pass")}
 PARTIAL = " — PARTIAL: the run was still going when this was written"
 
 SECTIONS: list[tuple[str, str, str]] = [
@@ -27,7 +30,10 @@ SECTIONS: list[tuple[str, str, str]] = [
     (
         "startup",
         "SSH layer profile: process start-up",
-        "A fresh interpreter doing only the import named (what every CLI invocation pays).",
+        "A fresh interpreter doing only the import named (what every CLI invocation pays); "
+        "`× python -c pass` = the row's median / the bare interpreter's. `fleetctl` commands "
+        "import only their own module (fleetctl.cli.lazy): `--version` loads click alone, "
+        "`exec` its inventory and SSH layer.",
     ),
     (
         "handshake",
@@ -141,16 +147,18 @@ def _fanout_summary(rows: list[Result]) -> list[str]:
     return out
 
 
-def _table(rows: list[Result], ratio: bool) -> list[str]:
+def _table(rows: list[Result], ratio_to: tuple[str, str] | None) -> list[str]:
+    """The rows as a markdown table; with ``ratio_to`` (tool, label), each median over that
+    tool's at the same N."""
     keys: list[str] = []
     for r in rows:
         for k in r.extra:
             if k not in keys:
                 keys.append(k)
-    base = {r.n: r.median for r in rows if r.tool == FLEETCTL}
+    base = {r.n: r.median for r in rows if ratio_to and r.tool == ratio_to[0]}
     head = ["measurement", "N", "median s", "min s", "max s"]
-    if ratio:
-        head.append("× fleetctl")
+    if ratio_to:
+        head.append(f"× {ratio_to[1]}")
     head += [_label(k) for k in keys] + ["samples", "notes"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -160,7 +168,7 @@ def _table(rows: list[Result], ratio: bool) -> list[str]:
             cells += ["—", "—", "—"]
         else:
             cells += [_s(st[0]), _s(st[1]), _s(st[2])]
-        if ratio:
+        if ratio_to:
             cells.append(f"{st[0] / base[r.n]:.2f}" if st and base.get(r.n) else "—")
         cells += [_extra_cell(r.extra[k], k) if k in r.extra else "—" for k in keys]
         cells.append(str(len(r.samples)))
@@ -212,6 +220,18 @@ def _findings(results: list[Result]) -> list[str]:
                 f"- Fast exit (os._exit after flushing, skipping module teardown), N={n}: "
                 f"{slow.median:.3f} s → {fast.median:.3f} s median{cpu}."
             )
+    bare = _row(results, "startup", STARTUP_BASE)
+    starts = [_row(results, "startup", t) for t in ("fleetctl --version", "fleetctl exec --help")]
+    if bare and any(starts):
+        out.append(
+            f"- Start-up over a bare interpreter ({bare.median * 1000:.0f} ms): "
+            + ", ".join(
+                f"`{r.tool}` {r.median * 1000:.0f} ms ({r.median / bare.median:.2f}×)"
+                for r in starts
+                if r
+            )
+            + "."
+        )
     d = _row(results, "openssh", "ssh node1 true, kex default")
     c = _row(results, "openssh", "ssh node1 true, kex curve25519")
     if d and c and _cpu(d, "CPU s") is not None and _cpu(c, "CPU s") is not None:
@@ -369,7 +389,7 @@ def write_report(
             lines += [f"*Re-measured:* {remeasured[measure_of[group]]}", ""]
         if group == "fanout":
             lines += [*_fanout_summary(rows), ""]
-        lines += [*_table(rows, ratio=group == "fanout"), ""]
+        lines += [*_table(rows, ratio_to=RATIO_TO.get(group)), ""]
         if why:
             lines += [f"Partly {why}", ""]
     found = _findings(results)

@@ -1,8 +1,9 @@
 """Command-line entry point. ``main`` owns all error handling and exit codes; subcommands don't.
 
 Subcommands live in one module each under ``fleetctl/cli/`` and register on ``cli`` when
-imported below. Expected errors print one line, ``fleetctl: error: …``, to stderr; a
-traceback only with ``--traceback``.
+imported; ``COMMANDS`` says which module holds which, so a command's module is imported only
+when that command runs (``fleetctl.cli.lazy``). Expected errors print one line,
+``fleetctl: error: …``, to stderr; a traceback only with ``--traceback``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import click
 
 from fleetctl import __version__
+from fleetctl.cli.lazy import LazyCommand, LazyGroup
 from fleetctl.errors import FleetctlError
 
 
@@ -26,7 +28,62 @@ class ExitStatus(enum.IntEnum):
     INTERRUPTED = 130
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_JOBS = "fleetctl.cli.jobs_cmd"
+
+# name -> module that registers it, and the summary `fleetctl --help` lists for it (the
+# docstring's first sentence; tests/pure/test_cli_startup.py keeps the two equal).
+COMMANDS: dict[str, LazyCommand] = {
+    "check": LazyCommand(
+        "fleetctl.cli.check_cmd",
+        "Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.",
+    ),
+    "collect": LazyCommand(
+        _JOBS,
+        "Bring JOB's node logs home into its run folder (and record how a detached job ended).",
+    ),
+    "exec": LazyCommand(
+        "fleetctl.cli.exec_cmd", "Run COMMAND on every node; output prefixed by node name."
+    ),
+    "inventory": LazyCommand(
+        "fleetctl.cli.inventory_cmd",
+        "List the selected nodes in rank order (node 0 first) with address, NIC and GPUs.",
+    ),
+    "lab": LazyCommand(
+        "fleetctl.cli.lab_cmd",
+        "Namespace lab: N real sshd hosts on this machine, for trying and testing fleetctl.",
+    ),
+    "logs": LazyCommand(
+        _JOBS, "Show JOB's logs with node prefixes: collected ones, or live from the nodes."
+    ),
+    "monitor": LazyCommand(_JOBS, None),
+    "provision": LazyCommand(
+        "fleetctl.cli.provision_cmd",
+        "Run an Ansible PLAYBOOK on the fleet (everything after -- goes to ansible-playbook).",
+    ),
+    "push": LazyCommand(
+        "fleetctl.cli.push_cmd",
+        "Ship code and the conda-pack env to every host; verify python and NCCL there.",
+    ),
+    "run": LazyCommand(
+        "fleetctl.cli.run_cmd",
+        "Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone), "
+        "or the roles of a job file (--job).",
+    ),
+    "runs": LazyCommand(_JOBS, "List jobs from the run folders, oldest first."),
+    "status": LazyCommand(
+        _JOBS, "Per-node state of JOB (asks the node supervisors while it may be running)."
+    ),
+    "stop": LazyCommand(
+        _JOBS, "Stop JOB on every node (by job id), verify nothing is left, collect its logs."
+    ),
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, prog_name="fleetctl")
 @click.option("--traceback", is_flag=True, hidden=True, help="Show tracebacks for errors.")
 @click.pass_context
@@ -34,23 +91,6 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     """Run distributed training jobs on your own GPU boxes over SSH."""
     ctx.ensure_object(dict)
     ctx.obj["traceback"] = traceback
-
-
-def _register() -> None:
-    # Each import adds its subcommands to ``cli``.
-    from fleetctl.cli import (
-        check_cmd,  # noqa: F401
-        exec_cmd,  # noqa: F401
-        inventory_cmd,  # noqa: F401
-        jobs_cmd,  # noqa: F401
-        lab_cmd,  # noqa: F401
-        provision_cmd,  # noqa: F401
-        push_cmd,  # noqa: F401
-        run_cmd,  # noqa: F401
-    )
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,9 @@ Fixtures:
 * ``lab_required`` - skips (or, with ``FLEETCTL_REQUIRE_LAB=1``, fails) when the machine cannot
   run a lab: not root, or no ``ip netns``/``unshare``/``nsenter``/``sshd``.
 
+Every test that needs something a machine may lack skips through ``skip_or_fail`` /
+``import_or_skip``, which fail instead under ``FLEETCTL_REQUIRE_LAB=1`` (CI).
+
 Always on (autouse): ``SSH_AUTH_SOCK`` is removed and ``FLEETCTL_SSH_CONFIG=/dev/null`` is set, so
 no test ever depends on (or leaks into) the developer's agent and ``~/.ssh/config``.
 """
@@ -18,10 +21,11 @@ no test ever depends on (or leaks into) the developer's agent and ``~/.ssh/confi
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -47,14 +51,28 @@ def lab_unavailable_reason() -> str | None:
     return None
 
 
+def skip_or_fail(reason: str, *, allow_module_level: bool = False) -> NoReturn:
+    """Skip the calling test for a missing prerequisite (root, a tool, a package) on a
+    developer's machine; under ``FLEETCTL_REQUIRE_LAB=1`` (CI) fail instead, so nothing CI is
+    meant to test can go quietly untested. The one exception is a plain ``pytest.skip``."""
+    if os.environ.get("FLEETCTL_REQUIRE_LAB") == "1":
+        pytest.fail(f"FLEETCTL_REQUIRE_LAB=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=allow_module_level)
+
+
+def import_or_skip(module: str, reason: str) -> Any:
+    """``pytest.importorskip`` that honours ``FLEETCTL_REQUIRE_LAB`` (``skip_or_fail``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        skip_or_fail(f"{reason} ({e})")
+
+
 def require_lab() -> None:
     """Skip the calling test when no lab is possible; fail instead under FLEETCTL_REQUIRE_LAB=1."""
     why = lab_unavailable_reason()
-    if why is None:
-        return
-    if os.environ.get("FLEETCTL_REQUIRE_LAB") == "1":
-        pytest.fail(f"FLEETCTL_REQUIRE_LAB=1 but {why}", pytrace=False)
-    pytest.skip(why)
+    if why is not None:
+        skip_or_fail(why)
 
 
 def _reap_leaked_test_labs() -> None:

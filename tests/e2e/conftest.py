@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+from fleetctl.testing.pytest_plugin import skip_or_fail
+
 
 @pytest.fixture(scope="session")
 def paddle_python() -> str:
@@ -24,7 +26,5 @@ def paddle_python() -> str:
         == 0
     )
     if not ok:
-        if os.environ.get("FLEETCTL_REQUIRE_LAB") == "1":
-            pytest.fail(f"paddlepaddle not importable by {python} (.ci/run installs it)")
-        pytest.skip(f"paddlepaddle not importable by {python}")
+        skip_or_fail(f"paddlepaddle not importable by {python} (.ci/run installs it)")
     return python

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.testing.pytest_plugin import skip_or_fail
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +31,7 @@ except ImportError:
     HAVE_TORCH = False
 
 if not HAVE_TORCH:
-    if os.environ.get("FLEETCTL_REQUIRE_LAB") == "1":
-        raise RuntimeError("torch is required for the e2e tests (FLEETCTL_REQUIRE_LAB=1)")
-    pytest.skip("torch is not installed", allow_module_level=True)
+    skip_or_fail("torch is not installed (the e2e tests need it)", allow_module_level=True)
 
 
 def _env() -> dict[str, str]:

@@ -5,14 +5,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fleetctl.lab import Lab
+from fleetctl.testing.cli_runner import run_cli_process
 
 pytestmark = [pytest.mark.lab, pytest.mark.e2e]
 
@@ -50,21 +48,13 @@ def test_paddle_ps_roles_get_servers_and_trainers_from_the_job_file(
     (code / "psinfo.py").write_text(PSINFO)
     (code / "ps.yml").write_text(JOB)
     runs = tmp_path / "runs"
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    p = subprocess.run(
-        [
-            *(sys.executable, "-m", "fleetctl", "run", "-i", str(inventory), "--no-check"),
-            *("--runs-dir", str(runs), "--code-dir", str(code), "--job", str(code / "ps.yml")),
-        ],
-        capture_output=True,
-        text=True,
+    p = run_cli_process(
+        *("run", "-i", str(inventory), "--no-check"),
+        *("--runs-dir", str(runs), "--code-dir", str(code), "--job", str(code / "ps.yml")),
         timeout=300,
-        env=env,
         cwd=ROOT,
-        stdin=subprocess.DEVNULL,
     )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.exit_code == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [folder] = [d for d in runs.iterdir() if d.is_dir()]
     roles = json.loads((folder / "roles.json").read_text())
     plan = json.loads((folder / "plan.json").read_text())

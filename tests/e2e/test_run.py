@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,14 +25,15 @@ import pytest
 
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.cli_runner import start_cli_process
 from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 JOB_TIMEOUT = 240
-FLEETCTL = [sys.executable, "-m", "fleetctl"]
 
 TICK = """\
 import json, os, signal, subprocess, sys, time
@@ -81,16 +81,9 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Run:
     """A ``fleetctl run`` subprocess whose output is read live by two threads."""
 
-    def __init__(self, argv: list[str], runs_dir: Path) -> None:
+    def __init__(self, args: list[str], runs_dir: Path) -> None:
         self.runs_dir = runs_dir
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            start_new_session=True,
-        )
+        self.proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
         self.out: list[str] = []
         self.err: list[str] = []
         self._threads = [
@@ -111,7 +104,8 @@ class Run:
             if pred(list(self.out)):
                 return
             if self.proc.poll() is not None:
-                time.sleep(0.3)
+                for t in self._threads:  # the rest of its output, for the message
+                    t.join(5)
                 raise AssertionError(
                     f"fleetctl ended early ({self.proc.returncode}):\n" + self.text()
                 )
@@ -163,8 +157,7 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
         opts: tuple[str, ...] = ("--no-check",),
         inventory: Path | None = None,
     ) -> Run:
-        argv = [
-            *FLEETCTL,
+        args = [
             "run",
             "--inventory",
             str(inventory or lab.inventory_path),
@@ -180,7 +173,7 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
             str((code_dir or EXAMPLES) / script),
             *args,
         ]
-        r = Run(argv, tmp_path / "runs")
+        r = Run(args, tmp_path / "runs")
         started.append(r)
         return r
 
@@ -468,10 +461,12 @@ def test_a_second_ctrl_c_skips_the_grace_period(lab3: Lab, runs, code) -> None:
     r.wait_for(ticking())
     job_id = r.folder.name
     r.proc.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 30
-    while not any("teardown: stopping" in line for line in r.err):
-        assert time.monotonic() < deadline, r.text()
-        time.sleep(0.1)
+    wait_for(
+        lambda: any("teardown: stopping" in line for line in r.err),
+        30,
+        what="teardown started",
+        detail=r.text,
+    )
     time.sleep(0.5)
     r.proc.send_signal(signal.SIGINT)
     # The job ignores SIGTERM: only the skipped grace (SIGKILL now) ends it well before 60 s.

@@ -26,6 +26,7 @@ from fleetctl.phases.check import CheckOptions, CheckReport, check_fleet
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fleet import Fleet
+from fleetctl.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.lab
 
@@ -350,9 +351,11 @@ def _fake_nccl(folder: Path, version: int) -> Path:
     return lib
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for a fake libnccl")
 def test_env_python_and_nccl_versions_are_checked_and_must_agree(lab3: Lab) -> None:
     import tempfile
+
+    if shutil.which("cc") is None:
+        skip_or_fail("needs a C compiler for a fake libnccl")
 
     # Lab hosts have a private /tmp: build the fake libraries where they can see them.
     shared = Path(tempfile.mkdtemp(prefix="fleetctl-check-", dir="/var/tmp"))

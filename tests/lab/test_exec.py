@@ -1,32 +1,26 @@
 """``fleetctl exec`` against real sshd hosts: own hostnames, a dead sshd, exit codes, quoting.
 
-Runs the real CLI (``python -m fleetctl``) as users do, on the shared 3-host lab (``lab3``
-undoes injected faults after each test).
+Runs the CLI in-process through its entry (``fleetctl.testing.cli_runner.run_cli``: exit codes
+and stderr lines as users get them), on the shared 3-host lab (``lab3`` undoes injected faults
+after each test).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from fleetctl.lab import Lab
+from fleetctl.testing.cli_runner import CliResult, run_cli
 
 pytestmark = pytest.mark.lab
 
 HOSTS = ("node1", "node2", "node3")
 
 
-def fleetctl_exec(lab: Lab, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "fleetctl", "exec", "-i", str(lab.inventory_path), *args]
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
-    )
+def fleetctl_exec(lab: Lab, *args: str) -> CliResult:
+    return run_cli("exec", "-i", str(lab.inventory_path), *args)
 
 
 def lines(text: str) -> list[str]:
@@ -35,23 +29,23 @@ def lines(text: str) -> list[str]:
 
 def test_each_host_answers_with_its_own_hostname(lab3: Lab) -> None:
     p = fleetctl_exec(lab3, "--", "hostname")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     assert sorted(lines(p.stdout)) == [f"{h}: {h}" for h in HOSTS]
     assert p.stderr == ""
 
 
 def test_argv_reaches_the_program_literally(lab3: Lab) -> None:
     p = fleetctl_exec(lab3, "--", "echo", "a b;c")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     assert sorted(lines(p.stdout)) == [f"{h}: a b;c" for h in HOSTS]
     p = fleetctl_exec(lab3, "--", "printf", "%s|", "$HOME", "*", "`id`", "it's")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     assert sorted(lines(p.stdout)) == [f"{h}: $HOME|*|`id`|it's|" for h in HOSTS]
 
 
 def test_one_argument_is_a_shell_line(lab3: Lab) -> None:
     p = fleetctl_exec(lab3, "--", "echo $((40 + 2)) | tr 4 x")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     assert sorted(lines(p.stdout)) == [f"{h}: x2" for h in HOSTS]
 
 
@@ -59,7 +53,7 @@ def test_gather_folds_identical_output_under_a_node_set(lab3: Lab) -> None:
     p = fleetctl_exec(
         lab3, "-b", "--", "sh", "-c", "case $(hostname) in node2) echo odd;; *) echo same;; esac"
     )
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     out = lines(p.stdout)
     assert out == ["-" * 15, "node[1,3]", "-" * 15, "same", "-" * 15, "node2", "-" * 15, "odd"]
 
@@ -67,7 +61,7 @@ def test_gather_folds_identical_output_under_a_node_set(lab3: Lab) -> None:
 def test_remote_exit_codes_worst_node_and_max_rc(lab3: Lab) -> None:
     cmd = "n=$(hostname | tr -dc 0-9); echo out$n; echo err$n >&2; exit $((n * 10 - 10))"
     p = fleetctl_exec(lab3, "--", cmd)
-    assert p.returncode == 3
+    assert p.exit_code == 3
     assert sorted(lines(p.stdout)) == ["node1: out1", "node2: out2", "node3: out3"]
     err = lines(p.stderr)
     assert "node2: err2" in err and "node1: err1" in err
@@ -76,20 +70,20 @@ def test_remote_exit_codes_worst_node_and_max_rc(lab3: Lab) -> None:
     assert not any(x.startswith("fleetctl: node1:") for x in err)
     assert err[-1] == "fleetctl: error: exec failed on 2 of 3 nodes"
     p = fleetctl_exec(lab3, "-S", "--", cmd)
-    assert p.returncode == 20
+    assert p.exit_code == 20
 
 
 def test_dead_sshd_is_reported_and_the_others_still_run(lab3: Lab) -> None:
     lab3.kill_sshd("node2")
     p = fleetctl_exec(lab3, "--", "hostname")
-    assert p.returncode == 3
+    assert p.exit_code == 3
     assert sorted(lines(p.stdout)) == ["node1: node1", "node3: node3"]
     err = p.stderr
     assert "node2" in err and "refused" in err, err
     assert "node1" not in err and "node3" not in err
 
     p = fleetctl_exec(lab3, "--json", "--", "hostname")
-    assert p.returncode == 3
+    assert p.exit_code == 3
     data = json.loads(p.stdout)
     assert data["ok"] is False and data["exit_code"] == 3
     by = {n["node"]: n for n in data["nodes"]}
@@ -99,22 +93,22 @@ def test_dead_sshd_is_reported_and_the_others_still_run(lab3: Lab) -> None:
         assert by[h]["ok"] and by[h]["stdout"] == f"{h}\n" and by[h]["error"] is None
 
     p = fleetctl_exec(lab3, "-S", "--", "hostname")
-    assert p.returncode == 255  # the command never ran on node2, as ssh reports it
+    assert p.exit_code == 255  # the command never ran on node2, as ssh reports it
 
 
 def test_command_timeout_is_a_per_node_failure(lab3: Lab) -> None:
     p = fleetctl_exec(lab3, "--timeout", "0.5", "--", "sleep 2")
-    assert p.returncode == 3
+    assert p.exit_code == 3
     assert all(f"{h}: error:" in p.stderr and "timed out" in p.stderr for h in HOSTS)
 
 
 def test_limit_selects_hosts(lab3: Lab) -> None:
     p = fleetctl_exec(lab3, "--limit", "node1,node3", "--", "hostname")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     assert sorted(lines(p.stdout)) == ["node1: node1", "node3: node3"]
 
 
 def test_no_command_is_a_usage_error(lab3: Lab) -> None:
     p = fleetctl_exec(lab3)
-    assert p.returncode == 2
+    assert p.exit_code == 2
     assert "fleetctl: error:" in p.stderr

@@ -1,8 +1,10 @@
 """Job lifecycle on the 3-host lab: detach + runs/status/logs/stop, retries, task roles.
 
-Runs the real CLI (``python -m fleetctl``) as users do; plain Python scripts (no torch), so each
-job starts in a few seconds. "Nothing left" is checked on every host over SSH by job id in
-/proc (``fleetctl.testing.infra.node_leftovers``, the testinfra helper).
+Runs the CLI in-process through its entry (``fleetctl.testing.cli_runner``), and as a real
+process where one is needed (``run --detach``, signals, ``logs --follow``, ``monitor``); plain
+Python scripts (no torch), so each job starts in a few seconds. "Nothing left" is checked on
+every host over SSH by job id in /proc (``fleetctl.testing.infra.node_leftovers``, the
+testinfra helper).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,12 +23,13 @@ import pytest
 from fleetctl.job.monitor_process import monitor_alive
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.cli_runner import CliResult, run_cli, run_cli_process, start_cli_process
 from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-FLEETCTL = [sys.executable, "-m", "fleetctl"]
 HOSTS = ("node1", "node2", "node3")
 
 TICK = """\
@@ -136,18 +138,14 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def fleetctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.run(
-        [*FLEETCTL, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-    )
+def fleetctl(*args: str) -> CliResult:
+    return run_cli(*args, cwd=ROOT)
+
+
+def fleetctl_detach(*args: str) -> CliResult:
+    """``run --detach`` as its own process: the monitor it leaves must outlive its parent."""
+    assert "--detach" in args
+    return run_cli_process(*args, cwd=ROOT, timeout=120)
 
 
 def run_args(lab: Lab, runs: Path, code: Path, *extra: str) -> list[str]:
@@ -205,33 +203,43 @@ def kill_monitor(runs: Path, job_id: str) -> None:
 
 def wait_ended(runs: Path, job_id: str, timeout: float) -> dict[str, Any]:
     """job.json once the job is no longer live and its monitor has exited (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ended() -> dict[str, Any] | None:
         job = job_json(runs, job_id)
-        ended = job["status"] not in ("running", "starting", "detached")
-        if ended and not monitor_alive(job.get("monitor")):
-            return job
-        if time.monotonic() > deadline:
-            log = (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s:\n{log}")
-        time.sleep(0.3)
+        live = job["status"] in ("running", "starting", "detached")
+        return None if live or monitor_alive(job.get("monitor")) else job
+
+    return wait_for(
+        ended,
+        timeout,
+        what=f"job {job_id} ended",
+        interval=0.3,
+        detail=lambda: monitor_log(runs, job_id),
+    )
 
 
 def wait_job(runs: Path, job_id: str, what: str, pred: Any, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def matches() -> dict[str, Any] | None:
         job = job_json(runs, job_id)
-        if pred(job):
-            return job
-        if time.monotonic() > deadline:
-            log = (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"job {job_id}: not {what} after {timeout}s:\n{job}\n{log}")
-        time.sleep(0.3)
+        return job if pred(job) else None
+
+    return wait_for(
+        matches,
+        timeout,
+        what=f"job {job_id} {what}",
+        interval=0.3,
+        detail=lambda: f"{job_json(runs, job_id)}\n{monitor_log(runs, job_id)}",
+    )
+
+
+def monitor_log(runs: Path, job_id: str) -> str:
+    return (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
 
 
 def runs_json(runs: Path) -> list[dict[str, Any]]:
     p = fleetctl("runs", "--runs-dir", str(runs), "--json")
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     return json.loads(p.stdout)
 
 
@@ -242,8 +250,8 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
     runs = tmp_path / "runs"
-    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "300"))
-    assert p.returncode == 0, p.stderr
+    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "300"))
+    assert p.exit_code == 0, p.stderr
     job_id = p.stdout.strip()
     assert (runs / job_id / "connect.json").is_file(), p.stdout + p.stderr
     try:
@@ -259,7 +267,7 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
         assert rec["job_id"] == job_id and rec["status"] == "detached" and rec["nodes"] == 3
 
         st = fleetctl("status", "--runs-dir", str(runs), job_id, "--json")
-        assert st.returncode == 0, st.stderr
+        assert st.exit_code == 0, st.stderr
         status = json.loads(st.stdout)
         assert [n["state"] for n in status["nodes"]] == ["running"] * 3, status
         assert all(n["detached"] and n["processes"] for n in status["nodes"])
@@ -273,7 +281,7 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
         }
 
         stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "2")
-        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert stop.exit_code == 0, stop.stdout + stop.stderr
         assert "verified: nothing left on any node" in stop.stderr
         # The stop first sent the monitor away, so the two never tore down at once.
         assert f"monitor pid {monitor['pid']} exited" in stop.stderr
@@ -295,22 +303,15 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
     assert rec["status"] == "stopped"
     # Collected logs are now what `logs` shows, prefixed per node.
     logs = fleetctl("logs", "--runs-dir", str(runs), job_id, "--node", "node2", "-n", "2")
-    assert logs.returncode == 0, logs.stderr
+    assert logs.exit_code == 0, logs.stderr
     assert [x.split(" ")[:2] for x in logs.stdout.splitlines()] == [["[1", "node2]"]] * 2
 
 
 def _follow_until_every_rank_ticks(runs: Path, job_id: str) -> list[str]:
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    proc = subprocess.Popen(
-        [*FLEETCTL, "logs", "--runs-dir", str(runs), "--follow", "-n", "1", job_id],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
+    proc = start_cli_process(
+        "logs", "--runs-dir", str(runs), "--follow", "-n", "1", job_id,
+        cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 60
@@ -343,8 +344,8 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     """Nobody types anything after `run --detach`: the monitor sees rank 1 fail, stops the
     job on every node, brings every node's log home and records who failed first."""
     runs = tmp_path / "runs"
-    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "fail_on_1.py")))
-    assert p.returncode == 0, p.stderr
+    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", str(code / "fail_on_1.py")))
+    assert p.exit_code == 0, p.stderr
     job_id = p.stdout.strip()
     try:
         job = wait_ended(runs, job_id, timeout=60)
@@ -375,8 +376,8 @@ def test_a_detached_job_that_succeeds_is_collected_by_its_monitor(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
     runs = tmp_path / "runs"
-    p = fleetctl(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "2"))
-    assert p.returncode == 0, p.stderr
+    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", str(code / "tick.py"), "2"))
+    assert p.exit_code == 0, p.stderr
     job_id = p.stdout.strip()
     try:
         job = wait_ended(runs, job_id, timeout=45)
@@ -395,23 +396,16 @@ def test_a_monitor_attached_by_hand_watches_a_job_started_without_one(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
     runs = tmp_path / "runs"
-    p = fleetctl(
+    p = fleetctl_detach(
         *run_args(lab3, runs, code, "--detach", "--no-monitor", str(code / "tick.py"), "2")
     )
-    assert p.returncode == 0, p.stderr
+    assert p.exit_code == 0, p.stderr
     job_id = p.stdout.strip()
     assert "no monitor (--no-monitor)" in p.stderr and "monitor" not in job_json(runs, job_id)
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    proc = subprocess.Popen(
-        [*FLEETCTL, "monitor", "--runs-dir", str(runs), "--poll", "0.5", job_id[:15]],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
+    proc = start_cli_process(
+        "monitor", "--runs-dir", str(runs), "--poll", "0.5", job_id[:15],
+        cwd=ROOT, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=45)  # it ends with the job, by itself
     finally:
@@ -434,8 +428,8 @@ def test_a_lost_node_fails_a_detached_job_and_is_stopped_once_it_answers_again(
     until the cable is back, when the monitor stops it there too and brings its log home."""
     runs = tmp_path / "runs"
     args = ("--detach", "--monitor-lost-timeout", "3", "--connect-timeout", "2")
-    p = fleetctl(*run_args(lab3, runs, code, *args, str(code / "tick.py"), "300"))
-    assert p.returncode == 0, p.stderr
+    p = fleetctl_detach(*run_args(lab3, runs, code, *args, str(code / "tick.py"), "300"))
+    assert p.exit_code == 0, p.stderr
     job_id = p.stdout.strip()
     try:
         lab3.cut_link("node3")
@@ -468,30 +462,23 @@ def test_stop_from_another_terminal_interrupts_an_attached_run(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
     runs = tmp_path / "runs"
-    env = dict(os.environ, FLEETCTL_SSH_CONFIG="/dev/null")
-    env.pop("SSH_AUTH_SOCK", None)
-    argv = [*FLEETCTL, *run_args(lab3, runs, code, str(code / "tick.py"), "300")]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    proc = start_cli_process(
+        *run_args(lab3, runs, code, str(code / "tick.py"), "300"),
         cwd=ROOT,
         start_new_session=True,
     )
+
+    def running_everywhere() -> str | None:
+        for d in runs.glob("*") if runs.is_dir() else []:
+            j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
+            if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
+                return d.name
+        return None
+
     try:
-        deadline = time.monotonic() + 60
-        job_id = None
-        while time.monotonic() < deadline and job_id is None:
-            time.sleep(0.3)
-            for d in runs.glob("*") if runs.is_dir() else []:
-                j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
-                if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
-                    job_id = d.name
-        assert job_id is not None, "job never ran on all 3 nodes"
+        job_id = wait_for(running_everywhere, 60, what="job running on all 3 nodes", interval=0.3)
         stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "1")
-        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert stop.exit_code == 0, stop.stdout + stop.stderr
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -529,7 +516,7 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
             marker,
         )
     )
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.exit_code == 0, p.stdout + p.stderr
     [rec] = runs_json(runs)
     job_id = rec["job_id"]
     assert rec["status"] == "succeeded" and rec["attempts"] == 2
@@ -567,7 +554,7 @@ def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path
             marker,
         )
     )
-    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.exit_code == 3, p.stdout + p.stderr
     [rec] = runs_json(runs)
     assert rec["status"] == "failed" and rec["attempts"] == 1
     assert "node 1 (node2): exit code 1" in rec["first_failure"]
@@ -598,7 +585,7 @@ def test_a_two_role_job_ends_when_the_workers_succeed(
         "--job",
         str(code / "job.yml"),
     )
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.exit_code == 0, p.stdout + p.stderr
     [rec] = runs_json(runs)
     job_id = rec["job_id"]
     job = job_json(runs, job_id)

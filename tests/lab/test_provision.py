@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from fleetctl.lab import Lab
+from fleetctl.testing.pytest_plugin import import_or_skip, skip_or_fail
 
 pytestmark = pytest.mark.lab
 
@@ -237,7 +238,7 @@ def test_gpu_facts_report_covers_every_host_using_fleetctls_known_hosts(
     lab3: Lab, ansible_env: dict[str, str], tmp_path: Path
 ) -> None:
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in libnccl.so.2")
+        skip_or_fail("gcc is needed to build the stand-in libnccl.so.2")
     from fleetctl.testing.envbuild import build_fake_nccl
 
     inv = _inventory_without_ssh_args(lab3, tmp_path / "hosts.yml")
@@ -291,10 +292,10 @@ def test_conda_env_packs_an_existing_env_and_fetches_it_once(
     """Miniforge and `conda env create` need the conda channels (not reachable here): this runs
     the rest of conda-env.yml for real — conda-pack on the build host, fetch to the controller —
     on an env built offline, and the Miniforge part in check mode."""
-    pytest.importorskip("rattler", reason="py-rattler builds the offline test env")
-    pytest.importorskip("conda_pack")
+    import_or_skip("rattler", "py-rattler builds the offline test env")
+    import_or_skip("conda_pack", "conda-pack packs the test env")
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the stand-in libnccl.so.2")
+        skip_or_fail("gcc is needed to build the stand-in libnccl.so.2")
     from fleetctl.testing.envbuild import build_env, build_fake_nccl
 
     # /var/tmp is shared by the lab hosts and this machine (their /tmp is private).

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from fleetctl.cli import main
 from fleetctl.errors import InventoryError
 from fleetctl.node import Node
 from fleetctl.plan.inventory import Inventory, load_inventory, local_inventory, parse_limit
+from fleetctl.testing.cli_runner import run_cli
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -457,15 +457,13 @@ def test_limit_file(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ CLI
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["inventory", *args])
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+def inventory_cli(*args: str) -> tuple[int, str, str]:
+    r = run_cli("inventory", *args)
+    return r.exit_code, r.stdout, r.stderr
 
 
-def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "-i", str(EXAMPLE_INI), "--limit", "gpu0*:!gpu02", "--json")
+def test_cli_json() -> None:
+    code, out, err = inventory_cli("-i", str(EXAMPLE_INI), "--limit", "gpu0*:!gpu02", "--json")
     assert code == 0, err
     data = json.loads(out)
     assert [n["host"] for n in data["nodes"]] == ["gpu01", "gpu03", "gpu04"]
@@ -482,8 +480,8 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["digest"] == load_inventory(EXAMPLE_INI, limit="gpu0*:!gpu02").digest
 
 
-def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "-i", str(CASES / "nested.yml"), "--group", "rack_a")
+def test_cli_table() -> None:
+    code, out, err = inventory_cli("-i", str(CASES / "nested.yml"), "--group", "rack_a")
     assert code == 0, err
     cells = [line.split() for line in out.splitlines()]
     rows = [c for c in cells if len(c) >= 5 and c[0].isdigit()]
@@ -498,8 +496,8 @@ def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "5 nodes" in out
 
 
-def test_cli_without_inventory_is_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "--json")
+def test_cli_without_inventory_is_this_machine() -> None:
+    code, out, err = inventory_cli("--json")
     assert code == 0, err
     (node,) = json.loads(out)["nodes"]
     assert node["local"] and node["address"] == "127.0.0.1" and node["rank"] == 0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.cli import main
 from fleetctl.errors import InventoryError
 from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.cli_runner import run_cli
 
 HERE = Path(__file__).resolve().parent
 ERRORS = HERE / "inventories" / "errors"
@@ -50,11 +50,9 @@ CASES: list[tuple[str, str | None, int | None, tuple[str, ...]]] = [
 ]
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["inventory", *args])
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+def _cli(*args: str) -> tuple[int, str, str]:
+    r = run_cli("inventory", *args)
+    return r.exit_code, r.stdout, r.stderr
 
 
 def _assert_one_line_error(
@@ -72,14 +70,13 @@ def _assert_one_line_error(
 
 @pytest.mark.parametrize(("name", "limit", "line", "words"), CASES, ids=[c[0] for c in CASES])
 def test_bad_inventory_exits_2_with_file_line(
-    capsys: pytest.CaptureFixture[str],
     name: str,
     limit: str | None,
     line: int | None,
     words: tuple[str, ...],
 ) -> None:
     path = ERRORS / name
-    code, out, err = _cli(capsys, "-i", str(path), *(["--limit", limit] if limit else []))
+    code, out, err = _cli("-i", str(path), *(["--limit", limit] if limit else []))
     where = f"{path}:{line}: " if line else f"{path}: "
     _assert_one_line_error(code, out, err, where, words)
 
@@ -107,42 +104,42 @@ def test_error_carries_structured_location() -> None:
         ("@/nonexistent/limit-file", ("cannot read limit file",)),
     ],
 )
-def test_bad_limit(capsys: pytest.CaptureFixture[str], limit: str, words: tuple[str, ...]) -> None:
-    code, out, err = _cli(capsys, "-i", str(GOOD), "--limit", limit)
+def test_bad_limit(limit: str, words: tuple[str, ...]) -> None:
+    code, out, err = _cli("-i", str(GOOD), "--limit", limit)
     _assert_one_line_error(code, out, err, f"{GOOD}: ", words)
 
 
-def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.yml"
-    code, out, err = _cli(capsys, "-i", str(path))
+    code, out, err = _cli("-i", str(path))
     _assert_one_line_error(code, out, err, f"{path}: ", ("cannot read", "No such file"))
 
 
-def test_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, err = _cli(capsys, "-i", str(tmp_path))
+def test_directory(tmp_path: Path) -> None:
+    code, out, err = _cli("-i", str(tmp_path))
     _assert_one_line_error(code, out, err, f"{tmp_path}: ", ("directory",))
 
 
-def test_unreadable_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_unreadable_file(tmp_path: Path) -> None:
     """A path that exists but cannot be opened (a symlink loop: fails for root too)."""
     path = tmp_path / "hosts.yml"
     path.symlink_to(path)
-    code, out, err = _cli(capsys, "-i", str(path))
+    code, out, err = _cli("-i", str(path))
     _assert_one_line_error(code, out, err, f"{path}: ", ("cannot read", "symbolic links"))
 
 
-def test_unknown_group(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(capsys, "-i", str(GOOD), "--group", "tpu")
+def test_unknown_group() -> None:
+    code, out, err = _cli("-i", str(GOOD), "--group", "tpu")
     _assert_one_line_error(code, out, err, f"{GOOD}: ", ("'tpu'", "matches no hosts"))
 
 
-def test_limit_without_inventory(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(capsys, "--limit", "gpu01")
+def test_limit_without_inventory() -> None:
+    code, out, err = _cli("--limit", "gpu01")
     _assert_one_line_error(code, out, err, "--limit", ("needs an inventory",))
 
 
-def test_inventory_without_hosts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_inventory_without_hosts(tmp_path: Path) -> None:
     path = tmp_path / "hosts.ini"
     path.write_text("[gpu]\n[gpu:vars]\nfleetctl_gpus=8\n")
-    code, out, err = _cli(capsys, "-i", str(path))
+    code, out, err = _cli("-i", str(path))
     _assert_one_line_error(code, out, err, f"{path}: ", ("no hosts",))

@@ -180,6 +180,21 @@ def test_fixture_skips_without_root_but_fails_when_the_lab_is_required(
         pytest_plugin.require_lab()
 
 
+def test_a_missing_module_skips_but_fails_when_the_lab_is_required(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleetctl.testing.pytest_plugin import import_or_skip
+
+    missing = "fleetctl_no_such_module_for_this_test"
+    monkeypatch.delenv("FLEETCTL_REQUIRE_LAB", raising=False)
+    assert import_or_skip("json", "stdlib").dumps(1) == "1"
+    with pytest.raises(pytest.skip.Exception, match="needed here"):
+        import_or_skip(missing, "needed here")
+    monkeypatch.setenv("FLEETCTL_REQUIRE_LAB", "1")
+    with pytest.raises(pytest.fail.Exception, match="FLEETCTL_REQUIRE_LAB=1 but needed here"):
+        import_or_skip(missing, "needed here")
+
+
 def test_tests_never_see_the_developers_ssh_agent_or_config() -> None:
     import os
 

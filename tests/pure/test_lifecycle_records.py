@@ -147,7 +147,7 @@ def test_stop_keeps_the_final_record_an_attached_run_wrote_meanwhile(tmp_path: P
 
 
 def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_path: Path):
-    from fleetctl.cli import main
+    from fleetctl.testing.cli_runner import run_cli
 
     nodes = [
         {"rank": 0, "host": "a", "state": "stopped", "signal": 15, "exit_code": None},
@@ -162,31 +162,25 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
         d.mkdir()
         (d / "console.log").write_text(f"line1 {host}\nline2 {host}\n")
 
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["runs", "--runs-dir", str(tmp_path), "--json"])
-    [rec] = json.loads(out.getvalue())
+    r = run_cli("runs", "--runs-dir", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.stderr
+    [rec] = r.json
     assert (
         rec["status"] == "failed" and rec["first_failure"] == "node 1 (b): exit code 2 after 1.5 s"
     )
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["status", "--runs-dir", str(tmp_path), "20260101", "--json"])
-    status = json.loads(out.getvalue())
+    r = run_cli("status", "--runs-dir", str(tmp_path), "20260101", "--json")
+    assert r.exit_code == 0, r.stderr
+    status = r.json
     assert status["live"] is False
     assert [(n["host"], n["state"], n["signal"], n["exit_code"]) for n in status["nodes"]] == [
         ("a", "stopped", 15, None),
         ("b", "failed", None, 2),
     ]
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["logs", "--runs-dir", str(tmp_path), "20260101", "-n", "1"])
-    assert out.getvalue().splitlines() == ["[0 a] line2 a", "[1 b] line2 b"]
+    r = run_cli("logs", "--runs-dir", str(tmp_path), "20260101", "-n", "1")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == ["[0 a] line2 a", "[1 b] line2 b"]
 
 
 def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:

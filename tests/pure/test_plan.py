@@ -12,6 +12,7 @@ from fleetctl.node import Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS, build_argv, get_launcher
 from fleetctl.plan.launchers.base import path_from
 from fleetctl.plan.rankplan import JobSpec, NodeFacts, format_job_id, make_plan
+from fleetctl.testing.pytest_plugin import import_or_skip
 
 JOB = "20261122-001500-a1b2c3"
 
@@ -100,7 +101,7 @@ def test_no_nodes() -> None:
 
 def test_torchrun_argv_parses_with_real_torchrun() -> None:
     """The flags we emit are ones torch's own torchrun parser accepts, with the values we mean."""
-    run = pytest.importorskip("torch.distributed.run")
+    run = import_or_skip("torch.distributed.run", "torch is not installed")
     plan = make_plan(_nodes(3, gpus=2), JobSpec(script="t.py", job_id=JOB, args=("--nnodes=9",)))
     node = plan.nodes[2]
     assert node.argv[1:3] == ("-m", "torch.distributed.run")

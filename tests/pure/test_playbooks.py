@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.provision import playbooks_dir, shipped_playbooks
+from fleetctl.testing.pytest_plugin import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _tool(name: str) -> str:
     exe = shutil.which(name)
     if exe is None:
-        pytest.skip(f"{name} is not installed (pip install -e '.[test]')")
+        skip_or_fail(f"{name} is not installed (pip install -e '.[test]')")
     return exe
 
 

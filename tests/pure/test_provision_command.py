@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from fleetctl.provision import (
     shipped_playbooks,
 )
 from fleetctl.ssh.connection import SSHSettings
+from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -294,17 +293,10 @@ def test_bootstrap_defaults_meet_what_the_readiness_checks_require() -> None:
     assert startups and int(startups.group(1)) >= READY_MAX_STARTUPS
 
 
-def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fleetctl", *args],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
-
-
 def test_cli_without_ansible_playbook_on_path_prints_one_line_and_exits_1(tmp_path: Path) -> None:
     inv = write_inventory(tmp_path, {"n1": {"ansible_host": "10.0.0.1"}})
     r = run_cli("provision", "bootstrap", "-i", str(inv), env={**os.environ, "PATH": str(tmp_path)})
-    assert r.returncode == 1, r.stderr
+    assert r.exit_code == 1, r.stderr
     assert r.stdout == ""
     assert r.stderr.splitlines() == [
         "fleetctl: error: ansible-playbook not found on PATH; install ansible-core with "
@@ -322,7 +314,7 @@ def test_cli_print_command_shows_the_ansible_command_and_runs_nothing(
         "--", "-e", "x=1",
         env=env,
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.stderr
     words = shlex.split(r.stdout)
     assert words[:2] == ["ANSIBLE_HOST_KEY_CHECKING=True", "ANSIBLE_RETRY_FILES_ENABLED=False"]
     assert words[2:] == [
@@ -336,7 +328,7 @@ def test_cli_print_command_shows_the_ansible_command_and_runs_nothing(
 def test_cli_unknown_playbook_is_a_usage_error(tmp_path: Path, fake_path: dict[str, str]) -> None:
     inv = write_inventory(tmp_path, {"n1": {"ansible_host": "10.0.0.1"}})
     r = run_cli("provision", "nope", "-i", str(inv), env={**os.environ, **fake_path})
-    assert r.returncode == 2
+    assert r.exit_code == 2
     assert r.stderr.startswith("fleetctl: error: playbook not found: nope (shipped playbooks:")
 
 

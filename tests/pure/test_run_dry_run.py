@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleetctl.cli import main
 from fleetctl.plan.launchers import LAUNCHER_NAMES
+from fleetctl.testing.cli_runner import run_cli, run_cli_process
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_INVENTORY = ROOT / "inventories" / "example.yml"
@@ -29,26 +28,22 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # SCRIPT is relative to the code dir, "." by default
 
 
-def fleetctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+def fleetctl(*args: str) -> tuple[int, str, str]:
+    r = run_cli(*args)
+    return r.exit_code, r.stdout, r.stderr
 
 
-def dry_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
-    code, out, err = fleetctl(capsys, "run", "--dry-run", "--json", *args)
+def dry_json(*args: str) -> dict[str, Any]:
+    code, out, err = fleetctl("run", "--dry-run", "--json", *args)
     assert code == 0, err
     return json.loads(out)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_example_inventory_same_ips_distinct_ranks(
-    capsys: pytest.CaptureFixture[str], launcher: str
-) -> None:
+def test_example_inventory_same_ips_distinct_ranks(launcher: str) -> None:
     """Issue 2's done-when: same ips list and a distinct node_rank on every node, per launcher."""
     assert EXAMPLE_INVENTORY.is_file(), "inventories/example.yml is part of the foundation"
-    plan = dry_json(capsys, "-i", str(EXAMPLE_INVENTORY), "--launcher", launcher, SCRIPT)
+    plan = dry_json("-i", str(EXAMPLE_INVENTORY), "--launcher", launcher, SCRIPT)
     nodes = plan["nodes"]
     assert len(nodes) >= 2
     assert JOB_ID.match(plan["job_id"])
@@ -80,8 +75,8 @@ def test_example_inventory_same_ips_distinct_ranks(
             assert env["RANK"] == str(n["node_rank"]) and env["WORLD_SIZE"] == str(len(nodes))
 
 
-def test_default_fleet_is_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
-    plan = dry_json(capsys, SCRIPT, "--epochs", "1")
+def test_default_fleet_is_this_machine() -> None:
+    plan = dry_json(SCRIPT, "--epochs", "1")
     (node,) = plan["nodes"]
     assert node["node_rank"] == 0 and plan["master_addr"] == "127.0.0.1"
     assert node["argv"][0] == sys.executable
@@ -89,17 +84,16 @@ def test_default_fleet_is_this_machine(capsys: pytest.CaptureFixture[str]) -> No
     assert node["argv"][-2:] == ["--epochs", "1"]
 
 
-def test_everything_after_script_is_the_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+def test_everything_after_script_is_the_scripts() -> None:
     odd = ["--launcher", "plain", "--dry-run", "two words", 'it\'s "q"', "a;b", "$(id)", "--"]
-    plan = dry_json(capsys, "--launcher", "torchrun", SCRIPT, *odd)
+    plan = dry_json("--launcher", "torchrun", SCRIPT, *odd)
     assert plan["launcher"] == "torchrun"
     assert plan["args"] == odd
     assert plan["nodes"][0]["argv"][-len(odd) :] == odd
 
 
-def test_options_and_env(capsys: pytest.CaptureFixture[str]) -> None:
+def test_options_and_env() -> None:
     plan = dry_json(
-        capsys,
         "--master-port",
         "29777",
         "--nproc-per-node",
@@ -130,18 +124,16 @@ def test_options_and_env(capsys: pytest.CaptureFixture[str]) -> None:
         (["--code-dir", "fleetctl", SCRIPT], "outside the code dir"),
     ],
 )
-def test_bad_input_exit_2(
-    capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
-    code, out, err = fleetctl(capsys, "run", "--dry-run", "--json", *args)
+def test_bad_input_exit_2(args: list[str], message: str) -> None:
+    code, out, err = fleetctl("run", "--dry-run", "--json", *args)
     assert code == 2
     assert out == ""
     assert err.startswith("fleetctl: error: ") and message in err
     assert "Traceback" not in err
 
 
-def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = fleetctl(capsys, "run", "--dry-run", SCRIPT, "a b")
+def test_human_output() -> None:
+    code, out, err = fleetctl("run", "--dry-run", SCRIPT, "a b")
     assert code == 0, err
     assert "dry run: nothing was started" in out
     assert "torch.distributed.run" in out and "'a b'" in out
@@ -149,15 +141,9 @@ def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_console_entry_point() -> None:
     """The real ``python -m fleetctl`` process, JSON on stdout only."""
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetctl", "run", "--dry-run", "--json", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["nodes"][0]["node_rank"] == 0
+    r = run_cli_process("run", "--dry-run", "--json", SCRIPT, cwd=ROOT, timeout=60)
+    assert r.exit_code == 0, r.stderr
+    assert r.json["nodes"][0]["node_rank"] == 0
 
 
 @pytest.mark.parametrize(
@@ -172,16 +158,14 @@ def test_console_entry_point() -> None:
     ],
 )
 def test_a_duration_that_is_not_a_finite_number_in_range_is_refused(
-    capsys: pytest.CaptureFixture[str], option: str, value: str
+    option: str, value: str
 ) -> None:
-    code, out, err = fleetctl(capsys, "run", "--dry-run", option, value, SCRIPT)
-    assert code == 2, err
-    assert out == ""
-    assert option in err and "Traceback" not in err
+    r = run_cli("run", "--dry-run", option, value, SCRIPT)
+    assert r.exit_code == 2, r.stderr
+    assert r.stdout == ""
+    assert option in r.stderr and "Traceback" not in r.stderr
 
 
-def test_env_style_without_a_role_job_is_refused_not_ignored(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    code, _, err = fleetctl(capsys, "run", "--dry-run", "--env-style", "pai", SCRIPT)
-    assert code == 2 and "--env-style" in err and "--job" in err, err
+def test_env_style_without_a_role_job_is_refused_not_ignored() -> None:
+    r = run_cli("run", "--dry-run", "--env-style", "pai", SCRIPT)
+    assert r.exit_code == 2 and "--env-style" in r.stderr and "--job" in r.stderr, r.stderr

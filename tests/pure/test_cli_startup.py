@@ -1,0 +1,95 @@
+"""What a ``fleetctl`` start imports: only its own command's code (``fleetctl.cli.lazy``).
+
+Each case runs ``fleetctl.cli.main`` in a fresh interpreter and reads ``sys.modules`` when it
+returns (``-X importtime`` would miss modules loaded through ``importlib``, as the lazy group's
+are). No timing is asserted here: start-up speed is a bench row (bench/fanout.py, "startup");
+these tests pin the imports that speed comes from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetctl.cli import COMMANDS, cli
+
+# Runs the CLI like the console script does, then writes every imported module's name to argv[1].
+PROBE = """
+import json, sys
+from fleetctl.cli import main
+try:
+    main(sys.argv[2:])
+finally:
+    with open(sys.argv[1], "w") as f:
+        json.dump(sorted(sys.modules), f)
+"""
+
+# Never needed to print the version or to run a command on this machine without an inventory.
+HEAVY = ("fleetctl.lab", "fleetctl.phases", "fleetctl.job", "paramiko", "rich")
+COMMAND_MODULES = {c.module for c in COMMANDS.values()}
+
+
+def imported_by(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    modules = tmp_path / "modules.json"
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, str(modules), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    names = set(json.loads(modules.read_text()))
+    assert "fleetctl.cli.lazy" in names, p.stderr[-2000:]
+    return p, names
+
+
+def loaded(names: set[str], prefixes: tuple[str, ...] | set[str]) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
+
+
+def test_version_imports_no_command_and_no_ssh_or_plan_code(tmp_path: Path) -> None:
+    p, names = imported_by(tmp_path, "--version")
+    assert p.returncode == 0 and p.stdout == "fleetctl, version 0.1.0\n"
+    assert loaded(names, (*HEAVY, "fleetctl.ssh", "fleetctl.plan", "yaml")) == []
+    assert loaded(names, COMMAND_MODULES) == []
+
+
+def test_exec_on_this_machine_imports_only_exec_and_its_ssh_layer(tmp_path: Path) -> None:
+    p, names = imported_by(tmp_path, "exec", "--", "echo", "hi")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.endswith(": hi\n")
+    assert loaded(names, HEAVY) == []
+    assert loaded(names, COMMAND_MODULES) == ["fleetctl.cli.exec_cmd"]
+
+
+def test_help_lists_every_visible_command_without_importing_one(tmp_path: Path) -> None:
+    p, names = imported_by(tmp_path, "--help")
+    assert p.returncode == 0, p.stderr[-2000:]
+    listed = re.findall(r"^  (\S+)  ", p.stdout.split("Commands:\n", 1)[1], re.M)
+    assert listed == sorted(n for n, c in COMMANDS.items() if c.summary is not None)
+    assert loaded(names, COMMAND_MODULES) == []
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_lazy_table_matches_the_command_its_module_registers(name: str) -> None:
+    """The summary --help shows before import is the one the command's docstring gives."""
+    entry = COMMANDS[name]
+    importlib.import_module(entry.module)
+    cmd = cli.commands.get(name)
+    assert cmd is not None, f"{entry.module} does not register {name!r}"
+    assert cmd.callback is not None and cmd.callback.__module__ == entry.module
+    assert cmd.hidden == (entry.summary is None)
+    if entry.summary is not None:
+        assert cmd.get_short_help_str(limit=10_000) == entry.summary
+
+
+def test_every_registered_command_is_in_the_lazy_table() -> None:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    assert sorted(cli.commands) == sorted(COMMANDS)
