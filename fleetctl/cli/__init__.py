@@ -73,6 +73,10 @@ COMMANDS: dict[str, LazyCommand] = {
     "status": LazyCommand(
         _JOBS, "Per-node state of JOB (asks the node supervisors while it may be running)."
     ),
+    "stacks": LazyCommand(
+        _JOBS,
+        "Dump the Python stack of every process of live JOB on every node, folded by frame.",
+    ),
     "stop": LazyCommand(
         _JOBS, "Stop JOB on every node (by job id), verify nothing is left, collect its logs."
     ),

@@ -7,6 +7,7 @@ through the run folder's ``connect.json``; the work is in ``fleetctl.job.lifecyc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -222,6 +223,40 @@ def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, j
         click.echo(f"fleetctl: job {data['job_id']} stopped; {verdict}", err=True)
     if not report.verified:
         raise JobFailed(f"job {data['job_id']}: teardown could not verify every node")
+
+
+@cli.command("stacks")
+@runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("job")
+def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
+    """Dump the Python stack of every process of live JOB on every node, folded by frame."""
+    from fleetctl.cli import render
+    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.stacks import fold
+
+    with JobHandle(runs_dir, job) as h:
+        report, saved = h.stacks()
+    groups = fold(report.stacks())
+    if as_json:
+        data = {
+            "job_id": h.job_id,
+            "stacks": [dataclasses.asdict(g) for g in groups],
+            "nodes": [n.to_dict() for n in report.nodes],
+            "saved": str(saved),
+        }
+        click.echo(json.dumps(data, indent=2))
+        return
+    for line in render.stack_lines(groups):
+        click.echo(line)
+    for n in report.nodes:
+        if n.error or not n.processes:
+            click.echo(
+                f"  [{n.rank} {n.host}] {n.error or 'no Python process of the job'}", err=True
+            )
+        for why in sorted({p["error"] for p in n.processes if p.get("error")}):
+            click.echo(f"  [{n.rank} {n.host}] not dumped: {why}", err=True)
+    click.echo(f"fleetctl: every dump saved in {saved}", err=True)
 
 
 @cli.command("collect")

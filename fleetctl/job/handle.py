@@ -22,6 +22,7 @@ from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, exit
 
 if TYPE_CHECKING:
     from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import NodeStop, TeardownReport
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import SSHSettings
@@ -144,6 +145,26 @@ class JobHandle:
             f"{'verified clean' if report.verified else 'NOT verified'} ({report.seconds:.1f}s)"
         )
         return report
+
+    def stacks(self) -> tuple[StackReport, Path]:
+        """Every process's stack on every node of the live job (py-spy only: the job goes
+        on), saved in the run folder; returns the report and the saved file."""
+        from fleetctl.phases.stacks import dump_stacks
+
+        if not self.live:
+            raise UsageError(f"job {self.job_id} is {self.job.get('status')}: nothing runs")
+        report = dump_stacks(self.fleet, self.plan, pythons=self.pythons(), abort=False)
+        parts = []
+        for n in report.nodes:
+            for p in n.processes:
+                who = "launcher" if p.get("rank") is None else f"rank {p['rank']}"
+                head = f"== node {n.rank} ({n.host}) pid {p['pid']} {who}: {p['method']}"
+                parts.append(head + "\n" + (p.get("text") or f"not dumped: {p.get('error')}\n"))
+            if n.error:
+                parts.append(f"== node {n.rank} ({n.host}): {n.error}\n")
+        saved = self.folder.write_stacks("\n".join(parts))
+        self._event(f"stacks dumped on demand into {saved.name}")
+        return report, saved
 
     def collect(self, *, stopped: bool = False) -> list[NodeCollect]:
         """Bring every node's run folder home and finalise job.json from the nodes' records

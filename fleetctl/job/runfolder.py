@@ -12,6 +12,7 @@ lock. The files:
   attempt's folder);
 * ``roles.json`` — a role job's layout: the job file as parsed and every task's ports;
 * ``monitor.log`` — a detached job's monitor output;
+* ``stacks-<time>.txt`` — every process's stack, dumped on demand (``fleetctl stacks``);
 * ``<rank>-<host>/`` — one folder per node with its collected logs (written by collect, into
   the path :meth:`RunFolder.node_folder` gives), and ``console.streamed.log`` there when the
   node's own log could not be collected.
@@ -45,6 +46,7 @@ ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 MONITOR_LOG = "monitor.log"
 STREAMED_CONSOLE = "console.streamed.log"
+STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
 
@@ -149,6 +151,13 @@ class RunFolder:
             return os.open(self.monitor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as e:
             raise RunFolderError(f"{self.monitor_log}: cannot create the monitor log: {e}") from e
+
+    def write_stacks(self, text: str) -> Path:
+        """A stack dump taken on demand (``fleetctl stacks``), named by when it was taken."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        path = self.path / f"{STACKS_PREFIX}{stamp}.txt"
+        _write_atomic(path, text)
+        return path
 
     def write_streamed_console(self, rank: int, host: str, lines: Iterable[str]) -> Path:
         """What streamed from a node whose own logs could not be collected."""

@@ -331,9 +331,19 @@ def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3:
         r"stopped\.$",
         summary,
     ), summary
+    # every rank's stack, folded: the odd rank out is named with the frame it is stuck in
+    folded = r.err[r.err.index("where every rank was (innermost Python frame):") + 1 :]
+    assert any(re.match(r"  rank 1: stuck_loading_batch \(ddp_train\.py:\d+\)$", x) for x in folded)
+    assert any(x.startswith("  ranks 0,2: ") for x in folded), r.text()
     job = r.job()
     assert job["status"] == "failed" and job["first_failure"] is None
     assert job["verdict"].startswith("stalled: no progress on any node for ")
+    assert {n["host"]: n["methods"] for n in job["stack_nodes"]} == {
+        f"node{i}": {"py-spy": 2}
+        for i in (1, 2, 3)  # torchrun's agent and its one worker
+    }
+    for rank, host in enumerate(("node1", "node2", "node3")):  # the dumps came home
+        assert list((r.folder / f"{rank}-{host}" / "stacks").glob("*.txt")), rank
     assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
     assert job["teardown"]["verified"] is True
     assert left_over(lab3, job["job_id"]) == {}

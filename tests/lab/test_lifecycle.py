@@ -280,6 +280,17 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
             "[2 node3]",
         }
 
+        # Every rank's stack on demand (py-spy, shipped from here), the job untouched.
+        sk = fleetctl("stacks", "--runs-dir", str(runs), job_id, "--json")
+        assert sk.exit_code == 0, sk.stdout + sk.stderr
+        stacks = json.loads(sk.stdout)
+        assert [n["methods"] for n in stacks["nodes"]] == [{"py-spy": 1}] * 3, stacks
+        [group] = stacks["stacks"]
+        assert group["ranks"] == [0, 1, 2] and group["frame"].startswith("<module> (tick.py:")
+        assert Path(stacks["saved"]).parent == runs / job_id
+        assert "pid" in Path(stacks["saved"]).read_text()
+        assert sorted(left_over(lab3, job_id)) == list(HOSTS)  # still running everywhere
+
         stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "2")
         assert stop.exit_code == 0, stop.stdout + stop.stderr
         assert "verified: nothing left on any node" in stop.stderr
