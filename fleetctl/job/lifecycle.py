@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
 from fleetctl.job.runfolder import RunFolder, iso, list_runs, load_run
 from fleetctl.node import Node
+from fleetctl.phases.frames import FOLLOW_KINDS, FrameReader, last_data
 
 if TYPE_CHECKING:
     from fleetctl.phases.collect import NodeCollect
@@ -288,20 +289,6 @@ def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict
     return {k: v for k, v in res.succeeded.items()}
 
 
-# Node side of request_stop: argv = run_dir, job_id, reason. Only into an existing run folder.
-_STOP_MARK = r"""
-import json, os, sys, time
-d, job, reason = sys.argv[1:4]
-if os.path.isdir(d):
-    p = os.path.join(d, "stop-request.json")
-    t = "%s.%d.tmp" % (p, os.getpid())
-    fd = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"job_id": job, "reason": reason, "time": time.time()}, f)
-    os.replace(t, p)
-"""
-
-
 def request_stop(
     fleet: Fleet,
     plan: Plan,
@@ -318,15 +305,18 @@ def request_stop(
     skip = set(skip)
 
     def one(node: Node, conn: Connection) -> None:
+        from fleetctl.phases.launch import supervisor_command, supervisor_path
+
         np = plan.node(node.name)
-        argv = [
+        sup = supervisor_path(conn.expand(node.workdir))
+        argv = supervisor_command(
             conn.expand(node.python),
-            "-c",
-            _STOP_MARK,
-            conn.expand(np.run_dir),
-            plan.job_id,
-            reason,
-        ]
+            sup,
+            "mark-stop",
+            run_dir=conn.expand(np.run_dir),
+            job_id=plan.job_id,
+            reason=reason,
+        )
         conn.run(argv, timeout=STATUS_TIMEOUT)
 
     todo = [by_name[n.host] for n in plan.nodes if n.host in by_name and n.host not in skip]
@@ -398,8 +388,8 @@ def node_states(
             run_dir=conn.expand(np.run_dir),
         )
         res = conn.run(argv, timeout=timeout)
-        data = _last_json(res.stdout)
-        if res.exit_code != 0 or data is None:
+        data = last_data(res.stdout)
+        if res.exit_code != 0 or not isinstance(data, dict):
             raise FleetctlError(f"status exited {res.exit_code}: {res.stderr.strip()[-200:]}")
         return data
 
@@ -434,15 +424,6 @@ def node_states(
 def _one_line(e: object) -> str:
     text = getattr(e, "one_line", None)
     return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        with contextlib.suppress(ValueError):
-            data = json.loads(line)
-            if isinstance(data, dict):
-                return data
-    return None
 
 
 # ------------------------------------------------------------------------------- the job
@@ -841,22 +822,22 @@ class JobHandle:
         follow: bool,
         lines: int | None,
     ) -> None:
-        from fleetctl.phases.launch import FrameReader
+        from fleetctl.phases.launch import start_command, supervisor_path, upload_on_request
 
         stream = None
         try:
             conn = self.fleet.connection(node)
             np = self.plan.node(node.name)
-            argv = [
-                conn.expand(node.python),
-                "-c",
-                FOLLOWER,
-                conn.expand(np.run_dir),
+            sup = supervisor_path(conn.expand(node.workdir))
+            args = ["follow", "--run-dir", conn.expand(np.run_dir)]
+            args += [
+                "--follow",
                 "1" if follow else "0",
-                "-1" if lines is None else str(lines),
+                "--last",
+                str(-1 if lines is None else lines),
             ]
-            stream = conn.start(argv)
-            reader = FrameReader()
+            stream = conn.start(start_command(conn.expand(node.python), sup, *args))
+            reader = FrameReader(kinds=FOLLOW_KINDS)
             while not stop.is_set():
                 data = stream.recv(0.3)
                 if data is None:
@@ -867,6 +848,8 @@ class JobHandle:
                         q.put((rank, "line", fr.text))
                     elif fr.kind == "E":
                         q.put((rank, "line", f"[fleetctl] {fr.text}"))
+                    elif fr.kind == "U":  # the supervisor is not there yet: the loader asks
+                        upload_on_request(stream)
                 if not data:
                     code = stream.exit_code(2.0)
                     q.put((rank, "end", None if code == 0 else f"log follower exited {code}"))
@@ -894,73 +877,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-# Node side of ``fleetctl logs``: argv = run_dir, follow (1/0), last N lines (-1 = all).
-# Frames like the supervisor's: ``L <line>`` per whole line, ``E <notice>``. Ends when the job's
-# supervisor has ended (supervisor.json not running, or its process gone) and the log is read
-# to the end, when stdin closes (fleetctl went away), or at once without follow.
-FOLLOWER = r"""
-import json, os, select, sys, time
-d, follow, last = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-log, state = os.path.join(d, "console.log"), os.path.join(d, "supervisor.json")
-out = os.fdopen(1, "wb", 0)
-def running():
-    try:
-        with open(state) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return os.path.isdir(d) and not os.path.exists(log)
-    if s.get("state") != "running":
-        return False
-    pid, start = s.get("supervisor_pid"), s.get("supervisor_start")
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            st = f.read().decode("ascii", "replace")
-        rest = st[st.rfind(")") + 2:].split()
-        return rest[0] not in ("Z", "X") and (start is None or int(rest[19]) == start)
-    except (OSError, TypeError, ValueError, IndexError):
-        return False
-def emit(line):
-    out.write(b"L " + line.rstrip(b"\n") + b"\n")
-deadline = time.time() + 30
-while not os.path.exists(log):
-    if not follow or time.time() > deadline or not running():
-        out.write(b"E no console.log on this node (the job never started here)\n")
-        sys.exit(0)
-    time.sleep(0.2)
-f = open(log, "rb")
-if last >= 0:
-    f.seek(0, 2)
-    start = max(0, f.tell() - 262144)
-    f.seek(start)
-    tail = f.read().split(b"\n")
-    if start > 0:
-        tail = tail[1:]
-    buf = tail[-1] if tail else b""
-    for line in (tail[:-1][-last:] if last > 0 else []):
-        emit(line)
-else:
-    buf = b""
-while True:
-    chunk = f.read(65536)
-    if chunk:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            emit(line)
-        continue
-    if not follow:
-        break
-    alive = running()
-    r, _, _ = select.select([0], [], [], 0.3)
-    if r and not os.read(0, 4096):
-        break
-    if not alive:
-        chunk = f.read()
-        if not chunk:
-            break
-        buf += chunk
-if buf:
-    emit(buf)
-"""

@@ -33,6 +33,7 @@ from fleetctl import remote
 from fleetctl.errors import FleetctlError, NodePushError, PushError, UsageError
 from fleetctl.phases import codesync
 from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_version
+from fleetctl.phases.frames import PUSH_KINDS, FrameStream, last_data
 from fleetctl.results import FleetResult
 from fleetctl.ssh.connection import SSHConnection
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.fleet import Fleet
 
 REMOTE_SRC = remote.source("push_helper.py").decode("utf-8")
-MARK = "@@FLEETCTL@@"
+ENVINFO_SRC = remote.source("envinfo.py").decode("utf-8")  # run by the env's python
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 
 
@@ -671,26 +672,18 @@ class _Push:
         }
         try:
             stream.send(json.dumps(cfg).encode() + b"\n")
-            buf = b""
-            deadline = time.monotonic() + 30
-            while MARK.encode() not in buf or not buf.rstrip().endswith(b"}"):
-                left = deadline - time.monotonic()
-                chunk = stream.recv(max(0.0, left)) if left > 0 else None
-                if chunk is None and left <= 0:
-                    raise NodePushError(
-                        node.label, "peer server did not start in 30s", stage="serve"
-                    )
-                if chunk == b"":
-                    raise NodePushError(
-                        node.label,
-                        "peer server exited: " + buf.decode(errors="replace")[-200:],
-                        stage="serve",
-                    )
-                buf += chunk or b""
-            line = buf.decode(errors="replace").split(MARK, 1)[1].splitlines()[0]
-            info = json.loads(line)
-            if "port" not in info:
-                raise NodePushError(node.label, f"peer server: {info.get('error')}", stage="serve")
+            frames = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS)
+            got = frames.next("AD", time.monotonic() + 30)
+            if got is None and not frames.eof:
+                raise NodePushError(node.label, "peer server did not start in 30s", stage="serve")
+            if got is None:
+                raise NodePushError(
+                    node.label, "peer server exited: " + frames.tail[-200:], stage="serve"
+                )
+            info = got.data()
+            if not isinstance(info, dict) or "port" not in info:
+                error = info.get("error") if isinstance(info, dict) else info
+                raise NodePushError(node.label, f"peer server: {error}", stage="serve")
         except BaseException:
             with contextlib.suppress(Exception):
                 stream.close_stdin()
@@ -839,16 +832,16 @@ class _Push:
         self, node: Node, conn: Connection, mode: str, cfg: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
         """One node-side command; its JSON answer. Raises NodePushError with the reason."""
+        if mode in ("probe", "finalize"):  # these may verify an env
+            cfg = {**cfg, "envinfo": ENVINFO_SRC}
         res = conn.run(
             [node.python, "-c", REMOTE_SRC, mode],
             timeout=timeout,
             stdin=json.dumps(cfg).encode() + b"\n",
         )
-        payload = None
-        for line in reversed(res.stdout.splitlines()):
-            if line.startswith(MARK):
-                payload = json.loads(line[len(MARK) :])
-                break
+        payload = last_data(res.stdout)
+        if not isinstance(payload, dict):
+            payload = None
         if payload is None:
             tail = (res.stderr.strip() or res.stdout.strip()).splitlines()
             last = tail[-1] if tail else ""

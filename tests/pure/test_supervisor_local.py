@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from fleetctl.job.run import RunOptions, run_job
 from fleetctl.node import Node
-from fleetctl.phases.launch import FrameReader, NodeRun, exit_report_of, start_node, supervisor_path
+from fleetctl.phases.frames import FrameReader, last_data
+from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.plan.rankplan import JobSpec
 from fleetctl.remote.supervisor import find_job_processes, stop_processes
 from fleetctl.ssh.connection import LocalConnection
-
-PY38 = "/root/.pyenv/versions/3.8.18/bin/python3"
 
 
 def _kill_leftovers(job_id: str) -> None:
@@ -105,6 +103,20 @@ def drain(
         if not data:
             return frames
     raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(0.05)
+
+
+def wait_running(job_id: str, count: int = 3) -> None:
+    """The job's processes are up: ``sh``, its ``sleep`` and the ``setsid``'d one."""
+    wait_for(f"{count} processes of {job_id}", lambda: len(find_job_processes(job_id, 0)) >= count)
 
 
 def wait_gone(job_id: str, timeout: float = 10.0) -> list[int]:
@@ -191,17 +203,6 @@ def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
     assert Path(supervisor_path(str(jobs.root / "w"))).is_file()
 
 
-@pytest.mark.skipif(not os.path.exists(PY38), reason="no python 3.8 here")
-def test_the_supervisor_runs_on_python_3_8(tmp_path: Path) -> None:
-    old = Jobs(tmp_path, python=PY38)
-    try:
-        run = old.start("t-py38", ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
-        frames = drain(run, heartbeat=True)
-    finally:
-        old.close()
-    assert ("L", "t-py38") in frames and frames[-1] == ("X", "-9")
-
-
 def test_a_job_killed_by_a_signal_reports_minus_the_signal(jobs: Jobs) -> None:
     run = jobs.start("t-sig", ["sh", "-c", "kill -TERM $$"])
     assert drain(run, heartbeat=True)[-1] == ("X", "-15")
@@ -212,8 +213,7 @@ JOB_WITH_ESCAPEE = "setsid sleep 300 & sleep 300 & trap '' TERM; echo up; sleep 
 
 def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs) -> None:
     run = jobs.start("t-deadman", ["sh", "-c", JOB_WITH_ESCAPEE], deadman=2, grace=0.5)
-    time.sleep(0.3)
-    assert len(find_job_processes("t-deadman", 0)) >= 3  # sh, sleep, setsid'd sleep
+    wait_running("t-deadman")  # sh, sleep, setsid'd sleep
     t0 = time.monotonic()
     reports: list[dict | None] = []
     frames = drain(run, heartbeat=False, reports=reports)
@@ -230,7 +230,7 @@ def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs
 
 def test_the_controller_closing_the_connection_stops_the_job(jobs: Jobs) -> None:
     run = jobs.start("t-eof", ["sh", "-c", JOB_WITH_ESCAPEE], grace=0.5)
-    time.sleep(0.3)
+    wait_running("t-eof")
     run.stream.close_stdin()
     frames = drain(run)
     assert any(k == "E" and "connection closed" in t for k, t in frames), frames
@@ -239,7 +239,7 @@ def test_the_controller_closing_the_connection_stops_the_job(jobs: Jobs) -> None
 
 def test_a_kill_byte_stops_the_job_without_grace(jobs: Jobs) -> None:
     run = jobs.start("t-kill", ["sh", "-c", JOB_WITH_ESCAPEE], grace=30)
-    time.sleep(0.3)
+    wait_running("t-kill")
     run.stream.send(b"k")
     t0 = time.monotonic()
     frames = drain(run, heartbeat=True)
@@ -250,7 +250,8 @@ def test_a_kill_byte_stops_the_job_without_grace(jobs: Jobs) -> None:
 def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
     a = jobs.start("t-stop-a", ["sh", "-c", JOB_WITH_ESCAPEE])
     b = jobs.start("t-stop-b", ["sh", "-c", JOB_WITH_ESCAPEE])
-    time.sleep(0.3)
+    wait_running("t-stop-a")
+    wait_running("t-stop-b")
     b_before = find_job_processes("t-stop-b", 0)
     sup = supervisor_path(str(jobs.root / "w"))
     res = jobs.conn.run(
@@ -269,7 +270,7 @@ def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
         ],
         timeout=30,
     )
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = last_data(res.stdout)
     assert out["remaining"] == [] and len(out["found"]) >= 3
     assert find_job_processes("t-stop-a", None) == []
     assert find_job_processes("t-stop-b", 0) == b_before  # same processes, all alive
@@ -322,8 +323,9 @@ def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: J
     assert [k for k, _ in frames] == ["Q"]
     run_dir = str(jobs.root / "w" / "runs" / "t-detach")
     sup = supervisor_path(str(jobs.root / "w"))
-    time.sleep(0.3)
-    status = json.loads(
+    wait_for("the detached job's output", lambda: Path(run_dir, "console.log").is_file())
+    wait_running("t-detach", count=1)
+    status = last_data(
         jobs.conn.run([sys.executable, sup, "status", "--run-dir", run_dir], timeout=30).stdout
     )
     assert status["state"] == "running" and status["supervisor_alive"] and status["processes"]
@@ -332,7 +334,7 @@ def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: J
         [sys.executable, sup, "stop", "--job-id", "t-detach", "--run-dir", run_dir, "--grace", "1"],
         timeout=30,
     )
-    assert json.loads(res.stdout)["remaining"] == []
+    assert last_data(res.stdout)["remaining"] == []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         state = json.loads(Path(run_dir, "supervisor.json").read_text())
