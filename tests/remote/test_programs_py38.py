@@ -30,6 +30,15 @@ from fleetctl.remote.supervisor import TAR_MARKER, find_job_processes, stop_proc
 from fleetctl.ssh.connection import LocalConnection
 from fleetctl.testing.envbuild import build_fake_nccl
 
+#: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
+#: id, and a test run of another checkout on the same machine must never stop ours.
+RUN_TOKEN = str(os.getpid())
+
+
+def jid(name: str) -> str:
+    return f"{name}-{RUN_TOKEN}"
+
+
 PROGRAMS = sorted(p.name for p in remote.HERE.glob("*.py") if p.name != "__init__.py")
 #: Which test below exercises each program: a new program without a test fails the guard.
 EXERCISED = {
@@ -146,42 +155,52 @@ def drain(run: NodeRun, timeout: float = 20.0) -> list[tuple[str, str]]:
 
 
 def test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job(jobs: Jobs) -> None:
-    run = jobs.start("p-run", ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
+    run = jobs.start(jid("p-run"), ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
     assert run.uploaded  # the loader (Python 3.8) installed it
     frames = drain(run)
-    assert ("L", "p-run") in frames and frames[-1][0] == "X"
+    assert ("L", jid("p-run")) in frames and frames[-1][0] == "X"
     assert frames[-1][1].split(" ", 1)[0] == "-9"
 
-    run = jobs.start("p-stop", ["sh", "-c", JOB])
+    run = jobs.start(jid("p-stop"), ["sh", "-c", JOB])
     assert not run.uploaded
-    wait_for("the job's processes", lambda: len(find_job_processes("p-stop", 0)) >= 3)
-    status = last_data(jobs.mode("status", "--run-dir", jobs.run_dir("p-stop")))
+    wait_for("the job's processes", lambda: len(find_job_processes(jid("p-stop"), 0)) >= 3)
+    status = last_data(jobs.mode("status", "--run-dir", jobs.run_dir(jid("p-stop"))))
     assert status["state"] == "running" and status["supervisor_alive"]
     assert len(status["processes"]) >= 3
     out = jobs.mode(
-        "stop", "--job-id", "p-stop", "--run-dir", jobs.run_dir("p-stop"), "--grace", "0.5"
+        "stop",
+        "--job-id",
+        jid("p-stop"),
+        "--run-dir",
+        jobs.run_dir(jid("p-stop")),
+        "--grace",
+        "0.5",
     )
     [frame] = decode(out)
     assert frame.kind == "D"
     stopped = frame.data()
     assert stopped["remaining"] == [] and len(stopped["found"]) >= 3
-    assert find_job_processes("p-stop", None) == []
+    assert find_job_processes(jid("p-stop"), None) == []
     assert drain(run)[-1][0] == "X"
 
 
 def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs) -> None:
-    run = jobs.start("p-modes", ["sh", "-c", "echo one; echo two; sleep 300"])
-    run_dir = jobs.run_dir("p-modes")
+    run = jobs.start(jid("p-modes"), ["sh", "-c", "echo one; echo two; sleep 300"])
+    run_dir = jobs.run_dir(jid("p-modes"))
     wait_for("the job's output", lambda: "two" in Path(run_dir, "console.log").read_text())
 
-    clean = last_data(jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", "p-modes"))
-    assert {p["job_id"] for p in clean["processes"]} == {"p-modes"}
+    clean = last_data(
+        jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", jid("p-modes"))
+    )
+    assert {p["job_id"] for p in clean["processes"]} == {jid("p-modes")}
     assert len(clean["processes"]) >= 2 and clean["temp_files"] == []
 
-    marked = jobs.mode("mark-stop", "--run-dir", run_dir, "--job-id", "p-modes", "--reason", "r")
+    marked = jobs.mode(
+        "mark-stop", "--run-dir", run_dir, "--job-id", jid("p-modes"), "--reason", "r"
+    )
     assert last_data(marked) == {"marked": True}
     request = json.loads(Path(run_dir, "stop-request.json").read_text())
-    assert request["job_id"] == "p-modes" and request["reason"] == "r"
+    assert request["job_id"] == jid("p-modes") and request["reason"] == "r"
     nowhere = str(jobs.root / "nowhere")
     assert last_data(jobs.mode("mark-stop", "--run-dir", nowhere, "--job-id", "x")) == {
         "marked": False
@@ -201,7 +220,9 @@ def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs
 
     Path(jobs.root / "w" / "code").mkdir(parents=True)
     Path(jobs.root / "w" / "code" / ".tmp-left").mkdir()
-    clean = last_data(jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", "p-modes"))
+    clean = last_data(
+        jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", jid("p-modes"))
+    )
     assert clean["processes"] == []
     assert clean["temp_files"] == [str(jobs.root / "w" / "code" / ".tmp-left")]
 
