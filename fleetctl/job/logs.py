@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     pass
 
 from fleetctl.job.supervisors import _one_line
+from fleetctl.phases.frames import FOLLOW_KINDS, FrameReader
 
 if TYPE_CHECKING:
     from fleetctl.job.handle import JobHandle
@@ -98,22 +99,22 @@ def _follow_one(
     follow: bool,
     lines: int | None,
 ) -> None:
-    from fleetctl.phases.launch import FrameReader
+    from fleetctl.phases.launch import start_command, supervisor_path, upload_on_request
 
     stream = None
     try:
         conn = h.fleet.connection(node)
         np = h.plan.node(node.name)
-        argv = [
-            conn.expand(node.python),
-            "-c",
-            FOLLOWER,
-            conn.expand(np.run_dir),
+        sup = supervisor_path(conn.expand(node.workdir))
+        args = ["follow", "--run-dir", conn.expand(np.run_dir)]
+        args += [
+            "--follow",
             "1" if follow else "0",
-            "-1" if lines is None else str(lines),
+            "--last",
+            str(-1 if lines is None else lines),
         ]
-        stream = conn.start(argv)
-        reader = FrameReader()
+        stream = conn.start(start_command(conn.expand(node.python), sup, *args))
+        reader = FrameReader(kinds=FOLLOW_KINDS)
         while not stop.is_set():
             data = stream.recv(0.3)
             if data is None:
@@ -124,6 +125,8 @@ def _follow_one(
                     q.put((rank, "line", fr.text))
                 elif fr.kind == "E":
                     q.put((rank, "line", f"[fleetctl] {fr.text}"))
+                elif fr.kind == "U":  # the supervisor is not there yet: the loader asks
+                    upload_on_request(stream)
             if not data:
                 code = stream.exit_code(2.0)
                 q.put((rank, "end", None if code == 0 else f"log follower exited {code}"))
@@ -135,73 +138,3 @@ def _follow_one(
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.close()
-
-
-# Node side of ``fleetctl logs``: argv = run_dir, follow (1/0), last N lines (-1 = all).
-# Frames like the supervisor's: ``L <line>`` per whole line, ``E <notice>``. Ends when the job's
-# supervisor has ended (supervisor.json not running, or its process gone) and the log is read
-# to the end, when stdin closes (fleetctl went away), or at once without follow.
-FOLLOWER = r"""
-import json, os, select, sys, time
-d, follow, last = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-log, state = os.path.join(d, "console.log"), os.path.join(d, "supervisor.json")
-out = os.fdopen(1, "wb", 0)
-def running():
-    try:
-        with open(state) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return os.path.isdir(d) and not os.path.exists(log)
-    if s.get("state") != "running":
-        return False
-    pid, start = s.get("supervisor_pid"), s.get("supervisor_start")
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            st = f.read().decode("ascii", "replace")
-        rest = st[st.rfind(")") + 2:].split()
-        return rest[0] not in ("Z", "X") and (start is None or int(rest[19]) == start)
-    except (OSError, TypeError, ValueError, IndexError):
-        return False
-def emit(line):
-    out.write(b"L " + line.rstrip(b"\n") + b"\n")
-deadline = time.time() + 30
-while not os.path.exists(log):
-    if not follow or time.time() > deadline or not running():
-        out.write(b"E no console.log on this node (the job never started here)\n")
-        sys.exit(0)
-    time.sleep(0.2)
-f = open(log, "rb")
-if last >= 0:
-    f.seek(0, 2)
-    start = max(0, f.tell() - 262144)
-    f.seek(start)
-    tail = f.read().split(b"\n")
-    if start > 0:
-        tail = tail[1:]
-    buf = tail[-1] if tail else b""
-    for line in (tail[:-1][-last:] if last > 0 else []):
-        emit(line)
-else:
-    buf = b""
-while True:
-    chunk = f.read(65536)
-    if chunk:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            emit(line)
-        continue
-    if not follow:
-        break
-    alive = running()
-    r, _, _ = select.select([0], [], [], 0.3)
-    if r and not os.read(0, 4096):
-        break
-    if not alive:
-        chunk = f.read()
-        if not chunk:
-            break
-        buf += chunk
-if buf:
-    emit(buf)
-"""

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl import remote
 from fleetctl.errors import FleetError, PlanError, UsageError
+from fleetctl.phases.frames import last_data
 from fleetctl.plan.roles import (
     CompletionPolicy,
     JobFile,
@@ -38,24 +40,7 @@ if TYPE_CHECKING:
 
 PORT_PROBE_TIMEOUT = 20.0
 
-# Node side: argv[1] = JSON {"candidates": [...], "need": N}. Binds each candidate (TCP, all
-# interfaces, no SO_REUSEADDR: a port in TIME_WAIT or LISTEN fails) and prints the first N
-# that bind, as JSON. Stdlib only.
-PORT_PROBE = r"""
-import json, socket, sys
-a = json.loads(sys.argv[1]); free = []
-for p in a["candidates"]:
-    if len(free) >= a["need"]:
-        break
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("0.0.0.0", p)); free.append(p)
-    except OSError:
-        pass
-    finally:
-        s.close()
-print(json.dumps({"free": free}))
-"""
+PORT_PROBE = remote.source("port_probe.py").decode("utf-8")  # answers D {"free": [...]}
 
 
 def probe_free_ports(
@@ -72,9 +57,8 @@ def probe_free_ports(
         res = conn.run(
             [conn.expand(node.python), "-c", PORT_PROBE, arg], timeout=PORT_PROBE_TIMEOUT
         )
-        for line in reversed(res.stdout.strip().splitlines()):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                return [int(p) for p in json.loads(line)["free"]]
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return [int(p) for p in last_data(res.stdout)["free"]]
         raise PlanError(
             f"{node.name}: free-port probe failed (exit {res.exit_code}): "
             + " ".join((res.stderr or res.stdout).split())[-200:]

@@ -7,8 +7,6 @@ reported, never waited on.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shlex
 from collections.abc import Iterable, Sequence
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import FleetctlError
 from fleetctl.job.runfolder import iso
 from fleetctl.node import Node
+from fleetctl.phases.frames import last_data
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
@@ -47,20 +46,6 @@ def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict
     return {k: v for k, v in res.succeeded.items()}
 
 
-# Node side of request_stop: argv = run_dir, job_id, reason. Only into an existing run folder.
-_STOP_MARK = r"""
-import json, os, sys, time
-d, job, reason = sys.argv[1:4]
-if os.path.isdir(d):
-    p = os.path.join(d, "stop-request.json")
-    t = "%s.%d.tmp" % (p, os.getpid())
-    fd = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"job_id": job, "reason": reason, "time": time.time()}, f)
-    os.replace(t, p)
-"""
-
-
 def request_stop(
     fleet: Fleet,
     plan: Plan,
@@ -77,15 +62,18 @@ def request_stop(
     skip = set(skip)
 
     def one(node: Node, conn: Connection) -> None:
+        from fleetctl.phases.launch import supervisor_command, supervisor_path
+
         np = plan.node(node.name)
-        argv = [
+        sup = supervisor_path(conn.expand(node.workdir))
+        argv = supervisor_command(
             conn.expand(node.python),
-            "-c",
-            _STOP_MARK,
-            conn.expand(np.run_dir),
-            plan.job_id,
-            reason,
-        ]
+            sup,
+            "mark-stop",
+            run_dir=conn.expand(np.run_dir),
+            job_id=plan.job_id,
+            reason=reason,
+        )
         conn.run(argv, timeout=STATUS_TIMEOUT)
 
     todo = [by_name[n.host] for n in plan.nodes if n.host in by_name and n.host not in skip]
@@ -157,8 +145,8 @@ def node_states(
             run_dir=conn.expand(np.run_dir),
         )
         res = conn.run(argv, timeout=timeout)
-        data = _last_json(res.stdout)
-        if res.exit_code != 0 or data is None:
+        data = last_data(res.stdout)
+        if res.exit_code != 0 or not isinstance(data, dict):
             raise FleetctlError(f"status exited {res.exit_code}: {res.stderr.strip()[-200:]}")
         return data
 
@@ -193,12 +181,3 @@ def node_states(
 def _one_line(e: object) -> str:
     text = getattr(e, "one_line", None)
     return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        with contextlib.suppress(ValueError):
-            data = json.loads(line)
-            if isinstance(data, dict):
-                return data
-    return None

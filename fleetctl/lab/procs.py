@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from fleetctl.remote.supervisor import proc_start_time
+from fleetctl.remote.supervisor import proc_start_time, proc_stat
 
 
 def start_time(pid: int) -> int | None:
@@ -21,12 +21,8 @@ def start_time(pid: int) -> int | None:
 
 
 def ppid_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(rest[1]) if rest else None
+    st = proc_stat(pid)
+    return st[1] if st is not None else None
 
 
 def same_process(pid: int | None, started: int | None) -> bool:

@@ -48,10 +48,11 @@ from fleetctl.phases.check_report import (
     MeshFailure,
     ProbeOutcome,
 )
+from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, SSHSettings, Stream
+    from fleetctl.ssh.connection import Connection, SSHSettings
     from fleetctl.ssh.fleet import Fleet
 
 __all__ = [
@@ -79,16 +80,7 @@ __all__ = [
 
 
 CACHE_VERSION = 1
-TAG = "@@FLEETCTL"
-BOOTSTRAP = (
-    "import sys\n"
-    "if sys.version_info < (3, 7):\n"
-    "    sys.stdout.write('@@FLEETCTL OLD ' + sys.version.split()[0] + '\\n')\n"
-    "    sys.exit(9)\n"
-    "import base64, zlib\n"
-    "exec(compile(zlib.decompress(base64.b64decode(sys.argv[1])), 'fleetctl-probe', 'exec'),"
-    " {'__name__': '__main__'})\n"
-)
+BOOTSTRAP = remote.source("bootstrap.py").decode("utf-8")
 
 
 # ------------------------------------------------------------------------------ probe command
@@ -124,6 +116,7 @@ def probe_args(
         "allow_loopback": allow_loopback,
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
+        "envinfo": remote.source("envinfo.py").decode("utf-8") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,
         "mesh_port": options.master_port + 1,
@@ -147,46 +140,6 @@ def _reserved_ports(node: Node, options: CheckOptions) -> set[int]:
 
 
 # ------------------------------------------------------------------------------- node session
-
-
-class _Lines:
-    """Tagged lines from a probe stream; untagged output is kept as a diagnostic tail."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.buf = b""
-        self.other: list[str] = []
-        self.eof = False
-
-    def next(self, kinds: Sequence[str], deadline: float) -> tuple[str, str] | None:
-        while True:
-            while b"\n" in self.buf:
-                raw, self.buf = self.buf.split(b"\n", 1)
-                line = raw.decode(errors="replace").rstrip("\r")
-                if line.startswith(TAG + " "):
-                    kind, _, payload = line[len(TAG) + 1 :].partition(" ")
-                    if kind in kinds:
-                        return kind, payload
-                    if kind == "OLD":
-                        return kind, payload
-                elif line.strip():
-                    self.other = [*self.other[-19:], line]
-            if self.eof:
-                return None
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            chunk = self.stream.recv(min(left, 0.5))
-            if chunk == b"":
-                self.eof = True
-                if self.buf:
-                    self.buf += b"\n"
-            elif chunk:
-                self.buf += chunk
-
-    @property
-    def tail(self) -> str:
-        return "\n".join(self.other[-5:])
 
 
 class _Rendezvous:
@@ -250,29 +203,29 @@ def _session(
     arrived = rv is None
     in_mesh = False
     stream = conn.start(command)
-    lines = _Lines(stream)
+    lines = FrameStream(stream, PROBE_KINDS, json_kinds=PROBE_KINDS)
     try:
-        got = lines.next(["FACTS"], time.monotonic() + probe_timeout)
-        if got is None or got[0] == "OLD":
+        got = lines.next("DV", time.monotonic() + probe_timeout)
+        if got is None or got.kind == "V":
             if got is not None:
-                out.old_python = got[1]
+                out.old_python = str(got.data())
             elif not lines.eof:
                 out.error = f"probe gave no answer within {probe_timeout:g}s"
             return out
         out.received_at = time.time()
-        try:
-            out.facts = json.loads(got[1])
-        except ValueError:
+        facts = got.data()
+        if not isinstance(facts, dict):
             out.error = "probe printed unreadable facts"
             return out
+        out.facts = facts
         if rv is None:
             return out
-        got = lines.next(["READY", "NOREADY"], time.monotonic() + 10)
-        if got is None or got[0] != "READY":
-            out.noready = got[1] if got else "probe ended before its mesh listener was up"
+        got = lines.next("RN", time.monotonic() + 10)
+        if got is None or got.kind != "R":
+            out.noready = str(got.data()) if got else "probe ended before its mesh listener was up"
             return out
         addr = (out.facts.get("nic") or {}).get("addr")
-        out.listener = (str(addr), int(got[1]))
+        out.listener = (str(addr), int(got.data()))
         rv.arrive(node.name, out.listener)
         arrived = True
         members = rv.peers()
@@ -288,15 +241,15 @@ def _session(
         except OSError:
             out.mesh_error = "probe ended before the mesh test"
             return out
-        got = lines.next(["MESH"], rv.done_by)
+        got = lines.next("M", rv.done_by)
         if got is None:
             out.mesh_error = "no mesh result in time"
         else:
-            try:
-                out.mesh = json.loads(got[1])
-            except ValueError:
+            mesh = got.data()
+            if not isinstance(mesh, dict):
                 out.mesh, out.mesh_error = None, "unreadable mesh result"
             else:
+                out.mesh = mesh
                 if "error" in out.mesh:
                     out.mesh_error = out.mesh["error"]
         rv.tested(node.name)
@@ -312,7 +265,7 @@ def _session(
         if out.facts is None:
             # Drain what is left so the error can show it.
             with contextlib.suppress(Exception):
-                lines.next(["__END__"], time.monotonic() + (1.0 if code is not None else 0.2))
+                lines.next((), time.monotonic() + (1.0 if code is not None else 0.2))
         out.exit_code = code
         out.tail = lines.tail
         if out.facts is None and out.error is None and out.old_python is None:

@@ -130,11 +130,12 @@ def _make_dirs(root: Path, parts: list[str]) -> Path | None:
 
 
 class _StreamReader:
-    """A Stream as a file for tarfile: skips shell noise up to the marker, bounded by a deadline."""
+    """A Stream as a file for tarfile: skips shell noise up to the marker (the ``T`` frame that
+    starts the tar stream, at the start of a line), bounded by a deadline."""
 
     def __init__(self, stream: Stream, deadline: float) -> None:
         self.stream, self.deadline = stream, deadline
-        self.buf = b""
+        self.buf = b"\n"  # the marker is a frame: it starts a line
         self.eof = False
         self.started = False
 
@@ -151,11 +152,11 @@ class _StreamReader:
                 return
             self.buf += data
             if not self.started:
-                i = self.buf.find(TAR_MARKER)
+                i = self.buf.find(b"\n" + TAR_MARKER)
                 if i < 0:
                     self.buf = self.buf[-len(TAR_MARKER) :]
                     continue
-                self.buf = self.buf[i + len(TAR_MARKER) :]
+                self.buf = self.buf[i + 1 + len(TAR_MARKER) :]
                 self.started = True
             return
 
@@ -224,12 +225,7 @@ def collect_node(
     out = NodeCollect(node.name, rank, str(dest))
     sup = supervisor_path(conn.expand(node.workdir))
     argv = supervisor_command(conn.expand(python), sup, "pack", run_dir=conn.expand(run_dir))
-    marker = TAR_MARKER.decode().strip()
-    line = (
-        f"test -d {shlex.quote(conn.expand(run_dir))} && test -f {shlex.quote(sup)} || "
-        "exit 3; "
-        f"printf '%s\\n' {marker}; exec {shlex.join(argv)} 2>/dev/null"
-    )
+    line = f"test -f {shlex.quote(sup)} || exit 3; exec {shlex.join(argv)} 2>/dev/null"
     stream = conn.start(line)
     try:
         if not _receive(stream, dest, out, timeout):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import LaunchError
+from fleetctl.phases.frames import Frame, FrameReader
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -34,33 +35,9 @@ if TYPE_CHECKING:
 
 SUPERVISOR_FILE = remote.path("supervisor.py")
 START_TIMEOUT = 30.0  # handshake: supervisor up, spec sent, job started
-FRAME_KINDS = frozenset("RUSLHEFQX")
 
 # Runs when W/bin/supervisor-<sha>.py is missing: ask for the source, verify, install, exec.
-LOADER = """\
-import hashlib,os,sys
-f=sys.argv[1]
-def rd(n):
-    b=b""
-    while len(b)<n:
-        c=os.read(0,n-len(b))
-        if not c: sys.exit(98)
-        b+=c
-    return b
-os.write(1,b"U\\n")
-h=b""
-while not h.endswith(b"\\n"):
-    h+=rd(1)
-src=rd(int(h))
-want=os.path.basename(f)[len("supervisor-"):-len(".py")]
-if hashlib.sha256(src).hexdigest()[:12]!=want:
-    os.write(1,b"F supervisor upload corrupted\\nX 127\\n"); sys.exit(97)
-os.makedirs(os.path.dirname(f),0o700,exist_ok=True)
-t="%s.%d.part"%(f,os.getpid())
-fd=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o700)
-os.write(fd,src); os.close(fd); os.replace(t,f)
-os.execv(sys.executable,[sys.executable,f]+sys.argv[2:])
-"""
+LOADER = remote.source("loader.py").decode("utf-8")
 
 
 @functools.cache
@@ -75,18 +52,29 @@ def supervisor_path(workdir: str) -> str:
     return posixpath.join(workdir, "bin", f"supervisor-{supervisor_source()[1]}.py")
 
 
-def start_command(python: str, sup_path: str) -> str:
-    """One shell line: exec the installed supervisor, or the loader that installs it first."""
+def start_command(python: str, sup_path: str, *args: str) -> str:
+    """One shell line: exec the installed supervisor, or the loader that installs it first.
+
+    ``args``: the supervisor's mode and its options (default ``run``). The loader answers
+    ``U`` and waits for ``<length>\\n<source>`` on stdin (see :func:`upload_on_request`).
+    """
     py, f = shlex.quote(python), shlex.quote(sup_path)
+    rest = shlex.join(args or ("run",))
     script = (
-        f'f={f}; if [ -f "$f" ]; then exec {py} "$f" run; '
-        f'else exec {py} -c {shlex.quote(LOADER)} "$f" run; fi'
+        f'f={f}; if [ -f "$f" ]; then exec {py} "$f" {rest}; '
+        f'else exec {py} -c {shlex.quote(LOADER)} "$f" {rest}; fi'
     )
     return shlex.join(["sh", "-c", script])
 
 
+def upload_on_request(stream: Stream) -> None:
+    """Answer the loader's ``U``: the supervisor's source, length first."""
+    src, _sha = supervisor_source()
+    stream.send(b"%d\n" % len(src) + src)
+
+
 def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) -> list[str]:
-    """argv for a one-shot supervisor mode (stop, status, pack) on a node."""
+    """argv for a one-shot supervisor mode (stop, status, pack, ...) on a node."""
     argv = [python, sup_path, mode]
     for key, value in opts.items():
         if value is not None:
@@ -97,61 +85,12 @@ def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) ->
 # ------------------------------------------------------------------------------ protocol
 
 
-@dataclass(frozen=True)
-class Frame:
-    """One protocol line from a supervisor. ``kind`` ``?`` = noise (e.g. a chatty .bashrc)."""
-
-    kind: str
-    payload: bytes = b""
-
-    @property
-    def text(self) -> str:
-        return self.payload.decode("utf-8", errors="replace")
-
-
-def parse_frame(line: bytes) -> Frame:
-    """A line without its newline -> Frame. Unknown shapes are kept as noise, never dropped."""
-    line = line.rstrip(b"\r")
-    if line and chr(line[0]) in FRAME_KINDS and (len(line) == 1 or line[1:2] == b" "):
-        return Frame(chr(line[0]), line[2:])
-    return Frame("?", line)
-
-
 def exit_code_of(frame: Frame) -> int | None:
     """The ``X`` frame's code: exit code >= 0, or -signal. None if malformed."""
     try:
         return int(frame.payload.split()[0])
     except (ValueError, IndexError):
         return None
-
-
-def parse_block(block: bytes) -> list[Frame]:
-    """Whole lines (newline-separated, no final newline) -> frames, consecutive ``L`` lines
-    merged into one ``L`` frame whose payload holds them joined by newlines.
-
-    A job printing fast sends blocks of nothing but ``L`` lines: those are recognised and
-    unwrapped with a few C-level bytes operations instead of one Frame per line.
-    """
-    if (
-        block.startswith(b"L ")
-        and b"\r" not in block
-        and block.count(b"\n") == block.count(b"\nL ")
-    ):
-        return [Frame("L", block[2:].replace(b"\nL ", b"\n"))]
-    frames: list[Frame] = []
-    run: list[bytes] = []
-    for line in block.split(b"\n"):
-        fr = parse_frame(line)
-        if fr.kind == "L":
-            run.append(fr.payload)
-            continue
-        if run:
-            frames.append(Frame("L", b"\n".join(run)))
-            run = []
-        frames.append(fr)
-    if run:
-        frames.append(Frame("L", b"\n".join(run)))
-    return frames
 
 
 def exit_report_of(frame: Frame) -> dict[str, Any] | None:
@@ -167,33 +106,6 @@ def exit_report_of(frame: Frame) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("remaining"), list):
         return None
     return data
-
-
-class FrameReader:
-    """Split a byte stream into frames; a partial line waits for the rest, never split.
-
-    ``batch_lines``: consecutive ``L`` lines come as one frame (see :func:`parse_block`); the
-    watcher uses it once the job runs, the start-up handshake reads frame by frame.
-    """
-
-    def __init__(self, *, batch_lines: bool = False) -> None:
-        self._buf = b""
-        self.batch_lines = batch_lines
-
-    def feed(self, data: bytes) -> list[Frame]:
-        self._buf += data
-        end = self._buf.rfind(b"\n")
-        if end < 0:
-            return []
-        block, self._buf = self._buf[:end], self._buf[end + 1 :]
-        if self.batch_lines:
-            return parse_block(block)
-        return [parse_frame(line) for line in block.split(b"\n")]
-
-    def flush(self) -> list[Frame]:
-        """At end of stream: the unterminated tail, if any."""
-        rest, self._buf = self._buf, b""
-        return [parse_frame(rest)] if rest else []
 
 
 # ---------------------------------------------------------------------------------- start
@@ -255,7 +167,6 @@ def start_node(
     timeout: float = START_TIMEOUT,
 ) -> NodeRun:
     """Start one node's supervisor and job; returns once the job runs. Raises LaunchError."""
-    src, _sha = supervisor_source()
     workdir = conn.expand(node.workdir)
     sup = supervisor_path(workdir)
     py = conn.expand(python)
@@ -278,7 +189,7 @@ def start_node(
             frames = reader.feed(data) if data else reader.flush()
             for i, fr in enumerate(frames):
                 if fr.kind == "U":
-                    stream.send(b"%d\n" % len(src) + src)
+                    upload_on_request(stream)
                     uploaded = True
                 elif fr.kind == "R":
                     stream.send(json.dumps(dict(spec)).encode() + b"\n")

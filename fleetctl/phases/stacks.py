@@ -12,6 +12,7 @@ log as it dies. Each process's outcome says which way it went.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import FleetctlError
 from fleetctl.job.stacks import RankStack
+from fleetctl.phases.frames import STACK_KINDS, decode
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -111,10 +113,10 @@ def dump_stacks(
         python = conn.expand(pythons.get(node.name) or node.python)
         res = conn.run([python, "-c", source, json.dumps(args)], timeout=timeout)
         out = NodeStacks(ranks[node.name], node.name)
-        for line in res.stdout.splitlines():
-            tag, _, payload = line.partition(" ")
-            if tag == "K":
-                out.processes.append(json.loads(payload))
+        for fr in decode(res.stdout, STACK_KINDS):
+            if fr.kind == "K":
+                with contextlib.suppress(ValueError):  # a K line that is not JSON is noise
+                    out.processes.append(fr.data())
         if res.exit_code != 0:
             tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
             raise FleetctlError(f"stack dump exited {res.exit_code}: {tail}")

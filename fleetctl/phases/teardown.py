@@ -9,11 +9,11 @@ Only this job's processes are ever signalled (by job id / recorded group, never 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.phases.frames import last_data
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 
 if TYPE_CHECKING:
@@ -103,11 +103,11 @@ def stop_on_node(
     )
     # Without the supervisor file (never launched there) the job cannot have processes there
     # either; `test -f` keeps this one round trip and says so instead of failing.
-    line = f"test -f {_q(sup)} || {{ echo '{{\"absent\": true}}'; exit 0; }}; " + _join(argv)
+    line = f"test -f {_q(sup)} || {{ echo 'D {{\"absent\": true}}'; exit 0; }}; " + _join(argv)
     result = conn.run(line, timeout=grace + 20.0)
     out = NodeStop(host=node.name, rank=rank)
-    data = _last_json(result.stdout)
-    if result.exit_code != 0 or data is None:
+    data = last_data(result.stdout)
+    if result.exit_code != 0 or not isinstance(data, dict):
         msg = (result.stderr or result.stdout).strip().splitlines()
         out.error = f"stop exited {result.exit_code}" + (f": {msg[-1]}" if msg else "")
         return out
@@ -192,17 +192,6 @@ def teardown(
 def _one_line(e: object) -> str:
     text = getattr(e, "one_line", None)
     return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            return data
-    return None
 
 
 def _q(s: str) -> str:

@@ -2,23 +2,26 @@
 
 ``fleetctl check`` runs this once per node as ONE streamed remote command (every extra command
 costs a remote shell start-up). It prints everything the controller needs in one go, then
-optionally takes part in the N×N mesh test on the same channel:
+optionally takes part in the N×N mesh test on the same channel. Every message is one frame
+(``<tag> <json>``, see fleetctl/phases/frames.py):
 
-1. ``@@FLEETCTL FACTS <json>``: home, hostname, python, rsync, training NIC (address, MTU,
-   speed, state), GPUs (nvidia-smi), free disk under the workdir, port bind tests, the clock,
-   an optional environment's python/NCCL version, whether a code snapshot is already there.
+1. ``D <facts>``: home, hostname, python, rsync, training NIC (address, MTU, speed, state),
+   GPUs (nvidia-smi), free disk under the workdir, port bind tests, the clock, an optional
+   environment's python/NCCL version (``envinfo.py``, run by the env's python), whether a code
+   snapshot is already there.
 2. with ``mesh``: bind a short-lived TCP listener on the training address (a port of the master
-   port range, never the master port itself) and print ``@@FLEETCTL READY <port>`` (or
-   ``@@FLEETCTL NOREADY <reason>`` and exit).
+   port range, never the master port itself) and print ``R <port>`` (or ``N "<reason>"`` and
+   exit).
 3. read one JSON line from stdin: ``{"peers": [{"name", "addr", "port"}]}``; ping (ICMP from the
    training address, when permitted) and TCP-connect to every peer in parallel, print
-   ``@@FLEETCTL MESH <json>``.
+   ``M <json>``.
 4. keep the listener up until stdin closes (the others may still be testing us) or ``linger``
    seconds pass, then exit 0.
 
 Arguments come as one JSON object in ``sys.argv[2]`` (``sys.argv[1]`` is this source, packed;
-see ``fleetctl.phases.check.probe_command``). Every wait here is bounded. Must stay importable by an
-older node python (3.7+): no third-party imports, no newer syntax.
+see ``bootstrap.py`` and ``fleetctl.phases.check.probe_command``); ``envinfo`` in it carries
+the source of ``envinfo.py``. Every wait here is bounded. Must stay importable by an older
+node python (3.7+): no third-party imports, no newer syntax.
 """
 
 from __future__ import annotations
@@ -37,44 +40,12 @@ import sys
 import threading
 import time
 
-TAG = "@@FLEETCTL"
 BAD_NIC_PREFIXES = ("docker", "virbr", "veth-docker")
-NCCL_SNIPPET = r"""
-import ctypes, glob, json, os, sys
-env = sys.argv[1]
-out = {"python": sys.version.split()[0], "executable": sys.executable, "imports": {}}
-for mod in sys.argv[2:]:
-    try:
-        m = __import__(mod)
-        out["imports"][mod] = str(getattr(m, "__version__", "ok"))
-    except Exception as e:
-        out["imports"][mod] = "error: %s: %s" % (type(e).__name__, e)
-cands = [os.path.join(env, "lib", "libnccl.so.2")]
-cands += sorted(glob.glob(os.path.join(env, "lib", "python*", "site-packages", "nvidia", "nccl",
-                                       "lib", "libnccl.so*")))
-out["nccl"] = None
-for c in cands:
-    if not os.path.exists(c):
-        continue
-    try:
-        lib = ctypes.CDLL(c)
-        v = ctypes.c_int()
-        if lib.ncclGetVersion(ctypes.byref(v)) == 0:
-            n = v.value
-            major, rest = (n // 10000, n % 10000) if n >= 10000 else (n // 1000, n % 1000)
-            minor, patch = rest // 100, rest % 100
-            out["nccl"] = "%d.%d.%d" % (major, minor, patch)
-            out["nccl_path"] = c
-            break
-    except OSError as e:
-        out["nccl_error"] = "%s: %s" % (c, e)
-print(json.dumps(out))
-"""
 
 
 def emit(kind: str, payload: object) -> None:
-    text = payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True)
-    sys.stdout.write(f"{TAG} {kind} {text}\n")
+    """One frame: ``<kind> <json>``."""
+    sys.stdout.write(f"{kind} {json.dumps(payload, sort_keys=True)}\n")
     sys.stdout.flush()
 
 
@@ -334,13 +305,16 @@ def port_free(port: int) -> str | None:
     return None
 
 
-def env_facts(env_dir: str, imports: list) -> dict:
+def env_facts(env_dir: str, imports: list, envinfo: str) -> dict:
+    """The env's python, NCCL and imports, by running ``envinfo.py`` (its source: ``envinfo``)
+    with the env's own python."""
     py = os.path.join(env_dir, "bin", "python")
     if not os.path.isdir(env_dir):
         return {"present": False, "path": env_dir}
     if not os.path.exists(py):
         return {"present": True, "path": env_dir, "error": f"{py} missing"}
-    code, out, err = run([py, "-c", NCCL_SNIPPET, env_dir, *imports], 60)
+    query = json.dumps({"prefix": env_dir, "imports": imports})
+    code, out, err = run([py, "-c", envinfo, query], 60)
     if code != 0:
         last = (err or out).strip().splitlines()
         return {
@@ -348,12 +322,24 @@ def env_facts(env_dir: str, imports: list) -> dict:
             "path": env_dir,
             "error": f"env python exited {code}" + (f": {last[-1]}" if last else ""),
         }
-    try:
-        data = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    data = last_data(out)
+    if data is None:
         return {"present": True, "path": env_dir, "error": "env python printed no result"}
     data.update({"present": True, "path": env_dir})
     return data
+
+
+def last_data(out: str) -> dict | None:
+    """The last ``D <json object>`` frame of a program's output (lines before it may be noise)."""
+    for line in reversed(out.splitlines()):
+        if line.startswith("D "):
+            try:
+                data = json.loads(line[2:])
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return None
 
 
 def gather(args: dict) -> dict:
@@ -377,7 +363,8 @@ def gather(args: dict) -> dict:
             env_dir = expand(args["env_dir"], home)
             if not os.path.isabs(env_dir):
                 env_dir = os.path.join(workdir, env_dir)
-            env = pool.submit(env_facts, env_dir, list(args.get("env_imports") or []))
+            imports = list(args.get("env_imports") or [])
+            env = pool.submit(env_facts, env_dir, imports, args.get("envinfo") or "")
         facts["disk"] = disk_facts(workdir)
         facts["ports"] = {str(p): port_free(int(p)) for p in args.get("ports") or []}
         host_addrs = bounded(lambda: resolve_ipv4(facts["hostname"]), 2.0, None)
@@ -460,7 +447,7 @@ def serve(sock: socket.socket, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             conn, _ = sock.accept()
-        except socket.timeout:  # noqa: UP041 - not yet TimeoutError on a node's python < 3.10
+        except socket.timeout:  # an alias of TimeoutError only from 3.10
             continue
         except OSError:
             return
@@ -501,7 +488,7 @@ def tcp(src: str, dst: str, port: int, timeout: float) -> str:
             return last
         try:
             s = socket.create_connection((dst, port), timeout=left, source_address=(src, 0))
-        except socket.timeout:  # noqa: UP041 - not yet TimeoutError on a node's python < 3.10
+        except socket.timeout:  # an alias of TimeoutError only from 3.10
             return "timed out"
         except ConnectionRefusedError:
             return "refused"
@@ -552,29 +539,29 @@ def mesh(src: str, peers: list, timeout: float) -> dict:
 def main() -> int:
     args = json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
     facts = gather(args)
-    emit("FACTS", facts)
+    emit("D", facts)
     if not args.get("mesh"):
         return 0
     nic = facts["nic"]
     if not nic.get("addr"):
-        emit("NOREADY", nic.get("error") or "no training address")
+        emit("N", nic.get("error") or "no training address")
         return 0
     avoid = {int(p) for p in args.get("avoid_ports") or []}
     sock, port = listen(nic["addr"], int(args["mesh_port"]), int(args.get("mesh_span", 64)), avoid)
     if sock is None:
-        emit("NOREADY", port)
+        emit("N", port)
         return 0
     stop = threading.Event()
     threading.Thread(target=serve, args=(sock, stop), daemon=True).start()
     stdin = StdinLines()
     try:
-        emit("READY", str(port))
+        emit("R", port)
         line = stdin.readline(float(args.get("peer_wait", 30)))
         if line is None:
-            emit("MESH", {"error": "no peer list from the controller"})
+            emit("M", {"error": "no peer list from the controller"})
             return 0
         peers = json.loads(line.decode() or "{}").get("peers") or []
-        emit("MESH", mesh(nic["addr"], peers, float(args.get("mesh_timeout", 2))))
+        emit("M", mesh(nic["addr"], peers, float(args.get("mesh_timeout", 2))))
         stdin.wait_eof(float(args.get("linger", 30)))
     finally:
         stop.set()

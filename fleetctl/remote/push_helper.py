@@ -2,8 +2,10 @@
 
 Kept in one file so each phase costs one remote command per node. The controller writes the
 config as one JSON line on stdin (a one-time peer token must never appear in argv, which any
-local user can read) and reads one ``@@FLEETCTL@@{json}`` line from stdout (a noisy .bashrc
-cannot confuse it). Runs on the node's python (3.6+); nothing here imports fleetctl.
+local user can read) and reads one ``D <json>`` frame from stdout (``serve`` first says where
+it listens: ``A <json>``; see fleetctl/phases/frames.py). The env is verified by
+``envinfo.py``, whose source comes in the config (``envinfo``). Runs on the node's python
+(3.8+); nothing here imports fleetctl.
 
 Modes:
   probe     what is already there (code snapshot, env, rsync, free disk); prunes old snapshots
@@ -30,36 +32,7 @@ import sys
 import tarfile
 import time
 
-MARK = "@@FLEETCTL@@"
 STALE_TMP_S = 6 * 3600
-
-VERIFY_SRC = r"""
-import ctypes, glob, json, os, sys
-prefix, want_torch = sys.argv[1], sys.argv[2] == "1"
-out = {"python": sys.version.split()[0], "executable": sys.executable}
-cands = [os.path.join(prefix, "lib", "libnccl.so.2")] + sorted(glob.glob(os.path.join(
-    prefix, "lib", "python*", "site-packages", "nvidia", "nccl", "lib", "libnccl.so.2")))
-for c in cands:
-    if os.path.exists(c):
-        out["nccl_path"] = c
-        try:
-            v = ctypes.c_int(0)
-            rc = ctypes.CDLL(c).ncclGetVersion(ctypes.byref(v))
-            if rc != 0:
-                out["nccl_error"] = "ncclGetVersion returned %d" % rc
-            else:
-                out["nccl_code"] = v.value
-        except Exception as e:
-            out["nccl_error"] = "%s: %s" % (type(e).__name__, e)
-        break
-if want_torch:
-    try:
-        import torch
-        out["torch"] = torch.__version__
-    except Exception as e:
-        out["torch_error"] = "%s: %s" % (type(e).__name__, e)
-print("@@FLEETCTL@@" + json.dumps(out))
-"""
 
 
 class Failed(Exception):
@@ -70,8 +43,9 @@ class Failed(Exception):
         self.stage, self.enospc = stage, enospc
 
 
-def emit(obj: dict) -> None:
-    sys.stdout.write(MARK + json.dumps(obj) + "\n")
+def emit(obj: dict, kind: str = "D") -> None:
+    """One frame: ``D <json>`` (the answer) or ``A <json>`` (where ``serve`` listens)."""
+    sys.stdout.write(kind + " " + json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -131,7 +105,8 @@ def verify_env(prefix: str, cfg: dict) -> dict:
     env = dict(os.environ)
     env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env.get("PATH", "")
     env["CONDA_PREFIX"] = prefix
-    argv = [py, "-c", VERIFY_SRC, prefix, "1" if cfg.get("check_torch") else "0"]
+    query = json.dumps({"prefix": prefix, "torch": bool(cfg.get("check_torch"))})
+    argv = [py, "-c", cfg.get("envinfo") or "", query]
     try:
         p = subprocess.run(
             argv, capture_output=True, env=env, timeout=float(cfg.get("verify_timeout", 120))
@@ -141,8 +116,13 @@ def verify_env(prefix: str, cfg: dict) -> dict:
     except OSError as e:
         return {"error": f"env python does not run: {e}"}
     for line in reversed(p.stdout.decode(errors="replace").splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+        if line.startswith("D "):
+            try:
+                data = json.loads(line[2:])
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                return data
     tail = p.stderr.decode(errors="replace").strip().splitlines()
     return {"error": f"env python failed (exit {p.returncode})" + (": " + tail[-1] if tail else "")}
 
@@ -434,7 +414,7 @@ def serve(cfg: dict) -> dict:
 
     srv = Server((cfg["bind"], 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    emit({"host": cfg["bind"], "port": srv.server_address[1]})
+    emit({"host": cfg["bind"], "port": srv.server_address[1]}, "A")
     deadline = time.time() + float(cfg.get("timeout", 900))
     try:
         while time.time() < deadline:  # until the controller closes stdin (or goes away)

@@ -23,9 +23,14 @@ Dead-man switch (attached mode): no heartbeat byte for ``deadman`` seconds, or E
 (controller killed, connection closed) -> the supervisor stops the job by itself. SIGHUP and
 SIGPIPE never kill it: it always finishes teardown and writes its logs.
 
-Other modes: ``stop --job-id J --run-dir D [--rank R] [--grace G]`` (prints JSON with what
-remains), ``status --run-dir D`` (JSON), ``pack --run-dir D`` (tar of the run folder to stdout,
-regular files and folders only).
+Other modes, each one remote command answering in the same framing (``D <json>``):
+``stop --job-id J --run-dir D [--rank R] [--grace G]`` (what was found, killed, remains),
+``status --run-dir D``, ``mark-stop --run-dir D --job-id J --reason R`` (leave
+``stop-request.json`` before a stop from another terminal), ``clean [--job-id J] --workdir W``
+(leftover processes and temp files, for tests), ``follow --run-dir D --follow 0|1 --last N``
+(``L`` lines of console.log), ``pack --run-dir D`` (a ``T`` frame, then a tar of the run
+folder: regular files and folders only). This file holds the one /proc/PID/stat parser
+(:func:`proc_stat`), imported by the controller too.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
 LINGER = 120.0  # s after the exit to wait for the controller's ``c`` (collect) or EOF
-TAR_MARKER = b"FLEETCTL-TAR\n"  # precedes the tar stream (as in fleetctl.phases.collect)
+TAR_MARKER = b'T {"stream": "tar"}\n'  # the frame before a tar stream (fleetctl.phases.collect)
 
 
 # ------------------------------------------------------------------------------- /proc helpers
@@ -61,12 +66,16 @@ def proc_start_time(pid: int) -> int | None:
 
     With the pid it names one process for good: pids are reused, start times are not.
     """
-    st = _proc_stat(pid)
-    return None if st is None or st[0] in ("Z", "X") else st[2]
+    st = proc_stat(pid)
+    return None if st is None or st[0] in ("Z", "X") else st[3]
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, pgid, starttime) of a process, None when it is gone."""
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, starttime) of a process, None when it is gone.
+
+    The one /proc/PID/stat parser of fleetctl: node programs run it here, the controller and
+    the lab import it.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode("ascii", "replace")
@@ -75,7 +84,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     # comm may hold spaces and parentheses: split after the last ')'.
     rest = data[data.rfind(")") + 2 :].split()
     try:
-        return rest[0], int(rest[2]), int(rest[19])
+        return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
     except (IndexError, ValueError):
         return None
 
@@ -122,17 +131,17 @@ def scan_job(
         pid = int(name)
         if pid == me:
             continue
-        st = _proc_stat(pid)
+        st = proc_stat(pid)
         if st is None:
             continue
-        if pgid is not None and pid == pgid and leader_start is not None and st[2] == leader_start:
+        if pgid is not None and pid == pgid and leader_start is not None and st[3] == leader_start:
             group_ours = True
         if st[0] in ("Z", "X"):
             continue
         has_tag = _environ_has(pid, tags)
         if has_tag:
             tagged.append(pid)
-        if pgid is not None and st[1] == pgid:
+        if pgid is not None and st[2] == pgid:
             group.append(pid)
             group_ours = group_ours or has_tag
     found = set(tagged)
@@ -400,9 +409,9 @@ class Supervisor:
             start_new_session=True,
             close_fds=True,
         )
-        st = _proc_stat(self.proc.pid)
-        self.leader_start = st[2] if st else None
-        me = _proc_stat(os.getpid())
+        st = proc_stat(self.proc.pid)
+        self.leader_start = st[3] if st else None
+        me = proc_stat(os.getpid())
         self.state = {
             "protocol": PROTOCOL,
             "job_id": self.job_id,
@@ -414,7 +423,7 @@ class Supervisor:
             "pgid": self.proc.pid,
             "leader_start": self.leader_start,
             "supervisor_pid": os.getpid(),
-            "supervisor_start": me[2] if me else None,
+            "supervisor_start": me[3] if me else None,
             "start_time": _now(),
             "detached": self.detach,
             "deadman": None if self.detach else self.deadman,
@@ -559,8 +568,8 @@ class Supervisor:
 def _pid_alive(pid: object, start: object) -> bool:
     if not isinstance(pid, int):
         return False
-    st = _proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X") and (start is None or st[2] == start)
+    st = proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (start is None or st[3] == start)
 
 
 def _noop(signum: int, frame: object) -> None:
@@ -691,15 +700,22 @@ def _opts(argv: list[str]) -> dict:
     return opts
 
 
+def answer(kind: str, payload: object) -> None:
+    """One frame of a one-shot mode on stdout: ``<kind> <json>``."""
+    sys.stdout.write(kind + " " + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
 def cmd_stop(argv: list[str]) -> int:
-    """Stop a job on this node (teardown, ``fleetctl stop``); print JSON with what remains."""
+    """Stop a job on this node (teardown, ``fleetctl stop``); answers ``D <json>`` with what
+    was found, killed and remains."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     opts = _opts(argv)
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
     state = _read_json(os.path.join(run_dir, STATE_FILE)) if run_dir else {}
     job_id = opts.get("job_id") or state.get("job_id")
     if not job_id:
-        print(json.dumps({"error": "no job id"}))
+        answer("D", {"error": "no job id"})
         return 2
     if state and state.get("job_id") not in (None, job_id):
         state = {}  # a folder of another job: trust only the env tag
@@ -715,12 +731,12 @@ def cmd_stop(argv: list[str]) -> int:
     result["supervisor_alive"] = _pid_alive(
         state.get("supervisor_pid"), state.get("supervisor_start")
     )
-    print(json.dumps(result))
+    answer("D", result)
     return 0
 
 
 def cmd_status(argv: list[str]) -> int:
-    """State of a job on this node (for ``fleetctl status``)."""
+    """State of a job on this node (for ``fleetctl status``): ``D <json>``."""
     opts = _opts(argv)
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
     state = _read_json(os.path.join(run_dir, STATE_FILE))
@@ -736,14 +752,170 @@ def cmd_status(argv: list[str]) -> int:
     )
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"
-    print(json.dumps(state))
+    answer("D", state)
+    return 0
+
+
+def cmd_mark_stop(argv: list[str]) -> int:
+    """Leave ``stop-request.json`` (job id, reason) in an existing run folder before a stop from
+    another terminal, so the job's supervisor reports why it ended. ``D {"marked": bool}``."""
+    opts = _opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    marked = bool(run_dir) and os.path.isdir(run_dir)
+    if marked:
+        record = {"job_id": opts.get("job_id"), "reason": opts.get("reason"), "time": time.time()}
+        _write_json(os.path.join(run_dir, STOP_REQUEST), record)
+    answer("D", {"marked": marked})
+    return 0
+
+
+def cmd_follow(argv: list[str]) -> int:
+    """``fleetctl logs``: the job's console.log as ``L <line>`` frames (``E <notice>`` when
+    there is none). ``--follow 1`` keeps reading until the job's supervisor has ended and the
+    log is read to the end, or stdin closes (fleetctl went away); ``--last N`` starts with the
+    last N lines (-1: the whole log)."""
+    opts = _opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    follow = opts.get("follow", "0") == "1"
+    last = int(opts.get("last", "-1"))
+    log, state_file = os.path.join(run_dir, CONSOLE_LOG), os.path.join(run_dir, STATE_FILE)
+    out = os.fdopen(1, "wb", 0)
+
+    def running() -> bool:
+        state = _read_json(state_file)
+        if not state:
+            return os.path.isdir(run_dir) and not os.path.exists(log)
+        return state.get("state") == "running" and _pid_alive(
+            state.get("supervisor_pid"), state.get("supervisor_start")
+        )
+
+    def emit(line: bytes) -> None:
+        out.write(b"L " + line.rstrip(b"\n") + b"\n")
+
+    deadline = time.time() + 30
+    while not os.path.exists(log):
+        if not follow or time.time() > deadline or not running():
+            out.write(b"E no console.log on this node (the job never started here)\n")
+            return 0
+        time.sleep(0.2)
+    import select
+
+    with open(log, "rb") as f:
+        buf = b""
+        if last >= 0:
+            f.seek(0, 2)
+            start = max(0, f.tell() - 262144)
+            f.seek(start)
+            tail = f.read().split(b"\n")
+            if start > 0:
+                tail = tail[1:]
+            buf = tail[-1] if tail else b""
+            for line in tail[:-1][-last:] if last > 0 else []:
+                emit(line)
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    emit(line)
+                continue
+            if not follow:
+                break
+            alive = running()
+            ready, _, _ = select.select([0], [], [], 0.3)
+            if ready and not os.read(0, 4096):
+                break
+            if not alive:
+                chunk = f.read()
+                if not chunk:
+                    break
+                buf += chunk
+        if buf:
+            emit(buf)
+    return 0
+
+
+def cmd_clean(argv: list[str]) -> int:
+    """Leftovers of fleetctl jobs here (``fleetctl.testing.infra``): ``D <json>`` with the
+    processes of a job (``--job-id``, else of any job) and the temp files under ``--workdir``.
+
+    A process belongs to a job when its environment carries ``FLEET_JOB_ID`` (that id, or any),
+    or when it is in the group the job's supervisor recorded and that group's leader is still
+    the recorded process. Temp files: ``.tmp-*``, ``*.part``, and ``*.<pid>.tmp`` in run folders.
+    """
+    opts = _opts(argv)
+    job = opts.get("job_id")
+    workdir = os.path.expanduser(opts.get("workdir", "~/.fleetctl"))
+    want = ("FLEET_JOB_ID=" + job).encode() if job else None
+    groups: dict = {}
+    if job:
+        state = _read_json(os.path.join(workdir, "runs", job, STATE_FILE))
+        if state.get("pgid"):
+            groups[int(state["pgid"])] = state.get("leader_start")
+    me = os.getpid()
+    seen = []
+    alive_groups = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        st = proc_stat(pid)
+        if st is None:
+            continue
+        if groups.get(pid) is not None and groups[pid] == st[3]:
+            alive_groups.add(pid)
+        if st[0] in ("Z", "X"):
+            continue
+        tag = None
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            env = []
+        for entry in env:
+            if entry.startswith(b"FLEET_JOB_ID=") and (want is None or entry == want):
+                tag = entry[13:].decode("utf-8", "replace")
+        seen.append((pid, st[2], tag))
+    procs = [
+        {"pid": pid, "pgid": pgid, "job_id": tag or job, "cmd": _cmdline(pid)}
+        for pid, pgid, tag in seen
+        if tag is not None or pgid in alive_groups
+    ]
+    temps: list = []
+
+    def scan(folder: str, runs: bool = False) -> None:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for n in names:
+            pid_tmp = n.endswith(".tmp") and n[:-4].rsplit(".", 1)[-1].isdigit()
+            if n.startswith(".tmp-") or n.endswith(".part") or (runs and pid_tmp):
+                temps.append(os.path.join(folder, n))
+
+    for sub in ("", "bin", "code", "envs"):
+        scan(os.path.join(workdir, sub))
+    runs_dir = os.path.join(workdir, "runs")
+    try:
+        jobs = [job] if job else os.listdir(runs_dir)
+    except OSError:
+        jobs = []
+    for j in jobs:
+        scan(os.path.join(runs_dir, j), runs=True)
+    answer("D", {"processes": procs, "temp_files": sorted(temps), "workdir": workdir})
     return 0
 
 
 def cmd_pack(argv: list[str]) -> int:
-    """The run folder as a tar stream on stdout: regular files and folders only, no links."""
+    """The run folder as a tar stream on stdout after a ``T`` frame: regular files and folders
+    only, no links. Nothing at all when there is no run folder (exit 3)."""
     opts = _opts(argv)
-    pack_dir(os.path.abspath(os.path.expanduser(opts["run_dir"])), 1)
+    root = os.path.abspath(os.path.expanduser(opts["run_dir"]))
+    if not os.path.isdir(root):
+        return 3
+    os.write(1, TAR_MARKER)
+    pack_dir(root, 1)
     return 0
 
 
@@ -799,18 +971,24 @@ class _Bounded:
         return data
 
 
+MODES = {
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "pack": cmd_pack,
+    "follow": cmd_follow,
+    "mark-stop": cmd_mark_stop,
+    "clean": cmd_clean,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     mode = args[0] if args else "run"
     if mode == "run":
         return cmd_run()
-    if mode == "stop":
-        return cmd_stop(args[1:])
-    if mode == "status":
-        return cmd_status(args[1:])
-    if mode == "pack":
-        return cmd_pack(args[1:])
-    print(f"unknown mode {mode!r} (run, stop, status, pack)", file=sys.stderr)
+    if mode in MODES:
+        return MODES[mode](args[1:])
+    print(f"unknown mode {mode!r} (run, {', '.join(MODES)})", file=sys.stderr)
     return 2
 
 

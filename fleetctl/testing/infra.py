@@ -3,7 +3,8 @@
 Shared by the testinfra suite users run against their own fleet (``pytest tests/infra
 --hosts=…``) and by fleetctl's own lab/e2e tests, which call :func:`assert_node_clean` after
 failure scenarios. Every check costs one remote command: the node side is a small stdlib
-Python program (:data:`CLEAN_PROBE`) that looks at ``/proc`` and the workdir and answers JSON.
+Python program (:data:`CLEAN_PROBE`: the supervisor's ``clean`` mode) that looks at ``/proc`` and
+the workdir and answers one ``D <json>`` frame.
 
 "Clean" follows the brief's contract: a process belongs to a fleetctl job when its environment
 carries ``FLEET_JOB_ID`` (any value, or the given job id), or when it is in the process group
@@ -17,13 +18,14 @@ the supervisor write before an atomic rename (``.tmp-*``, ``*.part``, ``*.<pid>.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl import remote
 from fleetctl.node import DEFAULT_WORKDIR
+from fleetctl.phases.frames import last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -46,84 +48,9 @@ READY_MAX_SESSIONS = 64
 READY_MAX_STARTUPS = 64
 PROBE_TIMEOUT = 60.0
 
-#: Node-side program: argv[1] = JSON {"job_id": str|None, "workdir": str}. Stdlib, Python 3.6+.
-CLEAN_PROBE = r"""
-import json, os, sys
-a = json.loads(sys.argv[1]); job = a["job_id"]; me = os.getpid()
-w = os.path.expanduser(a["workdir"])
-want = ("FLEET_JOB_ID=" + job).encode() if job else None
-
-def stat(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            d = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    r = d[d.rfind(")") + 2:].split()
-    return r[0], int(r[2]), int(r[19])
-
-def cmd(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
-    except OSError:
-        return ""
-
-groups = {}
-if job:
-    try:
-        with open(os.path.join(w, "runs", job, "supervisor.json")) as f:
-            s = json.load(f)
-        if s.get("pgid"):
-            groups[int(s["pgid"])] = s.get("leader_start")
-    except (OSError, ValueError):
-        pass
-procs, seen, alive_groups = [], [], set()
-for n in os.listdir("/proc"):
-    if not n.isdigit() or int(n) == me:
-        continue
-    pid = int(n); st = stat(pid)
-    if st is None:
-        continue
-    if pid in groups and groups[pid] is not None and groups[pid] == st[2]:
-        alive_groups.add(pid)
-    if st[0] in ("Z", "X"):
-        continue
-    tag = None
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
-        env = []
-    for e in env:
-        if e.startswith(b"FLEET_JOB_ID=") and (want is None or e == want):
-            tag = e[13:].decode("utf-8", "replace")
-    seen.append((pid, st[1], tag))
-for pid, pgid, tag in seen:
-    if tag is not None or pgid in alive_groups:
-        procs.append({"pid": pid, "pgid": pgid, "job_id": tag or job, "cmd": cmd(pid)})
-
-temps = []
-def scan(d, runs=False):
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return
-    for n in names:
-        tmp = n.endswith(".tmp") and n[:-4].rsplit(".", 1)[-1].isdigit()
-        if n.startswith(".tmp-") or n.endswith(".part") or (runs and tmp):
-            temps.append(os.path.join(d, n))
-for sub in ("", "bin", "code", "envs"):
-    scan(os.path.join(w, sub))
-runs = os.path.join(w, "runs")
-try:
-    jobs = [job] if job else os.listdir(runs)
-except OSError:
-    jobs = []
-for j in jobs:
-    scan(os.path.join(runs, j), runs=True)
-json.dump({"processes": procs, "temp_files": sorted(temps), "workdir": w}, sys.stdout)
-"""
+#: Node-side program: the supervisor (its ``clean`` mode), shipped with ``python -c``, so a
+#: node needs nothing installed and /proc is read by the same code that stops jobs.
+CLEAN_PROBE = remote.source("supervisor.py").decode("utf-8")
 
 
 @dataclass
@@ -182,11 +109,13 @@ def node_leftovers(
     node = None if hasattr(host, "backend") else getattr(host, "node", None)
     workdir = workdir or getattr(node, "workdir", None) or DEFAULT_WORKDIR
     python = python or getattr(node, "python", None) or "python3"
-    args = json.dumps({"job_id": job_id, "workdir": workdir})
-    rc, out, err = _run(host, shlex.join([python, "-c", CLEAN_PROBE, args]))
-    if rc != 0:
+    argv = [python, "-c", CLEAN_PROBE, "clean", "--workdir", workdir]
+    if job_id:
+        argv += ["--job-id", job_id]
+    rc, out, err = _run(host, shlex.join(argv))
+    data = last_data(out)
+    if rc != 0 or not isinstance(data, dict):
         raise RuntimeError(f"{_name(host)}: cleanliness probe exited {rc}: {err.strip()[-500:]}")
-    data = json.loads(out)
     return Leftovers(_name(host), data["processes"], data["temp_files"], data["workdir"])
 
 

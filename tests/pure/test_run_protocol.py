@@ -9,14 +9,8 @@ import pytest
 
 from fleetctl.cli.render import LiveLog, fold_ranks, run_summary_lines
 from fleetctl.job.result import JobResult, NodeOutcome
-from fleetctl.phases.launch import (
-    Frame,
-    FrameReader,
-    exit_code_of,
-    parse_block,
-    parse_frame,
-    start_command,
-)
+from fleetctl.phases.frames import Frame, FrameReader, parse_block, parse_frame
+from fleetctl.phases.launch import exit_code_of, start_command
 
 
 @pytest.mark.parametrize(

@@ -11,19 +11,26 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from fleetctl.job.run import RunOptions, run_job
 from fleetctl.node import Node
-from fleetctl.phases.launch import FrameReader, NodeRun, exit_report_of, start_node, supervisor_path
+from fleetctl.phases.frames import FrameReader, last_data
+from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.plan.rankplan import JobSpec
 from fleetctl.remote.supervisor import find_job_processes, stop_processes
 from fleetctl.ssh.connection import LocalConnection
 
-PY38 = "/root/.pyenv/versions/3.8.18/bin/python3"
+#: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
+#: id, and a test run of another checkout on the same machine must never stop ours.
+RUN_TOKEN = str(os.getpid())
+
+
+def jid(name: str) -> str:
+    return f"{name}-{RUN_TOKEN}"
 
 
 def _kill_leftovers(job_id: str) -> None:
@@ -107,6 +114,21 @@ def drain(
     raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
 
 
+def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(0.05)
+
+
+def wait_running(job_id: str, count: int = 4) -> None:
+    """The job's processes are up (``JOB_WITH_ESCAPEE``: ``sh``, the ``setsid``'d ``sleep``, the
+    one in the background and the one in the foreground)."""
+    wait_for(f"{count} processes of {job_id}", lambda: len(find_job_processes(job_id, 0)) >= count)
+
+
 def wait_gone(job_id: str, timeout: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout
     left = find_job_processes(job_id, None)
@@ -125,20 +147,28 @@ def test_a_job_runs_in_its_run_folder_with_its_env_and_reports_its_exit(jobs: Jo
         "sys.stdout.write('no newline'); sys.exit(7)"
     )
     run = jobs.start(
-        "t-exit",
+        jid("t-exit"),
         [sys.executable, "-c", script, *args],
         files={"hostfile": "10.0.0.1 slots=2\n"},
-        cwd=str(jobs.root / "w" / "runs" / "t-exit"),
+        cwd=str(jobs.root / "w" / "runs" / jid("t-exit")),
     )
     frames = drain(run, heartbeat=True)
     lines = [t for k, t in frames if k == "L"]
-    assert lines == [json.dumps(args), "t-exit 0 a b", "10.0.0.1 slots=2", "True", "no newline"]
+    assert lines == [
+        json.dumps(args),
+        f"{jid('t-exit')} 0 a b",
+        "10.0.0.1 slots=2",
+        "True",
+        "no newline",
+    ]
     assert frames[-1] == ("X", "7")
-    run_dir = jobs.root / "w" / "runs" / "t-exit"
+    run_dir = jobs.root / "w" / "runs" / jid("t-exit")
     assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
     assert (run_dir / "console.log").read_text().splitlines() == lines
     state = json.loads((run_dir / "supervisor.json").read_text())
-    assert state["job_id"] == "t-exit" and state["exit_code"] == 7 and state["state"] == "exited"
+    assert (
+        state["job_id"] == jid("t-exit") and state["exit_code"] == 7 and state["state"] == "exited"
+    )
     assert state["pgid"] == state["pid"] and state["end_time"] >= state["start_time"]
     assert run.uploaded  # first start on this workdir installed the supervisor
 
@@ -151,9 +181,9 @@ def test_after_its_exit_the_supervisor_sends_the_run_folder_on_the_same_channel(
     from fleetctl.phases.watch import Watch
 
     run = jobs.start(
-        "t-inband",
+        jid("t-inband"),
         ["sh", "-c", "echo one; mkdir -p log; echo w0 > log/workerlog.0"],
-        cwd=str(jobs.root / "w" / "runs" / "t-inband"),
+        cwd=str(jobs.root / "w" / "runs" / jid("t-inband")),
     )
     watch = Watch(heartbeat=0.2)
     watch.attach(run)
@@ -176,34 +206,23 @@ def test_after_its_exit_the_supervisor_sends_the_run_folder_on_the_same_channel(
 def test_a_supervisor_whose_controller_says_nothing_after_the_exit_leaves_on_eof(
     jobs: Jobs,
 ) -> None:
-    run = jobs.start("t-eof-after", ["true"])
+    run = jobs.start(jid("t-eof-after"), ["true"])
     frames = drain(run, heartbeat=True)  # closes stdin once X arrived
     assert frames[-1] == ("X", "0")
     assert run.stream.exit_code(10.0) == 0
 
 
 def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
-    first = jobs.start("t-up1", ["true"])
+    first = jobs.start(jid("t-up1"), ["true"])
     drain(first, heartbeat=True)
-    second = jobs.start("t-up2", ["true"])
+    second = jobs.start(jid("t-up2"), ["true"])
     drain(second, heartbeat=True)
     assert first.uploaded and not second.uploaded
     assert Path(supervisor_path(str(jobs.root / "w"))).is_file()
 
 
-@pytest.mark.skipif(not os.path.exists(PY38), reason="no python 3.8 here")
-def test_the_supervisor_runs_on_python_3_8(tmp_path: Path) -> None:
-    old = Jobs(tmp_path, python=PY38)
-    try:
-        run = old.start("t-py38", ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
-        frames = drain(run, heartbeat=True)
-    finally:
-        old.close()
-    assert ("L", "t-py38") in frames and frames[-1] == ("X", "-9")
-
-
 def test_a_job_killed_by_a_signal_reports_minus_the_signal(jobs: Jobs) -> None:
-    run = jobs.start("t-sig", ["sh", "-c", "kill -TERM $$"])
+    run = jobs.start(jid("t-sig"), ["sh", "-c", "kill -TERM $$"])
     assert drain(run, heartbeat=True)[-1] == ("X", "-15")
 
 
@@ -211,9 +230,8 @@ JOB_WITH_ESCAPEE = "setsid sleep 300 & sleep 300 & trap '' TERM; echo up; sleep 
 
 
 def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs) -> None:
-    run = jobs.start("t-deadman", ["sh", "-c", JOB_WITH_ESCAPEE], deadman=2, grace=0.5)
-    time.sleep(0.3)
-    assert len(find_job_processes("t-deadman", 0)) >= 3  # sh, sleep, setsid'd sleep
+    run = jobs.start(jid("t-deadman"), ["sh", "-c", JOB_WITH_ESCAPEE], deadman=2, grace=0.5)
+    wait_running(jid("t-deadman"))
     t0 = time.monotonic()
     reports: list[dict | None] = []
     frames = drain(run, heartbeat=False, reports=reports)
@@ -221,7 +239,7 @@ def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs
     assert any(k == "E" and "dead-man" in t for k, t in frames), frames
     assert frames[-1] == ("X", "-9")  # it ignored SIGTERM, so SIGKILL after the grace
     assert took < 10
-    assert wait_gone("t-deadman") == []
+    assert wait_gone(jid("t-deadman")) == []
     # the exit carries the supervisor's own sweep: the escapees it found and killed, none left
     [report] = reports
     assert report is not None and report["remaining"] == []
@@ -229,29 +247,30 @@ def test_no_heartbeat_triggers_the_dead_man_switch_and_kills_escapees(jobs: Jobs
 
 
 def test_the_controller_closing_the_connection_stops_the_job(jobs: Jobs) -> None:
-    run = jobs.start("t-eof", ["sh", "-c", JOB_WITH_ESCAPEE], grace=0.5)
-    time.sleep(0.3)
+    run = jobs.start(jid("t-eof"), ["sh", "-c", JOB_WITH_ESCAPEE], grace=0.5)
+    wait_running(jid("t-eof"))
     run.stream.close_stdin()
     frames = drain(run)
     assert any(k == "E" and "connection closed" in t for k, t in frames), frames
-    assert wait_gone("t-eof") == []
+    assert wait_gone(jid("t-eof")) == []
 
 
 def test_a_kill_byte_stops_the_job_without_grace(jobs: Jobs) -> None:
-    run = jobs.start("t-kill", ["sh", "-c", JOB_WITH_ESCAPEE], grace=30)
-    time.sleep(0.3)
+    run = jobs.start(jid("t-kill"), ["sh", "-c", JOB_WITH_ESCAPEE], grace=30)
+    wait_running(jid("t-kill"))
     run.stream.send(b"k")
     t0 = time.monotonic()
     frames = drain(run, heartbeat=True)
     assert frames[-1] == ("X", "-9") and time.monotonic() - t0 < 10
-    assert wait_gone("t-kill") == []
+    assert wait_gone(jid("t-kill")) == []
 
 
 def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
-    a = jobs.start("t-stop-a", ["sh", "-c", JOB_WITH_ESCAPEE])
-    b = jobs.start("t-stop-b", ["sh", "-c", JOB_WITH_ESCAPEE])
-    time.sleep(0.3)
-    b_before = find_job_processes("t-stop-b", 0)
+    a = jobs.start(jid("t-stop-a"), ["sh", "-c", JOB_WITH_ESCAPEE])
+    b = jobs.start(jid("t-stop-b"), ["sh", "-c", JOB_WITH_ESCAPEE])
+    wait_running(jid("t-stop-a"))
+    wait_running(jid("t-stop-b"))
+    b_before = find_job_processes(jid("t-stop-b"), 0)
     sup = supervisor_path(str(jobs.root / "w"))
     res = jobs.conn.run(
         [
@@ -259,9 +278,9 @@ def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
             sup,
             "stop",
             "--job-id",
-            "t-stop-a",
+            jid("t-stop-a"),
             "--run-dir",
-            str(jobs.root / "w" / "runs" / "t-stop-a"),
+            str(jobs.root / "w" / "runs" / jid("t-stop-a")),
             "--rank",
             "0",
             "--grace",
@@ -269,21 +288,21 @@ def test_stop_mode_stops_one_job_and_never_touches_another(jobs: Jobs) -> None:
         ],
         timeout=30,
     )
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = last_data(res.stdout)
     assert out["remaining"] == [] and len(out["found"]) >= 3
-    assert find_job_processes("t-stop-a", None) == []
-    assert find_job_processes("t-stop-b", 0) == b_before  # same processes, all alive
+    assert find_job_processes(jid("t-stop-a"), None) == []
+    assert find_job_processes(jid("t-stop-b"), 0) == b_before  # same processes, all alive
     assert drain(a, heartbeat=True)[-1][0] == "X"
     b.stream.send(b"k")
     drain(b, heartbeat=True)
-    assert wait_gone("t-stop-b") == []
+    assert wait_gone(jid("t-stop-b")) == []
 
 
 def test_a_job_that_cannot_start_is_reported_not_hung(jobs: Jobs) -> None:
     from fleetctl.errors import LaunchError
 
     with pytest.raises(LaunchError, match="cannot start job"):
-        jobs.start("t-nostart", ["/nonexistent/launcher"])
+        jobs.start(jid("t-nostart"), ["/nonexistent/launcher"])
 
 
 def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> None:
@@ -293,7 +312,7 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
         "import os, sys\nprint('rank', os.environ['RANK'], 'args', sys.argv[1:])\nsys.exit(4)\n"
     )
     node = Node.localhost(workdir=str(tmp_path / "w"))
-    spec = JobSpec(script="fail.py", job_id="t-local-run", args=("a b", ";"), launcher="plain")
+    spec = JobSpec(script="fail.py", job_id=jid("t-local-run"), args=("a b", ";"), launcher="plain")
     events = []
     result = run_job(
         spec,
@@ -303,10 +322,10 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
     )
     assert result.exit_code == 3 and result.status == "failed"
     assert result.first_failure == 0 and result.nodes[0].exit_code == 4
-    folder = tmp_path / "runs" / "t-local-run"
+    folder = tmp_path / "runs" / jid("t-local-run")
     job = json.loads((folder / "job.json").read_text())
     assert job["status"] == "failed" and job["first_failure"]["exit_code"] == 4
-    assert json.loads((folder / "plan.json").read_text())["job_id"] == "t-local-run"
+    assert json.loads((folder / "plan.json").read_text())["job_id"] == jid("t-local-run")
     console = (folder / f"0-{node.name}" / "console.log").read_text()
     assert console == f"rank 0 args {['a b', ';']!r}\n"
     assert (folder / f"0-{node.name}" / "supervisor.json").is_file()
@@ -317,22 +336,33 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
 
 
 def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: Jobs) -> None:
-    run = jobs.start("t-detach", ["sh", "-c", "echo started; sleep 300"], detach=True)
+    run = jobs.start(jid("t-detach"), ["sh", "-c", "echo started; sleep 300"], detach=True)
     frames = drain(run)  # the channel ends at once: the supervisor double-forked
     assert [k for k, _ in frames] == ["Q"]
-    run_dir = str(jobs.root / "w" / "runs" / "t-detach")
+    run_dir = str(jobs.root / "w" / "runs" / jid("t-detach"))
     sup = supervisor_path(str(jobs.root / "w"))
-    time.sleep(0.3)
-    status = json.loads(
+    wait_for("the detached job's output", lambda: Path(run_dir, "console.log").is_file())
+    wait_running(jid("t-detach"), count=1)
+    status = last_data(
         jobs.conn.run([sys.executable, sup, "status", "--run-dir", run_dir], timeout=30).stdout
     )
     assert status["state"] == "running" and status["supervisor_alive"] and status["processes"]
     assert status["deadman"] is None  # no dead-man switch for detached jobs
     res = jobs.conn.run(
-        [sys.executable, sup, "stop", "--job-id", "t-detach", "--run-dir", run_dir, "--grace", "1"],
+        [
+            sys.executable,
+            sup,
+            "stop",
+            "--job-id",
+            jid("t-detach"),
+            "--run-dir",
+            run_dir,
+            "--grace",
+            "1",
+        ],
         timeout=30,
     )
-    assert json.loads(res.stdout)["remaining"] == []
+    assert last_data(res.stdout)["remaining"] == []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         state = json.loads(Path(run_dir, "supervisor.json").read_text())

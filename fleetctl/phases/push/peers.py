@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import NodePushError
-from fleetctl.phases.push.state import MARK, REMOTE_SRC, _State
+from fleetctl.phases.frames import PUSH_KINDS, FrameStream
+from fleetctl.phases.push.state import REMOTE_SRC, _State
 
 if TYPE_CHECKING:
     from fleetctl.ssh.connection import Connection, Stream
@@ -149,26 +150,18 @@ class _PeerDistribution:
         }
         try:
             stream.send(json.dumps(cfg).encode() + b"\n")
-            buf = b""
-            deadline = time.monotonic() + 30
-            while MARK.encode() not in buf or not buf.rstrip().endswith(b"}"):
-                left = deadline - time.monotonic()
-                chunk = stream.recv(max(0.0, left)) if left > 0 else None
-                if chunk is None and left <= 0:
-                    raise NodePushError(
-                        node.label, "peer server did not start in 30s", stage="serve"
-                    )
-                if chunk == b"":
-                    raise NodePushError(
-                        node.label,
-                        "peer server exited: " + buf.decode(errors="replace")[-200:],
-                        stage="serve",
-                    )
-                buf += chunk or b""
-            line = buf.decode(errors="replace").split(MARK, 1)[1].splitlines()[0]
-            info = json.loads(line)
-            if "port" not in info:
-                raise NodePushError(node.label, f"peer server: {info.get('error')}", stage="serve")
+            frames = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS)
+            got = frames.next("AD", time.monotonic() + 30)
+            if got is None and not frames.eof:
+                raise NodePushError(node.label, "peer server did not start in 30s", stage="serve")
+            if got is None:
+                raise NodePushError(
+                    node.label, "peer server exited: " + frames.tail[-200:], stage="serve"
+                )
+            info = got.data()
+            if not isinstance(info, dict) or "port" not in info:
+                error = info.get("error") if isinstance(info, dict) else info
+                raise NodePushError(node.label, f"peer server: {error}", stage="serve")
         except BaseException:
             with contextlib.suppress(Exception):
                 stream.close_stdin()

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import NodePushError, PushError, UsageError
 from fleetctl.phases import codesync
 from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_version
+from fleetctl.phases.frames import last_data
 from fleetctl.phases.push.peers import _PeerDistribution
 from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOptions, PushReport
-from fleetctl.phases.push.state import MARK, REMOTE_SRC, _node_error, _one_line, _State
+from fleetctl.phases.push.state import ENVINFO_SRC, REMOTE_SRC, _node_error, _one_line, _State
 from fleetctl.phases.push.transfer import _Transfer
 from fleetctl.results import FleetResult
 from fleetctl.ssh.connection import SSHConnection
@@ -334,16 +335,16 @@ class _Push(_Transfer, _PeerDistribution):
         self, node: Node, conn: Connection, mode: str, cfg: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
         """One node-side command; its JSON answer. Raises NodePushError with the reason."""
+        if mode in ("probe", "finalize"):  # these may verify an env
+            cfg = {**cfg, "envinfo": ENVINFO_SRC}
         res = conn.run(
             [node.python, "-c", REMOTE_SRC, mode],
             timeout=timeout,
             stdin=json.dumps(cfg).encode() + b"\n",
         )
-        payload = None
-        for line in reversed(res.stdout.splitlines()):
-            if line.startswith(MARK):
-                payload = json.loads(line[len(MARK) :])
-                break
+        payload = last_data(res.stdout)
+        if not isinstance(payload, dict):
+            payload = None
         if payload is None:
             tail = (res.stderr.strip() or res.stdout.strip()).splitlines()
             last = tail[-1] if tail else ""

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.report import NodePush
 
 REMOTE_SRC = remote.source("push_helper.py").decode("utf-8")
-MARK = "@@FLEETCTL@@"
+ENVINFO_SRC = remote.source("envinfo.py").decode("utf-8")  # run by the env's python
 
 
 @dataclass

@@ -1,0 +1,454 @@
+"""Every node program, run by Python 3.8 with real processes, sockets and files on this machine.
+
+Each program is shipped as a node gets it (``python -c SOURCE`` or installed by the loader) and
+answers in the one framing (``<tag> <payload>``), read back with the controller's decoder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl import remote
+from fleetctl.node import Node
+from fleetctl.phases.check import probe_command
+from fleetctl.phases.frames import (
+    PROBE_KINDS,
+    PUSH_KINDS,
+    STACK_KINDS,
+    FrameReader,
+    decode,
+    last_data,
+)
+from fleetctl.phases.launch import NodeRun, start_node, supervisor_path
+from fleetctl.remote.supervisor import TAR_MARKER, find_job_processes, stop_processes
+from fleetctl.ssh.connection import LocalConnection
+from fleetctl.testing.envbuild import build_fake_nccl
+
+#: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
+#: id, and a test run of another checkout on the same machine must never stop ours.
+RUN_TOKEN = str(os.getpid())
+
+
+def jid(name: str) -> str:
+    return f"{name}-{RUN_TOKEN}"
+
+
+PROGRAMS = sorted(p.name for p in remote.HERE.glob("*.py") if p.name != "__init__.py")
+#: Which test below exercises each program: a new program without a test fails the guard.
+EXERCISED = {
+    "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
+    "loader.py": "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job",
+    "supervisor.py": "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job",
+    "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+}
+Run = Callable[..., subprocess.CompletedProcess[bytes]]
+JOB = "setsid sleep 300 & sleep 300 & echo up; wait"
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(0.05)
+
+
+def test_every_program_in_fleetctl_remote_has_a_python_3_8_test() -> None:
+    assert sorted(EXERCISED) == PROGRAMS
+    assert all(name in globals() for name in EXERCISED.values())
+
+
+@pytest.mark.parametrize("name", [*PROGRAMS, "__init__.py"])
+def test_every_file_compiles_under_python_3_8(py38: str, name: str) -> None:
+    path = remote.path(name)
+    res = subprocess.run(
+        [py38, "-c", "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')", path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+# ------------------------------------------------------------------------------- supervisor
+
+
+class Jobs:
+    """Jobs under a Python 3.8 supervisor in a temp workdir; stops what is left at the end."""
+
+    def __init__(self, root: Path, python: str) -> None:
+        self.root, self.python = root, python
+        self.node = Node.localhost(workdir=str(root / "w"), python=python)
+        self.conn = LocalConnection(self.node)
+        self.ids: list[str] = []
+
+    def run_dir(self, job_id: str) -> str:
+        return str(self.root / "w" / "runs" / job_id)
+
+    def start(self, job_id: str, argv: list[str], **spec: object) -> NodeRun:
+        self.ids.append(job_id)
+        full = {
+            "job_id": job_id,
+            "node_rank": 0,
+            "argv": argv,
+            "env": {},
+            "cwd": str(self.root),
+            "run_dir": self.run_dir(job_id),
+            "deadman": 10,
+            "grace": 1,
+            "heartbeat": 0.5,
+            **spec,
+        }
+        return start_node(self.node, self.conn, full, python=self.python)
+
+    def mode(self, *args: str) -> bytes:
+        """A one-shot mode of the installed supervisor; its whole stdout."""
+        sup = supervisor_path(str(self.root / "w"))
+        res = subprocess.run(
+            [self.python, sup, *args], capture_output=True, timeout=60, stdin=subprocess.DEVNULL
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    def close(self) -> None:
+        for j in self.ids:
+            stop_processes(j, None, None, None, 0.0)
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, py38: str) -> Iterator[Jobs]:
+    j = Jobs(tmp_path, py38)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def drain(run: NodeRun, timeout: float = 20.0) -> list[tuple[str, str]]:
+    """Every frame until the stream ends, heartbeating; says goodbye once ``X`` arrived."""
+    frames = [(f.kind, f.text) for f in run.pending]
+    reader: FrameReader = run.reader
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            run.stream.send(b"h")
+        data = run.stream.recv(0.3)
+        if data is None:
+            continue
+        for f in reader.feed(data) if data else reader.flush():
+            frames.append((f.kind, f.text))
+            if f.kind == "X":
+                with contextlib.suppress(OSError, EOFError):
+                    run.stream.close_stdin()
+        if not data:
+            return frames
+    raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
+
+
+def test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job(jobs: Jobs) -> None:
+    run = jobs.start(jid("p-run"), ["sh", "-c", "echo $FLEET_JOB_ID; kill -9 $$"])
+    assert run.uploaded  # the loader (Python 3.8) installed it
+    frames = drain(run)
+    assert ("L", jid("p-run")) in frames and frames[-1][0] == "X"
+    assert frames[-1][1].split(" ", 1)[0] == "-9"
+
+    run = jobs.start(jid("p-stop"), ["sh", "-c", JOB])
+    assert not run.uploaded
+    wait_for("the job's processes", lambda: len(find_job_processes(jid("p-stop"), 0)) >= 3)
+    status = last_data(jobs.mode("status", "--run-dir", jobs.run_dir(jid("p-stop"))))
+    assert status["state"] == "running" and status["supervisor_alive"]
+    assert len(status["processes"]) >= 3
+    out = jobs.mode(
+        "stop",
+        "--job-id",
+        jid("p-stop"),
+        "--run-dir",
+        jobs.run_dir(jid("p-stop")),
+        "--grace",
+        "0.5",
+    )
+    [frame] = decode(out)
+    assert frame.kind == "D"
+    stopped = frame.data()
+    assert stopped["remaining"] == [] and len(stopped["found"]) >= 3
+    assert find_job_processes(jid("p-stop"), None) == []
+    assert drain(run)[-1][0] == "X"
+
+
+def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs) -> None:
+    run = jobs.start(jid("p-modes"), ["sh", "-c", "echo one; echo two; sleep 300"])
+    run_dir = jobs.run_dir(jid("p-modes"))
+    wait_for("the job's output", lambda: "two" in Path(run_dir, "console.log").read_text())
+
+    clean = last_data(
+        jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", jid("p-modes"))
+    )
+    assert {p["job_id"] for p in clean["processes"]} == {jid("p-modes")}
+    assert len(clean["processes"]) >= 2 and clean["temp_files"] == []
+
+    marked = jobs.mode(
+        "mark-stop", "--run-dir", run_dir, "--job-id", jid("p-modes"), "--reason", "r"
+    )
+    assert last_data(marked) == {"marked": True}
+    request = json.loads(Path(run_dir, "stop-request.json").read_text())
+    assert request["job_id"] == jid("p-modes") and request["reason"] == "r"
+    nowhere = str(jobs.root / "nowhere")
+    assert last_data(jobs.mode("mark-stop", "--run-dir", nowhere, "--job-id", "x")) == {
+        "marked": False
+    }
+
+    tail = decode(jobs.mode("follow", "--run-dir", run_dir, "--follow", "0", "--last", "1"))
+    assert [(f.kind, f.text) for f in tail] == [("L", "two")]
+
+    run.stream.send(b"t")
+    frames = drain(run)
+    assert any(k == "E" and "stopping job" in t for k, t in frames), frames
+    # Following a finished job reads it to the end and stops by itself.
+    whole = decode(jobs.mode("follow", "--run-dir", run_dir, "--follow", "1", "--last", "-1"))
+    assert [(f.kind, f.text) for f in whole] == [("L", "one"), ("L", "two")]
+    missing = decode(jobs.mode("follow", "--run-dir", nowhere, "--follow", "0", "--last", "-1"))
+    assert [f.kind for f in missing] == ["E"]
+
+    Path(jobs.root / "w" / "code").mkdir(parents=True)
+    Path(jobs.root / "w" / "code" / ".tmp-left").mkdir()
+    clean = last_data(
+        jobs.mode("clean", "--workdir", str(jobs.root / "w"), "--job-id", jid("p-modes"))
+    )
+    assert clean["processes"] == []
+    assert clean["temp_files"] == [str(jobs.root / "w" / "code" / ".tmp-left")]
+
+    packed = jobs.mode("pack", "--run-dir", run_dir)
+    assert packed.startswith(TAR_MARKER)
+    with tarfile.open(fileobj=io.BytesIO(packed[len(TAR_MARKER) :]), mode="r|") as tar:
+        names = {m.name for m in tar}
+    assert {"console.log", "supervisor.json", "stop-request.json"} <= names
+
+
+# ------------------------------------------------------------------------------------ probe
+
+
+def fake_env(root: Path, python: str) -> Path:
+    """An env folder whose ``bin/python`` is ``python`` and whose NCCL is a gcc-built stand-in."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(python)
+    build_fake_nccl(root / "lib" / "libnccl.so.2", "2.21.5")
+    return root
+
+
+def test_envinfo_reads_the_nccl_version_and_imports_of_an_env(run38: Run, tmp_path: Path) -> None:
+    env = fake_env(tmp_path / "env", "/bin/false")
+    query = json.dumps({"prefix": str(env), "imports": ["json", "no_such_mod"], "torch": True})
+    res = run38("envinfo.py", [query])
+    info = last_data(res.stdout)
+    assert info["python"].startswith("3.8.")
+    assert info["nccl"] == "2.21.5" and info["nccl_code"] == 22105
+    assert info["nccl_path"] == str(env / "lib" / "libnccl.so.2") and "nccl_error" not in info
+    assert not info["imports"]["json"].startswith("error")
+    assert info["imports"]["no_such_mod"].startswith("error: ModuleNotFoundError")
+    assert "torch_error" in info  # no torch in a bare 3.8
+
+
+def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_path: Path) -> None:
+    env = fake_env(tmp_path / "w" / "envs" / "e1", py38)
+    args = {
+        "address": "127.0.0.1",
+        "nic": "lo",
+        "train_addr": "127.0.0.1",
+        "workdir": str(tmp_path / "w"),
+        "ports": [],
+        "allow_loopback": True,
+        "env_dir": str(env),
+        "env_imports": ["json"],
+        "envinfo": remote.source("envinfo.py").decode(),
+        "code_dir": "code/abc",
+        "mesh": True,
+        "mesh_port": 42000 + os.getpid() % 2000,
+        "mesh_span": 64,
+        "avoid_ports": [],
+        "peer_wait": 30,
+        "mesh_timeout": 2,
+        "linger": 30,
+    }
+    proc = subprocess.Popen(
+        probe_command(py38, args),
+        shell=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    reader = FrameReader(kinds=PROBE_KINDS)
+    got: dict = {}
+    try:
+        while "R" not in got:
+            line = proc.stdout.readline()
+            assert line, f"probe ended early: {got}"
+            for fr in reader.feed(line):
+                got[fr.kind] = fr.data()
+        facts, port = got["D"], got["R"]
+        assert facts["python"]["version"].startswith("3.8.")
+        assert facts["nic"]["name"] == "lo" and facts["nic"]["addr"] == "127.0.0.1"
+        assert facts["code_present"] is False and facts["disk"]["free"] > 0
+        assert facts["env"]["present"] and facts["env"]["nccl"] == "2.21.5", facts["env"]
+        assert not facts["env"]["imports"]["json"].startswith("error")
+        peers = {"peers": [{"name": "self", "addr": "127.0.0.1", "port": port}]}
+        proc.stdin.write(json.dumps(peers).encode() + b"\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        [mesh] = reader.feed(line)
+        assert mesh.kind == "M"
+        assert mesh.data()["peers"]["self"]["tcp"] == "ok"
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        assert proc.wait(30) == 0
+
+
+# ------------------------------------------------------------------------------- push helper
+
+
+def test_the_push_helper_probes_finalizes_and_verifies_an_env(
+    run38, py38: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    w = tmp_path / "w"
+    envinfo = remote.source("envinfo.py").decode()
+
+    def helper(mode: str, cfg: dict) -> dict:
+        res = run38("push_helper.py", [mode], stdin=json.dumps(cfg).encode() + b"\n")
+        frames = decode(res.stdout, PUSH_KINDS)
+        assert [f.kind for f in frames] == ["D"], res
+        return frames[0].data()
+
+    probe = helper("probe", {"workdir": str(w), "digest": "d1", "env_sha": "0" * 64})
+    assert probe["code_present"] is False and probe["env_present"] is False
+    assert probe["free"] > 0 and probe["workdir"] == str(w)
+
+    env = fake_env(tmp_path / "src-env", py38)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(env, arcname=".")
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    (w / "envs" / "upload.tar.gz").write_bytes(data)
+    cfg = {
+        "workdir": str(w),
+        "envinfo": envinfo,
+        "env": {"sha": sha, "archive": "upload.tar.gz", "size": len(data)},
+    }
+    done = helper("finalize", cfg)
+    assert done["env_dir"] == str(w / "envs" / sha)
+    assert done["verify"]["nccl_code"] == 22105, done
+    assert done["verify"]["python"].startswith("3.8.")
+    assert not (w / "envs" / "upload.tar.gz").exists()
+    again = helper("probe", {"workdir": str(w), "env_sha": sha, "envinfo": envinfo})
+    assert again["env_present"] and again["verify"]["nccl_code"] == 22105
+
+    served = w / "envs" / "serve.bin"
+    served.write_bytes(b"payload")
+    serve_cfg = {"path": str(served), "sha": "s1", "token": "t0k", "bind": "127.0.0.1"}
+    proc = subprocess.Popen(
+        [py38, "-c", remote.source("push_helper.py").decode(), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(serve_cfg).encode() + b"\n")
+        proc.stdin.flush()
+        [addr] = FrameReader(kinds=PUSH_KINDS).feed(proc.stdout.readline())
+        assert addr.kind == "A"
+        conn = http.client.HTTPConnection("127.0.0.1", addr.data()["port"], timeout=10)
+        conn.request("GET", "/s1", headers={"Authorization": "Bearer t0k"})
+        assert conn.getresponse().read() == b"payload"
+        conn.close()
+    finally:
+        proc.stdin.close()
+    assert last_data(proc.stdout.read()) == {"served": 1}
+    assert proc.wait(30) == 0
+
+
+# -------------------------------------------------------------------------------- port probe
+
+
+def test_the_port_probe_skips_a_port_that_is_in_use(run38: Run) -> None:
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen(1)
+    free = socket.socket()
+    free.bind(("0.0.0.0", 0))
+    free_port = free.getsockname()[1]
+    free.close()
+    try:
+        res = run38(
+            "port_probe.py",
+            [json.dumps({"candidates": [busy.getsockname()[1], free_port], "need": 1})],
+        )
+    finally:
+        busy.close()
+    assert last_data(res.stdout) == {"free": [free_port]}
+
+
+# ----------------------------------------------------------------------------------- stacks
+
+STUCK = """\
+import time
+def waiting_in_a_collective():
+    time.sleep(300)
+print("up", flush=True)
+waiting_in_a_collective()
+"""
+
+
+def test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler(
+    py38: str, run38: Run, tmp_path: Path
+) -> None:
+    from fleetctl.phases.stacks import local_py_spy
+
+    py_spy = local_py_spy()
+    assert py_spy is not None, "py-spy comes with the test extras (pip install -e '.[test]')"
+    job = jid("t-stacks")
+    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": "3", "PYTHONFAULTHANDLER": "1"}
+    err = tmp_path / "stderr"
+    with err.open("wb") as f:
+        child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE, stderr=f)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        args = {"job_id": job, "run_dir": str(tmp_path / "run"), "py_spy": str(py_spy)}
+        res = run38("stacks.py", [json.dumps({**args, "abort": False})])
+        assert res.returncode == 0, res.stderr
+        frames = decode(res.stdout, STACK_KINDS)
+        [proc] = [f.data() for f in frames if f.kind == "K"]
+        assert proc["pid"] == child.pid and proc["rank"] == 3 and proc["method"] == "py-spy"
+        assert "waiting_in_a_collective" in proc["text"]
+        saved = tmp_path / "run" / "stacks" / f"{child.pid}.txt"
+        assert saved.read_text() == proc["text"] and saved.stat().st_mode & 0o077 == 0
+        assert child.poll() is None  # py-spy reads the stack; the job goes on
+
+        # No py-spy that works: with abort the process dies printing every thread itself.
+        res = run38("stacks.py", [json.dumps({**args, "py_spy": "/nonexistent", "abort": True})])
+        assert res.returncode == 0, res.stderr
+        [proc] = [f.data() for f in decode(res.stdout, STACK_KINDS) if f.kind == "K"]
+        assert proc["method"] == "faulthandler" and "py-spy" in proc["error"]
+        assert child.wait(30) == -6  # SIGABRT
+        assert "in waiting_in_a_collective" in err.read_text()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
