@@ -89,6 +89,23 @@ def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
         return None
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper (Linux >= 3.4): a descendant of the job that
+    leaves its session, process group and environment (``setsid env -i …``) and loses its
+    parent is re-parented here, not to init, so the sweep still finds it. False where the
+    kernel or libc does not offer it (then only env tags and the group count)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _environ_has(pid: int, tags: list[bytes]) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -106,24 +123,35 @@ def job_tags(job_id: str, rank: int | None) -> list[bytes]:
 
 
 def find_job_processes(
-    job_id: str, rank: int | None, pgid: int | None = None, leader_start: int | None = None
+    job_id: str,
+    rank: int | None,
+    pgid: int | None = None,
+    leader_start: int | None = None,
+    root: int | None = None,
 ) -> list[int]:
-    """Live (non-zombie) processes of this job here: env-tagged, or in its verified group."""
-    return scan_job(job_id, rank, pgid, leader_start)[0]
+    """Live (non-zombie) processes of this job here: env-tagged, in its verified group, or
+    descendants of ``root`` (the job's supervisor, its children's subreaper)."""
+    return scan_job(job_id, rank, pgid, leader_start, root)[0]
 
 
 def scan_job(
-    job_id: str, rank: int | None, pgid: int | None, leader_start: int | None
+    job_id: str,
+    rank: int | None,
+    pgid: int | None,
+    leader_start: int | None,
+    root: int | None = None,
 ) -> tuple[list[int], bool]:
     """(live pids of the job, whether the recorded process group is still this job's).
 
     The recorded group counts only when it is still ours (its leader has the recorded start
     time, or a member carries the job's env tag): a recycled pgid never points at strangers.
+    Every descendant of ``root`` is the job's whatever its session, group or environment.
     """
     me = os.getpid()
     tags = job_tags(job_id, rank)
     tagged: list[int] = []
     group: list[int] = []
+    children: dict[int, list[int]] = {}
     group_ours = False
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -138,6 +166,7 @@ def scan_job(
             group_ours = True
         if st[0] in ("Z", "X"):
             continue
+        children.setdefault(st[1], []).append(pid)
         has_tag = _environ_has(pid, tags)
         if has_tag:
             tagged.append(pid)
@@ -147,6 +176,12 @@ def scan_job(
     found = set(tagged)
     if group_ours:
         found.update(group)
+    todo = list(children.get(root, [])) if root is not None else []
+    while todo:  # descendants of the subreaper, at any depth
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
     return sorted(found), group_ours
 
 
@@ -167,6 +202,7 @@ def stop_processes(
     grace: float,
     reap: object = None,
     settle: float = 5.0,
+    root: int | None = None,
 ) -> dict:
     """SIGTERM, wait ``grace``, SIGKILL, wait up to ``settle``: returns what was done and left.
 
@@ -177,7 +213,7 @@ def stop_processes(
     def alive() -> tuple[list[int], bool]:
         if reap is not None:
             reap.poll()  # type: ignore[attr-defined]
-        return scan_job(job_id, rank, pgid, leader_start)
+        return scan_job(job_id, rank, pgid, leader_start, root)
 
     first, ours = alive()
     result: dict = {"found": first, "terminated": [], "killed": [], "remaining": []}
@@ -350,6 +386,7 @@ class Supervisor:
         self.detach = bool(spec.get("detach", False))
         self.proc: subprocess.Popen | None = None
         self.leader_start: int | None = None
+        self.subreaper = False  # set in start(): orphans of the job come back to us
         self.last_hb = time.monotonic()
         self.stop_request: tuple[float, str] | None = None  # (grace, reason)
         self.stop_reason: str | None = None
@@ -399,6 +436,7 @@ class Supervisor:
 
     def start(self) -> None:
         cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        self.subreaper = become_subreaper()  # before the job: its orphans come back here
         self.proc = subprocess.Popen(
             [str(a) for a in self.spec["argv"]],
             cwd=cwd,
@@ -424,6 +462,7 @@ class Supervisor:
             "leader_start": self.leader_start,
             "supervisor_pid": os.getpid(),
             "supervisor_start": me[3] if me else None,
+            "subreaper": self.subreaper,
             "start_time": _now(),
             "detached": self.detach,
             "deadman": None if self.detach else self.deadman,
@@ -525,6 +564,7 @@ class Supervisor:
             self.proc.pid,
             self.leader_start,
             min(self.grace, 2.0) if stopping_with is None else 0.0,
+            root=os.getpid() if self.subreaper else None,
         )
         self.leftovers = {
             "found": sorted({*self.stopped.get("found", []), *left["found"]}),
@@ -562,6 +602,7 @@ class Supervisor:
             self.leader_start,
             grace,
             reap=self.proc,
+            root=os.getpid() if self.subreaper else None,
         )
 
 
@@ -720,12 +761,16 @@ def cmd_stop(argv: list[str]) -> int:
     if state and state.get("job_id") not in (None, job_id):
         state = {}  # a folder of another job: trust only the env tag
     rank = opts.get("rank", state.get("node_rank"))
+    sup_pid = state.get("supervisor_pid")
+    sup_alive = _pid_alive(sup_pid, state.get("supervisor_start"))
     result = stop_processes(
         job_id,
         int(rank) if rank is not None else None,
         state.get("pgid"),
         state.get("leader_start"),
         float(opts.get("grace", 5.0)),
+        # a live subreaper supervisor: every descendant of it is the job's
+        root=sup_pid if sup_alive and state.get("subreaper") else None,
     )
     result["job_id"] = job_id
     result["supervisor_alive"] = _pid_alive(

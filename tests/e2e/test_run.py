@@ -55,6 +55,18 @@ while time.time() - t0 < seconds:
 print(f"tick done rank={rank}", flush=True)
 """
 
+# Leaves the job's session, group and environment, orphaned at once; rank 1 then fails.
+ESCAPE = """\
+import os, subprocess, sys, time
+subprocess.run("(setsid env -i sleep 4243 &)", shell=True, check=True)
+rank = int(os.environ["FLEET_NODE_RANK"])
+print(f"escaped rank={rank}", flush=True)
+time.sleep(1.5)
+if rank == 1:
+    sys.exit(1)
+time.sleep(600)
+"""
+
 ARGS = """\
 import json, os, sys
 print("argv-json: " + json.dumps(sys.argv[1:]), flush=True)
@@ -75,6 +87,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "tick.py").write_text(TICK)
     (d / "args.py").write_text(ARGS)
     (d / "pinfo.py").write_text(PINFO)
+    (d / "escape.py").write_text(ESCAPE)
     return d
 
 
@@ -361,6 +374,18 @@ def test_a_job_past_its_timeout_is_stopped_on_every_node(lab3: Lab, runs, code) 
     job = r.job()
     assert job["verdict"] == "timed out after 4 s" and job["teardown"]["verified"] is True
     assert left_over(lab3, job["job_id"]) == {}
+
+
+def test_a_grandchild_that_left_session_group_and_env_is_stopped_and_verified_gone(
+    lab3: Lab, runs, code
+) -> None:
+    r = runs(lab3, "escape.py", code_dir=code, opts=("--no-check", "--grace", "2"))
+    assert r.finish() == 3, r.text()
+    job = r.job()
+    assert job["first_failure"]["rank"] == 1 and job["teardown"]["verified"] is True
+    for host in ("node1", "node2", "node3"):
+        ps = lab3.exec(host, ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo"])
+        assert "sleep 4243" not in ps.stdout, (host, ps.stdout)
 
 
 def test_a_cut_link_is_a_lost_node_and_that_node_stops_its_own_job(lab3: Lab, runs, code) -> None:

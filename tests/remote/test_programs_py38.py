@@ -33,7 +33,12 @@ from fleetctl.phases.frames import (
     last_data,
 )
 from fleetctl.phases.launch import NodeRun, start_node, supervisor_path
-from fleetctl.remote.supervisor import TAR_MARKER, find_job_processes, stop_processes
+from fleetctl.remote.supervisor import (
+    TAR_MARKER,
+    find_job_processes,
+    proc_stat,
+    stop_processes,
+)
 from fleetctl.ssh.connection import LocalConnection
 from fleetctl.testing.envbuild import build_fake_nccl
 
@@ -189,6 +194,38 @@ def test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job(jobs: 
     stopped = frame.data()
     assert stopped["remaining"] == [] and len(stopped["found"]) >= 3
     assert find_job_processes(jid("p-stop"), None) == []
+    assert drain(run)[-1][0] == "X"
+
+
+def _alive_with_cmdline(cmdline: bytes) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{name}/cmdline").read_bytes() == cmdline:
+                    st = proc_stat(int(name))
+                    if st is not None and st[0] not in ("Z", "X"):
+                        out.append(int(name))
+    return out
+
+
+def test_a_descendant_that_leaves_session_group_and_env_is_still_stopped(jobs: Jobs) -> None:
+    """``setsid env -i sleep …`` in a subshell that exits at once: no job env tag, another
+    session and group, and orphaned — the supervisor, its subreaper, still owns it."""
+    marker = f"4{RUN_TOKEN}"
+    escapee = b"sleep\0" + marker.encode() + b"\0"
+    job = jid("p-escape")
+    run = jobs.start(job, ["sh", "-c", f"(setsid env -i sleep {marker} &); echo up; sleep 300"])
+    wait_for("the escapee", lambda: _alive_with_cmdline(escapee))
+    [pid] = _alive_with_cmdline(escapee)
+    status = last_data(jobs.mode("status", "--run-dir", jobs.run_dir(job)))
+    st = proc_stat(pid)
+    assert st is not None and st[1] == status["supervisor_pid"]  # re-parented to the subreaper
+    assert st[2] != status["pgid"] and pid not in find_job_processes(job, None, status["pgid"])
+    out = jobs.mode("stop", "--job-id", job, "--run-dir", jobs.run_dir(job), "--grace", "0.5")
+    stopped = last_data(out)
+    assert pid in stopped["found"] and stopped["remaining"] == []
+    assert _alive_with_cmdline(escapee) == []
     assert drain(run)[-1][0] == "X"
 
 
