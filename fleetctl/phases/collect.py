@@ -1,7 +1,7 @@
 """Collect: bring every node's run folder home, as one tar stream per node over the open SSH.
 
 ``W/runs/<job>/`` (console.log, supervisor.json, the launcher's log folders: torchrun
-``--log-dir``, paddle ``log/workerlog.N`` and ``endpoints.log``) lands in
+``--log-dir``, paddle ``log/workerlog.N`` and ``log/<job>.<pod>.log``) lands in
 ``fleet-runs/<job>/<rank>-<host>/``. Runs after success, failure and Ctrl-C alike, and from
 nodes whose job was killed. Remote names are never trusted: absolute paths, ``..``, links and
 special files are refused, and nothing is written outside the node's folder.

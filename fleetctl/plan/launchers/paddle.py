@@ -15,8 +15,9 @@ Checked against paddlepaddle 3.3.1 (``distributed/launch/context/args_envs.py``,
   when given different ``--master-port`` values.
 * GPUs: ``--devices=0,…,K-1`` (``--gpus`` is an alias). CPU (no GPUs known): no device flag,
   ``--nproc_per_node=K`` and paddle falls back to gloo.
-* ``--log_dir=log`` (relative to the node run folder) holds ``workerlog.N`` and
-  ``endpoints.log``; ``--job_id`` names paddle's own log files after the fleet job.
+* ``--log_dir=log`` (relative to the node run folder) holds ``workerlog.N`` and paddle's
+  ``<job>.<pod>.log`` (its endpoints, after a dump of the launcher's environment: paddle 3.3.1
+  writes no ``endpoints.log``); ``--job_id`` names those files after the fleet job.
 
 Only flags paddle's parser knows are passed: an unknown one flips paddle into legacy mode.
 """
