@@ -82,7 +82,7 @@ def build_report(
         if "code_present" in f:
             report.code_present[node.name] = bool(f["code_present"])
         c["python"] = _judge_python(f)
-        c["rsync"] = _judge_rsync(f)
+        c["rsync"] = _judge_rsync(node, f)
         c["nic"] = _judge_nic(f)
         c["addr"] = _judge_addr(node, f, c["nic"], len(nodes), options)
         c["gpu"] = _judge_gpu(node, f, options)
@@ -162,8 +162,10 @@ def _judge_python(f: Mapping[str, Any]) -> CheckResult:
     return CheckResult(OK, f"{py.get('version', '?')}")
 
 
-def _judge_rsync(f: Mapping[str, Any]) -> CheckResult:
+def _judge_rsync(node: Node, f: Mapping[str, Any]) -> CheckResult:
     r = f.get("rsync") or {}
+    if not r.get("present") and node.local:  # the embedded node: push copies, no rsync
+        return CheckResult(OK, "not needed (local node: push copies the files)")
     if not r.get("present"):
         why = r.get("error") or "rsync not found on PATH"
         return CheckResult(FAIL, f"{why} (push needs it)")

@@ -76,3 +76,19 @@ def test_fail_rank_fails_the_job() -> None:
     assert r.returncode != 0
     assert "intentional failure at rank 1 step 1" in r.stdout + r.stderr
     assert "done rank=" not in r.stdout
+
+
+def test_readmes_first_command_runs_on_a_machine_without_rsync(tmp_path: Path) -> None:
+    """README's first command on a fresh machine: the embedded local node needs neither ssh
+    nor rsync. rsync is hidden in a private mount namespace (this machine is not touched)."""
+    import shutil
+
+    rsync = shutil.which("rsync")
+    if os.geteuid() != 0 or rsync is None or shutil.which("unshare") is None:
+        skip_or_fail("hiding rsync needs root, unshare and an rsync to hide")
+    hide = f'mount --bind /dev/null {rsync} && ! command -v rsync >/dev/null && exec "$@"'
+    fleetctl = [sys.executable, "-m", "fleetctl", "run", "--runs-dir", str(tmp_path / "runs")]
+    r = _run(["unshare", "-m", "sh", "-c", hide, "sh", *fleetctl, str(SCRIPT), "--epochs", "2"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "All 1 node succeeded" in r.stderr
+    assert re.search(r"^\[0 \S+\] done rank=0 world=1 ", r.stdout, re.M), r.stdout[-2000:]

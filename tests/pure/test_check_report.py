@@ -296,6 +296,13 @@ def test_disk_threshold_and_env_archive_size() -> None:
     assert r.failures == [("node1", "disk", "50.0 GiB free in /root/.fleetctl, need 60.0 GiB")]
 
 
+def test_the_embedded_local_node_needs_no_rsync() -> None:
+    ns = [Node.localhost()]
+    r = judge(ns, good(ns, vm=facts(1, rsync={"present": False})))
+    assert r.ok, r.failures
+    assert r.hosts["vm"].checks["rsync"].detail.startswith("not needed")
+
+
 def test_missing_rsync_fails_that_host() -> None:
     ns = nodes(2)
     r = judge(ns, good(ns, node2=facts(2, rsync={"present": False})))
