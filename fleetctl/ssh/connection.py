@@ -212,6 +212,7 @@ class SSHConnection(Connection):
 
     # -- connecting -------------------------------------------------------------------------
     def _connect(self) -> FabricConnection:
+        sshconfig.import_ssh_stack()  # before any other paramiko/fabric import in this thread
         from fabric import Connection as FabricConnection
 
         node, st = self.node, self.settings

@@ -30,6 +30,17 @@ if TYPE_CHECKING:
 
 _parsed: dict[str, tuple[tuple[int, int, int], paramiko.SSHConfig]] = {}
 _lock = threading.Lock()
+_import_lock = threading.Lock()
+
+
+def import_ssh_stack() -> None:
+    """Import fabric (and so paramiko) once, under a lock.
+
+    Connects and pings fan out in threads; first imports of paramiko racing in several of them
+    fail inside its circular imports ("partially initialized module"). Later calls cost a lock.
+    """
+    with _import_lock:
+        import fabric  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class SSHTarget:
 
 def load(path: str | None, label: str) -> paramiko.SSHConfig:
     """The parsed ssh_config at ``path`` (empty for None), cached until the file changes."""
+    import_ssh_stack()
     import paramiko
 
     if path is None:

@@ -186,3 +186,41 @@ def test_the_ping_dials_the_resolved_address_and_skips_jump_hosts(tmp_path: Path
     path.write_text("Host x\n  HostName\n")
     with pytest.raises(SSHConfigError):
         ping_host(Node("b", "badname"), st)
+
+
+RACE = """
+import sys, threading
+from fleetctl.errors import ConnectError
+from fleetctl.node import Node
+from fleetctl.ssh import sshconfig
+from fleetctl.ssh.connection import SSHConnection, SSHSettings
+st = SSHSettings(ssh_config="/dev/null", connect_timeout=2, known_hosts="/dev/null")
+errs = []
+def ping():
+    try:
+        sshconfig.resolve(Node("a", "127.0.0.1"), st)
+    except Exception as e:
+        errs.append(repr(e))
+def conn():
+    try:
+        SSHConnection(Node("b", "127.0.0.1", port=1), st)  # refused: nothing listens on 1
+    except ConnectError:
+        pass
+    except Exception as e:
+        errs.append(repr(e))
+ts = [threading.Thread(target=f) for f in (ping, conn) * 4]
+[t.start() for t in ts]
+[t.join(30) for t in ts]
+print(errs[:1])
+"""
+
+
+def test_pings_and_connects_racing_in_a_fresh_process_import_paramiko_cleanly() -> None:
+    """Without the import lock, about half of such starts fail inside paramiko's circular
+    imports ("partially initialized module"): `fleetctl check` starts exactly like this."""
+    import sys
+
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == "[]"
