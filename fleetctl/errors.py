@@ -75,6 +75,14 @@ class HostKeyError(ConnectError):
     """The node's host key is unknown or changed: refused, never auto-added."""
 
 
+class SSHConfigError(ConnectError):
+    """The ssh_config file used for a node cannot be read or parsed (the message names it)."""
+
+    def __init__(self, node: str, path: str, why: str) -> None:
+        super().__init__(node, f"cannot use ssh_config {path}: {' '.join(why.split())}")
+        self.path = path
+
+
 class RemoteCommandError(FleetctlError):
     """A command on one node failed. Carries the result so the caller can show its output."""
 

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shlex
 import socket
@@ -75,7 +74,6 @@ __all__ = [
     "probe_command",
     "probe_source",
     "save_cached",
-    "ssh_target",
 ]
 
 
@@ -284,28 +282,15 @@ class PingResult:
     detail: str
 
 
-def ssh_target(node: Node, settings: SSHSettings) -> tuple[str, int, bool]:
-    """(host, port, via a jump host) as SSH will dial it, honouring ~/.ssh/config aliases."""
-    host, port, proxied = node.address, node.port, False
-    path = settings.ssh_config_for(node)
-    if path and os.path.exists(path):
-        with contextlib.suppress(Exception):
-            import paramiko
-
-            cfg = paramiko.SSHConfig.from_path(path).lookup(node.address)
-            host = cfg.get("hostname", host)
-            if node.port == 22 and cfg.get("port"):
-                port = int(cfg["port"])
-            proxied = bool(cfg.get("proxyjump") or cfg.get("proxycommand"))
-    return host, port, proxied
-
-
 def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingResult:
     """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port."""
     if node.local:
         return PingResult("skip", "local")
-    host, port, proxied = ssh_target(node, settings)
-    if proxied:
+    from fleetctl.ssh import sshconfig
+
+    target = sshconfig.resolve(node, settings)  # the connection's own answer, ssh_config aliases
+    host, port = target.hostname, target.port
+    if target.proxied:
         return PingResult("skip", "behind a jump host")
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)

@@ -320,9 +320,13 @@ def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
     """The OpenSSH client with fleetctl's exact trust settings (same keys, known_hosts, config).
 
     Strict host-key checking against the same known_hosts file paramiko used; batch mode so it
-    never prompts; only the inventory's key when one is set.
+    never prompts; only the inventory's key when one is set. The same ssh_config file (``-F``)
+    and the port and user the connection resolved from it (``sshconfig.resolve``).
     """
-    config = settings.ssh_config_for(node) or "/dev/null"
+    from fleetctl.ssh import sshconfig
+
+    target = sshconfig.resolve(node, settings)
+    config = target.config or "/dev/null"
     argv = [
         "ssh",
         "-F",
@@ -351,10 +355,7 @@ def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
         argv += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(node.key_file)]
     if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
         argv += ["-o", "IdentityAgent=none"]
-    argv += ["-p", str(node.port)]
-    if node.user:
-        argv += ["-l", node.user]
-    return argv
+    return [*argv, "-p", str(target.port), "-l", target.user]
 
 
 def rsync_target(node: Node, path: str) -> str:

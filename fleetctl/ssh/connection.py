@@ -1,10 +1,10 @@
 """One node: run commands, stream a long-running command, copy files. SSH or local.
 
-An ``SSHConnection`` holds one authenticated paramiko transport per node for the whole
-``fleetctl`` invocation; every phase opens cheap channels on it instead of new handshakes.
-Host keys are verified against known_hosts; unknown or changed keys are refused with the exact
-command that fixes it. ``LocalConnection`` runs the same commands on this machine without SSH
-(the embedded default fleet).
+``Connection`` is the protocol every phase uses. ``SSHConnection`` is a fabric ``Connection``
+(ssh_config through ``sshconfig``, ProxyJump hops as fabric gateways, paramiko connect kwargs)
+opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap channels on
+its one transport instead of new handshakes. Host keys: ``hostkeys``. ``LocalConnection``
+(``local.py``) runs the same commands on this machine without SSH (the embedded default fleet).
 """
 
 from __future__ import annotations
@@ -12,24 +12,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import select
 import shlex
 import socket
-import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fleetctl.errors import ConnectError, HostKeyError, RemoteCommandError
+from fleetctl.errors import ConnectError, RemoteCommandError
 from fleetctl.results import CommandResult
+from fleetctl.ssh import hostkeys, sshconfig
+from fleetctl.ssh.transport import record_exit_signals, transport_factory
 
 if TYPE_CHECKING:
     import paramiko
+    from fabric import Connection as FabricConnection
 
     from fleetctl.node import Node
 
@@ -150,118 +151,6 @@ class Connection(ABC):
         return result
 
 
-# ---------------------------------------------------------------------------------------- local
-
-
-class _LocalStream(Stream):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-
-    def recv(self, timeout: float) -> bytes | None:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            return None
-        return os.read(fd, 65536)
-
-    def send(self, data: bytes) -> None:
-        assert self._proc.stdin is not None
-        if self._proc.stdin.closed:  # like a closed SSH channel: OSError, as documented
-            raise OSError("stdin closed")
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-
-    def exit_code(self, timeout: float) -> int | None:
-        try:
-            code = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        return code if code >= 0 else 128 - code
-
-    def close(self) -> None:
-        self.close_stdin()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-
-
-class LocalConnection(Connection):
-    """This machine, without SSH: same commands, run by ``/bin/sh -c``."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    def run(
-        self, command: Command, *, timeout: float, stdin: bytes | None = None, check: bool = False
-    ) -> CommandResult:
-        line = to_shell(command)
-        try:
-            proc = subprocess.run(
-                ["/bin/sh", "-c", line],
-                input=stdin,
-                capture_output=True,
-                timeout=timeout,
-                stdin=None if stdin is not None else subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise RemoteCommandError(
-                self.node.label,
-                line,
-                None,
-                f"{self.node.label}: `{line}` timed out after {timeout:g}s",
-            ) from e
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        result = CommandResult(
-            line, code, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
-        )
-        return self._checked(command, result, check)
-
-    def start(self, command: Command) -> Stream:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", to_shell(command)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        return _LocalStream(proc)
-
-    def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
-        import shutil
-
-        dest = Path(self.expand(remote))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.copyfile(local, tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, dest)
-
-    def get(self, remote: str, local: str | Path) -> None:
-        import shutil
-
-        shutil.copyfile(self.expand(remote), local)
-
-    def listdir(self, remote: str) -> list[tuple[str, bool, int]]:
-        out = []
-        with os.scandir(self.expand(remote)) as it:
-            for e in it:
-                is_dir = e.is_dir(follow_symlinks=False)
-                out.append((e.name, is_dir, 0 if is_dir else e.stat(follow_symlinks=False).st_size))
-        return out
-
-    @property
-    def home(self) -> str:
-        return os.path.expanduser("~")
-
-    def close(self) -> None:
-        pass
-
-
 # ------------------------------------------------------------------------------------------ ssh
 
 
@@ -302,26 +191,15 @@ class _SSHStream(Stream):
         self._ch.close()
 
 
-# AEAD first: with aes-ctr + hmac-sha2 (paramiko's default order) every packet costs a Python
-# HMAC set-up and a byte-by-byte MAC comparison in Python; AES-GCM is one C call per packet.
-# The others stay, in paramiko's order, for servers without GCM (OpenSSH < 6.2).
-_AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's Transport, preferring AES-GCM (``transport_factory`` of SSHClient.connect)."""
-    import paramiko
-
-    t = paramiko.Transport(sock, **kwargs)
-    opts = t.get_security_options()
-    have = tuple(opts.ciphers)
-    first = tuple(c for c in _AEAD_CIPHERS if c in have)
-    opts.ciphers = first + tuple(c for c in have if c not in first)
-    return t
-
-
 class SSHConnection(Connection):
-    """One authenticated transport to a node, opened once and reused by every phase."""
+    """One authenticated transport to a node, opened once and reused by every phase.
+
+    fabric opens it (config, gateways, auth); commands, the streamed supervisor and files then
+    use paramiko channels on fabric's transport directly, because fabric's ``run``/``put``/``get``
+    do not fit: its runner waits on ``exec_command`` and a lost link without a limit, sends
+    stdin one byte per 10 ms as text, reports a signal death as -1, cannot stream
+    bidirectionally, and its ``put`` writes in place (no atomic ``.part`` rename).
+    """
 
     def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
         self.node = node
@@ -333,34 +211,31 @@ class SSHConnection(Connection):
         self.client: paramiko.SSHClient = self._fabric.client
 
     # -- connecting -------------------------------------------------------------------------
-    def _connect(self):
-        from fabric import Config
+    def _connect(self) -> FabricConnection:
+        sshconfig.import_ssh_stack()  # before any other paramiko/fabric import in this thread
         from fabric import Connection as FabricConnection
 
         node, st = self.node, self.settings
-        ssh_config = st.ssh_config_for(node)
-        config = Config(
-            runtime_ssh_path=ssh_config,
-            overrides={"load_ssh_configs": ssh_config is not None},
-            lazy=ssh_config is None,
-        )
+        target = sshconfig.resolve(node, st)  # raises SSHConfigError naming a broken file
         kwargs: dict[str, object] = {
             "allow_agent": st.use_agent and bool(os.environ.get("SSH_AUTH_SOCK")),
             "banner_timeout": st.connect_timeout,
             "auth_timeout": st.connect_timeout,
         }
-        kwargs["transport_factory"] = _transport
+        kwargs["transport_factory"] = transport_factory
         if node.key_file:
             key = os.path.expanduser(node.key_file)
             if not os.path.isfile(key):
                 raise ConnectError(node.label, f"private key file {key} not found")
             kwargs["key_filename"] = [key]
             kwargs["look_for_keys"] = False
+        # host stays the alias: fabric matches it against the same parsed ssh_config for the
+        # hostname, IdentityFile and ProxyJump hops; user and port are the resolver's answer.
         conn = FabricConnection(
             host=node.address,
-            user=node.user,
-            port=node.port if node.port != 22 else None,
-            config=config,
+            user=target.user,
+            port=target.port,
+            config=sshconfig.fabric_config(node, st),
             connect_timeout=st.connect_timeout,
             connect_kwargs=kwargs,
         )
@@ -371,7 +246,7 @@ class SSHConnection(Connection):
         while isinstance(hops[-1].gateway, FabricConnection):
             hops.append(hops[-1].gateway)
         for hop in hops:
-            self._strict_host_keys(hop.client, known_hosts)
+            hostkeys.strict(hop.client, known_hosts, accept_new=st.accept_new, label=node.label)
             hop.connect_timeout = st.connect_timeout  # fabric int()s it: 0.5 would mean no limit
             # Like OpenSSH, skip IdentityFile entries that do not exist (paramiko would abort the
             # whole login with FileNotFoundError at the first missing one).
@@ -388,7 +263,7 @@ class SSHConnection(Connection):
         for gw in hops[1:]:  # keys: the hop's own IdentityFile (fabric merged it), not the node's
             gw.connect_kwargs = {
                 **gw.connect_kwargs,
-                "transport_factory": _transport,
+                "transport_factory": transport_factory,
                 "allow_agent": kwargs["allow_agent"],
                 "banner_timeout": st.connect_timeout,
                 "auth_timeout": st.connect_timeout,
@@ -399,33 +274,12 @@ class SSHConnection(Connection):
         except BaseException as e:
             _close_hops(conn)
             raise self._translate(e, conn, known_hosts) from e
-        transport = conn.client.get_transport()
+        transport = conn.transport
         if transport is not None and st.keepalive:
             transport.set_keepalive(max(1, int(st.keepalive)))
         if transport is not None:
-            _record_exit_signals(transport)
+            record_exit_signals(transport)
         return conn
-
-    def _strict_host_keys(self, client: paramiko.SSHClient, known_hosts: str) -> None:
-        """Only known_hosts decides (fabric installs AutoAddPolicy); accept-new records, never
-        replaces."""
-        import paramiko
-
-        client._host_keys = paramiko.HostKeys()
-        client._system_host_keys = paramiko.HostKeys()
-        if os.path.exists(known_hosts):
-            try:
-                client.load_host_keys(known_hosts)
-            except (OSError, paramiko.SSHException) as e:
-                raise ConnectError(
-                    self.node.label, f"cannot read known_hosts {known_hosts}: {e}"
-                ) from e
-        elif self.settings.accept_new:
-            client._host_keys_filename = known_hosts
-        if self.settings.accept_new:
-            client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts))
-        else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
 
     def _translate(self, e: BaseException, conn: object, known_hosts: str) -> BaseException:
         import paramiko
@@ -438,29 +292,15 @@ class SSHConnection(Connection):
         if gateway is not None and hasattr(gateway, "host"):
             where += f" (via {gateway.host}:{gateway.port})"
         # Which hop's key was refused: paramiko names it; it is a ProxyJump hop unless it is ours.
-        named = getattr(e, "hostname", None)
-        if named is None and isinstance(e, paramiko.SSHException):
-            m = re.search(r"Server '(.+)' not found in known_hosts", str(e))
-            named = m.group(1) if m else None
+        named = hostkeys.refused_key_name(e)
         if named and named != key_name:
             key_name = named
             host, _, p = named[1:].partition("]:") if named.startswith("[") else (named, "", "22")
             port = int(p)
             where = f"jump host {host}:{port}"
-        if isinstance(e, paramiko.BadHostKeyException):
-            return HostKeyError(
-                node.label,
-                f"host key for {where} CHANGED (got {e.key.get_name()} "
-                f"{e.key.fingerprint}), refusing to connect",
-                hint=f"if the host was reinstalled: ssh-keygen -f {known_hosts} -R '{key_name}'",
-            )
-        if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
-            return HostKeyError(
-                node.label,
-                f"host key for {where} is unknown (not in {known_hosts}), refusing",
-                hint=f"verify it, then: ssh-keyscan -p {port} {host} >> {known_hosts}"
-                " (or pass --accept-new)",
-            )
+        refused = hostkeys.key_error(e, node.label, where, host, port, key_name, known_hosts)
+        if refused is not None:
+            return refused
         if isinstance(e, paramiko.PasswordRequiredException):
             return ConnectError(
                 node.label,
@@ -499,7 +339,7 @@ class SSHConnection(Connection):
 
     # -- commands ---------------------------------------------------------------------------
     def _channel(self) -> paramiko.Channel:
-        transport = self.client.get_transport()
+        transport = self._fabric.transport
         if transport is None or not transport.is_active():
             raise ConnectError(self.node.label, "SSH connection lost")
         try:
@@ -683,40 +523,6 @@ def _close_hops(conn: object) -> None:
         conn = getattr(conn, "gateway", None)
 
 
-def _record_exit_signals(transport: paramiko.Transport) -> None:
-    """A command killed by signal N gets exit code 128+N (like LocalConnection and a shell).
-
-    sshd reports it as "exit-signal" with no "exit-status"; paramiko ignores that request, so
-    recv_exit_status() would say -1. Its channel handlers are a class-level table: this
-    transport gets its own copy with a request handler that records the signal first.
-    """
-    import signal
-
-    from paramiko.common import MSG_CHANNEL_REQUEST
-
-    table = getattr(type(transport), "_channel_handler_table", None)
-    if not isinstance(table, dict) or MSG_CHANNEL_REQUEST not in table:
-        return  # a paramiko without this table: keep its behaviour
-    base = table[MSG_CHANNEL_REQUEST]
-
-    def handle(chan: paramiko.Channel, m: paramiko.Message) -> None:
-        pos = m.packet.tell()
-        try:
-            if m.get_text() == "exit-signal":
-                m.get_boolean()  # want_reply
-                name = m.get_text()
-                sig = getattr(signal.Signals, f"SIG{name}", None)
-                if sig is not None and chan.exit_status == -1:
-                    chan.exit_status = 128 + int(sig)
-                    chan.status_event.set()
-        except Exception:  # a malformed request: leave it to paramiko
-            pass
-        m.packet.seek(pos)
-        base(chan, m)
-
-    transport._channel_handler_table = {**table, MSG_CHANNEL_REQUEST: handle}
-
-
 def _paramiko_errors() -> type[Exception]:
     """paramiko's exception root, imported lazily like the rest of paramiko."""
     import paramiko
@@ -728,26 +534,20 @@ def _short(line: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-class _AcceptNewPolicy:
-    """``--accept-new``: like OpenSSH's accept-new — record unknown keys, still refuse changed.
-
-    Duck-types paramiko.MissingHostKeyPolicy (paramiko only calls ``missing_host_key``), so
-    importing this module does not import paramiko: ``--help``, ``lab`` and ``--dry-run``
-    start faster.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
 def connect(node: Node, settings: SSHSettings | None = None) -> Connection:
     """The right connection for a node: local for the embedded default, SSH otherwise."""
     if node.local:
+        from fleetctl.ssh.local import LocalConnection
+
         return LocalConnection(node)
     return SSHConnection(node, settings)
+
+
+def __getattr__(name: str) -> object:
+    """``LocalConnection`` stays importable from here; it lives in local.py (which imports this
+    module, so it cannot be imported at the top)."""
+    if name == "LocalConnection":
+        from fleetctl.ssh.local import LocalConnection
+
+        return LocalConnection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -183,7 +183,7 @@ def test_proxyjump_reaches_node3_through_node1(lab3: Lab, tmp_path: Path) -> Non
         r = c.run("hostname; echo $SSH_CONNECTION", timeout=10)
         gateway = c._fabric.gateway
         assert gateway.transport.is_active()
-        # both hops use AES-GCM (one C call per packet, see connection._transport)
+        # both hops use AES-GCM (one C call per packet, see ssh.transport.transport_factory)
         assert gateway.transport.local_cipher == "aes128-gcm@openssh.com"
         assert c.client.get_transport().local_cipher == "aes128-gcm@openssh.com"
     finally:

@@ -268,7 +268,7 @@ def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
 
     import paramiko
 
-    from fleetctl.ssh.connection import _transport
+    from fleetctl.ssh.transport import transport_factory as _transport
 
     a, b = socket.socketpair()
     try:

@@ -1,0 +1,127 @@
+"""Where a node really is under ssh_config: the one resolver every SSH client of fleetctl uses.
+
+The paramiko connection (through fabric), the controller ping in ``check`` and the OpenSSH
+command line rsync runs all take host, port, user, identities and jump hosts from here, so they
+cannot disagree about where a node is. Each ssh_config file is parsed once per content version
+and shared by every node and thread (parsing is the costly part; lookups only read it). A file
+that cannot be read or parsed is an ``SSHConfigError`` naming it, never silently ignored.
+
+Precedence is fabric's (and so the connection's): the inventory's user and key file win over
+the file's; the inventory's port wins unless it is 22, which cannot be told apart from "not
+set", so ssh_config's ``Port`` then applies.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import SSHConfigError
+
+if TYPE_CHECKING:
+    import fabric
+    import paramiko
+
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
+
+_parsed: dict[str, tuple[tuple[int, int, int], paramiko.SSHConfig]] = {}
+_lock = threading.Lock()
+_import_lock = threading.Lock()
+
+
+def import_ssh_stack() -> None:
+    """Import fabric (and so paramiko) once, under a lock.
+
+    Connects and pings fan out in threads; first imports of paramiko racing in several of them
+    fail inside its circular imports ("partially initialized module"). Later calls cost a lock.
+    """
+    with _import_lock:
+        import fabric  # noqa: F401
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """A node's SSH endpoint as OpenSSH would compute it (``ssh -G``)."""
+
+    alias: str  # what the inventory names (node.address): the name ssh_config is matched on
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]  # the inventory's key first, then ssh_config's IdentityFile
+    proxy_jump: str | None
+    proxy_command: str | None
+    config: str | None  # the ssh_config file read, None when none is
+
+    @property
+    def proxied(self) -> bool:
+        """Reached through a jump host or proxy command: not dialled from here directly."""
+        return bool(self.proxy_jump or self.proxy_command)
+
+
+def load(path: str | None, label: str) -> paramiko.SSHConfig:
+    """The parsed ssh_config at ``path`` (empty for None), cached until the file changes."""
+    import_ssh_stack()
+    import paramiko
+
+    if path is None:
+        return paramiko.SSHConfig()
+    try:
+        st = os.stat(path)
+        version = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with _lock:
+            hit = _parsed.get(path)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        cfg = paramiko.SSHConfig.from_path(path)
+    except OSError as e:
+        raise SSHConfigError(label, path, e.strerror or str(e)) from e
+    except Exception as e:  # paramiko's ConfigParseError and whatever a bad line trips
+        raise SSHConfigError(label, path, str(e) or type(e).__name__) from e
+    with _lock:
+        _parsed[path] = (version, cfg)
+    return cfg
+
+
+def resolve(node: Node, settings: SSHSettings) -> SSHTarget:
+    """Where ``node`` is, under the ssh_config fleetctl uses for it (see the module doc)."""
+    path = settings.ssh_config_for(node)
+    cfg = load(path, node.label)
+    try:
+        found = cfg.lookup(node.address)  # Match/tokens are evaluated here and can fail too
+    except Exception as e:
+        raise SSHConfigError(node.label, path or "ssh_config", str(e)) from e
+    port = node.port
+    if port == 22 and "port" in found:
+        try:
+            port = int(found["port"])
+        except ValueError as e:
+            raise SSHConfigError(
+                node.label, path or "ssh_config", f"Port {found['port']!r} is not a number"
+            ) from e
+    keys = (os.path.expanduser(node.key_file),) if node.key_file else ()
+    jump = found.get("proxyjump")
+    return SSHTarget(
+        alias=node.address,
+        hostname=found.get("hostname", node.address),
+        port=port,
+        user=node.user or found.get("user") or getpass.getuser(),
+        identity_files=keys + tuple(found.get("identityfile", ())),
+        proxy_jump=None if jump is None or jump.lower() == "none" else jump,
+        proxy_command=found.get("proxycommand"),
+        config=path,
+    )
+
+
+def fabric_config(node: Node, settings: SSHSettings) -> fabric.Config:
+    """A fabric ``Config`` holding the same parsed ssh_config ``resolve`` reads.
+
+    Lazy: fabric reads no file itself (no second parse, no ``~/.fabric.yaml`` or
+    ``/etc/ssh/ssh_config`` behind fleetctl's back); its ProxyJump hops share this config.
+    """
+    from fabric import Config
+
+    return Config(ssh_config=load(settings.ssh_config_for(node), node.label), lazy=True)
