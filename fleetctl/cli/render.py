@@ -322,6 +322,8 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             lines.append(f"ERROR: processes of the job left on {host}: {pids}")
     for err in result.errors:
         lines.append(f"error: {err}")
+    for path in result.nccl_traces():
+        lines.append(f"NCCL flight-recorder dump: {path}")
     lines.append(f"run folder: {result.folder}")
     return lines
 

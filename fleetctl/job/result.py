@@ -146,6 +146,18 @@ class JobResult:
             return None
         return max(0.0, self.failure_time - self.started)
 
+    def nccl_traces(self) -> list[str]:
+        """The NCCL flight-recorder dumps collected from the nodes (a collective timed out)."""
+        from fleetctl.plan.rankplan import NCCL_TRACE_PREFIX
+
+        return sorted(
+            str(p)
+            for node in self.nodes
+            if node.folder
+            for p in Path(node.folder).glob(NCCL_TRACE_PREFIX + "*")
+            if p.is_file()
+        )
+
     def log_tail(self, rank: int, n: int = 20) -> list[str]:
         """Last ``n`` lines of a node's console: the collected console.log, else what streamed."""
         node = self.nodes[rank]
@@ -188,6 +200,7 @@ class JobResult:
                 "teardown": None if self.teardown is None else self.teardown.to_dict(),
                 "collected": [c.to_dict() for c in self.collected],
                 "errors": self.errors,
+                "nccl_traces": self.nccl_traces(),
                 "folder": str(self.folder),
             }
             | ({} if self.attempts is None else {"attempts": self.attempts})

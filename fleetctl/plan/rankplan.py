@@ -32,6 +32,7 @@ from fleetctl.plan.launchers.base import path_from
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the global rank
 PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -409,7 +410,22 @@ def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, st
         env["GLOO_SOCKET_IFNAME"] = node.nic
     if spec.backend:
         env["FLEET_BACKEND"] = spec.backend
+    if spec.backend == "nccl" or ctx.gpus_per_node:
+        env.update(nccl_trace_env(path_from(node.cwd, node.run_dir)))
     return env
+
+
+def nccl_trace_env(run_dir: str) -> dict[str, str]:
+    """torch's NCCL watchdog and flight recorder, so a collective timeout leaves a trace of
+    every rank's last collectives in the node run folder (collected like any log) instead of
+    a bare timeout. The job's own values (fleetctl_env, --env-var) win. docs/gpu.md says what
+    each does."""
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # > 0 turns the flight recorder on
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # the watchdog dumps it when a collective times out
+        "TORCH_FR_DUMP_TEMP_FILE": posixpath.join(run_dir, NCCL_TRACE_PREFIX),  # + global rank
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # on a timeout: tear the process down
+    }
 
 
 def _check_spec(spec: JobSpec) -> None:

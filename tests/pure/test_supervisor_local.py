@@ -371,3 +371,28 @@ def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: J
         time.sleep(0.1)
     assert state["state"] == "exited" and state["signal"] == 15
     assert Path(run_dir, "console.log").read_text() == "started\n"
+
+
+def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) -> None:
+    """A fake job writing where torch's watchdog would (TORCH_FR_DUMP_TEMP_FILE + rank)."""
+    from fleetctl.cli.render import run_summary_lines
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "timeout.py").write_text(
+        "import os, sys\n"
+        "with open(os.environ['TORCH_FR_DUMP_TEMP_FILE'] + os.environ['RANK'], 'wb') as f:\n"
+        "    f.write(b'trace')\n"
+        "sys.exit(6)\n"
+    )
+    node = Node.localhost(workdir=str(tmp_path / "w"))
+    spec = JobSpec(script="timeout.py", job_id=jid("t-nccl"), launcher="plain", backend="nccl")
+    result = run_job(
+        spec, [node], RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0)
+    )
+    assert result.exit_code == 3
+    trace = tmp_path / "runs" / jid("t-nccl") / f"0-{node.name}" / "nccl_trace_rank_0"
+    assert trace.read_bytes() == b"trace"
+    assert result.nccl_traces() == [str(trace)]
+    assert f"NCCL flight-recorder dump: {trace}" in run_summary_lines(result)
+    assert result.to_dict()["nccl_traces"] == [str(trace)]
