@@ -63,7 +63,7 @@ def test_standalone_single_process() -> None:
 def test_torchrun_two_ranks_and_literal_args() -> None:
     odd = ["two words", 'it\'s "q"', "a;b", "$(hostname)"]
     r = _torchrun2("--epochs", "1", "--steps", "3", "--print-args", *odd)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, r.stdout[-3000:] + "\n--- stderr ---\n" + r.stderr[-5000:]
     assert sorted(re.findall(r"^done rank=(\d) world=2 ", r.stdout, re.M)) == ["0", "1"]
     assert len(re.findall(r"^epoch=0 loss=", r.stdout, re.M)) == 1  # rank 0 only
     printed = [json.loads(m) for m in re.findall(r"^argv-json: (.*)$", r.stdout, re.M)]
