@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -18,6 +19,7 @@ from fleetctl.node import Node
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
+    from fleetctl.ssh.connection import SSHSettings
 
 ATTEMPT_RE = re.compile(r"^(?P<base>.+)\.(?P<k>[0-9]+)$")
 _NODE_FIELDS = (
@@ -58,6 +60,14 @@ def write_connect(
         ],
     }
     RunFolder(Path(folder)).write_connect(data)
+
+
+def nodes_as_reached(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:
+    """Nodes as this run reached them: a --known-hosts given to `run` must also verify the keys
+    when `status`, `logs`, `stop` or `collect` reconnect later from connect.json."""
+    if settings is None or settings.known_hosts is None:
+        return list(nodes)
+    return [dataclasses.replace(n, known_hosts=settings.known_hosts) for n in nodes]
 
 
 def _node_fields(n: Node) -> dict[str, Any]:

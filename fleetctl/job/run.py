@@ -84,11 +84,11 @@ class _Job:
         self._emit_cb = emit
         self.folder = RunFolder.create(options.runs_dir, spec.job_id)
         with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
-            from fleetctl.job.records import write_connect
+            from fleetctl.job.records import nodes_as_reached, write_connect
 
             write_connect(
                 self.folder.path,
-                _with_settings(nodes, options.settings),
+                nodes_as_reached(nodes, options.settings),
                 inventory=options.inventory,
                 limit=options.limit,
             )
@@ -385,6 +385,9 @@ def _dump_stacks(job: _Job, fleet: Fleet) -> None:
 def _on_event(job: _Job, ev: Event) -> None:
     """Feed a watcher event to the job's state machine, record it in the result, pass it on."""
     node, state = job.result.nodes[ev.rank], job.state
+    if ev.kind == "progress":
+        job.progress = time.monotonic()
+        return
     if ev.kind == "lines":
         job.progress = time.monotonic()
         node.tail.extend(ev.lines)
@@ -589,11 +592,3 @@ def _collect(job: _Job, fleet: Fleet, streams: dict[str, Stream] | None = None) 
         if not node.collected:  # keep what streamed, so the folder always has the console
             with contextlib.suppress(OSError):
                 job.folder.write_streamed_console(node.rank, node.host, node.tail)
-
-
-def _with_settings(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:
-    """Nodes as this run reached them: a --known-hosts given to `run` must also verify the keys
-    when `status`, `logs`, `stop` or `collect` reconnect later from connect.json."""
-    if settings is None or settings.known_hosts is None:
-        return list(nodes)
-    return [dataclasses.replace(n, known_hosts=settings.known_hosts) for n in nodes]

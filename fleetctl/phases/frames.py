@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import Stream
 
 #: The supervisor's ``run`` mode (and the loader in front of it).
-SUPERVISOR_KINDS = frozenset("RUSLHEFQX")
+SUPERVISOR_KINDS = frozenset("RUSLHEFQXP")
 #: One-shot answers: ``D <json>`` (data), ``E <text>`` (notice), ``L <text>`` (a log line).
 ANSWER_KINDS = frozenset("DEL")
 #: The check probe: ``D`` facts, ``R`` mesh listener port, ``N`` no listener (why), ``M`` mesh

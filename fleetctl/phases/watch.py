@@ -156,6 +156,9 @@ class Watch:
             if fr.kind == "?" and fr.payload:
                 batch.append(fr.text)
                 continue
+            if fr.kind == "P":  # the job touched FLEET_PROGRESS_FILE
+                self._emit(run, "progress")
+                continue
             if fr.kind not in ("E", "F", "X"):
                 continue
             if batch:

@@ -48,6 +48,7 @@ import time
 
 PROTOCOL = 1
 STATE_FILE = "supervisor.json"
+PROGRESS_FILE = "progress"  # FLEET_PROGRESS_FILE: touched by the job when it moves on
 CONSOLE_LOG = "console.log"
 STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) before it stops
 MAX_LINE = 65536
@@ -432,6 +433,7 @@ class Supervisor:
         env["FLEET_JOB_ID"] = self.job_id
         env["FLEET_NODE_RANK"] = str(self.rank)
         env["FLEET_RUN_DIR"] = self.run_dir
+        env["FLEET_PROGRESS_FILE"] = os.path.join(self.run_dir, PROGRESS_FILE)
         return env
 
     def start(self) -> None:
@@ -488,8 +490,20 @@ class Supervisor:
             self.out.frame("L", line.rstrip(b"\n"))
 
     def heartbeats(self, done: threading.Event) -> None:
+        """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
+        one (``FLEET_PROGRESS_FILE``: a job that prints nothing for long can still say it
+        moves, so ``--stall-timeout`` does not take it for hung)."""
+        path = os.path.join(self.run_dir, PROGRESS_FILE)
+        seen = None
         while not done.wait(self.hb_every):
             self.out.frame("H")
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            if mtime != seen:
+                seen = mtime
+                self.out.frame("P", repr(mtime).encode())
 
     def listen(self) -> None:
         """Controller bytes: heartbeats and stop requests; EOF means the controller is gone."""

@@ -67,6 +67,15 @@ if rank == 1:
 time.sleep(600)
 """
 
+# Prints nothing for 8 s but touches its progress file every second.
+QUIET = """\
+import os, pathlib, time
+for _ in range(8):
+    pathlib.Path(os.environ["FLEET_PROGRESS_FILE"]).touch()
+    time.sleep(1)
+print("quiet done", flush=True)
+"""
+
 ARGS = """\
 import json, os, sys
 print("argv-json: " + json.dumps(sys.argv[1:]), flush=True)
@@ -88,6 +97,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "args.py").write_text(ARGS)
     (d / "pinfo.py").write_text(PINFO)
     (d / "escape.py").write_text(ESCAPE)
+    (d / "quiet.py").write_text(QUIET)
     return d
 
 
@@ -360,6 +370,14 @@ def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3:
     assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
     assert job["teardown"]["verified"] is True
     assert left_over(lab3, job["job_id"]) == {}
+
+
+def test_a_silent_job_that_touches_its_progress_file_is_not_taken_for_stalled(
+    lab3: Lab, runs, code
+) -> None:
+    r = runs(lab3, "quiet.py", code_dir=code, opts=("--no-check", "--stall-timeout", "4"))
+    assert r.finish() == 0, r.text()
+    assert sum("quiet done" in line for line in r.out) == 3, r.text()
 
 
 def test_a_job_past_its_timeout_is_stopped_on_every_node(lab3: Lab, runs, code) -> None:

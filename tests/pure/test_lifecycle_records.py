@@ -184,12 +184,12 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
 
 
 def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:
-    from fleetctl.job.run import _with_settings
+    from fleetctl.job.records import nodes_as_reached
     from fleetctl.ssh.connection import SSHSettings
 
     folder = _job(tmp_path, "j2")
     nodes = [Node("a", "10.0.0.1", known_hosts="/inventory_kh"), Node("b", "10.0.0.2")]
-    write_connect(folder.path, _with_settings(nodes, SSHSettings(known_hosts="/cli_kh")))
+    write_connect(folder.path, nodes_as_reached(nodes, SSHSettings(known_hosts="/cli_kh")))
     assert [n.known_hosts for n in load_nodes(folder)] == ["/cli_kh", "/cli_kh"]
-    write_connect(folder.path, _with_settings(nodes, SSHSettings()))
+    write_connect(folder.path, nodes_as_reached(nodes, SSHSettings()))
     assert [n.known_hosts for n in load_nodes(folder)] == ["/inventory_kh", None]

@@ -229,6 +229,25 @@ def test_a_descendant_that_leaves_session_group_and_env_is_still_stopped(jobs: J
     assert drain(run)[-1][0] == "X"
 
 
+def test_the_supervisor_says_when_the_job_touches_its_progress_file(jobs: Jobs) -> None:
+    run = jobs.start(
+        jid("p-progress"),
+        ["sh", "-c", 'sleep 0.5; touch "$FLEET_PROGRESS_FILE"; echo touched; sleep 300'],
+    )
+    seen: list[str] = []
+    deadline = time.monotonic() + 20
+    while "P" not in seen and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            run.stream.send(b"h")
+        data = run.stream.recv(0.3)
+        seen += [f.kind for f in run.reader.feed(data or b"")]
+    assert "P" in seen, seen
+    progress = Path(jobs.run_dir(jid("p-progress"))) / "progress"
+    assert progress.is_file()  # FLEET_PROGRESS_FILE is in the node run folder
+    run.stream.send(b"k")
+    assert drain(run)[-1][0] == "X"
+
+
 def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs) -> None:
     run = jobs.start(jid("p-modes"), ["sh", "-c", "echo one; echo two; sleep 300"])
     run_dir = jobs.run_dir(jid("p-modes"))
