@@ -55,7 +55,11 @@ COMMANDS: dict[str, LazyCommand] = {
     "logs": LazyCommand(
         _JOBS, "Show JOB's logs with node prefixes: collected ones, or live from the nodes."
     ),
-    "monitor": LazyCommand(_JOBS, None),
+    "monitor": LazyCommand(
+        _JOBS,
+        "Watch detached JOB until it ends: on the first failure stop it everywhere, then "
+        "collect its logs.",
+    ),
     "provision": LazyCommand(
         "fleetctl.cli.provision_cmd",
         "Run an Ansible PLAYBOOK on the fleet (everything after -- goes to ansible-playbook).",

@@ -284,7 +284,7 @@ def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     sys.stdout.flush()
 
 
-@cli.command("monitor", hidden=True)
+@cli.command("monitor")
 @runs_dir_option
 @ssh_options(fanout_help=None)
 @click.option(

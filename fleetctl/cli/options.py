@@ -117,7 +117,7 @@ def ssh_options(
             ),
             click.option(
                 "--connect-timeout",
-                type=click.FloatRange(min=0, min_open=True),
+                type=Seconds(min=0, min_open=True),
                 default=10.0,
                 show_default=True,
                 help="Seconds to wait for each host's SSH handshake.",

@@ -102,6 +102,8 @@ def test_error_carries_structured_location() -> None:
         ("rack_b[5]", ("subscript", "rack_b")),
         ("~gpu(", ("invalid pattern",)),
         ("@/nonexistent/limit-file", ("cannot read limit file",)),
+        ("~[", ("--limit '~['", "unbalanced '[' or ']'")),  # Ansible's splitter made it `~`: all
+        ("~", ("'~' needs a regular expression",)),
     ],
 )
 def test_bad_limit(limit: str, words: tuple[str, ...]) -> None:

@@ -155,6 +155,7 @@ def test_console_entry_point() -> None:
         ("--timeout", "nan"),
         ("--stall-timeout", "-inf"),
         ("--timeout", "0.5"),
+        ("--connect-timeout", "inf"),
     ],
 )
 def test_a_duration_that_is_not_a_finite_number_in_range_is_refused(

@@ -25,6 +25,10 @@ def _split_host_pattern(pattern: str) -> list[str]:
 
 
 def _split_limit(limit: str, path: str) -> list[str]:
+    if limit.count("[") != limit.count("]"):
+        # Ansible's splitter silently drops an unbalanced bracket: `~[` became `~`, a regex
+        # that selects every host. A typo must never widen the selection.
+        raise InventoryError(f"--limit {limit!r}: unbalanced '[' or ']'", path=path, field="limit")
     out: list[str] = []
     for part in _split_host_pattern(limit):
         if part.startswith("@"):
@@ -87,6 +91,10 @@ def _match_one(model: _Model, pattern: str, what: str) -> list[_Host]:
     if not pattern:
         raise InventoryError(
             f"{what}: empty pattern after '!' or '&'", path=model.path, field="limit"
+        )
+    if pattern == "~":
+        raise InventoryError(
+            f"{what}: '~' needs a regular expression after it", path=model.path, field="limit"
         )
     subscript: tuple[int, int | None] | None = None
     if pattern[0] != "~":
