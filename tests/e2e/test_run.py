@@ -328,8 +328,9 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
 
 
 def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3: Lab, runs) -> None:
-    """Rank 1 blocks in a function while its peers wait in all-reduce (gloo's own timeout is
-    120 s): with --stall-timeout 6 fleetctl ends the job within seconds of the threshold."""
+    """3 hosts × 2 processes; rank 3 blocks in a function while its peers wait in all-reduce
+    (gloo's own timeout is 120 s): with --stall-timeout 6 fleetctl ends the job within seconds
+    of the threshold, with every rank's stack."""
     r = runs(
         lab3,
         "ddp_train.py",
@@ -338,11 +339,11 @@ def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3:
         "--steps",
         "50",
         "--hang-rank",
-        "1",
+        "3",
         "--hang-step",
         "2",
         launcher="torchrun",
-        opts=("--no-check", "--grace", "3", "--stall-timeout", "6"),
+        opts=("--no-check", "--grace", "3", "--stall-timeout", "6", "--nproc-per-node", "2"),
     )
     r.wait_for(lambda out: any("waiting for a batch that never comes" in x for x in out))
     hung_at = time.monotonic()
@@ -356,14 +357,14 @@ def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3:
     ), summary
     # every rank's stack, folded: the odd rank out is named with the frame it is stuck in
     folded = r.err[r.err.index("where every rank was (innermost Python frame):") + 1 :]
-    assert any(re.match(r"  rank 1: stuck_loading_batch \(ddp_train\.py:\d+\)$", x) for x in folded)
-    assert any(x.startswith("  ranks 0,2: ") for x in folded), r.text()
+    assert any(re.match(r"  rank 3: stuck_loading_batch \(ddp_train\.py:\d+\)$", x) for x in folded)
+    assert any(x.startswith("  ranks 0-2,4,5: ") for x in folded), r.text()
     job = r.job()
     assert job["status"] == "failed" and job["first_failure"] is None
     assert job["verdict"].startswith("stalled: no progress on any node for ")
     assert {n["host"]: n["methods"] for n in job["stack_nodes"]} == {
-        f"node{i}": {"py-spy": 2}
-        for i in (1, 2, 3)  # torchrun's agent and its one worker
+        f"node{i}": {"py-spy": 3}
+        for i in (1, 2, 3)  # torchrun's agent and its two workers
     }
     for rank, host in enumerate(("node1", "node2", "node3")):  # the dumps came home
         assert list((r.folder / f"{rank}-{host}" / "stacks").glob("*.txt")), rank
