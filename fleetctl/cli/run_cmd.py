@@ -283,12 +283,10 @@ def run_command(
             env_style=env_style,
             detach=detach,
         )
-        spec, code_dir, planner, job_retry = (
-            role_job.spec,
-            role_job.code_dir,
-            role_job.planner,
-            role_job.retry,
-        )
+        spec, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner
+        job_retry = planner.job.retry
+        timeout = timeout if timeout is not None else planner.job.timeout
+        stall_timeout = stall_timeout if stall_timeout is not None else planner.job.stall_timeout
         nodes = planner.nodes
         plan_now = planner.dry_plan if dry_run else None
     else:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetctl import remote
 from fleetctl.errors import FleetError, PlanError, UsageError
@@ -162,12 +162,12 @@ def _user() -> str:
 
 @dataclass(frozen=True)
 class RoleJob:
-    """A job file laid out on the inventory: the planner, the job spec, the code dir."""
+    """A job file laid out on the inventory: the planner (``planner.job`` is the parsed file:
+    its retry, timeout and stall_timeout), the job spec, the code dir."""
 
     planner: RolePlanner
     spec: JobSpec
     code_dir: str
-    retry: Any  # fleetctl.plan.roles job-file retry section (or None)
 
 
 def load_role_job(
@@ -199,4 +199,4 @@ def load_role_job(
     spec = dataclasses.replace(
         spec, script=Path(job_file).name, launcher=job.launcher, nproc_per_node=1
     )
-    return RoleJob(planner, spec, code, job.retry)
+    return RoleJob(planner, spec, code)

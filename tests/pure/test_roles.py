@@ -94,6 +94,8 @@ def test_a_torchrun_role_reserves_a_master_port_for_its_rendezvous() -> None:
         ("roles:\n  a: {command: x}\nenv_style: k8s\n", "j.yml:3: env_style"),
         ("roles:\n  a: {command: x}\nretry:\n  retry_on: ['exit:x']\n", "j.yml:4: "),
         ("roles:\n  a: {command: x}\nretry:\n  tries: 2\n", "j.yml:4: unknown retry key"),
+        ("roles:\n  a: {command: x}\nstall_timeout: .nan\n", "j.yml:3: stall_timeout must be"),
+        ("roles:\n  a: {command: x}\ntimeout: 0\n", "j.yml:3: timeout must be a number"),
         ("roles: {a: {command: x}}\nlauncher: mpi\n", "j.yml:2: job launcher"),
         ("roles:\n  a: {command: x}\nx: [\n", "j.yml:4: invalid YAML"),
         ("roles:\n  a: {command: x}\nlauncher: paddle-ps\nscript: t.py\n", "j.yml:1: launcher"),
@@ -311,3 +313,10 @@ def test_min_failed_null_tolerates_failures_until_everything_ended() -> None:
     assert policy.verdict(["failed", "succeeded", "succeeded"]).status == "succeeded"
     plain = CompletionPolicy(roles=("", "", ""))
     assert plain.fails_job(1, ["running", "failed", "running"])
+
+
+def test_a_job_file_carries_its_timeout_and_stall_timeout() -> None:
+    job = parse_job_file("roles:\n  a: {command: x}\ntimeout: 3600\nstall_timeout: 300\n", "j")
+    assert (job.timeout, job.stall_timeout) == (3600.0, 300.0)
+    plain = parse_job_file("roles:\n  a: {command: x}\n", "j")
+    assert (plain.timeout, plain.stall_timeout) == (None, None)

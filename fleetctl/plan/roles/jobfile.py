@@ -39,7 +39,19 @@ _ROLE_KEYS = frozenset(
     }
 )
 _JOB_KEYS = frozenset(
-    {"name", "env_style", "launcher", "script", "args", "env", "retry", "roles", "backend"}
+    {
+        "name",
+        "env_style",
+        "launcher",
+        "script",
+        "args",
+        "env",
+        "retry",
+        "roles",
+        "backend",
+        "timeout",
+        "stall_timeout",
+    }
 )
 _RETRY_KEYS = frozenset({"max_retries", "retry_on", "no_retry_on", "backoff", "backoff_max"})
 
@@ -90,6 +102,8 @@ class JobFile:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     retry: RetrySpec = RetrySpec()
     backend: str | None = None
+    timeout: float | None = None  # like `run --timeout` (the command line wins)
+    stall_timeout: float | None = None  # like `run --stall-timeout`
 
     def role(self, name: str) -> RoleSpec:
         for r in self.roles:
@@ -239,7 +253,21 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
         env=job_env,
         retry=retry,
         backend=_str(data, "backend", at, default=None),
+        timeout=_seconds(data, "timeout", at),
+        stall_timeout=_seconds(data, "stall_timeout", at),
     )
+
+
+def _seconds(data: _Map, key: str, at: Any) -> float | None:
+    """A duration key: a finite number of seconds >= 1, or absent."""
+    import math
+
+    v = data.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
+        raise UsageError(f"{at(data, key)}: {key} must be a number of seconds >= 1")
+    return float(v)
 
 
 def _known(keys: frozenset[str]) -> str:
