@@ -45,6 +45,15 @@ subprocess.Popen(["sleep", "300"]).wait()
 
 NOOP_SCRIPT = "print('ok')\n"
 
+# Every rank prints once, then waits silently in a function forever: a hung job.
+STALL_SCRIPT = """
+import time
+print(f"QUIET_AT {time.time():.6f}", flush=True)
+def waiting_for_a_peer():
+    time.sleep(600)
+waiting_for_a_peer()
+"""
+
 LOG_SCRIPT = """
 import os, sys, time
 rank = int(os.environ["FLEET_NODE_RANK"])
@@ -299,6 +308,47 @@ class PhaseBench:
         row.note = (
             "from the link cut to teardown finished on the other nodes (the `stopping` "
             "event + teardown's own duration); default --lost-timeout 5"
+        )
+        return [repeat(row, repeats, once)]
+
+    # -- 3b. stall -------------------------------------------------------------------------
+    def stall(self, repeats: int) -> list[Result]:
+        n = self.n(8)
+        stall = 2.0 if self.quick else 3.0
+        row = Result("stall", f"fleetctl run --stall-timeout {stall:g}: every rank silent", n)
+
+        def once() -> tuple[float, dict]:
+            r = self.run_job(
+                n, STALL_SCRIPT, [], name="stall", extra=["--stall-timeout", f"{stall:g}"]
+            )
+            if r["rc"] != 3 or not str(r["job"].get("verdict") or "").startswith("stalled"):
+                raise SampleFailed(f"expected a stalled exit 3, got {r['rc']}: {r['why']}")
+            quiet = [
+                float(m.group(1))
+                for p in r["folder"].glob("*/console.log")
+                for m in re.finditer(r"QUIET_AT (\d+\.\d+)", p.read_text())
+            ]
+            if len(quiet) != n:
+                raise SampleFailed(f"{len(quiet)} of {n} ranks printed QUIET_AT")
+            threshold = max(quiet) + stall  # the last line anyone printed, plus the timeout
+            notices = [(t, text) for t, k, text in r["events"] if k == "notice"]
+            dump_start = next((t for t, text in notices if text.startswith("dumping")), None)
+            dumped = [t for t, text in notices if "stacks:" in text]
+            if dump_start is None or not dumped:
+                raise SampleFailed("no stack dump events: " + r["why"])
+            methods = [x.get("methods") or {} for x in r["job"].get("stack_nodes") or []]
+            return r["t0"] + r["wall"] - threshold, {
+                "threshold → stalled seen s": next(
+                    t for t, k, text in r["events"] if k == "failure"
+                )
+                - threshold,
+                "stack dump, all nodes in parallel s": max(dumped) - dump_start,
+                "processes dumped by py-spy": sum(m.get("py-spy", 0) for m in methods),
+            }
+
+        row.note = (
+            "from the stall threshold (the last rank's last line + the timeout) to fleetctl's "
+            "exit: stalled seen, every process's stack dumped, teardown verified, logs collected"
         )
         return [repeat(row, repeats, once)]
 

@@ -67,6 +67,14 @@ SECTIONS: list[tuple[str, str, str]] = [
         "teardown call's own duration). Default --lost-timeout 5.",
     ),
     (
+        "stall",
+        "3b. Hung job: stall detection",
+        "`fleetctl run --stall-timeout 3` (8 hosts) of a script whose every rank prints one "
+        "line and then waits silently in a function: from the stall threshold (the last line "
+        "any rank printed + 3 s) to fleetctl's exit, with every process's stack dumped (py-spy "
+        "shipped to the nodes), the teardown verified and the logs collected. Goal ≤ 5 s.",
+    ),
+    (
         "push",
         "4. Push",
         "`fleetctl push` to 16 hosts (fewer with --quick) vs parallel `rsync -a` over ssh: a "
@@ -267,6 +275,14 @@ def _findings(results: list[Result]) -> list[str]:
             f"- Lost node (N={lost.n}): link cut → teardown finished on the others: median "
             f"{lost.median:.2f} s" + (f", of which {det:.2f} s to declare it lost." if det else ".")
         )
+    st = _row(results, "stall", "fleetctl run")
+    if st:
+        dump = _cpu(st, "stack dump, all nodes in parallel s")
+        out.append(
+            f"- Hung job (N={st.n}): stall threshold → fleetctl exited with every rank's stack: "
+            f"median {st.median:.2f} s (goal ≤ 5 s)"
+            + (f"; the stack dump itself {dump:.2f} s on all nodes in parallel." if dump else ".")
+        )
     for what in ("no-op code push", "env archive"):
         rows = [r for r in results if r.group == "push" and r.tool.startswith(what) and r.median]
         fl = next((r for r in rows if "fleetctl" in r.tool), None)
@@ -358,7 +374,7 @@ def write_report(
         "averages): compare rows of one run, not runs of different days.",
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
-        "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
+        "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, stall, "
         "push, logs, pipeline). Raw results: the `.json` next to this file; "
         "`--render docs/benchmarks.json` rewrites this page from them without measuring.",
         "",
@@ -371,6 +387,7 @@ def write_report(
         "remote": "ssh",
         "teardown": "teardown",
         "lost": "lost",
+        "stall": "stall",
         "push": "push",
         "logs": "logs",
         "pipeline": "pipeline",

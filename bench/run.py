@@ -26,7 +26,7 @@ sys.path.insert(1, str(HERE.parent))
 from common import Result, machine_facts  # noqa: E402
 from report import write_report  # noqa: E402
 
-MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "push", "logs", "pipeline")
+MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
             "teardown": lambda: phases.teardown(args.repeat),
             "lost": lambda: phases.lost_node(args.repeat),
+            "stall": lambda: phases.stall(args.repeat),
             "push": lambda: phases.push(args.repeat),
             "logs": lambda: phases.logs(args.repeat),
             "pipeline": lambda: phases.pipeline(args.repeat),
