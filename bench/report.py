@@ -374,8 +374,8 @@ def write_report(
         "averages): compare rows of one run, not runs of different days.",
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
-        "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, stall, "
-        "push, logs, pipeline). Raw results: the `.json` next to this file; "
+        "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
+        "stall, push, logs, pipeline). Raw results: the `.json` next to this file; "
         "`--render docs/benchmarks.json` rewrites this page from them without measuring.",
         "",
     ]

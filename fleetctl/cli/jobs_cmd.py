@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import SSHOptions, ssh_options
+from fleetctl.cli.options import Seconds, SSHOptions, ssh_options
 from fleetctl.errors import JobFailed
 
 runs_dir_option = click.option(
@@ -303,6 +303,19 @@ def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     help="Seconds between SIGTERM and SIGKILL in the teardown (the run's, else 5).",
 )
 @click.option(
+    "--timeout",
+    "timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="Wall-clock limit from the job's launch: then it is stopped (the run's).",
+)
+@click.option(
+    "--stall-timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="No progress on any node this long: stacks dumped, the job stopped (the run's).",
+)
+@click.option(
     "--chase-lost",
     type=click.FloatRange(min=0),
     default=1800.0,
@@ -316,6 +329,8 @@ def monitor_command(
     poll: float | None,
     lost_timeout: float | None,
     grace: float | None,
+    timeout: float | None,
+    stall_timeout: float | None,
     chase_lost: float,
     job: str,
 ) -> None:
@@ -357,6 +372,8 @@ def monitor_command(
         stop_event=stop,
         on_note=note,
         chase_lost=chase_lost,
+        timeout=timeout if timeout is not None else last.get("timeout"),
+        stall_timeout=stall_timeout if stall_timeout is not None else last.get("stall_timeout"),
     )
     note(f"done: {result.outcome}")
 

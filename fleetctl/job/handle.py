@@ -229,7 +229,7 @@ class JobHandle:
             node["start_time"] = node.get("start_time") or iso(sup.get("start_time"))
             ended = sup.get("end_time")
             by_stop = (
-                (stopped or failed_first is not None)  # ended by our teardown
+                (stopped or status is not None)  # ended by our teardown (a monitor's verdict)
                 and self.stop_time is not None
                 and isinstance(ended, (int, float))
                 and ended >= self.stop_time - 1.0
@@ -308,9 +308,11 @@ class JobHandle:
         results: Iterable[NodeCollect],
         *,
         failed_first: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> bool:
         """The job monitor's verdict: job.json says ``status`` (with who failed first), with
-        the teardown report. A job that ended meanwhile (``fleetctl stop`` or ``collect`` from
+        the teardown report and ``extra`` fields (``verdict`` and ``stacks`` of a job that
+        timed out or stalled). A job that ended meanwhile (``fleetctl stop`` or ``collect`` from
         another terminal) keeps its own record. True when this verdict is the final record."""
         with self.folder.locked():
             final = self._finalise(
@@ -322,6 +324,7 @@ class JobHandle:
             job = dict(self.job)
             if final:
                 job["teardown"] = report.to_dict()
+                job.update(extra or {})
             self.folder.write_job(job)
             self.job = job
         return final

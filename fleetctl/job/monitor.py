@@ -48,6 +48,7 @@ from fleetctl.job.monitor_decide import (
     Decision,
     WatchState,
     decide,
+    limit_reached,
 )
 from fleetctl.job.monitor_process import identity, monitor_alive
 from fleetctl.job.runfolder import iso
@@ -146,6 +147,8 @@ def monitor_job(
     deadline: float | None = None,
     on_note: Callable[[str], None] | None = None,
     chase_lost: float = DEFAULT_CHASE_LOST,
+    timeout: float | None = None,
+    stall_timeout: float | None = None,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
 
@@ -174,6 +177,8 @@ def monitor_job(
             "poll": poll,
             "lost_timeout": lost_timeout,
             "grace": grace,
+            "timeout": timeout,
+            "stall_timeout": stall_timeout,
             "log": str(folder.monitor_log),
             "phase": "watching",
         }
@@ -191,7 +196,16 @@ def monitor_job(
         )
         result = MonitorResult(h.job_id, "interrupted")
         try:
-            decision, watch = _watch(h, stop_event, deadline, poll, lost_timeout, event, result)
+            decision, watch = _watch(
+                h,
+                stop_event,
+                deadline,
+                poll,
+                lost_timeout,
+                event,
+                result,
+                (timeout, stall_timeout),
+            )
             if decision is None or decision.action == "external":
                 if decision is not None:
                     result.outcome = "gone"
@@ -228,11 +242,15 @@ def _watch(
     lost_timeout: float,
     event: Callable[[str], None],
     result: MonitorResult,
+    limits: tuple[float | None, float | None] = (None, None),
 ) -> tuple[Decision | None, WatchState]:
-    """Poll until a verdict; None when interrupted, past the deadline or the job ended."""
+    """Poll until a verdict; None when interrupted, past the deadline or the job ended.
+    ``limits``: the job's ``--timeout`` and ``--stall-timeout``."""
+    from fleetctl.job.records import _parse_iso
     from fleetctl.job.supervisors import ensure_supervisor, node_states
 
     policy = _policy(h.job)
+    started = _parse_iso(h.job.get("started"))
     watch = WatchState()
     by_name = {n.name: n for n in h.nodes}
     # One answer may take this long; a longer silence is the lost_timeout's business.
@@ -267,6 +285,15 @@ def _watch(
         )
         for text in notes:
             event(text)
+        if decision is None:
+            decision = limit_reached(
+                states,
+                watch,
+                time.time(),
+                started=started,
+                timeout=limits[0],
+                stall_timeout=limits[1],
+            )
         if decision is not None:
             return decision, watch
         stop_event.wait(poll)
@@ -298,6 +325,7 @@ def _finish(
             job["monitor"] = {**info, "phase": "finishing", "verdict": decision.describe()}
             h.folder.write_job(job)
     result.decision = decision
+    extra: dict[str, Any] = {"verdict": decision.reason} if decision.action == "give_up" else {}
     if decision.action == "fail":
         event(f"{decision.describe()}; stopping the job on every node (grace {grace:g}s)")
         with contextlib.suppress(FleetctlError):  # best effort: says why on each node
@@ -307,6 +335,14 @@ def _finish(
                 h.nodes,
                 reason=f"{MONITOR_REASON}: node {decision.rank} ({decision.host}) failed first",
                 skip=lost,
+            )
+    elif decision.action == "give_up":
+        event(f"{decision.describe()}; stopping the job on every node (grace {grace:g}s)")
+        if str(decision.reason).startswith("stalled"):
+            extra.update(_dump_stacks(h, event))
+        with contextlib.suppress(FleetctlError):
+            request_stop(
+                h.fleet, h.plan, h.nodes, reason=f"{MONITOR_REASON}: {decision.reason}", skip=lost
             )
     else:
         event(f"{decision.describe()}; verifying nothing is left, collecting logs")
@@ -334,12 +370,39 @@ def _finish(
     status = "failed" if decision.action == "fail" else str(decision.status)
     result.outcome = status
     result.verified = report.verified
-    result.final = h.mark_ended(status, report, results, failed_first=decision.first_failure())
+    result.final = h.mark_ended(
+        status, report, results, failed_first=decision.first_failure(), extra=extra
+    )
     event(
         f"job {h.job_id} {status}; logs in {h.folder.path}"
         if result.final
         else f"job {h.job_id} ended elsewhere meanwhile ({h.job.get('status')}); its record stands"
     )
+
+
+def _dump_stacks(h: JobHandle, event: Callable[[str], None]) -> dict[str, Any]:
+    """A stalled detached job: every rank's stack before the teardown, folded into job.json."""
+    import dataclasses
+
+    from fleetctl.job.stacks import fold
+    from fleetctl.phases.stacks import dump_stacks
+
+    event("dumping the stack of every process of the job on every node")
+    try:
+        report = dump_stacks(h.fleet, h.plan, pythons=h.pythons(), abort=True)
+    except FleetctlError as e:
+        event(f"stack dump failed: {e.one_line()}")
+        return {}
+    groups = fold(report.stacks())
+    for g in groups:
+        who = (
+            f"ranks {list(g.ranks)}" if g.ranks else f"launchers on nodes {list(g.launcher_nodes)}"
+        )
+        event(f"stacks: {who}: {g.frame}")
+    return {
+        "stacks": [dataclasses.asdict(g) for g in groups],
+        "stack_nodes": [n.to_dict() for n in report.nodes],
+    }
 
 
 def _chase_lost(

@@ -31,12 +31,15 @@ class WatchState:
     unreachable_since: dict[int, float] = field(default_factory=dict)  # rank -> first miss
     reported: set[int] = field(default_factory=set)  # ranks whose end was written to events
     tolerated: set[int] = field(default_factory=set)  # failures the completion policy allows
+    progress: dict[int, float] = field(default_factory=dict)  # rank -> last progress mark seen
+    last_progress: float | None = None  # when any mark last moved (this machine's clock)
 
 
 @dataclass(frozen=True)
 class Decision:
     """How the job ends. ``action``: ``fail`` (a node failed first: tear the rest down),
-    ``done`` (every node ended; ``status`` says how), ``external`` (someone else stops it)."""
+    ``done`` (every node ended; ``status`` says how), ``external`` (someone else stops it),
+    ``give_up`` (no node to blame: ``--timeout`` passed or the job stalled; ``reason``)."""
 
     action: str
     status: str | None = None
@@ -75,6 +78,8 @@ class Decision:
             return f"node {self.rank} ({self.host}) failed first: {how}"
         if self.action == "done":
             return f"every node ended: {self.status}"
+        if self.action == "give_up":
+            return f"the job {self.reason}"
         return "the job is being stopped from another terminal"
 
 
@@ -98,6 +103,37 @@ def _classify(s: NodeReport) -> tuple[str, str | None]:
     if s.state == "absent":
         return "lost", "no record of the job on the node"
     return "running", None
+
+
+def limit_reached(
+    states: Sequence[NodeReport],
+    watch: WatchState,
+    now: float,
+    *,
+    started: float | None,
+    timeout: float | None,
+    stall_timeout: float | None,
+) -> Decision | None:
+    """``--timeout`` / ``--stall-timeout`` for a detached job: a ``give_up`` decision, or None.
+
+    Progress is a node's progress mark (its console log or progress file changed, by the
+    node's own clock) moving between polls; only this machine's clock measures the silence,
+    so node clocks need not agree with it.
+    """
+    for s in states:
+        if s.progress is not None and watch.progress.get(s.rank) != s.progress:
+            watch.progress[s.rank] = s.progress
+            watch.last_progress = now
+    if watch.last_progress is None:
+        watch.last_progress = now
+    if timeout is not None and started is not None and now - started > timeout:
+        return Decision("give_up", "failed", reason=f"timed out after {timeout:g} s")
+    if stall_timeout is not None and now - watch.last_progress > stall_timeout:
+        quiet = now - watch.last_progress
+        return Decision(
+            "give_up", "failed", reason=f"stalled: no progress on any node for {quiet:.0f} s"
+        )
+    return None
 
 
 def decide(

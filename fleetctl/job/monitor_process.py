@@ -94,6 +94,8 @@ def spawn_monitor(
     lost_timeout: float = DEFAULT_LOST_TIMEOUT,
     grace: float = DEFAULT_GRACE,
     wait: float = REGISTER_WAIT,
+    timeout: float | None = None,
+    stall_timeout: float | None = None,
 ) -> SpawnedMonitor:
     """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
     no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
@@ -113,6 +115,10 @@ def spawn_monitor(
         "--grace",
         repr(float(grace)),
     ]
+    if timeout is not None:
+        argv += ["--timeout", repr(float(timeout))]
+    if stall_timeout is not None:
+        argv += ["--stall-timeout", repr(float(stall_timeout))]
     if settings is not None:
         argv += ["--connect-timeout", repr(float(settings.connect_timeout))]
         if settings.known_hosts:

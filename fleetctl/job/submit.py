@@ -68,10 +68,14 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
-        if self.options.detach and (self.options.timeout or self.options.stall_timeout):
+        if (
+            self.options.detach
+            and not self.monitor
+            and (self.options.timeout or self.options.stall_timeout)
+        ):
             raise UsageError(
-                "--timeout/--stall-timeout need an attached run: the job monitor of a detached "
-                "job does not enforce them yet"
+                "--timeout/--stall-timeout of a detached job are enforced by its job monitor: "
+                "not with --no-monitor"
             )
 
 
@@ -133,4 +137,6 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         settings=options.settings,
         lost_timeout=request.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
         grace=options.grace,
+        timeout=options.timeout,
+        stall_timeout=options.stall_timeout,
     )

@@ -96,6 +96,7 @@ class NodeReport:
     end_time: float | None = None
     error: str | None = None
     stop_reason: str | None = None  # the supervisor's, when it stopped the job
+    progress: float | None = None  # the job's last output or progress-file touch (node clock)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,6 +174,7 @@ def node_states(
                 start_time=r.get("start_time"),
                 end_time=r.get("end_time"),
                 stop_reason=r.get("stop_reason"),
+                progress=r.get("progress"),
             )
         )
     return out

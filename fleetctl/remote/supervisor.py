@@ -809,6 +809,11 @@ def cmd_status(argv: list[str]) -> int:
     state["supervisor_alive"] = _pid_alive(
         state.get("supervisor_pid"), state.get("supervisor_start")
     )
+    marks = []  # the job moved on: it printed, or touched FLEET_PROGRESS_FILE
+    for name in ("console.log", PROGRESS_FILE):
+        with contextlib.suppress(OSError):
+            marks.append(os.stat(os.path.join(run_dir, name)).st_mtime)
+    state["progress"] = max(marks) if marks else None
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"
     answer("D", state)

@@ -55,6 +55,15 @@ while True:
     time.sleep(0.2)
 """
 
+# Prints one line, then waits in a function forever without a word: a hung job.
+SILENT = """\
+import os, time
+print(f"silent rank={os.environ['FLEET_NODE_RANK']}", flush=True)
+def silently_waiting():
+    time.sleep(600)
+silently_waiting()
+"""
+
 # Fails once on node rank 1 (marker in the host's private /tmp), then succeeds.
 FLAKY = """\
 import os, sys
@@ -133,6 +142,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("server.py", SERVER),
         ("worker.py", WORKER),
         ("job.yml", JOB_YML),
+        ("silent.py", SILENT),
     ):
         (d / name).write_text(text)
     return d
@@ -381,6 +391,45 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     assert "monitor node 1 (node2) failed first: exit code 1" in events
     [rec] = runs_json(runs)
     assert rec["status"] == "failed" and rec["first_failure"].startswith("node 1 (node2): exit")
+
+
+@pytest.mark.parametrize(
+    ("opts", "script", "verdict"),
+    [
+        (("--timeout", "4"), ("tick.py", "300"), "timed out after 4 s"),
+        (("--stall-timeout", "4"), ("silent.py",), "stalled: no progress on any node for "),
+    ],
+    ids=["timeout", "stall"],
+)
+def test_a_detached_job_past_its_limit_is_stopped_by_its_monitor(
+    lab3: Lab,
+    tmp_path: Path,
+    code: Path,
+    opts: tuple[str, ...],
+    script: tuple[str, ...],
+    verdict: str,
+) -> None:
+    runs = tmp_path / "runs"
+    argv = [str(code / script[0]), *script[1:]]
+    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", *opts, *argv))
+    assert p.exit_code == 0, p.stderr
+    job_id = p.stdout.strip()
+    try:
+        job = wait_ended(runs, job_id, timeout=60)
+        assert left_over(lab3, job_id) == {}
+    finally:
+        kill_monitor(runs, job_id)
+        if left_over(lab3, job_id):
+            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    assert job["status"] == "failed" and job["first_failure"] is None, job
+    assert job["verdict"].startswith(verdict), job["verdict"]
+    assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3, job["nodes"]
+    assert job["teardown"]["verified"] is True
+    if script[0] == "silent.py":  # every rank's stack, dumped before the teardown, folded
+        [group] = job["stacks"]
+        assert group["ranks"] == [0, 1, 2], job["stacks"]
+        assert group["frame"].startswith("silently_waiting (silent.py:"), group
+        assert [n["methods"] for n in job["stack_nodes"]] == [{"py-spy": 1}] * 3
 
 
 def test_a_detached_job_that_succeeds_is_collected_by_its_monitor(

@@ -295,3 +295,31 @@ def test_collect_after_a_monitor_died_mid_teardown_still_says_failed(tmp_path: P
         h._finalise(results)
     job = folder.load_job()
     assert job["status"] == "failed" and job["first_failure"]["rank"] == 1
+
+
+def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks() -> None:
+    from fleetctl.job.monitor_decide import limit_reached
+
+    def at(marks: list[float | None]) -> list[NodeReport]:
+        return [
+            NodeReport(r, f"n{r}", "running", processes=[1], progress=m)
+            for r, m in enumerate(marks)
+        ]
+
+    w = WatchState()
+    kw = {"started": T0, "timeout": None, "stall_timeout": 10.0}
+    assert limit_reached(at([5.0, 7.0]), w, T0 + 1, **kw) is None
+    assert limit_reached(at([5.0, 9.0]), w, T0 + 8, **kw) is None  # node 1 moved at T0+8
+    assert limit_reached(at([5.0, 9.0]), w, T0 + 17, **kw) is None
+    d = limit_reached(at([5.0, 9.0]), w, T0 + 19, **kw)  # nothing moved for 11 s
+    assert d is not None and d.action == "give_up" and d.first_failure() is None
+    assert d.reason == "stalled: no progress on any node for 11 s"
+    assert d.describe() == "the job stalled: no progress on any node for 11 s"
+    # node clocks may be anywhere: only a change of the mark counts, never its value
+    w2 = WatchState()
+    assert limit_reached(at([1e12]), w2, T0, **kw) is None
+    assert limit_reached(at([1e12]), w2, T0 + 5, **kw) is None
+    d = limit_reached(
+        at([None]), WatchState(), T0 + 31, started=T0, timeout=30.0, stall_timeout=None
+    )
+    assert d is not None and d.reason == "timed out after 30 s" and d.status == "failed"
