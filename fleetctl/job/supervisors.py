@@ -7,8 +7,6 @@ reported, never waited on.
 
 from __future__ import annotations
 
-import os
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,14 +30,11 @@ STATUS_TIMEOUT = 30.0
 def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict[str, str]:
     """Make sure this fleetctl's supervisor is on every node (for status/stop/pack); returns
     node name -> its path. Uploads it (atomically) only where it is missing."""
-    from fleetctl.phases.launch import SUPERVISOR_FILE, supervisor_path
+    from fleetctl.phases.launch import SUPERVISOR_FILE, install_file, supervisor_path
 
     def one(node: Node, conn: Connection) -> str:
         sup = supervisor_path(conn.expand(node.workdir))
-        res = conn.run(f"test -f {shlex.quote(sup)}", timeout=STATUS_TIMEOUT)
-        if res.exit_code != 0:
-            conn.run(["mkdir", "-p", "-m", "700", os.path.dirname(sup)], timeout=STATUS_TIMEOUT)
-            conn.put(SUPERVISOR_FILE, sup, mode=0o700)
+        install_file(conn, SUPERVISOR_FILE, sup, timeout=STATUS_TIMEOUT)
         return sup
 
     res = fleet.map(one, timeout=STATUS_TIMEOUT + 30, nodes=nodes)

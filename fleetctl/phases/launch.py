@@ -29,6 +29,8 @@ from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import NodePlan
     from fleetctl.ssh.connection import Connection, Stream
@@ -156,6 +158,16 @@ def node_spec(
         "heartbeat": heartbeat,
         "detach": detach,
     }
+
+
+def install_file(conn: Connection, local: Path, remote: str, *, timeout: float) -> bool:
+    """Put ``local`` at ``remote`` (0700, parent made 0700) unless it is already there; the
+    name carries the content hash, so "there" means "this very file". True when uploaded."""
+    if conn.run(["test", "-x", remote], timeout=timeout).exit_code == 0:
+        return False
+    conn.run(["mkdir", "-p", "-m", "700", posixpath.dirname(remote)], timeout=timeout)
+    conn.put(local, remote, mode=0o700)
+    return True
 
 
 def start_node(

@@ -27,6 +27,7 @@ from fleetctl import remote
 from fleetctl.errors import FleetctlError
 from fleetctl.job.stacks import RankStack
 from fleetctl.phases.frames import STACK_KINDS, decode
+from fleetctl.phases.launch import install_file
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -105,9 +106,7 @@ def dump_stacks(
         py_spy = None
         if binary is not None and digest is not None:
             py_spy = posixpath.join(conn.expand(node.workdir), "bin", f"py-spy-{digest}")
-            if conn.run(["test", "-x", py_spy], timeout=timeout).exit_code != 0:
-                conn.run(["mkdir", "-p", "-m", "700", posixpath.dirname(py_spy)], timeout=timeout)
-                conn.put(binary, py_spy, mode=0o700)
+            install_file(conn, binary, py_spy, timeout=timeout)
         args = {"job_id": plan.job_id, "run_dir": conn.expand(np.run_dir), "py_spy": py_spy}
         args["abort"] = abort
         python = conn.expand(pythons.get(node.name) or node.python)
