@@ -190,6 +190,7 @@ class JobHandle:
         status: str | None = None,
         failed_first: dict[str, Any] | None = None,
         verified: Iterable[str] | None = None,
+        tore_down: bool = False,
     ) -> bool:
         """Update job.json from each collected ``supervisor.json`` (a detached job's only
         record of how it ended). The job stays live while any node still runs.
@@ -229,7 +230,7 @@ class JobHandle:
             node["start_time"] = node.get("start_time") or iso(sup.get("start_time"))
             ended = sup.get("end_time")
             by_stop = (
-                (stopped or status is not None)  # ended by our teardown (a monitor's verdict)
+                (stopped or tore_down or failed_first is not None)  # ended by our teardown
                 and self.stop_time is not None
                 and isinstance(ended, (int, float))
                 and ended >= self.stop_time - 1.0
@@ -309,17 +310,21 @@ class JobHandle:
         *,
         failed_first: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        tore_down: bool = False,
     ) -> bool:
         """The job monitor's verdict: job.json says ``status`` (with who failed first), with
         the teardown report and ``extra`` fields (``verdict`` and ``stacks`` of a job that
-        timed out or stalled). A job that ended meanwhile (``fleetctl stop`` or ``collect`` from
-        another terminal) keeps its own record. True when this verdict is the final record."""
+        timed out or stalled). ``tore_down``: the monitor stopped the job (a node failed
+        first, or a limit was reached): nodes that ended after that count as stopped. A job
+        that ended meanwhile (``fleetctl stop`` or ``collect`` from another terminal) keeps
+        its own record. True when this verdict is the final record."""
         with self.folder.locked():
             final = self._finalise(
                 results,
                 status=status,
                 failed_first=failed_first,
                 verified={n.host for n in report.nodes if n.clean},
+                tore_down=tore_down,
             )
             job = dict(self.job)
             if final:

@@ -371,7 +371,12 @@ def _finish(
     result.outcome = status
     result.verified = report.verified
     result.final = h.mark_ended(
-        status, report, results, failed_first=decision.first_failure(), extra=extra
+        status,
+        report,
+        results,
+        failed_first=decision.first_failure(),
+        extra=extra,
+        tore_down=decision.action in ("fail", "give_up"),
     )
     event(
         f"job {h.job_id} {status}; logs in {h.folder.path}"
