@@ -136,15 +136,22 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
 @click.option(
     "-n", "--lines", type=click.IntRange(min=0), default=None, help="Only the last N lines."
 )
+@click.option(
+    "--raw-output",
+    is_flag=True,
+    help="Pass the job's control sequences to the terminal as they are (default: colours only).",
+)
 @click.argument("job")
-def logs_command(runs_dir: str, node: str | None, follow: bool, lines: int | None, job: str):
+def logs_command(
+    runs_dir: str, node: str | None, follow: bool, lines: int | None, raw_output: bool, job: str
+):
     """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
     from fleetctl.cli import render
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.logs import follow_logs
     from fleetctl.job.result import JobEvent
 
-    live = render.LiveLog(tail="all")
+    live = render.LiveLog(tail="all", raw=raw_output)
 
     def show(rank: int, host: str, text: str) -> None:
         live(JobEvent("line", text, rank, host))

@@ -5,6 +5,7 @@ Shared by every area: add functions with small edits, keep imports of heavy modu
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -136,6 +137,39 @@ def fold_ranks(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+# Escape sequences a job may print: CSI (ESC [ … final byte), OSC (ESC ] … BEL or ST), DCS/SOS/
+# PM/APC strings (ESC P/X/^/_ … ST), and two-byte ESC sequences. Only colours (SGR: CSI … m) are
+# harmless on the operator's terminal; OSC can set the title or write the clipboard.
+_ESC_SEQ = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|[ -~]?)"
+)
+_SGR = re.compile(r"\x1b\[[0-9;:]*m\Z")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(line: str) -> str:
+    """A job's output line as it may reach the operator's terminal: colours kept, every other
+    escape sequence and control character shown escaped (``\\x1b]0;title\\x07``), and of a
+    carriage-return-overwritten line (progress bars) only what a terminal would show last.
+    The node's console.log keeps the bytes as they were."""
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p]
+        line = parts[-1] if parts else ""
+    out: list[str] = []
+    pos = 0
+    for m in _ESC_SEQ.finditer(line):
+        out.append(_escape_controls(line[pos : m.start()]))
+        seq = m.group(0)
+        out.append(seq if _SGR.match(seq) else _escape_controls(seq))
+        pos = m.end()
+    out.append(_escape_controls(line[pos:]))
+    return "".join(out)
+
+
+def _escape_controls(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+
+
 class LiveLog:
     """``fleetctl run``'s live output: job lines on stdout as ``[rank host] text``, one whole
     line per write (never interleaved), coloured per node on a tty; everything else on stderr.
@@ -145,10 +179,17 @@ class LiveLog:
     """
 
     def __init__(
-        self, *, tail: str = "all", colour: bool | None = None, out: Any = None, err: Any = None
+        self,
+        *,
+        tail: str = "all",
+        colour: bool | None = None,
+        out: Any = None,
+        err: Any = None,
+        raw: bool = False,
     ) -> None:
         import sys
 
+        self.raw = raw  # --raw-output: the job's bytes, control sequences and all
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.tail = tail
@@ -174,6 +215,8 @@ class LiveLog:
             if self.shows(ev.rank):
                 prefix = self._prefix(ev.rank, ev.host, self.colour)
                 lines = ev.lines if ev.kind == "lines" else (ev.text,)
+                if not self.raw:
+                    lines = tuple(terminal_safe(line) for line in lines)
                 # one write and one flush per batch: whole lines, never interleaved
                 self.out.write(prefix + ("\n" + prefix).join(lines) + "\n")
                 self.out.flush()

@@ -200,6 +200,12 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     metavar="all|RANK|none",
     help="Live log lines from every node, one node only (e.g. 0), or none.",
 )
+@click.option(
+    "--raw-output",
+    is_flag=True,
+    help="Pass the job's control sequences to the terminal as they are (default: colours "
+    "only; the logs on disk are always byte-exact).",
+)
 @lifecycle_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -223,6 +229,7 @@ def run_command(
     stall_timeout: float | None,
     runs_dir: str,
     tail: str,
+    raw_output: bool,
     script: str | None,
     script_args: tuple[str, ...],
     ssh: SSHOptions,
@@ -320,6 +327,7 @@ def run_command(
         stall_timeout=stall_timeout,
         runs_dir=runs_dir,
         tail=tail,
+        raw_output=raw_output,
         as_json=as_json,
         inventory=inv.path,
         limit=limit,
@@ -346,6 +354,7 @@ def _run_for_real(
     stall_timeout: float | None,
     runs_dir: str,
     tail: str,
+    raw_output: bool,
     as_json: bool,
     inventory: str | None,
     limit: str | None,
@@ -387,7 +396,7 @@ def _run_for_real(
         monitor=monitor,
         monitor_lost_timeout=monitor_lost_timeout,
     )
-    live = render.LiveLog(tail="none" if as_json else tail)
+    live = render.LiveLog(tail="none" if as_json else tail, raw=raw_output)
     done = submit(request, on_event=live)
     result = done.result
     if done.detached:

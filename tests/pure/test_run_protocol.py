@@ -287,3 +287,39 @@ def test_lines_arrive_in_one_event_per_chunk_in_the_node_order() -> None:
         ("lines", ("c",)),
         ("exit", 3),
     ]
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("\x1b[31mred\x1b[0m plain", "\x1b[31mred\x1b[0m plain"),  # colours pass
+        ("\x1b[1;38;5;208mbold orange\x1b[m", "\x1b[1;38;5;208mbold orange\x1b[m"),
+        ("a\x1b]52;c;ZXZpbA==\x07b", "a\\x1b]52;c;ZXZpbA==\\x07b"),  # OSC 52: clipboard write
+        ("x\x1b]0;pwned\x1b\\y", "x\\x1b]0;pwned\\x1b\\y"),  # OSC 0 (title), ST-terminated
+        ("\x1b[2J\x1b[Hcleared", "\\x1b[2J\\x1b[Hcleared"),  # clear screen, cursor home
+        ("\x1bPq#0;2;0;0;0\x1b\\", "\\x1bPq#0;2;0;0;0\\x1b\\"),  # DCS (sixel)
+        ("\x1bc reset", "\\x1bc reset"),  # full terminal reset
+        ("bar 10%\rbar 50%\rbar 100%", "bar 100%"),  # what a terminal would show last
+        ("done\r", "done"),
+        ("bell\x07 nul\x00 del\x7f c1\x9b", "bell\\x07 nul\\x00 del\\x7f c1\\x9b"),
+        ("tab\tstays, ünïcode stays", "tab\tstays, ünïcode stays"),
+        ("", ""),
+    ],
+)
+def test_job_output_reaches_the_terminal_with_colours_only(line: str, shown: str) -> None:
+    from fleetctl.cli.render import terminal_safe
+
+    assert terminal_safe(line) == shown
+
+
+def test_live_output_is_made_safe_unless_raw_output_is_asked_for() -> None:
+    import io
+
+    from fleetctl.job.result import JobEvent
+
+    line = "step 1 \x1b]0;owned\x07"
+    for raw, want in ((False, "[0 n1] step 1 \\x1b]0;owned\\x07\n"), (True, f"[0 n1] {line}\n")):
+        out = io.StringIO()
+        live = LiveLog(colour=False, out=out, err=io.StringIO(), raw=raw)
+        live(JobEvent("lines", rank=0, host="n1", lines=(line,)))
+        assert out.getvalue() == want

@@ -396,3 +396,24 @@ def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) ->
     assert result.nccl_traces() == [str(trace)]
     assert f"NCCL flight-recorder dump: {trace}" in run_summary_lines(result)
     assert result.to_dict()["nccl_traces"] == [str(trace)]
+
+
+def test_the_log_on_disk_keeps_the_bytes_the_terminal_gets_them_escaped(tmp_path: Path) -> None:
+    import io
+
+    from fleetctl.cli.render import LiveLog
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "osc.py").write_text("print('hi \\x1b]0;title\\x07 \\x1b[32mgreen\\x1b[0m')\n")
+    node = Node.localhost(workdir=str(tmp_path / "w"))
+    out = io.StringIO()
+    live = LiveLog(colour=False, out=out, err=io.StringIO())
+    spec = JobSpec(script="osc.py", job_id=jid("t-osc"), launcher="plain")
+    result = run_job(
+        spec, [node], RunOptions(runs_dir=tmp_path / "runs", check=False, code=code), on_event=live
+    )
+    assert result.exit_code == 0
+    console = (tmp_path / "runs" / jid("t-osc") / f"0-{node.name}" / "console.log").read_bytes()
+    assert b"hi \x1b]0;title\x07 \x1b[32mgreen\x1b[0m\n" in console
+    assert f"[0 {node.name}] hi \\x1b]0;title\\x07 \x1b[32mgreen\x1b[0m\n" in out.getvalue()
