@@ -264,12 +264,18 @@ class _LabFaults:
             self._record({"kind": "disk", "host": h.name, "path": path}, True)
 
     def disk_ok(self, host: str, path: str = WORKDIR) -> None:
+        """Undo ``disk_full`` at ``path``. A full disk elsewhere on the host is an error, not
+        a silent success: the caller named the wrong path."""
         h = self.host(host)
         with self._mutate():
             mounts = self.exec(h.name, ["cat", "/proc/self/mounts"], check=True).stdout
-            ours = [
-                ln for ln in mounts.splitlines() if ln.split()[:2] == ["fleetctl-lab-full", path]
+            full = [
+                ln.split()[1] for ln in mounts.splitlines() if ln.startswith("fleetctl-lab-full ")
             ]
+            ours = [p for p in full if p == path]
+            if full and not ours:
+                filled = ", ".join(sorted(set(full)))
+                raise LabInputError(f"{h.name}: no full disk at {path}; the lab filled {filled}")
             for _ in ours:
                 self.exec(h.name, ["umount", path], check=True)
             self._record({"kind": "disk", "host": h.name, "path": path}, False)
@@ -284,9 +290,18 @@ class _LabFaults:
         if count is not None and not 0 <= int(count) <= 64:
             raise LabInputError(f"gpus must be 0..64 or None, got {count!r}")
         with self._mutate():
+            prior = next(
+                (f for f in self.faults if f["kind"] == "gpus" and f["host"] == h.name), None
+            )
+            before = prior["before"] if prior else [h.fake_smi, h.gpus]
+            if prior is not None:
+                self._record(prior, False)
             h.fake_smi = count is not None
             h.gpus = int(count or 0)
             self._write_gpu_files(h)
+            # a changed GPU count is a fault like any other: reset_faults puts it back
+            changed = [h.fake_smi, h.gpus] != list(before)
+            self._record({"kind": "gpus", "host": h.name, "before": list(before)}, changed)
 
     def reset_faults(self) -> None:
         """Undo every recorded fault (newest first): the fixture's way back to a clean lab."""
@@ -304,5 +319,8 @@ class _LabFaults:
                         self._record(f, False)
             elif kind == "crash":
                 self.boot_host(host)
+            elif kind == "gpus":
+                fake, count = f["before"]
+                self.set_gpus(host, count if fake else None)
             elif kind == "sshd" and self.host(host).init_pid is not None:
                 self.start_sshd(host)

@@ -386,11 +386,15 @@ def test_crash_and_boot_host_keeps_its_disk(lab3: Lab) -> None:
 
 
 def test_reset_faults_undoes_everything(make_lab) -> None:  # type: ignore[no-untyped-def]
-    lab = make_lab(2, networks=2)
+    lab = make_lab(2, networks=2, gpus=2)
     lab.cut_link("node1", "data")
     lab.kill_sshd("node2")
     lab.disk_full("node1", "/root/.fleetctl/runs", "512k")
-    assert len(lab.faults) == 3
+    lab.set_gpus("node1", 1)
+    lab.set_gpus("node1", None)  # one fault, remembering the first state
+    assert len(lab.faults) == 4
+    with pytest.raises(LabInputError, match=r"no full disk at /root/\.fleetctl; the lab filled"):
+        lab.disk_ok("node1")  # the wrong path is not a silent success
     again = Lab.load(lab.dir)  # another process (the CLI) sees the same faults
     assert again.faults == lab.faults
     again.reset_faults()
@@ -400,6 +404,8 @@ def test_reset_faults_undoes_everything(make_lab) -> None:  # type: ignore[no-un
     assert ping(lab2, "node2", lab2.hosts[0].data_addr or "", wait=2).returncode == 0
     mounts = lab2.exec("node1", ["cat", "/proc/self/mounts"], check=True).stdout
     assert "fleetctl-lab-full" not in mounts
+    gpus = lab2.exec("node1", ["nvidia-smi", "-L"], check=True).stdout
+    assert len(gpus.splitlines()) == 2  # the fake GPU count is back too
 
 
 # ---------------------------------------------------------------------------- lifecycle
