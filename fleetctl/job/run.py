@@ -411,7 +411,12 @@ def _on_event(job: _Job, ev: Event) -> None:
         node.leftovers = ev.report
         code = ev.code if ev.code is not None else 255
         node.exit_code, node.signal = (code, None) if code >= 0 else (None, -code)
-        change = state.end(ev.rank, exit_state(code, stopping=state.stopping), ev.time)
+        # The node's own word beats our arrival order: had a stop reached it before its
+        # launcher ended (our teardown's doing), and when did it end (its clock)?
+        report = ev.report or {}
+        stopped = report.get("stop_asked", state.stopping)
+        when = report.get("ended_at") if isinstance(report.get("ended_at"), float) else ev.time
+        change = state.end(ev.rank, exit_state(code, stopping=bool(stopped)), when)
         node.state = change.state
         job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
     elif ev.kind == "lost":

@@ -139,7 +139,13 @@ class JobState:
             self.states[rank] = NodeState.RUNNING
 
     def end(self, rank: int, state: NodeState, when: float | None = None) -> Transition:
-        """Node ``rank`` ended in ``state`` at ``when``."""
+        """Node ``rank`` ended in ``state`` at ``when``.
+
+        Ends may be *reported* out of order (a node's report can wait on its own clean-up while
+        a peer that failed because of it reports first): a bad end at an earlier ``when`` than
+        the first failure so far becomes the first failure — the earliest bad end is the one to
+        blame, as the monitor decides too.
+        """
         self.states[rank] = state
         bad = state.bad
         tolerated = False
@@ -156,6 +162,14 @@ class JobState:
         if bad and self.first_failure is None:
             self.first_failure, self.failure_time = rank, when
             self.status, self.stopping, first = JobStatus.FAILED, True, True
+        elif (
+            bad
+            and when is not None
+            and self.failure_time is not None
+            and when < self.failure_time
+            and self.verdict is None
+        ):
+            self.first_failure, self.failure_time, first = rank, when, True
         return Transition(state, first, tolerated, completed)
 
     def give_up(self, reason: str) -> bool:

@@ -392,6 +392,8 @@ class Supervisor:
         self.stop_request: tuple[float, str] | None = None  # (grace, reason)
         self.stop_reason: str | None = None
         self.leftovers: dict | None = None  # the after-exit scan, reported with ``X``
+        self.ended_at: float | None = None  # when the launcher ended (this node's clock)
+        self.stop_asked = False  # a stop had reached us before the launcher ended
         self.stopped: dict = {}  # what a requested stop found and killed
         self.lock = threading.Lock()
         self.log = None
@@ -564,6 +566,11 @@ class Supervisor:
                 stopper.start()
             time.sleep(0.05)
         code = self.proc.returncode
+        # What only this node knows for sure: when its launcher ended, and whether it had been
+        # told to stop by then (ended by the teardown) or ended on its own (failed first?).
+        self.ended_at = _now()
+        with self.lock:
+            self.stop_asked = stopping_with is not None or self.stop_request is not None
         if self.stop_reason is None:  # stopped from another terminal: say so to the controller
             req = _read_json(os.path.join(self.run_dir, STOP_REQUEST))
             if req.get("job_id") == self.job_id and req.get("reason"):
@@ -659,7 +666,11 @@ def cmd_run() -> int:
         report = (
             b" "
             + json.dumps(
-                {k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")}
+                {
+                    **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
+                    "ended_at": sup.ended_at,
+                    "stop_asked": sup.stop_asked,
+                }
             ).encode()
         )
     out.frame("X", str(code).encode() + report, must=True)

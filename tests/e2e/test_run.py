@@ -306,9 +306,12 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
     )
     assert r.finish() == 3, r.text()
     summary = next(line for line in r.err if line.startswith("Out of all 3 nodes"))
+    # node 1 is to blame whichever report arrives first; its peers either were stopped by the
+    # teardown or failed on their own when it died under them (gloo), and the summary says which
     assert re.match(
         r"Out of all 3 nodes, node 1 \(node2 [0-9.]+\) failed first: exit code 1 after "
-        r"[0-9.]+ s; nodes 0,2 were stopped\.$",
+        r"[0-9.]+ s; (nodes 0,2 were stopped|nodes 0,2 also failed|node [02] was stopped; node "
+        r"[02] also failed)\.$",
         summary,
     ), summary
     assert any(
@@ -316,7 +319,8 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
     ), r.text()
     job = r.job()
     assert job["status"] == "failed" and job["first_failure"]["rank"] == 1
-    assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"]
+    states = [n["state"] for n in job["nodes"]]
+    assert states[1] == "failed" and {states[0], states[2]} <= {"stopped", "failed"}, states
     assert job["teardown"]["verified"] is True
     # every supervisor answered the stop over its own channel with its sweep of the job's
     # processes: no node needed a separate stop command (testinfra below double-checks)

@@ -148,3 +148,18 @@ def test_a_timeout_or_stall_fails_the_job_without_naming_a_node_and_only_once() 
     failed = JobState(2)
     failed.end(1, F)
     assert not failed.give_up("timed out")  # a node failed first: that is the story
+
+
+def test_a_bad_end_reported_late_but_ended_first_is_the_first_failure() -> None:
+    """Node 2's report arrives first (its peer died under it), node 1's later — but node 1
+    ended first, on its own (its supervisor had not been told to stop): node 1 is to blame."""
+    machine = JobState(3)
+    machine.launch()
+    assert machine.end(2, exit_state(1, stopping=False), 10.5).first_failure
+    assert machine.first_failure == 2 and machine.stopping
+    late = machine.end(1, exit_state(1, stopping=False), 10.2)  # its node: no stop had come
+    assert late.first_failure and machine.first_failure == 1 and machine.failure_time == 10.2
+    assert machine.states == [NodeState.PENDING, NodeState.FAILED, NodeState.FAILED]
+    # a node our teardown stopped never takes the blame, whatever its clock says
+    assert not machine.end(0, exit_state(-15, stopping=True), 9.0).first_failure
+    assert machine.first_failure == 1 and machine.settle() is JobStatus.FAILED

@@ -192,7 +192,15 @@ def test_after_its_exit_the_supervisor_sends_the_run_folder_on_the_same_channel(
     while not watch.events.empty():
         events.append(watch.events.get_nowait())
     [exit_ev] = [e for e in events if e.kind == "exit"]
-    assert exit_ev.code == 0 and exit_ev.report == {"found": [], "killed": [], "remaining": []}
+    report = exit_ev.report or {}
+    assert exit_ev.code == 0 and report == {
+        "found": [],
+        "killed": [],
+        "remaining": [],
+        "ended_at": report.get("ended_at"),
+        "stop_asked": False,  # it ended on its own: nobody had asked it to stop
+    }
+    assert isinstance(report["ended_at"], float) and abs(report["ended_at"] - exit_ev.time) < 5
     watch.close(keep={0})  # its stream stays open for the collector
     dest = tmp_path / "home" / "0-local"
     got = collect_from_supervisor(run.node, run.stream, dest=dest, rank=0, timeout=20.0)
