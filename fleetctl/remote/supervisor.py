@@ -576,6 +576,8 @@ class Supervisor:
             if req.get("job_id") == self.job_id and req.get("reason"):
                 self.stop_reason = str(req["reason"])
                 self.out.frame("E", f"stopping job: {self.stop_reason}".encode(), must=True)
+        # `fleetctl stop` (another terminal) leaves its request before it signals the job
+        self.stop_asked = self.stop_asked or self.stop_reason is not None
         if stopper is not None:  # let the stop finish its grace period for the workers
             stopper.join((stopping_with or 0.0) + 6.0)
         # The launcher is gone; anything of the job still alive is a straggler.
