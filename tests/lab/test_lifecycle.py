@@ -228,6 +228,24 @@ def wait_ended(runs: Path, job_id: str, timeout: float) -> dict[str, Any]:
     )
 
 
+def detached_until_its_monitor_ends_it(
+    lab: Lab, runs: Path, argv: list[str]
+) -> tuple[str, dict[str, Any]]:
+    """``run --detach`` and nothing else: (job id, job.json) once its monitor ended the job,
+    with nothing of it left on any host; whatever happens, no monitor or job outlives the test."""
+    p = fleetctl_detach(*argv)
+    assert p.exit_code == 0, p.stderr
+    job_id = p.stdout.strip()
+    try:
+        job = wait_ended(runs, job_id, timeout=60)
+        assert left_over(lab, job_id) == {}
+    finally:
+        kill_monitor(runs, job_id)
+        if left_over(lab, job_id):
+            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    return job_id, job
+
+
 def wait_job(runs: Path, job_id: str, what: str, pred: Any, timeout: float) -> dict[str, Any]:
 
     def matches() -> dict[str, Any] | None:
@@ -365,16 +383,9 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     """Nobody types anything after `run --detach`: the monitor sees rank 1 fail, stops the
     job on every node, brings every node's log home and records who failed first."""
     runs = tmp_path / "runs"
-    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", str(code / "fail_on_1.py")))
-    assert p.exit_code == 0, p.stderr
-    job_id = p.stdout.strip()
-    try:
-        job = wait_ended(runs, job_id, timeout=60)
-        assert left_over(lab3, job_id) == {}
-    finally:
-        kill_monitor(runs, job_id)
-        if left_over(lab3, job_id):
-            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    job_id, job = detached_until_its_monitor_ends_it(
+        lab3, runs, run_args(lab3, runs, code, "--detach", str(code / "fail_on_1.py"))
+    )
     assert job["status"] == "failed", job
     ff = job["first_failure"]
     assert (ff["rank"], ff["host"], ff["state"], ff["exit_code"]) == (1, "node2", "failed", 1)
@@ -411,16 +422,9 @@ def test_a_detached_job_past_its_limit_is_stopped_by_its_monitor(
 ) -> None:
     runs = tmp_path / "runs"
     argv = [str(code / script[0]), *script[1:]]
-    p = fleetctl_detach(*run_args(lab3, runs, code, "--detach", *opts, *argv))
-    assert p.exit_code == 0, p.stderr
-    job_id = p.stdout.strip()
-    try:
-        job = wait_ended(runs, job_id, timeout=60)
-        assert left_over(lab3, job_id) == {}
-    finally:
-        kill_monitor(runs, job_id)
-        if left_over(lab3, job_id):
-            fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    _, job = detached_until_its_monitor_ends_it(
+        lab3, runs, run_args(lab3, runs, code, "--detach", *opts, *argv)
+    )
     assert job["status"] == "failed" and job["first_failure"] is None, job
     assert job["verdict"].startswith(verdict), job["verdict"]
     assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3, job["nodes"]
