@@ -1,0 +1,163 @@
+"""The state one ``fleetctl run`` attempt shares between its phases, and the one place where a
+watcher event becomes a state change (``on_event``): ``run``, ``prepare`` and ``finish`` all
+feed it, so the state machine has a single entry."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import RunFolderError
+from fleetctl.job.result import JobEvent, JobResult, NodeOutcome
+from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.state import JobState, NodeState, exit_state
+from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
+
+if TYPE_CHECKING:
+    from fleetctl.job.run import RunOptions
+    from fleetctl.node import Node
+    from fleetctl.phases.watch import Event, Watch
+    from fleetctl.plan.rankplan import JobSpec, Plan
+
+
+class JobContext:
+    """State shared by the phases of one run (kept off the public API)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        nodes: Sequence[Node],
+        options: RunOptions,
+        emit: Callable[[JobEvent], None],
+    ) -> None:
+        self.spec, self.nodes, self.options = spec, list(nodes), options
+        self._emit_cb = emit
+        self.folder = RunFolder.create(options.runs_dir, spec.job_id)
+        with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
+            from fleetctl.job.records import nodes_as_reached, write_connect
+
+            write_connect(
+                self.folder.path,
+                nodes_as_reached(nodes, options.settings),
+                inventory=options.inventory,
+                limit=options.limit,
+            )
+        self.result = JobResult(
+            job_id=spec.job_id,
+            folder=self.folder.path,
+            launcher=spec.launcher,
+            attempt=options.attempt,
+            detached=options.detach,
+        )
+        self.result.nodes = [
+            NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)
+        ]
+        self.plan: Plan | None = None
+        self.watch: Watch | None = None
+        self.launch_thread: threading.Thread | None = None
+        self.launch_done = threading.Event()
+        self.launched: set[int] = set()  # ranks whose start was attempted
+        self.pythons: dict[str, str] = {n.name: n.python for n in nodes}
+        self.path_prepend: dict[str, list[str]] = {}
+        self.state = JobState(len(self.nodes), options.completion)
+        self.progress = time.monotonic()  # last output line or start on any node
+
+    @property
+    def stopping(self) -> bool:
+        return self.state.stopping
+
+    def sync(self) -> None:
+        """The state machine's verdict into the result (what job.json and the CLI show)."""
+        r, st = self.result, self.state
+        r.status, r.first_failure, r.failure_time = st.status, st.first_failure, st.failure_time
+        r.verdict = st.verdict
+
+    def emit(
+        self,
+        kind: str,
+        text: str = "",
+        *,
+        rank: int | None = None,
+        code: int | None = None,
+        log: bool = True,
+        ts: float | None = None,
+        lines: tuple[str, ...] = (),
+    ) -> None:
+        host = self.result.nodes[rank].host if rank is not None else None
+        ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines)
+        if log and kind not in ("line", "lines"):
+            where = f"[{rank} {host}] " if rank is not None else ""
+            with contextlib.suppress(OSError):
+                self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
+        self._emit_cb(ev)
+
+    def save(self) -> None:
+        with contextlib.suppress(OSError, RunFolderError), self.folder.locked():
+            self.folder.write_job(self.result.to_dict())
+
+
+def on_event(job: JobContext, ev: Event) -> None:
+    """Feed a watcher event to the job's state machine, record it in the result, pass it on."""
+    node, state = job.result.nodes[ev.rank], job.state
+    if ev.kind == "progress":
+        job.progress = time.monotonic()
+        return
+    if ev.kind == "lines":
+        job.progress = time.monotonic()
+        node.tail.extend(ev.lines)
+        job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
+        return
+    if ev.kind == "notice":
+        if ev.text.endswith(EXTERNAL_STOP_REASON):
+            state.stop_requested(EXTERNAL_STOP_REASON)  # `fleetctl stop` elsewhere: no failure
+        job.sync()
+        job.emit("notice", ev.text, rank=ev.rank, ts=ev.time)
+        return
+    if ev.kind == "started":
+        job.progress = time.monotonic()
+        state.start(ev.rank)
+        node.state, node.start_time = state.states[ev.rank], ev.time
+        job.emit("started", ev.text, rank=ev.rank, ts=ev.time)
+        job.save()
+        return
+    node.end_time = ev.time
+    if ev.kind == "exit":
+        node.leftovers = ev.report
+        code = ev.code if ev.code is not None else 255
+        node.exit_code, node.signal = (code, None) if code >= 0 else (None, -code)
+        # The node's own word beats our arrival order: had a stop reached it before its
+        # launcher ended (our teardown's doing), and when did it end (its clock)?
+        report = ev.report or {}
+        stopped = report.get("stop_asked", state.stopping)
+        when = report.get("ended_at") if isinstance(report.get("ended_at"), float) else ev.time
+        change = state.end(ev.rank, exit_state(code, stopping=bool(stopped)), when)
+        node.state = change.state
+        job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
+    elif ev.kind == "lost":
+        node.reason = ev.text
+        change = state.end(ev.rank, NodeState.LOST, ev.time)
+        node.state = change.state
+        job.emit("lost", ev.text, rank=ev.rank, ts=ev.time)
+    else:  # start_failed
+        node.reason = ev.text
+        change = state.end(ev.rank, NodeState.START_FAILED, ev.time)
+        node.state = change.state
+        job.emit("exit", f"could not start: {ev.text}", rank=ev.rank, ts=ev.time)
+    job.sync()
+    if change.completed is not None:
+        job.emit("notice", f"job complete: {change.completed}; stopping the other nodes")
+    if change.first_failure:
+        job.emit("failure", node.how(), rank=ev.rank, ts=ev.time)
+    job.save()
+
+
+def drain(job: JobContext) -> None:
+    assert job.watch is not None
+    while True:
+        ev = job.watch.get(0.0)
+        if ev is None:
+            return
+        on_event(job, ev)

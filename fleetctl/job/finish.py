@@ -1,0 +1,170 @@
+"""After the watch: teardown (or verify nothing is left), the supervisors' last words, log
+collection, job.json. Runs in ``run_job``'s ``finally``, on success, failure and Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from fleetctl.job.context import drain
+from fleetctl.job.state import JobStatus, NodeState
+from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
+
+if TYPE_CHECKING:
+    from fleetctl.job.context import JobContext
+    from fleetctl.ssh.connection import Stream
+    from fleetctl.ssh.fleet import Fleet
+
+
+def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
+    """Teardown (verify), wait for the supervisors' last words, collect, write job.json."""
+    watch, plan = job.watch, job.plan
+    job.state.stopping = True
+    if plan is None or watch is None:  # never launched: nothing runs anywhere
+        if job.state.status.live:
+            job.state.status = JobStatus.INTERRUPTED if interrupted else JobStatus.ERROR
+            job.sync()
+        job.result.ended = time.time()
+        job.save()
+        return
+    if job.options.detach and job.result.status == JobStatus.RUNNING and not interrupted:
+        job.launch_done.wait(35.0)
+        drain(job)
+        if all(n.state == NodeState.RUNNING for n in job.result.nodes):
+            # Detached and running everywhere: the supervisors own the job now; `fleetctl
+            # stop/collect JOB` end it and bring the logs home.
+            watch.close()
+            job.save()
+            job.emit("done", "detached", log=True)
+            return
+    hard = False
+    try:
+        try:
+            _teardown(job, fleet, hard=False)
+        except KeyboardInterrupt:
+            hard = True
+            job.emit("notice", "second Ctrl-C: killing without grace")
+            _teardown(job, fleet, hard=True)
+    except KeyboardInterrupt:
+        job.result.errors.append("teardown interrupted a third time; not verified")
+    # The supervisors report their job's end once it is stopped: record, then stop reading.
+    try:
+        watch.wait_ended(1.0 if hard else 5.0)
+        drain(job)
+    except KeyboardInterrupt:
+        pass
+    for rank in watch.running():
+        node = job.result.nodes[rank]
+        if node.state == NodeState.RUNNING:
+            node.reason = "no exit report after teardown"
+            node.state = job.state.end(rank, NodeState.LOST, time.time()).state
+    # Supervisors that reported their exit wait on their channel to send the run folder.
+    in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
+    watch.close(keep=in_band)
+    drain(job)
+    for node in job.result.nodes:
+        if node.state == NodeState.PENDING and node.rank not in watch.runs:
+            node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
+    job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
+    job.sync()
+    try:
+        _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
+    except KeyboardInterrupt:
+        job.result.errors.append("log collection interrupted")
+    finally:
+        for r in in_band:  # collected or not, nothing more to say on these channels
+            with contextlib.suppress(Exception):
+                watch.runs[r].stream.close()
+    job.result.ended = time.time()
+    job.save()
+    job.emit("done", job.result.status, log=True)
+
+
+def _lost_hosts(job: JobContext) -> set[str]:
+    return {n.host for n in job.result.nodes if n.state == NodeState.LOST}
+
+
+def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
+    from fleetctl.phases.teardown import teardown
+
+    assert job.watch is not None and job.plan is not None
+    job.watch.stop_nodes(hard=hard)  # instant: over the supervisors' own channels
+    # Starts still in flight must finish (or fail) so that teardown sees every started job.
+    job.launch_done.wait(35.0)
+    job.watch.stop_nodes(hard=hard)
+    drain(job)
+    grace = 0.0 if hard else job.options.grace
+    running = [n for n in job.result.nodes if n.state == NodeState.RUNNING]
+    if running:
+        job.emit(
+            "teardown",
+            f"stopping the job on {len(job.result.nodes)} node(s)"
+            + (f" (grace {grace:g}s)" if grace else " (no grace)"),
+        )
+        # The supervisors got the stop over their channels: each reports its job's end with
+        # its own scan for leftovers. Wait for those (bounded); only the nodes that do not
+        # answer in time get a remote stop command.
+        job.watch.wait_ended(grace + 3.0)
+        drain(job)
+    reported = {
+        n.host: n.leftovers
+        for n in job.result.nodes
+        if n.leftovers is not None and n.state not in (NodeState.RUNNING, NodeState.LOST)
+    }
+    report = teardown(
+        fleet,
+        job.plan,
+        grace=grace,
+        pythons=job.pythons,
+        lost=_lost_hosts(job),
+        reported=reported,
+    )
+    job.result.teardown = report
+    for stop in report.nodes:
+        if stop.skipped:
+            job.emit("warning", stop.skipped, rank=stop.rank)
+        elif stop.error:
+            job.result.errors.append(f"{stop.host}: teardown: {stop.error}")
+            job.emit("warning", f"teardown could not verify: {stop.error}", rank=stop.rank)
+        elif stop.remaining:
+            pids = ", ".join(f"{p['pid']} ({p['cmd'][:60]})" for p in stop.remaining)
+            job.result.errors.append(f"{stop.host}: processes left after SIGKILL: {pids}")
+            job.emit(
+                "warning",
+                f"processes of the job still running after SIGKILL: {pids}",
+                rank=stop.rank,
+            )
+    if report.verified:
+        job.emit(
+            "teardown",
+            f"verified: no process of job {job.plan.job_id} left on any node "
+            f"({report.seconds:.1f}s)",
+        )
+
+
+def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
+    from fleetctl.phases.collect import collect
+
+    assert job.plan is not None
+    lost = _lost_hosts(job)
+    job.emit("phase", f"collecting logs into {job.folder.path}")
+    results = collect(
+        fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost, streams=streams
+    )
+    job.result.collected = results
+    for c in results:
+        node = job.result.nodes[c.rank]
+        node.folder = c.folder
+        node.collected = c.error is None and c.skipped is None
+        if c.error:
+            job.emit("warning", f"logs not collected: {c.error}", rank=c.rank)
+        if c.refused:
+            job.emit(
+                "warning",
+                f"refused unsafe names in the node's log archive: {', '.join(c.refused[:5])}",
+                rank=c.rank,
+            )
+        if not node.collected:  # keep what streamed, so the folder always has the console
+            with contextlib.suppress(OSError):
+                job.folder.write_streamed_console(node.rank, node.host, node.tail)

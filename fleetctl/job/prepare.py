@@ -1,0 +1,95 @@
+"""Before launch: connect, check, push and plan one attempt (writes plan.json).
+
+Anything that blocks the launch is raised as a ``FleetctlError``; nothing has started yet, so
+nothing needs stopping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import CheckError
+
+if TYPE_CHECKING:
+    from fleetctl.job.context import JobContext
+    from fleetctl.ssh.fleet import Fleet
+
+
+def prepare(job: JobContext, fleet: Fleet) -> None:
+    """Connect, check, push and plan; writes plan.json. Raises on anything that blocks launch."""
+    import dataclasses
+
+    from fleetctl.plan.rankplan import NodeFacts, make_plan
+
+    spec, options = job.spec, job.options
+    job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
+    facts: dict[str, NodeFacts] = {}
+    known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
+    if options.check:
+        from fleetctl.phases.check import CheckOptions, check_fleet
+
+        copts = options.check_options or CheckOptions(
+            master_port=spec.master_port,
+            backend=spec.backend,
+            uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+        )
+        if options.check_options is None and options.code is not None:
+            from fleetctl.phases import codesync
+
+            # the probe also looks for this snapshot, so a no-op push needs no round trip
+            snap = codesync.snapshot(options.code)
+            copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
+        job.emit("phase", "checking nodes")
+        report = check_fleet(fleet, copts)
+        if not report.ok:
+            from fleetctl.results import FleetResult
+
+            problems = "; ".join(f"{h}: {c}: {why}" for h, c, why in report.failures[:5])
+            mesh = "; ".join(str(m) for m in report.mesh_failures[:3])
+            raise CheckError(
+                f"preflight failed ({report.summary()}): {problems or mesh}",
+                FleetResult(dict(report.hosts)),
+            )
+        facts = dict(report.facts)
+        if not report.cached:  # a cached report may be minutes old: ask again
+            known_present = frozenset(h for h, ok in report.code_present.items() if ok)
+        for w in report.warnings:
+            job.emit("warning", w)
+    else:
+        res = fleet.connect()
+        if res.failed:
+            from fleetctl.errors import FleetError
+
+            first = next(iter(res.failed.values()))
+            raise FleetError(
+                f"cannot connect to {len(res.failed)} node(s): {first}", res
+            ) from first
+    code_digest = None
+    if options.code is not None or options.env_archive is not None:
+        from fleetctl.phases import push as push_mod
+
+        job.emit("phase", "pushing code" + (" and env" if options.env_archive else ""))
+        popts = options.push_options or push_mod.PushOptions(
+            require_nccl=spec.backend == "nccl",
+            train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
+            known_present=known_present,
+        )
+        report = push_mod.push(
+            fleet, code=options.code, env_archive=options.env_archive, options=popts
+        )
+        code_digest = report.code_digest
+        for n in job.nodes:
+            prefix = push_mod.env_path_prefix(report, n.name)
+            if prefix:
+                job.path_prepend[n.name] = [prefix]
+                f = facts.get(n.name) or NodeFacts()
+                facts[n.name] = dataclasses.replace(f, python=prefix + "/python")
+    if options.planner is not None:  # role jobs: ports probed, roles laid out
+        job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
+        job.folder.write_roles(layout.to_dict())
+    else:
+        job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
+    job.result.plan = job.plan
+    for np in job.plan.nodes:
+        job.result.nodes[np.node_rank].train_addr = np.train_addr
+    job.folder.write_plan(job.plan.to_dict())
