@@ -33,6 +33,14 @@ from fleetctl.cli.options import (
     default=None,
     help="Project directory to ship (default: the git work tree holding ., else .).",
 )
+@click.option(
+    "--allow-secret",
+    "allow_secrets",
+    multiple=True,
+    metavar="PATH",
+    help="Ship this file although it looks like a private key (path relative to the code "
+    "folder; repeatable). Without it such files stop the push.",
+)
 @click.option("--no-code", is_flag=True, help="Push only the env.")
 @click.option(
     "--env",
@@ -72,6 +80,7 @@ def push_command(
     inventory: str | None,
     limit: str | None,
     code_dir: str | None,
+    allow_secrets: tuple[str, ...],
     no_code: bool,
     env_archive: str | None,
     as_json: bool,
@@ -98,6 +107,7 @@ def push_command(
         check_torch=check_torch,
         peer=peer,
         peer_min_nodes=peer_min,
+        allow_secrets=allow_secrets,
     )
     display = render.PushProgress(
         [n.name for n in nodes], enabled=not as_json and sys.stderr.isatty()

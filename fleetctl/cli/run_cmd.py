@@ -142,6 +142,14 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     help="Local folder shipped to the nodes; SCRIPT must be inside it "
     "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
 )
+@click.option(
+    "--allow-secret",
+    "allow_secrets",
+    multiple=True,
+    metavar="PATH",
+    help="Ship this file although it looks like a private key (path relative to the code "
+    "folder; repeatable). Without it such files stop the push.",
+)
 @click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -337,6 +345,7 @@ def run_command(
         retry=retry.policy(job_retry),
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
+        allow_secrets=tuple(lifecycle["allow_secrets"]),
     )
 
 
@@ -364,6 +373,7 @@ def _run_for_real(
     retry: RetryPolicy,
     monitor: bool,
     monitor_lost_timeout: float | None,
+    allow_secrets: tuple[str, ...] = (),
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -387,6 +397,7 @@ def _run_for_real(
         planner=planner,
         inventory=inventory,
         limit=limit,
+        allow_secrets=allow_secrets,
     )
     request = JobRequest(
         spec,

@@ -37,7 +37,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             from fleetctl.phases import codesync
 
             # the probe also looks for this snapshot, so a no-op push needs no round trip
-            snap = codesync.snapshot(options.code)
+            snap = codesync.snapshot(options.code, allow_secrets=options.allow_secrets)
             copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, copts)
@@ -73,6 +73,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             require_nccl=spec.backend == "nccl",
             train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
             known_present=known_present,
+            allow_secrets=options.allow_secrets,
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts

@@ -60,6 +60,7 @@ class RunOptions:
     attempt: int = 1
     check_options: CheckOptions | None = None  # None = derived from the spec
     push_options: PushOptions | None = None
+    allow_secrets: tuple[str, ...] = ()  # code files that look like keys, shipped on purpose
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job

@@ -23,11 +23,40 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from fleetctl.node import Node
     from fleetctl.ssh.connection import SSHSettings
 
 IGNORE_FILE = ".fleetignore"
-ALWAYS_SKIP = frozenset({".git", ".hg", ".svn"})
+# Never shipped, whatever .gitignore says: version-control and VM state (``.vagrant/`` holds the
+# VMs' private keys), fleetctl's own run folders (plan.json holds env values), virtualenvs and
+# caches. A negation in the root .fleetignore (``!venv/``) brings one back on purpose.
+BUILTIN_EXCLUDES = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    ".vagrant/",
+    "fleet-runs/",
+    ".venv/",
+    "venv/",
+    "__pycache__/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".tox/",
+    ".nox/",
+    ".ipynb_checkpoints/",
+    "node_modules/",
+    "*.pyc",
+)
+# Files that make a directory local state, whatever its name: a virtualenv, a conda env, a
+# fleetctl run folder. Checked on each directory the walk (or git's list) goes through.
+_STATE_MARKERS = (
+    ("pyvenv.cfg", "a virtualenv"),
+    ("conda-meta", "a conda environment"),
+    ("connect.json", "a fleetctl run folder"),
+)
 
 
 def cache_dir() -> Path:
@@ -132,13 +161,13 @@ def parse_ignore(text: str) -> list[_Rule]:
 class IgnoreMatcher:
     """Per-directory ignore files (``.gitignore``/``.fleetignore``) applied like git does."""
 
-    def __init__(self, root: Path, names: tuple[str, ...]) -> None:
-        self.root, self.names = root, names
+    def __init__(self, root: Path, names: tuple[str, ...], *, builtin: bool = False) -> None:
+        self.root, self.names, self.builtin = root, names, builtin
         self._rules: dict[str, list[_Rule]] = {}
 
     def _rules_in(self, reldir: str) -> list[_Rule]:
         if reldir not in self._rules:
-            rules: list[_Rule] = []
+            rules: list[_Rule] = list(_BUILTIN_RULES) if self.builtin and not reldir else []
             for name in self.names:
                 p = self.root / reldir / name
                 with contextlib.suppress(OSError, UnicodeDecodeError):
@@ -169,12 +198,24 @@ class IgnoreMatcher:
         return self._match(rel, is_dir)
 
 
+_BUILTIN_RULES = tuple(parse_ignore("\n".join(BUILTIN_EXCLUDES)))
+
+
+def state_dir(path: str | os.PathLike[str]) -> str | None:
+    """What local state the directory holds (never shipped), else None."""
+    for marker, what in _STATE_MARKERS:
+        if os.path.lexists(os.path.join(path, marker)):
+            return what
+    return None
+
+
 def list_files(root: Path) -> list[str]:
-    """Files to ship, relative, sorted: git's view when in a work tree, plus ``.fleetignore``."""
+    """Files to ship, relative, sorted: git's view when in a work tree, plus ``.fleetignore``,
+    minus the built-in excludes and directories of local state (virtualenvs, run folders)."""
     root = root.resolve()
     files = _git_files(root)
     if files is None:
-        matcher = IgnoreMatcher(root, (".gitignore", IGNORE_FILE))
+        matcher = IgnoreMatcher(root, (".gitignore", IGNORE_FILE), builtin=True)
         files = []
         for dirpath, dirnames, filenames in os.walk(root):
             reldir = os.path.relpath(dirpath, root)
@@ -183,13 +224,11 @@ def list_files(root: Path) -> list[str]:
             for d in sorted(dirnames):
                 rel = f"{reldir}/{d}" if reldir else d
                 full = os.path.join(dirpath, d)
-                if d in ALWAYS_SKIP:
-                    continue
                 if os.path.islink(full):  # a symlink to a dir ships as a link
                     if not matcher.ignored(rel):
                         files.append(rel)
                     continue
-                if not matcher.ignored(rel, True):
+                if not matcher.ignored(rel, True) and state_dir(full) is None:
                     keep.append(d)
             dirnames[:] = keep
             for f in filenames:
@@ -197,8 +236,20 @@ def list_files(root: Path) -> list[str]:
                 if not matcher.ignored(rel):
                     files.append(rel)
     else:
-        matcher = IgnoreMatcher(root, (IGNORE_FILE,))
-        files = [f for f in files if not matcher.ignored(f)]
+        matcher = IgnoreMatcher(root, (IGNORE_FILE,), builtin=True)
+        states: dict[str, bool] = {}
+
+        def in_state_dir(rel: str) -> bool:
+            parts = rel.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in states:
+                    states[d] = state_dir(root / d) is not None
+                if states[d]:
+                    return True
+            return False
+
+        files = [f for f in files if not matcher.ignored(f) and not in_state_dir(f)]
     return sorted(f for f in files if os.path.lexists(root / f))
 
 
@@ -250,18 +301,22 @@ class _HashCache:
         with contextlib.suppress(OSError, ValueError):
             self.data = json.loads(self.path.read_text())
 
-    def sha(self, path: str, st: os.stat_result) -> str:
+    def sha(self, path: str, st: os.stat_result) -> tuple[str, bool]:
+        """The content hash, and whether the file looks like a private key (same read)."""
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         hit = self.data.get(path)
-        if hit and hit[:3] == key:
-            return hit[3]
+        if hit and hit[:3] == key and len(hit) == 5:
+            return hit[3], bool(hit[4])
         h = hashlib.sha256()
+        secret = False
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
+            for i, chunk in enumerate(iter(lambda: f.read(1 << 20), b"")):
+                if i == 0:
+                    secret = looks_like_private_key(chunk)
                 h.update(chunk)
-        self.data[path] = [*key, h.hexdigest()]
+        self.data[path] = [*key, h.hexdigest(), secret]
         self.dirty = True
-        return h.hexdigest()
+        return h.hexdigest(), secret
 
     def save(self) -> None:
         if not self.dirty:
@@ -274,11 +329,30 @@ class _HashCache:
 
 
 MAX_FILES = 100_000
+_KEY_NAME = re.compile(r"(?:^|/)id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?$")
+# PEM/OpenSSH private keys (RSA, EC, DSA, PKCS#8, encrypted) and PuTTY's; at a line start, so a
+# source file that merely mentions the header is not taken for a key.
+_KEY_HEADER = re.compile(
+    rb"(?m)^(?:-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----|PuTTY-User-Key-File-\d+: )"
+)
 
 
-def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
+def looks_like_private_key(head: bytes) -> bool:
+    """Whether the first MiB of a file holds a private key header."""
+    return _KEY_HEADER.search(head) is not None
+
+
+class SecretError(UsageError):
+    """The code folder would ship files that look like private keys."""
+
+
+def snapshot(
+    root: str | Path, *, max_files: int = MAX_FILES, allow_secrets: Iterable[str] = ()
+) -> CodeSnapshot:
     """List and hash the tree; raises UsageError when it is not a readable directory or is
-    implausibly large for a project (pushing ``~`` or ``/`` by accident)."""
+    implausibly large for a project (pushing ``~`` or ``/`` by accident), and SecretError when
+    it holds files that look like private keys, unless each is named in ``allow_secrets``
+    (paths relative to ``root``)."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise UsageError(f"code directory {root} does not exist")
@@ -292,6 +366,8 @@ def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
     manifest: dict[str, list] = {}
     total = 0
     digest = hashlib.sha256()
+    allowed = {os.path.normpath(a) for a in allow_secrets}
+    secrets: list[str] = []
     for rel in files:
         full = os.path.join(root, rel)
         try:
@@ -299,7 +375,10 @@ def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
             if stat.S_ISLNK(st.st_mode):
                 entry = ["l", os.readlink(full), 0o777]
             elif stat.S_ISREG(st.st_mode):
-                entry = ["f", cache.sha(full, st), 0o755 if st.st_mode & 0o111 else 0o644]
+                sha, secret = cache.sha(full, st)
+                if (secret or _KEY_NAME.search(rel)) and rel not in allowed:
+                    secrets.append(rel)
+                entry = ["f", sha, 0o755 if st.st_mode & 0o111 else 0o644]
                 total += st.st_size
             else:
                 continue
@@ -310,6 +389,15 @@ def snapshot(root: str | Path, *, max_files: int = MAX_FILES) -> CodeSnapshot:
             f"{rel}\0{entry[0]}\0{entry[1]}\0{entry[2]:o}\n".encode("utf-8", "surrogateescape")
         )
     cache.save()
+    if secrets:
+        shown = ", ".join(secrets[:5]) + (
+            f" (+{len(secrets) - 5} more)" if len(secrets) > 5 else ""
+        )
+        raise SecretError(
+            f"code directory {root} holds {len(secrets)} file(s) that look like private keys: "
+            f"{shown}; exclude them in {IGNORE_FILE}, or ship one on purpose with "
+            "--allow-secret PATH"
+        )
     return CodeSnapshot(root, digest.hexdigest()[:32], tuple(manifest), total, manifest)
 
 

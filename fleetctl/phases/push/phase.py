@@ -62,7 +62,11 @@ class _Push(_Transfer, _PeerDistribution):
         self.fleet, self.options = fleet, options
         self._progress = progress
         self.t0 = time.monotonic()
-        self.snap = codesync.snapshot(code) if code is not None else None
+        self.snap = (
+            codesync.snapshot(code, allow_secrets=options.allow_secrets)
+            if code is not None
+            else None
+        )
         self.archives = self._archives(env_archive)
         self.states: dict[str, _State] = {}  # nodes still in the push
         self._every: dict[str, _State] = {}
