@@ -15,7 +15,13 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import Seconds, SSHOptions, ssh_options
+from fleetctl.cli.options import (
+    Seconds,
+    SSHOptions,
+    collect_options,
+    collect_settings,
+    ssh_options,
+)
 from fleetctl.errors import JobFailed
 
 runs_dir_option = click.option(
@@ -269,13 +275,24 @@ def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
 @cli.command("collect")
 @runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@collect_options
 @click.argument("job")
-def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
-    """Bring JOB's node logs home into its run folder (and record how a detached job ended)."""
+def collect_command(
+    runs_dir: str,
+    as_json: bool,
+    collect_max: str | None,
+    collect_exclude: tuple[str, ...],
+    job: str,
+) -> None:
+    """Bring JOB's node logs home into its run folder (and record how a detached job ended).
+
+    Files already home (same size and mtime) are not copied again; the cap and excludes are
+    the run's unless given here (e.g. a larger --collect-max fetches what was over the cap)."""
     from fleetctl.job.handle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
-        results = h.collect()
+        options = collect_settings(collect_max, collect_exclude, h.collect_options())
+        results = h.collect(options=options)
         data = {
             "job_id": h.job_id,
             "status": h.job.get("status"),
@@ -284,9 +301,10 @@ def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    for c in results:
-        what = c.error or c.skipped or f"{len(c.files)} file(s), {c.bytes} bytes"
-        click.echo(f"  [{c.rank} {c.host}] {what}", err=True)
+    from fleetctl.cli import render
+
+    for line in render.collect_lines(results):
+        click.echo(line, err=True)
     click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
     sys.stdout.flush()
 

@@ -43,31 +43,13 @@ def check_cell(status: str, detail: str, *, width: int = 28) -> str:
     return f"[{style}]{text}[/]"
 
 
-PIPE_WIDTH = 4096  # a pipe or file has no width: nothing is cut, folded or compacted
-
-
-def stdout_console() -> Console:
-    """A console for stdout that cuts nothing when stdout is not a terminal.
-
-    rich assumes 80 columns for a pipe or file (unless ``COLUMNS`` says otherwise), which cut
-    ``fleetctl check > report.txt`` and ``| less`` tables; a terminal keeps its own width.
-    """
-    import os
-    import sys
-
-    from rich.console import Console
-
-    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
-        return Console()
-    return Console(width=PIPE_WIDTH)
-
-
 def print_check_report(report: CheckReport, console: Console | None = None) -> None:
     """``fleetctl check``: the host × check table, then mesh failures, warnings, the verdict."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
+    from fleetctl.cli.console import stdout_console
     from fleetctl.phases.check import CHECKS
 
     console = console or stdout_console()
@@ -385,6 +367,9 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(f"error: {err}")
     for path in result.nccl_traces():
         lines.append(f"NCCL flight-recorder dump: {path}")
+    from fleetctl.cli.render_collect import collect_summary_lines
+
+    lines.extend(collect_summary_lines(result.collected, result.job_id))
     lines.append(f"run folder: {result.folder}")
     return lines
 

@@ -22,6 +22,8 @@ from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     Seconds,
     SSHOptions,
+    collect_options,
+    collect_settings,
     inventory_option,
     limit_option,
     load_selected,
@@ -35,6 +37,7 @@ from fleetctl.ssh.connection import SSHSettings
 if TYPE_CHECKING:
     from fleetctl.job.retry import RetryPolicy
     from fleetctl.job.rolejob import RolePlanner
+    from fleetctl.phases.collect import CollectOptions
 
 
 def new_job_id(now: datetime | None = None) -> str:
@@ -207,6 +210,7 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     "only; the logs on disk are always byte-exact).",
 )
 @lifecycle_options
+@collect_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -337,6 +341,7 @@ def run_command(
         retry=retry.policy(job_retry),
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
+        collect=collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"]),
     )
 
 
@@ -364,6 +369,7 @@ def _run_for_real(
     retry: RetryPolicy,
     monitor: bool,
     monitor_lost_timeout: float | None,
+    collect: CollectOptions | None = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -387,6 +393,7 @@ def _run_for_real(
         planner=planner,
         inventory=inventory,
         limit=limit,
+        collect=collect,
     )
     request = JobRequest(
         spec,

@@ -44,6 +44,7 @@ class JobContext:
                 nodes_as_reached(nodes, options.settings),
                 inventory=options.inventory,
                 limit=options.limit,
+                collect=options.collect.to_dict() if options.collect else None,
             )
         self.result = JobResult(
             job_id=spec.job_id,

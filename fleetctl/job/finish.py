@@ -144,13 +144,19 @@ def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
 
 
 def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
-    from fleetctl.phases.collect import collect
+    from fleetctl.phases.collect import collect, not_collected_line
 
     assert job.plan is not None
     lost = _lost_hosts(job)
     job.emit("phase", f"collecting logs into {job.folder.path}")
     results = collect(
-        fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost, streams=streams
+        fleet,
+        job.plan,
+        job.folder.path,
+        pythons=job.pythons,
+        skip=lost,
+        streams=streams,
+        options=job.options.collect,
     )
     job.result.collected = results
     for c in results:
@@ -159,12 +165,14 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
         node.collected = c.error is None and c.skipped is None
         if c.error:
             job.emit("warning", f"logs not collected: {c.error}", rank=c.rank)
+        elif c.not_collected:
+            job.emit("warning", not_collected_line(c), rank=c.rank)
         if c.refused:
             job.emit(
                 "warning",
                 f"refused unsafe names in the node's log archive: {', '.join(c.refused[:5])}",
                 rank=c.rank,
             )
-        if not node.collected:  # keep what streamed, so the folder always has the console
+        if c.incomplete:  # keep what streamed, so the folder always has the console
             with contextlib.suppress(OSError):
                 job.folder.write_streamed_console(node.rank, node.host, node.tail)

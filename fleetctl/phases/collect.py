@@ -5,25 +5,35 @@
 ``fleet-runs/<job>/<rank>-<host>/``. Runs after success, failure and Ctrl-C alike, and from
 nodes whose job was killed. Remote names are never trusted: absolute paths, ``..``, links and
 special files are refused, and nothing is written outside the node's folder.
+
+Collection cannot lie: the node sends a manifest first (every file, its size and mtime, and
+whether it is sent or why not: over the per-node cap, excluded, already home), then the small
+files (supervisor record, console, launcher logs) before the big ones. Each file is written
+under a temp name and renamed only when complete, with the node's mtime, so a broken transfer
+leaves no truncated file, and a retry (or ``fleetctl collect``) asks only for what is not home
+yet (same size and mtime).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
+import re
 import shlex
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from fleetctl.errors import CollectError
+from fleetctl.errors import CollectError, ConnectError, FleetctlError, UsageError
 from fleetctl.job.runfolder import node_folder_name
 from fleetctl.phases.launch import supervisor_command, supervisor_path
-from fleetctl.remote.supervisor import TAR_MARKER  # the same marker at both ends
+from fleetctl.remote.supervisor import COLLECT_MANIFEST, TAR_MARKER  # the same at both ends
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -31,7 +41,60 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import Connection, Stream
     from fleetctl.ssh.fleet import Fleet
 
-COLLECT_TIMEOUT = 60.0
+COLLECT_TIMEOUT = 60.0  # s without a byte from the node before a transfer counts as failed
+COLLECT_ATTEMPTS = 3  # a failed transfer is retried, asking only for what is not home yet
+DEFAULT_COLLECT_MAX = 256 << 20  # bytes per node: logs always fit, checkpoints usually do not
+MIN_RATE = 1 << 20  # bytes/s a collection is allowed at worst, for the fan-out's outer bound
+PART_PREFIX = ".fleetctl-part-"  # temp names of files being received (never left complete)
+MAX_MANIFEST = 64 << 20
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """``256M``, ``2G``, ``1.5GiB``, ``4096`` (bytes) → bytes; ``unlimited``/``none`` → None."""
+    t = text.strip().lower()
+    if t in ("unlimited", "none", "inf"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", t)
+    if m is None:
+        raise UsageError(f"bad size {text!r}: use e.g. 500M, 2G, 1.5GiB or unlimited")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def format_size(n: int | None) -> str:
+    if n is None:
+        return "unlimited"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """What to bring home from each node: a byte cap per node and file globs to leave there."""
+
+    max_bytes: int | None = DEFAULT_COLLECT_MAX
+    exclude: tuple[str, ...] = ()
+
+    def wire(self, have: Mapping[str, list[int]] | None = None) -> dict[str, Any]:
+        """The supervisor's ``pack`` options (``have``: files already home, size and mtime)."""
+        return {"max": self.max_bytes, "exclude": list(self.exclude), "have": dict(have or {})}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max": self.max_bytes, "exclude": list(self.exclude)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> CollectOptions:
+        if not data:
+            return cls()
+        cap = data.get("max", DEFAULT_COLLECT_MAX)
+        return cls(
+            max_bytes=None if cap is None else int(cap),
+            exclude=tuple(str(g) for g in data.get("exclude") or ()),
+        )
 
 
 @dataclass
@@ -46,6 +109,20 @@ class NodeCollect:
     refused: list[str] = field(default_factory=list)  # unsafe remote names, not written
     error: str | None = None
     skipped: str | None = None
+    # files of the node not home: {"path", "size", "reason", "detail"}; reason is one of
+    # "over cap", "excluded", "transfer failed", "vanished"
+    not_collected: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0
+    transfer_failed: bool = False  # the last transfer broke: a retry may bring the rest
+
+    @property
+    def incomplete(self) -> bool:
+        """Logs that should be home are not: the node was skipped or a transfer failed."""
+        return (
+            self.error is not None
+            or self.skipped is not None
+            or any(f["reason"] in ("transfer failed", "vanished") for f in self.not_collected)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +131,9 @@ class NodeCollect:
             "folder": self.folder,
             "files": self.files,
             "bytes": self.bytes,
+            "not_collected": self.not_collected,
+            "complete": not self.incomplete,
+            "attempts": self.attempts,
             "refused": self.refused,
             "error": self.error,
             "skipped": self.skipped,
@@ -73,46 +153,171 @@ def safe_member_path(name: str) -> str | None:
     return "/".join(parts)
 
 
+@dataclass
+class Unpacked:
+    """What one tar stream left in the node's folder: complete files only."""
+
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+    refused: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    error: str | None = None  # the stream broke: files after the last complete one are missing
+
+
+def unpack(src: IO[bytes], dest: Path) -> Unpacked:
+    """Unpack a tar stream into ``dest`` like :func:`extract_tar`, keeping what landed when
+    the stream breaks (``error`` says why) instead of raising."""
+    got = Unpacked()
+    try:
+        _unpack_into(src, dest, got)
+    except (tarfile.TarError, OSError, EOFError, CollectError, ValueError) as e:
+        got.error = str(e) or type(e).__name__
+    return got
+
+
 def extract_tar(src: IO[bytes], dest: Path) -> tuple[list[str], int, list[str]]:
     """Unpack a tar stream into ``dest``: regular files and folders only, inside ``dest`` only.
 
-    Returns (files written, bytes, refused names). Files are created with O_NOFOLLOW and
-    mode 0600 under folders fleetctl made itself, so a hostile stream cannot redirect a write.
+    Returns (files written, bytes, refused names). Files are written under a temp name (0600)
+    in folders fleetctl made itself and renamed when complete, so a hostile stream cannot
+    redirect a write and a broken one leaves no truncated file.
     """
+    got = Unpacked()
+    _unpack_into(src, dest, got)
+    return got.files, got.bytes, got.refused
+
+
+def _unpack_into(src: IO[bytes], dest: Path, got: Unpacked) -> None:
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     root = dest.resolve()
-    files: list[str] = []
-    refused: list[str] = []
-    total = 0
+    first = True
     with tarfile.open(fileobj=src, mode="r|") as tar:
         for member in tar:
+            if first and member.name == COLLECT_MANIFEST and member.isfile():
+                first = False
+                got.manifest = _read_manifest(tar, member)
+                continue
+            first = False
             rel = safe_member_path(member.name)
             if rel is None or not (member.isfile() or member.isdir()):
-                refused.append(member.name)
+                got.refused.append(member.name)
                 continue
             target = root.joinpath(*rel.split("/"))
             if member.isdir():
                 _make_dirs(root, rel.split("/"))
                 continue
             parent = _make_dirs(root, rel.split("/")[:-1])
-            if parent is None:
-                refused.append(member.name)
+            fobj = tar.extractfile(member) if parent is not None else None
+            if fobj is None or target.is_symlink() or (target.exists() and not target.is_file()):
+                got.refused.append(member.name)
                 continue
-            fobj = tar.extractfile(member)
-            if fobj is None:
-                refused.append(member.name)
+            got.bytes += _receive_file(fobj, parent, target, member.mtime)  # type: ignore[arg-type]
+            got.files.append(rel)
+
+
+def _receive_file(fobj: IO[bytes], parent: Path, target: Path, mtime: float) -> int:
+    """Copy one member under a temp name, then rename it over ``target`` with the node's mtime
+    (what ``fleetctl collect`` compares). A broken stream removes the temp file."""
+    fd, tmp = tempfile.mkstemp(prefix=PART_PREFIX, suffix=".part", dir=parent)
+    total = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := fobj.read(1 << 16):
+                out.write(chunk)
+                total += len(chunk)
+        os.utime(tmp, (time.time(), int(mtime)))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return total
+
+
+def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any] | None:
+    fobj = tar.extractfile(member)
+    if fobj is None or member.size > MAX_MANIFEST:
+        return None
+    try:
+        data = json.loads(fobj.read())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), list) else None
+
+
+def local_files(dest: Path) -> dict[str, list[int]]:
+    """The node folder's complete files as the node's ``pack`` compares them: size, mtime."""
+    have: dict[str, list[int]] = {}
+    if not dest.is_dir():
+        return have
+    for dirpath, dirnames, names in os.walk(dest):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        rel_dir = os.path.relpath(dirpath, dest)
+        for name in names:
+            if name.startswith(PART_PREFIX):
                 continue
             try:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                st = os.lstat(os.path.join(dirpath, name))
             except OSError:
-                refused.append(member.name)
                 continue
-            with os.fdopen(fd, "wb") as out:
-                while chunk := fobj.read(1 << 16):
-                    out.write(chunk)
-                    total += len(chunk)
-            files.append(rel)
-    return files, total, refused
+            if os.path.isfile(os.path.join(dirpath, name)) and not os.path.islink(
+                os.path.join(dirpath, name)
+            ):
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+                have[rel] = [st.st_size, int(st.st_mtime)]
+    return have
+
+
+def account(out: NodeCollect, got: Unpacked) -> None:
+    """Fill ``out`` from one transfer: what is home now, what is not and why."""
+    out.bytes += got.bytes
+    out.refused = sorted({*out.refused, *got.refused})
+    out.transfer_failed = got.error is not None
+    received = set(got.files)
+    if got.manifest is None:  # nothing said what there was: only what landed is known
+        out.files = sorted({*out.files, *received})
+        out.not_collected = []
+        return
+    cap = got.manifest.get("max")
+    home: set[str] = set()
+    missing: list[dict[str, Any]] = []
+    for f in got.manifest["files"]:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+            continue
+        path, size = f["path"], int(f.get("size") or 0)
+        if f.get("send"):
+            if path in received:
+                home.add(path)
+            elif got.error is not None:
+                missing.append(_missing(path, size, "transfer failed", got.error))
+            else:
+                missing.append(_missing(path, size, "vanished", "gone before it was sent"))
+        elif f.get("reason") == "home":
+            home.add(path)
+        elif f.get("reason") == "over cap":
+            missing.append(_missing(path, size, "over cap", f"over the {format_size(cap)} cap"))
+        elif f.get("reason") == "excluded":
+            missing.append(_missing(path, size, "excluded", f"excluded by {f.get('glob')!r}"))
+    out.files = sorted(home)
+    out.not_collected = missing
+
+
+def _missing(path: str, size: int, reason: str, detail: str) -> dict[str, Any]:
+    return {"path": path, "size": size, "reason": reason, "detail": detail}
+
+
+def not_collected_line(c: NodeCollect, *, limit: int = 3) -> str:
+    """``2 file(s) not collected: checkpoint.pt (1.0 GiB, over the 256.0 MiB cap); …``"""
+    shown = [
+        f"{f['path']} ({format_size(int(f.get('size') or 0))}, {f['detail']})"
+        for f in c.not_collected[:limit]
+    ]
+    more = len(c.not_collected) - len(shown)
+    return (
+        f"{len(c.not_collected)} file(s) not collected: "
+        + "; ".join(shown)
+        + (f"; and {more} more (job.json lists them)" if more > 0 else "")
+    )
 
 
 def _make_dirs(root: Path, parts: list[str]) -> Path | None:
@@ -131,10 +336,12 @@ def _make_dirs(root: Path, parts: list[str]) -> Path | None:
 
 class _StreamReader:
     """A Stream as a file for tarfile: skips shell noise up to the marker (the ``T`` frame that
-    starts the tar stream, at the start of a line), bounded by a deadline."""
+    starts the tar stream, at the start of a line); fails when no byte comes for ``idle`` s
+    (a big file may take long; a dead link says nothing)."""
 
-    def __init__(self, stream: Stream, deadline: float) -> None:
-        self.stream, self.deadline = stream, deadline
+    def __init__(self, stream: Stream, idle: float) -> None:
+        self.stream, self.idle = stream, idle
+        self.deadline = time.monotonic() + idle
         self.buf = b"\n"  # the marker is a frame: it starts a line
         self.eof = False
         self.started = False
@@ -143,13 +350,14 @@ class _StreamReader:
         while not self.eof:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise CollectError(f"collect timed out after {COLLECT_TIMEOUT:g}s")
+                raise CollectError(f"no data from the node for {self.idle:g}s")
             data = self.stream.recv(min(left, 1.0))
             if data is None:
                 continue
             if not data:
                 self.eof = True
                 return
+            self.deadline = time.monotonic() + self.idle
             self.buf += data
             if not self.started:
                 i = self.buf.find(b"\n" + TAR_MARKER)
@@ -175,15 +383,18 @@ class _StreamReader:
 def _receive(stream: Stream, dest: Path, out: NodeCollect, timeout: float) -> bool:
     """Skip to the tar marker and unpack what follows into ``dest``, filling ``out``.
     False when the stream ended without a marker (nothing was sent)."""
-    reader = _StreamReader(stream, time.monotonic() + timeout)
+    reader = _StreamReader(stream, timeout)
     while not reader.started and not reader.eof:
         reader._fill()
     if not reader.started:
         return False
-    try:
-        out.files, out.bytes, out.refused = extract_tar(reader, dest)  # type: ignore[arg-type]
-    except (tarfile.TarError, OSError, EOFError) as e:
-        out.error = f"log archive from the node is damaged: {e}"
+    out.attempts += 1
+    got = unpack(reader, dest)  # type: ignore[arg-type]
+    account(out, got)
+    if got.error is not None:
+        out.error = f"log transfer from the node broke: {got.error}"
+    else:
+        out.error = None
     return True
 
 
@@ -195,10 +406,9 @@ def collect_from_supervisor(
     rank: int,
     timeout: float = COLLECT_TIMEOUT,
 ) -> NodeCollect | None:
-    """Ask a supervisor whose job has ended for its run folder on its own channel (``c``).
-
-    No remote command, so no remote shell start-up. None when that channel cannot deliver
-    (closed, no marker): the caller falls back to :func:`collect_node`.
+    """Ask a supervisor whose job has ended for its run folder on its own channel (``c``; the
+    cap and excludes came with its spec). No remote command, so no remote shell start-up.
+    None when that channel cannot deliver (closed, no marker): the caller uses ``pack``.
     """
     out = NodeCollect(node.name, rank, str(dest))
     try:
@@ -220,14 +430,21 @@ def collect_node(
     rank: int,
     python: str,
     timeout: float = COLLECT_TIMEOUT,
+    options: CollectOptions | None = None,
+    out: NodeCollect | None = None,
 ) -> NodeCollect:
-    """Stream the node's run folder (supervisor ``pack``) and unpack it safely into ``dest``."""
-    out = NodeCollect(node.name, rank, str(dest))
+    """Stream the node's run folder (supervisor ``pack``, told what is home already) and
+    unpack it safely into ``dest``; ``out``: an earlier attempt's record to continue."""
+    out = out or NodeCollect(node.name, rank, str(dest))
+    options = options or CollectOptions()
     sup = supervisor_path(conn.expand(node.workdir))
-    argv = supervisor_command(conn.expand(python), sup, "pack", run_dir=conn.expand(run_dir))
+    argv = supervisor_command(
+        conn.expand(python), sup, "pack", run_dir=conn.expand(run_dir), stdin="1"
+    )
     line = f"test -f {shlex.quote(sup)} || exit 3; exec {shlex.join(argv)} 2>/dev/null"
     stream = conn.start(line)
     try:
+        stream.send(json.dumps(options.wire(local_files(dest))).encode() + b"\n")
         if not _receive(stream, dest, out, timeout):
             out.error = "no run folder on the node (the job never started there)"
     finally:
@@ -245,14 +462,17 @@ def collect(
     skip: Iterable[str] = (),
     timeout: float = COLLECT_TIMEOUT,
     streams: Mapping[str, Stream] | None = None,
+    options: CollectOptions | None = None,
 ) -> list[NodeCollect]:
     """Collect every node's run folder in parallel into ``folder/<rank>-<host>/``.
 
     ``streams``: per host, the channel of a supervisor whose job ended and that waits to send
-    its run folder (see :func:`collect_from_supervisor`); the others, and any of those that
-    cannot deliver, run the supervisor's ``pack`` mode as a remote command.
+    its run folder (see :func:`collect_from_supervisor`); the others, any of those that cannot
+    deliver and any transfer that broke (up to ``COLLECT_ATTEMPTS`` in all, reconnecting when
+    the link died) run the supervisor's ``pack`` mode, which sends only what is not home.
     """
     streams = streams or {}
+    options = options or CollectOptions()
     skip = set(skip)
     by_name = {n.name: n for n in fleet.nodes}
     todo = [by_name[np.host] for np in plan.nodes if np.host not in skip]
@@ -263,26 +483,44 @@ def collect(
         return folder / node_folder_name(ranks[host], host)
 
     def one(node: Node, conn: Connection) -> NodeCollect:
+        out: NodeCollect | None = None
         stream = streams.get(node.name)
         if stream is not None:
-            got = collect_from_supervisor(
+            out = collect_from_supervisor(
                 node, stream, dest=dest(node.name), rank=ranks[node.name], timeout=timeout
             )
-            if got is not None:
-                return got
-        return collect_node(
-            node,
-            conn,
-            run_dir=run_dirs[node.name],
-            dest=dest(node.name),
-            rank=ranks[node.name],
-            python=pythons[node.name],
-            timeout=timeout,
-        )
+        tries = out.attempts if out is not None else 0
+        while out is None or (out.transfer_failed and tries < COLLECT_ATTEMPTS):
+            if tries:  # a broken transfer: a moment, then only what is missing
+                time.sleep(min(2.0 * tries, 5.0))
+            try:
+                tries += 1
+                if tries > 1:
+                    conn = _live(fleet, node, conn)
+                out = collect_node(
+                    node,
+                    conn,
+                    run_dir=run_dirs[node.name],
+                    dest=dest(node.name),
+                    rank=ranks[node.name],
+                    python=pythons[node.name],
+                    timeout=timeout,
+                    options=options,
+                    out=out,
+                )
+            except (FleetctlError, OSError, EOFError) as e:
+                if tries >= COLLECT_ATTEMPTS:
+                    if out is None:
+                        raise
+                    out.error = f"log transfer from the node broke: {e}"
+                    return out
+                if out is not None:
+                    out.transfer_failed = True
+        return out
 
-    results = (
-        fleet.map(one, timeout=timeout + 10, nodes=todo, width=max(len(todo), 1)) if todo else None
-    )
+    cap = options.max_bytes if options.max_bytes is not None else 64 << 30
+    limit = COLLECT_ATTEMPTS * (timeout + 15) + cap / MIN_RATE
+    results = fleet.map(one, timeout=limit, nodes=todo, width=max(len(todo), 1)) if todo else None
     out: list[NodeCollect] = []
     for np in plan.nodes:
         d = str(dest(np.host))
@@ -295,6 +533,17 @@ def collect(
         else:
             out.append(NodeCollect(np.host, np.node_rank, d, error=" ".join(str(r).split())))
     return out
+
+
+def _live(fleet: Fleet, node: Node, conn: Connection) -> Connection:
+    """``conn``, or a new connection when its transport died (a broken transfer can take the
+    SSH session with it, e.g. a key re-exchange that timed out)."""
+    try:
+        conn.start("true").close()
+        return conn
+    except ConnectError:
+        fleet.drop(node)
+        return fleet.connection(node)
 
 
 def remote_run_dir(workdir: str, job_id: str) -> str:

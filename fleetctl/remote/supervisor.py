@@ -36,6 +36,7 @@ folder: regular files and folders only). This file holds the one /proc/PID/stat 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import queue
@@ -57,6 +58,9 @@ OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
 LINGER = 120.0  # s after the exit to wait for the controller's ``c`` (collect) or EOF
 TAR_MARKER = b'T {"stream": "tar"}\n'  # the frame before a tar stream (fleetctl.phases.collect)
+COLLECT_MANIFEST = ".fleetctl-collect.json"  # the tar's first member: what is (not) sent, why
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".json", ".jsonl")
+MAX_OPTIONS = 64 << 20  # bytes of collect options on stdin (the controller's file list)
 
 
 # ------------------------------------------------------------------------------- /proc helpers
@@ -683,7 +687,7 @@ def cmd_run() -> int:
     if released and sup.collect_req.is_set():
         with contextlib.suppress(OSError):
             os.write(out_fd, TAR_MARKER)
-            pack_dir(sup.run_dir, out_fd)
+            pack_dir(sup.run_dir, out_fd, sup.spec.get("collect"))
     return 0
 
 
@@ -986,42 +990,132 @@ def cmd_clean(argv: list[str]) -> int:
 
 def cmd_pack(argv: list[str]) -> int:
     """The run folder as a tar stream on stdout after a ``T`` frame: regular files and folders
-    only, no links. Nothing at all when there is no run folder (exit 3)."""
+    only, no links. Nothing at all when there is no run folder (exit 3). ``--stdin 1``: what to
+    send (cap, excludes, files already home) comes as one JSON line on stdin."""
     opts = _opts(argv)
     root = os.path.abspath(os.path.expanduser(opts["run_dir"]))
+    collect = None
+    if opts.get("stdin") == "1":
+        collect = _read_collect_options(0)
     if not os.path.isdir(root):
         return 3
     os.write(1, TAR_MARKER)
-    pack_dir(root, 1)
+    pack_dir(root, 1, collect)
     return 0
 
 
-def pack_dir(root: str, fd: int) -> None:
-    """Write ``root`` as a tar stream to ``fd``: regular files and folders only, no links."""
+def _read_collect_options(fd: int) -> dict:
+    """One JSON line (``max``, ``exclude``, ``have``) from ``fd``; {} when there is none."""
+    buf = b""
+    while b"\n" not in buf and len(buf) < MAX_OPTIONS:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        data = json.loads(buf.split(b"\n", 1)[0].decode("utf-8") or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _collect_class(rel: str) -> int:
+    """Send order: the supervisor's record and the console, then logs, then everything else
+    (so a cap or a broken transfer costs big job files, never the logs)."""
+    if rel in (STATE_FILE, CONSOLE_LOG):
+        return 0
+    name = rel.rsplit("/", 1)[-1]
+    folders = rel.split("/")[:-1]
+    if (
+        name.endswith(LOG_SUFFIXES)
+        or name.startswith(("workerlog", "stdout", "stderr", "endpoints"))
+        or any(f in ("log", "logs", "stacks") for f in folders)
+    ):
+        return 1
+    return 2
+
+
+def collect_plan(root: str, options: dict | None = None) -> tuple[list[str], list[dict]]:
+    """What ``pack`` sends from ``root``: (folders, files in send order).
+
+    Each file is ``{"path", "size", "mtime"}`` plus ``"send": true`` or a ``"reason"``:
+    ``excluded`` (with the ``glob``), ``home`` (same size and mtime as the controller's copy
+    in ``have``), ``over cap`` (the node's files, home ones included, would exceed ``max``
+    bytes; small files come first, so one big file never crowds out the logs).
+    """
+    import fnmatch
+
+    options = options or {}
+    excludes = [str(g) for g in options.get("exclude") or []]
+    have = options.get("have") or {}
+    cap = options.get("max")
+    folders: list[str] = []
+    files: list[dict] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir != ".":
+            folders.append(rel_dir)
+        for name in sorted(filenames):
+            rel = name if rel_dir == "." else rel_dir + "/" + name
+            if rel == COLLECT_MANIFEST:
+                continue
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if _is_regular(st.st_mode):
+                files.append({"path": rel, "size": st.st_size, "mtime": int(st.st_mtime)})
+    files.sort(key=lambda f: (_collect_class(f["path"]), f["size"], f["path"]))
+    budget = None if cap is None else int(cap)
+    for f in files:
+        base = f["path"].rsplit("/", 1)[-1]
+        glob = next(
+            (g for g in excludes if fnmatch.fnmatch(f["path"], g) or fnmatch.fnmatch(base, g)),
+            None,
+        )
+        if glob is not None:
+            f["reason"], f["glob"] = "excluded", glob
+            continue
+        home = have.get(f["path"]) == [f["size"], f["mtime"]]
+        if budget is not None and f["size"] > budget and not home:
+            f["reason"] = "over cap"
+            continue
+        if budget is not None:
+            budget = max(0, budget - f["size"])
+        if home:
+            f["reason"] = "home"
+        else:
+            f["send"] = True
+    return folders, files
+
+
+def pack_dir(root: str, fd: int, options: dict | None = None) -> None:
+    """Write ``root`` as a tar stream to ``fd``: first the manifest (every file and what
+    happens to it, :func:`collect_plan`), the folders, then the files to send in order."""
+    folders, files = collect_plan(root, options)
     out = os.fdopen(fd, "wb", closefd=False)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            rel = os.path.relpath(dirpath, root)
-            if rel != ".":  # folders too: launcher log trees may hold empty rank folders
-                info = tarfile.TarInfo(rel)
-                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
-                tar.addfile(info)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                arc = name if rel == "." else os.path.join(rel, name)
-                try:
-                    st = os.lstat(path)
-                    if not _is_regular(st.st_mode):
-                        continue
-                    info = tar.gettarinfo(path, arcname=arc)
-                    with open(path, "rb") as f:
-                        info.size = min(info.size, os.fstat(f.fileno()).st_size)
-                        tar.addfile(info, _Bounded(f, info.size))
-                except OSError:
-                    continue
-            dirnames[:] = sorted(
-                d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
-            )
+        manifest = json.dumps(
+            {"version": 1, "max": (options or {}).get("max"), "files": files}
+        ).encode()
+        info = tarfile.TarInfo(COLLECT_MANIFEST)
+        info.size, info.mode, info.mtime = len(manifest), 0o600, int(time.time())
+        tar.addfile(info, io.BytesIO(manifest))
+        for rel in folders:  # folders too: launcher log trees may hold empty rank folders
+            info = tarfile.TarInfo(rel)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+            tar.addfile(info)
+        for f in files:
+            if not f.get("send"):
+                continue
+            try:
+                with open(os.path.join(root, f["path"]), "rb") as src:
+                    info = tarfile.TarInfo(f["path"])
+                    info.size, info.mode, info.mtime = f["size"], 0o600, f["mtime"]
+                    tar.addfile(info, _Bounded(src, info.size))
+            except OSError:
+                continue  # gone meanwhile: the controller sees it listed but not sent
     out.flush()
 
 

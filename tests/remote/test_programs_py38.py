@@ -123,11 +123,14 @@ class Jobs:
         }
         return start_node(self.node, self.conn, full, python=self.python)
 
-    def mode(self, *args: str) -> bytes:
+    def mode(self, *args: str, stdin: bytes | None = None) -> bytes:
         """A one-shot mode of the installed supervisor; its whole stdout."""
         sup = supervisor_path(str(self.root / "w"))
         res = subprocess.run(
-            [self.python, sup, *args], capture_output=True, timeout=60, stdin=subprocess.DEVNULL
+            [self.python, sup, *args],
+            capture_output=True,
+            timeout=60,
+            **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
         )
         assert res.returncode == 0, res.stderr
         return res.stdout
@@ -295,6 +298,27 @@ def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs
     with tarfile.open(fileobj=io.BytesIO(packed[len(TAR_MARKER) :]), mode="r|") as tar:
         names = {m.name for m in tar}
     assert {"console.log", "supervisor.json", "stop-request.json"} <= names
+
+    # told on stdin what is home and what to leave: the manifest first, then only the rest
+    Path(run_dir, "model.pt").write_bytes(b"x" * 5000)
+    home = os.stat(Path(run_dir, "console.log"))
+    opts = {
+        "max": 4000,
+        "exclude": ["stop-*"],
+        "have": {"console.log": [home.st_size, int(home.st_mtime)]},
+    }
+    packed = jobs.mode(
+        "pack", "--run-dir", run_dir, "--stdin", "1", stdin=json.dumps(opts).encode()
+    )
+    assert packed.startswith(TAR_MARKER)
+    with tarfile.open(fileobj=io.BytesIO(packed[len(TAR_MARKER) :]), mode="r|") as tar:
+        members = [(m.name, tar.extractfile(m).read() if m.isfile() else b"") for m in tar]
+    names = [n for n, _ in members]
+    assert names[0] == ".fleetctl-collect.json" and "supervisor.json" in names
+    assert not {"console.log", "model.pt", "stop-request.json"} & set(names)
+    reasons = {f["path"]: f.get("reason") for f in json.loads(members[0][1])["files"]}
+    assert reasons["console.log"] == "home" and reasons["model.pt"] == "over cap"
+    assert reasons["stop-request.json"] == "excluded" and reasons["supervisor.json"] is None
 
 
 # ------------------------------------------------------------------------------------ probe

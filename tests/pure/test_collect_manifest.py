@@ -1,0 +1,164 @@
+"""Collection cannot lie: the node's ``pack`` (real supervisor code) sends its manifest and the
+small files first, leaves files over the cap or excluded on the node and lists them, skips what
+is home already; the controller never leaves a truncated file and says what did not arrive."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from fleetctl.errors import UsageError
+from fleetctl.phases.collect import (
+    PART_PREFIX,
+    CollectOptions,
+    NodeCollect,
+    account,
+    local_files,
+    parse_size,
+    unpack,
+)
+from fleetctl.remote import supervisor
+
+BIG = 300_000
+
+
+def node_run_dir(root: Path) -> Path:
+    run = root / "node-run"
+    (run / "log").mkdir(parents=True)
+    (run / "console.log").write_bytes(b"line\n" * 1000)
+    (run / "supervisor.json").write_text('{"state": "exited", "exit_code": 0}')
+    (run / "log" / "workerlog.0").write_bytes(b"worker 0\n" * 50)
+    (run / "checkpoint.pt").write_bytes(os.urandom(BIG))
+    (run / "metrics.bin").write_bytes(b"m" * 100)
+    os.utime(run / "console.log", (1_700_000_000, 1_700_000_000))
+    return run
+
+
+def pack(run: Path, options: CollectOptions, have: dict | None = None) -> bytes:
+    out = run.parent / "packed.tar"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        supervisor.pack_dir(str(run), fd, options.wire(have))
+    finally:
+        os.close(fd)
+    return out.read_bytes()
+
+
+def member_names(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+        return [m.name for m in tar if not m.isdir()]
+
+
+def collected(data: bytes, dest: Path, out: NodeCollect | None = None) -> NodeCollect:
+    out = out or NodeCollect("node3", 2, str(dest))
+    account(out, unpack(io.BytesIO(data), dest))
+    return out
+
+
+def test_pack_sends_the_manifest_and_logs_first_and_lists_a_file_over_the_cap(
+    tmp_path: Path,
+) -> None:
+    run = node_run_dir(tmp_path)
+    data = pack(run, CollectOptions(max_bytes=100_000))
+    names = member_names(data)
+    assert names[0] == supervisor.COLLECT_MANIFEST
+    assert names[1:4] == ["supervisor.json", "console.log", "log/workerlog.0"]
+    assert "checkpoint.pt" not in names and "metrics.bin" in names
+
+    dest = tmp_path / "home"
+    got = collected(data, dest)
+    assert got.files == ["console.log", "log/workerlog.0", "metrics.bin", "supervisor.json"]
+    assert got.not_collected == [
+        {
+            "path": "checkpoint.pt",
+            "size": BIG,
+            "reason": "over cap",
+            "detail": "over the 97.7 KiB cap",
+        }
+    ]
+    assert not got.incomplete and got.to_dict()["complete"] is True
+    assert not (dest / "checkpoint.pt").exists()
+    assert not (dest / supervisor.COLLECT_MANIFEST).exists()
+    assert (dest / "console.log").read_bytes() == (run / "console.log").read_bytes()
+    assert int((dest / "console.log").stat().st_mtime) == 1_700_000_000  # the node's mtime
+
+
+def test_excluded_files_stay_on_the_node_and_are_listed_with_their_glob(tmp_path: Path) -> None:
+    run = node_run_dir(tmp_path)
+    data = pack(run, CollectOptions(max_bytes=None, exclude=("*.pt", "log/*")))
+    got = collected(data, tmp_path / "home")
+    assert got.files == ["console.log", "metrics.bin", "supervisor.json"]
+    assert {(f["path"], f["reason"], f["detail"]) for f in got.not_collected} == {
+        ("checkpoint.pt", "excluded", "excluded by '*.pt'"),
+        ("log/workerlog.0", "excluded", "excluded by 'log/*'"),
+    }
+
+
+def test_a_later_collect_with_a_larger_cap_sends_only_what_is_not_home(tmp_path: Path) -> None:
+    run = node_run_dir(tmp_path)
+    dest = tmp_path / "home"
+    first = collected(pack(run, CollectOptions(max_bytes=100_000)), dest)
+    assert [f["path"] for f in first.not_collected] == ["checkpoint.pt"]
+
+    (run / "console.log").write_bytes(b"line\n" * 1001)  # grew since: sent again
+    again = pack(run, CollectOptions(max_bytes=1 << 20), have=local_files(dest))
+    assert member_names(again)[1:] == ["console.log", "checkpoint.pt"]
+    got = collected(again, dest)
+    assert got.not_collected == []
+    assert got.files == [
+        "checkpoint.pt",
+        "console.log",
+        "log/workerlog.0",
+        "metrics.bin",
+        "supervisor.json",
+    ]
+    assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
+    assert (dest / "console.log").read_bytes() == b"line\n" * 1001
+
+
+def test_a_broken_transfer_leaves_no_truncated_file_and_says_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    run = node_run_dir(tmp_path)
+    data = pack(run, CollectOptions(max_bytes=None))
+    cut = data[: len(data) - BIG // 2]  # the link dies in the middle of the big file
+    dest = tmp_path / "home"
+    got = collected(cut, dest)
+    assert got.transfer_failed and got.incomplete
+    assert [(f["path"], f["reason"]) for f in got.not_collected] == [
+        ("checkpoint.pt", "transfer failed")
+    ]
+    assert "console.log" in got.files and "checkpoint.pt" not in got.files
+    assert not (dest / "checkpoint.pt").exists()
+    assert [p.name for p in dest.rglob(f"{PART_PREFIX}*")] == []
+
+    # the retry asks only for what is missing and completes the folder
+    retry = pack(run, CollectOptions(max_bytes=None), have=local_files(dest))
+    assert member_names(retry)[1:] == ["checkpoint.pt"]
+    done = collected(retry, dest, got)
+    assert not done.incomplete and done.not_collected == []
+    assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4096", 4096),
+        ("500M", 500 << 20),
+        ("2G", 2 << 30),
+        ("1.5GiB", int(1.5 * (1 << 30))),
+        ("64k", 64 << 10),
+        ("unlimited", None),
+    ],
+)
+def test_collect_sizes_read_like_ops_people_write_them(text: str, size: int | None) -> None:
+    assert parse_size(text) == size
+
+
+def test_a_bad_collect_size_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="bad size '12 parsecs'"):
+        parse_size("12 parsecs")
