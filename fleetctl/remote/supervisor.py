@@ -9,7 +9,8 @@ controller -> supervisor (stdin)
     node_rank, deadman, grace, detach, files, path_prepend, heartbeat); then single bytes:
     ``h`` heartbeat, ``t`` stop the job (grace), ``k`` kill the job now. EOF = controller gone.
 supervisor -> controller (stdout), one frame per line, never a partial line:
-    ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``L <text>`` one output
+    ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``C <text>`` a piece of a
+    line longer than MAX_LINE (its ``L`` frame ends it) · ``L <text>`` one output
     line of the job · ``H`` heartbeat · ``E <text>`` supervisor notice · ``F <text>`` could not
     start · ``Q`` detached · ``X <code> [<json>]`` the job ended (exit code, or -signal), with
     what the scan for the job's processes after the exit found, killed and left.
@@ -481,19 +482,28 @@ class Supervisor:
 
     # -- threads ------------------------------------------------------------------------
     def pump(self) -> None:
-        """Job output -> console.log and the controller, line by line."""
+        """Job output -> console.log (byte-exact) and the controller, line by line.
+
+        Reads at most ``MAX_LINE`` bytes at a time (bounded memory): a longer line goes out as
+        ``C`` frames (a piece of a line that goes on) ended by its ``L`` frame, so it arrives
+        as one line; console.log gets the bytes exactly as the job wrote them."""
         assert self.proc is not None and self.proc.stdout is not None
         src = self.proc.stdout
         while True:
             line = src.readline(MAX_LINE)
             if not line:
                 break
-            try:
-                self.log.write(line if line.endswith(b"\n") else line + b"\n")  # type: ignore[union-attr]
-                self.log.flush()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            self.out.frame("L", line.rstrip(b"\n"))
+            self.write_log(line)
+            # readline returns less than MAX_LINE without a newline only at EOF: the line ends
+            ends = line.endswith(b"\n") or len(line) < MAX_LINE
+            self.out.frame("L" if ends else "C", line[:-1] if line.endswith(b"\n") else line)
+
+    def write_log(self, data: bytes) -> None:
+        try:
+            self.log.write(data)  # type: ignore[union-attr]
+            self.log.flush()  # type: ignore[union-attr]
+        except OSError:
+            pass
 
     def heartbeats(self, done: threading.Event) -> None:
         """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
