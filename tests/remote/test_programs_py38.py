@@ -62,6 +62,7 @@ EXERCISED = {
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
 }
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 JOB = "setsid sleep 300 & sleep 300 & echo up; wait"
@@ -532,3 +533,21 @@ def test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler(
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+# ------------------------------------------------------------------------------ exec timeout
+
+
+def test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit(run38: Run) -> None:
+    secs = f"{200 + os.getpid() % 1000 / 1000:.3f}"
+    cmd = f"echo up; setsid sleep {secs} & sleep {secs}; wait"
+    res = run38("exec_timeout.py", ["0.5", "1", jid("x-timeout"), cmd])
+    assert res.returncode == 124
+    assert res.stdout == b"up\n"
+    last = res.stderr.decode().splitlines()[-1]
+    assert last.startswith("fleetctl: exec timed out after 0.5s: ") and "still running" not in last
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    assert f"sleep {secs}" not in ps.stdout
+
+    ok = run38("exec_timeout.py", ["30", "1", jid("x-ok"), "echo fine; exit 7"])
+    assert ok.returncode == 7 and ok.stdout == b"fine\n" and ok.stderr == b""
