@@ -367,8 +367,9 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(f"error: {err}")
     for path in result.nccl_traces():
         lines.append(f"NCCL flight-recorder dump: {path}")
-    from fleetctl.cli.render_collect import collect_summary_lines
+    from fleetctl.cli.render_collect import collect_summary_lines, node_problem_lines
 
+    lines.extend(node_problem_lines(result.nodes))
     lines.extend(collect_summary_lines(result.collected, result.job_id))
     lines.append(f"run folder: {result.folder}")
     return lines

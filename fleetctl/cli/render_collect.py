@@ -7,7 +7,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fleetctl.job.result import NodeOutcome
     from fleetctl.phases.collect import NodeCollect
+
+
+def node_problem_lines(nodes: Sequence[NodeOutcome]) -> list[str]:
+    """Nodes that said something went wrong besides the job (``disk full on <run dir>``):
+    their console.log has gaps, fleetctl's streamed copy does not."""
+    from fleetctl.job.runfolder import STREAMED_CONSOLE
+
+    lines = []
+    for n in nodes:
+        if n.problem:
+            copy = f"{n.folder}/{STREAMED_CONSOLE}" if n.folder else STREAMED_CONSOLE
+            lines.append(
+                f"node {n.rank} ({n.host}): {n.problem}; its console.log misses output, "
+                f"every line that streamed is in {copy}"
+            )
+    return lines
 
 
 def collect_summary_lines(collected: Sequence[NodeCollect], job_id: str) -> list[str]:

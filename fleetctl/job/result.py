@@ -53,6 +53,7 @@ class NodeOutcome:
     folder: str | None = None
     collected: bool = False
     leftovers: dict[str, Any] | None = None  # the supervisor's after-exit scan (exit report)
+    problem: str | None = None  # what the node itself reported: "disk full on <run dir>"
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES), repr=False
     )
@@ -70,11 +71,12 @@ class NodeOutcome:
             return f"lost ({self.reason})" if self.reason else "lost"
         if self.state == NodeState.START_FAILED:
             return f"could not start ({self.reason})" if self.reason else "could not start"
+        also = f"; {self.problem}" if self.problem else ""
         if self.signal is not None:
-            return f"signal {self.signal} ({_signame(self.signal)})"
+            return f"signal {self.signal} ({_signame(self.signal)}){also}"
         if self.exit_code is not None:
-            return f"exit code {self.exit_code}"
-        return self.state
+            return f"exit code {self.exit_code}{also}"
+        return f"{self.state}{also}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +90,7 @@ class NodeOutcome:
             "start_time": iso(self.start_time),
             "end_time": iso(self.end_time),
             "reason": self.reason,
+            "problem": self.problem,
             "folder": self.folder,
             "collected": self.collected,
         }

@@ -37,6 +37,7 @@ folder: regular files and folders only). This file holds the one /proc/PID/stat 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -402,6 +403,8 @@ class Supervisor:
         self.stopped: dict = {}  # what a requested stop found and killed
         self.lock = threading.Lock()
         self.log = None
+        self.log_problem: str | None = None  # e.g. "disk full on <run dir>": console.log has gaps
+        self.log_lost = 0  # bytes of output console.log could not take since the last write
         self.state: dict = {}
         self.listening = False
         self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
@@ -426,7 +429,8 @@ class Supervisor:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(content)
-        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab")  # noqa: SIM115 - lives with the job
+        # unbuffered: a failed write (disk full) fails there and then, never again at close()
+        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
 
     def child_env(self) -> dict:
         env = dict(os.environ)
@@ -499,11 +503,26 @@ class Supervisor:
             self.out.frame("L" if ends else "C", line[:-1] if line.endswith(b"\n") else line)
 
     def write_log(self, data: bytes) -> None:
+        """Append to console.log. When the disk is full the job goes on, and so does the
+        stream to the controller (which keeps its own copy): say so once (``E``), count what
+        was lost, and once writes work again mark the gap in the log."""
+        if self.log is None:
+            return
         try:
-            self.log.write(data)  # type: ignore[union-attr]
-            self.log.flush()  # type: ignore[union-attr]
-        except OSError:
-            pass
+            if self.log_lost:
+                _write_all(self.log, _gap_note(self.log_lost, self.log_problem))
+                self.log_lost = 0
+            _write_all(self.log, data)
+        except OSError as e:
+            self.log_lost += len(data)
+            if self.log_problem is None:
+                self.log_problem = _write_problem(e, self.run_dir)
+                self.out.frame(
+                    "E",
+                    f"{self.log_problem}: console.log on the node misses output from here "
+                    "on; the stream to fleetctl goes on".encode(),
+                    must=True,
+                )
 
     def heartbeats(self, done: threading.Event) -> None:
         """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
@@ -623,12 +642,14 @@ class Supervisor:
                 "stop_reason": self.stop_reason,
                 "remaining": left["remaining"],
                 "dropped_frames": self.out.dropped,
+                "problem": self.log_problem,
             }
         )
         with contextlib.suppress(OSError):
             _write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
         if self.log is not None:
-            self.log.close()
+            with contextlib.suppress(OSError):
+                self.log.close()
         return code
 
     def _stop(self, grace: float) -> None:
@@ -641,6 +662,29 @@ class Supervisor:
             reap=self.proc,
             root=os.getpid() if self.subreaper else None,
         )
+
+
+def _write_all(f, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if not n:
+            raise OSError(errno.ENOSPC, "no space left on device")
+        view = view[n:]
+
+
+def _write_problem(e: OSError, run_dir: str) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full on {run_dir}"
+    return f"cannot write console.log in {run_dir}: {e.strerror or e}"
+
+
+def _gap_note(lost: int, problem: str | None) -> bytes:
+    return (
+        f"\n[fleetctl supervisor] {lost} bytes of output are missing here ({problem}); "
+        "fleetctl's streamed copy has them\n"
+    ).encode()
 
 
 def _pid_alive(pid: object, start: object) -> bool:
@@ -679,16 +723,14 @@ def cmd_run() -> int:
     # so the controller's teardown needs no extra remote command for this node.
     report = b""
     if sup.leftovers is not None:
-        report = (
-            b" "
-            + json.dumps(
-                {
-                    **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
-                    "ended_at": sup.ended_at,
-                    "stop_asked": sup.stop_asked,
-                }
-            ).encode()
-        )
+        said = {
+            **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
+            "ended_at": sup.ended_at,
+            "stop_asked": sup.stop_asked,
+        }
+        if sup.log_problem:  # what went wrong on this node besides the job: "disk full on …"
+            said["problem"] = sup.log_problem
+        report = b" " + json.dumps(said).encode()
     out.frame("X", str(code).encode() + report, must=True)
     out.close(3.0)
     # After the exit, the controller may ask for the run folder on this same channel (``c``):
@@ -709,8 +751,9 @@ def _start_and_supervise(sup: Supervisor) -> int:
         msg = f"cannot start job on this node: {e}"
         sup.out.frame("F", msg.encode(), must=True)
         if sup.log is not None:
-            sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
-            sup.log.close()
+            with contextlib.suppress(OSError):
+                sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
+                sup.log.close()
         return 127
     sup.out.frame(
         "S",

@@ -102,3 +102,53 @@ def test_a_file_over_the_cap_is_listed_not_copied_and_collect_fetches_only_it_la
     final = job_json(runs, job_id)
     assert final["status"] == "succeeded"
     assert [c["not_collected"] for c in final["collected"]] == [[], [], []]
+
+
+CHATTY = """\
+import os
+rank = int(os.environ["FLEET_NODE_RANK"])
+for i in range(20000):
+    print(f"line {i:05d} of rank {rank} " + "x" * 40, flush=True)
+"""
+
+
+def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is_kept(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "chatty.py").write_text(CHATTY)
+    runs = tmp_path / "runs"
+    lab3.disk_full("node2", "/root/.fleetctl/runs", "256k")  # undone after the test (lab3)
+    p = fleetctl(
+        "run",
+        "-i",
+        str(lab3.inventory_path),
+        "--launcher",
+        "plain",
+        "--no-check",
+        "--runs-dir",
+        str(runs),
+        "--code-dir",
+        str(code),
+        "--tail",
+        "none",
+        str(code / "chatty.py"),
+    )
+    job_id = next(d.name for d in runs.iterdir())
+    full = f"disk full on /root/.fleetctl/runs/{job_id}"
+    assert p.exit_code == 0, p.stderr  # the job itself went on and succeeded
+    job = job_json(runs, job_id)
+    node = job["nodes"][1]
+    assert node["state"] == "succeeded" and node["reason"] == full and node["problem"] == full
+    assert f"[1 node2] {full}: console.log on the node misses output" in p.stderr, p.stderr
+    assert f"node 1 (node2): {full}; its console.log misses output" in p.stderr
+    for rank, host in enumerate(HOSTS):
+        want = [f"line {i:05d} of rank {rank} " + "x" * 40 for i in range(20000)]
+        folder = runs / job_id / f"{rank}-{host}"
+        if rank == 1:  # the node's log stopped when its disk filled; fleetctl's copy did not
+            assert len((folder / "console.log").read_bytes()) < 256 << 10
+            assert (folder / "console.streamed.log").read_text().splitlines() == want
+        else:  # whole logs came home: no second copy
+            assert (folder / "console.log").read_text().splitlines() == want
+            assert not (folder / "console.streamed.log").exists()
