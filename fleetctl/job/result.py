@@ -162,9 +162,10 @@ class JobResult:
         )
 
     def log_tail(self, rank: int, n: int = 20) -> list[str]:
-        """Last ``n`` lines of a node's console: the collected console.log, else what streamed."""
+        """Last ``n`` lines of a node's console: the collected console.log, else what streamed
+        (also when the node could not write its console.log: a full disk)."""
         node = self.nodes[rank]
-        if node.folder:
+        if node.folder and not node.problem:
             path = Path(node.folder) / "console.log"
             with contextlib.suppress(OSError), path.open("rb") as f:
                 f.seek(max(0, f.seek(0, 2) - 256 * 1024))  # the end is enough for a tail

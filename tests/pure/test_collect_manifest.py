@@ -8,6 +8,7 @@ import io
 import os
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,3 +163,68 @@ def test_collect_sizes_read_like_ops_people_write_them(text: str, size: int | No
 def test_a_bad_collect_size_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="bad size '12 parsecs'"):
         parse_size("12 parsecs")
+
+
+class _CutAfter:
+    """A real stream that breaks after ``limit`` bytes, as a dying SSH link does."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.stream, self.left = stream, limit
+
+    def recv(self, timeout: float) -> bytes | None:
+        if self.left <= 0:
+            self.stream.close()
+            return b""
+        data = self.stream.recv(timeout)
+        if data:
+            data = data[: self.left]
+            self.left -= len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.job.supervisors import ensure_supervisor
+    from fleetctl.node import Node
+    from fleetctl.phases.collect import collect
+    from fleetctl.plan.rankplan import JobSpec, make_plan
+    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.local import LocalConnection
+
+    node = Node.localhost(name="n0", workdir=str(tmp_path / "w"))
+    plan = make_plan([node], JobSpec(script="x.py", job_id="j-cut", launcher="plain"))
+    node_run_dir(tmp_path / "w" / "runs").rename(tmp_path / "w" / "runs" / "j-cut")
+    starts: list[str] = []
+    real_start = LocalConnection.start
+
+    def start(self: LocalConnection, command: Any) -> Any:
+        stream = real_start(self, command)
+        if " pack " not in str(command):
+            return stream
+        starts.append(str(command))
+        return _CutAfter(stream, 60_000) if len(starts) == 1 else stream  # the 1st breaks
+
+    monkeypatch.setattr(LocalConnection, "start", start)
+    home = tmp_path / "home"
+    with Fleet([node]) as fleet:
+        ensure_supervisor(fleet)
+        [got] = collect(
+            fleet,
+            plan,
+            home,
+            pythons={"n0": node.python},
+            options=CollectOptions(max_bytes=None),
+        )
+    assert len(starts) == 2 and got.attempts == 2
+    assert got.error is None and not got.incomplete and got.not_collected == []
+    run = tmp_path / "w" / "runs" / "j-cut"
+    dest = home / "0-n0"
+    assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
+    assert (dest / "console.log").read_bytes() == (run / "console.log").read_bytes()
+    # the second transfer carried only the big file: the small ones were home after the first
+    assert BIG <= got.bytes < BIG + 60_000
+    assert [p.name for p in dest.rglob(f"{PART_PREFIX}*")] == []
