@@ -23,7 +23,6 @@ import posixpath
 import re
 import shlex
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,10 @@ COLLECT_TIMEOUT = 60.0  # s without a byte from the node before a transfer count
 COLLECT_ATTEMPTS = 3  # a failed transfer is retried, asking only for what is not home yet
 DEFAULT_COLLECT_MAX = 256 << 20  # bytes per node: logs always fit, checkpoints usually do not
 MIN_RATE = 1 << 20  # bytes/s a collection is allowed at worst, for the fan-out's outer bound
-PART_PREFIX = ".fleetctl-part-"  # temp names of files being received (never left complete)
+PART_PREFIX = ".fleetctl-part-"  # files being received: .fleetctl-part-NAME.SIZE.MTIME.part
+PART_RE = re.compile(r"^\.fleetctl-part-(.+)\.(\d+)\.(\d+)\.part$")
+RESUME_MIN = 1 << 20  # a broken transfer keeps a partial copy this big, to resume from
+OFFSET_KEY = "fleetctl.offset"  # pax header: the member is the file's tail from this byte
 MAX_MANIFEST = 64 << 20
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -79,9 +81,19 @@ class CollectOptions:
     max_bytes: int | None = DEFAULT_COLLECT_MAX
     exclude: tuple[str, ...] = ()
 
-    def wire(self, have: Mapping[str, list[int]] | None = None) -> dict[str, Any]:
-        """The supervisor's ``pack`` options (``have``: files already home, size and mtime)."""
-        return {"max": self.max_bytes, "exclude": list(self.exclude), "have": dict(have or {})}
+    def wire(
+        self,
+        have: Mapping[str, list[int]] | None = None,
+        partial: Mapping[str, list[int]] | None = None,
+    ) -> dict[str, Any]:
+        """The supervisor's ``pack`` options (``have``: files already home, size and mtime;
+        ``partial``: size, mtime and bytes home of files a broken transfer left half-way)."""
+        return {
+            "max": self.max_bytes,
+            "exclude": list(self.exclude),
+            "have": dict(have or {}),
+            "partial": dict(partial or {}),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {"max": self.max_bytes, "exclude": list(self.exclude)}
@@ -208,30 +220,60 @@ def _unpack_into(src: IO[bytes], dest: Path, got: Unpacked) -> None:
                 continue
             parent = _make_dirs(root, rel.split("/")[:-1])
             fobj = tar.extractfile(member) if parent is not None else None
-            if fobj is None or target.is_symlink() or (target.exists() and not target.is_file()):
+            if (
+                fobj is None
+                or parent is None
+                or target.name.startswith(PART_PREFIX)  # our names for partial copies
+                or target.is_symlink()
+                or (target.exists() and not target.is_file())
+            ):
                 got.refused.append(member.name)
                 continue
-            got.bytes += _receive_file(fobj, parent, target, member.mtime)  # type: ignore[arg-type]
+            offset = _offset(member)
+            mtime = int(member.mtime)
+            part = parent / f"{PART_PREFIX}{target.name}.{offset + member.size}.{mtime}.part"
+            got.bytes += _receive_file(fobj, part, target, mtime, offset)
             got.files.append(rel)
 
 
-def _receive_file(fobj: IO[bytes], parent: Path, target: Path, mtime: float) -> int:
-    """Copy one member under a temp name, then rename it over ``target`` with the node's mtime
-    (what ``fleetctl collect`` compares). A broken stream removes the temp file."""
-    fd, tmp = tempfile.mkstemp(prefix=PART_PREFIX, suffix=".part", dir=parent)
+def _offset(member: tarfile.TarInfo) -> int:
+    try:
+        return max(0, int(member.pax_headers.get(OFFSET_KEY, "0")))
+    except ValueError:
+        return 0
+
+
+def _receive_file(fobj: IO[bytes], part: Path, target: Path, mtime: int, offset: int) -> int:
+    """Copy one member into its partial copy ``part`` (appending from ``offset`` when the
+    node resumes a broken transfer), then rename it over ``target`` with the node's mtime
+    (what ``fleetctl collect`` compares). A broken stream leaves no file under the real name:
+    a partial copy of at least ``RESUME_MIN`` bytes stays, under its marked name, to resume."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if offset else os.O_TRUNC)
+    if offset and (part.is_symlink() or not part.is_file() or part.stat().st_size != offset):
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise CollectError(f"{target.name}: the partial copy to resume from changed")
     total = 0
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(os.open(part, flags, 0o600), "ab" if offset else "wb") as out:
             while chunk := fobj.read(1 << 16):
                 out.write(chunk)
                 total += len(chunk)
-        os.utime(tmp, (time.time(), int(mtime)))
-        os.replace(tmp, target)
+        os.utime(part, (time.time(), mtime))
+        os.replace(part, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            if part.stat().st_size < RESUME_MIN:
+                part.unlink()
         raise
+    for stale in target.parent.glob(f"{PART_PREFIX}{_glob_escape(target.name)}.*.part"):
+        with contextlib.suppress(OSError):
+            stale.unlink()  # partial copies of an older version of this file
     return total
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any] | None:
@@ -266,6 +308,20 @@ def local_files(dest: Path) -> dict[str, list[int]]:
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                 have[rel] = [st.st_size, int(st.st_mtime)]
     return have
+
+
+def partial_files(dest: Path) -> dict[str, list[int]]:
+    """Partial copies a broken transfer left: rel path -> [size, mtime, bytes home]."""
+    partial: dict[str, list[int]] = {}
+    if not dest.is_dir():
+        return partial
+    for path in dest.rglob(f"{PART_PREFIX}*.part"):
+        m = PART_RE.match(path.name)
+        if m is None or path.is_symlink() or not path.is_file():
+            continue
+        rel = path.parent.relative_to(dest) / m.group(1)
+        partial[rel.as_posix()] = [int(m.group(2)), int(m.group(3)), path.stat().st_size]
+    return partial
 
 
 def account(out: NodeCollect, got: Unpacked) -> None:
@@ -444,7 +500,8 @@ def collect_node(
     line = f"test -f {shlex.quote(sup)} || exit 3; exec {shlex.join(argv)} 2>/dev/null"
     stream = conn.start(line)
     try:
-        stream.send(json.dumps(options.wire(local_files(dest))).encode() + b"\n")
+        wire = options.wire(local_files(dest), partial_files(dest))
+        stream.send(json.dumps(wire).encode() + b"\n")
         if not _receive(stream, dest, out, timeout):
             out.error = "no run folder on the node (the job never started there)"
     finally:

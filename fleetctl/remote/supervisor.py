@@ -1094,13 +1094,16 @@ def collect_plan(root: str, options: dict | None = None) -> tuple[list[str], lis
     Each file is ``{"path", "size", "mtime"}`` plus ``"send": true`` or a ``"reason"``:
     ``excluded`` (with the ``glob``), ``home`` (same size and mtime as the controller's copy
     in ``have``), ``over cap`` (the node's files, home ones included, would exceed ``max``
-    bytes; small files come first, so one big file never crowds out the logs).
+    bytes; small files come first, so one big file never crowds out the logs). A file sent
+    whose partial copy is home (``partial``: same size and mtime) gets the ``offset`` to
+    resume from.
     """
     import fnmatch
 
     options = options or {}
     excludes = [str(g) for g in options.get("exclude") or []]
     have = options.get("have") or {}
+    partial = options.get("partial") or {}
     cap = options.get("max")
     folders: list[str] = []
     files: list[dict] = []
@@ -1138,8 +1141,16 @@ def collect_plan(root: str, options: dict | None = None) -> tuple[list[str], lis
             budget = max(0, budget - f["size"])
         if home:
             f["reason"] = "home"
-        else:
-            f["send"] = True
+            continue
+        f["send"] = True
+        part = partial.get(f["path"])  # a broken transfer's copy: send only the rest
+        if (
+            isinstance(part, list)
+            and len(part) == 3
+            and part[:2] == [f["size"], f["mtime"]]
+            and 0 < int(part[2]) < f["size"]
+        ):
+            f["offset"] = int(part[2])
     return folders, files
 
 
@@ -1164,8 +1175,12 @@ def pack_dir(root: str, fd: int, options: dict | None = None) -> None:
                 continue
             try:
                 with open(os.path.join(root, f["path"]), "rb") as src:
+                    offset = f.get("offset", 0)
                     info = tarfile.TarInfo(f["path"])
-                    info.size, info.mode, info.mtime = f["size"], 0o600, f["mtime"]
+                    info.size, info.mode, info.mtime = f["size"] - offset, 0o600, f["mtime"]
+                    if offset:  # resumed: the tail only (fleetctl.phases.collect.OFFSET_KEY)
+                        src.seek(offset)
+                        info.pax_headers = {"fleetctl.offset": str(offset)}
                     tar.addfile(info, _Bounded(src, info.size))
             except OSError:
                 continue  # gone meanwhile: the controller sees it listed but not sent

@@ -20,6 +20,7 @@ from fleetctl.phases.collect import (
     account,
     local_files,
     parse_size,
+    partial_files,
     unpack,
 )
 from fleetctl.remote import supervisor
@@ -39,11 +40,13 @@ def node_run_dir(root: Path) -> Path:
     return run
 
 
-def pack(run: Path, options: CollectOptions, have: dict | None = None) -> bytes:
+def pack(
+    run: Path, options: CollectOptions, have: dict | None = None, partial: dict | None = None
+) -> bytes:
     out = run.parent / "packed.tar"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        supervisor.pack_dir(str(run), fd, options.wire(have))
+        supervisor.pack_dir(str(run), fd, options.wire(have, partial))
     finally:
         os.close(fd)
     return out.read_bytes()
@@ -228,3 +231,24 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
     # the second transfer carried only the big file: the small ones were home after the first
     assert BIG <= got.bytes < BIG + 60_000
     assert [p.name for p in dest.rglob(f"{PART_PREFIX}*")] == []
+
+
+def test_a_big_file_cut_half_way_is_resumed_from_where_it_broke(tmp_path: Path) -> None:
+    run = node_run_dir(tmp_path)
+    (run / "checkpoint.pt").write_bytes(os.urandom(3 << 20))
+    data = pack(run, CollectOptions(max_bytes=None))
+    dest = tmp_path / "home"
+    got = collected(data[: len(data) - (1 << 20)], dest)  # 2 MiB of it arrived
+    assert got.transfer_failed and not (dest / "checkpoint.pt").exists()
+    [partial] = list(dest.glob(f"{PART_PREFIX}checkpoint.pt.*.part"))  # marked, not the real name
+    have = partial.stat().st_size
+    assert have >= 1 << 20
+
+    again = pack(run, CollectOptions(max_bytes=None), local_files(dest), partial_files(dest))
+    with tarfile.open(fileobj=io.BytesIO(again), mode="r|") as tar:
+        sent = [(m.name, m.size, m.pax_headers.get("fleetctl.offset")) for m in tar if m.isfile()]
+    assert sent[1:] == [("checkpoint.pt", (3 << 20) - have, str(have))]  # only the rest
+    done = collected(again, dest, got)
+    assert not done.incomplete and done.not_collected == []
+    assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
+    assert list(dest.glob(f"{PART_PREFIX}*")) == []
