@@ -252,3 +252,18 @@ def test_a_big_file_cut_half_way_is_resumed_from_where_it_broke(tmp_path: Path) 
     assert not done.incomplete and done.not_collected == []
     assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
     assert list(dest.glob(f"{PART_PREFIX}*")) == []
+
+
+def test_a_bad_collect_max_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from fleetctl.testing.cli_runner import run_cli
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    runs = tmp_path / "runs"
+    p = run_cli("run", "--collect-max", "12 parsecs", "--runs-dir", str(runs), str(script))
+    assert p.exit_code == 2
+    assert p.stderr.strip().splitlines() == [
+        "fleetctl: error: Invalid value for --collect-max: bad size '12 parsecs': "
+        "use e.g. 500M, 2G, 1.5GiB or unlimited"
+    ]
+    assert not runs.exists()
