@@ -118,12 +118,30 @@ def _rc(r: NodeRun) -> int:
 
 def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
     """``command`` under the node's own time limit (``remote/exec_timeout.py``, shipped with
-    ``python -c``): stopped with all it started when ``timeout`` is up."""
+    ``python -c``): stopped with all it started when ``timeout`` is up.
+
+    A node without that python still runs the command (``exec`` may be what installs it):
+    under coreutils ``timeout`` (its process group only), else as it is.
+    """
     from fleetctl.remote import source
+    from fleetctl.remote.exec_timeout import MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
-    return f"{py} -c {shlex.quote(source('exec_timeout.py').decode())} {shlex.join(args)}"
+    own = f"exec {py} -c {shlex.quote(source('exec_timeout.py').decode())} {shlex.join(args)}"
+    said = shlex.quote(
+        f"{MARK} {timeout:g}s: stopped by coreutils timeout (no {python} on the node: only "
+        "the command's process group)"
+    )
+    coreutils = (
+        f"timeout -k {KILL_GRACE:g} {timeout:g} /bin/sh -c {shlex.quote(command)}; rc=$?; "
+        f'[ "$rc" -ne 124 ] || echo {said} >&2; exit "$rc"'
+    )
+    return (
+        f"if command -v {py} >/dev/null 2>&1; then {own}; "
+        f"elif command -v timeout >/dev/null 2>&1; then {coreutils}; "
+        f"else exec /bin/sh -c {shlex.quote(command)}; fi"
+    )
 
 
 def _split_timeout(stderr: str) -> tuple[str, str | None]:

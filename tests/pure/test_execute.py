@@ -135,3 +135,15 @@ def test_group_identical_folds_same_output_and_status() -> None:
         (["n2"], "other\n", "ok"),
         (["n4"], "same\n", "exit 1"),
     ]
+
+
+def test_a_node_without_its_python_still_runs_the_command_under_coreutils_timeout() -> None:
+    node = Node(name="n1", address="127.0.0.1", local=True, python="/nonexistent/python3")
+    with Fleet([node]) as fleet:
+        ok = execute(fleet, "echo fine", timeout=10)
+        late = execute(fleet, "echo started; sleep 30.129", timeout=0.5)
+    assert ok.ok and ok.runs[0].stdout == "fine\n"
+    (run,) = late.runs
+    assert run.timed_out and run.stdout == "started\n" and late.exit_code() == 124
+    assert run.error is not None and "coreutils timeout" in run.error
+    assert _sleeping("30.129") == []
