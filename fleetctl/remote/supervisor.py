@@ -306,6 +306,18 @@ class Out:
         except queue.Full:
             self.dropped += 1
 
+    def frame_or_wait(self, kind: str, payload: bytes) -> None:
+        """Like :meth:`frame`, but wait for room instead of dropping: used while console.log
+        cannot be written (disk full), when the controller's copy is the only one left. The
+        job then waits on its pipe rather than lose lines; only a gone controller drops them."""
+        data = kind.encode() + (b" " + payload if payload else b"") + b"\n"
+        while not self.broken:
+            try:
+                self.q.put(data, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
     def _loop(self) -> None:
         while True:
             data = self.q.get()
@@ -500,7 +512,11 @@ class Supervisor:
             self.write_log(line)
             # readline returns less than MAX_LINE without a newline only at EOF: the line ends
             ends = line.endswith(b"\n") or len(line) < MAX_LINE
-            self.out.frame("L" if ends else "C", line[:-1] if line.endswith(b"\n") else line)
+            kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
+            if self.log_problem is None:
+                self.out.frame(kind, text)
+            else:  # no copy on this node's disk: the controller's must not drop any
+                self.out.frame_or_wait(kind, text)
 
     def write_log(self, data: bytes) -> None:
         """Append to console.log. When the disk is full the job goes on, and so does the
