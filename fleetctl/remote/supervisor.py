@@ -764,7 +764,10 @@ def _start_and_supervise(sup: Supervisor) -> int:
         sup.prepare()
         sup.start()
     except Exception as e:  # report why the job could not start; the controller shows it
-        msg = f"cannot start job on this node: {e}"
+        why = str(e)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = f"disk full on {sup.run_dir}"
+        msg = f"cannot start job on this node: {why}"
         sup.out.frame("F", msg.encode(), must=True)
         if sup.log is not None:
             with contextlib.suppress(OSError):

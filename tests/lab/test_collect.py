@@ -152,3 +152,37 @@ def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is
         else:  # whole logs came home: no second copy
             assert (folder / "console.log").read_text().splitlines() == want
             assert not (folder / "console.streamed.log").exists()
+
+
+def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "chatty.py").write_text(CHATTY)
+    runs = tmp_path / "runs"
+    lab3.disk_full("node3", "/root/.fleetctl/runs", "4k")
+    lab3.exec("node3", ["sh", "-c", "head -c 8192 /dev/zero > /root/.fleetctl/runs/fill || true"])
+    p = fleetctl(
+        "run",
+        "-i",
+        str(lab3.inventory_path),
+        "--launcher",
+        "plain",
+        "--no-check",
+        "--runs-dir",
+        str(runs),
+        "--code-dir",
+        str(code),
+        "--tail",
+        "none",
+        str(code / "chatty.py"),
+    )
+    job_id = next(d.name for d in runs.iterdir())
+    assert p.exit_code == 3, p.stderr
+    node = job_json(runs, job_id)["nodes"][2]
+    assert node["state"] == "start_failed"
+    assert (
+        node["reason"]
+        == f"cannot start job on this node: disk full on /root/.fleetctl/runs/{job_id}"
+    )
