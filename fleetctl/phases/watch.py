@@ -154,9 +154,13 @@ class Watch:
         """
         batch: list[str] = []
         joiner = self._long.setdefault(run.rank, LineJoiner())
+        pieces = False
         for fr in frames:
             if fr.kind == "C":  # a piece of a long line: the next L frame ends it
                 joiner.piece(fr.payload)
+                if not pieces:  # output is moving, even if no line has ended yet
+                    pieces = True
+                    self._emit(run, "progress")
                 continue
             if fr.kind == "L":  # one line, or several joined by newlines (batched reader)
                 if joiner.active:
