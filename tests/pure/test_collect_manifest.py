@@ -13,16 +13,8 @@ from typing import Any
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.phases.collect import (
-    PART_PREFIX,
-    CollectOptions,
-    NodeCollect,
-    account,
-    local_files,
-    parse_size,
-    partial_files,
-    unpack,
-)
+from fleetctl.phases.collect import CollectOptions, NodeCollect, account, parse_size
+from fleetctl.phases.unpack import PART_PREFIX, local_files, partial_files, unpack
 from fleetctl.remote import supervisor
 
 BIG = 300_000
