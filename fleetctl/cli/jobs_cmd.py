@@ -200,8 +200,17 @@ def logs_command(
 )
 @click.option("--no-collect", is_flag=True, help="Do not bring the logs home afterwards.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@collect_options
 @click.argument("job")
-def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
+def stop_command(
+    runs_dir: str,
+    grace: float,
+    no_collect: bool,
+    as_json: bool,
+    collect_max: str | None,
+    collect_exclude: tuple[str, ...],
+    job: str,
+) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.monitor_process import stop_monitor
@@ -213,8 +222,9 @@ def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, j
             with contextlib.suppress(OSError):
                 h.folder.event(f"stop: {said}")
         click.echo(f"fleetctl: stopping job {h.job_id} on {len(h.nodes)} node(s)", err=True)
+        options = collect_settings(collect_max, collect_exclude, h.collect_options())
         report = h.stop(grace)
-        results = [] if no_collect else h.collect(stopped=True)
+        results = [] if no_collect else h.collect(stopped=True, options=options)
         h.mark_stopped(report, results)
         data = {
             "job_id": h.job_id,
