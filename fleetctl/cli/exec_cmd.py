@@ -3,7 +3,8 @@
 Output: each node's lines prefixed ``node1: …`` as nodes finish (stderr lines go to stderr);
 ``-b/--gather`` prints identical output once under its folded node set (``node[1-3,5]``) in
 rank order, like ``clush -b``. Failures are summarised on stderr, folded by status.
-Exit status: 0 when every node exited 0; 3 when any node failed, timed out or was unreachable
+Exit status: 0 when every node exited 0; 124 when it timed out on any node (stopped there with
+everything it started); 3 when any node failed or was unreachable
 (like pdsh/clush without -S; per-node codes are in the output and in ``--json``). ``-S``
 returns the largest remote exit code instead (255 for a node where the command could not run).
 
@@ -95,7 +96,8 @@ def _print_failures(result: ExecResult) -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
-    help="Seconds the command may run on each node.",
+    help="Seconds the command may run on each node; then it is stopped there with everything "
+    "it started (SIGTERM, 2 s, SIGKILL) and the exit status is 124.",
 )
 @click.option(
     "-b",
@@ -146,4 +148,10 @@ def exec_command(
         _print_failures(result)
     code = result.exit_code(max_rc=max_rc)
     if code:
+        late = [r for r in result.runs if r.timed_out]
+        if late:
+            what = f"exec timed out on {len(late)} of {len(result.runs)} nodes"
+            if len(result.failed) > len(late):
+                what += f" and failed on {len(result.failed) - len(late)}"
+            raise ExecFailed(what, code)
         raise ExecFailed(f"exec failed on {len(result.failed)} of {len(result.runs)} nodes", code)

@@ -15,7 +15,13 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import Seconds, SSHOptions, ssh_options
+from fleetctl.cli.options import (
+    Seconds,
+    SSHOptions,
+    collect_options,
+    collect_settings,
+    ssh_options,
+)
 from fleetctl.errors import JobFailed
 
 runs_dir_option = click.option(
@@ -194,8 +200,17 @@ def logs_command(
 )
 @click.option("--no-collect", is_flag=True, help="Do not bring the logs home afterwards.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@collect_options
 @click.argument("job")
-def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, job: str) -> None:
+def stop_command(
+    runs_dir: str,
+    grace: float,
+    no_collect: bool,
+    as_json: bool,
+    collect_max: str | None,
+    collect_exclude: tuple[str, ...],
+    job: str,
+) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.monitor_process import stop_monitor
@@ -207,8 +222,9 @@ def stop_command(runs_dir: str, grace: float, no_collect: bool, as_json: bool, j
             with contextlib.suppress(OSError):
                 h.folder.event(f"stop: {said}")
         click.echo(f"fleetctl: stopping job {h.job_id} on {len(h.nodes)} node(s)", err=True)
+        options = collect_settings(collect_max, collect_exclude, h.collect_options())
         report = h.stop(grace)
-        results = [] if no_collect else h.collect(stopped=True)
+        results = [] if no_collect else h.collect(stopped=True, options=options)
         h.mark_stopped(report, results)
         data = {
             "job_id": h.job_id,
@@ -269,13 +285,24 @@ def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
 @cli.command("collect")
 @runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@collect_options
 @click.argument("job")
-def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
-    """Bring JOB's node logs home into its run folder (and record how a detached job ended)."""
+def collect_command(
+    runs_dir: str,
+    as_json: bool,
+    collect_max: str | None,
+    collect_exclude: tuple[str, ...],
+    job: str,
+) -> None:
+    """Bring JOB's node logs home into its run folder (and record how a detached job ended).
+
+    Files already home (same size and mtime) are not copied again; the cap and excludes are
+    the run's unless given here (e.g. a larger --collect-max fetches what was over the cap)."""
     from fleetctl.job.handle import JobHandle
 
     with JobHandle(runs_dir, job) as h:
-        results = h.collect()
+        options = collect_settings(collect_max, collect_exclude, h.collect_options())
+        results = h.collect(options=options)
         data = {
             "job_id": h.job_id,
             "status": h.job.get("status"),
@@ -284,9 +311,10 @@ def collect_command(runs_dir: str, as_json: bool, job: str) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    for c in results:
-        what = c.error or c.skipped or f"{len(c.files)} file(s), {c.bytes} bytes"
-        click.echo(f"  [{c.rank} {c.host}] {what}", err=True)
+    from fleetctl.cli import render
+
+    for line in render.collect_lines(results):
+        click.echo(line, err=True)
     click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
     sys.stdout.flush()
 

@@ -139,3 +139,43 @@ def ssh_options(
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def collect_options(f: F) -> F:
+    """``--collect-max SIZE`` and ``--collect-exclude GLOB``: what log collection brings home.
+
+    The command gets ``collect_max`` (``None``: not given) and ``collect_exclude``; turn them
+    into ``CollectOptions`` with :func:`collect_settings`.
+    """
+    f = click.option(
+        "--collect-exclude",
+        "collect_exclude",
+        multiple=True,
+        metavar="GLOB",
+        help="Leave files matching GLOB (path in the run folder, or file name) on the nodes; "
+        "they are listed in job.json as excluded. Repeatable.",
+    )(f)
+    f = click.option(
+        "--collect-max",
+        "collect_max",
+        default=None,
+        metavar="SIZE",
+        help="Bytes per node to bring home (e.g. 500M, 2G, unlimited; default 256M). Logs "
+        "go first; bigger files beyond it are listed in job.json as over the cap.",
+    )(f)
+    return f
+
+
+def collect_settings(
+    collect_max: str | None, collect_exclude: tuple[str, ...], base: Any = None
+) -> Any:
+    """``CollectOptions`` from the options, over ``base`` (a run's recorded ones) or defaults."""
+    from fleetctl.phases.collect import CollectOptions, parse_size
+
+    base = base or CollectOptions()
+    try:
+        cap = base.max_bytes if collect_max is None else parse_size(collect_max)
+    except UsageError as e:
+        raise click.BadParameter(str(e), param_hint="--collect-max") from e
+    exclude = tuple(collect_exclude) if collect_exclude else base.exclude
+    return CollectOptions(max_bytes=cap, exclude=exclude)

@@ -46,13 +46,13 @@ def check_cell(status: str, detail: str, *, width: int = 28) -> str:
 def print_check_report(report: CheckReport, console: Console | None = None) -> None:
     """``fleetctl check``: the host × check table, then mesh failures, warnings, the verdict."""
     from rich import box
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from fleetctl.cli.console import stdout_console
     from fleetctl.phases.check import CHECKS
 
-    console = console or Console()
+    console = console or stdout_console()
     # Narrow terminals get symbols only (+ the training address); reasons follow the table.
     compact = console.width < 160
     table = Table(
@@ -367,6 +367,10 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(f"error: {err}")
     for path in result.nccl_traces():
         lines.append(f"NCCL flight-recorder dump: {path}")
+    from fleetctl.cli.render_collect import collect_summary_lines, node_problem_lines
+
+    lines.extend(node_problem_lines(result.nodes))
+    lines.extend(collect_summary_lines(result.collected, result.job_id))
     lines.append(f"run folder: {result.folder}")
     return lines
 

@@ -22,6 +22,8 @@ from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     Seconds,
     SSHOptions,
+    collect_options,
+    collect_settings,
     inventory_option,
     limit_option,
     load_selected,
@@ -35,6 +37,7 @@ from fleetctl.ssh.connection import SSHSettings
 if TYPE_CHECKING:
     from fleetctl.job.retry import RetryPolicy
     from fleetctl.job.rolejob import RolePlanner
+    from fleetctl.phases.collect import CollectOptions
 
 
 def new_job_id(now: datetime | None = None) -> str:
@@ -215,6 +218,7 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     "only; the logs on disk are always byte-exact).",
 )
 @lifecycle_options
+@collect_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -346,6 +350,7 @@ def run_command(
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
         allow_secrets=tuple(lifecycle["allow_secrets"]),
+        collect=collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"]),
     )
 
 
@@ -374,6 +379,7 @@ def _run_for_real(
     monitor: bool,
     monitor_lost_timeout: float | None,
     allow_secrets: tuple[str, ...] = (),
+    collect: CollectOptions | None = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -398,6 +404,7 @@ def _run_for_real(
         inventory=inventory,
         limit=limit,
         allow_secrets=allow_secrets,
+        collect=collect,
     )
     request = JobRequest(
         spec,

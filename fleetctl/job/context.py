@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from fleetctl.errors import RunFolderError
 from fleetctl.job.result import JobEvent, JobResult, NodeOutcome
@@ -44,6 +44,7 @@ class JobContext:
                 nodes_as_reached(nodes, options.settings),
                 inventory=options.inventory,
                 limit=options.limit,
+                collect=options.collect.to_dict() if options.collect else None,
             )
         self.result = JobResult(
             job_id=spec.job_id,
@@ -64,6 +65,42 @@ class JobContext:
         self.path_prepend: dict[str, list[str]] = {}
         self.state = JobState(len(self.nodes), options.completion)
         self.progress = time.monotonic()  # last output line or start on any node
+        self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
+
+    def spool(self, rank: int, lines: Sequence[str]) -> None:
+        """Append a node's streamed lines to its ``console.streamed.log`` as they arrive
+        (bounded memory: nothing but the 200-line tail stays in RAM). A write error stops
+        this node's copy and is recorded, never raised into the watch."""
+        f = self.spools.get(rank)
+        if f is None and rank not in self.spools:
+            node = self.result.nodes[rank]
+            try:
+                f = self.folder.open_streamed_console(rank, node.host)
+            except OSError as e:
+                self.result.errors.append(f"{node.host}: cannot keep the streamed log: {e}")
+            self.spools[rank] = f
+        if f is None:
+            return
+        try:
+            f.write(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+        except OSError as e:
+            node = self.result.nodes[rank]
+            self.result.errors.append(f"{node.host}: streamed log incomplete: {e}")
+            with contextlib.suppress(OSError):
+                f.close()
+            self.spools[rank] = None
+
+    def close_spools(self, keep: set[int]) -> None:
+        """Close every streamed log; those not in ``keep`` are removed (the node's own
+        console.log came home whole, so the copy would only double the disk use)."""
+        for rank, f in self.spools.items():
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+            if rank not in keep:
+                with contextlib.suppress(OSError):
+                    self.folder.drop_streamed_console(rank, self.result.nodes[rank].host)
+        self.spools = {r: None for r in self.spools}
 
     @property
     def stopping(self) -> bool:
@@ -108,6 +145,7 @@ def on_event(job: JobContext, ev: Event) -> None:
     if ev.kind == "lines":
         job.progress = time.monotonic()
         node.tail.extend(ev.lines)
+        job.spool(ev.rank, ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
     if ev.kind == "notice":
@@ -131,6 +169,9 @@ def on_event(job: JobContext, ev: Event) -> None:
         # The node's own word beats our arrival order: had a stop reached it before its
         # launcher ended (our teardown's doing), and when did it end (its clock)?
         report = ev.report or {}
+        if isinstance(report.get("problem"), str):  # e.g. "disk full on <run dir>"
+            node.problem = report["problem"]
+            node.reason = node.reason or node.problem
         stopped = report.get("stop_asked", state.stopping)
         when = report.get("ended_at") if isinstance(report.get("ended_at"), float) else ev.time
         change = state.end(ev.rank, exit_state(code, stopping=bool(stopped)), when)

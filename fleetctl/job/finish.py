@@ -25,6 +25,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
         if job.state.status.live:
             job.state.status = JobStatus.INTERRUPTED if interrupted else JobStatus.ERROR
             job.sync()
+        job.close_spools(set(job.spools))
         job.result.ended = time.time()
         job.save()
         return
@@ -35,6 +36,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
             # Detached and running everywhere: the supervisors own the job now; `fleetctl
             # stop/collect JOB` end it and bring the logs home.
             watch.close()
+            job.close_spools(set(job.spools))
             job.save()
             job.emit("done", "detached", log=True)
             return
@@ -76,6 +78,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
         for r in in_band:  # collected or not, nothing more to say on these channels
             with contextlib.suppress(Exception):
                 watch.runs[r].stream.close()
+        job.close_spools(set(job.spools))  # still open (collection failed): keep every copy
     job.result.ended = time.time()
     job.save()
     job.emit("done", job.result.status, log=True)
@@ -144,13 +147,19 @@ def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
 
 
 def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
-    from fleetctl.phases.collect import collect
+    from fleetctl.phases.collect import collect, not_collected_line
 
     assert job.plan is not None
     lost = _lost_hosts(job)
     job.emit("phase", f"collecting logs into {job.folder.path}")
     results = collect(
-        fleet, job.plan, job.folder.path, pythons=job.pythons, skip=lost, streams=streams
+        fleet,
+        job.plan,
+        job.folder.path,
+        pythons=job.pythons,
+        skip=lost,
+        streams=streams,
+        options=job.options.collect,
     )
     job.result.collected = results
     for c in results:
@@ -159,12 +168,14 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
         node.collected = c.error is None and c.skipped is None
         if c.error:
             job.emit("warning", f"logs not collected: {c.error}", rank=c.rank)
+        elif c.not_collected:
+            job.emit("warning", not_collected_line(c), rank=c.rank)
         if c.refused:
             job.emit(
                 "warning",
                 f"refused unsafe names in the node's log archive: {', '.join(c.refused[:5])}",
                 rank=c.rank,
             )
-        if not node.collected:  # keep what streamed, so the folder always has the console
-            with contextlib.suppress(OSError):
-                job.folder.write_streamed_console(node.rank, node.host, node.tail)
+    # What streamed is kept where the node's own console.log is not whole: not (all) collected,
+    # or the node could not write it (disk full).
+    job.close_spools({c.rank for c in results if c.incomplete or job.result.nodes[c.rank].problem})

@@ -21,7 +21,7 @@ from fleetctl.job.runfolder import iso
 from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, exit_state, node_state
 
 if TYPE_CHECKING:
-    from fleetctl.phases.collect import NodeCollect
+    from fleetctl.phases.collect import CollectOptions, NodeCollect
     from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import NodeStop, TeardownReport
     from fleetctl.plan.rankplan import Plan
@@ -166,13 +166,33 @@ class JobHandle:
         self._event(f"stacks dumped on demand into {saved.name}")
         return report, saved
 
-    def collect(self, *, stopped: bool = False) -> list[NodeCollect]:
-        """Bring every node's run folder home and finalise job.json from the nodes' records
-        (``stopped``: after :meth:`stop`, jobs that ended then count as stopped)."""
+    def collect_options(self) -> CollectOptions:
+        """The cap and excludes the run was started with (connect.json), else the defaults."""
+        from fleetctl.phases.collect import CollectOptions
+
+        data: dict[str, Any] = {}
+        if self.folder.has_connect:
+            with contextlib.suppress(RunFolderError):
+                data = self.folder.load_connect().get("collect") or {}
+        return CollectOptions.from_dict(data if isinstance(data, dict) else {})
+
+    def collect(
+        self, *, stopped: bool = False, options: CollectOptions | None = None
+    ) -> list[NodeCollect]:
+        """Bring home what of every node's run folder is not home yet (same size and mtime
+        counts as home) and finalise job.json from the nodes' records (``stopped``: after
+        :meth:`stop`, jobs that ended then count as stopped). ``options``: cap and excludes
+        for this collection, else the run's."""
         from fleetctl.phases.collect import collect
 
         ensure_supervisor(self.fleet, self.nodes)
-        results = collect(self.fleet, self.plan, self.folder.path, pythons=self.pythons())
+        results = collect(
+            self.fleet,
+            self.plan,
+            self.folder.path,
+            pythons=self.pythons(),
+            options=options or self.collect_options(),
+        )
         if not stopped:  # after a stop, mark_stopped finalises with the teardown's verdict
             with self.folder.locked():
                 self._finalise(results)

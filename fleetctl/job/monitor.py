@@ -363,7 +363,9 @@ def _finish(
         + ("verified: nothing of the job left on any node" if report.verified else "NOT verified")
         + f" ({report.seconds:.1f}s)"
     )
-    results = collect(h.fleet, h.plan, h.folder.path, pythons=h.pythons(), skip=lost)
+    results = collect(
+        h.fleet, h.plan, h.folder.path, pythons=h.pythons(), skip=lost, options=h.collect_options()
+    )
     for c in results:
         if c.error:
             event(f"node {c.rank} ({c.host}) logs not collected: {c.error}")
@@ -444,7 +446,14 @@ def _chase_lost(
             stop = next(n for n in report.nodes if n.host == host)
             if stop.error:
                 continue  # answered the handshake, not the stop: try again
-            results = collect(h.fleet, h.plan, h.folder.path, pythons=h.pythons(), skip=others)
+            results = collect(
+                h.fleet,
+                h.plan,
+                h.folder.path,
+                pythons=h.pythons(),
+                skip=others,
+                options=h.collect_options(),
+            )
             h.record_late_stop(stop, [c for c in results if c.host == host])
             what = "verified: nothing left" if stop.clean else f"LEFT {stop.remaining}"
             event(f"lost node {stop.rank} ({host}) answers again; job stopped there, {what}")

@@ -49,11 +49,14 @@ def write_connect(
     *,
     inventory: str | None = None,
     limit: str | None = None,
+    collect: dict[str, Any] | None = None,
 ) -> None:
-    """Record how to reach the job's nodes again (no env values, no secrets)."""
+    """Record how to reach the job's nodes again (no env values, no secrets), and what
+    collecting their logs brings home (``collect``: cap and excludes of the run)."""
     data = {
         "inventory": os.path.abspath(inventory) if inventory else None,
         "limit": limit,
+        "collect": collect,
         "nodes": [
             {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
             for n in nodes

@@ -53,6 +53,7 @@ class NodeOutcome:
     folder: str | None = None
     collected: bool = False
     leftovers: dict[str, Any] | None = None  # the supervisor's after-exit scan (exit report)
+    problem: str | None = None  # what the node itself reported: "disk full on <run dir>"
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES), repr=False
     )
@@ -70,11 +71,12 @@ class NodeOutcome:
             return f"lost ({self.reason})" if self.reason else "lost"
         if self.state == NodeState.START_FAILED:
             return f"could not start ({self.reason})" if self.reason else "could not start"
+        also = f"; {self.problem}" if self.problem else ""
         if self.signal is not None:
-            return f"signal {self.signal} ({_signame(self.signal)})"
+            return f"signal {self.signal} ({_signame(self.signal)}){also}"
         if self.exit_code is not None:
-            return f"exit code {self.exit_code}"
-        return self.state
+            return f"exit code {self.exit_code}{also}"
+        return f"{self.state}{also}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +90,7 @@ class NodeOutcome:
             "start_time": iso(self.start_time),
             "end_time": iso(self.end_time),
             "reason": self.reason,
+            "problem": self.problem,
             "folder": self.folder,
             "collected": self.collected,
         }
@@ -159,9 +162,10 @@ class JobResult:
         )
 
     def log_tail(self, rank: int, n: int = 20) -> list[str]:
-        """Last ``n`` lines of a node's console: the collected console.log, else what streamed."""
+        """Last ``n`` lines of a node's console: the collected console.log, else what streamed
+        (also when the node could not write its console.log: a full disk)."""
         node = self.nodes[rank]
-        if node.folder:
+        if node.folder and not node.problem:
             path = Path(node.folder) / "console.log"
             with contextlib.suppress(OSError), path.open("rb") as f:
                 f.seek(max(0, f.seek(0, 2) - 256 * 1024))  # the end is enough for a tail

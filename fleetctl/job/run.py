@@ -27,6 +27,7 @@ from fleetctl.job.prepare import prepare
 from fleetctl.job.result import JobEvent, JobResult
 from fleetctl.job.runfolder import DEFAULT_RUNS_DIR
 from fleetctl.job.state import JobStatus
+from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
@@ -68,6 +69,7 @@ class RunOptions:
     stall_timeout: float | None = None  # s with no output line from any node, then stopped
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
+    collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
 
 
 # ----------------------------------------------------------------------------------- the job
@@ -143,6 +145,7 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
                 heartbeat=options.heartbeat,
                 detach=options.detach,
                 path_prepend=job.path_prepend.get(np.host, []),
+                collect=(options.collect or CollectOptions()).wire(),
             )
             run: NodeRun = start_node(node, conn, spec, python=node.python)
         except BaseException as e:  # every node's outcome becomes an event, never lost

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fleetctl.errors import RunFolderError, UsageError
 
@@ -166,6 +166,20 @@ class RunFolder:
         path = folder / STREAMED_CONSOLE
         _write_atomic(path, "".join(line + "\n" for line in lines))
         return path
+
+    def open_streamed_console(self, rank: int, host: str) -> BinaryIO:
+        """Append every line that streams from a node, as it arrives (the controller's own
+        copy: whole when the node's console.log is not — its disk filled, it was lost)."""
+        folder = self.node_folder(rank, host)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        fd = os.open(folder / STREAMED_CONSOLE, flags, 0o600)
+        return os.fdopen(fd, "ab", buffering=1 << 16)
+
+    def drop_streamed_console(self, rank: int, host: str) -> None:
+        """The node's own console.log came home whole: the streamed copy is not needed."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.node_folder(rank, host) / STREAMED_CONSOLE).unlink()
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import Stream
 
 #: The supervisor's ``run`` mode (and the loader in front of it).
-SUPERVISOR_KINDS = frozenset("RUSLHEFQXP")
+SUPERVISOR_KINDS = frozenset("RUSLCHEFQXP")
+#: Bytes of one output line kept for the live view; a longer line is shown cut with a marker
+#: (the node's console.log, and so the collected one, keeps it whole).
+MAX_VIEW_LINE = 1 << 20
 #: One-shot answers: ``D <json>`` (data), ``E <text>`` (notice), ``L <text>`` (a log line).
 ANSWER_KINDS = frozenset("DEL")
 #: The check probe: ``D`` facts, ``R`` mesh listener port, ``N`` no listener (why), ``M`` mesh
@@ -117,6 +120,37 @@ class FrameReader:
         """At end of stream: the unterminated tail, if any."""
         rest, self._buf = self._buf, b""
         return [parse_frame(rest, self.kinds)] if rest else []
+
+
+class LineJoiner:
+    """One output line from its ``C`` pieces and its ending ``L`` frame, in bounded memory.
+
+    The supervisor reads the job's output at most 64 KiB at a time; a longer line arrives as
+    ``C`` frames then its ``L``. The first ``max_view`` bytes are kept, the rest only counted:
+    the line is shown whole up to that, else cut with a marker saying how long it was.
+    """
+
+    def __init__(self, max_view: int = MAX_VIEW_LINE) -> None:
+        self.max_view = max_view
+        self.buf = bytearray()
+        self.total = 0
+        self.active = False
+
+    def piece(self, payload: bytes) -> None:
+        self.active = True
+        self.total += len(payload)
+        room = self.max_view - len(self.buf)
+        if room > 0:
+            self.buf += payload[:room]
+
+    def finish(self, last: bytes = b"") -> str:
+        """The whole line (``last``: its final piece), or its head and the cut marker."""
+        self.piece(last)
+        text = bytes(self.buf).decode("utf-8", errors="replace")
+        if self.total > len(self.buf):
+            text += f" … [line cut at {len(self.buf)} of {self.total} bytes; whole in console.log]"
+        self.buf, self.total, self.active = bytearray(), 0, False
+        return text
 
 
 def decode(output: str | bytes, kinds: Collection[str] = ANSWER_KINDS) -> list[Frame]:

@@ -141,9 +141,11 @@ def node_spec(
     heartbeat: float = 1.0,
     detach: bool = False,
     path_prepend: Sequence[str] = (),
+    collect: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node)."""
-    return {
+    """The JSON spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node).
+    ``collect``: what the supervisor sends when asked for its run folder after the exit."""
+    spec = {
         "job_id": job_id,
         "node_rank": np.node_rank,
         "argv": list(np.argv),
@@ -158,6 +160,9 @@ def node_spec(
         "heartbeat": heartbeat,
         "detach": detach,
     }
+    if collect is not None:
+        spec["collect"] = collect
+    return spec
 
 
 def install_file(conn: Connection, local: Path, remote: str, *, timeout: float) -> bool:

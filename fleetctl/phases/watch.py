@@ -3,7 +3,9 @@
 Each thread also heartbeats its supervisor (one byte a second: the dead-man switch on the node
 stops the job when they stop coming). A node whose channel closes before it reported an exit,
 or that says nothing — not even its ``H`` heartbeat — for longer than the lost-node timeout, is
-reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one.
+reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one;
+a line longer than the supervisor's read size comes as ``C`` pieces and is joined here
+(:class:`~fleetctl.phases.frames.LineJoiner`, bounded: cut with a marker for the live view).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.phases.frames import LineJoiner
 from fleetctl.phases.launch import exit_code_of, exit_report_of
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class Watch:
         self._threads: dict[int, threading.Thread] = {}
         self._closing = threading.Event()
         self._lock = threading.Lock()
+        self._long: dict[int, LineJoiner] = {}  # rank -> a long line still arriving (C frames)
 
     def attach(self, run: NodeRun) -> None:
         run.reader.batch_lines = True  # from here on, only lines come in bulk
@@ -149,9 +153,23 @@ class Watch:
         first, so the order of lines, notices and the exit stays the node's order.
         """
         batch: list[str] = []
+        joiner = self._long.setdefault(run.rank, LineJoiner())
+        pieces = False
         for fr in frames:
+            if fr.kind == "C":  # a piece of a long line: the next L frame ends it
+                joiner.piece(fr.payload)
+                if not pieces:  # output is moving, even if no line has ended yet
+                    pieces = True
+                    self._emit(run, "progress")
+                continue
             if fr.kind == "L":  # one line, or several joined by newlines (batched reader)
-                batch.extend(fr.text.split("\n"))
+                if joiner.active:
+                    first, sep, rest = fr.payload.partition(b"\n")
+                    batch.append(joiner.finish(first))
+                    if sep:
+                        batch.extend(rest.decode("utf-8", errors="replace").split("\n"))
+                else:
+                    batch.extend(fr.text.split("\n"))
                 continue
             if fr.kind == "?" and fr.payload:
                 batch.append(fr.text)
@@ -161,6 +179,8 @@ class Watch:
                 continue
             if fr.kind not in ("E", "F", "X"):
                 continue
+            if joiner.active:  # the job ended (or a notice) in the middle of a long line
+                batch.append(joiner.finish())
             if batch:
                 self._emit(run, "lines", lines=tuple(batch))
                 batch = []

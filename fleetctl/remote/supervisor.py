@@ -9,7 +9,8 @@ controller -> supervisor (stdin)
     node_rank, deadman, grace, detach, files, path_prepend, heartbeat); then single bytes:
     ``h`` heartbeat, ``t`` stop the job (grace), ``k`` kill the job now. EOF = controller gone.
 supervisor -> controller (stdout), one frame per line, never a partial line:
-    ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``L <text>`` one output
+    ``R`` ready for the spec · ``S <json>`` started (pid, pgid, ...) · ``C <text>`` a piece of a
+    line longer than MAX_LINE (its ``L`` frame ends it) · ``L <text>`` one output
     line of the job · ``H`` heartbeat · ``E <text>`` supervisor notice · ``F <text>`` could not
     start · ``Q`` detached · ``X <code> [<json>]`` the job ended (exit code, or -signal), with
     what the scan for the job's processes after the exit found, killed and left.
@@ -36,6 +37,8 @@ folder: regular files and folders only). This file holds the one /proc/PID/stat 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import queue
@@ -57,6 +60,9 @@ OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
 LINGER = 120.0  # s after the exit to wait for the controller's ``c`` (collect) or EOF
 TAR_MARKER = b'T {"stream": "tar"}\n'  # the frame before a tar stream (fleetctl.phases.collect)
+COLLECT_MANIFEST = ".fleetctl-collect.json"  # the tar's first member: what is (not) sent, why
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".json", ".jsonl")
+MAX_OPTIONS = 64 << 20  # bytes of collect options on stdin (the controller's file list)
 
 
 # ------------------------------------------------------------------------------- /proc helpers
@@ -300,6 +306,18 @@ class Out:
         except queue.Full:
             self.dropped += 1
 
+    def frame_or_wait(self, kind: str, payload: bytes) -> None:
+        """Like :meth:`frame`, but wait for room instead of dropping: used while console.log
+        cannot be written (disk full), when the controller's copy is the only one left. The
+        job then waits on its pipe rather than lose lines; only a gone controller drops them."""
+        data = kind.encode() + (b" " + payload if payload else b"") + b"\n"
+        while not self.broken:
+            try:
+                self.q.put(data, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
     def _loop(self) -> None:
         while True:
             data = self.q.get()
@@ -397,6 +415,8 @@ class Supervisor:
         self.stopped: dict = {}  # what a requested stop found and killed
         self.lock = threading.Lock()
         self.log = None
+        self.log_problem: str | None = None  # e.g. "disk full on <run dir>": console.log has gaps
+        self.log_lost = 0  # bytes of output console.log could not take since the last write
         self.state: dict = {}
         self.listening = False
         self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
@@ -421,7 +441,8 @@ class Supervisor:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(content)
-        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab")  # noqa: SIM115 - lives with the job
+        # unbuffered: a failed write (disk full) fails there and then, never again at close()
+        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
 
     def child_env(self) -> dict:
         env = dict(os.environ)
@@ -477,19 +498,47 @@ class Supervisor:
 
     # -- threads ------------------------------------------------------------------------
     def pump(self) -> None:
-        """Job output -> console.log and the controller, line by line."""
+        """Job output -> console.log (byte-exact) and the controller, line by line.
+
+        Reads at most ``MAX_LINE`` bytes at a time (bounded memory): a longer line goes out as
+        ``C`` frames (a piece of a line that goes on) ended by its ``L`` frame, so it arrives
+        as one line; console.log gets the bytes exactly as the job wrote them."""
         assert self.proc is not None and self.proc.stdout is not None
         src = self.proc.stdout
         while True:
             line = src.readline(MAX_LINE)
             if not line:
                 break
-            try:
-                self.log.write(line if line.endswith(b"\n") else line + b"\n")  # type: ignore[union-attr]
-                self.log.flush()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            self.out.frame("L", line.rstrip(b"\n"))
+            self.write_log(line)
+            # readline returns less than MAX_LINE without a newline only at EOF: the line ends
+            ends = line.endswith(b"\n") or len(line) < MAX_LINE
+            kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
+            if self.log_problem is None:
+                self.out.frame(kind, text)
+            else:  # no copy on this node's disk: the controller's must not drop any
+                self.out.frame_or_wait(kind, text)
+
+    def write_log(self, data: bytes) -> None:
+        """Append to console.log. When the disk is full the job goes on, and so does the
+        stream to the controller (which keeps its own copy): say so once (``E``), count what
+        was lost, and once writes work again mark the gap in the log."""
+        if self.log is None:
+            return
+        try:
+            if self.log_lost:
+                _write_all(self.log, _gap_note(self.log_lost, self.log_problem))
+                self.log_lost = 0
+            _write_all(self.log, data)
+        except OSError as e:
+            self.log_lost += len(data)
+            if self.log_problem is None:
+                self.log_problem = _write_problem(e, self.run_dir)
+                self.out.frame(
+                    "E",
+                    f"{self.log_problem}: console.log on the node misses output from here "
+                    "on; the stream to fleetctl goes on".encode(),
+                    must=True,
+                )
 
     def heartbeats(self, done: threading.Event) -> None:
         """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
@@ -609,12 +658,14 @@ class Supervisor:
                 "stop_reason": self.stop_reason,
                 "remaining": left["remaining"],
                 "dropped_frames": self.out.dropped,
+                "problem": self.log_problem,
             }
         )
         with contextlib.suppress(OSError):
             _write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
         if self.log is not None:
-            self.log.close()
+            with contextlib.suppress(OSError):
+                self.log.close()
         return code
 
     def _stop(self, grace: float) -> None:
@@ -627,6 +678,29 @@ class Supervisor:
             reap=self.proc,
             root=os.getpid() if self.subreaper else None,
         )
+
+
+def _write_all(f, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if not n:
+            raise OSError(errno.ENOSPC, "no space left on device")
+        view = view[n:]
+
+
+def _write_problem(e: OSError, run_dir: str) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full on {run_dir}"
+    return f"cannot write console.log in {run_dir}: {e.strerror or e}"
+
+
+def _gap_note(lost: int, problem: str | None) -> bytes:
+    return (
+        f"\n[fleetctl supervisor] {lost} bytes of output are missing here ({problem}); "
+        "fleetctl's streamed copy has them\n"
+    ).encode()
 
 
 def _pid_alive(pid: object, start: object) -> bool:
@@ -665,16 +739,14 @@ def cmd_run() -> int:
     # so the controller's teardown needs no extra remote command for this node.
     report = b""
     if sup.leftovers is not None:
-        report = (
-            b" "
-            + json.dumps(
-                {
-                    **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
-                    "ended_at": sup.ended_at,
-                    "stop_asked": sup.stop_asked,
-                }
-            ).encode()
-        )
+        said = {
+            **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
+            "ended_at": sup.ended_at,
+            "stop_asked": sup.stop_asked,
+        }
+        if sup.log_problem:  # what went wrong on this node besides the job: "disk full on …"
+            said["problem"] = sup.log_problem
+        report = b" " + json.dumps(said).encode()
     out.frame("X", str(code).encode() + report, must=True)
     out.close(3.0)
     # After the exit, the controller may ask for the run folder on this same channel (``c``):
@@ -683,7 +755,7 @@ def cmd_run() -> int:
     if released and sup.collect_req.is_set():
         with contextlib.suppress(OSError):
             os.write(out_fd, TAR_MARKER)
-            pack_dir(sup.run_dir, out_fd)
+            pack_dir(sup.run_dir, out_fd, sup.spec.get("collect"))
     return 0
 
 
@@ -692,11 +764,15 @@ def _start_and_supervise(sup: Supervisor) -> int:
         sup.prepare()
         sup.start()
     except Exception as e:  # report why the job could not start; the controller shows it
-        msg = f"cannot start job on this node: {e}"
+        why = str(e)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = f"disk full on {sup.run_dir}"
+        msg = f"cannot start job on this node: {why}"
         sup.out.frame("F", msg.encode(), must=True)
         if sup.log is not None:
-            sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
-            sup.log.close()
+            with contextlib.suppress(OSError):
+                sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
+                sup.log.close()
         return 127
     sup.out.frame(
         "S",
@@ -986,42 +1062,147 @@ def cmd_clean(argv: list[str]) -> int:
 
 def cmd_pack(argv: list[str]) -> int:
     """The run folder as a tar stream on stdout after a ``T`` frame: regular files and folders
-    only, no links. Nothing at all when there is no run folder (exit 3)."""
+    only, no links. Nothing at all when there is no run folder (exit 3). ``--stdin 1``: what to
+    send (cap, excludes, files already home) comes as one JSON line on stdin."""
     opts = _opts(argv)
     root = os.path.abspath(os.path.expanduser(opts["run_dir"]))
+    collect = None
+    if opts.get("stdin") == "1":
+        collect = _read_collect_options(0)
     if not os.path.isdir(root):
         return 3
     os.write(1, TAR_MARKER)
-    pack_dir(root, 1)
+    pack_dir(root, 1, collect)
     return 0
 
 
-def pack_dir(root: str, fd: int) -> None:
-    """Write ``root`` as a tar stream to ``fd``: regular files and folders only, no links."""
+def _read_collect_options(fd: int) -> dict:
+    """One JSON line (``max``, ``exclude``, ``have``) from ``fd``; {} when there is none."""
+    buf = b""
+    while b"\n" not in buf and len(buf) < MAX_OPTIONS:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        data = json.loads(buf.split(b"\n", 1)[0].decode("utf-8") or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _collect_class(rel: str) -> int:
+    """Send order: the supervisor's record and the console, then logs, then everything else
+    (so a cap or a broken transfer costs big job files, never the logs)."""
+    if rel in (STATE_FILE, CONSOLE_LOG):
+        return 0
+    name = rel.rsplit("/", 1)[-1]
+    folders = rel.split("/")[:-1]
+    if (
+        name.endswith(LOG_SUFFIXES)
+        or name.startswith(("workerlog", "stdout", "stderr", "endpoints"))
+        or any(f in ("log", "logs", "stacks") for f in folders)
+    ):
+        return 1
+    return 2
+
+
+def collect_plan(root: str, options: dict | None = None) -> tuple[list[str], list[dict]]:
+    """What ``pack`` sends from ``root``: (folders, files in send order).
+
+    Each file is ``{"path", "size", "mtime"}`` plus ``"send": true`` or a ``"reason"``:
+    ``excluded`` (with the ``glob``), ``home`` (same size and mtime as the controller's copy
+    in ``have``), ``over cap`` (the node's files, home ones included, would exceed ``max``
+    bytes; small files come first, so one big file never crowds out the logs). A file sent
+    whose partial copy is home (``partial``: same size and mtime) gets the ``offset`` to
+    resume from.
+    """
+    import fnmatch
+
+    options = options or {}
+    excludes = [str(g) for g in options.get("exclude") or []]
+    have = options.get("have") or {}
+    partial = options.get("partial") or {}
+    cap = options.get("max")
+    folders: list[str] = []
+    files: list[dict] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir != ".":
+            folders.append(rel_dir)
+        for name in sorted(filenames):
+            rel = name if rel_dir == "." else rel_dir + "/" + name
+            if rel == COLLECT_MANIFEST:
+                continue
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if _is_regular(st.st_mode):
+                files.append({"path": rel, "size": st.st_size, "mtime": int(st.st_mtime)})
+    files.sort(key=lambda f: (_collect_class(f["path"]), f["size"], f["path"]))
+    budget = None if cap is None else int(cap)
+    for f in files:
+        base = f["path"].rsplit("/", 1)[-1]
+        glob = next(
+            (g for g in excludes if fnmatch.fnmatch(f["path"], g) or fnmatch.fnmatch(base, g)),
+            None,
+        )
+        if glob is not None:
+            f["reason"], f["glob"] = "excluded", glob
+            continue
+        home = have.get(f["path"]) == [f["size"], f["mtime"]]
+        if budget is not None and f["size"] > budget and not home:
+            f["reason"] = "over cap"
+            continue
+        if budget is not None:
+            budget = max(0, budget - f["size"])
+        if home:
+            f["reason"] = "home"
+            continue
+        f["send"] = True
+        part = partial.get(f["path"])  # a broken transfer's copy: send only the rest
+        if (
+            isinstance(part, list)
+            and len(part) == 3
+            and part[:2] == [f["size"], f["mtime"]]
+            and 0 < int(part[2]) < f["size"]
+        ):
+            f["offset"] = int(part[2])
+    return folders, files
+
+
+def pack_dir(root: str, fd: int, options: dict | None = None) -> None:
+    """Write ``root`` as a tar stream to ``fd``: first the manifest (every file and what
+    happens to it, :func:`collect_plan`), the folders, then the files to send in order."""
+    folders, files = collect_plan(root, options)
     out = os.fdopen(fd, "wb", closefd=False)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            rel = os.path.relpath(dirpath, root)
-            if rel != ".":  # folders too: launcher log trees may hold empty rank folders
-                info = tarfile.TarInfo(rel)
-                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
-                tar.addfile(info)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                arc = name if rel == "." else os.path.join(rel, name)
-                try:
-                    st = os.lstat(path)
-                    if not _is_regular(st.st_mode):
-                        continue
-                    info = tar.gettarinfo(path, arcname=arc)
-                    with open(path, "rb") as f:
-                        info.size = min(info.size, os.fstat(f.fileno()).st_size)
-                        tar.addfile(info, _Bounded(f, info.size))
-                except OSError:
-                    continue
-            dirnames[:] = sorted(
-                d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
-            )
+        manifest = json.dumps(
+            {"version": 1, "max": (options or {}).get("max"), "files": files}
+        ).encode()
+        info = tarfile.TarInfo(COLLECT_MANIFEST)
+        info.size, info.mode, info.mtime = len(manifest), 0o600, int(time.time())
+        tar.addfile(info, io.BytesIO(manifest))
+        for rel in folders:  # folders too: launcher log trees may hold empty rank folders
+            info = tarfile.TarInfo(rel)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+            tar.addfile(info)
+        for f in files:
+            if not f.get("send"):
+                continue
+            try:
+                with open(os.path.join(root, f["path"]), "rb") as src:
+                    offset = f.get("offset", 0)
+                    info = tarfile.TarInfo(f["path"])
+                    info.size, info.mode, info.mtime = f["size"] - offset, 0o600, f["mtime"]
+                    if offset:  # resumed: the tail only (fleetctl.phases.collect.OFFSET_KEY)
+                        src.seek(offset)
+                        info.pax_headers = {"fleetctl.offset": str(offset)}
+                    tar.addfile(info, _Bounded(src, info.size))
+            except OSError:
+                continue  # gone meanwhile: the controller sees it listed but not sent
     out.flush()
 
 

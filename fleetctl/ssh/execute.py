@@ -3,9 +3,14 @@
 Each node connects and runs in the same worker, so a fast node prints while a slow one is still
 in its handshake, and one remote command per node is all it costs (no SFTP, no home lookup).
 Exit status semantics (like ``pdsh``/``clush`` without ``-S``): 0 when every node ran the
-command and it exited 0, else 3 (remote failure) — the per-node codes are in the result; with
-``max_rc`` the largest remote exit code is returned instead (``clush -S``/``pdsh -S``), 255
-for a node where the command could not run at all (as ``ssh`` reports it).
+command and it exited 0, 124 when it timed out on any node, else 3 (remote failure) — the
+per-node codes are in the result; with ``max_rc`` the largest remote exit code is returned
+instead (``clush -S``/``pdsh -S``), 124 for a node where it timed out, 255 for a node where
+the command could not run at all (as ``ssh`` reports it).
+
+The time limit is enforced on the node (``fleetctl/remote/exec_timeout.py``): closing an SSH
+channel does not stop a command that has no terminal, so the command runs in its own session,
+tagged by an id in its environment, and is stopped there with everything it started.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
 
 REMOTE_FAILURE = 3
 UNREACHABLE_RC = 255
+TIMED_OUT_RC = 124  # as coreutils timeout
+KILL_GRACE = 2.0  # s between SIGTERM and SIGKILL on the node when the time is up
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class NodeRun:
     stderr: str = ""
     error: str | None = None
     seconds: float = 0.0
+    timed_out: bool = False  # stopped on the node (with everything it started) at the limit
 
     @property
     def ok(self) -> bool:
@@ -59,6 +68,7 @@ class NodeRun:
             "exit_code": self.exit_code,
             "ok": self.ok,
             "error": self.error,
+            "timed_out": self.timed_out,
             "stdout": self.stdout,
             "stderr": self.stderr,
             "seconds": round(self.seconds, 4),
@@ -82,12 +92,13 @@ class ExecResult:
         return tuple(r for r in self.runs if not r.ok)
 
     def exit_code(self, *, max_rc: bool = False) -> int:
-        """0 if all ok; else 3, or with ``max_rc`` the largest remote code (255 = not run)."""
+        """0 if all ok; 124 if it timed out anywhere, else 3; or with ``max_rc`` the largest
+        remote code (124 = timed out, 255 = not run)."""
         if self.ok:
             return 0
         if not max_rc:
-            return REMOTE_FAILURE
-        return max(UNREACHABLE_RC if r.exit_code is None else r.exit_code for r in self.runs)
+            return TIMED_OUT_RC if any(r.timed_out for r in self.runs) else REMOTE_FAILURE
+        return max(_rc(r) for r in self.runs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +108,50 @@ class ExecResult:
             "seconds": round(self.seconds, 4),
             "nodes": [r.to_dict() for r in self.runs],
         }
+
+
+def _rc(r: NodeRun) -> int:
+    if r.timed_out:
+        return TIMED_OUT_RC
+    return UNREACHABLE_RC if r.exit_code is None else r.exit_code
+
+
+def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
+    """``command`` under the node's own time limit (``remote/exec_timeout.py``, shipped with
+    ``python -c``): stopped with all it started when ``timeout`` is up.
+
+    A node without that python still runs the command (``exec`` may be what installs it):
+    under coreutils ``timeout`` (its process group only), else as it is.
+    """
+    from fleetctl.remote import source
+    from fleetctl.remote.exec_timeout import MARK
+
+    py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
+    args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
+    own = f"exec {py} -c {shlex.quote(source('exec_timeout.py').decode())} {shlex.join(args)}"
+    said = shlex.quote(
+        f"{MARK} {timeout:g}s: stopped by coreutils timeout (no {python} on the node: only "
+        "the command's process group)"
+    )
+    coreutils = (
+        f"timeout -k {KILL_GRACE:g} {timeout:g} /bin/sh -c {shlex.quote(command)}; rc=$?; "
+        f'[ "$rc" -ne 124 ] || echo {said} >&2; exit "$rc"'
+    )
+    return (
+        f"if command -v {py} >/dev/null 2>&1; then {own}; "
+        f"elif command -v timeout >/dev/null 2>&1; then {coreutils}; "
+        f"else exec /bin/sh -c {shlex.quote(command)}; fi"
+    )
+
+
+def _split_timeout(stderr: str) -> tuple[str, str | None]:
+    """(stderr without the node's time-out line, that line) — None when it did not time out."""
+    from fleetctl.remote.exec_timeout import MARK
+
+    body, _, last = stderr.rstrip("\n").rpartition("\n")
+    if last.startswith(MARK):
+        return (body + "\n" if body else ""), last
+    return stderr, None
 
 
 def command_line(argv: Sequence[str]) -> str:
@@ -149,9 +204,13 @@ def execute(
                 on_result(run)
         return run
 
+    tag = uuid.uuid4().hex[:16]
+
     def work(node: Node, conn: Connection) -> NodeRun:
+        line = timed_command(command, node.python, timeout, tag)
         try:
-            res = conn.run(command, timeout=timeout)
+            # the node stops it at ``timeout``; this deadline is for a node that cannot say so
+            res = conn.run(line, timeout=timeout + KILL_GRACE + 10)
         except Exception as e:
             return report(
                 NodeRun(
@@ -163,6 +222,20 @@ def execute(
                 )
             )
         code = res.exit_code if res.exit_code >= 0 else UNREACHABLE_RC  # -1: no exit status
+        stderr, said = _split_timeout(res.stderr) if code == TIMED_OUT_RC else (res.stderr, None)
+        if said is not None:
+            return report(
+                NodeRun(
+                    node.name,
+                    node.label,
+                    None,
+                    res.stdout,
+                    stderr,
+                    error=f"timed out after {timeout:g}s: {said.split(': ', 2)[-1]}",
+                    seconds=time.monotonic() - started,
+                    timed_out=True,
+                )
+            )
         return report(
             NodeRun(
                 node.name,
@@ -174,7 +247,7 @@ def execute(
             )
         )
 
-    budget = fleet.settings.connect_timeout * 2 + timeout + 5
+    budget = fleet.settings.connect_timeout * 2 + timeout + KILL_GRACE + 15
     outcome = fleet.map(work, timeout=budget)
     for node in fleet.nodes:
         if node.name in runs:

@@ -12,7 +12,9 @@ import json
 import pytest
 
 from fleetctl.lab import Lab
+from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli
+from fleetctl.testing.infra import node_host
 
 pytestmark = pytest.mark.lab
 
@@ -96,10 +98,26 @@ def test_dead_sshd_is_reported_and_the_others_still_run(lab3: Lab) -> None:
     assert p.exit_code == 255  # the command never ran on node2, as ssh reports it
 
 
-def test_command_timeout_is_a_per_node_failure(lab3: Lab) -> None:
-    p = fleetctl_exec(lab3, "--timeout", "0.5", "--", "sleep 2")
-    assert p.exit_code == 3
-    assert all(f"{h}: error:" in p.stderr and "timed out" in p.stderr for h in HOSTS)
+def test_command_timeout_stops_the_command_on_every_node_and_exits_124(lab3: Lab) -> None:
+    secs = "30.417"  # a sleep no other test starts: what is left of it is ours
+    p = fleetctl_exec(
+        lab3, "--timeout", "3", "--", f"sleep {secs} & setsid sleep {secs} & sleep {secs}; wait"
+    )
+    assert p.exit_code == 124, p.stderr  # timed out: not the 3 of a failed command
+    for h in HOSTS:
+        assert f"{h}: error: timed out after 3s: " in p.stderr, p.stderr
+    assert p.stderr.splitlines()[-1] == "fleetctl: error: exec timed out on 3 of 3 nodes"
+    for node in load_inventory(str(lab3.inventory_path)).nodes:
+        ps = node_host(node).run("ps -eo pid,args")
+        assert ps.rc == 0, ps.stderr
+        assert f"sleep {secs}" not in ps.stdout, (node.name, ps.stdout)
+
+    p = fleetctl_exec(lab3, "--json", "--timeout", "1", "--", "sleep 30.418")
+    assert p.exit_code == 124
+    data = json.loads(p.stdout)
+    assert data["exit_code"] == 124
+    assert [n["timed_out"] for n in data["nodes"]] == [True, True, True]
+    assert all(n["exit_code"] is None and n["error"].startswith("timed out") for n in data["nodes"])
 
 
 def test_limit_selects_hosts(lab3: Lab) -> None:

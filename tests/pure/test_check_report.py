@@ -459,3 +459,25 @@ def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) ->
         port = srv.getsockname()[1]
         up = ping_host(Node("n1", "127.0.0.1", port=port), SSHSettings(ssh_config="/dev/null"))
     assert up == PingResult("ok", f"TCP {port} ok (ICMP not permitted here)")
+
+
+def test_check_table_printed_to_a_pipe_is_not_cut_at_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.cli.render import print_check_report
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    ns = [Node(f"gpu-node-with-a-long-name-{i:02d}.example.org", f"10.0.0.{i}") for i in (1, 2)]
+    outs = good(ns)
+    outs[ns[1].name] = outcome(2, facts(2, gpu={"present": False, "gpus": []}))
+    r = judge(ns, outs, options=CheckOptions(backend="nccl"))
+    print_check_report(r)  # no console given: the one for stdout, here a pipe (capsys)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("host"))
+    assert max(len(line) for line in lines) > 80
+    assert all(name in header for name in CHECKS)  # every column, none folded away
+    for n in ns:  # each host on one row, its name whole, with the reasons (not symbols only)
+        row = next(line for line in lines if line.startswith(n.name))
+        assert "✓" in row
+    assert "…" not in header

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.job.runfolder import node_folder_name
-from fleetctl.phases.collect import extract_tar, safe_member_path
+from fleetctl.phases.unpack import extract_tar, safe_member_path
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -68,12 +70,42 @@ def test_failures_exit_3_or_the_largest_remote_code() -> None:
     assert result.exit_code(max_rc=True) == 7
 
 
-def test_timeout_is_a_per_node_error() -> None:
+def _sleeping(seconds: str) -> list[int]:
+    """Pids of ``sleep SECONDS`` processes (a value no other test uses)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv == [b"sleep", seconds.encode()]:
+            pids.append(int(name))
+    return pids
+
+
+def test_timeout_stops_the_command_and_its_children_and_exits_124() -> None:
+    secs = f"{300 + os.getpid() % 1000 / 1000:.3f}"  # unique to this test process
+    cmd = f"echo started; sleep {secs} & setsid sleep {secs} & sleep {secs}; wait"
     with local_fleet("n1") as fleet:
-        result = execute(fleet, "sleep 5", timeout=0.3)
+        result = execute(fleet, cmd, timeout=0.5)
     (run,) = result.runs
-    assert run.exit_code is None and run.error is not None and "timed out" in run.error
-    assert result.exit_code() == 3 and result.exit_code(max_rc=True) == 255
+    assert run.timed_out and run.exit_code is None and run.stdout == "started\n"
+    assert run.error is not None and run.error.startswith("timed out after 0.5s: ")
+    assert "process(es) stopped with SIGTERM" in run.error and "still running" not in run.error
+    assert run.stderr == ""  # the node's time-out line became the error, not output
+    assert result.exit_code() == 124 and result.exit_code(max_rc=True) == 124
+    assert result.to_dict()["nodes"][0]["timed_out"] is True
+    assert _sleeping(secs) == []  # the shell, its child and the setsid escapee are all gone
+
+
+def test_a_command_that_ends_in_time_keeps_its_own_status_and_stderr() -> None:
+    with local_fleet("n1") as fleet:
+        result = execute(fleet, "echo err >&2; kill -TERM $$", timeout=30)
+    (run,) = result.runs
+    assert not run.timed_out and run.exit_code == 143 and run.stderr == "err\n"
+    assert result.exit_code() == 3
 
 
 def test_exit_code_with_an_unreachable_node() -> None:
@@ -103,3 +135,15 @@ def test_group_identical_folds_same_output_and_status() -> None:
         (["n2"], "other\n", "ok"),
         (["n4"], "same\n", "exit 1"),
     ]
+
+
+def test_a_node_without_its_python_still_runs_the_command_under_coreutils_timeout() -> None:
+    node = Node(name="n1", address="127.0.0.1", local=True, python="/nonexistent/python3")
+    with Fleet([node]) as fleet:
+        ok = execute(fleet, "echo fine", timeout=10)
+        late = execute(fleet, "echo started; sleep 30.129", timeout=0.5)
+    assert ok.ok and ok.runs[0].stdout == "fine\n"
+    (run,) = late.runs
+    assert run.timed_out and run.stdout == "started\n" and late.exit_code() == 124
+    assert run.error is not None and "coreutils timeout" in run.error
+    assert _sleeping("30.129") == []

@@ -74,9 +74,7 @@ def test_private_keys_stop_the_snapshot_naming_every_file(tmp_path: Path) -> Non
 
 def test_a_real_openssh_key_is_recognised(tmp_path: Path) -> None:
     key = tmp_path / "k"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
-    )
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     assert looks_like_private_key(key.read_bytes())
     assert not looks_like_private_key((tmp_path / "k.pub").read_bytes())
 

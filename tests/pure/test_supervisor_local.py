@@ -425,3 +425,50 @@ def test_the_log_on_disk_keeps_the_bytes_the_terminal_gets_them_escaped(tmp_path
     console = (tmp_path / "runs" / jid("t-osc") / f"0-{node.name}" / "console.log").read_bytes()
     assert b"hi \x1b]0;title\x07 \x1b[32mgreen\x1b[0m\n" in console
     assert f"[0 {node.name}] hi \\x1b]0;title\\x07 \x1b[32mgreen\x1b[0m\n" in out.getvalue()
+
+
+LONG_LINES = """\
+import sys
+out = sys.stdout.buffer
+out.write(b"before\\n")
+out.write(b"x" * (20 << 20) + b"\\n")           # 20 MB in one line
+out.write(("é" * 100_000).encode() + b"\\n")   # 200 kB of two-byte characters
+out.write(b"after\\n")
+out.write(b"y" * 70_000)                         # no newline at the end
+out.flush()
+"""
+
+
+def test_a_20_mb_line_arrives_as_one_line_and_stays_byte_exact_in_console_log(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    from fleetctl.phases.frames import MAX_VIEW_LINE
+    from fleetctl.phases.watch import Watch
+
+    run_dir = jobs.root / "w" / "runs" / jid("t-long")
+    run = jobs.start(jid("t-long"), [sys.executable, "-c", LONG_LINES], cwd=str(run_dir))
+    watch = Watch(heartbeat=0.2)
+    watch.attach(run)
+    assert watch.wait_ended(60.0) == []
+    lines: list[str] = []
+    while not watch.events.empty():
+        ev = watch.events.get_nowait()
+        if ev.kind == "lines":
+            lines.extend(ev.lines)
+    watch.close()
+    assert len(lines) == 5, [line[:40] for line in lines]
+    before, long, wide, after, tail = lines
+    assert (before, after) == ("before", "after")
+    marker = f" … [line cut at {MAX_VIEW_LINE} of {20 << 20} bytes; whole in console.log]"
+    assert long == "x" * MAX_VIEW_LINE + marker  # one line, cut for the live view only
+    assert wide == "é" * 100_000  # whole: no replacement characters at piece boundaries
+    assert tail == "y" * 70_000
+    expected = (
+        b"before\n"
+        + b"x" * (20 << 20)
+        + b"\n"
+        + ("é" * 100_000).encode()
+        + b"\nafter\n"
+        + b"y" * 70_000
+    )
+    assert (run_dir / "console.log").read_bytes() == expected  # byte-exact, no newline added

@@ -62,6 +62,7 @@ EXERCISED = {
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
 }
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 JOB = "setsid sleep 300 & sleep 300 & echo up; wait"
@@ -123,11 +124,14 @@ class Jobs:
         }
         return start_node(self.node, self.conn, full, python=self.python)
 
-    def mode(self, *args: str) -> bytes:
+    def mode(self, *args: str, stdin: bytes | None = None) -> bytes:
         """A one-shot mode of the installed supervisor; its whole stdout."""
         sup = supervisor_path(str(self.root / "w"))
         res = subprocess.run(
-            [self.python, sup, *args], capture_output=True, timeout=60, stdin=subprocess.DEVNULL
+            [self.python, sup, *args],
+            capture_output=True,
+            timeout=60,
+            **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
         )
         assert res.returncode == 0, res.stderr
         return res.stdout
@@ -295,6 +299,27 @@ def test_the_supervisor_modes_mark_follow_clean_and_pack_a_run_folder(jobs: Jobs
     with tarfile.open(fileobj=io.BytesIO(packed[len(TAR_MARKER) :]), mode="r|") as tar:
         names = {m.name for m in tar}
     assert {"console.log", "supervisor.json", "stop-request.json"} <= names
+
+    # told on stdin what is home and what to leave: the manifest first, then only the rest
+    Path(run_dir, "model.pt").write_bytes(b"x" * 5000)
+    home = os.stat(Path(run_dir, "console.log"))
+    opts = {
+        "max": 4000,
+        "exclude": ["stop-*"],
+        "have": {"console.log": [home.st_size, int(home.st_mtime)]},
+    }
+    packed = jobs.mode(
+        "pack", "--run-dir", run_dir, "--stdin", "1", stdin=json.dumps(opts).encode()
+    )
+    assert packed.startswith(TAR_MARKER)
+    with tarfile.open(fileobj=io.BytesIO(packed[len(TAR_MARKER) :]), mode="r|") as tar:
+        members = [(m.name, tar.extractfile(m).read() if m.isfile() else b"") for m in tar]
+    names = [n for n, _ in members]
+    assert names[0] == ".fleetctl-collect.json" and "supervisor.json" in names
+    assert not {"console.log", "model.pt", "stop-request.json"} & set(names)
+    reasons = {f["path"]: f.get("reason") for f in json.loads(members[0][1])["files"]}
+    assert reasons["console.log"] == "home" and reasons["model.pt"] == "over cap"
+    assert reasons["stop-request.json"] == "excluded" and reasons["supervisor.json"] is None
 
 
 # ------------------------------------------------------------------------------------ probe
@@ -508,3 +533,21 @@ def test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler(
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+# ------------------------------------------------------------------------------ exec timeout
+
+
+def test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit(run38: Run) -> None:
+    secs = f"{200 + os.getpid() % 1000 / 1000:.3f}"
+    cmd = f"echo up; setsid sleep {secs} & sleep {secs}; wait"
+    res = run38("exec_timeout.py", ["0.5", "1", jid("x-timeout"), cmd])
+    assert res.returncode == 124
+    assert res.stdout == b"up\n"
+    last = res.stderr.decode().splitlines()[-1]
+    assert last.startswith("fleetctl: exec timed out after 0.5s: ") and "still running" not in last
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    assert f"sleep {secs}" not in ps.stdout
+
+    ok = run38("exec_timeout.py", ["30", "1", jid("x-ok"), "echo fine; exit 7"])
+    assert ok.returncode == 7 and ok.stdout == b"fine\n" and ok.stderr == b""

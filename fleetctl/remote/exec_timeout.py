@@ -1,0 +1,110 @@
+"""``fleetctl exec --timeout``, on the node: run a shell line, and when its time is up stop it
+and everything it started. Stdlib only, Python >= 3.8, shipped with ``python -c``.
+
+argv: ``TIMEOUT GRACE TAG COMMAND``. The command runs under ``/bin/sh -c`` in its own session
+(so its process group holds its children) with ``FLEET_EXEC_ID=TAG`` in its environment (so a
+child that left the group with ``setsid`` is still found, in /proc). stdin, stdout and stderr
+are the command's own. On time-out: SIGTERM to the group and every tagged process, GRACE
+seconds, SIGKILL, then the last stderr line is ``fleetctl: exec timed out after T s …`` and
+the exit status 124 (as coreutils ``timeout``). Otherwise the command's status (128+N for a
+signal N, as shells say).
+
+Closing the SSH channel does not stop a command without a terminal (no SIGHUP), so the
+controller's own deadline alone would leave it running: this is the node's own deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+MARK = "fleetctl: exec timed out after"
+TIMED_OUT = 124
+SETTLE = 5.0  # s to wait for killed processes to be gone
+
+
+def tagged(tag: str) -> list[int]:
+    """Pids (not ours) whose environment holds ``FLEET_EXEC_ID=<tag>`` exactly."""
+    want = ("FLEET_EXEC_ID=" + tag).encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if want in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def alive(tag: str) -> list[int]:
+    return [p for p in tagged(tag) if not _zombie(p)]
+
+
+def signal_all(pgid: int, tag: str, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+    for pid in tagged(tag):
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def run(timeout: float, grace: float, tag: str, command: str) -> int:
+    env = dict(os.environ)
+    env["FLEET_EXEC_ID"] = tag
+    proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, start_new_session=True)
+    try:
+        code = proc.wait(timeout)
+        return code if code >= 0 else 128 - code
+    except subprocess.TimeoutExpired:
+        pass
+    found = len(set(alive(tag)) | {proc.pid})
+    signal_all(proc.pid, tag, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not alive(tag):
+            break
+        time.sleep(0.05)
+    killed = alive(tag)
+    if proc.poll() is None or killed:
+        signal_all(proc.pid, tag, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(SETTLE)
+    deadline = time.monotonic() + SETTLE
+    while alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = alive(tag)
+    how = "killed with SIGKILL" if killed else "stopped with SIGTERM"
+    tail = f"; still running: {' '.join(map(str, left))}" if left else ""
+    sys.stderr.write(f"{MARK} {timeout:g}s: {found} process(es) {how}{tail}\n")
+    sys.stderr.flush()
+    return TIMED_OUT
+
+
+def main(argv: list) -> int:
+    if len(argv) != 4:
+        sys.stderr.write("usage: exec_timeout TIMEOUT GRACE TAG COMMAND\n")
+        return 2
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return run(float(argv[0]), float(argv[1]), argv[2], argv[3])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
