@@ -41,7 +41,8 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
     "--launcher",
     type=click.Choice(LAUNCHER_NAMES),
     default=None,
-    help="Check what this launcher needs (same GPU count everywhere).",
+    help="Check what this launcher needs: its module imports with each node's python, and the "
+    "same GPU count everywhere.",
 )
 @click.option(
     "--backend",
@@ -73,6 +74,7 @@ def check_command(
     """
     from fleetctl.cli import render
     from fleetctl.errors import CheckError
+    from fleetctl.job.prepare import launcher_module
     from fleetctl.phases.check import CheckOptions, GiB, check_fleet
     from fleetctl.ssh.fleet import Fleet
 
@@ -82,6 +84,7 @@ def check_command(
         master_port=master_port,
         backend=backend,
         uniform_gpus=_needs_uniform_gpus(launcher),
+        launcher_module=launcher_module(launcher) if launcher else None,
         min_free_bytes=int(min_free * GiB),
         recheck=recheck,
     )

@@ -32,6 +32,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             master_port=spec.master_port,
             backend=spec.backend,
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+            # with an env pushed, the env's python runs the launcher: push verifies it there
+            launcher_module=None if options.env_archive else launcher_module(spec.launcher),
         )
         if options.check_options is None and options.code is not None:
             from fleetctl.phases import codesync
@@ -74,6 +76,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
             known_present=known_present,
             allow_secrets=options.allow_secrets,
+            check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts
@@ -94,3 +97,11 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr
     job.folder.write_plan(job.plan.to_dict())
+
+
+def launcher_module(name: str) -> str | None:
+    """The module the node python must import to start launcher ``name`` (None: nothing)."""
+    from fleetctl.plan.launchers import LAUNCHERS
+
+    launcher = LAUNCHERS.get(name)
+    return launcher.module if launcher is not None else None

@@ -114,6 +114,7 @@ def probe_args(
         "allow_loopback": allow_loopback,
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
+        "launcher_module": options.launcher_module,
         "envinfo": remote.source("envinfo.py").decode("utf-8") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,

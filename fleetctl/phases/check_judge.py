@@ -159,6 +159,14 @@ def _probe_failure(node: Node, out: ProbeOutcome) -> str:
 
 def _judge_python(f: Mapping[str, Any]) -> CheckResult:
     py = f.get("python") or {}
+    launcher = f.get("launcher") or {}
+    if launcher.get("error"):
+        why = f"cannot import {launcher.get('module')}: {launcher['error']}"
+        return CheckResult(FAIL, _clip(why))
+    if launcher.get("module"):
+        top = str(launcher["module"]).split(".")[0]
+        version = launcher.get("version")
+        return CheckResult(OK, f"{py.get('version', '?')}, {top} {version or 'ok'}")
     return CheckResult(OK, f"{py.get('version', '?')}")
 
 

@@ -53,6 +53,9 @@ class CheckOptions:
     env_archive_bytes: int | None = None
     env_dir: str | None = None
     env_imports: tuple[str, ...] = ()
+    # The launcher's module, imported by the node python (where no env is pushed): a node
+    # that cannot start the launcher fails the check, not the run.
+    launcher_module: str | None = None
     code_dir: str | None = None
     mesh: bool = True
     mesh_span: int = 64

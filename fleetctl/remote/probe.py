@@ -329,6 +329,27 @@ def env_facts(env_dir: str, imports: list, envinfo: str) -> dict:
     return data
 
 
+# Imports the launcher's module in a child of this very python (the one that runs the
+# launcher), so a broken or missing install shows here, not as a failed start on every node.
+LAUNCHER_IMPORT = (
+    "import importlib, json, sys\n"
+    "importlib.import_module(sys.argv[1])\n"
+    "top = sys.modules[sys.argv[1].split('.')[0]]\n"
+    "print('D ' + json.dumps({'version': str(getattr(top, '__version__', '') or '')}))\n"
+)
+
+
+def launcher_facts(module: str) -> dict:
+    """Whether ``module`` imports with this python; the top package's version when it does."""
+    code, out, err = run([sys.executable, "-c", LAUNCHER_IMPORT, module], 90)
+    data = last_data(out) if code == 0 else None
+    if data is None:
+        lines = [ln for ln in (err or out).strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exited {code}"
+        return {"module": module, "error": why[:300]}
+    return {"module": module, "version": data.get("version") or ""}
+
+
 def last_data(out: str) -> dict | None:
     """The last ``D <json object>`` frame of a program's output (lines before it may be noise)."""
     for line in reversed(out.splitlines()):
@@ -355,9 +376,11 @@ def gather(args: dict) -> dict:
     }
     facts["nic"] = pick_nic(args)
     # The order of the slow parts does not matter: run them side by side.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=5) as pool:
         gpu = pool.submit(gpu_facts)
         rs = pool.submit(rsync_facts)
+        mod = args.get("launcher_module")
+        launcher = pool.submit(launcher_facts, mod) if mod else None
         env = None
         if args.get("env_dir"):
             env_dir = expand(args["env_dir"], home)
@@ -377,6 +400,7 @@ def gather(args: dict) -> dict:
         facts["gpu"] = gpu.result(timeout=15)
         facts["rsync"] = rs.result(timeout=10)
         facts["env"] = env.result(timeout=70) if env is not None else None
+        facts["launcher"] = launcher.result(timeout=100) if launcher is not None else None
     facts["time"] = time.time()
     return facts
 

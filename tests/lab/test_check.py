@@ -280,6 +280,68 @@ def test_missing_python_fails_that_host_and_keeps_it_out_of_the_mesh(
     assert report.mesh_failures == []
 
 
+@pytest.fixture
+def python_without_torch() -> Any:
+    """A venv python on a path the lab hosts see (/var/tmp), without the site's packages."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="fleetctl-notorch-", dir="/var/tmp"))
+    try:
+        subprocess.run(
+            [os.path.realpath(sys.executable), "-m", "venv", "--without-pip", str(root / "v")],
+            check=True,
+        )
+        yield str(root / "v" / "bin" / "python")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_python_that_cannot_import_the_launcher_fails_the_check_naming_it(
+    lab3: Lab, tmp_path: Path, python_without_torch: str
+) -> None:
+    def edit(h: dict) -> None:
+        h["fleetctl_python"] = python_without_torch
+
+    nodes = load_inventory(edited_inventory(lab3, tmp_path, "node2", edit)).nodes
+    report = run_check(nodes, launcher_module="torch.distributed.run")
+    assert_only(report, {("node2", "python")})
+    assert reason(report, "node2", "python") == (
+        "cannot import torch.distributed.run: ModuleNotFoundError: No module named 'torch'"
+    )
+    assert ", torch 2." in reason(report, "node1", "python")
+    # Without a launcher to start (plain), the same python is fine.
+    assert run_check(nodes).ok
+
+
+def test_run_with_torchrun_stops_in_preflight_when_a_node_lacks_torch(
+    lab3: Lab, tmp_path: Path, python_without_torch: str
+) -> None:
+    from fleetctl.testing.cli_runner import run_cli
+
+    def edit(h: dict) -> None:
+        h["fleetctl_python"] = python_without_torch
+
+    inv = edited_inventory(lab3, tmp_path, "node3", edit)
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('should never run')\n")
+    r = run_cli(
+        "run",
+        "-i",
+        str(inv),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--launcher",
+        "torchrun",
+        str(script),
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert r.exit_code == 3, r.stderr
+    assert "node3: python: cannot import torch.distributed.run" in r.stderr
+    assert "should never run" not in r.stdout
+    assert "launching" not in r.stderr + r.stdout
+
+
 def test_passing_result_is_cached_until_recheck(lab3: Lab, tmp_path: Path) -> None:
     nodes = lab_nodes(lab3)
     first = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path))

@@ -366,6 +366,7 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
         "peer_wait": 30,
         "mesh_timeout": 2,
         "linger": 30,
+        "launcher_module": "json.decoder",
     }
     proc = subprocess.Popen(
         probe_command(py38, args),
@@ -389,6 +390,7 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
         assert facts["code_present"] is False and facts["disk"]["free"] > 0
         assert facts["env"]["present"] and facts["env"]["nccl"] == "2.21.5", facts["env"]
         assert not facts["env"]["imports"]["json"].startswith("error")
+        assert facts["launcher"] == {"module": "json.decoder", "version": "2.0.9"}
         peers = {"peers": [{"name": "self", "addr": "127.0.0.1", "port": port}]}
         proc.stdin.write(json.dumps(peers).encode() + b"\n")
         proc.stdin.flush()
@@ -400,6 +402,26 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
         with contextlib.suppress(OSError):
             proc.stdin.close()
         assert proc.wait(30) == 0
+
+
+def test_the_check_probe_names_the_launcher_module_its_python_cannot_import(
+    py38: str, tmp_path: Path
+) -> None:
+    args = {
+        "address": "127.0.0.1",
+        "nic": "lo",
+        "workdir": str(tmp_path / "w"),
+        "allow_loopback": True,
+        "launcher_module": "torch.distributed.run",
+    }
+    out = subprocess.run(
+        probe_command(py38, args), shell=True, capture_output=True, timeout=120, check=True
+    )
+    facts = last_data(out.stdout.decode())
+    assert facts["launcher"] == {
+        "module": "torch.distributed.run",
+        "error": "ModuleNotFoundError: No module named 'torch'",
+    }
 
 
 # ------------------------------------------------------------------------------- push helper

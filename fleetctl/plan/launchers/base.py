@@ -50,6 +50,8 @@ class Launcher:
         default=lambda c, addrs: None
     )
     one_process_per_node: bool = False
+    # What the node python must import to run this launcher (the check imports it there).
+    module: str | None = None
 
 
 def path_from(cwd: str, target: str) -> str:

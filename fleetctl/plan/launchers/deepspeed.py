@@ -59,4 +59,10 @@ def _require_unique(addrs: Mapping[str, str], launcher: str) -> None:
         seen[addr] = host
 
 
-LAUNCHER = Launcher(name="deepspeed", argv=argv, files=files, validate=validate)
+LAUNCHER = Launcher(
+    name="deepspeed",
+    argv=argv,
+    files=files,
+    validate=validate,
+    module="deepspeed.launcher.runner",
+)

@@ -76,4 +76,4 @@ def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
                 )
 
 
-LAUNCHER = Launcher(name="paddle", argv=argv, validate=validate)
+LAUNCHER = Launcher(name="paddle", argv=argv, validate=validate, module="paddle.distributed.launch")

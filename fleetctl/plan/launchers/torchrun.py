@@ -38,4 +38,4 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
     ]
 
 
-LAUNCHER = Launcher(name="torchrun", argv=argv)
+LAUNCHER = Launcher(name="torchrun", argv=argv, module="torch.distributed.run")
