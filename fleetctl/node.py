@@ -32,6 +32,7 @@ class Node:
     env_archive: str | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None
+    proxy_jump: str | None = None  # from the inventory's ansible_ssh_*_args (-J / ProxyJump)
     local: bool = False
     groups: tuple[str, ...] = ()
     vars: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)

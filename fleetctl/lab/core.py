@@ -460,6 +460,9 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         links += [b for b in (self.mgmt_bridge, self.data_bridge) if b]
         cmds = [f"link del {x}" for x in links if net.link_exists(x)]
         cmds += [f"netns del {h.ns}" for h in self.hosts if net.netns_exists(h.ns)]
+        data = self.state.get("data") or {}
+        if data.get("subnet") and ipaddress.IPv4Network(data["subnet"]) in net.route_networks():
+            cmds.append(f"route del unreachable {data['subnet']}")
         removed += [c.split(" ", 2)[2] for c in cmds]
         net.ip_batch(cmds, force=True)
         leftovers = [x for x in links if net.link_exists(x)]

@@ -74,6 +74,10 @@ class _LabHosts:
         up = [f"addr add {mg['gateway']}/{plen} dev {mg['bridge']}", f"link set {mg['bridge']} up"]
         if dt:
             up.append(f"link set {dt['bridge']} up")
+            # This machine has no address on the data network; without this route a packet to
+            # a data address would follow the default route off the machine. Unreachable here,
+            # as on a real cluster's private fabric (hosts behind a bastion are tested so).
+            up.append(f"route add unreachable {dt['subnet']}")
         for h in self.hosts:
             up.append(f"link set {h.mgmt_veth} master {mg['bridge']} up")
             if h.data_veth:

@@ -415,23 +415,8 @@ def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
 
     target = sshconfig.resolve(node, settings)
     config = target.config or "/dev/null"
-    argv = [
-        "ssh",
-        "-F",
-        config,
-        "-o",
-        f"UserKnownHostsFile={settings.known_hosts_for(node)}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "StrictHostKeyChecking=" + ("accept-new" if settings.accept_new else "yes"),
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"ConnectTimeout={max(1, int(settings.connect_timeout))}",
-        "-o",
-        "LogLevel=ERROR",
-    ]
+    known = settings.known_hosts_for(node)
+    argv = ["ssh", *_trust_options(config, known, settings)]
     if settings.keepalive:
         argv += [
             "-o",
@@ -443,7 +428,55 @@ def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
         argv += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(node.key_file)]
     if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
         argv += ["-o", "IdentityAgent=none"]
+    if target.proxy_jump and not target.proxy_command:
+        # OpenSSH's own ProxyJump would run the jump's ssh without our -o options, checking
+        # the bastion's key against ~/.ssh/known_hosts: spell the hop out with the same trust.
+        hop = _jump_argv(target.proxy_jump, config, known, settings)
+        argv += ["-o", "ProxyCommand=" + shlex.join(hop)]
     return [*argv, "-p", str(target.port), "-l", target.user]
+
+
+def _trust_options(config: str, known_hosts: str, settings: SSHSettings) -> list[str]:
+    return [
+        "-F",
+        config,
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=" + ("accept-new" if settings.accept_new else "yes"),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={max(1, int(settings.connect_timeout))}",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+
+
+def _jump_argv(jump: str, config: str, known_hosts: str, settings: SSHSettings) -> list[str]:
+    """``ssh -W %h:%p`` through the last hop of ``jump`` (earlier hops as ``-J``)."""
+    *before, last = jump.split(",")
+    spec = last.removeprefix("ssh://")
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest[1:] or None
+    elif hostport.count(":") == 1:
+        host, port = hostport.split(":")
+    argv = ["ssh", *_trust_options(config, known_hosts, settings)]
+    if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
+        argv += ["-o", "IdentityAgent=none"]
+    if before:
+        argv += ["-J", ",".join(before)]
+    argv += ["-W", "%h:%p"]
+    if port:
+        argv += ["-p", port]
+    if user:
+        argv += ["-l", user]
+    return [*argv, host]
 
 
 def rsync_target(node: Node, path: str) -> str:

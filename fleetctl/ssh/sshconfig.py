@@ -86,10 +86,46 @@ def load(path: str | None, label: str) -> paramiko.SSHConfig:
     return cfg
 
 
+_derived: dict[tuple[int, str, str], paramiko.SSHConfig] = {}
+
+
+def config_for(node: Node, settings: SSHSettings) -> paramiko.SSHConfig:
+    """The parsed ssh_config for ``node``, with the inventory's ProxyJump in front of it.
+
+    ``ansible_ssh_common_args: -o ProxyJump=…`` must mean to fabric (which builds the jump
+    hops from ssh_config) what it means to ``ssh``: a command-line option beats the file. So
+    the jump goes in as the first ``Host`` block for the node's alias, where it wins.
+    """
+    path = settings.ssh_config_for(node)
+    base = load(path, node.label)  # imports the SSH stack under its lock first
+    import paramiko
+
+    if not node.proxy_jump:
+        return base
+    key = (id(base), node.address, node.proxy_jump)
+    with _lock:
+        hit = _derived.get(key)
+    if hit is not None:
+        return hit
+    text = ""
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SSHConfigError(node.label, path, str(e)) from e
+    # the inventory's block first: paramiko, like ssh, takes the first value of each option
+    first = f"Host {node.address}\n  ProxyJump {node.proxy_jump}\n"
+    cfg = paramiko.SSHConfig.from_text(first + text)
+    with _lock:
+        _derived[key] = cfg
+    return cfg
+
+
 def resolve(node: Node, settings: SSHSettings) -> SSHTarget:
     """Where ``node`` is, under the ssh_config fleetctl uses for it (see the module doc)."""
     path = settings.ssh_config_for(node)
-    cfg = load(path, node.label)
+    cfg = config_for(node, settings)
     try:
         found = cfg.lookup(node.address)  # Match/tokens are evaluated here and can fail too
     except Exception as e:
@@ -124,4 +160,4 @@ def fabric_config(node: Node, settings: SSHSettings) -> fabric.Config:
     """
     from fabric import Config
 
-    return Config(ssh_config=load(settings.ssh_config_for(node), node.label), lazy=True)
+    return Config(ssh_config=config_for(node, settings), lazy=True)

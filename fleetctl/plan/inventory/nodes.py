@@ -13,6 +13,7 @@ from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, Node
 from fleetctl.plan.inventory.ranges import _parse_address
 from fleetctl.plan.inventory.vars import _effective_vars
 from fleetctl.plan.inventory.yaml_source import _Unsafe, _Vault
+from fleetctl.ssh.sshargs import SSHArgs, merge, parse_ssh_args
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Host, _Model, _Origin
@@ -115,12 +116,16 @@ def _build_node(model: _Model, host: _Host) -> Node:
         raise f.fail(addr_key, msg)
     port_key = "ansible_port" if "ansible_port" in f.values else "ansible_ssh_port"
     port = f.integer(port_key, 1, 65535, "a port number 1-65535")
+    ssh = _ssh_args(f)
+    if port is None:
+        port = ssh.port
     return Node(
         name=name,
         address=address,
         port=port if port is not None else 22,
-        user=f.text("ansible_user", "ansible_ssh_user"),
-        key_file=f.text("ansible_ssh_private_key_file", "ansible_private_key_file"),
+        user=f.text("ansible_user", "ansible_ssh_user") or ssh.user,
+        key_file=f.text("ansible_ssh_private_key_file", "ansible_private_key_file") or ssh.key_file,
+        proxy_jump=ssh.proxy_jump,
         nic=f.text("fleetctl_nic"),
         train_addr=f.text("fleetctl_addr"),
         gpus=f.integer("fleetctl_gpus", 0, None, "a non-negative integer"),
@@ -128,13 +133,28 @@ def _build_node(model: _Model, host: _Host) -> Node:
         python=f.text("fleetctl_python", default=DEFAULT_PYTHON) or DEFAULT_PYTHON,
         env=_env(f),
         env_archive=f.text("fleetctl_env_archive"),
-        known_hosts=f.text("fleetctl_known_hosts"),
-        ssh_config=f.text("fleetctl_ssh_config"),
+        known_hosts=f.text("fleetctl_known_hosts") or ssh.known_hosts,
+        ssh_config=f.text("fleetctl_ssh_config") or ssh.ssh_config,
         local=local,
         groups=tuple(sorted(g.name for g in model.host_groups(host) if g.name != "all")),
         vars=_plain(f.values),
         source=f"{model.path}:{host.line}" if host.line else model.path,
     )
+
+
+def _ssh_args(f: _Fields) -> SSHArgs:
+    """The host's ``ansible_ssh_common_args`` then ``ansible_ssh_extra_args``, as fleetctl's
+    connections can honour them; an option they cannot is an error naming it (file, line)."""
+    merged = SSHArgs()
+    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        text = f.text(key)
+        if not text:
+            continue
+        try:
+            merged = merge(merged, parse_ssh_args(text))
+        except ValueError as e:
+            raise f.fail(key, f"{key}: {e}") from e
+    return merged
 
 
 def _is_dialable(address: str) -> bool:
