@@ -119,9 +119,10 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 @click.option(
     "--master-port",
     type=click.IntRange(1, 65535),
-    default=DEFAULT_MASTER_PORT,
-    show_default=True,
-    help="Rendezvous port on node 0 (paddle: its start port).",
+    default=None,
+    help=f"Rendezvous port on node 0 (paddle: its start port). Default: the first port from "
+    f"{DEFAULT_MASTER_PORT} that is free and not held by another fleetctl job, claimed for "
+    "this job; given, that port or a clear refusal.",
 )
 @click.option(
     "--env-var",
@@ -226,7 +227,7 @@ def run_command(
     limit: str | None,
     launcher: str,
     nproc: int | str,
-    master_port: int,
+    master_port: int | None,
     env_vars: tuple[str, ...],
     backend: str | None,
     code_dir: str | None,
@@ -283,7 +284,8 @@ def run_command(
         args=script_args,
         launcher=launcher,
         nproc_per_node=nproc,
-        master_port=master_port,
+        master_port=master_port or DEFAULT_MASTER_PORT,
+        master_port_fixed=master_port is not None,
         env=env,
         backend=backend,
         created=now.isoformat(timespec="seconds"),

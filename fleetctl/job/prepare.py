@@ -30,6 +30,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
 
         copts = options.check_options or CheckOptions(
             master_port=spec.master_port,
+            check_master_port=spec.master_port_fixed,
             backend=spec.backend,
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there
@@ -92,6 +93,12 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
         job.folder.write_roles(layout.to_dict())
     else:
+        from fleetctl.job.ports import reserve_master_port
+
+        port = reserve_master_port(fleet, job.nodes[0], spec)
+        if port != spec.master_port:
+            job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
+            spec = job.spec = dataclasses.replace(spec, master_port=port)
         job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     job.result.plan = job.plan
     for np in job.plan.nodes:

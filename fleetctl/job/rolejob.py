@@ -53,7 +53,9 @@ def probe_free_ports(
     def one(node: Node, conn: Connection) -> list[int]:
         need = counts[node.name]
         cands = candidate_ports(job_id, node.name, need, spare=spare)
-        arg = json.dumps({"candidates": cands, "need": need})
+        # claimed for this job (host-local O_EXCL files) so a job planned at the same instant
+        # cannot take them too; each host's supervisor of the job frees them when it ends
+        arg = json.dumps({"candidates": cands, "need": need, "claim": {"job": job_id}})
         res = conn.run(
             [conn.expand(node.python), "-c", PORT_PROBE, arg], timeout=PORT_PROBE_TIMEOUT
         )

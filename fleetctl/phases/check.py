@@ -104,7 +104,8 @@ def probe_args(
     allow_loopback: bool,
     mesh_wait: float,
 ) -> dict[str, Any]:
-    ports = sorted(_reserved_ports(node, options) | ({options.master_port} if is_master else set()))
+    master = {options.master_port} if is_master and options.check_master_port else set()
+    ports = sorted(_reserved_ports(node, options) | master)
     return {
         "address": node.address,
         "nic": node.nic,

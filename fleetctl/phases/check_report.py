@@ -46,6 +46,7 @@ class CheckOptions:
     """
 
     master_port: int = DEFAULT_MASTER_PORT
+    check_master_port: bool = True  # False: run claims a free one itself after the check
     reserved_ports: tuple[int, ...] = ()
     backend: str | None = None
     uniform_gpus: bool = False

@@ -64,6 +64,7 @@ class JobSpec:
     launcher: str = "torchrun"
     nproc_per_node: int | str = "auto"
     master_port: int = DEFAULT_MASTER_PORT
+    master_port_fixed: bool = False  # given by the user: that port or a clear refusal
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     backend: str | None = None
     created: str | None = None  # ISO-8601 time the job layer stamped, recorded in plan.json

@@ -1,38 +1,139 @@
-"""Which of a host's candidate ports are free now (role jobs reserve ports before launch).
+"""Which of a host's candidate ports are free now, and claiming them for one job.
 
-``python -c SOURCE '{"candidates": [...], "need": N}'``: binds each candidate (TCP, all
-interfaces, no SO_REUSEADDR: a port in TIME_WAIT or LISTEN fails) and answers the first N that
-bind as one frame, ``D {"free": [...]}``. Stdlib only; a separate program because it runs
-before the supervisor is on the node.
+``python -c SOURCE '{"candidates": [...], "need": N, "claim": {"job": J}}'``: binds each
+candidate (TCP, all interfaces, no SO_REUSEADDR: a port in TIME_WAIT or LISTEN fails) and answers
+the first N that bind as one frame, ``D {"free": [...], "busy": {port: why}}``.
+
+With ``claim``, a port is also taken for job J in the host's claim folder (``CLAIMS``, host-local
+``/tmp`` even when homes are shared): a file per port created with O_EXCL, so of two jobs
+planned at the same instant only one gets it, the other moves on (or is refused when the port
+was fixed). The job's supervisor adopts its claims (its pid goes in) and removes them when it
+ends; a claim whose supervisor is gone, or never came within ``CLAIM_GRACE`` s, is stale and
+taken over. Stdlib only; a separate program because it runs before the supervisor is on the node.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 import sys
+import time
+
+# Host-local (not the maybe-shared home); the variable is for tests and odd hosts.
+CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or "/tmp/fleetctl-ports"
+CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, launch)
 
 
-def free_ports(candidates: list[int], need: int) -> list[int]:
-    free: list[int] = []
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def claim_owner(path: str, now: float) -> str | None:
+    """The job holding the claim at ``path``; None when there is none or it is stale."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    pid = data.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        alive = _start_time(pid)
+        if alive is None or (data.get("start") is not None and alive != data.get("start")):
+            return None
+        return str(data.get("job") or "?")
+    try:
+        age = now - os.stat(path).st_mtime
+    except OSError:
+        return None
+    return str(data.get("job") or "?") if age < CLAIM_GRACE else None
+
+
+def _claims_dir() -> str:
+    try:
+        os.mkdir(CLAIMS, 0o1777)
+        os.chmod(CLAIMS, 0o1777)  # shared by every user of the host, like /tmp itself
+    except FileExistsError:
+        pass
+    return CLAIMS
+
+
+def claim(port: int, job: str) -> str | None:
+    """Take ``port`` for ``job``; None when taken, else why not (another job holds it)."""
+    path = os.path.join(_claims_dir(), str(port))
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = claim_owner(path, time.time())
+            if owner == job:
+                return None
+            if owner is not None:
+                return "reserved by fleetctl job " + owner
+            try:
+                os.unlink(path)  # stale: its supervisor is gone
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno in (errno.EPERM, errno.EACCES):
+                    return f"stale claim {path} of another user"
+                raise
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"job": job, "pid": None, "claimed_at": time.time()}, f)
+        return None
+    return "claim raced"
+
+
+def free_ports(
+    candidates: list, need: int, job: str | None = None, busy: dict | None = None
+) -> list:
+    """The first ``need`` candidates that bind (and, with ``job``, that it could claim)."""
+    free: list = []
     for port in candidates:
         if len(free) >= need:
             break
+        if job is not None:
+            owner = claim_owner(os.path.join(CLAIMS, str(port)), time.time())
+            if owner is not None and owner != job:
+                if busy is not None:
+                    busy[str(port)] = "reserved by fleetctl job " + owner
+                continue
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("0.0.0.0", port))
-            free.append(port)
-        except OSError:
-            pass
+        except OSError as e:
+            if busy is not None:
+                busy[str(port)] = "in use" if e.errno == errno.EADDRINUSE else str(e)
+            continue
         finally:
             s.close()
+        why = claim(port, job) if job is not None else None
+        if why is not None:
+            if busy is not None:
+                busy[str(port)] = why
+            continue
+        free.append(port)
     return free
 
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    free = free_ports([int(p) for p in args["candidates"]], int(args["need"]))
-    sys.stdout.write("D " + json.dumps({"free": free}) + "\n")
+    job = (args.get("claim") or {}).get("job")
+    busy: dict = {}
+    free = free_ports([int(p) for p in args["candidates"]], int(args["need"]), job, busy)
+    sys.stdout.write("D " + json.dumps({"free": free, "busy": busy}) + "\n")
     sys.stdout.flush()
 
 

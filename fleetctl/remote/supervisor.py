@@ -77,6 +77,46 @@ def proc_start_time(pid: int) -> int | None:
     return None if st is None or st[0] in ("Z", "X") else st[3]
 
 
+# port_probe.py's CLAIMS: host-local, shared by users
+PORT_CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or "/tmp/fleetctl-ports"
+
+
+def adopt_port_claims(job_id: str) -> list:
+    """The port claims made for this job (by the controller's port probe) now name this
+    supervisor, so they hold exactly as long as it lives; returns their paths."""
+    pid, mine = os.getpid(), []
+    try:
+        names = [n for n in os.listdir(PORT_CLAIMS) if n.isdigit()]
+    except OSError:
+        return mine
+    for name in names:
+        path = os.path.join(PORT_CLAIMS, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("job") != job_id:
+                continue
+            data.update(pid=pid, start=proc_start_time(pid))
+            tmp = os.path.join(PORT_CLAIMS, f".{name}.{pid}.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(tmp, path)
+            mine.append(path)
+        except (OSError, ValueError):
+            continue
+    return mine
+
+
+def release_port_claims(paths: list, job_id: str) -> None:
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                if json.load(f).get("job") == job_id:
+                    os.unlink(path)
+        except (OSError, ValueError, AttributeError):
+            continue
+
+
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgid, starttime) of a process, None when it is gone.
 
@@ -421,6 +461,7 @@ class Supervisor:
         self.listening = False
         self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
         self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
+        self.port_claims: list = []  # this job's port claims on this host, freed at the end
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -443,6 +484,7 @@ class Supervisor:
                 f.write(content)
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
+        self.port_claims = adopt_port_claims(self.job_id)
 
     def child_env(self) -> dict:
         env = dict(os.environ)
@@ -761,6 +803,13 @@ def cmd_run() -> int:
 
 def _start_and_supervise(sup: Supervisor) -> int:
     try:
+        return _start_and_supervise_job(sup)
+    finally:
+        release_port_claims(sup.port_claims, sup.job_id)
+
+
+def _start_and_supervise_job(sup: Supervisor) -> int:
+    try:
         sup.prepare()
         sup.start()
     except Exception as e:  # report why the job could not start; the controller shows it
@@ -808,7 +857,10 @@ def _run_detached(spec: dict, out: Out) -> int:
             os.write(wfd, f"F cannot start job on this node: {e}\n".encode())
             os._exit(1)
         os.close(wfd)
-        sup.supervise()
+        try:
+            sup.supervise()
+        finally:
+            release_port_claims(sup.port_claims, sup.job_id)
         os._exit(0)
     os.close(wfd)
     os.waitpid(pid, 0)

@@ -588,3 +588,48 @@ def test_paddle_gives_each_node_the_trainer_id_of_its_place_in_ips(
         # paddle's own log, named after the fleet job (--job_id); paddle 3.3 on CPU writes no
         # endpoints.log, so the launcher log folder is checked by this file and workerlog.0.
         assert any(p.name.startswith(r.folder.name) for p in (folder / "log").iterdir())
+
+
+# ------------------------------------------------------------------------------ rendezvous
+
+
+def test_two_torchrun_jobs_started_together_on_the_same_hosts_never_mix_their_ranks(
+    lab3: Lab, runs
+) -> None:
+    """Both preflights see 29500 free; the claim on node 0 gives one job 29500 and the other
+    the next free port, so each rank joins its own job's rendezvous and both succeed."""
+    args = ("--epochs", "1", "--steps", "2")
+    a = runs(lab3, "ddp_train.py", *args, launcher="torchrun")
+    b = runs(lab3, "ddp_train.py", *args, launcher="torchrun")
+    assert a.finish() == 0, a.text()
+    assert b.finish() == 0, b.text()
+    ports = set()
+    for r in (a, b):
+        plan = json.loads((r.folder / "plan.json").read_text())
+        ports.add(plan["master_port"])
+        for rank in range(3):
+            assert any(f"done rank={rank} world=3" in line for line in r.out), r.text()
+    assert len(ports) == 2 and 29500 in ports, ports
+    moved = a if "rendezvous on" in "\n".join(a.err) else b
+    assert any("port 29500 is taken on node 0: rendezvous on" in line for line in moved.err)
+
+
+def test_a_fixed_master_port_held_by_another_job_is_refused_naming_it_and_freed_after(
+    lab3: Lab, runs, code
+) -> None:
+    port = "29633"
+    a = runs(lab3, "tick.py", "120", "-1", "0", code_dir=code, opts=("--master-port", port))
+    a.wait_for(ticking())
+    b = runs(lab3, "tick.py", "1", "-1", "0", code_dir=code, opts=("--master-port", port))
+    assert b.finish(120) == 3, b.text()
+    said = "\n".join(b.err)
+    assert re.search(
+        rf"error: node1 \(\S+\): master port {port} is reserved by fleetctl job {a.folder.name};",
+        said,
+    ), said
+    assert not any("tick rank=" in line for line in b.out)  # nothing of b ever started
+    a.proc.send_signal(signal.SIGINT)
+    assert a.finish(60) == 130, a.text()
+    # a's supervisor on node 0 released the claim when the job ended: the port is free again
+    c = runs(lab3, "tick.py", "1", "-1", "0", code_dir=code, opts=("--master-port", port))
+    assert c.finish(120) == 0, c.text()

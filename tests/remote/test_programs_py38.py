@@ -494,6 +494,7 @@ def test_the_port_probe_skips_a_port_that_is_in_use(run38: Run) -> None:
     busy = socket.socket()
     busy.bind(("0.0.0.0", 0))
     busy.listen(1)
+    busy_port = busy.getsockname()[1]
     free = socket.socket()
     free.bind(("0.0.0.0", 0))
     free_port = free.getsockname()[1]
@@ -501,11 +502,50 @@ def test_the_port_probe_skips_a_port_that_is_in_use(run38: Run) -> None:
     try:
         res = run38(
             "port_probe.py",
-            [json.dumps({"candidates": [busy.getsockname()[1], free_port], "need": 1})],
+            [json.dumps({"candidates": [busy_port, free_port], "need": 1})],
         )
     finally:
         busy.close()
-    assert last_data(res.stdout) == {"free": [free_port]}
+    assert last_data(res.stdout) == {"free": [free_port], "busy": {str(busy_port): "in use"}}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("0.0.0.0", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_port_claimed_for_one_job_is_skipped_by_another_until_its_owner_is_gone(
+    run38: Run, tmp_path: Path
+) -> None:
+    env = {**os.environ, "FLEETCTL_PORT_CLAIMS": str(tmp_path / "claims")}
+    p1, p2 = _free_ports(2)
+
+    def claim(job: str, cands: list[int]) -> dict:
+        arg = json.dumps({"candidates": cands, "need": 1, "claim": {"job": job}})
+        return last_data(run38("port_probe.py", [arg], env=env).stdout)
+
+    assert claim("A", [p1, p2]) == {"free": [p1], "busy": {}}
+    assert json.loads((tmp_path / "claims" / str(p1)).read_text())["job"] == "A"
+    assert claim("A", [p1]) == {"free": [p1], "busy": {}}  # its own claim: still its own
+    assert claim("B", [p1, p2]) == {"free": [p2], "busy": {str(p1): "reserved by fleetctl job A"}}
+    # A's supervisor adopted the claim and is gone (a dead pid): the claim is stale, B takes it.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "claims" / str(p1)).write_text(json.dumps({"job": "A", "pid": dead.pid}))
+    assert claim("C", [p1]) == {"free": [p1], "busy": {}}
+    # ... while a live owner (this test process, its start time recorded) keeps it.
+    stat = Path(f"/proc/{os.getpid()}/stat").read_bytes()
+    start = int(stat[stat.rindex(b")") + 2 :].split()[19])
+    (tmp_path / "claims" / str(p1)).write_text(
+        json.dumps({"job": "D", "pid": os.getpid(), "start": start})
+    )
+    assert claim("E", [p1]) == {"free": [], "busy": {str(p1): "reserved by fleetctl job D"}}
 
 
 # ----------------------------------------------------------------------------------- stacks
