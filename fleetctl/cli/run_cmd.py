@@ -125,6 +125,15 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     "this job; given, that port or a clear refusal.",
 )
 @click.option(
+    "--launcher-arg",
+    "launcher_args",
+    multiple=True,
+    metavar="ARG",
+    help="Passed to the launcher after fleetctl's own flags, before SCRIPT (repeatable): "
+    "--launcher-arg=--max-restarts=3. Options fleetctl sets (--nnodes, --node-rank, --ips, "
+    "--hostfile, …) are refused.",
+)
+@click.option(
     "--env-var",
     "env_vars",
     multiple=True,
@@ -266,6 +275,11 @@ def run_command(
     )
     if env_style is not None and job_file is None:
         raise UsageError("--env-style names role env variables: it needs a role job (--job FILE)")
+    if job_file is not None and lifecycle["launcher_args"]:
+        raise UsageError(
+            "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
+            "each role's command in the job file"
+        )
     if job_file is not None and script is not None:
         raise UsageError(f"--job {job_file} replaces SCRIPT; got {script!r} too")
     if job_file is None:
@@ -286,6 +300,7 @@ def run_command(
         nproc_per_node=nproc,
         master_port=master_port or DEFAULT_MASTER_PORT,
         master_port_fixed=master_port is not None,
+        launcher_args=tuple(lifecycle["launcher_args"]),
         env=env,
         backend=backend,
         created=now.isoformat(timespec="seconds"),

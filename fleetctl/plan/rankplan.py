@@ -28,7 +28,7 @@ from typing import Any
 from fleetctl.errors import PlanError
 from fleetctl.node import LOCAL_ADDRESSES, Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
-from fleetctl.plan.launchers.base import path_from
+from fleetctl.plan.launchers.base import Launcher, option_name, path_from
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -65,12 +65,14 @@ class JobSpec:
     nproc_per_node: int | str = "auto"
     master_port: int = DEFAULT_MASTER_PORT
     master_port_fixed: bool = False  # given by the user: that port or a clear refusal
+    launcher_args: tuple[str, ...] = ()  # passed to the launcher after fleetctl's own flags
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     backend: str | None = None
     created: str | None = None  # ISO-8601 time the job layer stamped, recorded in plan.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "launcher_args", tuple(str(a) for a in self.launcher_args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
 
 
@@ -340,7 +342,9 @@ def make_plan(
         nnodes=len(nodes),
         nproc_per_node=nproc,
         gpus_per_node=gpus_per_node,
+        launcher_args=spec.launcher_args,
     )
+    check_launcher_args(launcher, spec.launcher_args)
     launcher.validate(ctx, addrs)
 
     plans = []
@@ -427,6 +431,22 @@ def nccl_trace_env(run_dir: str) -> dict[str, str]:
         "TORCH_FR_DUMP_TEMP_FILE": posixpath.join(run_dir, NCCL_TRACE_PREFIX),  # + global rank
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # on a timeout: tear the process down
     }
+
+
+def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
+    """PlanError (exit 2) naming a --launcher-arg that fleetctl sets itself, or any for plain."""
+    if args and launcher.name == "plain":
+        raise PlanError(
+            f"--launcher-arg {args[0]}: the plain launcher runs the script directly; "
+            "pass options to the script after SCRIPT"
+        )
+    for arg in args:
+        name = option_name(arg)
+        if name is not None and name in launcher.owned:
+            raise PlanError(
+                f"--launcher-arg {arg}: {launcher.name}'s {name} is set by fleetctl from the "
+                "inventory and the rank plan (the same on every node); leave it out"
+            )
 
 
 def _check_spec(spec: JobSpec) -> None:

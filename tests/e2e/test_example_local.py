@@ -92,3 +92,44 @@ def test_readmes_first_command_runs_on_a_machine_without_rsync(tmp_path: Path) -
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "All 1 node succeeded" in r.stderr
     assert re.search(r"^\[0 \S+\] done rank=0 world=1 ", r.stdout, re.M), r.stdout[-2000:]
+
+
+def test_launcher_args_reach_torchrun_a_restart_budget_recovers_a_failed_worker(
+    tmp_path: Path,
+) -> None:
+    """``--launcher-arg=--max-restarts=1`` really reaches torchrun: the worker fails in its
+    first life (TORCHELASTIC_RESTART_COUNT=0) and torchrun restarts it; the job succeeds."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "flaky.py").write_text(
+        "import os, sys\n"
+        "n = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+        "print('life', n, flush=True)\n"
+        "sys.exit(1 if n == '0' else 0)\n"
+    )
+    r = _run(
+        [
+            sys.executable,
+            "-m",
+            "fleetctl",
+            "run",
+            "--launcher",
+            "torchrun",
+            "--launcher-arg=--max-restarts=1",
+            "--launcher-arg",
+            "--monitor-interval=0.2",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--code",
+            str(code),
+            str(code / "flaky.py"),
+        ]
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "life 0" in r.stdout and "life 1" in r.stdout
+    [folder] = (tmp_path / "runs").iterdir()
+    argv = json.loads((folder / "plan.json").read_text())["nodes"][0]["argv"]
+    assert argv[argv.index("--log-dir=torchrun") + 1 : argv.index("--log-dir=torchrun") + 3] == [
+        "--max-restarts=1",
+        "--monitor-interval=0.2",
+    ]

@@ -41,6 +41,7 @@ def _plan(case: dict[str, Any]) -> Plan:
     facts = {h: NodeFacts.from_dict(f) for h, f in (case.get("facts") or {}).items()}
     spec = dict(case["spec"])
     spec["args"] = tuple(spec.get("args", ()))
+    spec["launcher_args"] = tuple(spec.get("launcher_args", ()))
     return make_plan(
         [_node(n) for n in case["nodes"]],
         JobSpec(**spec),

@@ -35,6 +35,7 @@ class LaunchContext:
     nnodes: int
     nproc_per_node: int
     gpus_per_node: int  # 0 when the nodes have no (known) GPUs: CPU / gloo
+    launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ class Launcher:
     one_process_per_node: bool = False
     # What the node python must import to run this launcher (the check imports it there).
     module: str | None = None
+    # Options fleetctl sets from the rank plan (normalized: lower case, ``_`` as ``-``); a
+    # --launcher-arg naming one is refused, or the plan would not be the one that runs.
+    owned: frozenset[str] = frozenset()
+
+
+def option_name(arg: str) -> str | None:
+    """``--Max_Restarts=3`` -> ``--max-restarts``; None for a value (not an option)."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None
+    return arg.split("=", 1)[0].lower().replace("_", "-")
 
 
 def path_from(cwd: str, target: str) -> str:

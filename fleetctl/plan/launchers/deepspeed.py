@@ -33,6 +33,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--master_addr={ctx.master_addr}",
         f"--master_port={ctx.master_port}",
         f"--num_gpus={ctx.nproc_per_node}",
+        *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
     ]
@@ -59,8 +60,28 @@ def _require_unique(addrs: Mapping[str, str], launcher: str) -> None:
         seen[addr] = host
 
 
+OWNED = frozenset(
+    {
+        "--hostfile",
+        "-h",
+        "--no-ssh",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--num-gpus",
+        "--num-nodes",
+        "--include",
+        "-i",
+        "--exclude",
+        "-e",
+        "--launcher",
+        "--force-multi",
+    }
+)
+
 LAUNCHER = Launcher(
     name="deepspeed",
+    owned=OWNED,
     argv=argv,
     files=files,
     validate=validate,

@@ -53,6 +53,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--start_port={ctx.master_port}",
         f"--job_id={ctx.job_id}",
         f"--log_dir={LOG_DIR}",
+        *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
     ]
@@ -76,4 +77,26 @@ def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
                 )
 
 
-LAUNCHER = Launcher(name="paddle", argv=argv, validate=validate, module="paddle.distributed.launch")
+OWNED = frozenset(
+    {
+        "--ips",
+        "--host",
+        "--nnodes",
+        "--devices",
+        "--gpus",
+        "--nproc-per-node",
+        "--start-port",
+        "--job-id",
+        "--log-dir",
+        "--rank",
+        "--master",
+    }
+)
+
+LAUNCHER = Launcher(
+    name="paddle",
+    argv=argv,
+    validate=validate,
+    module="paddle.distributed.launch",
+    owned=OWNED,
+)

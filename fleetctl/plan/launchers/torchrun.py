@@ -33,9 +33,26 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--master-addr={ctx.master_addr}",
         f"--master-port={ctx.master_port}",
         f"--log-dir={LOG_DIR}",
+        *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
     ]
 
 
-LAUNCHER = Launcher(name="torchrun", argv=argv, module="torch.distributed.run")
+OWNED = frozenset(
+    {
+        "--nnodes",
+        "--node-rank",
+        "--nproc-per-node",
+        "--rdzv-backend",
+        "--rdzv-id",
+        "--rdzv-endpoint",
+        "--master-addr",
+        "--master-port",
+        "--log-dir",
+        "--standalone",
+        "--local-addr",
+    }
+)
+
+LAUNCHER = Launcher(name="torchrun", argv=argv, module="torch.distributed.run", owned=OWNED)
