@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.errors import FleetctlError
 from fleetctl.job.runfolder import RunFolder
 from fleetctl.job.state import JobStatus
 
@@ -94,14 +95,41 @@ def run_attempts(
     try:
         for k in range(1, policy.max_retries + 2):
             aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k))
-            aopts = dataclasses.replace(options, attempt=k)
+            # After a failure nothing the last attempt learnt is trusted: fresh check verdicts.
+            aopts = dataclasses.replace(options, attempt=k, recheck=options.recheck or k > 1)
             if k > 1:
                 emit(
                     JobEvent(
                         "phase", f"attempt {k} of {policy.max_retries + 1}: job {aspec.job_id}"
                     )
                 )
-            result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
+                for name in _reconnect(fleet, out.results[-1]):
+                    emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
+            try:
+                result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
+            except FleetctlError as e:  # before launch (check, push, plan): recorded, then raised
+                folder = Path(options.runs_dir) / aspec.job_id
+                att = Attempt(k, aspec.job_id, str(folder), JobStatus.ERROR, e.one_line(), None)
+                if k > 1 and k <= policy.max_retries:  # a node still coming back: try again
+                    att.decision, att.retried = "retry: preflight failed after a node fault", True
+                    att.backoff = policy.delay(k, rng.random())
+                    out.attempts.append(att)
+                    _write_attempts(base_folder, out.attempts)
+                    emit(
+                        JobEvent(
+                            "notice",
+                            f"attempt {k} could not start ({e.one_line()}); "
+                            f"next attempt in {att.backoff:.1f}s",
+                        )
+                    )
+                    sleep(att.backoff)
+                    continue
+                att.decision = "not retried: " + (
+                    "the job could not start" if k == 1 else "retries used up"
+                )
+                out.attempts.append(att)
+                _write_attempts(base_folder, out.attempts)
+                raise
             out.results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -145,6 +173,24 @@ def run_attempts(
     if out.results:
         out.final.attempts = [a.to_dict() for a in out.attempts]
     return out
+
+
+def _reconnect(fleet: Fleet, last: JobResult | None) -> list[str]:
+    """Drop the connections a retry must not reuse: nodes the last attempt lost or could not
+    start on, and any whose transport died (a rebooted node). Returns their names."""
+    from fleetctl.job.state import NodeState
+
+    bad = {
+        n.host
+        for n in (last.nodes if last is not None else [])
+        if n.state in (NodeState.LOST, NodeState.START_FAILED)
+    }
+    for node in fleet.connected:
+        if not fleet.connection(node).alive():
+            bad.add(node.name)
+    for name in sorted(bad):
+        fleet.drop(name)
+    return sorted(bad)
 
 
 def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:

@@ -31,6 +31,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         copts = options.check_options or CheckOptions(
             master_port=spec.master_port,
             check_master_port=spec.master_port_fixed,
+            recheck=options.recheck,
             backend=spec.backend,
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there

@@ -62,6 +62,7 @@ class RunOptions:
     check_options: CheckOptions | None = None  # None = derived from the spec
     push_options: PushOptions | None = None
     allow_secrets: tuple[str, ...] = ()  # code files that look like keys, shipped on purpose
+    recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job

@@ -108,6 +108,10 @@ class Connection(ABC):
 
     node: Node
 
+    def alive(self) -> bool:
+        """Whether the channel can still carry a command (False: reconnect before use)."""
+        return True
+
     @abstractmethod
     def run(
         self, command: Command, *, timeout: float, stdin: bytes | None = None, check: bool = False
@@ -336,6 +340,10 @@ class SSHConnection(Connection):
         if isinstance(e, paramiko.SSHException):
             return ConnectError(node.label, f"SSH error with {where}: {e}")
         return e
+
+    def alive(self) -> bool:
+        transport = self._fabric.transport
+        return transport is not None and transport.is_active()
 
     # -- commands ---------------------------------------------------------------------------
     def _channel(self) -> paramiko.Channel:

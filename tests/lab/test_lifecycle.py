@@ -9,6 +9,7 @@ testinfra helper).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -599,6 +600,45 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
     assert f"attempt job={job_id}.2 rank=1" in console and "ok rank=1" in console
     assert "attempt 1 failed" in p.stderr and "attempt 2 of 3" in p.stderr
     assert left_over(lab3, job_id) == {} and left_over(lab3, f"{job_id}.2") == {}
+
+
+def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """node3 crashes mid-run (every process on it killed, its SSH connection dead) and boots
+    again; the retry must reconnect to it instead of reusing the dead transport."""
+    runs = tmp_path / "runs"
+    args = run_args(lab3, runs, code, "--max-retries", "3", "--retry-backoff", "2")
+    args += ["--lost-timeout", "3", str(code / "tick.py"), "6"]
+    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
+    try:
+
+        def node3_running() -> bool:
+            for job in runs.glob("*/job.json"):
+                with contextlib.suppress(ValueError, OSError):
+                    nodes = json.loads(job.read_text())["nodes"]
+                    if nodes[2]["state"] == "running":
+                        return True
+            return False
+
+        wait_for(node3_running, 60, what="attempt 1 running on node3", interval=0.2)
+        lab3.crash_host("node3")
+        lab3.boot_host("node3")
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert proc.returncode == 0, err
+    assert "node3: reconnecting (new SSH connection)" in err
+    [rec] = runs_json(runs)
+    job_id = rec["job_id"]
+    attempts = json.loads((runs / job_id / "attempts.json").read_text())["attempts"]
+    assert attempts[0]["status"] == "failed" and "node 2 (node3)" in attempts[0]["ended_by"]
+    assert attempts[-1]["status"] == "succeeded"
+    last = attempts[-1]["job_id"]
+    assert "tick rank=2 i=29" in (runs / last / "2-node3" / "console.log").read_text()
+    assert left_over(lab3, last) == {}
 
 
 def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path) -> None:

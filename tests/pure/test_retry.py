@@ -155,6 +155,8 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
     sleeps: list[float] = []
 
     class NoFleet:
+        connected = ()
+
         def close(self) -> None:
             pass
 
@@ -181,3 +183,71 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
         ("j.3", False),
     ]
     assert final["attempts"][0]["ended_by"] == "node 1 (b): exit code 1"
+
+
+def test_a_retry_after_a_lost_node_reconnects_it_rechecks_and_records_a_failed_start(
+    tmp_path, monkeypatch
+) -> None:
+    """Attempt 1 loses node b; attempt 2 must get a new connection to b and an uncached check,
+    and when it cannot even start (b still rebooting) that attempt is recorded and retried."""
+    import json
+
+    from fleetctl.errors import CheckError
+    from fleetctl.job import run as job_mod
+    from fleetctl.job.attempts import run_attempts
+    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.run import RunOptions
+    from fleetctl.plan.rankplan import JobSpec
+    from fleetctl.results import FleetResult
+
+    calls: list[tuple[str, bool, list[str]]] = []
+
+    class Fleet:
+        def __init__(self) -> None:
+            self.dropped: list[str] = []
+            self.connected = ()
+
+        def drop(self, name: str) -> None:
+            self.dropped.append(name)
+
+        def close(self) -> None:
+            pass
+
+    fleet = Fleet()
+
+    def fake_run_job(spec, nodes, options, *, on_event=None, fleet=None):
+        calls.append((spec.job_id, options.recheck, list(fleet.dropped)))
+        if options.attempt == 2:
+            raise CheckError(
+                "preflight failed (1 of 2 host(s) failed): b: ssh: refused", FleetResult({})
+            )
+        folder = tmp_path / spec.job_id
+        folder.mkdir()
+        r = JobResult(job_id=spec.job_id, folder=folder, attempt=options.attempt)
+        if options.attempt == 1:
+            r.status, r.first_failure = "failed", 1
+            r.nodes = [NodeOutcome(0, "a", "10.0.0.1", state="stopped")]
+            r.nodes.append(NodeOutcome(1, "b", "10.0.0.2", state="lost", reason="no heartbeat"))
+        else:
+            r.status = "succeeded"
+            r.nodes = [NodeOutcome(0, "a", "10.0.0.1", state="succeeded")]
+        return r
+
+    monkeypatch.setattr(job_mod, "run_job", fake_run_job)
+    out = run_attempts(
+        JobSpec(script="t.py", job_id="j"),
+        [],
+        RunOptions(runs_dir=tmp_path),
+        RetryPolicy(max_retries=2, backoff=0.5, jitter=0.0),
+        fleet=fleet,  # type: ignore[arg-type]
+        sleep=lambda s: None,
+    )
+    assert calls == [("j", False, []), ("j.2", True, ["b"]), ("j.3", True, ["b", "b"])]
+    data = json.loads((tmp_path / "j" / "attempts.json").read_text())["attempts"]
+    assert [(a["job_id"], a["status"], a["retried"]) for a in data] == [
+        ("j", "failed", True),
+        ("j.2", "error", True),
+        ("j.3", "succeeded", False),
+    ]
+    assert data[1]["ended_by"].startswith("preflight failed (1 of 2 host(s) failed): b:")
+    assert out.final.status == "succeeded"
