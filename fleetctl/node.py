@@ -26,6 +26,7 @@ class Node:
     nic: str | None = None
     train_addr: str | None = None
     gpus: int | None = None
+    gpu_ids: tuple[str, ...] = ()  # fleetctl_gpus as a list (indices or UUIDs); gpus = its length
     workdir: str = DEFAULT_WORKDIR
     python: str = DEFAULT_PYTHON
     env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)

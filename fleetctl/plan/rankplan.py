@@ -124,8 +124,17 @@ class NodePlan:
     argv: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, hash=False)
     files: dict[str, str] = field(default_factory=dict, hash=False)
+    # The GPUs this node's job may use (indices or UUIDs, CUDA_VISIBLE_DEVICES order); empty:
+    # all of the node's GPUs.
+    gpus: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._fields()
+        if self.gpus:
+            d["gpus"] = list(self.gpus)
+        return d
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "address": self.address,
@@ -160,6 +169,7 @@ class NodePlan:
             argv=tuple(d["argv"]),
             env=dict(d["env"]),
             files=dict(d.get("files") or {}),
+            gpus=tuple(str(g) for g in d.get("gpus") or ()),
         )
 
 
@@ -321,12 +331,14 @@ def make_plan(
     addrs: dict[str, str] = {}
     nics: dict[str, str | None] = {}
     gpus: dict[str, int] = {}
+    visible: dict[str, tuple[str, ...]] = {}
     for n in nodes:
         f = facts.get(n.name) or NodeFacts()
         addrs[n.name] = f.train_addr or n.train_addr or n.address
         nics[n.name] = f.nic or n.nic
+        visible[n.name] = _visible_gpus(n, spec)
         count = f.gpu_count if f.gpu_count is not None else n.gpus
-        gpus[n.name] = int(count or 0)
+        gpus[n.name] = len(visible[n.name]) if visible[n.name] else int(count or 0)
     _check_loopback_mix(addrs)
 
     nproc, gpus_per_node = _nproc(spec, gpus, one_per_node=launcher.one_process_per_node)
@@ -343,6 +355,7 @@ def make_plan(
         nproc_per_node=nproc,
         gpus_per_node=gpus_per_node,
         launcher_args=spec.launcher_args,
+        gpu_lists=tuple(visible[n.name] for n in nodes) if any(visible.values()) else (),
     )
     check_launcher_args(launcher, spec.launcher_args)
     launcher.validate(ctx, addrs)
@@ -364,8 +377,11 @@ def make_plan(
             code_dir=node_code,
             run_dir=run_dir,
             cwd=run_dir,
+            gpus=visible[n.name],
         )
         env = _node_env(ctx, slot, spec)
+        if slot.gpus and launcher.name != "deepspeed":  # deepspeed sets it from --include
+            env[CUDA_VISIBLE] = ",".join(slot.gpus)
         env.update(launcher.env(ctx, slot))
         env.update(_checked_env(n.env, f"{_where(n)}fleetctl_env"))
         env.update(spec.env)
@@ -391,6 +407,22 @@ def make_plan(
         backend=spec.backend,
         created=spec.created,
     )
+
+
+CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+def _visible_gpus(node: Node, spec: JobSpec) -> tuple[str, ...]:
+    """The node's GPU list: the inventory's ``fleetctl_gpus`` list, else a CUDA_VISIBLE_DEVICES
+    the user set (--env-var, fleetctl_env); PlanError when the two disagree."""
+    user = spec.env.get(CUDA_VISIBLE) or node.env.get(CUDA_VISIBLE)
+    said = tuple(x.strip() for x in str(user).split(",") if x.strip()) if user else ()
+    if node.gpu_ids and said and said != node.gpu_ids:
+        raise PlanError(
+            f"{_where(node)}fleetctl_gpus lists {','.join(node.gpu_ids)} but "
+            f"{CUDA_VISIBLE}={user} is set too; say the GPUs once (fleetctl_gpus)"
+        )
+    return node.gpu_ids or said
 
 
 def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, str]:

@@ -32,8 +32,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _node(fields: dict[str, Any]) -> Node:
     fields = dict(fields)
-    if "groups" in fields:
-        fields["groups"] = tuple(fields["groups"])
+    for key in ("groups", "gpu_ids"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
     return Node(**fields)
 
 
@@ -107,7 +108,13 @@ def test_invariants(path: Path) -> None:
     for p in plan.nodes[1:]:
         assert len(p.argv) == len(first)
         diffs = {i for i, (a, b) in enumerate(zip(first, p.argv, strict=True)) if a != b}
-        allowed = {i for i, a in enumerate(p.argv) if "rank" in a or a.startswith("--host=")}
+        allowed = {
+            i
+            for i, a in enumerate(p.argv)
+            if "rank" in a
+            or a.startswith("--host=")
+            or (p.gpus and a.startswith("--devices="))  # a node's own GPU list (paddle labels)
+        }
         assert diffs <= allowed | {0}
 
 

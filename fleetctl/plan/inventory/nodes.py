@@ -117,6 +117,7 @@ def _build_node(model: _Model, host: _Host) -> Node:
     port_key = "ansible_port" if "ansible_port" in f.values else "ansible_ssh_port"
     port = f.integer(port_key, 1, 65535, "a port number 1-65535")
     ssh = _ssh_args(f)
+    gpus, gpu_ids = _gpus(f)
     if port is None:
         port = ssh.port
     return Node(
@@ -128,7 +129,8 @@ def _build_node(model: _Model, host: _Host) -> Node:
         proxy_jump=ssh.proxy_jump,
         nic=f.text("fleetctl_nic"),
         train_addr=f.text("fleetctl_addr"),
-        gpus=f.integer("fleetctl_gpus", 0, None, "a non-negative integer"),
+        gpus=gpus,
+        gpu_ids=gpu_ids,
         workdir=f.text("fleetctl_workdir", default=DEFAULT_WORKDIR) or DEFAULT_WORKDIR,
         python=f.text("fleetctl_python", default=DEFAULT_PYTHON) or DEFAULT_PYTHON,
         env=_env(f),
@@ -140,6 +142,37 @@ def _build_node(model: _Model, host: _Host) -> Node:
         vars=_plain(f.values),
         source=f"{model.path}:{host.line}" if host.line else model.path,
     )
+
+
+_GPU_ID = re.compile(r"(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+)")
+
+
+def _gpus(f: _Fields) -> tuple[int | None, tuple[str, ...]]:
+    """``fleetctl_gpus``: a count (``4``), or the GPUs to use — ``"2,3"``, ``[2, 3]``, UUIDs
+    (``GPU-…``, ``MIG-…``) — in CUDA_VISIBLE_DEVICES order."""
+    key, value = f.get("fleetctl_gpus")
+    if key is None or value is None:
+        return None, ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f.integer(key, 0, None, "a count or a list of GPU indices/UUIDs"), ()
+    if isinstance(value, str) and "," not in value and value.strip().isdigit():
+        return f.integer(key, 0, None, "a count or a list of GPU indices/UUIDs"), ()
+    if isinstance(value, str):
+        items = [x.strip() for x in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = [str(x).strip() for x in value]
+    else:
+        raise f.fail(key, f"fleetctl_gpus must be a count or a list of GPUs, got {value!r}")
+    bad = [x for x in items if not _GPU_ID.fullmatch(x)]
+    if not items or bad:
+        what = f"{bad[0]!r} is not a GPU index or UUID" if bad else "empty"
+        raise f.fail(
+            key,
+            f"fleetctl_gpus must be a count or a list of GPU indices/UUIDs, got {value!r} ({what})",
+        )
+    if len(set(items)) != len(items):
+        raise f.fail(key, f"fleetctl_gpus {value!r} names a GPU twice")
+    return len(items), tuple(items)
 
 
 def _ssh_args(f: _Fields) -> SSHArgs:

@@ -36,6 +36,7 @@ class LaunchContext:
     nproc_per_node: int
     gpus_per_node: int  # 0 when the nodes have no (known) GPUs: CPU / gloo
     launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
+    gpu_lists: tuple[tuple[str, ...], ...] = ()  # per node (rank order): fleetctl_gpus lists
 
 
 @dataclass(frozen=True)

@@ -32,21 +32,40 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--node_rank={node.node_rank}",
         f"--master_addr={ctx.master_addr}",
         f"--master_port={ctx.master_port}",
-        f"--num_gpus={ctx.nproc_per_node}",
+        *_gpu_selection(ctx),
         *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
     ]
 
 
+def _gpu_selection(ctx: LaunchContext) -> list[str]:
+    """``--num_gpus=K``, or with GPU lists ``--include=addr:2,3@…`` (deepspeed then sets
+    CUDA_VISIBLE_DEVICES on each node to exactly those; the two flags exclude each other)."""
+    if not ctx.gpu_lists:
+        return [f"--num_gpus={ctx.nproc_per_node}"]
+    parts = [f"{addr}:{','.join(ids)}" for addr, ids in zip(ctx.ips, ctx.gpu_lists, strict=True)]
+    return ["--include=" + "@".join(parts)]
+
+
 def files(ctx: LaunchContext, node: NodePlan) -> dict[str, str]:
-    lines = [f"{addr} slots={ctx.nproc_per_node}" for addr in ctx.ips]
+    if ctx.gpu_lists:  # slots are indices 0..slots-1: cover the highest one listed
+        slots = [max(int(i) for i in ids) + 1 for ids in ctx.gpu_lists]
+    else:
+        slots = [ctx.nproc_per_node] * len(ctx.ips)
+    lines = [f"{addr} slots={n}" for addr, n in zip(ctx.ips, slots, strict=True)]
     return {HOSTFILE: "\n".join(lines) + "\n"}
 
 
 def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
     """The hostfile keys nodes by address: two nodes on one address would be one host."""
     _require_unique(addrs, "deepspeed")
+    for host, ids in zip(addrs, ctx.gpu_lists, strict=False):  # empty: no lists at all
+        if not ids or not all(i.isdigit() for i in ids):
+            raise PlanError(
+                f"{host}: deepspeed selects GPUs by index (--include); fleetctl_gpus "
+                f"{','.join(ids) or '(a count)'} must list indices on every node"
+            )
 
 
 def _require_unique(addrs: Mapping[str, str], launcher: str) -> None:

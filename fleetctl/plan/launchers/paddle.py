@@ -38,7 +38,9 @@ LOG_DIR = "log"  # relative to the node run folder
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
-    if ctx.gpus_per_node > 0:
+    if node.gpus:  # paddle takes labels of CUDA_VISIBLE_DEVICES (the plan sets it to these)
+        procs = "--devices=" + ",".join(node.gpus)
+    elif ctx.gpus_per_node > 0:
         procs = "--devices=" + ",".join(str(i) for i in range(ctx.nproc_per_node))
     else:
         procs = f"--nproc_per_node={ctx.nproc_per_node}"
