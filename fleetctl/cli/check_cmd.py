@@ -38,6 +38,11 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
 )
 @click.option("--recheck", is_flag=True, help="Ignore a cached result and check again.")
 @click.option(
+    "--allow-busy-gpus",
+    is_flag=True,
+    help="GPUs with another job's processes or memory in use are a warning, not a failure.",
+)
+@click.option(
     "--launcher",
     type=click.Choice(LAUNCHER_NAMES),
     default=None,
@@ -63,6 +68,7 @@ def check_command(
     as_json: bool,
     master_port: int,
     recheck: bool,
+    allow_busy_gpus: bool,
     launcher: str | None,
     backend: str | None,
     min_free: float,
@@ -87,6 +93,7 @@ def check_command(
         launcher_module=launcher_module(launcher) if launcher else None,
         min_free_bytes=int(min_free * GiB),
         recheck=recheck,
+        allow_busy_gpus=allow_busy_gpus,
     )
     with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
         report = check_fleet(fleet, options)

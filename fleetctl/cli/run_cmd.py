@@ -174,6 +174,11 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 )
 @click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
 @click.option(
+    "--allow-busy-gpus",
+    is_flag=True,
+    help="GPUs with another job's processes or memory in use are a warning, not a failure.",
+)
+@click.option(
     "--grace",
     type=Seconds(min=0),
     default=5.0,
@@ -367,6 +372,7 @@ def run_command(
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
         allow_secrets=tuple(lifecycle["allow_secrets"]),
+        allow_busy_gpus=lifecycle["allow_busy_gpus"],
         collect=collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"]),
     )
 
@@ -397,6 +403,7 @@ def _run_for_real(
     monitor_lost_timeout: float | None,
     allow_secrets: tuple[str, ...] = (),
     collect: CollectOptions | None = None,
+    allow_busy_gpus: bool = False,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -421,6 +428,7 @@ def _run_for_real(
         inventory=inventory,
         limit=limit,
         allow_secrets=allow_secrets,
+        allow_busy_gpus=allow_busy_gpus,
         collect=collect,
     )
     request = JobRequest(

@@ -32,6 +32,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             master_port=spec.master_port,
             check_master_port=spec.master_port_fixed,
             recheck=options.recheck,
+            allow_busy_gpus=options.allow_busy_gpus,
             backend=spec.backend,
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there

@@ -2,9 +2,11 @@
 
 Copied into each lab host's bin dir (first on the host's SSH ``PATH``) when the lab has
 ``--gpus K``. It reads ``nvidia-smi.json`` next to itself (``count``, ``name``, ``memory_mib``,
-``driver``, ``seed``), so a test can change one host's count without restarting anything.
-Stdlib only. Covers what fleetctl and people commonly call: ``-L``, ``--query-gpu=…
---format=csv[,noheader][,nounits]``, ``--query-compute-apps=…`` (no apps), ``-i``, and the
+``driver``, ``seed``, ``apps``), so a test can change one host's count without restarting
+anything. ``apps`` (``[{"gpu": 1, "pid": 4242, "used_memory": 2048, "name": "python"}]``) are
+another job's processes: ``--query-compute-apps`` lists them and their GPU's ``memory.used``
+counts them. Stdlib only. Covers what fleetctl and people commonly call: ``-L``,
+``--query-gpu=… --format=csv[,noheader][,nounits]``, ``--query-compute-apps=…``, ``-i``, and the
 plain summary table. Exit codes follow the real tool: 6 when no GPU is found, 2 for a bad field.
 """
 
@@ -43,6 +45,7 @@ def gpus(cfg: dict) -> list[dict]:
     mem = int(cfg.get("memory_mib", 81559))
     for i in range(int(cfg.get("count", 0))):
         u = uuid.uuid5(uuid.NAMESPACE_URL, f"fleetctl-lab/{cfg.get('seed', '')}/{i}")
+        used = sum(int(a.get("used_memory", 0)) for a in cfg.get("apps") or [] if a.get("gpu") == i)
         out.append(
             {
                 "index": str(i),
@@ -50,8 +53,8 @@ def gpus(cfg: dict) -> list[dict]:
                 "uuid": f"GPU-{u}",
                 "serial": str(1650000000000 + i),
                 "memory.total": str(mem),
-                "memory.used": "0",
-                "memory.free": str(mem),
+                "memory.used": str(used),
+                "memory.free": str(mem - used),
                 "driver_version": cfg.get("driver", "535.104.05"),
                 "pci.bus_id": f"00000000:{0x18 + i * 0x10:02X}:00.0",
                 "utilization.gpu": "0",
@@ -126,6 +129,34 @@ def query(devs: list[dict], fields_arg: str, fmt: str) -> int:
     return 0
 
 
+def compute_apps(devs: list[dict], cfg: dict, fields_arg: str, args: list[str]) -> int:
+    fmt = option(args, "--format") or "csv"
+    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    known = {"gpu_uuid", "gpu_name", "gpu_bus_id", "pid", "process_name", "name", "used_memory"}
+    for f in fields:
+        if f not in known:
+            print(f'Field "{f}" is not a valid field to query.\n', file=sys.stderr)
+            return 2
+    if "noheader" not in fmt:
+        print(", ".join(fields))
+    by_index = {int(d["index"]): d for d in devs}
+    for app in cfg.get("apps") or []:
+        d = by_index.get(int(app.get("gpu", -1)))
+        if d is None:
+            continue
+        row = {
+            "gpu_uuid": d["uuid"],
+            "gpu_name": d["name"],
+            "gpu_bus_id": d["pci.bus_id"],
+            "pid": str(app.get("pid", 0)),
+            "process_name": str(app.get("name", "python")),
+            "name": str(app.get("name", "python")),
+            "used_memory": str(app.get("used_memory", 0)) + ("" if "nounits" in fmt else " MiB"),
+        }
+        print(", ".join(row[f] for f in fields))
+    return 0
+
+
 def table(devs: list[dict], cfg: dict) -> None:
     drv = cfg.get("driver", "535.104.05")
     print("+" + "-" * 87 + "+")
@@ -152,10 +183,7 @@ def main(args: list[str]) -> int:
     if q is not None:
         return query(devs, q, option(args, "--format") or "csv")
     if option(args, "--query-compute-apps") is not None:
-        fmt = option(args, "--format") or "csv"
-        if "noheader" not in fmt:
-            print(option(args, "--query-compute-apps"))
-        return 0
+        return compute_apps(gpus(cfg), cfg, option(args, "--query-compute-apps") or "", args)
     table(devs, cfg)
     return 0
 

@@ -3,6 +3,7 @@ a host, full disks, GPU counts; each recorded in lab.json so ``reset_faults`` un
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -303,6 +304,23 @@ class _LabFaults:
             changed = [h.fake_smi, h.gpus] != list(before)
             self._record({"kind": "gpus", "host": h.name, "before": list(before)}, changed)
 
+    def set_gpu_busy(
+        self, host: str, index: int, *, pid: int = 4242, mib: int = 2048, name: str = "python"
+    ) -> None:
+        """Another job on one of the host's fake GPUs: its compute process and memory show in
+        ``nvidia-smi`` (``--query-compute-apps``, ``memory.used``) until ``reset_faults``."""
+        h = self.host(host)
+        if not h.fake_smi or not 0 <= index < h.gpus:
+            raise LabInputError(f"{h.name} has no fake GPU {index}")
+        with self._mutate():
+            path = self.host_dir(h) / "bin" / "nvidia-smi.json"
+            cfg = json.loads(path.read_text())
+            cfg.setdefault("apps", []).append(
+                {"gpu": index, "pid": pid, "used_memory": mib, "name": name}
+            )
+            path.write_text(json.dumps(cfg) + "\n")
+            self._record({"kind": "gpu_busy", "host": h.name}, True)
+
     def reset_faults(self) -> None:
         """Undo every recorded fault (newest first): the fixture's way back to a clean lab."""
         for f in reversed(self.faults):
@@ -322,5 +340,9 @@ class _LabFaults:
             elif kind == "gpus":
                 fake, count = f["before"]
                 self.set_gpus(host, count if fake else None)
+            elif kind == "gpu_busy":
+                with self._mutate():
+                    self._write_gpu_files(self.host(host))  # the GPUs idle again
+                    self._record(f, False)
             elif kind == "sshd" and self.host(host).init_pid is not None:
                 self.start_sshd(host)

@@ -99,7 +99,8 @@ def build_report(
     spread = fleet_clock_spread(offsets, options.max_clock_skew)
     if spread:
         report.warnings.append(spread)
-    _judge_fleet_gpus(rows, facts_by, options)
+    listed = {n.name: len(n.gpu_ids) for n in nodes if n.gpu_ids}
+    _judge_fleet_gpus(rows, facts_by, options, listed)
     _judge_fleet_nccl(rows, report.nccl_versions, options)
     _judge_mtu(rows, facts_by, report.warnings)
     if mesh_ran:
@@ -228,11 +229,48 @@ def _judge_gpu(node: Node, f: Mapping[str, Any], options: CheckOptions) -> Check
     count = len(gpus)
     names = Counter(str(x.get("name")) for x in gpus)
     what = ", ".join(f"{n}× {name}" for name, n in names.items()) or "0"
-    if declared is not None and declared != count:
+    if node.gpu_ids:
+        have = {str(x.get("index")) for x in gpus} | {str(x.get("uuid")) for x in gpus}
+        missing = [i for i in node.gpu_ids if i not in have]
+        if missing:
+            shown = ",".join(str(x.get("index")) for x in gpus) or "none"
+            return CheckResult(
+                FAIL, f"fleetctl_gpus lists {','.join(missing)} but nvidia-smi shows {shown}"
+            )
+    elif declared is not None and declared != count:
         return CheckResult(FAIL, f"fleetctl_gpus={declared} but nvidia-smi shows {count} ({what})")
     if count == 0 and options.backend == "nccl":
         return CheckResult(FAIL, "nvidia-smi shows no GPU but backend is nccl")
+    busy = busy_gpus(node, g)
+    if busy:
+        why = "busy: " + "; ".join(busy)
+        if options.allow_busy_gpus:
+            return CheckResult(WARN, why + " (--allow-busy-gpus)")
+        return CheckResult(FAIL, _clip(why + " (another job's? --allow-busy-gpus to run anyway)"))
     return CheckResult(OK, what)
+
+
+BUSY_MIB = 256  # memory in use on an idle GPU is a few MiB; more is someone's context
+
+
+def busy_gpus(node: Node, g: Mapping[str, Any]) -> list[str]:
+    """The GPUs this node's job would use that already have compute processes or memory in
+    use, in words (``GPU 1: pid 4242 (2048 MiB)``). GPUs outside ``fleetctl_gpus`` don't count."""
+    gpus = g.get("gpus") or []
+    wanted = set(node.gpu_ids)
+    apps = g.get("apps") or []
+    out = []
+    for x in gpus:
+        index, uuid = str(x.get("index")), str(x.get("uuid") or "")
+        if wanted and index not in wanted and uuid not in wanted:
+            continue
+        mine = [a for a in apps if uuid and a.get("gpu_uuid") == uuid]
+        if mine:
+            procs = ", ".join(f"pid {a.get('pid')} ({a.get('used_mib', 0)} MiB)" for a in mine)
+            out.append(f"GPU {index}: {procs}")
+        elif (x.get("used_mib") or 0) > BUSY_MIB:
+            out.append(f"GPU {index}: {x['used_mib']} MiB in use")
+    return out
 
 
 def _gpu_count(f: Mapping[str, Any]) -> int | None:
@@ -245,11 +283,16 @@ def _gpu_count(f: Mapping[str, Any]) -> int | None:
 
 
 def _judge_fleet_gpus(
-    rows: Mapping[str, HostReport], facts: Mapping[str, Mapping[str, Any]], options: CheckOptions
+    rows: Mapping[str, HostReport],
+    facts: Mapping[str, Mapping[str, Any]],
+    options: CheckOptions,
+    listed: Mapping[str, int] | None = None,
 ) -> None:
+    """``listed``: hosts whose job uses the GPUs of its ``fleetctl_gpus`` list, not all."""
     if not options.uniform_gpus:
         return
-    counts = {h: c for h, f in facts.items() if (c := _gpu_count(f)) is not None}
+    listed = listed or {}
+    counts = {h: c for h, f in facts.items() if (c := listed.get(h, _gpu_count(f))) is not None}
     if len(set(counts.values())) <= 1:
         return
     tally = Counter(counts.values())

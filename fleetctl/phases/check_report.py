@@ -47,6 +47,7 @@ class CheckOptions:
 
     master_port: int = DEFAULT_MASTER_PORT
     check_master_port: bool = True  # False: run claims a free one itself after the check
+    allow_busy_gpus: bool = False  # GPUs with another job's processes/memory: warn, not fail
     reserved_ports: tuple[int, ...] = ()
     backend: str | None = None
     uniform_gpus: bool = False

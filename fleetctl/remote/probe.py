@@ -226,7 +226,12 @@ def gpu_facts() -> dict:
     if not exe:
         return {"present": False}
     code, out, err = run(
-        [exe, "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"], 10
+        [
+            exe,
+            "--query-gpu=index,name,memory.total,driver_version,uuid,memory.used",
+            "--format=csv,noheader",
+        ],
+        10,
     )
     if code != 0:
         last = (err or out).strip().splitlines()
@@ -239,10 +244,30 @@ def gpu_facts() -> dict:
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 4 and parts[0].isdigit():
-            gpus.append(
-                {"index": int(parts[0]), "name": parts[1], "memory": parts[2], "driver": parts[3]}
-            )
-    return {"present": True, "path": exe, "gpus": gpus}
+            gpu = {"index": int(parts[0]), "name": parts[1], "memory": parts[2], "driver": parts[3]}
+            if len(parts) >= 6:
+                gpu["uuid"] = parts[4]
+                used = parts[5].split()[0] if parts[5] else ""
+                gpu["used_mib"] = int(used) if used.isdigit() else None
+            gpus.append(gpu)
+    return {"present": True, "path": exe, "gpus": gpus, "apps": compute_apps(exe)}
+
+
+def compute_apps(exe: str) -> list | None:
+    """Processes on the GPUs now (another job's, at check time): nvidia-smi's compute apps."""
+    code, out, _ = run(
+        [exe, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+        10,
+    )
+    if code != 0:
+        return None
+    apps = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[1].isdigit():
+            mib = parts[2] if parts[2].isdigit() else "0"
+            apps.append({"gpu_uuid": parts[0], "pid": int(parts[1]), "used_mib": int(mib)})
+    return apps
 
 
 def rsync_facts() -> dict:

@@ -342,6 +342,37 @@ def test_run_with_torchrun_stops_in_preflight_when_a_node_lacks_torch(
     assert "launching" not in r.stderr + r.stdout
 
 
+def test_a_gpu_with_another_jobs_process_fails_the_check_unless_allowed(lab3: Lab) -> None:
+    lab3.set_gpu_busy("node2", 1, pid=4242, mib=2048)
+    nodes = lab_nodes(lab3)
+    report = run_check(nodes)
+    assert_only(report, {("node2", "gpu")})
+    assert reason(report, "node2", "gpu").startswith("busy: GPU 1: pid 4242 (2048 MiB)")
+    allowed = run_check(nodes, allow_busy_gpus=True)
+    assert allowed.ok and allowed.hosts["node2"].checks["gpu"].status == "warn"
+    assert any("GPU 1: pid 4242" in w for w in allowed.warnings), allowed.warnings
+
+
+def test_gpus_outside_the_nodes_list_do_not_count_and_a_missing_one_fails(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    lab3.set_gpu_busy("node2", 1)
+
+    def only_gpu0(h: dict) -> None:
+        h["fleetctl_gpus"] = [0]  # a list of one (a bare 0 would be a count)
+
+    ok = run_check(load_inventory(edited_inventory(lab3, tmp_path, "node2", only_gpu0)).nodes)
+    assert ok.ok, ok.failures  # the busy GPU 1 is not this job's
+
+    def gpu5(h: dict) -> None:
+        h["fleetctl_gpus"] = "0,5"
+
+    (tmp_path / "b").mkdir()
+    bad = run_check(load_inventory(edited_inventory(lab3, tmp_path / "b", "node2", gpu5)).nodes)
+    assert_only(bad, {("node2", "gpu")})
+    assert reason(bad, "node2", "gpu") == "fleetctl_gpus lists 5 but nvidia-smi shows 0,1"
+
+
 def test_passing_result_is_cached_until_recheck(lab3: Lab, tmp_path: Path) -> None:
     nodes = lab_nodes(lab3)
     first = run_check(nodes, cache_ttl=120, cache_dir=str(tmp_path))
