@@ -170,6 +170,9 @@ def _escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
 
 
+_RANK_TAG = re.compile(r"\[rank (\d+)\] ")
+
+
 class LiveLog:
     """``fleetctl run``'s live output: job lines on stdout as ``[rank host] text``, one whole
     line per write (never interleaved), coloured per node on a tty; everything else on stderr.
@@ -197,6 +200,8 @@ class LiveLog:
         self.err_colour = self.err.isatty() if colour is None else colour
 
     def _prefix(self, rank: int | None, host: str | None, colour: bool) -> str:
+        """``[rank host]``: the node's rank for its launcher's lines, the global rank for a
+        rank's own (``[rank G] …`` from the supervisor's per-rank tail)."""
         if rank is None:
             return ""
         text = f"[{rank} {host}]"
@@ -213,12 +218,16 @@ class LiveLog:
     def __call__(self, ev: JobEvent) -> None:
         if ev.kind in ("line", "lines"):
             if self.shows(ev.rank):
-                prefix = self._prefix(ev.rank, ev.host, self.colour)
                 lines = ev.lines if ev.kind == "lines" else (ev.text,)
                 if not self.raw:
                     lines = tuple(terminal_safe(line) for line in lines)
+                out = []
+                for line in lines:
+                    m = _RANK_TAG.match(line)  # a rank's own line: its global rank leads
+                    rank, text = (int(m.group(1)), line[m.end() :]) if m else (ev.rank, line)
+                    out.append(self._prefix(rank, ev.host, self.colour) + text)
                 # one write and one flush per batch: whole lines, never interleaved
-                self.out.write(prefix + ("\n" + prefix).join(lines) + "\n")
+                self.out.write("\n".join(out) + "\n")
                 self.out.flush()
             return
         if ev.kind in ("started",) and not ev.text:
@@ -267,111 +276,6 @@ def detached_lines(
             f"fleetctl: warning: the job monitor (pid {monitor.pid}) {why}; see {monitor.log}. "
             f"The job runs unwatched: `fleetctl monitor {jid}` retries"
         )
-    return lines
-
-
-def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
-    """The fleet-wide verdict, like paddle's but for every node, plus the failing node's tail.
-
-    ``Out of all 3 nodes, node 1 (node2 10.0.0.3) failed first: exit code 1 after 41.2 s;
-    nodes 0,2 were stopped.``
-    """
-    n = len(result.nodes)
-    lines: list[str] = []
-    ff = result.failed_node
-    by_state: dict[str, list[int]] = {}
-    for node in result.nodes:
-        if ff is None or node.rank != ff.rank:
-            by_state.setdefault(node.state, []).append(node.rank)
-
-    def others() -> str:
-        parts = []
-        for state, verb in (
-            ("stopped", "were stopped"),
-            ("lost", "were lost"),
-            ("failed", "also failed"),
-            ("start_failed", "could not start"),
-            ("succeeded", "had succeeded"),
-            ("running", "did not report"),
-        ):
-            ranks = by_state.get(state)
-            if ranks:
-                one = len(ranks) == 1
-                verb = verb.replace("were", "was") if one else verb
-                parts.append(f"{'node' if one else 'nodes'} {fold_ranks(ranks)} {verb}")
-        return "; ".join(parts)
-
-    if result.status == "succeeded":
-        dur = (
-            ""
-            if result.ended is None or result.started is None
-            else (f" in {result.ended - result.started:.1f} s")
-        )
-        verdict = getattr(result, "verdict", None)  # a role job's completion policy
-        if verdict and any(node.state != "succeeded" for node in result.nodes):
-            rest = others()
-            lines.append(f"Job {result.job_id} succeeded{dur}: {verdict}; {rest}.")
-        else:
-            lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
-    elif ff is not None:
-        addr = ff.train_addr or ff.address
-        after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
-        rest = others()
-        lines.append(
-            f"Out of all {n} node{'s' if n != 1 else ''}, node {ff.rank} ({ff.host} {addr}) "
-            f"failed first: {ff.how()}{after}" + (f"; {rest}." if rest else ".")
-        )
-        tail = result.log_tail(ff.rank, tail_lines)
-        if tail:
-            lines.append(f"--- last {len(tail)} lines of node {ff.rank} ({ff.host}) ---")
-            lines.extend(tail)
-            lines.append("---")
-        if ff.folder:
-            lines.append(f"node {ff.rank} logs: {ff.folder}")
-    elif result.status == "failed" and result.verdict:  # --timeout, a stall: no node failed
-        rest = others()
-        lines.append(
-            f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
-        )
-        if result.stacks is not None:
-            from fleetctl.job.stacks import StackGroup
-
-            groups = [
-                StackGroup(g["frame"], tuple(g["ranks"]), tuple(g["launcher_nodes"]))
-                for g in result.stacks
-            ]
-            lines.append("where every rank was (innermost Python frame):")
-            lines.extend("  " + line for line in stack_lines(groups))
-            for n in result.stack_nodes or []:
-                if n.get("methods", {}).get("faulthandler"):
-                    lines.append(
-                        f"  node {n['rank']} ({n['host']}): py-spy could not read "
-                        f"{n['methods']['faulthandler']} process(es); faulthandler wrote their "
-                        "threads to the node's console.log"
-                    )
-                if n.get("error"):
-                    lines.append(f"  node {n['rank']} ({n['host']}): no stacks: {n['error']}")
-    elif result.status == "interrupted":
-        rest = others()
-        lines.append(
-            f"Interrupted: job {result.job_id} stopped on all {n} node"
-            f"{'s' if n != 1 else ''}" + (f" ({rest})." if rest else ".")
-        )
-    else:
-        lines.append(f"Job {result.job_id} {result.status}.")
-    if result.teardown is not None and not result.teardown.verified:
-        for host, procs in result.teardown.leftovers.items():
-            pids = ", ".join(f"{p['pid']} {p['cmd'][:60]}" for p in procs)
-            lines.append(f"ERROR: processes of the job left on {host}: {pids}")
-    for err in result.errors:
-        lines.append(f"error: {err}")
-    for path in result.nccl_traces():
-        lines.append(f"NCCL flight-recorder dump: {path}")
-    from fleetctl.cli.render_collect import collect_summary_lines, node_problem_lines
-
-    lines.extend(node_problem_lines(result.nodes))
-    lines.extend(collect_summary_lines(result.collected, result.job_id))
-    lines.append(f"run folder: {result.folder}")
     return lines
 
 

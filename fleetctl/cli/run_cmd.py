@@ -408,7 +408,7 @@ def _run_for_real(
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
 
-    from fleetctl.cli import render
+    from fleetctl.cli import render, render_summary
     from fleetctl.job.run import RunOptions
     from fleetctl.job.submit import JobRequest, submit
 
@@ -450,7 +450,7 @@ def _run_for_real(
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        for line in render.run_summary_lines(result):
+        for line in render_summary.run_summary_lines(result):
             click.echo(line, err=True)
     if result.status == "interrupted":
         raise Interrupted(f"job {result.job_id} interrupted; stopped on every node")

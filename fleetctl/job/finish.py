@@ -179,3 +179,17 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
     # What streamed is kept where the node's own console.log is not whole: not (all) collected,
     # or the node could not write it (disk full).
     job.close_spools({c.rank for c in results if c.incomplete or job.result.nodes[c.rank].problem})
+    _rank_map(job)
+
+
+def _rank_map(job: JobContext) -> None:
+    """ranks.json, and the ranks the failing node's launcher named (the summary shows them)."""
+    from fleetctl.job.ranks import failed_ranks, rank_map
+
+    try:
+        ranks = rank_map(job.result)
+        if ranks:
+            job.folder.write_ranks(ranks)
+        job.result.failed_ranks = failed_ranks(job.result, ranks) or None
+    except OSError as e:  # a map we cannot write is a note, never a lost result
+        job.result.errors.append(f"ranks.json: {e}")

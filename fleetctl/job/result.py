@@ -123,6 +123,8 @@ class JobResult:
     # dicts), and per node how its processes were dumped.
     stacks: list[dict[str, Any]] | None = None
     stack_nodes: list[dict[str, Any]] | None = None
+    # The ranks the first failing node's launcher named (fleetctl.job.ranks.failed_ranks).
+    failed_ranks: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -208,6 +210,7 @@ class JobResult:
                 "folder": str(self.folder),
             }
             | ({} if self.attempts is None else {"attempts": self.attempts})
+            | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | (
                 {}
                 if self.stacks is None

@@ -44,6 +44,7 @@ EVENTS_FILE = "events.log"
 CONNECT_FILE = "connect.json"
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
+RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
 STREAMED_CONSOLE = "console.streamed.log"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
@@ -140,6 +141,10 @@ class RunFolder:
 
     def write_roles(self, layout: dict[str, Any]) -> None:
         self._write_json(ROLES_FILE, layout)
+
+    def write_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        """``ranks.json``: global rank -> node, local rank, pid, log files (fleetctl.job.ranks)."""
+        self._write_json(RANKS_FILE, {"ranks": ranks})
 
     @property
     def monitor_log(self) -> Path:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
+from fleetctl.plan.launchers.torchrun import LOG_DIR as TORCHRUN_LOG_DIR
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -162,6 +163,9 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
+    if np.env.get("FLEET_LAUNCHER") == "torchrun":  # per-rank files the supervisor tails
+        nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
+        spec["rank_logs"] = {"dir": TORCHRUN_LOG_DIR, "base": np.node_rank * nproc}
     return spec
 
 

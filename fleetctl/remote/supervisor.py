@@ -462,6 +462,7 @@ class Supervisor:
         self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
         self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
         self.port_claims: list = []  # this job's port claims on this host, freed at the end
+        self.emit_lock = threading.Lock()  # one line at a time into console.log and the stream
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -551,14 +552,68 @@ class Supervisor:
             line = src.readline(MAX_LINE)
             if not line:
                 break
-            self.write_log(line)
             # readline returns less than MAX_LINE without a newline only at EOF: the line ends
-            ends = line.endswith(b"\n") or len(line) < MAX_LINE
-            kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
+            self.emit(line, ends=line.endswith(b"\n") or len(line) < MAX_LINE)
+
+    def emit(self, line: bytes, *, ends: bool, log: bytes | None = None) -> None:
+        """One line (or a piece of a long one, ``ends`` False) into console.log (``log``: other
+        bytes than the line itself) and the stream; the pump and the rank tailer both come
+        here, so lines never splice."""
+        kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
+        with self.emit_lock:
+            self.write_log(line if log is None else log)
             if self.log_problem is None:
                 self.out.frame(kind, text)
             else:  # no copy on this node's disk: the controller's must not drop any
                 self.out.frame_or_wait(kind, text)
+
+    def tail_ranks(self, done: threading.Event) -> None:
+        """Each local rank's own output files (torchrun ``--redirects``), line by line, as
+        ``[rank G] line``: whole lines per rank in the stream and console.log, whatever mix of
+        partial writes the ranks make. A partial line waits for its end (or the job's end)."""
+        cfg = self.spec.get("rank_logs") or {}
+        root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
+        base = int(cfg.get("base") or 0)
+        files: dict = {}  # path -> [offset, pending bytes, tag]
+        while True:
+            last = done.wait(0.1)
+            for dirpath, _dirs, _names in os.walk(root):
+                local = os.path.basename(dirpath)
+                if not local.isdigit():
+                    continue
+                for name in ("stdout.log", "stderr.log"):
+                    path = os.path.join(dirpath, name)
+                    if path not in files and os.path.exists(path):
+                        files[path] = [0, b"", b"[rank %d] " % (base + int(local))]
+            for path, st in files.items():
+                self._tail_one(path, st, final=last)
+            if last:
+                return
+
+    def _tail_one(self, path: str, st: list, *, final: bool) -> None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(st[0])
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        st[0] += len(data)
+        buf = st[1] + data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            self.emit(st[2] + buf[: nl + 1], ends=True)
+            buf = buf[nl + 1 :]
+        if len(buf) >= MAX_LINE:  # bounded: a very long line goes on in pieces
+            self.emit(st[2] + buf, ends=False)
+            buf = b""
+        if final and buf:  # the rank's last, unterminated line: whole in the log too
+            self.emit(st[2] + buf, ends=True, log=st[2] + buf + b"\n")
+            buf = b""
+        st[1] = buf
+        if final and len(data) == 1 << 20:  # more after a big burst: keep draining
+            self._tail_one(path, st, final=True)
 
     def write_log(self, data: bytes) -> None:
         """Append to console.log. When the disk is full the job goes on, and so does the
@@ -635,6 +690,11 @@ class Supervisor:
         done = threading.Event()
         pump = threading.Thread(target=self.pump, daemon=True)
         pump.start()
+        ranks_done = threading.Event()
+        tailer = None
+        if self.spec.get("rank_logs"):
+            tailer = threading.Thread(target=self.tail_ranks, args=(ranks_done,), daemon=True)
+            tailer.start()
         if not self.detach:
             threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
             threading.Thread(target=self.listen, daemon=True).start()
@@ -690,6 +750,9 @@ class Supervisor:
                 "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
             )
         pump.join(5.0)
+        if tailer is not None:  # the ranks' last words, partial lines included
+            ranks_done.set()
+            tailer.join(10.0)
         done.set()
         self.state.update(
             {

@@ -90,9 +90,26 @@ print("paddle-info " + " ".join(f"{k}={e.get(k)}" for k in (
 """
 
 
+# Two local ranks per node writing every line in two pieces; rank 3 may fail at the end.
+PARTIAL = """\
+import os, sys, time
+r = int(os.environ["RANK"])
+for i in range(40):
+    sys.stdout.write(f"part-a rank={r} i={i} ")
+    sys.stdout.flush()
+    time.sleep(0.004)
+    sys.stdout.write(f"part-b rank={r} i={i}\\n")
+    sys.stdout.flush()
+if r == 3 and sys.argv[1:] == ["fail"]:
+    print("rank 3 fails on purpose", file=sys.stderr, flush=True)
+    sys.exit(1)
+"""
+
+
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("code")
+    (d / "partial.py").write_text(PARTIAL)
     (d / "tick.py").write_text(TICK)
     (d / "args.py").write_text(ARGS)
     (d / "pinfo.py").write_text(PINFO)
@@ -633,3 +650,53 @@ def test_a_fixed_master_port_held_by_another_job_is_refused_naming_it_and_freed_
     # a's supervisor on node 0 released the claim when the job ended: the port is free again
     c = runs(lab3, "tick.py", "1", "-1", "0", code_dir=code, opts=("--master-port", port))
     assert c.finish(120) == 0, c.text()
+
+
+# ------------------------------------------------------------------------------ rank logs
+
+
+def test_two_torchrun_ranks_per_node_give_whole_lines_tagged_with_their_global_rank(
+    lab3: Lab, runs, code
+) -> None:
+    r = runs(lab3, "partial.py", launcher="torchrun", code_dir=code,
+             opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
+    assert r.finish() == 0, r.text()
+    whole = re.compile(r"^\[(\d) (node\d)\] part-a rank=(\d) i=(\d+) part-b rank=(\d) i=(\d+)$")
+    seen: dict[int, set[int]] = {}
+    for line in r.out:
+        if "part-" not in line:
+            continue
+        m = whole.match(line)
+        assert m, f"torn or untagged line: {line!r}"
+        g, host, ra, ia, rb, ib = m.groups()
+        assert g == ra == rb and ia == ib and host == f"node{int(g) // 2 + 1}", line
+        seen.setdefault(int(g), set()).add(int(ia))
+    assert seen == {g: set(range(40)) for g in range(6)}
+    console = (r.folder / "1-node2" / "console.log").read_text()
+    assert "[rank 3] part-a rank=3 i=39 part-b rank=3 i=39\n" in console
+    ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
+    assert [(x["rank"], x["node"], x["local_rank"]) for x in ranks] == [
+        (g, f"node{g // 2 + 1}", g % 2) for g in range(6)
+    ]
+    out3 = next(p for p in ranks[3]["logs"] if p.endswith("stdout.log"))
+    assert out3.startswith("1-node2/torchrun/") and out3.endswith("/attempt_0/1/stdout.log")
+    assert "part-b rank=3 i=39" in (r.folder / out3).read_text()
+
+
+def test_a_failing_torchrun_rank_is_named_with_its_node_local_rank_and_files(
+    lab3: Lab, runs, code
+) -> None:
+    r = runs(lab3, "partial.py", "fail", launcher="torchrun", code_dir=code,
+             opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
+    assert r.finish() == 3, r.text()
+    said = "\n".join(r.err)
+    assert re.search(
+        r"rank 3 \(node2, local 1\) exited 1: \S+/1-node2/torchrun/\S+/attempt_0/1/stderr\.log",
+        said,
+    ), said
+    job = r.job()
+    assert job["first_failure"]["host"] == "node2"
+    assert [(f["rank"], f["local_rank"], f["exit_code"]) for f in job["failed_ranks"]] == [
+        (3, 1, 1)
+    ]
+    assert any("rank 3 fails on purpose" in line for line in r.err + r.out)

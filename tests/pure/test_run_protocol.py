@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.cli.render import LiveLog, fold_ranks, run_summary_lines
+from fleetctl.cli.render import LiveLog, fold_ranks
+from fleetctl.cli.render_summary import run_summary_lines
 from fleetctl.job.result import JobResult, NodeOutcome
 from fleetctl.phases.frames import Frame, FrameReader, parse_block, parse_frame
 from fleetctl.phases.launch import exit_code_of, start_command

@@ -383,7 +383,7 @@ def test_a_detached_job_outlives_the_channel_and_status_and_stop_find_it(jobs: J
 
 def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) -> None:
     """A fake job writing where torch's watchdog would (TORCH_FR_DUMP_TEMP_FILE + rank)."""
-    from fleetctl.cli.render import run_summary_lines
+    from fleetctl.cli.render_summary import run_summary_lines
 
     code = tmp_path / "code"
     code.mkdir()

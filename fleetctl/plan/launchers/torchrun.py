@@ -5,6 +5,8 @@ Every node gets the same ``--nnodes/--master-addr/--master-port`` and its own ``
 no port torchrun would silently switch to a c10d rendezvous on a random port). The job id is the
 rendezvous id, so torchrun's log sub-folder under ``--log-dir`` carries it. Running the node's
 own python with ``-m`` means PATH on the node never decides which torchrun runs.
+``--redirects=3`` puts each local rank's output in ``torchrun/<job>_*/attempt_N/<local>/
+{stdout,stderr}.log``; the node supervisor tails those into whole ``[rank G]`` lines.
 Option names checked against torch 2.13 ``torchrun --help``.
 """
 
@@ -33,6 +35,10 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--master-addr={ctx.master_addr}",
         f"--master-port={ctx.master_port}",
         f"--log-dir={LOG_DIR}",
+        # each local rank's stdout/stderr into its own files under --log-dir; the supervisor
+        # tails them into whole lines tagged with the global rank (torchrun's own --tee would
+        # splice partial lines of different ranks)
+        "--redirects=3",
         *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
@@ -52,6 +58,8 @@ OWNED = frozenset(
         "--log-dir",
         "--standalone",
         "--local-addr",
+        "--redirects",
+        "--tee",
     }
 )
 

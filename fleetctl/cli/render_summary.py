@@ -1,0 +1,121 @@
+"""The run's closing summary: the fleet-wide verdict (like paddle's, for every node), the ranks
+the failing node's launcher named, its last lines, stacks of a stalled job, what was not
+collected."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetctl.cli.render import fold_ranks, stack_lines
+
+if TYPE_CHECKING:
+    from fleetctl.job.result import JobResult
+
+
+def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
+    """The fleet-wide verdict, like paddle's but for every node, plus the failing node's tail.
+
+    ``Out of all 3 nodes, node 1 (node2 10.0.0.3) failed first: exit code 1 after 41.2 s;
+    nodes 0,2 were stopped.``
+    """
+    n = len(result.nodes)
+    lines: list[str] = []
+    ff = result.failed_node
+    by_state: dict[str, list[int]] = {}
+    for node in result.nodes:
+        if ff is None or node.rank != ff.rank:
+            by_state.setdefault(node.state, []).append(node.rank)
+
+    def others() -> str:
+        parts = []
+        for state, verb in (
+            ("stopped", "were stopped"),
+            ("lost", "were lost"),
+            ("failed", "also failed"),
+            ("start_failed", "could not start"),
+            ("succeeded", "had succeeded"),
+            ("running", "did not report"),
+        ):
+            ranks = by_state.get(state)
+            if ranks:
+                one = len(ranks) == 1
+                verb = verb.replace("were", "was") if one else verb
+                parts.append(f"{'node' if one else 'nodes'} {fold_ranks(ranks)} {verb}")
+        return "; ".join(parts)
+
+    if result.status == "succeeded":
+        dur = (
+            ""
+            if result.ended is None or result.started is None
+            else (f" in {result.ended - result.started:.1f} s")
+        )
+        verdict = getattr(result, "verdict", None)  # a role job's completion policy
+        if verdict and any(node.state != "succeeded" for node in result.nodes):
+            rest = others()
+            lines.append(f"Job {result.job_id} succeeded{dur}: {verdict}; {rest}.")
+        else:
+            lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
+    elif ff is not None:
+        addr = ff.train_addr or ff.address
+        after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
+        rest = others()
+        lines.append(
+            f"Out of all {n} node{'s' if n != 1 else ''}, node {ff.rank} ({ff.host} {addr}) "
+            f"failed first: {ff.how()}{after}" + (f"; {rest}." if rest else ".")
+        )
+        if result.failed_ranks:
+            from fleetctl.job.ranks import describe
+
+            lines.extend("  " + describe(f, result.folder) for f in result.failed_ranks)
+        tail = result.log_tail(ff.rank, tail_lines)
+        if tail:
+            lines.append(f"--- last {len(tail)} lines of node {ff.rank} ({ff.host}) ---")
+            lines.extend(tail)
+            lines.append("---")
+        if ff.folder:
+            lines.append(f"node {ff.rank} logs: {ff.folder}")
+    elif result.status == "failed" and result.verdict:  # --timeout, a stall: no node failed
+        rest = others()
+        lines.append(
+            f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
+        )
+        if result.stacks is not None:
+            from fleetctl.job.stacks import StackGroup
+
+            groups = [
+                StackGroup(g["frame"], tuple(g["ranks"]), tuple(g["launcher_nodes"]))
+                for g in result.stacks
+            ]
+            lines.append("where every rank was (innermost Python frame):")
+            lines.extend("  " + line for line in stack_lines(groups))
+            for n in result.stack_nodes or []:
+                if n.get("methods", {}).get("faulthandler"):
+                    lines.append(
+                        f"  node {n['rank']} ({n['host']}): py-spy could not read "
+                        f"{n['methods']['faulthandler']} process(es); faulthandler wrote their "
+                        "threads to the node's console.log"
+                    )
+                if n.get("error"):
+                    lines.append(f"  node {n['rank']} ({n['host']}): no stacks: {n['error']}")
+    elif result.status == "interrupted":
+        rest = others()
+        lines.append(
+            f"Interrupted: job {result.job_id} stopped on all {n} node"
+            f"{'s' if n != 1 else ''}" + (f" ({rest})." if rest else ".")
+        )
+    else:
+        lines.append(f"Job {result.job_id} {result.status}.")
+    if result.teardown is not None and not result.teardown.verified:
+        for host, procs in result.teardown.leftovers.items():
+            pids = ", ".join(f"{p['pid']} {p['cmd'][:60]}" for p in procs)
+            lines.append(f"ERROR: processes of the job left on {host}: {pids}")
+    for err in result.errors:
+        lines.append(f"error: {err}")
+    for path in result.nccl_traces():
+        lines.append(f"NCCL flight-recorder dump: {path}")
+    from fleetctl.cli.render_collect import collect_summary_lines, node_problem_lines
+
+    lines.extend(node_problem_lines(result.nodes))
+    lines.extend(collect_summary_lines(result.collected, result.job_id))
+    lines.append(f"run folder: {result.folder}")
+    return lines

@@ -1,0 +1,116 @@
+"""Global rank -> node, local rank and log files (``ranks.json``), and which ranks failed.
+
+paddle's ABORT line says "rank=[2,3] was aborted: see workerlog.2/3" — on one machine. On a
+fleet, ``1-node2/log/workerlog.0`` is global rank 4, and torchrun's files sit under
+``torchrun/<job>_*/attempt_N/<local>/``. After collection this module maps every global rank to
+the node it ran on and the files that hold its output, and reads which ranks failed from what
+the launchers say (torchrun's error summary, paddle's ABORT line), so the summary can name
+ranks and files, not just the node. Reads the collected run folder; no network.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.job.result import JobResult
+
+# torchrun's ChildFailedError summary: "rank      : 3 (local_rank: 1)" then "exitcode  : 1 (pid: …)"
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+# paddle: "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
+_PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
+
+
+def rank_map(result: JobResult) -> list[dict[str, Any]]:
+    """One entry per global rank: node, local rank, pid when known, its log files (relative
+    to the run folder, those that came home)."""
+    plan = result.plan
+    if plan is None:
+        return []
+    nproc = 1 if plan.launcher == "plain" else max(1, plan.nproc_per_node)
+    out = []
+    for node in result.nodes:
+        rel = node.folder and Path(node.folder).name
+        here = result.folder / rel if rel else None
+        for local in range(nproc):
+            logs: list[str] = []
+            if here is not None and here.is_dir():
+                logs = [str(p.relative_to(result.folder)) for p in _rank_files(
+                    here, plan.launcher, local
+                )]  # fmt: skip
+            out.append(
+                {
+                    "rank": node.rank * nproc + local,
+                    "node": node.host,
+                    "node_rank": node.rank,
+                    "local_rank": local,
+                    "pid": None,
+                    "logs": logs,
+                }
+            )
+    return out
+
+
+def _rank_files(node_dir: Path, launcher: str | None, local: int) -> list[Path]:
+    if launcher == "torchrun":  # every attempt of torchrun's restarts, in order
+        found = sorted(node_dir.glob(f"torchrun/*/attempt_*/{local}/std*.log"))
+        return [p for p in found if p.name in ("stdout.log", "stderr.log")]
+    if launcher == "paddle":
+        return [p for p in [node_dir / "log" / f"workerlog.{local}"] if p.is_file()]
+    return [p for p in [node_dir / "console.log"] if p.is_file()]
+
+
+def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks the first failing node's launcher named as failed (torchrun, paddle), or the
+    node's only rank (plain); with exit code and log files where known."""
+    ff = result.failed_node
+    if ff is None or result.plan is None:
+        return []
+    by_rank = {r["rank"]: r for r in ranks}
+    tail = list(ff.tail)
+    named: list[tuple[int, int | None]] = []
+    launcher = result.plan.launcher
+    if launcher == "torchrun":
+        for i, line in enumerate(tail):
+            m = _TORCHRUN_RANK.match(line)
+            if m:
+                code = None
+                for nxt in tail[i + 1 : i + 3]:
+                    e = _TORCHRUN_EXIT.match(nxt)
+                    if e:
+                        code = int(e.group(1))
+                named.append((int(m.group(1)), code))
+    elif launcher == "paddle":
+        for line in tail:
+            m = _PADDLE_ABORT.search(line)
+            if m:
+                named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
+    elif launcher == "plain":
+        named = [(ff.rank, ff.exit_code)]
+    out, seen = [], set()
+    for rank, code in named:
+        if rank in seen:
+            continue
+        seen.add(rank)
+        info = by_rank.get(rank, {})
+        out.append(
+            {
+                "rank": rank,
+                "node": info.get("node", ff.host),
+                "local_rank": info.get("local_rank"),
+                "exit_code": code,
+                "logs": info.get("logs", []),
+            }
+        )
+    return out
+
+
+def describe(f: dict[str, Any], folder: Path) -> str:
+    """``rank 3 (node2, local 1) exited 1: <run folder>/1-node2/torchrun/…/1/stdout.log``."""
+    local = "" if f.get("local_rank") is None else f", local {f['local_rank']}"
+    how = "failed" if f.get("exit_code") is None else f"exited {f['exit_code']}"
+    logs = ", ".join(str(folder / p) for p in f.get("logs") or []) or "no log collected"
+    return f"rank {f['rank']} ({f['node']}{local}) {how}: {logs}"
