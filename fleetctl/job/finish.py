@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.job.context import drain
@@ -180,6 +181,25 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
     # or the node could not write it (disk full).
     job.close_spools({c.rank for c in results if c.incomplete or job.result.nodes[c.rank].problem})
     _rank_map(job)
+    _redact(job)
+
+
+def _redact(job: JobContext) -> None:
+    """paddle's environment dumps must not carry --env-var / fleetctl_env values home."""
+    plan = job.plan
+    if plan is None or plan.launcher != "paddle":
+        return
+    keys = set(plan.user_env)
+    for n in job.nodes:
+        keys |= set(n.env)
+    if not keys:
+        return
+    for node in job.result.nodes:
+        if node.folder:
+            try:
+                job.folder.redact_env_dumps(Path(node.folder).name, keys)
+            except OSError as e:
+                job.result.errors.append(f"{node.host}: env dumps not redacted: {e}")
 
 
 def _rank_map(job: JobContext) -> None:

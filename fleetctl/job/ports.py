@@ -12,6 +12,7 @@ it, a port another fleetctl job holds is refused, naming that job.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fleetctl import remote
@@ -27,28 +28,68 @@ PORT_SPAN = 64  # ports tried from the default when none was given
 CLAIM_TIMEOUT = 20.0
 
 
-def reserve_master_port(fleet: Fleet, node0: Node, spec: JobSpec) -> int:
-    """Claim the rendezvous port on ``node0`` for ``spec.job_id``; the port, or LaunchError."""
+def reserve_master_port(
+    fleet: Fleet, node0: Node, spec: JobSpec, *, span: int = 1, others: Sequence[Node] = ()
+) -> int:
+    """Claim the rendezvous port on ``node0`` for ``spec.job_id``; the port, or LaunchError.
+
+    ``span`` > 1 (paddle: its endpoints are start_port + local rank on every node): the ports
+    base..base+span-1 are claimed on node 0, then the same ones on each of ``others``."""
     base = spec.master_port
     cands = [base] if spec.master_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
-    arg = json.dumps({"candidates": cands, "need": 1, "claim": {"job": spec.job_id}})
-    conn = fleet.connection(node0)
-    source = remote.source("port_probe.py").decode("utf-8")
-    res = conn.run([conn.expand(node0.python), "-c", source, arg], timeout=CLAIM_TIMEOUT)
-    try:
-        data = last_data(res.stdout)
-        free, busy = [int(p) for p in data["free"]], dict(data.get("busy") or {})
-    except (ValueError, KeyError, TypeError) as e:
-        tail = " ".join((res.stderr or res.stdout).split())[-200:]
-        raise LaunchError(
-            f"{node0.label}: could not claim the rendezvous port (exit {res.exit_code}): {tail}"
-        ) from e
+    free, busy = _claim(fleet, node0, cands, spec.job_id, span)
     if free:
+        _claim_everywhere(fleet, others, free[0], spec.job_id, span)
         return free[0]
     if spec.master_port_fixed:
-        why = busy.get(str(base), "not free")
-        raise LaunchError(f"{node0.label}: master port {base} is {why}; pick another --master-port")
+        bad = next((p for p in range(base, base + span) if str(p) in busy), base)
+        why = busy.get(str(bad), "not free")
+        what = f"master port {base}" if span == 1 else f"port {bad} (of {base}-{base + span - 1})"
+        raise LaunchError(f"{node0.label}: {what} is {why}; pick another --master-port")
     raise LaunchError(
         f"{node0.label}: no free rendezvous port in {base}-{cands[-1]} "
         f"({len(busy)} in use or held by other fleetctl jobs)"
     )
+
+
+def _claim(
+    fleet: Fleet, node: Node, cands: list[int], job: str, span: int
+) -> tuple[list[int], dict[str, str]]:
+    args: dict = {"candidates": cands, "need": 1, "claim": {"job": job}}
+    if span > 1:
+        args["span"] = span
+    conn = fleet.connection(node)
+    source = remote.source("port_probe.py").decode("utf-8")
+    res = conn.run(
+        [conn.expand(node.python), "-c", source, json.dumps(args)], timeout=CLAIM_TIMEOUT
+    )
+    try:
+        data = last_data(res.stdout)
+        return [int(p) for p in data["free"]], dict(data.get("busy") or {})
+    except (ValueError, KeyError, TypeError) as e:
+        tail = " ".join((res.stderr or res.stdout).split())[-200:]
+        raise LaunchError(
+            f"{node.label}: could not claim the job's ports (exit {res.exit_code}): {tail}"
+        ) from e
+
+
+def _claim_everywhere(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
+    """The same ports on every other node (all at once); LaunchError naming each that cannot."""
+    if not nodes:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(node: Node) -> str | None:
+        free, busy = _claim(fleet, node, [base], job, span)
+        if free:
+            return None
+        bad = next((p for p in range(base, base + span) if str(p) in busy), base)
+        return f"{node.label}: port {bad} is {busy.get(str(bad), 'not free')}"
+
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        problems = [p for p in pool.map(one, nodes) if p]
+    if problems:
+        raise LaunchError(
+            f"paddle endpoint ports {base}-{base + span - 1} are not free on "
+            f"{len(problems)} node(s): " + "; ".join(problems)
+        )

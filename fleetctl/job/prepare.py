@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import CheckError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from fleetctl.job.context import JobContext
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import JobSpec, NodeFacts
     from fleetctl.ssh.fleet import Fleet
 
 
@@ -97,7 +101,11 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     else:
         from fleetctl.job.ports import reserve_master_port
 
-        port = reserve_master_port(fleet, job.nodes[0], spec)
+        # paddle's endpoints are start_port + local rank on every node: all of them claimed
+        paddle = spec.launcher == "paddle"
+        span = _local_ranks(spec, facts, job.nodes) if paddle else 1
+        others = job.nodes[1:] if paddle else ()
+        port = reserve_master_port(fleet, job.nodes[0], spec, span=span, others=others)
         if port != spec.master_port:
             job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
             spec = job.spec = dataclasses.replace(spec, master_port=port)
@@ -114,3 +122,14 @@ def launcher_module(name: str) -> str | None:
 
     launcher = LAUNCHERS.get(name)
     return launcher.module if launcher is not None else None
+
+
+def _local_ranks(spec: JobSpec, facts: Mapping[str, NodeFacts], nodes: Sequence[Node]) -> int:
+    """How many processes a node runs (paddle: one endpoint port each)."""
+    if isinstance(spec.nproc_per_node, int):
+        return spec.nproc_per_node
+    counts = []
+    for n in nodes:
+        f = facts.get(n.name)
+        counts.append(len(n.gpu_ids) or (f.gpu_count if f else None) or n.gpus or 1)
+    return max(counts or [1])

@@ -142,6 +142,25 @@ class RunFolder:
     def write_roles(self, layout: dict[str, Any]) -> None:
         self._write_json(ROLES_FILE, layout)
 
+    def redact_env_dumps(self, node_folder: str, keys: Iterable[str]) -> list[str]:
+        """Rewrite the launcher's environment dumps in a node folder without the values of
+        ``keys`` (fleetctl.job.redact); returns the files changed, relative to the run folder."""
+        from fleetctl.job.redact import DUMP_GLOBS, redact_text
+
+        keys = sorted(set(keys))
+        changed: list[str] = []
+        base = self.path / node_folder
+        for pattern in DUMP_GLOBS:
+            for p in sorted(base.glob(pattern)):
+                if not p.is_file() or p.name.startswith("workerlog."):
+                    continue
+                text = p.read_text(errors="replace")
+                new = redact_text(text, keys)
+                if new != text:
+                    _write_atomic(p, new)
+                    changed.append(str(p.relative_to(self.path)))
+        return changed
+
     def write_ranks(self, ranks: list[dict[str, Any]]) -> None:
         """``ranks.json``: global rank -> node, local rank, pid, log files (fleetctl.job.ranks)."""
         self._write_json(RANKS_FILE, {"ranks": ranks})

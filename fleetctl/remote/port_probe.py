@@ -96,13 +96,40 @@ def claim(port: int, job: str) -> str | None:
     return "claim raced"
 
 
+def free_ranges(candidates: list, span: int, job: str, busy: dict) -> list:
+    """The first candidate ``base`` whose ports base..base+span-1 all bind and are claimed for
+    ``job`` (paddle's endpoints: start_port + local rank on every node); [] if none."""
+    for base in candidates:
+        got = free_ports(list(range(base, base + span)), span, job, busy, stop_at_first=True)
+        if len(got) == span:
+            return [base]
+        for port in got:  # claimed a part only: give it back
+            unclaim(port, job)
+    return []
+
+
+def unclaim(port: int, job: str) -> None:
+    path = os.path.join(CLAIMS, str(port))
+    try:
+        with open(path, encoding="utf-8") as f:
+            if json.load(f).get("job") == job:
+                os.unlink(path)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def free_ports(
-    candidates: list, need: int, job: str | None = None, busy: dict | None = None
+    candidates: list,
+    need: int,
+    job: str | None = None,
+    busy: dict | None = None,
+    stop_at_first: bool = False,
 ) -> list:
-    """The first ``need`` candidates that bind (and, with ``job``, that it could claim)."""
+    """The first ``need`` candidates that bind (and, with ``job``, that it could claim);
+    ``stop_at_first``: stop at the first that does not."""
     free: list = []
     for port in candidates:
-        if len(free) >= need:
+        if len(free) >= need or (stop_at_first and busy and str(port - 1) in busy):
             break
         if job is not None:
             owner = claim_owner(os.path.join(CLAIMS, str(port)), time.time())
@@ -132,7 +159,12 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     job = (args.get("claim") or {}).get("job")
     busy: dict = {}
-    free = free_ports([int(p) for p in args["candidates"]], int(args["need"]), job, busy)
+    cands = [int(p) for p in args["candidates"]]
+    span = int(args.get("span") or 1)
+    if span > 1 and job is not None:
+        free = free_ranges(cands, span, job, busy)
+    else:
+        free = free_ports(cands, int(args["need"]), job, busy)
     sys.stdout.write("D " + json.dumps({"free": free, "busy": busy}) + "\n")
     sys.stdout.flush()
 

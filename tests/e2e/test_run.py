@@ -588,9 +588,14 @@ def test_paddle_gives_each_node_the_trainer_id_of_its_place_in_ips(
         launcher="paddle",
         code_dir=code,
         inventory=inventory,
-        opts=("--no-check", "--master-port", "29700"),
+        opts=("--no-check", "--master-port", "29700", "--env-var", "WANDB_API_KEY=s3cr3t-v4lue"),
     )
     assert r.finish() == 0, r.text()
+    # paddle dumps its whole environment into log/; the user's values do not come home
+    for f in r.folder.glob("*-node*/**/*"):
+        if f.is_file():
+            assert "s3cr3t-v4lue" not in f.read_text(errors="replace"), f
+    assert "WANDB_API_KEY" in (r.folder / "0-node1" / "log" / "envlog.0").read_text()
     plan = json.loads((r.folder / "plan.json").read_text())
     ips = plan["ips"]
     assert len(ips) == 3
@@ -605,6 +610,30 @@ def test_paddle_gives_each_node_the_trainer_id_of_its_place_in_ips(
         # paddle's own log, named after the fleet job (--job_id); paddle 3.3 on CPU writes no
         # endpoints.log, so the launcher log folder is checked by this file and workerlog.0.
         assert any(p.name.startswith(r.folder.name) for p in (folder / "log").iterdir())
+    ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
+    assert [(x["rank"], x["node"], x["logs"]) for x in ranks] == [
+        (i, h, [f"{i}-{h}/log/workerlog.0"]) for i, h in enumerate(("node1", "node2", "node3"))
+    ]
+
+
+def test_paddle_endpoint_ports_are_claimed_on_every_node_and_a_held_one_is_refused(
+    lab3: Lab, runs, code
+) -> None:
+    """paddle's endpoints are start_port + local rank on every node, not only node 0: a port
+    another fleetctl job holds on node3 stops the run before anything starts, naming both."""
+    claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
+    lab3.exec("node3", ["sh", "-c", f"mkdir -p /tmp/fleetctl-ports && "
+                        f"echo '{claim}' > /tmp/fleetctl-ports/29811"], check=True)  # fmt: skip
+    try:
+        r = runs(lab3, "pinfo.py", launcher="paddle", code_dir=code,
+                 opts=("--no-check", "--master-port", "29811"))  # fmt: skip
+        assert r.finish(120) == 3, r.text()
+    finally:
+        lab3.exec("node3", ["rm", "-f", "/tmp/fleetctl-ports/29811"], check=True)
+    said = "\n".join(r.err)
+    assert "paddle endpoint ports 29811-29811 are not free on 1 node(s): node3" in said, said
+    assert "port 29811 is reserved by fleetctl job other-job" in said
+    assert not any("paddle-info" in line for line in r.out)
 
 
 # ------------------------------------------------------------------------------ rendezvous
