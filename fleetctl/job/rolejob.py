@@ -114,6 +114,7 @@ class RolePlanner:
         tasks = [dataclasses.replace(t, node=by_name.get(t.node.name, t.node)) for t in self.tasks]
         needs = port_needs(self.job, tasks)
         free = probe_free_ports(fleet, spec.job_id, ports_per_host(tasks, needs))
+        spec = self._claim_plain_masters(fleet, tasks, spec)
         ports = assign_ports(tasks, needs, free)
         plan = make_role_plan(
             self.job,
@@ -126,6 +127,19 @@ class RolePlanner:
             user=self.user,
         )
         return plan, RoleLayout(self.job, tuple(tasks), ports)
+
+    def _claim_plain_masters(self, fleet: Fleet, tasks: Sequence[Task], spec: JobSpec) -> JobSpec:
+        """A plain role's tasks meet at MASTER_ADDR:MASTER_PORT (``init_process_group``) on
+        its first task's host: claim that port there for this job, like torchrun's (without
+        --master-port the first free one; every plain role then uses it)."""
+        from fleetctl.job.ports import reserve_master_port
+
+        for role in self.job.roles:
+            mine = [t for t in tasks if t.role == role.name]
+            if role.launcher == "plain" and len(mine) > 1:
+                port = reserve_master_port(fleet, mine[0].node, spec)
+                spec = dataclasses.replace(spec, master_port=port, master_port_fixed=True)
+        return spec
 
     def dry_plan(self, spec: JobSpec) -> Plan:
         """The role plan with the first candidate ports (no node asked: nothing runs)."""

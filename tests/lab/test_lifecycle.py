@@ -671,6 +671,31 @@ def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path
 # ------------------------------------------------------------------------------- roles
 
 
+def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """The workers (a plain role, 2 tasks) meet at MASTER_PORT on their first task's host:
+    another fleetctl job holds 29500 there, so this job claims the next port."""
+    claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
+    lab3.exec("node2", ["sh", "-c", "mkdir -p /tmp/fleetctl-ports && "
+                        f"echo '{claim}' > /tmp/fleetctl-ports/29500"], check=True)  # fmt: skip
+    runs = tmp_path / "runs"
+    try:
+        p = fleetctl("run", "-i", str(lab3.inventory_path), "--no-check", "--grace", "2",
+                     "--runs-dir", str(runs), "--code-dir", str(code), "--job",
+                     str(code / "job.yml"))  # fmt: skip
+    finally:
+        lab3.exec("node2", ["rm", "-f", "/tmp/fleetctl-ports/29500"], check=True)
+    assert p.exit_code == 0, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    plan = json.loads((runs / rec["job_id"] / "plan.json").read_text())
+    workers = [n for n in plan["nodes"] if n["host"] in ("node2", "node3")]
+    assert {n["env"]["MASTER_PORT"] for n in workers} == {"29501"}, workers
+    # the job's claim on node2 was released with the job: nothing of it is left there
+    left = lab3.exec("node2", ["ls", "/tmp/fleetctl-ports"], check=True).stdout
+    assert "29501" not in left.split()
+
+
 def test_a_two_role_job_ends_when_the_workers_succeed(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
