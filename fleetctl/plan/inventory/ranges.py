@@ -38,8 +38,13 @@ def _parse_address(text: str) -> tuple[str, int | None] | None:
     return None
 
 
+MAX_RANGE_HOSTS = 10_000  # hosts one pattern may name (gpu[0:99999999] is a typo, not a fleet)
+
+
 def _expand_range(pattern: str) -> list[str]:
-    """``gpu[01:03]`` -> gpu01 gpu02 gpu03 (zero padding kept, letters, steps, several ranges)."""
+    """``gpu[01:03]`` -> gpu01 gpu02 gpu03 (zero padding kept, letters, steps, several ranges).
+
+    ValueError beyond ``MAX_RANGE_HOSTS`` names, checked before anything is generated."""
     if "[" not in pattern:
         return [pattern]
     head, sep, rest = pattern.partition("[")
@@ -68,12 +73,17 @@ def _expand_range(pattern: str) -> list[str]:
     elif beg.isdigit() and end.isdigit():
         if int(beg) > int(end):
             raise ValueError("begins after it ends")
+        count = (int(end) - int(beg)) // step + 1
+        if count > MAX_RANGE_HOSTS:
+            raise ValueError(f"names {count} hosts, more than {MAX_RANGE_HOSTS} per pattern")
         seq = [str(v).zfill(width) for v in range(int(beg), int(end) + 1, step)]
     else:
         raise ValueError("must be numbers or single letters")
     out: list[str] = []
     for item in seq:
         out.extend(_expand_range(f"{head}{item}{tail}"))
+        if len(out) > MAX_RANGE_HOSTS:  # several ranges multiply
+            raise ValueError(f"names more than {MAX_RANGE_HOSTS} hosts per pattern")
     return out
 
 
