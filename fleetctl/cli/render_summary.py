@@ -63,6 +63,8 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             f"Out of all {n} node{'s' if n != 1 else ''}, node {ff.rank} ({ff.host} {addr}) "
             f"failed first: {ff.how()}{after}" + (f"; {rest}." if rest else ".")
         )
+        for cause in result.culprits or []:
+            lines.append(f"  likely cause: {cause}")
         if result.failed_ranks:
             from fleetctl.job.ranks import describe
 

@@ -71,6 +71,8 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
             node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
     job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
     job.sync()
+    if job.result.status == JobStatus.FAILED and job.result.first_failure is not None:
+        _post_mortem(job, fleet)
     try:
         _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
     except KeyboardInterrupt:
@@ -182,6 +184,16 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
     job.close_spools({c.rank for c in results if c.incomplete or job.result.nodes[c.rank].problem})
     _rank_map(job)
     _redact(job)
+
+
+def _post_mortem(job: JobContext, fleet: Fleet) -> None:
+    """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
+    from fleetctl.job.culprit import post_mortem
+
+    job.emit("phase", "checking every host after the failure (post-mortem)")
+    job.result.culprits = post_mortem(fleet, job.spec)
+    for line in job.result.culprits:
+        job.emit("notice", f"likely cause: {line}")
 
 
 def _redact(job: JobContext) -> None:

@@ -125,6 +125,8 @@ class JobResult:
     stack_nodes: list[dict[str, Any]] | None = None
     # The ranks the first failing node's launcher named (fleetctl.job.ranks.failed_ranks).
     failed_ranks: list[dict[str, Any]] | None = None
+    # What a fresh check of every host found after the failure (fleetctl.job.culprit).
+    culprits: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -211,6 +213,7 @@ class JobResult:
             }
             | ({} if self.attempts is None else {"attempts": self.attempts})
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
+            | ({} if self.culprits is None else {"culprits": self.culprits})
             | (
                 {}
                 if self.stacks is None

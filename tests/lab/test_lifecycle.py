@@ -671,6 +671,23 @@ def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path
 # ------------------------------------------------------------------------------- roles
 
 
+def test_after_a_failure_a_fresh_probe_names_the_host_whose_data_link_is_down(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """Rank 1 (node2) fails first; the post-mortem check finds node3 cut off the training
+    network and says so next to it, in the summary and in job.json."""
+    runs = tmp_path / "runs"
+    lab3.cut_link("node3", "data")
+    p = fleetctl(*run_args(lab3, runs, code, str(code / "fail_on_1.py")))
+    assert p.exit_code == 3, p.stdout + p.stderr
+    assert "failed first" in p.stderr and "node 1 (node2" in p.stderr
+    assert "likely cause: node3: data link down" in p.stderr
+    [rec] = runs_json(runs)
+    job = job_json(runs, rec["job_id"])
+    assert job["first_failure"]["host"] == "node2"
+    assert job["culprits"] == ["node3: data link down (no peer reaches it on the training network)"]
+
+
 def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
