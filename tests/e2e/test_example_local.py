@@ -129,7 +129,6 @@ def test_launcher_args_reach_torchrun_a_restart_budget_recovers_a_failed_worker(
     assert "life 0" in r.stdout and "life 1" in r.stdout
     [folder] = (tmp_path / "runs").iterdir()
     argv = json.loads((folder / "plan.json").read_text())["nodes"][0]["argv"]
-    assert argv[argv.index("--log-dir=torchrun") + 1 : argv.index("--log-dir=torchrun") + 3] == [
-        "--max-restarts=1",
-        "--monitor-interval=0.2",
-    ]
+    i = argv.index("--redirects=3")  # fleetctl's own flags first, then the user's, then SCRIPT
+    assert argv[i + 1 : i + 3] == ["--max-restarts=1", "--monitor-interval=0.2"]
+    assert argv[i + 3].endswith("flaky.py")

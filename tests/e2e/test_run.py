@@ -649,15 +649,16 @@ def test_two_torchrun_jobs_started_together_on_the_same_hosts_never_mix_their_ra
     b = runs(lab3, "ddp_train.py", *args, launcher="torchrun")
     assert a.finish() == 0, a.text()
     assert b.finish() == 0, b.text()
-    ports = set()
+    ports = {}
     for r in (a, b):
         plan = json.loads((r.folder / "plan.json").read_text())
-        ports.add(plan["master_port"])
+        ports[r.folder.name] = plan["master_port"]
         for rank in range(3):
             assert any(f"done rank={rank} world=3" in line for line in r.out), r.text()
-    assert len(ports) == 2 and 29500 in ports, ports
-    moved = a if "rendezvous on" in "\n".join(a.err) else b
-    assert any("port 29500 is taken on node 0: rendezvous on" in line for line in moved.err)
+        if plan["master_port"] != 29500:  # moved: it says where to, and why
+            said = f"port 29500 is taken on node 0: rendezvous on {plan['master_port']}"
+            assert any(said in line for line in r.err), r.text()
+    assert len(set(ports.values())) == 2, ports  # (29500 itself may linger in TIME_WAIT)
 
 
 def test_a_fixed_master_port_held_by_another_job_is_refused_naming_it_and_freed_after(
