@@ -174,6 +174,15 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 )
 @click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
 @click.option(
+    "--nodes",
+    "nodes_wanted",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Run on N hosts of the selection (inventory order) that pass the check; the others "
+    "are spares that replace a host failing later (with --max-retries).",
+)
+@click.option(
     "--allow-busy-gpus",
     is_flag=True,
     help="GPUs with another job's processes or memory in use are a warning, not a failure.",
@@ -296,6 +305,9 @@ def run_command(
             code_dir = str(default_code_dir(script))
         script = script_in_code_dir(script, code_dir)
     inv = load_selected(inventory, limit)
+    want = lifecycle["nodes_wanted"]
+    if want is not None and want > len(inv.nodes):
+        raise UsageError(f"--nodes {want}: the selection has only {len(inv.nodes)} host(s)")
     now = datetime.now(timezone.utc)
     spec = JobSpec(
         script=script or "",
@@ -373,6 +385,7 @@ def run_command(
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
         allow_secrets=tuple(lifecycle["allow_secrets"]),
         allow_busy_gpus=lifecycle["allow_busy_gpus"],
+        nodes_wanted=lifecycle["nodes_wanted"],
         collect=collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"]),
     )
 
@@ -404,6 +417,7 @@ def _run_for_real(
     allow_secrets: tuple[str, ...] = (),
     collect: CollectOptions | None = None,
     allow_busy_gpus: bool = False,
+    nodes_wanted: int | None = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -430,6 +444,7 @@ def _run_for_real(
         allow_secrets=allow_secrets,
         allow_busy_gpus=allow_busy_gpus,
         collect=collect,
+        nodes_wanted=nodes_wanted,
     )
     request = JobRequest(
         spec,

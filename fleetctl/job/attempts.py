@@ -44,6 +44,8 @@ class Attempt:
     decision: str | None  # why it was (not) retried
     retried: bool = False
     backoff: float | None = None
+    nodes: list[str] | None = None  # --nodes N: the hosts this attempt ran on
+    left_out: dict[str, str] | None = None  # --nodes N: hosts left out, and why
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,6 +94,10 @@ def run_attempts(
     out = AttemptsResult()
     base = spec.job_id
     base_folder = Path(options.runs_dir) / base
+    want = options.nodes_wanted
+    spares = want is not None and want < len(nodes)
+    ruled_out: dict[str, str] = {}  # --nodes N: hosts no attempt may use again, and why
+    chosen, left_out = list(nodes), None
     try:
         for k in range(1, policy.max_retries + 2):
             aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k))
@@ -106,10 +112,18 @@ def run_attempts(
                 for name in _reconnect(fleet, out.results[-1]):
                     emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
             try:
-                result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
+                if spares:
+                    assert want is not None
+                    chosen, left_out = _choose(nodes, want, ruled_out, aspec, aopts, emit)
+                    with Fleet(chosen, options.settings) as afleet:
+                        result = run_job(aspec, chosen, aopts, on_event=on_event, fleet=afleet)
+                else:
+                    result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
             except FleetctlError as e:  # before launch (check, push, plan): recorded, then raised
                 folder = Path(options.runs_dir) / aspec.job_id
                 att = Attempt(k, aspec.job_id, str(folder), JobStatus.ERROR, e.one_line(), None)
+                if spares:
+                    att.left_out = left_out
                 if k > 1 and k <= policy.max_retries:  # a node still coming back: try again
                     att.decision, att.retried = "retry: preflight failed after a node fault", True
                     att.backoff = policy.delay(k, rng.random())
@@ -142,6 +156,11 @@ def run_attempts(
                 ended_by=None if ff is None else f"node {ff.rank} ({ff.host}): {ff.how()}",
                 decision=None,
             )
+            if spares:
+                from fleetctl.job.spares import faulty_hosts
+
+                att.nodes, att.left_out = [x.name for x in chosen], left_out
+                ruled_out.update(faulty_hosts(result))
             out.attempts.append(att)
             decision: Decision | None = None
             if result.status == JobStatus.FAILED and ff is not None:
@@ -173,6 +192,31 @@ def run_attempts(
     if out.results:
         out.final.attempts = [a.to_dict() for a in out.attempts]
     return out
+
+
+def _choose(
+    pool: Sequence[Node],
+    want: int,
+    ruled_out: dict[str, str],
+    spec: JobSpec,
+    options: RunOptions,
+    emit: Callable[[JobEvent], None],
+) -> tuple[list[Node], dict[str, str]]:
+    from fleetctl.job.result import JobEvent
+    from fleetctl.job.spares import choose_nodes
+
+    emit(JobEvent("phase", f"choosing {want} of {len(pool)} host(s) (--nodes)"))
+    chosen, left_out = choose_nodes(pool, want, ruled_out, spec, options)
+    for host, why in left_out.items():
+        emit(JobEvent("notice", f"{host}: left out: {why}"))
+    spare = [x.name for x in pool if x not in chosen and x.name not in left_out]
+    names = ", ".join(x.name for x in chosen)
+    emit(
+        JobEvent(
+            "notice", f"running on {names}" + (f"; spares: {', '.join(spare)}" if spare else "")
+        )
+    )
+    return chosen, left_out
 
 
 def _reconnect(fleet: Fleet, last: JobResult | None) -> list[str]:

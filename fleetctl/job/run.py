@@ -64,6 +64,7 @@ class RunOptions:
     allow_secrets: tuple[str, ...] = ()  # code files that look like keys, shipped on purpose
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     allow_busy_gpus: bool = False  # GPUs with another job's processes: a warning, not a failure
+    nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job

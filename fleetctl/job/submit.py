@@ -102,7 +102,9 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
     options = request.options
     if options.planner is not None and options.completion is None:
         options = dataclasses.replace(options, completion=options.planner.policy)
-    if not request.retry.max_retries:
+    want = options.nodes_wanted
+    spares = want is not None and want < len(request.nodes)
+    if not request.retry.max_retries and not spares:
         result = run_job(request.spec, request.nodes, options, on_event=on_event)
     else:
         from fleetctl.job.attempts import run_attempts

@@ -641,6 +641,58 @@ def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(
     assert left_over(lab3, last) == {}
 
 
+def test_nodes_2_of_3_leaves_out_the_host_whose_data_link_is_cut(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    lab3.cut_link("node3", "data")
+    p = fleetctl(*run_args(lab3, runs, code, "--nodes", "2", str(code / "tick.py"), "1"))
+    assert p.exit_code == 0, p.stdout + p.stderr
+    assert "node3: left out: data link down" in p.stderr
+    assert "running on node1, node2" in p.stderr
+    [rec] = runs_json(runs)
+    [att] = json.loads((runs / rec["job_id"] / "attempts.json").read_text())["attempts"]
+    assert att["nodes"] == ["node1", "node2"] and list(att["left_out"]) == ["node3"]
+    job = job_json(runs, rec["job_id"])
+    assert [n["host"] for n in job["nodes"]] == ["node1", "node2"]
+    assert job["status"] == "succeeded"
+
+
+def test_a_host_lost_mid_run_is_replaced_by_the_spare_on_the_retry(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    runs = tmp_path / "runs"
+    args = run_args(
+        lab3, runs, code, "--nodes", "2", "--max-retries", "1", "--retry-backoff", "0.5"
+    )
+    args += ["--lost-timeout", "3", str(code / "tick.py"), "4"]
+    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
+    try:
+
+        def node2_running() -> bool:
+            for job in runs.glob("*/job.json"):
+                with contextlib.suppress(ValueError, OSError, IndexError):
+                    if json.loads(job.read_text())["nodes"][1]["state"] == "running":
+                        return True
+            return False
+
+        wait_for(node2_running, 60, what="attempt 1 running on node2", interval=0.2)
+        lab3.crash_host("node2")
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert proc.returncode == 0, err
+    [rec] = runs_json(runs)
+    attempts = json.loads((runs / rec["job_id"] / "attempts.json").read_text())["attempts"]
+    assert [a["nodes"] for a in attempts] == [["node1", "node2"], ["node1", "node3"]]
+    assert attempts[0]["status"] == "failed" and attempts[1]["status"] == "succeeded"
+    assert "node2" in attempts[1]["left_out"]
+    last = attempts[1]["job_id"]
+    assert "tick rank=1" in (runs / last / "1-node3" / "console.log").read_text()
+
+
 def test_a_python_exception_is_not_retried(lab3: Lab, tmp_path: Path, code: Path) -> None:
     runs = tmp_path / "runs"
     marker = f"/tmp/fleet-retry-{uuid.uuid4().hex}"

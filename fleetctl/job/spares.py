@@ -1,0 +1,83 @@
+"""``--nodes N``: run on N healthy hosts of the selection, the rest are spares.
+
+Before each attempt the hosts not yet ruled out are checked (uncached after a failure); hosts
+that fail the check — or that the mesh shows cut off the training network — are left out with
+the reason, and the first N healthy ones in inventory order run the attempt with a fresh rank
+plan. After a node fault (lost, could not start, or named by the post-mortem) that host is
+ruled out for the rest of the job and the next spare takes its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import CheckError
+from fleetctl.job.state import NodeState
+
+if TYPE_CHECKING:
+    from fleetctl.job.result import JobResult
+    from fleetctl.job.run import RunOptions
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import JobSpec
+
+
+def choose_nodes(
+    pool: Sequence[Node],
+    n: int,
+    ruled_out: Mapping[str, str],
+    spec: JobSpec,
+    options: RunOptions,
+) -> tuple[list[Node], dict[str, str]]:
+    """The first ``n`` healthy hosts of ``pool`` not ``ruled_out``, and every host left out
+    with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
+    from fleetctl.job.culprit import culprits
+    from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.results import FleetResult
+    from fleetctl.ssh.fleet import Fleet
+
+    left_out = dict(ruled_out)
+    candidates = [x for x in pool if x.name not in left_out]
+    report = None
+    if len(candidates) >= n:
+        opts = CheckOptions(
+            master_port=spec.master_port,
+            check_master_port=spec.master_port_fixed,
+            backend=spec.backend,
+            uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+            recheck=options.recheck,
+            allow_busy_gpus=options.allow_busy_gpus,
+        )
+        with Fleet(candidates, options.settings) as fleet:
+            report = check_fleet(fleet, opts)
+        names = {x.name for x in candidates}
+        for line in culprits(report):
+            host, _, why = line.partition(": ")
+            if host in names and host not in left_out:
+                left_out[host] = why
+        for host, check, why in report.failures:
+            left_out.setdefault(host, f"{check}: {why}")
+    healthy = [x for x in candidates if x.name not in left_out]
+    if len(healthy) < n:
+        why = "; ".join(f"{h}: {w}" for h, w in left_out.items()) or "none"
+        raise CheckError(
+            f"--nodes {n}: only {len(healthy)} of {len(pool)} host(s) usable (left out: {why})",
+            FleetResult(dict(report.hosts) if report is not None else {}),
+        )
+    return healthy[:n], left_out
+
+
+def faulty_hosts(result: JobResult) -> dict[str, str]:
+    """Hosts an attempt showed unfit: lost, could not start, or named by the post-mortem."""
+    out: dict[str, str] = {}
+    for node in result.nodes:
+        if node.state in (NodeState.LOST, NodeState.START_FAILED):
+            out[node.host] = (
+                f"{node.state} in attempt {result.attempt}: {node.reason or ''}".strip()
+            )
+    hosts = {node.host for node in result.nodes}
+    for line in result.culprits or []:
+        host, _, why = line.partition(": ")
+        if host in hosts:
+            out.setdefault(host, why)
+    return out
