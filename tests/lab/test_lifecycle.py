@@ -759,10 +759,11 @@ def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     [rec] = runs_json(runs)
     plan = json.loads((runs / rec["job_id"] / "plan.json").read_text())
     workers = [n for n in plan["nodes"] if n["host"] in ("node2", "node3")]
-    assert {n["env"]["MASTER_PORT"] for n in workers} == {"29501"}, workers
+    [port] = {n["env"]["MASTER_PORT"] for n in workers}  # one rendezvous for the role
+    assert 29500 < int(port) < 29564, workers  # the next free one (29501 may be in TIME_WAIT)
     # the job's claim on node2 was released with the job: nothing of it is left there
     left = lab3.exec("node2", ["ls", "/tmp/fleetctl-ports"], check=True).stdout
-    assert "29501" not in left.split()
+    assert port not in left.split()
 
 
 def test_a_two_role_job_ends_when_the_workers_succeed(
