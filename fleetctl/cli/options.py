@@ -60,6 +60,17 @@ limit_option: Callable[[F], F] = click.option(
 )
 
 
+# push and run ship the code folder: a file that looks like a private key stops them
+allow_secret_option: Callable[[F], F] = click.option(
+    "--allow-secret",
+    "allow_secrets",
+    multiple=True,
+    metavar="PATH",
+    help="Ship this file although it looks like a private key (path relative to the code "
+    "folder; repeatable). Without it such files stop the push.",
+)
+
+
 def load_selected(inventory: str | None, limit: str | None, group: str = "all") -> Inventory:
     """The inventory a command works on: the file's selection, or this machine without -i."""
     if inventory is None:

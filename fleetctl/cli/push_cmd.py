@@ -15,6 +15,7 @@ import click
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
     SSHOptions,
+    allow_secret_option,
     inventory_option,
     limit_option,
     load_selected,
@@ -33,14 +34,7 @@ from fleetctl.cli.options import (
     default=None,
     help="Project directory to ship (default: the git work tree holding ., else .).",
 )
-@click.option(
-    "--allow-secret",
-    "allow_secrets",
-    multiple=True,
-    metavar="PATH",
-    help="Ship this file although it looks like a private key (path relative to the code "
-    "folder; repeatable). Without it such files stop the push.",
-)
+@allow_secret_option
 @click.option("--no-code", is_flag=True, help="Push only the env.")
 @click.option(
     "--env",

@@ -22,6 +22,7 @@ from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     Seconds,
     SSHOptions,
+    allow_secret_option,
     collect_options,
     collect_settings,
     inventory_option,
@@ -155,14 +156,7 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     help="Local folder shipped to the nodes; SCRIPT must be inside it "
     "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
 )
-@click.option(
-    "--allow-secret",
-    "allow_secrets",
-    multiple=True,
-    metavar="PATH",
-    help="Ship this file although it looks like a private key (path relative to the code "
-    "folder; repeatable). Without it such files stop the push.",
-)
+@allow_secret_option
 @click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(

@@ -602,6 +602,34 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
     assert left_over(lab3, job_id) == {} and left_over(lab3, f"{job_id}.2") == {}
 
 
+def run_and_crash(
+    lab: Lab, runs: Path, args: list[str], rank: int, *, boot: bool
+) -> tuple[int, str]:
+    """``fleetctl run ARGS`` as a process; once attempt 1 runs on node ``rank``, that host
+    crashes (and boots again with ``boot``). Returns exit code and stderr."""
+    host = f"node{rank + 1}"
+    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
+    try:
+
+        def running() -> bool:
+            for job in runs.glob("*/job.json"):
+                with contextlib.suppress(ValueError, OSError, IndexError):
+                    if json.loads(job.read_text())["nodes"][rank]["state"] == "running":
+                        return True
+            return False
+
+        wait_for(running, 60, what=f"attempt 1 running on {host}", interval=0.2)
+        lab.crash_host(host)
+        if boot:
+            lab.boot_host(host)
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    return proc.returncode, err
+
+
 def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -610,26 +638,8 @@ def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(
     runs = tmp_path / "runs"
     args = run_args(lab3, runs, code, "--max-retries", "3", "--retry-backoff", "2")
     args += ["--lost-timeout", "3", str(code / "tick.py"), "6"]
-    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
-    try:
-
-        def node3_running() -> bool:
-            for job in runs.glob("*/job.json"):
-                with contextlib.suppress(ValueError, OSError):
-                    nodes = json.loads(job.read_text())["nodes"]
-                    if nodes[2]["state"] == "running":
-                        return True
-            return False
-
-        wait_for(node3_running, 60, what="attempt 1 running on node3", interval=0.2)
-        lab3.crash_host("node3")
-        lab3.boot_host("node3")
-        _out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    assert proc.returncode == 0, err
+    code, err = run_and_crash(lab3, runs, args, 2, boot=True)
+    assert code == 0, err
     assert "node3: reconnecting (new SSH connection)" in err
     [rec] = runs_json(runs)
     job_id = rec["job_id"]
@@ -666,24 +676,8 @@ def test_a_host_lost_mid_run_is_replaced_by_the_spare_on_the_retry(
         lab3, runs, code, "--nodes", "2", "--max-retries", "1", "--retry-backoff", "0.5"
     )
     args += ["--lost-timeout", "3", str(code / "tick.py"), "4"]
-    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
-    try:
-
-        def node2_running() -> bool:
-            for job in runs.glob("*/job.json"):
-                with contextlib.suppress(ValueError, OSError, IndexError):
-                    if json.loads(job.read_text())["nodes"][1]["state"] == "running":
-                        return True
-            return False
-
-        wait_for(node2_running, 60, what="attempt 1 running on node2", interval=0.2)
-        lab3.crash_host("node2")
-        _out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    assert proc.returncode == 0, err
+    code, err = run_and_crash(lab3, runs, args, 1, boot=False)
+    assert code == 0, err
     [rec] = runs_json(runs)
     attempts = json.loads((runs / rec["job_id"] / "attempts.json").read_text())["attempts"]
     assert [a["nodes"] for a in attempts] == [["node1", "node2"], ["node1", "node3"]]

@@ -20,15 +20,7 @@ from fleetctl.phases.codesync import (
 )
 from fleetctl.phases.envpack import archive_info, nccl_version
 from fleetctl.ssh.connection import SSHSettings
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return root
-
+from fleetctl.testing.files import tree
 
 # (patterns, path, is_dir, ignored) — gitignore semantics, checked against git below.
 IGNORE_CASES = [

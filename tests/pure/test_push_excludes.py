@@ -9,6 +9,7 @@ import pytest
 
 from fleetctl.phases.codesync import SecretError, list_files, looks_like_private_key, snapshot
 from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.files import tree
 
 # Assembled at run time so this file itself never holds a key header at a line start.
 PEM = "-----BEGIN " + "RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n"
@@ -33,14 +34,6 @@ LOCAL_STATE = {
     "web/node_modules/x/index.js": "",
 }
 SHIPPED = ["out/keep.txt", "pkg/m.py", "train.py"]
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return root
 
 
 def test_local_state_is_never_shipped_from_a_plain_folder(tmp_path: Path) -> None:
