@@ -51,7 +51,11 @@ from fleetctl.lab.registry import _entry_live, _locked, _name_in_use, _registry_
 
 
 def _real_python() -> str:
-    """The interpreter itself, not a pyenv shim (shims cost ~100 ms and may pick another)."""
+    """The interpreter itself, not a pyenv shim (shims cost ~100 ms and may pick another) —
+    but in a virtualenv its own ``bin/python``: resolving that link would name the base
+    interpreter, and the hosts would not see the venv's packages."""
+    if sys.prefix != sys.base_prefix:  # a venv: its python reads pyvenv.cfg next to it
+        return os.path.join(sys.prefix, "bin", os.path.basename(sys.executable) or "python")
     return os.path.realpath(sys.executable)
 
 
