@@ -33,6 +33,7 @@ import tarfile
 import time
 
 STALE_TMP_S = 6 * 3600
+STALE_IDLE_S = 15 * 60  # a temp dir nobody wrote into for this long belongs to a dead push
 
 
 class Failed(Exception):
@@ -85,17 +86,36 @@ def snapshots(code_root: str) -> list[str]:
 
 
 def sweep_stale(*roots: str) -> None:
-    """Temp dirs of pushes that died long ago (a live push's temp dirs are younger)."""
+    """Temp dirs of pushes that died (Ctrl-C, a lost controller): nothing in them was written
+    for ``STALE_IDLE_S`` (a live transfer writes all the time, and gives up after its I/O
+    timeout), or they are older than ``STALE_TMP_S`` whatever their content says."""
     now = time.time()
     for root in roots:
         for name in os.listdir(root):
             if name.startswith(".tmp-"):
                 p = os.path.join(root, name)
                 try:
-                    if now - os.lstat(p).st_mtime > STALE_TMP_S:
+                    age = now - os.lstat(p).st_mtime
+                    if age > STALE_TMP_S or now - newest_mtime(p) > STALE_IDLE_S:
                         rmtree(p)
                 except OSError:
                     pass
+
+
+def newest_mtime(path: str, limit: int = 20000) -> float:
+    """The newest mtime in a tree (at most ``limit`` entries looked at: a bound, not a scan)."""
+    newest = os.lstat(path).st_mtime
+    seen = 0
+    for dirpath, dirs, files in os.walk(path):
+        for name in dirs + files:
+            seen += 1
+            if seen > limit:
+                return newest
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                continue
+    return newest
 
 
 def verify_env(prefix: str, cfg: dict) -> dict:
@@ -223,11 +243,17 @@ def finalize_code(cfg: dict, code_root: str) -> str:
         if os.path.isdir(final):  # a concurrent push finished first: same content
             rmtree(tmp)
         else:
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)
+            except OSError as e:  # ... or finished between our look and our rename
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not os.path.isdir(final):
+                    raise
+                rmtree(tmp)
         mpath = os.path.join(code_root, ".manifests", digest + ".json")
-        with open(mpath + ".part", "w") as f:
+        part = f"{mpath}.{os.getpid()}.{os.urandom(3).hex()}.part"  # two pushes: two names
+        with open(part, "w") as f:
             json.dump(manifest, f)
-        os.replace(mpath + ".part", mpath)
+        os.replace(part, mpath)
         os.utime(final)
     except BaseException as e:
         rmtree(tmp)

@@ -427,6 +427,40 @@ def test_the_check_probe_names_the_launcher_module_its_python_cannot_import(
 # ------------------------------------------------------------------------------- push helper
 
 
+def test_the_push_helper_sweeps_dead_pushes_and_two_pushes_of_one_snapshot_both_land(
+    run38, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    w = tmp_path / "w"
+    code = w / "code"
+
+    def helper(mode: str, cfg: dict) -> dict:
+        res = run38("push_helper.py", [mode], stdin=json.dumps(cfg).encode() + b"\n")
+        frames = decode(res.stdout, PUSH_KINDS)
+        assert [f.kind for f in frames] == ["D"], res
+        return frames[0].data()
+
+    helper("probe", {"workdir": str(w), "digest": "d0"})  # lays out the workdir
+    # a push killed 20 min ago (nothing written since) and one writing right now
+    dead, live = code / ".tmp-d9-dead", code / ".tmp-d9-live"
+    for d in (dead, live):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "f.py").write_text("x")
+    old = time.time() - 1200
+    for p in (dead / "sub" / "f.py", dead / "sub", dead):
+        os.utime(p, (old, old))
+    helper("probe", {"workdir": str(w), "digest": "d1"})
+    assert not dead.exists() and live.exists()
+    # two pushes of one snapshot, each in its own temp dir: both succeed, one folder results
+    for tmp in (".tmp-d2-a", ".tmp-d2-b"):
+        (code / tmp).mkdir()
+        (code / tmp / "train.py").write_text("print(1)\n")
+        out = helper("finalize", {"workdir": str(w), "code": {
+            "digest": "d2", "tmp": tmp, "manifest": {"train.py": ["f", "0", 420]}}})  # fmt: skip
+        assert out["code_dir"] == str(code / "d2")
+    assert sorted(p.name for p in code.iterdir() if p.name.startswith(".tmp-d2")) == []
+    assert (code / "d2" / "train.py").read_text() == "print(1)\n"
+
+
 def test_the_push_helper_probes_finalizes_and_verifies_an_env(
     run38, py38: str, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
