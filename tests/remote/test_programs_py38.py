@@ -398,10 +398,25 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
         [mesh] = reader.feed(line)
         assert mesh.kind == "M"
         assert mesh.data()["peers"]["self"]["tcp"] == "ok"
+        # ICMP from inside the probe (a raw or datagram socket), no ping process per peer
+        assert mesh.data()["peers"]["self"]["ping"] == "ok"
     finally:
         with contextlib.suppress(OSError):
             proc.stdin.close()
         assert proc.wait(30) == 0
+
+
+def test_the_probe_echoes_icmp_in_process_without_a_ping_binary(py38: str, tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import probe; "
+        "print(probe.icmp_echo('127.0.0.1', '127.0.0.1', 2.0))"
+    )
+    env = {**os.environ, "PATH": str(tmp_path)}  # no `ping` to fall back on
+    out = subprocess.run(
+        [py38, "-c", code, str(Path(remote.path("probe.py")).parent)],
+        capture_output=True, text=True, timeout=30, env=env, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_the_check_probe_names_the_launcher_module_its_python_cannot_import(
