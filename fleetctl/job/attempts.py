@@ -100,7 +100,7 @@ def run_attempts(
     chosen, left_out = list(nodes), None
     try:
         for k in range(1, policy.max_retries + 2):
-            aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k))
+            aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k), work_id=base)
             # After a failure nothing the last attempt learnt is trusted: fresh check verdicts.
             aopts = dataclasses.replace(options, attempt=k, recheck=options.recheck or k > 1)
             if k > 1:

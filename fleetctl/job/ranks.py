@@ -10,6 +10,7 @@ ranks and files, not just the node. Reads the collected run folder; no network.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     for node in result.nodes:
         rel = node.folder and Path(node.folder).name
         here = result.folder / rel if rel else None
+        pids = _rank_pids(here)
         for local in range(nproc):
             logs: list[str] = []
             if here is not None and here.is_dir():
@@ -47,11 +49,28 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
                     "node": node.host,
                     "node_rank": node.rank,
                     "local_rank": local,
-                    "pid": None,
+                    "pid": (pids.get(str(local)) or [None])[-1],
                     "logs": logs,
                 }
             )
+            if len(pids.get(str(local)) or ()) > 1:  # the launcher restarted it
+                out[-1]["pids"] = pids[str(local)]
     return out
+
+
+def _rank_pids(node_dir: Path | None) -> dict[str, list[int]]:
+    """The node supervisor's ``rank_pids.json`` (local rank -> pids), {} when absent/bad."""
+    if node_dir is None:
+        return {}
+    try:
+        data = json.loads((node_dir / "rank_pids.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): [p for p in v if isinstance(p, int)] for k, v in data.items() if isinstance(v, list)
+    }
 
 
 def _rank_files(node_dir: Path, launcher: str | None, local: int) -> list[Path]:

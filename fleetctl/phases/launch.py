@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
+from fleetctl.plan.launchers.paddle import LOG_DIR as PADDLE_LOG_DIR
 from fleetctl.plan.launchers.torchrun import LOG_DIR as TORCHRUN_LOG_DIR
 
 if TYPE_CHECKING:
@@ -163,9 +164,19 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
-    if np.env.get("FLEET_LAUNCHER") == "torchrun":  # per-rank files the supervisor tails
-        nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
+    if np.cwd not in (np.run_dir, np.code_dir):  # the job's work folder: a copy of the code
+        spec["work_seed"] = conn.expand(np.code_dir)
+    # per-rank files the supervisor tails into whole ``[rank G]`` lines
+    nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
+    if np.env.get("FLEET_LAUNCHER") == "torchrun":
         spec["rank_logs"] = {"dir": TORCHRUN_LOG_DIR, "base": np.node_rank * nproc}
+    elif np.env.get("FLEET_LAUNCHER") == "paddle":  # paddle also copies workerlog.0 to stdout
+        spec["rank_logs"] = {
+            "dir": PADDLE_LOG_DIR,
+            "base": np.node_rank * nproc,
+            "layout": "paddle",
+            "echo": "workerlog.0",
+        }
     return spec
 
 

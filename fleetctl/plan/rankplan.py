@@ -69,6 +69,9 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     backend: str | None = None
     created: str | None = None  # ISO-8601 time the job layer stamped, recorded in plan.json
+    # The job an attempt belongs to (None: this job id): every attempt of a job runs in the
+    # same work folder, so what the script writes to relative paths survives a retry.
+    work_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
@@ -365,6 +368,7 @@ def make_plan(
         f = facts.get(n.name) or NodeFacts()
         workdir = n.workdir.rstrip("/") or "/"
         run_dir = posixpath.join(workdir, "runs", spec.job_id)
+        work_dir = posixpath.join(workdir, WORK_DIR, spec.work_id or spec.job_id)
         node_code = code_dir or posixpath.join(workdir, "code", code_digest or PENDING_DIGEST)
         slot = NodePlan(
             host=n.name,
@@ -376,7 +380,7 @@ def make_plan(
             workdir=workdir,
             code_dir=node_code,
             run_dir=run_dir,
-            cwd=run_dir,
+            cwd=work_dir,
             gpus=visible[n.name],
         )
         env = _node_env(ctx, slot, spec)
@@ -410,6 +414,9 @@ def make_plan(
 
 
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+# Under the node workdir: ``work/<job>`` is the job's working directory, a copy of the code
+# snapshot the node's supervisor makes once per job (remote/supervisor.seed_work_folder).
+WORK_DIR = "work"
 
 
 def _visible_gpus(node: Node, spec: JobSpec) -> tuple[str, ...]:

@@ -36,12 +36,14 @@ folder: regular files and folders only). This file holds the one /proc/PID/stat 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import io
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +57,9 @@ PROGRESS_FILE = "progress"  # FLEET_PROGRESS_FILE: touched by the job when it mo
 CONSOLE_LOG = "console.log"
 STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) before it stops
 MAX_LINE = 65536
+ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
+ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for
+RANK_PIDS = "rank_pids.json"  # local rank -> pids of its processes, for ranks.json
 MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
@@ -463,6 +468,13 @@ class Supervisor:
         self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
         self.port_claims: list = []  # this job's port claims on this host, freed at the end
         self.emit_lock = threading.Lock()  # one line at a time into console.log and the stream
+        self.tail_lock = threading.Lock()  # one reader at a time per rank file (pump, tailer)
+        self.rank_files: dict = {}  # rank log path -> [offset, pending bytes, tag]
+        # paddle copies local rank 0's workerlog to its stdout: those lines already went out
+        # as ``[rank G]`` lines from the file; the pump drops the copies (see _is_echo)
+        self.echo_path: str | None = None
+        self.echo_lines: collections.deque = collections.deque(maxlen=ECHO_WINDOW)
+        self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -483,6 +495,7 @@ class Supervisor:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(content)
+        seed_work_folder(self.spec.get("cwd"), self.spec.get("work_seed"))
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
         self.port_claims = adopt_port_claims(self.job_id)
@@ -553,7 +566,26 @@ class Supervisor:
             if not line:
                 break
             # readline returns less than MAX_LINE without a newline only at EOF: the line ends
-            self.emit(line, ends=line.endswith(b"\n") or len(line) < MAX_LINE)
+            ends = line.endswith(b"\n") or len(line) < MAX_LINE
+            if self.echo_path is not None and ends and self._is_echo(line):
+                continue
+            self.emit(line, ends=ends)
+
+    def _is_echo(self, line: bytes) -> bool:
+        """Whether a launcher stdout line is paddle's copy of a line of local rank 0's file.
+        paddle reads the file to print it, so the line is in the file by now: read the file
+        first (its lines go out tagged), then match among the next lines not yet echoed."""
+        self._tail_path(self.echo_path or "", final=False)
+        text = line.rstrip(b"\n")
+        with self.tail_lock:
+            for i, seen in enumerate(self.echo_lines):
+                if seen == text:
+                    for _ in range(i + 1):
+                        self.echo_lines.popleft()
+                    return True
+                if i >= ECHO_LOOKAHEAD:
+                    break
+        return False
 
     def emit(self, line: bytes, *, ends: bool, log: bytes | None = None) -> None:
         """One line (or a piece of a long one, ``ends`` False) into console.log (``log``: other
@@ -574,21 +606,25 @@ class Supervisor:
         cfg = self.spec.get("rank_logs") or {}
         root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
         base = int(cfg.get("base") or 0)
-        files: dict = {}  # path -> [offset, pending bytes, tag]
         while True:
             last = done.wait(0.1)
-            for dirpath, _dirs, _names in os.walk(root):
-                local = os.path.basename(dirpath)
-                if not local.isdigit():
-                    continue
-                for name in ("stdout.log", "stderr.log"):
-                    path = os.path.join(dirpath, name)
-                    if path not in files and os.path.exists(path):
-                        files[path] = [0, b"", b"[rank %d] " % (base + int(local))]
-            for path, st in files.items():
-                self._tail_one(path, st, final=last)
+            for path, local in _rank_log_files(root, str(cfg.get("layout") or "torchrun")):
+                with self.tail_lock:
+                    if path not in self.rank_files:
+                        self.rank_files[path] = [0, b"", b"[rank %d] " % (base + local)]
+            for path in list(self.rank_files):
+                self._tail_path(path, final=last)
             if last:
                 return
+
+    def _tail_path(self, path: str, *, final: bool) -> None:
+        with self.tail_lock:
+            st = self.rank_files.get(path)
+            if st is None and path == self.echo_path and os.path.exists(path):
+                base = int((self.spec.get("rank_logs") or {}).get("base") or 0)
+                st = self.rank_files[path] = [0, b"", b"[rank %d] " % base]
+            if st is not None:
+                self._tail_one(path, st, final=final)
 
     def _tail_one(self, path: str, st: list, *, final: bool) -> None:
         try:
@@ -604,6 +640,8 @@ class Supervisor:
             if nl < 0:
                 break
             self.emit(st[2] + buf[: nl + 1], ends=True)
+            if path == self.echo_path:
+                self.echo_lines.append(buf[:nl])
             buf = buf[nl + 1 :]
         if len(buf) >= MAX_LINE:  # bounded: a very long line goes on in pieces
             self.emit(st[2] + buf, ends=False)
@@ -636,6 +674,33 @@ class Supervisor:
                     "on; the stream to fleetctl goes on".encode(),
                     must=True,
                 )
+
+    def watch_rank_pids(self, done: threading.Event) -> None:
+        """Which process is which local rank (``LOCAL_RANK`` torchrun/deepspeed,
+        ``PADDLE_LOCAL_RANK`` paddle in its env): the topmost one per rank, each new one (a
+        launcher restart) added, into ``rank_pids.json`` for the controller's ``ranks.json``.
+        Often at first, then every few seconds: ranks start once, restarts are rare (a rank
+        that ends within a fraction of a second may go unseen: its pid stays unknown)."""
+        assert self.proc is not None
+        if self.spec.get("env", {}).get("FLEET_LAUNCHER") in ("plain", "command"):
+            self.rank_pids = {"0": [self.proc.pid]}
+            _write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
+            return
+        t0 = time.monotonic()
+        while True:
+            age = time.monotonic() - t0
+            if done.wait(0.2 if age < 10 else 1.0 if age < 60 else 5.0):
+                return
+            found = rank_processes(self.proc.pid)
+            changed = False
+            for local, pid in found:
+                pids = self.rank_pids.setdefault(str(local), [])
+                if pid not in pids:
+                    pids.append(pid)
+                    changed = True
+            if changed:
+                with contextlib.suppress(OSError):
+                    _write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
 
     def heartbeats(self, done: threading.Event) -> None:
         """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
@@ -692,9 +757,14 @@ class Supervisor:
         pump.start()
         ranks_done = threading.Event()
         tailer = None
-        if self.spec.get("rank_logs"):
+        cfg = self.spec.get("rank_logs") or {}
+        if cfg.get("echo") is not None:
+            root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
+            self.echo_path = os.path.join(root, str(cfg["echo"]))
+        if cfg:
             tailer = threading.Thread(target=self.tail_ranks, args=(ranks_done,), daemon=True)
             tailer.start()
+        threading.Thread(target=self.watch_rank_pids, args=(done,), daemon=True).start()
         if not self.detach:
             threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
             threading.Thread(target=self.listen, daemon=True).start()
@@ -1352,6 +1422,87 @@ MODES = {
     "mark-stop": cmd_mark_stop,
     "clean": cmd_clean,
 }
+
+
+def rank_processes(leader: int) -> list:
+    """(local rank, pid) of the topmost process of each local rank under ``leader``."""
+    children: dict = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st is not None and st[0] not in ("Z", "X"):
+                children.setdefault(st[1], []).append(int(name))
+    out = []
+    todo = [(leader, None)]
+    while todo:  # depth first; a rank's own children (data loaders) share its LOCAL_RANK
+        pid, parent_rank = todo.pop()
+        local = _local_rank(pid)
+        if local is not None and local != parent_rank:
+            out.append((local, pid))
+        todo.extend((c, local if local is not None else parent_rank) for c in children.get(pid, []))
+    return sorted(out)
+
+
+def _local_rank(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    for e in entries:
+        for key in (b"PADDLE_LOCAL_RANK=", b"LOCAL_RANK="):
+            if e.startswith(key) and e[len(key) :].isdigit():
+                return int(e[len(key) :])
+    return None
+
+
+def _rank_log_files(root: str, layout: str) -> list:
+    """(path, local rank) of each local rank's output file the launcher made so far:
+    torchrun ``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log``, paddle
+    ``<dir>/workerlog.<local>``."""
+    out = []
+    if layout == "paddle":
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(root)):
+                local = name[len("workerlog.") :]
+                if name.startswith("workerlog.") and local.isdigit():
+                    out.append((os.path.join(root, name), int(local)))
+        return out
+    for dirpath, _dirs, _names in os.walk(root):
+        local = os.path.basename(dirpath)
+        if not local.isdigit():
+            continue
+        for name in ("stdout.log", "stderr.log"):
+            path = os.path.join(dirpath, name)
+            if os.path.exists(path):
+                out.append((path, int(local)))
+    return out
+
+
+def seed_work_folder(cwd: str | None, seed: str | None) -> None:
+    """The job's work folder (its cwd, shared by every attempt of the job) starts as a copy
+    of the code snapshot: relative paths resolve as in the user's checkout, and what the job
+    writes there (checkpoints, downloaded data) stays the job's own, never the snapshot's
+    (which other jobs share), and survives a retry. Made once, under a temporary name and
+    renamed: nodes sharing one home race safely, the loser drops its copy."""
+    if not cwd or not seed:
+        return
+    work = os.path.abspath(os.path.expanduser(cwd))
+    if os.path.isdir(work):
+        return
+    src = os.path.abspath(os.path.expanduser(seed))
+    parent = os.path.dirname(work)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, symlinks=True)
+    os.chmod(tmp, 0o700)
+    try:
+        os.rename(tmp, work)
+    except OSError:  # another node of a shared home made it first: theirs is the same copy
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(work):
+            raise
 
 
 def main(argv: list[str] | None = None) -> int:

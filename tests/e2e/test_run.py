@@ -82,11 +82,14 @@ print("argv-json: " + json.dumps(sys.argv[1:]), flush=True)
 """
 
 PINFO = """\
-import os
+import os, time
 e = os.environ
 print("paddle-info " + " ".join(f"{k}={e.get(k)}" for k in (
     "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_CURRENT_ENDPOINT",
     "PADDLE_TRAINER_ENDPOINTS", "FLEET_NODE_RANK")), flush=True)
+for i in range(10):
+    print(f"pline rank={e.get('PADDLE_TRAINER_ID')} i={i}", flush=True)
+    time.sleep(0.1)
 """
 
 
@@ -97,7 +100,7 @@ r = int(os.environ["RANK"])
 for i in range(40):
     sys.stdout.write(f"part-a rank={r} i={i} ")
     sys.stdout.flush()
-    time.sleep(0.004)
+    time.sleep(0.02)  # long enough for the supervisor to see its pid
     sys.stdout.write(f"part-b rank={r} i={i}\\n")
     sys.stdout.flush()
 if r == 3 and sys.argv[1:] == ["fail"]:
@@ -616,6 +619,48 @@ def test_paddle_gives_each_node_the_trainer_id_of_its_place_in_ips(
     ]
 
 
+def test_every_paddle_rank_streams_whole_tagged_lines_once_with_its_pid_in_ranks_json(
+    lab3: Lab, runs, code, tmp_path: Path, paddle_python: str
+) -> None:
+    """paddle writes each local rank to ``workerlog.N`` and copies only workerlog.0 to its
+    stdout: every rank of every node must reach the stream once, tagged with its global rank,
+    and ranks.json must name each rank's process."""
+    r = runs(lab3, "pinfo.py", launcher="paddle", code_dir=code,
+             inventory=_paddle_inventory(lab3, tmp_path, paddle_python),
+             opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
+    assert r.finish() == 0, r.text()
+    tagged = re.compile(r"^\[(\d) (node\d)\] pline rank=(\d) i=(\d)$")
+    seen: list[tuple[int, int]] = []
+    for line in r.out:
+        if "pline" in line:
+            m = tagged.match(line)
+            assert m, f"untagged or duplicated paddle line: {line!r}"
+            g, host, rank, i = m.groups()
+            assert g == rank and host == f"node{int(g) // 2 + 1}", line
+            seen.append((int(g), int(i)))
+    assert sorted(seen) == [(g, i) for g in range(6) for i in range(10)]  # each exactly once
+    console = (r.folder / "1-node2" / "console.log").read_text()
+    assert "[rank 3] pline rank=3 i=9\n" in console and "\npline rank=2" not in console
+    ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
+    assert [(x["rank"], x["local_rank"], x["logs"]) for x in ranks] == [
+        (g, g % 2, [f"{g // 2}-node{g // 2 + 1}/log/workerlog.{g % 2}"]) for g in range(6)
+    ]
+    pids = [x["pid"] for x in ranks]
+    assert all(isinstance(p, int) and p > 1 for p in pids) and len(set(pids[:2])) == 2, pids
+
+
+def _paddle_inventory(lab: Lab, tmp_path: Path, python: str) -> Path:
+    import yaml
+
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    for host in inv["all"]["children"]["nodes"]["hosts"].values():
+        host["fleetctl_python"] = python
+        host["fleetctl_gpus"] = 0  # CPU wheel: no --devices, gloo
+    inventory = tmp_path / "paddle-hosts.yml"
+    inventory.write_text(yaml.safe_dump(inv))
+    return inventory
+
+
 def test_paddle_endpoint_ports_are_claimed_on_every_node_and_a_held_one_is_refused(
     lab3: Lab, runs, code
 ) -> None:
@@ -708,6 +753,8 @@ def test_two_torchrun_ranks_per_node_give_whole_lines_tagged_with_their_global_r
     assert [(x["rank"], x["node"], x["local_rank"]) for x in ranks] == [
         (g, f"node{g // 2 + 1}", g % 2) for g in range(6)
     ]
+    pids = [x["pid"] for x in ranks]  # torchrun's workers, not torchrun itself
+    assert all(isinstance(p, int) and p > 1 for p in pids) and len(set(pids[:2])) == 2, pids
     out3 = next(p for p in ranks[3]["logs"] if p.endswith("stdout.log"))
     assert out3.startswith("1-node2/torchrun/") and out3.endswith("/attempt_0/1/stdout.log")
     assert "part-b rank=3 i=39" in (r.folder / out3).read_text()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -82,6 +83,25 @@ if rank == 1 and not os.path.exists(marker):
 print(f"ok rank={rank}", flush=True)
 """
 
+# pytorch/examples' habit: data read from a folder beside the script, a snapshot written to
+# a relative path and resumed from after a restart
+RESUME = """\
+import os, sys
+rank = int(os.environ["FLEET_NODE_RANK"])
+data = open("data/input.txt").read().split()
+step = int(open("snapshot.txt").read()) if os.path.exists("snapshot.txt") else 0
+print(f"rank={rank} cwd={os.getcwd()} start at step {step}", flush=True)
+while step < len(data):
+    step += 1
+    with open("snapshot.tmp", "w") as f:
+        f.write(str(step))
+    os.replace("snapshot.tmp", "snapshot.txt")
+    if step == 3 and rank == 1 and not os.path.exists("died-once"):
+        open("died-once", "w").close()
+        sys.exit(137)
+print(f"rank={rank} done at step {step}: {data[step - 1]}", flush=True)
+"""
+
 SERVER = """\
 import os, socket
 port = int(os.environ["FLEET_PORT_http"])
@@ -144,8 +164,11 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("worker.py", WORKER),
         ("job.yml", JOB_YML),
         ("silent.py", SILENT),
+        ("resume.py", RESUME),
     ):
         (d / name).write_text(text)
+    (d / "data").mkdir()
+    (d / "data" / "input.txt").write_text("a b c d e f\n")
     return d
 
 
@@ -600,6 +623,35 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
     assert f"attempt job={job_id}.2 rank=1" in console and "ok rank=1" in console
     assert "attempt 1 failed" in p.stderr and "attempt 2 of 3" in p.stderr
     assert left_over(lab3, job_id) == {} and left_over(lab3, f"{job_id}.2") == {}
+
+
+def test_a_relative_snapshot_survives_the_retry_in_the_jobs_work_folder(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """The script reads ``data/`` beside it and resumes from ``snapshot.txt``, both relative
+    paths: attempt 2 runs in the same work folder (a copy of the code), so it resumes where
+    attempt 1 stopped; each attempt's logs stay in its own run folder, and the shared code
+    snapshot never sees the job's files."""
+    runs = tmp_path / "runs"
+    args = run_args(lab3, runs, code, "--max-retries", "1", "--retry-backoff", "0.2")
+    p = fleetctl(*args, str(code / "resume.py"))
+    assert p.exit_code == 0, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    job_id = rec["job_id"]
+    assert rec["attempts"] == 2
+    first = (runs / job_id / "1-node2" / "console.log").read_text()
+    second = (runs / f"{job_id}.2" / "1-node2" / "console.log").read_text()
+    assert "start at step 0" in first and "done" not in first
+    assert "start at step 3" in second and "done at step 6: f" in second
+    [work] = re.findall(r"cwd=(\S+) start", second)
+    assert work.endswith(f"/.fleetctl/work/{job_id}") and f"cwd={work} " in first
+    node = next(n for n in load_inventory(str(lab3.inventory_path)).nodes if n.name == "node2")
+    h = node_host(node)
+    assert h.file(f"{work}/snapshot.txt").content_string == "6"
+    code_dir = json.loads((runs / job_id / "plan.json").read_text())["nodes"][0]["code_dir"]
+    snapshot = work.rsplit("/work/", 1)[0] + "/" + code_dir.split("/.fleetctl/", 1)[1]
+    assert h.file(f"{snapshot}/data/input.txt").exists  # the pushed code, untouched:
+    assert not h.file(f"{snapshot}/snapshot.txt").exists
 
 
 def run_and_crash(

@@ -244,8 +244,9 @@ def test_each_role_is_its_own_launcher_world_with_global_node_ranks() -> None:
     server, w0, w1 = plan.nodes
     assert [n.node_rank for n in plan.nodes] == [0, 1, 2]
     assert server.argv == ("sh", "-c", 'python3 server.py --flag "a b"')
-    assert server.cwd == server.code_dir  # commands run in the pushed code
-    assert w0.argv == ("python3", "../../code/<code-digest>/worker.py", "--steps", "3", "true")
+    # every role runs in the job's work folder (a copy of the pushed code), as in a checkout
+    assert server.cwd == w0.cwd == "~/.fleetctl/work/job1"
+    assert w0.argv == ("python3", "worker.py", "--steps", "3", "true")
     assert (w0.env["RANK"], w1.env["RANK"], w1.env["WORLD_SIZE"]) == ("0", "1", "2")
     assert w1.env["MASTER_ADDR"] == "10.1.0.2"  # the role's own rank 0, training address
     assert w1.env["FLEET_HOST_IP_worker_0"] == "10.1.0.2"
@@ -268,7 +269,8 @@ def test_paddle_ps_builds_servers_and_trainers_lists_from_two_roles() -> None:
         assert list(n.argv[:3]) == ["python3", "-m", "paddle.distributed.launch"]
         assert list(n.argv[3:5]) == want_common
         assert n.argv[5] == f"--host={addr}" and "--gloo_port=30001" in n.argv
-        assert n.argv[-2:] == ("../../code/<code-digest>/ps.py", "--x")
+        assert n.argv[-2:] == ("ps.py", "--x")
+        assert "--log_dir=../../runs/j/log" in n.argv
     with pytest.raises(PlanError, match="prefix"):
         nodes = [Node("a", "10.0.0.1"), Node("b", "10.0.0.12")]
         job2 = parse_job_file(

@@ -80,7 +80,8 @@ def test_default_fleet_is_this_machine() -> None:
     (node,) = plan["nodes"]
     assert node["node_rank"] == 0 and plan["master_addr"] == "127.0.0.1"
     assert node["argv"][0] == sys.executable
-    assert node["argv"][-3].endswith("/examples/ddp_train.py")
+    assert node["argv"][-3] == "examples/ddp_train.py"  # relative to the work folder
+    assert node["cwd"].startswith("~/.fleetctl/work/")
     assert node["argv"][-2:] == ["--epochs", "1"]
 
 

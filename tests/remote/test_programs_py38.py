@@ -662,3 +662,54 @@ def test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit(run38: R
 
     ok = run38("exec_timeout.py", ["30", "1", jid("x-ok"), "echo fine; exit 7"])
     assert ok.returncode == 7 and ok.stdout == b"fine\n" and ok.stderr == b""
+
+
+# A paddle-like launcher: each local rank writes its workerlog, and the launcher copies
+# workerlog.0 to its stdout (torn reads included) next to its own "LAUNCH" lines.
+FAKE_PADDLE = r"""
+import os, subprocess, sys, time
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+kids = [subprocess.Popen([sys.executable, "-c",
+        "import os, sys, time\n"
+        "r = os.environ['PADDLE_LOCAL_RANK']\n"
+        f"f = open('{d}/workerlog.' + r, 'a', buffering=1)\n"
+        "time.sleep(0.5)\n"
+        "for i in range(5):\n"
+        "    f.write(f'w{r} i={i} '); f.flush(); time.sleep(0.02); f.write('end\\n')\n"],
+        env={**os.environ, "PADDLE_LOCAL_RANK": str(r)}) for r in (0, 1)]
+print("LAUNCH INFO started", flush=True)
+src, done = open(d + "/workerlog.0", "a+"), False
+src.seek(0)
+while not done:
+    done = all(k.poll() is not None for k in kids)
+    sys.stdout.write(src.read()); sys.stdout.flush()
+    time.sleep(0.05)
+print("LAUNCH INFO done", flush=True)
+"""
+
+
+def test_the_supervisor_seeds_the_work_folder_tails_paddle_ranks_once_and_records_pids(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    (code / "data").mkdir(parents=True)
+    (code / "data" / "x.txt").write_text("x")
+    (code / "fake_paddle.py").write_text(FAKE_PADDLE)
+    work = tmp_path / "w" / "work" / "job"
+    job = jid("p-paddle")
+    run_dir = Path(jobs.run_dir(job))
+    argv = [jobs.python, "fake_paddle.py", str(run_dir / "log")]
+    spec = {"cwd": str(work), "work_seed": str(code), "env": {"FLEET_LAUNCHER": "paddle"}}
+    spec["rank_logs"] = {"dir": "log", "base": 2, "layout": "paddle", "echo": "workerlog.0"}
+    run = jobs.start(job, argv, **spec)
+    lines = [text for kind, text in drain(run) if kind == "L"]
+    assert (work / "data" / "x.txt").read_text() == "x"  # the copy of the code
+    assert not (code / "log").exists()  # the snapshot never sees what the job writes
+    ranks = sorted(x for x in lines if "i=" in x)
+    assert ranks == sorted(
+        [f"[rank 2] w0 i={i} end" for i in range(5)] + [f"[rank 3] w1 i={i} end" for i in range(5)]
+    ), lines  # paddle's copy of workerlog.0 dropped, every rank's line once and whole
+    assert "LAUNCH INFO started" in lines and "LAUNCH INFO done" in lines
+    pids = json.loads((run_dir / "rank_pids.json").read_text())
+    assert sorted(pids) == ["0", "1"] and all(len(v) == 1 for v in pids.values())

@@ -91,9 +91,17 @@ def _parts(path: str) -> list[str]:
     return head + [p for p in norm.split("/") if p and p != "."]
 
 
+def run_path(node: NodePlan, rel: str) -> str:
+    """A file of the node run folder (launcher logs, the hostfile) as argv names it: the
+    launcher runs in the job's work folder, not in the run folder."""
+    return path_from(node.cwd, posixpath.join(node.run_dir, rel))
+
+
 def script_path(node: NodePlan, script: str) -> str:
-    """The user's script as argv names it, relative to the node's cwd when possible."""
-    return path_from(node.cwd, posixpath.join(node.code_dir, script))
+    """The user's script as argv names it, relative to the node's cwd when possible: the work
+    folder's copy (a plan without one, cwd = run folder: the code snapshot's)."""
+    root = node.code_dir if node.cwd == node.run_dir else node.cwd
+    return path_from(node.cwd, posixpath.join(root, script))
 
 
 def python_path(node: NodePlan) -> str:

@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
-from fleetctl.plan.launchers.base import LaunchContext, Launcher, python_path, script_path
+from fleetctl.plan.launchers.base import (
+    LaunchContext,
+    Launcher,
+    python_path,
+    run_path,
+    script_path,
+)
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
@@ -27,7 +33,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         python_path(node),
         "-m",
         "deepspeed.launcher.runner",
-        f"--hostfile={HOSTFILE}",
+        f"--hostfile={run_path(node, HOSTFILE)}",
         "--no_ssh",
         f"--node_rank={node.node_rank}",
         f"--master_addr={ctx.master_addr}",

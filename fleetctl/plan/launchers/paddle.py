@@ -28,7 +28,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
-from fleetctl.plan.launchers.base import LaunchContext, Launcher, python_path, script_path
+from fleetctl.plan.launchers.base import (
+    LaunchContext,
+    Launcher,
+    python_path,
+    run_path,
+    script_path,
+)
 from fleetctl.plan.launchers.deepspeed import _require_unique
 
 if TYPE_CHECKING:
@@ -54,7 +60,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         procs,
         f"--start_port={ctx.master_port}",
         f"--job_id={ctx.job_id}",
-        f"--log_dir={LOG_DIR}",
+        f"--log_dir={run_path(node, LOG_DIR)}",
         *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fleetctl.plan.launchers.base import LaunchContext, Launcher, python_path, script_path
+from fleetctl.plan.launchers.base import (
+    LaunchContext,
+    Launcher,
+    python_path,
+    run_path,
+    script_path,
+)
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
@@ -34,7 +40,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--rdzv-id={ctx.job_id}",
         f"--master-addr={ctx.master_addr}",
         f"--master-port={ctx.master_port}",
-        f"--log-dir={LOG_DIR}",
+        f"--log-dir={run_path(node, LOG_DIR)}",
         # each local rank's stdout/stderr into its own files under --log-dir; the supervisor
         # tails them into whole lines tagged with the global rank (torchrun's own --tee would
         # splice partial lines of different ranks)

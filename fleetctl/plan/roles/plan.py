@@ -109,8 +109,7 @@ def make_role_plan(
                 np2 = replace(
                     np2,
                     argv=job.role(t.role).command,
-                    cwd=np2.code_dir,
-                    env={**env, "FLEET_LAUNCHER": "command", "FLEET_CODE_DIR": "."},
+                    env={**env, "FLEET_LAUNCHER": "command"},
                 )
             merged[t.rank] = np2
     nodes = tuple(n for n in merged if n is not None)
@@ -159,6 +158,7 @@ def _role_plans(
             env={},
             backend=role.backend or job.backend or base.backend,
             created=base.created,
+            work_id=base.work_id,
         )
         try:
             plan = make_plan([t.node for t in rtasks], spec, facts or None, code_digest=code_digest)
@@ -178,7 +178,7 @@ def _paddle_ps_plans(
     code_digest: str | None,
 ) -> list[tuple[list[Task], Plan]]:
     """Every task runs paddle's launcher in PS mode with the same --servers/--trainers lists."""
-    from fleetctl.plan.launchers.base import python_path, script_path
+    from fleetctl.plan.launchers.base import python_path, run_path, script_path
 
     servers = [t for t in tasks if t.role in PADDLE_SERVER_ROLES]
     trainers = [t for t in tasks if t.role in PADDLE_TRAINER_ROLES]
@@ -216,6 +216,7 @@ def _paddle_ps_plans(
         env={},
         backend=job.backend or base.backend,
         created=base.created,
+        work_id=base.work_id,
     )
     plan = make_plan([t.node for t in tasks], spec, facts or None, code_digest=code_digest)
     nodes = []
@@ -229,7 +230,7 @@ def _paddle_ps_plans(
             f"--host={addrs[t.node.name]}",
             f"--gloo_port={gloo}",
             f"--job_id={base.job_id}",
-            "--log_dir=log",
+            f"--log_dir={run_path(np, 'log')}",
             script_path(np, str(job.script)),
             *job.args,
         )
