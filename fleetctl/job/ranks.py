@@ -41,7 +41,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
             logs: list[str] = []
             if here is not None and here.is_dir():
                 logs = [str(p.relative_to(result.folder)) for p in _rank_files(
-                    here, plan.launcher, local
+                    here, plan.launcher, local, node.rank * nproc + local
                 )]  # fmt: skip
             out.append(
                 {
@@ -73,12 +73,14 @@ def _rank_pids(node_dir: Path | None) -> dict[str, list[int]]:
     }
 
 
-def _rank_files(node_dir: Path, launcher: str | None, local: int) -> list[Path]:
+def _rank_files(node_dir: Path, launcher: str | None, local: int, rank: int) -> list[Path]:
     if launcher == "torchrun":  # every attempt of torchrun's restarts, in order
         found = sorted(node_dir.glob(f"torchrun/*/attempt_*/{local}/std*.log"))
         return [p for p in found if p.name in ("stdout.log", "stderr.log")]
     if launcher == "paddle":
         return [p for p in [node_dir / "log" / f"workerlog.{local}"] if p.is_file()]
+    if launcher == "deepspeed":  # named by global rank; one per launch (by time)
+        return sorted(node_dir.glob(f"deepspeed/*_rank{rank}.log"))
     return [p for p in [node_dir / "console.log"] if p.is_file()]
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
+from fleetctl.plan.launchers.deepspeed import LOG_DIR as DEEPSPEED_LOG_DIR
 from fleetctl.plan.launchers.paddle import LOG_DIR as PADDLE_LOG_DIR
 from fleetctl.plan.launchers.torchrun import LOG_DIR as TORCHRUN_LOG_DIR
 
@@ -177,6 +178,8 @@ def node_spec(
             "layout": "paddle",
             "echo": "workerlog.0",
         }
+    elif np.env.get("FLEET_LAUNCHER") == "deepspeed":  # files named by global rank
+        spec["rank_logs"] = {"dir": DEEPSPEED_LOG_DIR, "base": 0, "layout": "deepspeed"}
     return spec
 
 

@@ -1457,10 +1457,17 @@ def _local_rank(pid: int) -> int | None:
 
 
 def _rank_log_files(root: str, layout: str) -> list:
-    """(path, local rank) of each local rank's output file the launcher made so far:
-    torchrun ``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log``, paddle
-    ``<dir>/workerlog.<local>``."""
+    """(path, rank) of each local rank's output file the launcher made so far: torchrun
+    ``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log``, paddle ``<dir>/workerlog.<local>``
+    (local ranks), deepspeed ``<dir>/<time>_rank<G>.log`` (global ranks)."""
     out = []
+    if layout == "deepspeed":
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(root)):
+                stem, _, rank = name[: -len(".log")].rpartition("_rank")
+                if stem and name.endswith(".log") and rank.isdigit():
+                    out.append((os.path.join(root, name), int(rank)))
+        return out
     if layout == "paddle":
         with contextlib.suppress(OSError):
             for name in sorted(os.listdir(root)):

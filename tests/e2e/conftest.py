@@ -28,3 +28,21 @@ def paddle_python() -> str:
     if not ok:
         skip_or_fail(f"paddlepaddle not importable by {python} (.ci/run installs it)")
     return python
+
+
+@pytest.fixture(scope="session")
+def deepspeed_python() -> str:
+    """A python that can import deepspeed's real launcher (.ci/run builds it in its own venv);
+    missing: a skip on a developer's machine, a failure in CI."""
+    python = os.environ.get(
+        "FLEETCTL_DEEPSPEED_PYTHON", "/var/cache/fleetctl-ci/deepspeed-venv/bin/python"
+    )
+    ok = os.path.exists(python) and (
+        subprocess.run(
+            [python, "-c", "import deepspeed.launcher.launch"], capture_output=True, timeout=120
+        ).returncode
+        == 0
+    )
+    if not ok:
+        skip_or_fail(f"deepspeed not importable by {python} (.ci/run installs it)")
+    return python

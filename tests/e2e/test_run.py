@@ -108,6 +108,26 @@ if r == 3 and sys.argv[1:] == ["fail"]:
     sys.exit(1)
 """
 
+# A deepspeed-launched script: --local_rank=N from the launcher, the rest from its env; a real
+# gloo all_reduce across every rank of every node.
+DSJOB = """\
+import argparse, os, time
+import torch
+import torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--local_rank", type=int)
+a = p.parse_args()
+assert a.local_rank == int(os.environ["LOCAL_RANK"])
+dist.init_process_group("gloo")
+r, n = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(r)])
+dist.all_reduce(t)
+for i in range(5):
+    print(f"ds rank={r} of {n} sum={int(t.item())} i={i}", flush=True)
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
 
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -118,6 +138,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "pinfo.py").write_text(PINFO)
     (d / "escape.py").write_text(ESCAPE)
     (d / "quiet.py").write_text(QUIET)
+    (d / "dsjob.py").write_text(DSJOB)
     return d
 
 
@@ -626,7 +647,7 @@ def test_every_paddle_rank_streams_whole_tagged_lines_once_with_its_pid_in_ranks
     stdout: every rank of every node must reach the stream once, tagged with its global rank,
     and ranks.json must name each rank's process."""
     r = runs(lab3, "pinfo.py", launcher="paddle", code_dir=code,
-             inventory=_paddle_inventory(lab3, tmp_path, paddle_python),
+             inventory=_python_inventory(lab3, tmp_path, paddle_python),
              opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
     assert r.finish() == 0, r.text()
     tagged = re.compile(r"^\[(\d) (node\d)\] pline rank=(\d) i=(\d)$")
@@ -649,7 +670,36 @@ def test_every_paddle_rank_streams_whole_tagged_lines_once_with_its_pid_in_ranks
     assert all(isinstance(p, int) and p > 1 for p in pids) and len(set(pids[:2])) == 2, pids
 
 
-def _paddle_inventory(lab: Lab, tmp_path: Path, python: str) -> Path:
+def test_a_deepspeed_job_runs_every_rank_and_streams_each_ranks_own_log_file(
+    lab3: Lab, runs, code, tmp_path: Path, deepspeed_python: str
+) -> None:
+    """deepspeed's real runner (``--no_ssh``, one per node, fleetctl's hostfile) with
+    ``--enable_each_rank_log``: every rank's output lands in its own file, streamed as whole
+    ``[rank G]`` lines, and ranks.json names the file and the process of each rank."""
+    r = runs(lab3, "dsjob.py", launcher="deepspeed", code_dir=code,
+             inventory=_python_inventory(lab3, tmp_path, deepspeed_python),
+             opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
+    assert r.finish(240) == 0, r.text()
+    tagged = re.compile(r"^\[(\d) (node\d)\] ds rank=(\d) of 6 sum=15 i=(\d)$")
+    seen = []
+    for line in r.out:
+        if "ds rank=" in line:
+            m = tagged.match(line)
+            assert m, f"untagged, torn or wrong line: {line!r}"
+            g, host, rank, i = m.groups()
+            assert g == rank and host == f"node{int(g) // 2 + 1}", line
+            seen.append((int(g), int(i)))
+    assert sorted(seen) == [(g, i) for g in range(6) for i in range(5)]
+    ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
+    for x in ranks:
+        g = x["rank"]
+        [log] = x["logs"]
+        assert re.fullmatch(rf"{g // 2}-node{g // 2 + 1}/deepspeed/\d{{14}}_rank{g}\.log", log)
+        assert f"ds rank={g} of 6 sum=15 i=4" in (r.folder / log).read_text()
+        assert isinstance(x["pid"], int) and x["pid"] > 1, x
+
+
+def _python_inventory(lab: Lab, tmp_path: Path, python: str) -> Path:
     import yaml
 
     inv = yaml.safe_load(lab.inventory_path.read_text())

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
 HOSTFILE = "hostfile"  # relative to the node run folder
+# deepspeed.launcher.launch writes each rank's stdout+stderr to <dir>/<YYYYmmddHHMMSS>_rank<G>.log
+# (G: the global rank); relative to the node run folder
+LOG_DIR = "deepspeed"
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
@@ -38,6 +41,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--node_rank={node.node_rank}",
         f"--master_addr={ctx.master_addr}",
         f"--master_port={ctx.master_port}",
+        f"--enable_each_rank_log={run_path(node, LOG_DIR)}",
         *_gpu_selection(ctx),
         *ctx.launcher_args,
         script_path(node, ctx.script),
@@ -101,6 +105,7 @@ OWNED = frozenset(
         "-e",
         "--launcher",
         "--force-multi",
+        "--enable-each-rank-log",
     }
 )
 
