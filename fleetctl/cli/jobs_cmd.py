@@ -64,7 +64,7 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
             (
                 r.job_id,
                 r.launcher or "-",
-                str(r.nodes),
+                str(r.nodes) + (f" (+{len(r.left_out)} left out)" if r.left_out else ""),
                 status,
                 (r.started or "-").replace("T", " ")[:19],
                 _fmt_duration(r.duration),
@@ -93,7 +93,9 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
             "detached": bool(h.job.get("detached")),
             "live": h.live,
             "folder": str(h.folder.path),
+            "attempt": h.job.get("attempt") or 1,
             "nodes": [s.to_dict() for s in states],
+            "left_out": h.job.get("left_out") or {},
         }
         if h.live:
             running = [s for s in states if s.state == "running" or s.processes]
@@ -108,6 +110,7 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         return
     click.echo(
         f"job {data['job_id']}: {data['status']}"
+        + (f" (attempt {data['attempt']})" if data["attempt"] > 1 else "")
         + (" (detached)" if data["detached"] else "")
         + (f", {data['running_nodes']} node(s) running" if "running_nodes" in data else "")
     )
@@ -131,6 +134,8 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         procs = f" {len(s.processes)} process(es)" if s.processes else ""
         err = f" ({s.error})" if s.error else ""
         click.echo(f"  [{s.rank} {s.host}] {s.state}{how}{procs}{err}")
+    for host, why in sorted(data["left_out"].items()):
+        click.echo(f"  [- {host}] left out: {why}")
     if data.get("hint"):
         click.echo(data["hint"], err=True)
 

@@ -91,6 +91,18 @@ def lab_group() -> None:
     is_flag=True,
     help="Keep this machine's ~/.bashrc on the hosts (default: a minimal one).",
 )
+@click.option(
+    "--user",
+    default=None,
+    metavar="NAME",
+    help="Log in as this non-root user (created if missing, removed by `lab down` then); "
+    "root's home is hidden on the hosts.",
+)
+@click.option(
+    "--shared-home",
+    is_flag=True,
+    help="With --user: one home directory shared by every host, as on an NFS home.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab status as JSON.")
 def lab_up(
     n: int,
@@ -100,6 +112,8 @@ def lab_up(
     name: str | None,
     subnet: str | None,
     machine_bashrc: bool,
+    user: str | None,
+    shared_home: bool,
     as_json: bool,
 ) -> None:
     """Start N hosts (node1..nodeN), each with its own sshd, and write DIR/hosts.yml."""
@@ -111,6 +125,8 @@ def lab_up(
         name=name,
         subnet=subnet,
         machine_bashrc=machine_bashrc,
+        user=user,
+        shared_home=shared_home,
     )
     st = lab.status(probe=False)
     if as_json:

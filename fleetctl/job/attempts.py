@@ -115,6 +115,7 @@ def run_attempts(
                 if spares:
                     assert want is not None
                     chosen, left_out = _choose(nodes, want, ruled_out, aspec, aopts, emit)
+                    aopts = dataclasses.replace(aopts, left_out=dict(left_out))
                     with Fleet(chosen, options.settings) as afleet:
                         result = run_job(aspec, chosen, aopts, on_event=on_event, fleet=afleet)
                 else:

@@ -52,6 +52,7 @@ class JobContext:
             launcher=spec.launcher,
             attempt=options.attempt,
             detached=options.detach,
+            left_out=options.left_out,
         )
         self.result.nodes = [
             NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)

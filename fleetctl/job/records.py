@@ -129,6 +129,7 @@ class RunRecord:
     detached: bool = False
     folder: str = ""
     roles: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)  # --nodes N, the latest attempt
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +143,7 @@ class RunRecord:
             "attempts": self.attempts,
             "detached": self.detached,
             "folder": self.folder,
+            "left_out": self.left_out,
         }
 
 
@@ -203,9 +205,15 @@ def list_records(runs_dir: str | Path) -> list[RunRecord]:
                 attempts=k,
                 detached=bool(j.get("detached")),
                 folder=str(j.get("folder") or Path(runs_dir) / base),
+                left_out=_left_out(j),
             )
         )
     return out
+
+
+def _left_out(job: dict[str, Any]) -> dict[str, str]:
+    data = job.get("left_out")
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def _parse_iso(text: str | None) -> float | None:

@@ -127,6 +127,8 @@ class JobResult:
     failed_ranks: list[dict[str, Any]] | None = None
     # What a fresh check of every host found after the failure (fleetctl.job.culprit).
     culprits: list[str] | None = None
+    # --nodes N: the hosts of the selection this attempt did not run on, and why
+    left_out: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -214,6 +216,7 @@ class JobResult:
             | ({} if self.attempts is None else {"attempts": self.attempts})
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | ({} if self.culprits is None else {"culprits": self.culprits})
+            | ({} if self.left_out is None else {"left_out": self.left_out})
             | (
                 {}
                 if self.stacks is None

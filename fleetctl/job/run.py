@@ -29,12 +29,14 @@ from fleetctl.job.runfolder import DEFAULT_RUNS_DIR
 from fleetctl.job.state import JobStatus
 from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
+from fleetctl.phases.reattach import reattach_stream
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
 if TYPE_CHECKING:
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
+    from fleetctl.phases.frames import Frame
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
@@ -65,6 +67,7 @@ class RunOptions:
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     allow_busy_gpus: bool = False  # GPUs with another job's processes: a warning, not a failure
     nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
+    left_out: dict[str, str] | None = None  # --nodes N: hosts this attempt left out, and why
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
@@ -123,11 +126,48 @@ def run_job(
     return job.result
 
 
+def _reattacher(fleet: Fleet, lost_timeout: float) -> Callable[[NodeRun], list[Frame]]:
+    """How the watcher reaches a silent node again: a new connection (the old transport may
+    be dead), tried again and again for the lost-node timeout (a link coming back answers the
+    next try at once, not after the kernel's SYN back-off); it replaces the old one."""
+
+    def reattach(run: NodeRun) -> list[Frame]:
+        from fleetctl.ssh.connection import connect
+
+        limit = max(1.0, lost_timeout)
+        deadline = time.monotonic() + limit
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                one = max(0.5, min(2.0, left))
+                conn = connect(run.node, dataclasses.replace(fleet.settings, connect_timeout=one))
+                break
+            except FleetctlError:
+                if time.monotonic() + 0.2 >= deadline:
+                    raise
+                time.sleep(0.2)
+        try:
+            frames = reattach_stream(run, conn, timeout=limit + 5.0)
+        except BaseException:
+            conn.close()
+            raise
+        run.conn = conn
+        # the old connection closes, its stream with it: the supervisor sees EOF and runs on
+        fleet.adopt(run.node, conn)
+        return frames
+
+    return reattach
+
+
 def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
     plan, options = job.plan, job.options
     assert plan is not None
-    watch = job.watch = Watch(lost_timeout=options.lost_timeout, heartbeat=options.heartbeat)
+    watch = job.watch = Watch(
+        lost_timeout=options.lost_timeout,
+        heartbeat=options.heartbeat,
+        reattach=_reattacher(fleet, options.lost_timeout),
+    )
     by_name = {n.name: n for n in job.nodes}
     job.state.launch()
     job.sync()

@@ -8,6 +8,7 @@ from pathlib import Path
 DEFAULT_PARENT = Path("/var/tmp/fleetctl-lab")
 REGISTRY = Path("/run/fleetctl-lab")
 WORKDIR = "/root/.fleetctl"  # root's default fleetctl workdir, made private per host
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")  # `lab up --user NAME`: a plain login name
 SSHD_PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_BASHRC = "/root/.bashrc"
 #: Hosts get this instead of the machine's ~/.bashrc (bash sources it for every SSH command;

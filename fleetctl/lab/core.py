@@ -42,6 +42,7 @@ from fleetctl.lab.constants import (
     REGISTRY,
     STATE_VERSION,
     STOP_TIMEOUT,
+    USER_RE,
     WORKDIR,
 )
 from fleetctl.lab.faults import _LabFaults
@@ -252,8 +253,14 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         machine_bashrc: bool = False,
         owner: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        user: str | None = None,
+        shared_home: bool = False,
     ) -> Lab:
-        """Create ``n`` hosts and wait until every sshd answers. Cleans up fully on any failure."""
+        """Create ``n`` hosts and wait until every sshd answers. Cleans up fully on any failure.
+
+        ``user``: fleetctl logs in as this non-root user (made if missing, with a home of its
+        own on every host, or one home all hosts share with ``shared_home``, as on an NFS
+        home); root's home is then hidden on the hosts, but for the Python the lab runs."""
         if not isinstance(n, int) or not 1 <= n <= MAX_HOSTS:
             raise LabInputError(f"host count must be 1..{MAX_HOSTS}, got {n!r}")
         if networks not in (1, 2):
@@ -265,6 +272,12 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
                 f"--name {name!r}: 1-8 lowercase letters/digits starting with a letter "
                 "(it prefixes interface names, which Linux limits to 15 characters)"
             )
+        if user == "root":
+            user = None
+        if user is not None and not USER_RE.match(user):
+            raise LabInputError(f"--user {user!r}: a login name (lowercase letters, digits, _-)")
+        if shared_home and user is None:
+            raise LabInputError("--shared-home needs --user (root's home is never shared)")
         want = net.parse_subnet(subnet) if subnet else None
         if want is not None:
             try:
@@ -321,12 +334,16 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             mgmt_net, data_net = pair
             created_dir = not d.exists()
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(d, 0o700)
+            # a login user must traverse DIR to its hosts' bin dirs (fake nvidia-smi); 0711
+            # lists nothing, and every secret in DIR is 0600 or in a 0700 folder
+            os.chmod(d, 0o711 if user else 0o700)
             if d.parent == DEFAULT_PARENT:
-                os.chmod(DEFAULT_PARENT, 0o700)
+                os.chmod(DEFAULT_PARENT, 0o711)
             state = cls._plan(name, d, n, networks, gpus, mgmt_net, data_net, python, sshd)
             state["created_dir"] = created_dir
             state["machine_bashrc"] = bool(machine_bashrc)
+            state["user"] = user
+            state["shared_home"] = bool(shared_home)
             lab = cls(state)
             lab._save()
             entry = {
@@ -336,6 +353,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
                 "creator_pid": os.getpid(),
                 "creator_start": procs.start_time(os.getpid()),
                 "owner": owner,
+                "user": user,
             }
             REGISTRY.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write(REGISTRY / f"{name}.json", json.dumps(entry) + "\n", 0o600)
@@ -409,7 +427,10 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
 
     def _build(self, ready_timeout: float) -> None:
         t0 = time.monotonic()
-        os.makedirs(WORKDIR, exist_ok=True)  # the mountpoint must exist in the real tree
+        if self.user is None:
+            os.makedirs(WORKDIR, exist_ok=True)  # the mountpoint must exist in the real tree
+        else:
+            self._ensure_user()
         self._write_keys_and_configs()
         self._create_network()
         for h in self.hosts:
@@ -476,6 +497,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             raise LabError(f"lab {self.name}: could not remove {', '.join(leftovers)}")
         with contextlib.suppress(FileNotFoundError):
             (REGISTRY / f"{self.name}.json").unlink()
+        removed += self._remove_user()
         self.state["phase"] = "down"
         for h in self.hosts:
             h.pids, h.starts = {}, {}
@@ -487,6 +509,53 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         else:
             self._remove_dir()
         return removed
+
+    # ------------------------------------------------------------------ a login user
+    @property
+    def user(self) -> str | None:
+        """The non-root user fleetctl logs in as (None: root)."""
+        return self.state.get("user")
+
+    @property
+    def home(self) -> str:
+        """The login user's home on every host."""
+        return "/root" if self.user is None else f"/home/{self.user}"
+
+    @property
+    def workdir(self) -> str:
+        """fleetctl's default workdir on the hosts, as an absolute path."""
+        return WORKDIR if self.user is None else f"{self.home}/.fleetctl"
+
+    def _ensure_user(self) -> None:
+        """The login user exists on this machine (the hosts share /etc/passwd); made here if
+        missing, and then removed by ``down`` once no other lab uses it."""
+        import pwd
+
+        assert self.user is not None
+        try:
+            pwd.getpwnam(self.user)
+        except KeyError:
+            # "*": no password, but not locked (sshd refuses a locked account even with a key)
+            net.run(["useradd", "-M", "-d", self.home, "-s", "/bin/sh", "-U", "-p", "*", self.user])
+            self.state["created_user"] = True
+        if not os.path.isdir(self.home):  # the mountpoint of each host's home
+            os.makedirs(self.home, mode=0o755)
+            self.state["created_home"] = True
+        with self._dirlock():
+            self._save()
+
+    def _remove_user(self) -> list[str]:
+        if not self.state.get("created_user") or self.user is None:
+            return []
+        others = [e for e in _registry_entries() if e.get("user") == self.user and _entry_live(e)]
+        if others:  # another lab still logs in as this user
+            return []
+        net.run(["userdel", self.user], check=False)
+        if self.state.pop("created_home", False):
+            with contextlib.suppress(OSError):
+                os.rmdir(self.home)
+        self.state["created_user"] = False
+        return [f"user {self.user}"]
 
     def _remove_dir(self) -> None:
         """Delete what the lab wrote in DIR (and DIR itself if the lab created it)."""

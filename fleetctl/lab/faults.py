@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import net, procs
-from fleetctl.lab.constants import LINK_TIMEOUT, READY_TIMEOUT, SSH_PORT, STOP_TIMEOUT, WORKDIR
+from fleetctl.lab.constants import LINK_TIMEOUT, READY_TIMEOUT, SSH_PORT, STOP_TIMEOUT
 
 if TYPE_CHECKING:
     from fleetctl.lab.hosts import LabHost
@@ -246,28 +246,33 @@ class _LabFaults:
                 if f["host"] != h.name or f["kind"] not in ("crash", "sshd", "disk")
             ]
 
-    def disk_full(self, host: str, path: str = WORKDIR, size: str = "1m") -> None:
-        """Cover ``path`` on the host with a tiny tmpfs, so writes there fail with ENOSPC.
+    def disk_full(self, host: str, path: str | None = None, size: str = "1m") -> None:
+        """Cover ``path`` (default: the workdir) on the host with a tiny tmpfs, so writes
+        there fail with ENOSPC.
 
         Files under ``path`` are hidden until ``disk_ok``; pick a subdirectory (e.g.
         ``/root/.fleetctl/runs``) to keep the rest of the workdir visible.
         """
         h = self.host(host)
+        path = path or self.workdir
         if not path.startswith("/") or not re.match(r"^[0-9]+[kmg]?$", size):
             raise LabInputError("disk_full: path must be absolute and size like 1m/512k")
         with self._mutate():
             self.exec(h.name, ["mkdir", "-p", path], check=True)
+            # owned by the login user (uid/gid of the home), so it is the disk, not the
+            # permissions, that fails the job's writes
+            owner = self.exec(h.name, ["stat", "-c", "uid=%u,gid=%g", self.home], check=True)
+            opts = f"size={size},mode=0755,{owner.stdout.strip()}"
             self.exec(
-                h.name,
-                ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "fleetctl-lab-full", path],
-                check=True,
+                h.name, ["mount", "-t", "tmpfs", "-o", opts, "fleetctl-lab-full", path], check=True
             )
             self._record({"kind": "disk", "host": h.name, "path": path}, True)
 
-    def disk_ok(self, host: str, path: str = WORKDIR) -> None:
-        """Undo ``disk_full`` at ``path``. A full disk elsewhere on the host is an error, not
-        a silent success: the caller named the wrong path."""
+    def disk_ok(self, host: str, path: str | None = None) -> None:
+        """Undo ``disk_full`` at ``path`` (default: the workdir). A full disk elsewhere on the
+        host is an error, not a silent success: the caller named the wrong path."""
         h = self.host(host)
+        path = path or self.workdir
         with self._mutate():
             mounts = self.exec(h.name, ["cat", "/proc/self/mounts"], check=True).stdout
             full = [

@@ -56,6 +56,25 @@ def _gen_keypair_ssh_keygen(comment: str) -> tuple[str, str]:  # pragma: no cove
         return p.read_text(), p.with_suffix(".pub").read_text().strip()
 
 
+def _root_paths_needed(python: str) -> list[str]:
+    """What of root's home a login user's hosts must still see: the folder the lab's Python
+    (and the base of a virtualenv's) lives in, e.g. ``/root/.pyenv``; the rest is hidden."""
+    out = []
+    for p in (python, os.path.realpath(python)):
+        parts = Path(p).parts
+        if len(parts) > 2 and parts[:2] == ("/", "root"):
+            keep = str(Path(*parts[:3]))
+            if keep not in out:
+                out.append(keep)
+    cfg = Path(python).parent.parent / "pyvenv.cfg"
+    if cfg.is_file():  # a venv's base interpreter (``home = /root/.pyenv/…/bin``)
+        for line in cfg.read_text().splitlines():
+            key, _, val = line.partition("=")
+            if key.strip() == "home":
+                out += [x for x in _root_paths_needed(val.strip() + "/python3") if x not in out]
+    return out
+
+
 class _LabFiles:
     """The file-writing part of :class:`~fleetctl.lab.core.Lab` (a mixin)."""
 
@@ -83,14 +102,23 @@ class _LabFiles:
             _write(hd / "ssh" / "sshd_config", self._sshd_config(h), 0o600)
             _write(hd / "hosts", "\n".join(etc_hosts) + "\n", 0o644)
             self._write_gpu_files(h)
-            binds = [[str(hd / "fleetctl"), WORKDIR], [str(hd / "hosts"), "/etc/hosts"]]
-            if not self.state.get("machine_bashrc") and os.path.isfile(ROOT_BASHRC):
-                _write(hd / "bashrc", MINIMAL_BASHRC, 0o644)
-                binds.append([str(hd / "bashrc"), ROOT_BASHRC])
+            keep_root: list[str] = []
+            if self.user is None:
+                binds = [[str(hd / "fleetctl"), WORKDIR], [str(hd / "hosts"), "/etc/hosts"]]
+                if not self.state.get("machine_bashrc") and os.path.isfile(ROOT_BASHRC):
+                    _write(hd / "bashrc", MINIMAL_BASHRC, 0o644)
+                    binds.append([str(hd / "bashrc"), ROOT_BASHRC])
+            else:  # a login user: its own home (or the shared one); root's home hidden
+                os.chmod(hd, 0o711)
+                os.chmod(hd / "bin", 0o755)
+                home = self._user_home(h, pub)
+                binds = [[str(home), self.home], [str(hd / "hosts"), "/etc/hosts"]]
+                keep_root = _root_paths_needed(self.state["python"])
             binds.append([str(hd / "tmp"), "/tmp"])  # last: it hides /tmp for later binds
             init_cfg = {
                 "hostname": h.name,
                 "binds": binds,
+                "keep_root": keep_root,
                 "sshd_argv": [
                     self.state["sshd"],
                     "-D",
@@ -106,6 +134,26 @@ class _LabFiles:
         _write(self.ssh_config, self._ssh_client_config(), 0o644)
         _write(self.inventory_path, self._inventory(), 0o644)
 
+    def _user_home(self, h: LabHost, pub: str) -> Path:
+        """The login user's home for host ``h`` (one for all hosts with a shared home): the
+        lab's key in ``.ssh/authorized_keys`` and a minimal ``.bashrc``, owned by the user."""
+        import pwd
+
+        assert self.user is not None
+        pw = pwd.getpwnam(self.user)
+        home = (
+            self.dir / "shared-home" if self.state.get("shared_home") else self.host_dir(h) / "home"
+        )
+        if not (home / ".ssh" / "authorized_keys").exists():
+            (home / ".ssh").mkdir(parents=True, exist_ok=True)
+            _write(home / ".ssh" / "authorized_keys", pub + "\n", 0o600)
+            _write(home / ".bashrc", MINIMAL_BASHRC, 0o644)
+            for p in (home, home / ".ssh", home / ".ssh" / "authorized_keys", home / ".bashrc"):
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+            os.chmod(home, 0o700)
+            os.chmod(home / ".ssh", 0o700)
+        return home
+
     def _host_path(self, h: LabHost) -> str:
         """This host's bin dir (fake nvidia-smi), the lab's Python, then Debian's root PATH."""
         pybin = os.path.dirname(self.state["python"])
@@ -119,7 +167,9 @@ class _LabFiles:
             *[f"ListenAddress {a}:22" for a in listen],
             f"HostKey {hd / 'ssh' / 'ssh_host_ed25519_key'}",
             f"PidFile {hd / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            # sshd reads a user's keys with the user's rights: a login user's are in its home
+            "AuthorizedKeysFile "
+            + (".ssh/authorized_keys" if self.user else str(self.dir / "authorized_keys")),
             # StrictModes would reject DIR under world-writable /var/tmp; the lab owns DIR (0700).
             "StrictModes no",
             "PubkeyAuthentication yes",
@@ -159,7 +209,7 @@ class _LabFiles:
             out += [f"Host {h.name}", f"  HostName {h.mgmt_addr}", ""]
         out += [
             f"Host {pats}",
-            "  User root",
+            f"  User {self.user or 'root'}",
             "  Port 22",
             f"  IdentityFile {self.key_path}",
             "  IdentitiesOnly yes",
@@ -186,7 +236,7 @@ class _LabFiles:
             v: dict[str, Any] = {
                 "ansible_host": h.mgmt_addr,
                 "ansible_port": 22,
-                "ansible_user": "root",
+                "ansible_user": self.user or "root",
                 "ansible_ssh_private_key_file": str(self.key_path),
                 "ansible_ssh_common_args": common,
                 "ansible_python_interpreter": self.state["python"],

@@ -88,6 +88,8 @@ def setup(cfg: dict) -> None:
         mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError as e:
         log(f"warning: {e}")
+    if cfg.get("keep_root"):
+        hide_root(cfg["keep_root"])
     for src, dst in cfg["binds"]:
         mount(src, dst, None, MS_BIND)
     try:
@@ -95,6 +97,18 @@ def setup(cfg: dict) -> None:
     except OSError as e:
         log(f"warning: {e}")
     os.chdir("/")
+
+
+def hide_root(keep: list) -> None:
+    """A login user's host: root's home becomes an empty tmpfs (0755) but for ``keep`` (the
+    lab's Python, e.g. /root/.pyenv), bound back at the same paths so interpreters and venvs
+    built on them work unchanged for the user."""
+    fds = [(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY)) for path in keep]
+    mount("fleetctl-lab-root", "/root", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for path, fd in fds:
+        os.makedirs(path, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
 
 
 class Init:

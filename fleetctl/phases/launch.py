@@ -132,6 +132,8 @@ class NodeRun:
     started: float = 0.0  # time.time() when the supervisor reported the job running
     pending: list[Frame] = field(default_factory=list)  # frames read along with ``S``
     uploaded: bool = False
+    lines: int = 0  # console.log lines received (where a reattach resumes)
+    reattached: int = 0  # times the stream was taken over by a new connection
 
 
 def node_spec(
@@ -165,6 +167,8 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
+    if not detach:  # a closed channel is not the end: the controller may reattach
+        spec["reattach"] = True
     if np.cwd not in (np.run_dir, np.code_dir):  # the job's work folder: a copy of the code
         spec["work_seed"] = conn.expand(np.code_dir)
     # per-rank files the supervisor tails into whole ``[rank G]`` lines

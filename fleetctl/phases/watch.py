@@ -14,7 +14,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +56,13 @@ class Watch:
         *,
         lost_timeout: float = DEFAULT_LOST_TIMEOUT,
         heartbeat: float = DEFAULT_HEARTBEAT,
+        reattach: Callable[[NodeRun], list[Frame]] | None = None,
     ) -> None:
         self.lost_timeout = lost_timeout
         self.heartbeat = heartbeat
+        # A silent or closed channel: reach the node over a new connection before calling
+        # it lost (fleetctl.phases.reattach); returns the frames that came with its answer.
+        self.reattach = reattach
         self.events: queue.Queue[Event] = queue.Queue()
         self.runs: dict[int, NodeRun] = {}
         self.ended: dict[int, Event] = {}  # rank -> its exit or lost event
@@ -163,6 +167,7 @@ class Watch:
                     self._emit(run, "progress")
                 continue
             if fr.kind == "L":  # one line, or several joined by newlines (batched reader)
+                run.lines += fr.payload.count(b"\n") + 1
                 if joiner.active:
                     first, sep, rest = fr.payload.partition(b"\n")
                     batch.append(joiner.finish(first))
@@ -216,13 +221,14 @@ class Watch:
         return False
 
     def _follow_inner(self, run: NodeRun) -> None:
-        stream = run.stream
         if self._handle(run, run.pending):
             return
         last_rx = time.monotonic()
         last_hb = 0.0
         while not self._closing.is_set():
+            stream = run.stream  # a reattach swaps it
             now = time.monotonic()
+            why = None
             if now - last_hb >= self.heartbeat:
                 last_hb = now
                 try:
@@ -233,20 +239,44 @@ class Watch:
                     # the node lost, or a finished node loses its tail (and its logs).
                     if self._drain(run):
                         return
-                    self._emit(run, "lost", f"connection closed ({e or 'send failed'})")
-                    return
-            data = stream.recv(min(0.2, self.heartbeat))
-            if data is None:
-                silent = time.monotonic() - last_rx
-                if silent > self.lost_timeout:
-                    self._emit(run, "lost", f"no heartbeat for {silent:.1f}s")
-                    return
-                continue
-            if not data:
-                if self._handle(run, run.reader.flush()):
-                    return
-                self._emit(run, "lost", "connection closed before the job ended")
+                    why = f"connection closed ({e or 'send failed'})"
+            if why is None:
+                data = stream.recv(min(0.2, self.heartbeat))
+                if data is None:
+                    silent = time.monotonic() - last_rx
+                    if silent <= self.lost_timeout:
+                        continue
+                    why = f"no heartbeat for {silent:.1f}s"
+                elif not data:
+                    if self._handle(run, run.reader.flush()):
+                        return
+                    why = "connection closed before the job ended"
+                else:
+                    last_rx = time.monotonic()
+                    if self._handle(run, run.reader.feed(data)):
+                        return
+                    continue
+            outcome = self._revive(run, why)
+            if outcome != "attached":
                 return
-            last_rx = time.monotonic()
-            if self._handle(run, run.reader.feed(data)):
-                return
+            last_rx = last_hb = time.monotonic()
+
+    def _revive(self, run: NodeRun, why: str) -> str:
+        """Reach a silent or cut-off node over a new connection before calling it lost:
+        ``attached`` (read on), ``exit`` (its exit came with the answer), ``lost``."""
+        from fleetctl.phases.reattach import MAX_REATTACH
+
+        if self.reattach is None or self._closing.is_set() or run.reattached >= MAX_REATTACH:
+            self._emit(run, "lost", why)
+            return "lost"
+        self._emit(run, "notice", f"{why}: reaching the node over a new connection")
+        try:
+            frames = self.reattach(run)
+        except Exception as e:
+            said = e.one_line() if hasattr(e, "one_line") else str(e)
+            prefix = run.node.label + ": "
+            said = said[len(prefix) :] if said.startswith(prefix) else said
+            self._emit(run, "lost", f"{why}; a new connection failed too: {said}")
+            return "lost"
+        self._emit(run, "notice", f"back over a new connection after: {why}; the job ran on")
+        return "exit" if self._handle(run, frames) else "attached"

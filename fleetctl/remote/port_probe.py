@@ -75,6 +75,8 @@ def claim(port: int, job: str) -> str | None:
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except PermissionError:  # made by another user without the sticky 1777 mode
+            return f"{CLAIMS} is not writable by this user (it should be mode 1777, like /tmp)"
         except FileExistsError:
             owner = claim_owner(path, time.time())
             if owner == job:

@@ -60,6 +60,9 @@ MAX_LINE = 65536
 ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
 ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for
 RANK_PIDS = "rank_pids.json"  # local rank -> pids of its processes, for ranks.json
+# Touched by ``reattach`` (the controller over a new connection) for each heartbeat it relays:
+# the dead-man switch counts it like a heartbeat on the supervisor's own channel.
+HEARTBEAT_FILE = "controller-heartbeat"
 MAX_DEADMAN = 10.0
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
@@ -475,6 +478,7 @@ class Supervisor:
         self.echo_path: str | None = None
         self.echo_lines: collections.deque = collections.deque(maxlen=ECHO_WINDOW)
         self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
+        self.stream_closed = False  # the controller's channel closed (it may reattach)
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -727,10 +731,24 @@ class Supervisor:
             except OSError:
                 data = b""
             if not data:
-                self.request_stop(self.grace, "controller connection closed (dead-man switch)")
+                if not self.spec.get("reattach"):
+                    self.request_stop(self.grace, "controller connection closed (dead-man switch)")
+                # else the controller may come back over a new connection (``reattach``): the
+                # job runs on while its heartbeats come, and the dead-man window stays the bound
+                self.stream_closed = True
                 self.released.set()
                 return
             self._handle(data)
+
+    def silence(self) -> float:
+        """Seconds since the controller was last heard: on this channel, or through a
+        ``reattach`` over a new connection (the heartbeat file)."""
+        quiet = time.monotonic() - self.last_hb
+        if quiet > self.deadman and self.spec.get("reattach"):
+            with contextlib.suppress(OSError):
+                age = time.time() - os.stat(os.path.join(self.run_dir, HEARTBEAT_FILE)).st_mtime
+                quiet = min(quiet, max(0.0, age))
+        return quiet
 
     def _handle(self, data: bytes) -> None:
         if not data:
@@ -772,7 +790,7 @@ class Supervisor:
         stopping_with: float | None = None
         stopper: threading.Thread | None = None
         while self.proc.poll() is None:
-            if not self.detach and time.monotonic() - self.last_hb > self.deadman:
+            if not self.detach and self.silence() > self.deadman:
                 self.request_stop(
                     self.grace,
                     f"no heartbeat from the controller for {self.deadman:g}s (dead-man switch)",
@@ -834,6 +852,7 @@ class Supervisor:
                 "remaining": left["remaining"],
                 "dropped_frames": self.out.dropped,
                 "problem": self.log_problem,
+                "exit_report": self.exit_report(),
             }
         )
         with contextlib.suppress(OSError):
@@ -842,6 +861,20 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.log.close()
         return code
+
+    def exit_report(self) -> dict | None:
+        """What the ``X`` frame says after the code: the after-exit scan, when the launcher
+        ended, whether a stop had been asked, a node problem ("disk full on …")."""
+        if self.leftovers is None:
+            return None
+        said = {
+            **{k: self.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
+            "ended_at": self.ended_at,
+            "stop_asked": self.stop_asked,
+        }
+        if self.log_problem:
+            said["problem"] = self.log_problem
+        return said
 
     def _stop(self, grace: float) -> None:
         self.stopped = stop_processes(
@@ -909,19 +942,18 @@ def cmd_run() -> int:
         signal.SIGTERM, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGTERM")
     )
     signal.signal(signal.SIGINT, lambda s, f: sup.request_stop(sup.grace, "supervisor got SIGINT"))
+    # the controller's stop and kill, relayed by ``reattach`` when it came back on a new channel
+    signal.signal(
+        signal.SIGUSR2, lambda s, f: sup.request_stop(sup.grace, "stop requested by the controller")
+    )
+    signal.signal(
+        signal.SIGUSR1, lambda s, f: sup.request_stop(0.0, "kill requested by the controller")
+    )
     code = _start_and_supervise(sup)
     # ``X <code> <json>``: the scan after the launcher exited, the same one `stop` mode does,
     # so the controller's teardown needs no extra remote command for this node.
-    report = b""
-    if sup.leftovers is not None:
-        said = {
-            **{k: sup.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
-            "ended_at": sup.ended_at,
-            "stop_asked": sup.stop_asked,
-        }
-        if sup.log_problem:  # what went wrong on this node besides the job: "disk full on …"
-            said["problem"] = sup.log_problem
-        report = b" " + json.dumps(said).encode()
+    said = sup.exit_report()
+    report = b"" if said is None else b" " + json.dumps(said).encode()
     out.frame("X", str(code).encode() + report, must=True)
     out.close(3.0)
     # After the exit, the controller may ask for the run folder on this same channel (``c``):
@@ -1174,6 +1206,87 @@ def cmd_follow(argv: list[str]) -> int:
     return 0
 
 
+def cmd_reattach(argv: list[str]) -> int:
+    """The controller, back over a new connection after its channel to ``run`` went silent or
+    closed: ``S <json>`` (is the supervisor alive), then the job's console.log from line
+    ``--skip`` on as ``L`` frames, and ``X`` from supervisor.json once the supervisor ended.
+    Every byte on stdin is a heartbeat (the heartbeat file); ``t``/``k`` are relayed to the
+    supervisor as SIGUSR2/SIGUSR1 (stop with grace / kill). EOF: the controller is gone."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    opts = _opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    skip = int(opts.get("skip", "0"))
+    state_file, log = os.path.join(run_dir, STATE_FILE), os.path.join(run_dir, CONSOLE_LOG)
+    hb = os.path.join(run_dir, HEARTBEAT_FILE)
+    state = _read_json(state_file)
+    pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
+    out = os.fdopen(1, "wb", 0)
+    lock = threading.Lock()
+    gone = threading.Event()
+
+    def frame(kind: str, payload: bytes = b"") -> None:
+        with lock:
+            out.write(kind.encode() + (b" " + payload if payload else b"") + b"\n")
+
+    def beat() -> None:
+        with contextlib.suppress(OSError):
+            with open(hb, "a"):
+                pass
+            os.utime(hb, None)
+
+    def relay() -> None:
+        while True:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                gone.set()
+                return
+            beat()
+            sig = signal.SIGUSR1 if b"k" in data else signal.SIGUSR2 if b"t" in data else 0
+            if sig and _pid_alive(pid, start):
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), sig)  # type: ignore[arg-type]
+
+    alive = _pid_alive(pid, start)
+    beat()
+    frame("S", json.dumps({"alive": alive, "state": state.get("state")}).encode())
+    if not alive and state.get("state") == "running":
+        return 0  # the supervisor died without a word: nothing to reattach to
+    threading.Thread(target=relay, daemon=True).start()
+    seen = 0
+    buf = b""
+    try:
+        f = open(log, "rb")  # noqa: SIM115
+    except OSError:
+        f = None
+    while not gone.is_set():
+        ended = _read_json(state_file).get("state") != "running" or not _pid_alive(pid, start)
+        chunk = f.read(65536) if f is not None else b""
+        if chunk:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                seen += 1
+                if seen > skip:
+                    frame("L", line)
+            continue
+        if ended:
+            break
+        time.sleep(0.1)
+    if gone.is_set():
+        return 0
+    if buf and seen + 1 > skip:
+        frame("L", buf)
+    final = _read_json(state_file)
+    code = final.get("exit_code")
+    code = code if code is not None else -int(final.get("signal") or 0) or 255
+    report = final.get("exit_report")
+    frame("X", str(code).encode() + (b" " + json.dumps(report).encode() if report else b""))
+    return 0
+
+
 def cmd_clean(argv: list[str]) -> int:
     """Leftovers of fleetctl jobs here (``fleetctl.testing.infra``): ``D <json>`` with the
     processes of a job (``--job-id``, else of any job) and the temp files under ``--workdir``.
@@ -1421,6 +1534,7 @@ MODES = {
     "follow": cmd_follow,
     "mark-stop": cmd_mark_stop,
     "clean": cmd_clean,
+    "reattach": cmd_reattach,
 }
 
 

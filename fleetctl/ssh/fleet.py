@@ -94,6 +94,17 @@ class Fleet:
         if conn is not None:
             conn.close()
 
+    def adopt(self, node: Node | str, conn: Connection) -> None:
+        """Make ``conn`` (a new connection to the node) its connection from now on; the old
+        one, maybe stalled on a dead link, is closed in the background (never blocks us)."""
+        name = node if isinstance(node, str) else node.name
+        with self._lock:
+            old = self._conns.get(name)
+            self._conns[name] = conn
+            self._errors.pop(name, None)
+        if old is not None and old is not conn:
+            threading.Thread(target=old.close, daemon=True, name=f"close-{name}").start()
+
     @property
     def connected(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.name in self._conns)

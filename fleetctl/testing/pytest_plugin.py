@@ -99,6 +99,15 @@ def _fleetctl_no_user_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETCTL_SSH_CONFIG", "/dev/null")
 
 
+def lab_login() -> dict[str, Any]:
+    """How the test labs log in: ``FLEETCTL_LAB_USER=NAME`` makes them non-root (every lab
+    and e2e test meaningful as a plain user, as on real fleets), ``FLEETCTL_LAB_SHARED_HOME=1``
+    gives that user one home shared by all hosts. Unset: root."""
+    user = os.environ.get("FLEETCTL_LAB_USER") or None
+    shared = os.environ.get("FLEETCTL_LAB_SHARED_HOME") == "1"
+    return {"user": user, "shared_home": shared} if user else {}
+
+
 @pytest.fixture
 def lab_required() -> None:
     require_lab()
@@ -113,6 +122,8 @@ class _Factory:
     def __call__(self, n: int, **kw: Any) -> Lab:
         require_lab()
         kw.setdefault("owner", PYTEST_OWNER)
+        for k, v in lab_login().items():
+            kw.setdefault(k, v)
         lab = Lab.up(n, **kw)
         self.labs.append(lab)
         return lab
@@ -159,7 +170,7 @@ def make_lab_module(_lab_session_janitor: None) -> Iterator[Callable[..., Lab]]:
 def lab3_session(_lab_session_janitor: None) -> Iterator[Lab]:
     """One 3-host lab (2 networks, 2 fake GPUs each) for the whole session."""
     require_lab()
-    lab = Lab.up(3, networks=2, gpus=2, owner=PYTEST_OWNER)
+    lab = Lab.up(3, networks=2, gpus=2, owner=PYTEST_OWNER, **lab_login())
     try:
         yield lab
     finally:

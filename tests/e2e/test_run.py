@@ -485,6 +485,31 @@ def test_a_cut_link_is_a_lost_node_and_that_node_stops_its_own_job(lab3: Lab, ru
     assert "tick rank=1" in streamed.read_text()
 
 
+def test_a_management_network_blip_is_not_a_loss_the_node_is_reached_again(
+    lab3: Lab, runs, code
+) -> None:
+    """node2's management link is down for 4.5 s, longer than --lost-timeout (3 s) but within
+    the dead-man window: fleetctl reaches node2 over a new connection as the link comes back,
+    the job never stops, and node2's stream resumes where it broke: every line once."""
+    r = runs(lab3, "tick.py", "12", "-1", "0", code_dir=code,
+             opts=("--no-check", "--lost-timeout", "3", "--deadman", "10"))  # fmt: skip
+    r.wait_for(ticking())
+    lab3.cut_link("node2")
+    try:
+        time.sleep(4.5)
+    finally:
+        lab3.heal_link("node2")
+    assert r.finish(60) == 0, r.text()
+    said = "\n".join(r.err)
+    assert "no heartbeat for" in said and "reaching the node over a new connection" in said
+    assert "back over a new connection" in said, said
+    ticks = [int(m.group(1)) for m in map(re.compile(r"tick rank=1 i=(\d+)$").search, r.out) if m]
+    assert ticks == list(range(len(ticks))) and len(ticks) > 40, ticks  # no gap, no repeat
+    assert any("tick done rank=1" in line for line in r.out)
+    job = r.job()
+    assert job["status"] == "succeeded" and [n["state"] for n in job["nodes"]] == ["succeeded"] * 3
+
+
 def test_a_controller_killed_by_sigkill_leaves_nothing_running(lab3: Lab, runs, code) -> None:
     r = runs(
         lab3,
@@ -717,7 +742,7 @@ def test_paddle_endpoint_ports_are_claimed_on_every_node_and_a_held_one_is_refus
     """paddle's endpoints are start_port + local rank on every node, not only node 0: a port
     another fleetctl job holds on node3 stops the run before anything starts, naming both."""
     claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
-    lab3.exec("node3", ["sh", "-c", f"mkdir -p /tmp/fleetctl-ports && "
+    lab3.exec("node3", ["sh", "-c", f"mkdir -p -m 1777 /tmp/fleetctl-ports && "
                         f"echo '{claim}' > /tmp/fleetctl-ports/29811"], check=True)  # fmt: skip
     try:
         r = runs(lab3, "pinfo.py", launcher="paddle", code_dir=code,

@@ -22,10 +22,11 @@ BIG = 3 << 20
 WRITE_BIG = """\
 import os
 rank = int(os.environ["FLEET_NODE_RANK"])
+os.chdir(os.environ["FLEET_RUN_DIR"])  # files the job wants collected: in the node run folder
 os.makedirs("log", exist_ok=True)
 with open("log/worker.log", "w") as f:
     f.write(f"worker log of rank {rank}\\n")
-if rank == 2:  # a checkpoint in the working folder (the node's run folder)
+if rank == 2:  # a checkpoint next to them
     with open("checkpoint.pt", "wb") as f:
         f.write(os.urandom(BIG))
 for i in range(500):
@@ -119,7 +120,7 @@ def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is
     code.mkdir()
     (code / "chatty.py").write_text(CHATTY)
     runs = tmp_path / "runs"
-    lab3.disk_full("node2", "/root/.fleetctl/runs", "256k")  # undone after the test (lab3)
+    lab3.disk_full("node2", f"{lab3.workdir}/runs", "256k")  # undone after the test (lab3)
     p = fleetctl(
         "run",
         "-i",
@@ -136,7 +137,7 @@ def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is
         str(code / "chatty.py"),
     )
     job_id = next(d.name for d in runs.iterdir())
-    full = f"disk full on /root/.fleetctl/runs/{job_id}"
+    full = f"disk full on {lab3.workdir}/runs/{job_id}"
     assert p.exit_code == 0, p.stderr  # the job itself went on and succeeded
     job = job_json(runs, job_id)
     node = job["nodes"][1]
@@ -161,8 +162,9 @@ def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
     code.mkdir()
     (code / "chatty.py").write_text(CHATTY)
     runs = tmp_path / "runs"
-    lab3.disk_full("node3", "/root/.fleetctl/runs", "4k")
-    lab3.exec("node3", ["sh", "-c", "head -c 8192 /dev/zero > /root/.fleetctl/runs/fill || true"])
+    runs_dir = f"{lab3.workdir}/runs"
+    lab3.disk_full("node3", runs_dir, "4k")
+    lab3.exec("node3", ["sh", "-c", f"head -c 8192 /dev/zero > {runs_dir}/fill || true"])
     p = fleetctl(
         "run",
         "-i",
@@ -184,5 +186,5 @@ def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
     assert node["state"] == "start_failed"
     assert (
         node["reason"]
-        == f"cannot start job on this node: disk full on /root/.fleetctl/runs/{job_id}"
+        == f"cannot start job on this node: disk full on {lab3.workdir}/runs/{job_id}"
     )

@@ -718,6 +718,13 @@ def test_nodes_2_of_3_leaves_out_the_host_whose_data_link_is_cut(
     job = job_json(runs, rec["job_id"])
     assert [n["host"] for n in job["nodes"]] == ["node1", "node2"]
     assert job["status"] == "succeeded"
+    # who was left out, and why, is in the job's record and in `runs` and `status`
+    assert list(job["left_out"]) == ["node3"] and "data link down" in job["left_out"]["node3"]
+    assert rec["left_out"] == job["left_out"]
+    table = fleetctl("runs", "--runs-dir", str(runs)).stdout
+    assert "2 (+1 left out)" in table, table
+    said = fleetctl("status", "--runs-dir", str(runs), rec["job_id"]).stdout
+    assert "[- node3] left out: " in said and "data link down" in said, said
 
 
 def test_a_host_lost_mid_run_is_replaced_by_the_spare_on_the_retry(
@@ -736,6 +743,9 @@ def test_a_host_lost_mid_run_is_replaced_by_the_spare_on_the_retry(
     assert attempts[0]["status"] == "failed" and attempts[1]["status"] == "succeeded"
     assert "node2" in attempts[1]["left_out"]
     last = attempts[1]["job_id"]
+    assert "node2" in job_json(runs, last)["left_out"] and "node2" in rec["left_out"]
+    said = fleetctl("status", "--runs-dir", str(runs), rec["job_id"]).stdout
+    assert "(attempt 2)" in said and "[- node2] left out: " in said, said
     assert "tick rank=1" in (runs / last / "1-node3" / "console.log").read_text()
 
 
@@ -792,7 +802,7 @@ def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     """The workers (a plain role, 2 tasks) meet at MASTER_PORT on their first task's host:
     another fleetctl job holds 29500 there, so this job claims the next port."""
     claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
-    lab3.exec("node2", ["sh", "-c", "mkdir -p /tmp/fleetctl-ports && "
+    lab3.exec("node2", ["sh", "-c", "mkdir -p -m 1777 /tmp/fleetctl-ports && "
                         f"echo '{claim}' > /tmp/fleetctl-ports/29500"], check=True)  # fmt: skip
     runs = tmp_path / "runs"
     try:

@@ -713,3 +713,56 @@ def test_the_supervisor_seeds_the_work_folder_tails_paddle_ranks_once_and_record
     assert "LAUNCH INFO started" in lines and "LAUNCH INFO done" in lines
     pids = json.loads((run_dir / "rank_pids.json").read_text())
     assert sorted(pids) == ["0", "1"] and all(len(v) == 1 for v in pids.values())
+
+
+def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_the_stop(
+    jobs: Jobs,
+) -> None:
+    """The controller's channel closes mid-job (a blip broke it): the job runs on, fed by
+    heartbeats a ``reattach`` over a new channel relays, which replays console.log from the
+    first line the controller missed, relays the stop, and ends with the exit report."""
+    job = jid("p-reattach")
+    script = "i=0; while [ $i -lt 600 ]; do echo line-$i; i=$((i+1)); sleep 0.02; done"
+    run = jobs.start(job, ["sh", "-c", script], deadman=3, reattach=True)
+    got = 0
+    deadline = time.monotonic() + 10
+    while got < 5 and time.monotonic() < deadline:  # a few lines on the first channel
+        data = run.stream.recv(0.3)
+        got += sum(1 for f in run.reader.feed(data or b"") if f.kind == "L")
+    run.stream.close()
+    closed = time.monotonic()
+    time.sleep(1.0)  # within the dead-man window (3 s): the job runs on, channel or not
+    sup = supervisor_path(str(jobs.root / "w"))
+    p = subprocess.Popen(
+        [jobs.python, sup, "reattach", "--run-dir", jobs.run_dir(job), "--skip", "3"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert p.stdin is not None and p.stdout is not None
+    with contextlib.suppress(OSError):
+        os.set_blocking(p.stdout.fileno(), False)
+    frames: list[tuple[str, str]] = []
+    reader = FrameReader()
+    deadline = time.monotonic() + 30
+    stopped = False
+    while time.monotonic() < deadline and not any(k == "X" for k, _ in frames):
+        p.stdin.write(b"h")
+        p.stdin.flush()
+        # well past the dead-man window since the close: only the relayed heartbeats count
+        if not stopped and time.monotonic() - closed > 6:
+            p.stdin.write(b"t")  # the controller's stop, over the new channel
+            p.stdin.flush()
+            stopped = True
+        time.sleep(0.2)
+        with contextlib.suppress(BlockingIOError, TypeError):
+            frames += [(f.kind, f.text) for f in reader.feed(p.stdout.read() or b"")]
+    p.stdin.close()
+    p.wait(10)
+    assert frames[0][0] == "S" and json.loads(frames[0][1])["alive"] is True
+    lines = [t for k, t in frames if k == "L"]
+    assert lines[0] == "line-3" and lines == [f"line-{i}" for i in range(3, 3 + len(lines))]
+    assert len(lines) > 100  # it ran on long after the channel closed
+    kind, text = frames[-1]
+    assert kind == "X" and json.loads(text.split(" ", 1)[1])["stop_asked"] is True
+    state = json.loads((Path(jobs.run_dir(job)) / "supervisor.json").read_text())
+    assert state["stop_reason"] == "stop requested by the controller"
+    assert find_job_processes(job, None) == []
