@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.plan.rankplan import node_folder_name
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
@@ -246,12 +247,6 @@ class RunFolder:
 
     def node_folder(self, rank: int, host: str) -> Path:
         return self.path / node_folder_name(rank, host)
-
-
-def node_folder_name(rank: int, host: str) -> str:
-    """``<rank>-<host>`` with anything but [A-Za-z0-9._-] in the host name replaced."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host).lstrip(".") or "node"
-    return f"{rank}-{safe}"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

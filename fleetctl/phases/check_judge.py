@@ -103,6 +103,7 @@ def build_report(
     _judge_fleet_gpus(rows, facts_by, options, listed)
     _judge_fleet_nccl(rows, report.nccl_versions, options)
     _judge_mtu(rows, facts_by, report.warnings)
+    _judge_shared_workdirs(nodes, facts_by, report)
     if mesh_ran:
         _judge_mesh(report, nodes, outcomes)
     elif options.mesh and len(nodes) > 1:
@@ -400,6 +401,33 @@ def fleet_clock_spread(offsets: Mapping[str, float], limit: float) -> str | None
         f"node clocks differ by {gap:.1f} s: {late} ({offsets[late]:+.1f} s) vs {early} "
         f"({offsets[early]:+.1f} s) against this machine; timestamps in merged logs will lie"
     )
+
+
+def _judge_shared_workdirs(
+    nodes: Sequence[Node], facts: Mapping[str, Mapping[str, Any]], report: CheckReport
+) -> None:
+    """Hosts that read one workdir id see one folder (an NFS home). Not a failure: each node
+    keeps its own run folder (``runs/<job>/<rank>-<host>``), the code and env caches are
+    content-addressed and made once, and the job's work folder is shared as on Slurm."""
+    groups: dict[str, list[str]] = {}
+    for n in nodes:
+        wid = (facts.get(n.name) or {}).get("workdir_id")
+        if isinstance(wid, str) and wid:
+            groups.setdefault(wid, []).append(n.name)
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        report.shared_workdirs.append(names)
+        where = (facts.get(names[0]) or {}).get("workdir") or "the workdir"
+        report.warnings.append(
+            f"{_listing(names)} share {where} (one filesystem, e.g. an NFS home): each keeps "
+            "its own run folder; the code, env and the job's work folder are shared"
+        )
+
+
+def _listing(names: Sequence[str], limit: int = 8) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def _judge_mtu(

@@ -145,6 +145,8 @@ class CheckReport:
     env_present: dict[str, bool] = field(default_factory=dict)
     nccl_versions: dict[str, str | None] = field(default_factory=dict)
     mesh_ports: dict[str, int] = field(default_factory=dict)
+    # hosts that see one workdir (an NFS home): groups of two or more, in inventory order
+    shared_workdirs: list[list[str]] = field(default_factory=list)
     checked_at: float = 0.0
     elapsed: float = 0.0
     cached: bool = False
@@ -206,6 +208,7 @@ class CheckReport:
             "env_present": dict(self.env_present),
             "nccl_versions": dict(self.nccl_versions),
             "mesh_ports": dict(self.mesh_ports),
+            "shared_workdirs": [list(g) for g in self.shared_workdirs],
             "checked_at": self.checked_at,
             "elapsed": round(self.elapsed, 3),
             "cached": self.cached,
@@ -233,6 +236,7 @@ class CheckReport:
             env_present=dict(data.get("env_present", {})),
             nccl_versions=dict(data.get("nccl_versions", {})),
             mesh_ports={k: int(v) for k, v in data.get("mesh_ports", {}).items()},
+            shared_workdirs=[list(g) for g in data.get("shared_workdirs", [])],
             checked_at=float(data.get("checked_at", 0.0)),
             elapsed=float(data.get("elapsed", 0.0)),
             cached=bool(data.get("cached", False)),

@@ -367,7 +367,9 @@ def make_plan(
     for rank, n in enumerate(nodes):
         f = facts.get(n.name) or NodeFacts()
         workdir = n.workdir.rstrip("/") or "/"
-        run_dir = posixpath.join(workdir, "runs", spec.job_id)
+        # one folder per node even when nodes share the workdir (an NFS home): the same
+        # <rank>-<host> name as the node's folder in the controller's run folder
+        run_dir = posixpath.join(workdir, "runs", spec.job_id, node_folder_name(rank, n.name))
         work_dir = posixpath.join(workdir, WORK_DIR, spec.work_id or spec.job_id)
         node_code = code_dir or posixpath.join(workdir, "code", code_digest or PENDING_DIGEST)
         slot = NodePlan(
@@ -414,6 +416,15 @@ def make_plan(
 
 
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+def node_folder_name(rank: int, host: str) -> str:
+    """``<rank>-<host>`` with anything but [A-Za-z0-9._-] in the host name replaced: a node's
+    run folder, on the node (under ``W/runs/<job>/``) and in the controller's run folder."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host).lstrip(".") or "node"
+    return f"{rank}-{safe}"
+
+
 # Under the node workdir: ``work/<job>`` is the job's working directory, a copy of the code
 # snapshot the node's supervisor makes once per job (remote/supervisor.seed_work_folder).
 WORK_DIR = "work"

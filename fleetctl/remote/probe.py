@@ -297,6 +297,28 @@ def expand(path: str, home: str) -> str:
     return path
 
 
+def workdir_id(workdir: str) -> str | None:
+    """A random id kept in the workdir (made once, atomically): nodes that read the same id
+    see the same folder, e.g. a home shared over NFS. None when it cannot be made or read."""
+    path = os.path.join(workdir, ".fleetctl-id")
+    try:
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(8).hex() + "\n")
+    try:
+        with open(path) as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    return text or None
+
+
 def disk_facts(workdir: str) -> dict:
     path = os.path.abspath(workdir)
     probe = path
@@ -414,6 +436,7 @@ def gather(args: dict) -> dict:
             imports = list(args.get("env_imports") or [])
             env = pool.submit(env_facts, env_dir, imports, args.get("envinfo") or "")
         facts["disk"] = disk_facts(workdir)
+        facts["workdir_id"] = workdir_id(workdir)
         facts["ports"] = {str(p): port_free(int(p)) for p in args.get("ports") or []}
         host_addrs = bounded(lambda: resolve_ipv4(facts["hostname"]), 2.0, None)
         facts["hostname_addrs"] = host_addrs if isinstance(host_addrs, list) else None

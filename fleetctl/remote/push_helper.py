@@ -339,7 +339,42 @@ def rewrite_prefixes(tmp: str, final: str) -> int:
     return len(records)
 
 
+@contextlib.contextmanager
+def unpack_lock(envs_root: str, sha: str, timeout: float):  # type: ignore[no-untyped-def]
+    """One unpack of an env at a time per workdir: nodes sharing a home (NFS) wait for the
+    first one's unpack and then find the env there, instead of unpacking it N times. A POSIX
+    lock (works over NFS); past ``timeout`` we go on without it (the rename stays atomic)."""
+    import fcntl
+
+    locks = os.path.join(os.path.dirname(envs_root.rstrip("/")), "locks")  # W/locks/
+    os.makedirs(locks, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(locks, f"env-{sha[:16]}"), os.O_CREAT | os.O_RDWR, 0o600)
+    deadline = time.monotonic() + timeout
+    locked = False
+    try:
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        yield locked
+    finally:
+        if locked:
+            with contextlib.suppress(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def finalize_env(cfg: dict, envs_root: str) -> dict:
+    with unpack_lock(envs_root, cfg["sha"], float(cfg.get("lock_timeout", 1800))):
+        return _finalize_env(cfg, envs_root)
+
+
+def _finalize_env(cfg: dict, envs_root: str) -> dict:
     sha = cfg["sha"]
     final = os.path.join(envs_root, sha)
     archive = os.path.join(envs_root, cfg["archive"])

@@ -1300,10 +1300,13 @@ def cmd_clean(argv: list[str]) -> int:
     workdir = os.path.expanduser(opts.get("workdir", "~/.fleetctl"))
     want = ("FLEET_JOB_ID=" + job).encode() if job else None
     groups: dict = {}
-    if job:
-        state = _read_json(os.path.join(workdir, "runs", job, STATE_FILE))
-        if state.get("pgid"):
-            groups[int(state["pgid"])] = state.get("leader_start")
+    if job:  # W/runs/<job>/<rank>-<host>/ (and W/runs/<job>/ of older versions)
+        job_dir = os.path.join(workdir, "runs", job)
+        with contextlib.suppress(OSError):
+            for path in [job_dir] + [os.path.join(job_dir, n) for n in os.listdir(job_dir)]:
+                state = _read_json(os.path.join(path, STATE_FILE))
+                if state.get("pgid"):
+                    groups[int(state["pgid"])] = state.get("leader_start")
     me = os.getpid()
     seen = []
     alive_groups = set()

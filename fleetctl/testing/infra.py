@@ -8,9 +8,10 @@ the workdir and answers one ``D <json>`` frame.
 
 "Clean" follows the brief's contract: a process belongs to a fleetctl job when its environment
 carries ``FLEET_JOB_ID`` (any value, or the given job id), or when it is in the process group
-that job's supervisor recorded in ``W/runs/<job_id>/supervisor.json`` and that group's leader
-is still the recorded process (same start time), never by name. Temp files are what push and
-the supervisor write before an atomic rename (``.tmp-*``, ``*.part``, ``*.<pid>.tmp``).
+that job's supervisor recorded in ``W/runs/<job_id>/<rank>-<host>/supervisor.json`` and that
+group's leader is still the recorded process (same start time), never by name. Temp files are
+what push and the supervisor write before an atomic rename (``.tmp-*``, ``*.part``,
+``*.<pid>.tmp``).
 
 ``host`` is a testinfra ``Host`` or a fleetctl ``Connection``; testinfra is only imported by
 :func:`node_host`, so this module stays importable without it.

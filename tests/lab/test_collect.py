@@ -137,7 +137,7 @@ def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is
         str(code / "chatty.py"),
     )
     job_id = next(d.name for d in runs.iterdir())
-    full = f"disk full on {lab3.workdir}/runs/{job_id}"
+    full = f"disk full on {lab3.workdir}/runs/{job_id}/1-node2"
     assert p.exit_code == 0, p.stderr  # the job itself went on and succeeded
     job = job_json(runs, job_id)
     node = job["nodes"][1]
@@ -186,5 +186,5 @@ def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
     assert node["state"] == "start_failed"
     assert (
         node["reason"]
-        == f"cannot start job on this node: disk full on {lab3.workdir}/runs/{job_id}"
+        == f"cannot start job on this node: disk full on {lab3.workdir}/runs/{job_id}/2-node3"
     )

@@ -871,3 +871,31 @@ def test_a_two_role_job_ends_when_the_workers_succeed(
         assert "PAI_TASK_ROLE_LIST=server,worker" in env_line
         assert f"FLEET_ROLE_INDEX={i}" in env_line
     assert left_over(lab3, job_id) == {}
+
+
+# ---------------------------------------------------------------------- shared home (NFS)
+
+
+def test_nodes_on_one_shared_home_are_told_apart_and_each_keeps_its_own_run_folder(
+    make_lab: Any, tmp_path: Path, code: Path
+) -> None:
+    """Non-root logins whose home (and so ~/.fleetctl) every host shares, as with NFS homes:
+    the check says so, each node runs in its own run folder, and each node's collected log
+    holds its own lines only; the job's work folder is one, shared, as on Slurm."""
+    lab = make_lab(3, user="fleetsh", shared_home=True)
+    runs = tmp_path / "runs"
+    check = fleetctl("check", "-i", str(lab.inventory_path), "--json")
+    report = json.loads(check.stdout)
+    assert report["shared_workdirs"] == [["node1", "node2", "node3"]], check.stdout
+    assert any("share /home/fleetsh/.fleetctl" in w for w in report["warnings"])
+    args = [a for a in run_args(lab, runs, code) if a != "--no-check"]
+    p = fleetctl(*args, str(code / "tick.py"), "1")
+    assert p.exit_code == 0, p.stdout + p.stderr
+    [rec] = runs_json(runs)
+    plan = json.loads((runs / rec["job_id"] / "plan.json").read_text())
+    dirs = [n["run_dir"] for n in plan["nodes"]]
+    assert dirs == [f"~/.fleetctl/runs/{rec['job_id']}/{i}-node{i + 1}" for i in range(3)]
+    for i in range(3):
+        console = (runs / rec["job_id"] / f"{i}-node{i + 1}" / "console.log").read_text()
+        ranks = set(re.findall(r"tick rank=(\d+)", console))
+        assert ranks == {str(i)}, console  # its own lines, nobody else's

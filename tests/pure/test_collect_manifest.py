@@ -192,7 +192,8 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
 
     node = Node.localhost(name="n0", workdir=str(tmp_path / "w"))
     plan = make_plan([node], JobSpec(script="x.py", job_id="j-cut", launcher="plain"))
-    node_run_dir(tmp_path / "w" / "runs").rename(tmp_path / "w" / "runs" / "j-cut")
+    (tmp_path / "w" / "runs" / "j-cut").mkdir(parents=True)
+    node_run_dir(tmp_path / "w" / "runs").rename(tmp_path / "w" / "runs" / "j-cut" / "0-n0")
     starts: list[str] = []
     real_start = LocalConnection.start
 
@@ -216,7 +217,7 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
         )
     assert len(starts) == 2 and got.attempts == 2
     assert got.error is None and not got.incomplete and got.not_collected == []
-    run = tmp_path / "w" / "runs" / "j-cut"
+    run = tmp_path / "w" / "runs" / "j-cut" / "0-n0"
     dest = home / "0-n0"
     assert (dest / "checkpoint.pt").read_bytes() == (run / "checkpoint.pt").read_bytes()
     assert (dest / "console.log").read_bytes() == (run / "console.log").read_bytes()

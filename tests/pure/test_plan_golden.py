@@ -102,7 +102,7 @@ def test_invariants(path: Path) -> None:
         assert list(p.argv[len(p.argv) - len(user_args) :]) == user_args
         assert all(isinstance(a, str) for a in p.argv)
         assert not any("~" in a for a in p.argv)
-        assert p.run_dir.endswith("/runs/" + spec["job_id"])
+        assert p.run_dir.endswith(f"/runs/{spec['job_id']}/{p.node_rank}-{p.host}")
     # every node runs the same command except its rank / own address (and interpreter path)
     first = plan.nodes[0].argv
     for p in plan.nodes[1:]:
@@ -114,6 +114,7 @@ def test_invariants(path: Path) -> None:
             if "rank" in a
             or a.startswith("--host=")
             or (p.gpus and a.startswith("--devices="))  # a node's own GPU list (paddle labels)
+            or f"/{p.node_rank}-{p.host}/" in a  # a file of its own run folder (launcher logs)
         }
         assert diffs <= allowed | {0}
 

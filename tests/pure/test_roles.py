@@ -270,7 +270,7 @@ def test_paddle_ps_builds_servers_and_trainers_lists_from_two_roles() -> None:
         assert list(n.argv[3:5]) == want_common
         assert n.argv[5] == f"--host={addr}" and "--gloo_port=30001" in n.argv
         assert n.argv[-2:] == ("ps.py", "--x")
-        assert "--log_dir=../../runs/j/log" in n.argv
+        assert f"--log_dir=../../runs/j/{n.node_rank}-{n.host}/log" in n.argv
     with pytest.raises(PlanError, match="prefix"):
         nodes = [Node("a", "10.0.0.1"), Node("b", "10.0.0.12")]
         job2 = parse_job_file(

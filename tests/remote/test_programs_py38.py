@@ -766,3 +766,39 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
     state = json.loads((Path(jobs.run_dir(job)) / "supervisor.json").read_text())
     assert state["stop_reason"] == "stop requested by the controller"
     assert find_job_processes(job, None) == []
+
+
+def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Path) -> None:
+    """Two push helpers finalize the same env in one workdir at once (nodes on an NFS home):
+    the unpack lock lets one unpack it; the other waits, then finds it there."""
+    w = tmp_path / "w"
+    (w / "envs").mkdir(parents=True)
+    env = fake_env(tmp_path / "src-env", py38)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(env, arcname=".")
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    procs = []
+    for i in range(2):
+        (w / "envs" / f"up{i}.tar.gz").write_bytes(data)  # each node's own upload
+        cfg = {
+            "workdir": str(w),
+            "env": {"sha": sha, "archive": f"up{i}.tar.gz", "size": len(data)},
+        }
+        p = subprocess.Popen(
+            [py38, "-c", remote.source("push_helper.py").decode(), "finalize"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(cfg).encode() + b"\n")
+        p.stdin.close()
+        procs.append(p)
+    outs = []
+    for p in procs:
+        assert p.stdout is not None
+        outs.append(last_data(p.stdout.read()))
+        assert p.wait(60) == 0
+    assert [o["env_dir"] for o in outs] == [str(w / "envs" / sha)] * 2
+    assert sum("prefixes_rewritten" in o for o in outs) == 1, outs  # unpacked once
+    assert sorted(p.name for p in (w / "envs").iterdir()) == [sha]

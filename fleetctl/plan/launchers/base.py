@@ -4,10 +4,11 @@ Adapters are pure: they turn the plan-wide facts (``LaunchContext``) and one nod
 (a ``NodePlan`` still without argv) into that node's argv and any files the run phase must
 write into the node's run folder first. They never touch the network, the disk or the clock.
 
-Paths: the run phase starts the launcher with ``cwd = NodePlan.cwd`` (the node run folder,
-``W/runs/<job_id>``). Every path fleetctl puts in argv is relative to that folder when it lies
-under the same root (``../../code/<digest>/train.py``, ``torchrun``), so a workdir such as
-``~/.fleetctl`` works without any shell tilde expansion, and absolute otherwise.
+Paths: the run phase starts the launcher with ``cwd = NodePlan.cwd`` (the job's work folder
+``W/work/<job>``, a copy of the code; the node run folder is ``W/runs/<job>/<rank>-<host>``).
+Every path fleetctl puts in argv is relative to the cwd when it lies under the same root
+(``train.py``, ``../../runs/<job>/0-node1/torchrun``), so a workdir such as ``~/.fleetctl``
+works without any shell tilde expansion, and absolute otherwise.
 """
 
 from __future__ import annotations

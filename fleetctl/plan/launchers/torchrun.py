@@ -25,7 +25,7 @@ from fleetctl.plan.launchers.base import (
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
-LOG_DIR = "torchrun"  # relative to the node run folder (the launcher's cwd)
+LOG_DIR = "torchrun"  # relative to the node run folder (argv: via run_path)
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
