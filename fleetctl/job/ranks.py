@@ -58,6 +58,18 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     return out
 
 
+def _first_failed_exit(node_dir: Path) -> tuple[int, int] | None:
+    """(local rank, exit code or -signal) of the first rank process on the node that ended
+    with a failure, from the supervisor's ``rank_exits.json``; None when unknown."""
+    try:
+        data = json.loads((node_dir / "rank_exits.json").read_text())
+        exits = [e for e in data["exits"] if isinstance(e, dict) and e.get("code")]
+        first = min(exits, key=lambda e: float(e["at"]))
+        return int(first["local"]), int(first["code"])
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return None
+
+
 def _rank_pids(node_dir: Path | None) -> dict[str, list[int]]:
     """The node supervisor's ``rank_pids.json`` (local rank -> pids), {} when absent/bad."""
     if node_dir is None:
@@ -111,6 +123,11 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
                 named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
+    if not named and ff.folder:  # deepspeed says no rank: the first rank process that failed
+        nproc = max(1, result.plan.nproc_per_node)
+        first = _first_failed_exit(Path(ff.folder))
+        if first is not None:
+            named = [(ff.rank * nproc + first[0], first[1])]
     out, seen = [], set()
     for rank, code in named:
         if rank in seen:

@@ -60,6 +60,7 @@ MAX_LINE = 65536
 ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
 ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for
 RANK_PIDS = "rank_pids.json"  # local rank -> pids of its processes, for ranks.json
+RANK_EXITS = "rank_exits.json"  # how rank processes ended, in order: who failed first
 # Touched by ``reattach`` (the controller over a new connection) for each heartbeat it relays:
 # the dead-man switch counts it like a heartbeat on the supervisor's own channel.
 HEARTBEAT_FILE = "controller-heartbeat"
@@ -691,13 +692,28 @@ class Supervisor:
             _write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
             return
         t0 = time.monotonic()
-        while True:
+        next_scan = 0.0
+        exits: dict = {}  # pid -> {"local", "code", "at"}: how each rank process ended
+        while not done.wait(0.1):
+            # the known ranks, every 0.1 s (a few reads): a rank that ended is a zombie until
+            # its launcher reaps it, and /proc then still tells its exit status
+            for local, pids in list(self.rank_pids.items()):
+                pid = pids[-1]
+                if pid in exits:
+                    continue
+                code = zombie_exit(pid)
+                if code is not None:
+                    exits[pid] = {"local": int(local), "pid": pid, "code": code, "at": _now()}
+                    with contextlib.suppress(OSError):
+                        _write_json(
+                            os.path.join(self.run_dir, RANK_EXITS), {"exits": list(exits.values())}
+                        )
             age = time.monotonic() - t0
-            if done.wait(0.2 if age < 10 else 1.0 if age < 60 else 5.0):
-                return
-            found = rank_processes(self.proc.pid)
+            if age < next_scan:
+                continue
+            next_scan = age + (0.2 if age < 10 else 1.0 if age < 60 else 5.0)
             changed = False
-            for local, pid in found:
+            for local, pid in rank_processes(self.proc.pid):
                 pids = self.rank_pids.setdefault(str(local), [])
                 if pid not in pids:
                     pids.append(pid)
@@ -1558,6 +1574,22 @@ def rank_processes(leader: int) -> list:
             out.append((local, pid))
         todo.extend((c, local if local is not None else parent_rank) for c in children.get(pid, []))
     return sorted(out)
+
+
+def zombie_exit(pid: int) -> int | None:
+    """A process that ended and waits for its parent to reap it: its exit code, or -signal
+    (``/proc/PID/stat`` field 52, Linux >= 3.5). None while it runs, once reaped, or when
+    the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else status >> 8
 
 
 def _local_rank(pid: int) -> int | None:

@@ -116,10 +116,14 @@ import torch
 import torch.distributed as dist
 p = argparse.ArgumentParser()
 p.add_argument("--local_rank", type=int)
+p.add_argument("--fail-rank", type=int, default=-1)
 a = p.parse_args()
 assert a.local_rank == int(os.environ["LOCAL_RANK"])
 dist.init_process_group("gloo")
 r, n = dist.get_rank(), dist.get_world_size()
+if r == a.fail_rank:
+    print(f"ds rank={r} fails on purpose", flush=True)
+    os._exit(3)
 t = torch.tensor([float(r)])
 dist.all_reduce(t)
 for i in range(5):
@@ -722,6 +726,27 @@ def test_a_deepspeed_job_runs_every_rank_and_streams_each_ranks_own_log_file(
         assert re.fullmatch(rf"{g // 2}-node{g // 2 + 1}/deepspeed/\d{{14}}_rank{g}\.log", log)
         assert f"ds rank={g} of 6 sum=15 i=4" in (r.folder / log).read_text()
         assert isinstance(x["pid"], int) and x["pid"] > 1, x
+
+
+def test_a_failing_deepspeed_rank_is_named_with_its_node_exit_code_and_file(
+    lab3: Lab, runs, code, tmp_path: Path, deepspeed_python: str
+) -> None:
+    """deepspeed's launcher names no rank when one fails; the node supervisor saw which rank
+    process ended first and how (``rank_exits.json``), so the summary names rank 3 anyway."""
+    r = runs(lab3, "dsjob.py", "--fail-rank", "3", launcher="deepspeed", code_dir=code,
+             inventory=_python_inventory(lab3, tmp_path, deepspeed_python),
+             opts=("--no-check", "--nproc-per-node", "2", "--grace", "1"))  # fmt: skip
+    assert r.finish(240) == 3, r.text()
+    said = "\n".join(r.err)
+    assert re.search(
+        r"rank 3 \(node2, local 1\) exited 3: \S+/1-node2/deepspeed/\S+_rank3\.log", said
+    ), said
+    job = r.job()
+    assert job["first_failure"]["host"] == "node2"
+    assert [(f["rank"], f["local_rank"], f["exit_code"]) for f in job["failed_ranks"]] == [
+        (3, 1, 3)
+    ]
+    assert left_over(lab3, r.folder.name) == {}
 
 
 def _python_inventory(lab: Lab, tmp_path: Path, python: str) -> Path:

@@ -802,3 +802,24 @@ def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Pa
     assert [o["env_dir"] for o in outs] == [str(w / "envs" / sha)] * 2
     assert sum("prefixes_rewritten" in o for o in outs) == 1, outs  # unpacked once
     assert sorted(p.name for p in (w / "envs").iterdir()) == [sha]
+
+
+def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
+    """A rank that ended is a zombie until its launcher reaps it (deepspeed looks once a
+    second): its exit status is still in /proc, which is how a failed rank is named."""
+    code = (
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import supervisor\n"
+        "kids = []\n"
+        "for how in ('exit', 'kill'):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(3) if how == 'exit' else os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    kids.append(pid)\n"
+        "time.sleep(0.5)\n"
+        "print([supervisor.zombie_exit(p) for p in kids], supervisor.zombie_exit(os.getpid()))\n"
+    )
+    out = subprocess.run(
+        [py38, "-c", code, str(Path(remote.path("supervisor.py")).parent)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[3, -9] None", out.stderr
