@@ -435,7 +435,7 @@ def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, st
         "FLEET_JOB_ID": ctx.job_id,
         "FLEET_NODE_RANK": str(node.node_rank),
         "FLEET_NUM_NODES": str(ctx.nnodes),
-        "FLEET_NODE_IPS": ",".join(ctx.ips),
+        "FLEET_NODE_IPS": ctx.ips_csv,
         "FLEET_NPROC_PER_NODE": str(ctx.nproc_per_node),
         "FLEET_HOST": node.host,
         "FLEET_LAUNCHER": ctx.launcher,
