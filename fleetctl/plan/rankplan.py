@@ -29,6 +29,7 @@ from fleetctl.errors import PlanError
 from fleetctl.node import LOCAL_ADDRESSES, Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
 from fleetctl.plan.launchers.base import Launcher, option_name, path_from
+from fleetctl.plan.shared import expand_shared, share_values
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -177,8 +178,9 @@ class NodePlan:
 class Plan:
     """The whole job: identical plan-wide values plus one ``NodePlan`` per node in rank order.
 
-    ``to_dict()`` is the ``--dry-run --json`` contract: ``{"job_id", "nodes": [{"host",
-    "address", "node_rank", "nic", "argv", "env", …}]}`` with extra keys allowed around it.
+    ``to_dict()`` is ``plan.json`` and ``--dry-run --json --full``: ``{"job_id", "nodes": [{"host",
+    "address", "node_rank", "nic", "argv", "env", …}]}`` (extra keys allowed); a plain
+    ``--dry-run --json`` prints ``to_json(compact=True)``.
     """
 
     job_id: str
@@ -256,13 +258,15 @@ class Plan:
             "nodes": [n.to_dict() for n in self.nodes],
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, indent: int | None = 2, *, compact: bool = False) -> str:
+        """``compact``: fleet-wide values written once (``fleetctl.plan.shared``), not per node."""
+        d = self.to_dict()
+        return json.dumps(share_values(d) if compact else d, indent=indent)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """Reload a plan (``plan.json``). Raises PlanError on a malformed document."""
-        d = _require(data, "plan", ("job_id", "nodes"))
+        """Reload a plan (``plan.json``, full or compact). PlanError on a malformed document."""
+        d = expand_shared(_require(data, "plan", ("job_id", "nodes")))
         try:
             nodes = tuple(NodePlan.from_dict(n) for n in d["nodes"])
             first_env = nodes[0].env if nodes else {}
