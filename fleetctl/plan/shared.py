@@ -19,7 +19,7 @@ is a JSON object where the full form has a string, so it cannot be mistaken for 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetctl.errors import PlanError
@@ -37,7 +37,7 @@ def share_values(plan: Mapping[str, Any]) -> dict[str, Any]:
     shared: dict[str, str] = {}
     env_names = _shared_keys([n["env"] for n in nodes])
     file_names = _shared_keys([n.get("files") or {} for n in nodes])
-    positions = _shared_positions([n["argv"] for n in nodes])
+    positions = shared_positions([n["argv"] for n in nodes])
     for name in env_names:
         shared[f"env.{name}"] = nodes[0]["env"][name]
     for i in positions:
@@ -79,7 +79,10 @@ def _shared_keys(maps: list[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _shared_positions(argvs: list[list[Any]]) -> list[int]:
+def shared_positions(argvs: Sequence[Sequence[Any]]) -> list[int]:
+    """The argv positions holding the same long string on every node (paddle's ``--ips=…``)."""
+    if len(argvs) < 2:
+        return []
     first, rest = argvs[0], argvs[1:]
     return [
         i
