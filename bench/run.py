@@ -4,7 +4,10 @@
 Starts a namespace lab (root), runs each measurement ``--repeat`` times (median/min/max), tears
 the lab down in ``finally`` and writes the markdown table. ``--quick`` is a smoke run with tiny
 sizes. Nothing here asserts speed: the numbers are reported, never judged, and a measurement
-that cannot run says ``not measured: <reason>`` instead of a number.
+that cannot run says ``not measured: <reason>`` instead of a number. ``scale`` needs no lab
+(nor root): ``--only scale`` starts none. ``--merge docs/benchmarks.json`` puts the rows of
+the measurements run into an earlier run's results, marked *re-measured* with this run's
+command, date and commit, and rewrites the page from them.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import datetime as dt
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -26,7 +31,8 @@ sys.path.insert(1, str(HERE.parent))
 from common import Result, machine_facts  # noqa: E402
 from report import write_report  # noqa: E402
 
-MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline")
+MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline", "scale")
+NO_LAB = frozenset({"scale"})  # measured without starting the lab
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="JSON",
         default=None,
         help="measure nothing: rewrite --out from the raw results of an earlier run (its .json)",
+    )
+    p.add_argument(
+        "--merge",
+        metavar="JSON",
+        default=None,
+        help="put this run's rows into an earlier run's raw results (its .json), marked "
+        "re-measured, and write --out from the merged results",
     )
     args = p.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -98,12 +111,62 @@ def precompile() -> str:
     return f"precompiled {'ok' if ok else 'with errors'} (PYTHONDONTWRITEBYTECODE {env})"
 
 
+def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The measurements that need the lab, by name."""
+    from fanout import FanoutBench, ssh_profile
+    from phases import PhaseBench
+
+    fan = FanoutBench(lab, work)
+    phases = PhaseBench(lab, work, quick=args.quick)
+    return {
+        "fanout": lambda: fan.fanout(
+            fanout_sizes(args.hosts, args.quick), args.repeat, warmup=not args.quick
+        ),
+        "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
+        "teardown": lambda: phases.teardown(args.repeat),
+        "lost": lambda: phases.lost_node(args.repeat),
+        "stall": lambda: phases.stall(args.repeat),
+        "push": lambda: phases.push(args.repeat),
+        "logs": lambda: phases.logs(args.repeat),
+        "pipeline": lambda: phases.pipeline(args.repeat),
+    }
+
+
+def merged(
+    earlier: Path,
+    meta: dict[str, Any],
+    facts: dict[str, str],
+    results: list[Result],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    """An earlier run's raw results with this run's measurements put in place of theirs; each
+    is marked re-measured with this run's command, date, commit and machine load."""
+    doc = json.loads(earlier.read_text())
+    ran = {m for m in MEASUREMENTS if m not in skipped}
+    keep = [r for r in doc["results"] if _measure(r["group"]) not in ran]
+    doc["results"] = keep + [r.__dict__ for r in results]
+    doc["skipped"] = {m: why for m, why in doc.get("skipped", {}).items() if m not in ran}
+    commit = subprocess.run(
+        ["git", "-C", str(HERE), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    said = (
+        f"the rows below were measured on {meta['date']} (took {facts['benchmark wall time']}) "
+        f"with `{meta['command']}` at commit {commit or 'unknown'}, {meta['repeat']} samples "
+        f"per row; {facts['CPU']}, python {facts['python']}; load average at start "
+        f"{facts['load average at start']}, at end {facts['load average at end']}."
+    )
+    doc["meta"].setdefault("remeasured", {}).update({m: said for m in ran})
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(Path(args.render), Path(args.out))
-    from fanout import FanoutBench, make_work, ssh_profile
-    from phases import PhaseBench
+    from fanout import make_work
+    from scale import QUICK_SIZES, SIZES, ScaleBench
 
     from fleetctl.lab import Lab
 
@@ -130,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         if final:
             facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
             facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
+        if args.merge and final:
+            doc = merged(Path(args.merge), meta, facts, results, skipped)
+            rows = [Result(**r) for r in doc["results"]]
+            write_report(out, doc["meta"], doc["facts"], rows, doc["skipped"])
+            out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+            return
         pending = {
             m: "not measured: run still in progress"
             for m in MEASUREMENTS
@@ -150,24 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     try:
-        t0 = time.perf_counter()
-        lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
-        facts["lab"] = f"{args.hosts} hosts, up in {time.perf_counter() - t0:.2f} s"
-        print(f"bench: lab {lab.name} up ({args.hosts} hosts) in {lab.dir}", file=sys.stderr)
-        fan = FanoutBench(lab, work)
-        phases = PhaseBench(lab, work, quick=args.quick)
-        steps = {
-            "fanout": lambda: fan.fanout(
-                fanout_sizes(args.hosts, args.quick), args.repeat, warmup=not args.quick
+        steps: dict[str, Any] = {
+            "scale": lambda: ScaleBench(work).run(
+                QUICK_SIZES if args.quick else SIZES, args.repeat
             ),
-            "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
-            "teardown": lambda: phases.teardown(args.repeat),
-            "lost": lambda: phases.lost_node(args.repeat),
-            "stall": lambda: phases.stall(args.repeat),
-            "push": lambda: phases.push(args.repeat),
-            "logs": lambda: phases.logs(args.repeat),
-            "pipeline": lambda: phases.pipeline(args.repeat),
         }
+        if any(m not in NO_LAB for m in args.only):
+            t0 = time.perf_counter()
+            lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
+            facts["lab"] = f"{args.hosts} hosts, up in {time.perf_counter() - t0:.2f} s"
+            print(f"bench: lab {lab.name} up ({args.hosts} hosts) in {lab.dir}", file=sys.stderr)
+            steps.update(lab_steps(lab, work, args))
         for name in MEASUREMENTS:
             if name not in args.only:
                 skipped[name] = "not selected (--only)"
