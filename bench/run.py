@@ -132,30 +132,39 @@ def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def merged(
-    earlier: Path,
-    meta: dict[str, Any],
-    facts: dict[str, str],
-    results: list[Result],
-    skipped: dict[str, str],
-) -> dict[str, Any]:
-    """An earlier run's raw results with this run's measurements put in place of theirs; each
-    is marked re-measured with this run's command, date, commit and machine load."""
-    doc = json.loads(earlier.read_text())
-    ran = {m for m in MEASUREMENTS if m not in skipped}
-    keep = [r for r in doc["results"] if _measure(r["group"]) not in ran]
-    doc["results"] = keep + [r.__dict__ for r in results]
-    doc["skipped"] = {m: why for m, why in doc.get("skipped", {}).items() if m not in ran}
-    commit = subprocess.run(
+def commit_id() -> str:
+    """The checkout measured (``-dirty``: with uncommitted changes), read before anything is
+    written."""
+    return subprocess.run(
         ["git", "-C", str(HERE), "describe", "--always", "--dirty"],
         capture_output=True,
         text=True,
     ).stdout.strip()
+
+
+def merged(
+    earlier: dict[str, Any],
+    meta: dict[str, Any],
+    facts: dict[str, str],
+    results: list[Result],
+    ran: list[str],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    """An earlier run's raw results (read before this run wrote anything) with the rows of the
+    measurements in ``ran`` put in place of theirs, each marked re-measured with this run's
+    command, date, commit and machine load."""
+    doc = json.loads(json.dumps(earlier))
+    keep = [r for r in doc["results"] if _measure(r["group"]) not in ran]
+    doc["results"] = keep + [r.__dict__ for r in results]
+    doc["skipped"] = {m: why for m, why in doc.get("skipped", {}).items() if m not in ran}
+    doc["skipped"].update({m: why for m, why in skipped.items() if m in ran})  # failed now
+    took = facts.get("benchmark wall time", "still running")
     said = (
-        f"the rows below were measured on {meta['date']} (took {facts['benchmark wall time']}) "
-        f"with `{meta['command']}` at commit {commit or 'unknown'}, {meta['repeat']} samples "
-        f"per row; {facts['CPU']}, python {facts['python']}; load average at start "
-        f"{facts['load average at start']}, at end {facts['load average at end']}."
+        f"the rows below were measured on {meta['date']} (took {took}) with "
+        f"`{meta['command']}` at commit {meta['commit'] or 'unknown'}, {meta['repeat']} samples "
+        f"per row{' (PARTIAL: the run was still going)' if meta.get('partial') else ''}; "
+        f"{facts['CPU']}, python {facts['python']}; load average at start "
+        f"{facts['load average at start']}, at end {facts.get('load average at end', '—')}."
     )
     doc["meta"].setdefault("remeasured", {}).update({m: said for m in ran})
     return doc
@@ -171,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from fleetctl.lab import Lab
 
     started = time.time()
+    earlier = json.loads(Path(args.merge).read_text()) if args.merge else None
     facts = machine_facts()
     facts["fleetctl bytecode"] = precompile()
     results: list[Result] = []
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "sizes": fanout_sizes(args.hosts, args.quick),
         "hosts": args.hosts,
+        "commit": commit_id(),
     }
 
     def save(final: bool) -> None:
@@ -193,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         if final:
             facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
             facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
-        if args.merge and final:
-            doc = merged(Path(args.merge), meta, facts, results, skipped)
+        if earlier is not None:
+            ran = [m for m in MEASUREMENTS if m in args.only]
+            doc = merged(earlier, meta, facts, results, ran, skipped)
             rows = [Result(**r) for r in doc["results"]]
             write_report(out, doc["meta"], doc["facts"], rows, doc["skipped"])
             out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
