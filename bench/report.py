@@ -99,6 +99,17 @@ SECTIONS: list[tuple[str, str, str]] = [
         "`fleetctl run` (8 hosts) of a script that exits 0 at once, after one untimed run so the "
         "code push is a no-op; split by phase from events.log timestamps.",
     ),
+    (
+        "scale",
+        "7. Large fleets: listing and planning N hosts",
+        "No lab and no network: an INI inventory of N hosts (`gpu0 … gpuN-1`, `ansible_host` "
+        "10.0.x.y, 8 GPUs, one NIC) listed by `fleetctl inventory` and planned by `fleetctl run "
+        "--dry-run` (torchrun), each as the table and as `--json`; `--full` prints every node's "
+        "env and argv whole, the form plan.json records (the default `--json` writes long "
+        "fleet-wide values such as FLEET_NODE_IPS once, under `shared`). stdout goes to a file; "
+        "time = the whole process, `CPU` and `peak RSS` from wait4 of that process, `output MB` "
+        "= bytes it printed. A sample whose output lacks a node counts as failed.",
+    ),
 ]
 
 
@@ -318,6 +329,7 @@ def _findings(results: list[Result]) -> list[str]:
             if isinstance(v, list) and v
         )
         out.append(f"- No-op `fleetctl run` on {pl.n} hosts: {pl.median:.2f} s ({parts}).")
+    out += _scale_findings(results)
     rc = _row(results, "remote", "one command over an open connection: true (lab")
     heavy = _row(results, "remote", "one command over an open connection: true (this")
     if rc:
@@ -337,6 +349,50 @@ def _findings(results: list[Result]) -> list[str]:
             f"- A remote command that closes its stdout and runs 0.5 s more costs the client "
             f"{_cpu(early, 'client CPU s') * 1000:.0f} ms CPU (it waits on the exit status)."
         )
+    return out
+
+
+def _scale_findings(results: list[Result]) -> list[str]:
+    """Per size: the tables' and the dry-run JSON's time and size; how the JSON grows."""
+    out: list[str] = []
+    sizes = sorted({r.n for r in results if r.group == "scale" and r.n})
+
+    def get(tool: str, n: int) -> Result | None:
+        return next(
+            (r for r in results if r.group == "scale" and r.tool == tool and r.n == n), None
+        )
+
+    mb: dict[tuple[str, int], float] = {}
+    for n in sizes:
+        inv = get("fleetctl inventory (table)", n)
+        plan = get("fleetctl run --dry-run (table)", n)
+        js, full = (
+            get("fleetctl run --dry-run --json", n),
+            get("fleetctl run --dry-run --json --full", n),
+        )
+        for key, r in (("json", js), ("full", full)):
+            size = _cpu(r, "output MB") if r and r.median else None
+            if size is not None:
+                mb[key, n] = size
+        parts = [
+            f"`{r.tool.removeprefix('fleetctl ')}` {r.median:.2f} s"
+            for r in (inv, plan)
+            if r is not None and r.median
+        ]
+        if js and js.median and ("json", n) in mb:
+            parts.append(f"`run --dry-run --json` {mb['json', n]:.1f} MB in {js.median:.2f} s")
+        if full and full.median and ("full", n) in mb:
+            parts.append(f"`--full` {mb['full', n]:.1f} MB in {full.median:.2f} s")
+        if parts:
+            out.append(f"- {n:,} hosts: " + "; ".join(parts) + ".")
+    if len(sizes) >= 2:
+        a, b = sizes[0], sizes[-1]
+        for key, what in (("json", "`--dry-run --json`"), ("full", "`--full`")):
+            if (key, a) in mb and (key, b) in mb and mb[key, a]:
+                out.append(
+                    f"- {what} output, {b:,} vs {a:,} hosts ({b / a:g}× the nodes): "
+                    f"{mb[key, b] / mb[key, a]:.1f}× the bytes."
+                )
     return out
 
 
@@ -375,8 +431,10 @@ def write_report(
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
         "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
-        "stall, push, logs, pipeline). Raw results: the `.json` next to this file; "
-        "`--render docs/benchmarks.json` rewrites this page from them without measuring.",
+        "stall, push, logs, pipeline, scale; scale needs no lab and no root). Raw results: the "
+        "`.json` next to this file; `--render docs/benchmarks.json` rewrites this page from them "
+        "without measuring; `--merge docs/benchmarks.json` re-measures the parts named by "
+        "`--only` into it.",
         "",
     ]
     measure_of = {
@@ -391,6 +449,7 @@ def write_report(
         "push": "push",
         "logs": "logs",
         "pipeline": "pipeline",
+        "scale": "scale",
     }
     noted: set[str] = set()
     for group, title, intro in SECTIONS:

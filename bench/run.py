@@ -4,7 +4,10 @@
 Starts a namespace lab (root), runs each measurement ``--repeat`` times (median/min/max), tears
 the lab down in ``finally`` and writes the markdown table. ``--quick`` is a smoke run with tiny
 sizes. Nothing here asserts speed: the numbers are reported, never judged, and a measurement
-that cannot run says ``not measured: <reason>`` instead of a number.
+that cannot run says ``not measured: <reason>`` instead of a number. ``scale`` needs no lab
+(nor root): ``--only scale`` starts none. ``--merge docs/benchmarks.json`` puts the rows of
+the measurements run into an earlier run's results, marked *re-measured* with this run's
+command, date and commit, and rewrites the page from them.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import datetime as dt
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -26,7 +31,8 @@ sys.path.insert(1, str(HERE.parent))
 from common import Result, machine_facts  # noqa: E402
 from report import write_report  # noqa: E402
 
-MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline")
+MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline", "scale")
+NO_LAB = frozenset({"scale"})  # measured without starting the lab
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="JSON",
         default=None,
         help="measure nothing: rewrite --out from the raw results of an earlier run (its .json)",
+    )
+    p.add_argument(
+        "--merge",
+        metavar="JSON",
+        default=None,
+        help="put this run's rows into an earlier run's raw results (its .json), marked "
+        "re-measured, and write --out from the merged results",
     )
     args = p.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -98,16 +111,76 @@ def precompile() -> str:
     return f"precompiled {'ok' if ok else 'with errors'} (PYTHONDONTWRITEBYTECODE {env})"
 
 
+def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The measurements that need the lab, by name."""
+    from fanout import FanoutBench, ssh_profile
+    from phases import PhaseBench
+
+    fan = FanoutBench(lab, work)
+    phases = PhaseBench(lab, work, quick=args.quick)
+    return {
+        "fanout": lambda: fan.fanout(
+            fanout_sizes(args.hosts, args.quick), args.repeat, warmup=not args.quick
+        ),
+        "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
+        "teardown": lambda: phases.teardown(args.repeat),
+        "lost": lambda: phases.lost_node(args.repeat),
+        "stall": lambda: phases.stall(args.repeat),
+        "push": lambda: phases.push(args.repeat),
+        "logs": lambda: phases.logs(args.repeat),
+        "pipeline": lambda: phases.pipeline(args.repeat),
+    }
+
+
+def commit_id() -> str:
+    """The checkout measured (``-dirty``: with uncommitted changes), read before anything is
+    written."""
+    return subprocess.run(
+        ["git", "-C", str(HERE), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def merged(
+    earlier: dict[str, Any],
+    meta: dict[str, Any],
+    facts: dict[str, str],
+    results: list[Result],
+    ran: list[str],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    """An earlier run's raw results (read before this run wrote anything) with the rows of the
+    measurements in ``ran`` put in place of theirs, each marked re-measured with this run's
+    command, date, commit and machine load."""
+    doc = json.loads(json.dumps(earlier))
+    keep = [r for r in doc["results"] if _measure(r["group"]) not in ran]
+    doc["results"] = keep + [r.__dict__ for r in results]
+    doc["skipped"] = {m: why for m, why in doc.get("skipped", {}).items() if m not in ran}
+    doc["skipped"].update({m: why for m, why in skipped.items() if m in ran})  # failed now
+    took = facts.get("benchmark wall time", "still running")
+    said = (
+        f"the rows below were measured on {meta['date']} (took {took}) with "
+        f"`{meta['command']}` at commit {meta['commit'] or 'unknown'}, {meta['repeat']} samples "
+        f"per row{' (PARTIAL: the run was still going)' if meta.get('partial') else ''}; "
+        f"{facts['CPU']}, python {facts['python']}; load average at start "
+        f"{facts['load average at start']}, at end {facts.get('load average at end', '—')}."
+    )
+    doc["meta"].setdefault("remeasured", {}).update({m: said for m in ran})
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return render(Path(args.render), Path(args.out))
-    from fanout import FanoutBench, make_work, ssh_profile
-    from phases import PhaseBench
+    from fanout import make_work
+    from scale import QUICK_SIZES, SIZES, ScaleBench
 
     from fleetctl.lab import Lab
 
     started = time.time()
+    earlier = json.loads(Path(args.merge).read_text()) if args.merge else None
     facts = machine_facts()
     facts["fleetctl bytecode"] = precompile()
     results: list[Result] = []
@@ -122,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "sizes": fanout_sizes(args.hosts, args.quick),
         "hosts": args.hosts,
+        "commit": commit_id(),
     }
 
     def save(final: bool) -> None:
@@ -130,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         if final:
             facts["load average at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
             facts["benchmark wall time"] = f"{time.time() - started:.0f} s"
+        if earlier is not None:
+            ran = [m for m in MEASUREMENTS if m in args.only]
+            doc = merged(earlier, meta, facts, results, ran, skipped)
+            rows = [Result(**r) for r in doc["results"]]
+            write_report(out, doc["meta"], doc["facts"], rows, doc["skipped"])
+            out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+            return
         pending = {
             m: "not measured: run still in progress"
             for m in MEASUREMENTS
@@ -150,24 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     try:
-        t0 = time.perf_counter()
-        lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
-        facts["lab"] = f"{args.hosts} hosts, up in {time.perf_counter() - t0:.2f} s"
-        print(f"bench: lab {lab.name} up ({args.hosts} hosts) in {lab.dir}", file=sys.stderr)
-        fan = FanoutBench(lab, work)
-        phases = PhaseBench(lab, work, quick=args.quick)
-        steps = {
-            "fanout": lambda: fan.fanout(
-                fanout_sizes(args.hosts, args.quick), args.repeat, warmup=not args.quick
+        steps: dict[str, Any] = {
+            "scale": lambda: ScaleBench(work).run(
+                QUICK_SIZES if args.quick else SIZES, args.repeat
             ),
-            "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
-            "teardown": lambda: phases.teardown(args.repeat),
-            "lost": lambda: phases.lost_node(args.repeat),
-            "stall": lambda: phases.stall(args.repeat),
-            "push": lambda: phases.push(args.repeat),
-            "logs": lambda: phases.logs(args.repeat),
-            "pipeline": lambda: phases.pipeline(args.repeat),
         }
+        if any(m not in NO_LAB for m in args.only):
+            t0 = time.perf_counter()
+            lab = Lab.up(args.hosts, dir=args.lab_dir, networks=1)
+            facts["lab"] = f"{args.hosts} hosts, up in {time.perf_counter() - t0:.2f} s"
+            print(f"bench: lab {lab.name} up ({args.hosts} hosts) in {lab.dir}", file=sys.stderr)
+            steps.update(lab_steps(lab, work, args))
         for name in MEASUREMENTS:
             if name not in args.only:
                 skipped[name] = "not selected (--only)"

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from rich.console import Console
-    from rich.table import Table
 
+    from fleetctl.cli.columns import Column
     from fleetctl.job.monitor_process import SpawnedMonitor
     from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.stacks import StackGroup
@@ -408,16 +408,21 @@ def print_push_report(
 def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | None = None) -> None:
     """``fleetctl run --dry-run``: the plan-wide values, one row per node, each node's command.
 
-    Commands are shown shell-quoted (``shlex.join``) exactly as they would run; the env shown is
-    node 0's fleetctl/user part (every node's full env is in ``--json``).
+    Commands are shown shell-quoted (``shlex.join``) exactly as they would run, except that an
+    argument that is long and the same on every node (paddle's ``--ips=…``) is shown once above
+    them and as ``‹argv N›`` in each (``--json`` writes it once under ``shared`` the same way);
+    the env shown is node 0's fleetctl/user part (every node's full env is in ``--json``).
     """
     import shlex
 
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console()
+    from fleetctl.cli.columns import Column, print_table
+    from fleetctl.cli.console import stdout_console
+    from fleetctl.plan.shared import shared_positions
+
+    console = console or stdout_console()
     where = inventory or "this machine (no inventory)"
     console.print(
         f"[bold]job[/] {escape(plan.job_id)}  [bold]launcher[/] {plan.launcher}  "
@@ -425,18 +430,29 @@ def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | N
         f"[bold]world[/] {plan.nnodes} node(s) x {plan.nproc_per_node} = {plan.world_size}  "
         f"[dim]({escape(where)})[/]"
     )
-    table = Table(show_edge=False, pad_edge=False)
-    for col in ("rank", "host", "ssh address", "training address", "nic", "run folder"):
-        table.add_column(col)
+    columns = [Column(c) for c in ("host", "ssh address", "training address", "nic", "run folder")]
+    rows = [
+        [str(n.node_rank), n.host, n.address, n.train_addr, n.nic or "–", n.run_dir]
+        for n in plan.nodes
+    ]
+    print_table(console, [Column("rank", "right"), *columns], rows)
+    shared = shared_positions([n.argv for n in plan.nodes])
+    for i in shared:
+        what = shlex.quote(plan.nodes[0].argv[i])
+        console.print(Text(f"‹argv {i}› on every node: {what}", style="dim"), soft_wrap=True)
+    files = {tuple(n.files) for n in plan.nodes}
+    same_files = len(plan.nodes) > 1 and len(files) == 1
+    lines: list[Text] = []
     for n in plan.nodes:
-        cells = (n.host, n.address, n.train_addr, n.nic or "–", n.run_dir)
-        table.add_row(str(n.node_rank), *(escape(c) for c in cells))
-    console.print(table)
-    for n in plan.nodes:
-        command = escape(shlex.join(n.argv))
-        console.print(f"[bold][{n.node_rank} {escape(n.host)}][/] $ {command}", soft_wrap=True)
-        for rel in n.files:
-            console.print(f"    writes {escape(rel)} in the run folder", style="dim")
+        words = [f"‹argv {i}›" if i in shared else shlex.quote(a) for i, a in enumerate(n.argv)]
+        lines.append(Text.assemble((f"[{n.node_rank} {n.host}]", "bold"), " $ ", " ".join(words)))
+        if not same_files:
+            lines += [Text(f"    writes {rel} in the run folder", style="dim") for rel in n.files]
+    if lines:
+        console.print(Text("\n").join(lines), soft_wrap=True)
+    if same_files and plan.nodes[0].files:
+        names = ", ".join(plan.nodes[0].files)
+        console.print(Text(f"every node writes {names} in its run folder", style="dim"))
     if plan.nodes:
         first = plan.nodes[0]
         keys = [k for k in first.env if k.startswith(("MASTER_", "FLEET_JOB", "NCCL_", "GLOO_"))]
@@ -449,49 +465,50 @@ def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | N
 # -------------------------------------------------------------------------------- inventory
 
 
-def inventory_table(inv: Inventory) -> Table:
+def inventory_rows(inv: Inventory) -> tuple[list[Column], list[list[str]]]:
     """The ``fleetctl inventory`` table: one row per node in rank order."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
+    from fleetctl.cli.columns import Column
 
-    title = f"{inv.path or 'this machine (no inventory)'}"
-    if inv.limit:
-        title += f"  --limit {inv.limit}"
-    table = Table(title=escape(title), box=box.SIMPLE_HEAD, title_justify="left")
-    for name, justify in (
-        ("rank", "right"),
-        ("host", "left"),
-        ("address", "left"),
-        ("port", "right"),
-        ("user", "left"),
-        ("nic", "left"),
-        ("gpus", "right"),
-        ("workdir", "left"),
-    ):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    columns = [
+        Column("rank", "right"),
+        Column("host"),
+        Column("address"),
+        Column("port", "right"),
+        Column("user"),
+        Column("nic"),
+        Column("gpus", "right"),
+        Column("workdir"),
+    ]
+    rows = []
     for rank, n in enumerate(inv.nodes):
         address = "local" if n.local else n.address
         if n.train_addr:
             address += f" (train {n.train_addr})"
-        table.add_row(
-            str(rank),
-            escape(n.name),
-            escape(address),
-            "" if n.local else str(n.port),
-            escape(n.user or ""),
-            escape(n.nic or ""),
-            "" if n.gpus is None else str(n.gpus),
-            escape(n.workdir),
+        rows.append(
+            [
+                str(rank),
+                n.name,
+                address,
+                "" if n.local else str(n.port),
+                n.user or "",
+                n.nic or "",
+                "" if n.gpus is None else str(n.gpus),
+                n.workdir,
+            ]
         )
-    return table
+    return columns, rows
 
 
 def print_inventory(inv: Inventory, console: Console | None = None) -> None:
     """``fleetctl inventory``: the node table and how many nodes were selected."""
-    from rich.console import Console
+    from fleetctl.cli.columns import print_table
+    from fleetctl.cli.console import stdout_console
 
-    console = console or Console()
-    console.print(inventory_table(inv))
+    console = console or stdout_console()
+    title = f"{inv.path or 'this machine (no inventory)'}"
+    if inv.limit:
+        title += f"  --limit {inv.limit}"
+    columns, rows = inventory_rows(inv)
+    print_table(console, columns, rows, title=title)
     n = len(inv.nodes)
     console.print(f"{n} node{'s' if n != 1 else ''}, digest {inv.digest[:12]}", style="dim")

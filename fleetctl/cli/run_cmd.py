@@ -3,8 +3,9 @@
 Everything after SCRIPT goes to the script untouched (fleetctl's own options come first), like
 torchrun. ``--dry-run`` stops after planning: no network, nothing started; ``--json`` prints the
 plan in the contract shape ``{"job_id", "nodes": [{"host", "address", "node_rank", "nic",
-"argv", "env"}…]}``. Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run.run_job``
-(check → push → launch → watch → teardown → collect).
+"argv", "env"}…]}``, long fleet-wide values once under ``shared`` (``--full``: on every node).
+Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run.run_job`` (check → push →
+launch → watch → teardown → collect).
 """
 
 from __future__ import annotations
@@ -160,6 +161,12 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 @click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
+    "--full",
+    is_flag=True,
+    help="With --dry-run --json: every node's env, argv and files written out in full (as "
+    "plan.json has them), not long fleet-wide values once under 'shared'; grows with nodes².",
+)
+@click.option(
     "--env",
     "env_archive",
     type=click.Path(exists=True, dir_okay=False),
@@ -250,6 +257,7 @@ def run_command(
     code_dir: str | None,
     dry_run: bool,
     as_json: bool,
+    full: bool,
     env_archive: str | None,
     no_check: bool,
     grace: float,
@@ -270,6 +278,8 @@ def run_command(
     from fleetctl.job.submit import RetryRequest
 
     env = parse_env_vars(env_vars)
+    if full and not (dry_run and as_json):
+        raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
     job_file: str | None = lifecycle["job_file"]
@@ -348,7 +358,7 @@ def run_command(
     if plan_now is not None:
         plan = plan_now(spec)
         if as_json:
-            click.echo(plan.to_json())
+            click.echo(plan.to_json(compact=not full))
         else:
             from fleetctl.cli import render
 

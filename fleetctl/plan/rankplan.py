@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -29,6 +28,8 @@ from fleetctl.errors import PlanError
 from fleetctl.node import LOCAL_ADDRESSES, Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
 from fleetctl.plan.launchers.base import Launcher, option_name, path_from
+from fleetctl.plan.nproc import processes_per_node
+from fleetctl.plan.shared import expand_shared, share_values
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -180,8 +181,9 @@ class NodePlan:
 class Plan:
     """The whole job: identical plan-wide values plus one ``NodePlan`` per node in rank order.
 
-    ``to_dict()`` is the ``--dry-run --json`` contract: ``{"job_id", "nodes": [{"host",
-    "address", "node_rank", "nic", "argv", "env", …}]}`` with extra keys allowed around it.
+    ``to_dict()`` is ``plan.json`` and ``--dry-run --json --full``: ``{"job_id", "nodes": [{"host",
+    "address", "node_rank", "nic", "argv", "env", …}]}`` (extra keys allowed); a plain
+    ``--dry-run --json`` prints ``to_json(compact=True)``.
     """
 
     job_id: str
@@ -259,13 +261,15 @@ class Plan:
             "nodes": [n.to_dict() for n in self.nodes],
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, indent: int | None = 2, *, compact: bool = False) -> str:
+        """``compact``: fleet-wide values written once (``fleetctl.plan.shared``), not per node."""
+        d = self.to_dict()
+        return json.dumps(share_values(d) if compact else d, indent=indent)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """Reload a plan (``plan.json``). Raises PlanError on a malformed document."""
-        d = _require(data, "plan", ("job_id", "nodes"))
+        """Reload a plan (``plan.json``, full or compact). PlanError on a malformed document."""
+        d = expand_shared(_require(data, "plan", ("job_id", "nodes")))
         try:
             nodes = tuple(NodePlan.from_dict(n) for n in d["nodes"])
             first_env = nodes[0].env if nodes else {}
@@ -344,7 +348,9 @@ def make_plan(
         gpus[n.name] = len(visible[n.name]) if visible[n.name] else int(count or 0)
     _check_loopback_mix(addrs)
 
-    nproc, gpus_per_node = _nproc(spec, gpus, one_per_node=launcher.one_process_per_node)
+    nproc, gpus_per_node = processes_per_node(
+        spec, gpus, one_per_node=launcher.one_process_per_node
+    )
     ips = tuple(addrs[n.name] for n in nodes)
     ctx = LaunchContext(
         job_id=spec.job_id,
@@ -453,7 +459,7 @@ def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, st
         "FLEET_JOB_ID": ctx.job_id,
         "FLEET_NODE_RANK": str(node.node_rank),
         "FLEET_NUM_NODES": str(ctx.nnodes),
-        "FLEET_NODE_IPS": ",".join(ctx.ips),
+        "FLEET_NODE_IPS": ctx.ips_csv,
         "FLEET_NPROC_PER_NODE": str(ctx.nproc_per_node),
         "FLEET_HOST": node.host,
         "FLEET_LAUNCHER": ctx.launcher,
@@ -558,48 +564,6 @@ def _check_loopback_mix(addrs: Mapping[str, str]) -> None:
             f"{', '.join(loop)}: training address is loopback but other nodes are remote; "
             "they could not reach it (set fleetctl_addr or fleetctl_nic)"
         )
-
-
-def _nproc(spec: JobSpec, gpus: Mapping[str, int], *, one_per_node: bool) -> tuple[int, int]:
-    """(processes per node, GPUs per node used by the launcher; 0 = CPU)."""
-    counts = Counter(gpus.values())
-    uniform = len(counts) == 1
-    if one_per_node:
-        if spec.nproc_per_node not in ("auto", 1):
-            raise PlanError(
-                f"launcher {spec.launcher!r} runs one process per node; "
-                f"--nproc-per-node must be 1 or auto, got {spec.nproc_per_node}"
-            )
-        return 1, next(iter(counts)) if uniform else 0
-    if spec.nproc_per_node == "auto":
-        if not uniform:
-            raise PlanError(_mixed_gpus_message(gpus, counts))
-        count = next(iter(counts))
-        return max(count, 1), count
-    k = int(spec.nproc_per_node)
-    if 0 in counts and not uniform:
-        none = ", ".join(h for h, c in gpus.items() if c == 0)
-        raise PlanError(
-            f"{none}: no GPUs known while other nodes have GPUs; CPU and GPU nodes cannot share "
-            "one job (set fleetctl_gpus)"
-        )
-    short = [h for h, c in gpus.items() if 0 < c < k]
-    if short:
-        have = ", ".join(f"{h} has {gpus[h]}" for h in short)
-        raise PlanError(f"--nproc-per-node {k} needs {k} GPUs per node but {have}")
-    return k, (k if 0 not in counts else 0)
-
-
-def _mixed_gpus_message(gpus: Mapping[str, int], counts: Counter[int]) -> str:
-    # The most common count is "normal" (ties: node 0's); the others are the odd hosts.
-    first = next(iter(gpus.values()))
-    top = max(counts.values())
-    normal = first if counts[first] == top else counts.most_common(1)[0][0]
-    odd = [f"{h} has {c}" for h, c in gpus.items() if c != normal]
-    return (
-        f"mixed GPU counts: {', '.join(odd)} while the others have {normal}; every node must "
-        "run the same number of processes (fix fleetctl_gpus or pass --nproc-per-node)"
-    )
 
 
 __all__ = [

@@ -16,10 +16,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,20 @@ class LaunchContext:
     gpus_per_node: int  # 0 when the nodes have no (known) GPUs: CPU / gloo
     launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
     gpu_lists: tuple[tuple[str, ...], ...] = ()  # per node (rank order): fleetctl_gpus lists
+    _memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def once(self, key: str, build: Callable[[], T]) -> T:
+        """A fleet-wide value (the ``--ips`` list, deepspeed's hostfile) built once per plan and
+        shared by every node: built per node, it cost time and memory in nodes² (5,000 nodes:
+        5,000 copies of a 70 kB string)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]  # type: ignore[no-any-return]
+
+    @property
+    def ips_csv(self) -> str:
+        """The training addresses joined by commas (``FLEET_NODE_IPS``, paddle's ``--ips``)."""
+        return self.once("ips_csv", lambda: ",".join(self.ips))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--master_addr={ctx.master_addr}",
         f"--master_port={ctx.master_port}",
         f"--enable_each_rank_log={run_path(node, LOG_DIR)}",
-        *_gpu_selection(ctx),
+        *ctx.once("gpu selection", lambda: _gpu_selection(ctx)),
         *ctx.launcher_args,
         script_path(node, ctx.script),
         *ctx.args,
@@ -59,12 +59,16 @@ def _gpu_selection(ctx: LaunchContext) -> list[str]:
 
 
 def files(ctx: LaunchContext, node: NodePlan) -> dict[str, str]:
+    return {HOSTFILE: ctx.once(HOSTFILE, lambda: _hostfile(ctx))}
+
+
+def _hostfile(ctx: LaunchContext) -> str:
     if ctx.gpu_lists:  # slots are indices 0..slots-1: cover the highest one listed
         slots = [max(int(i) for i in ids) + 1 for ids in ctx.gpu_lists]
     else:
         slots = [ctx.nproc_per_node] * len(ctx.ips)
     lines = [f"{addr} slots={n}" for addr, n in zip(ctx.ips, slots, strict=True)]
-    return {HOSTFILE: "\n".join(lines) + "\n"}
+    return "\n".join(lines) + "\n"
 
 
 def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:

@@ -54,7 +54,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         python_path(node),
         "-m",
         "paddle.distributed.launch",
-        f"--ips={','.join(ctx.ips)}",
+        ctx.once("--ips", lambda: f"--ips={ctx.ips_csv}"),
         f"--host={node.train_addr}",
         f"--nnodes={ctx.nnodes}",
         procs,

@@ -79,6 +79,7 @@ def make_role_plan(
         for t in tasks
     }
     merged: list[NodePlan | None] = [None] * len(tasks)
+    all_ips = ",".join(addrs[x.node.name] for x in tasks)  # once: every task shares the string
     if job.launcher == "paddle-ps":
         role_plans = _paddle_ps_plans(job, tasks, base, ports, addrs, facts, code_digest)
     else:
@@ -100,7 +101,7 @@ def make_role_plan(
             )
             env["FLEET_NODE_RANK"] = str(t.rank)
             env["FLEET_NUM_NODES"] = str(len(tasks))
-            env["FLEET_NODE_IPS"] = ",".join(addrs[x.node.name] for x in tasks)
+            env["FLEET_NODE_IPS"] = all_ips
             env.update(job.env)
             env.update(job.role(t.role).env)
             env.update(base.env)
