@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.fleet import Fleet
 
 PORT_SPAN = 64  # ports tried from the default when none was given
+MAX_SPAN_TRIES = 8  # paddle: bases tried when a port of the span is taken on another node
 CLAIM_TIMEOUT = 20.0
 
 
@@ -37,9 +38,21 @@ def reserve_master_port(
     base..base+span-1 are claimed on node 0, then the same ones on each of ``others``."""
     base = spec.master_port
     cands = [base] if spec.master_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
-    free, busy = _claim(fleet, node0, cands, spec.job_id, span)
-    if free:
-        _claim_everywhere(fleet, others, free[0], spec.job_id, span)
+    for attempt in range(MAX_SPAN_TRIES):
+        free, busy = _claim(fleet, node0, cands, spec.job_id, span)
+        if not free:
+            break
+        try:
+            _claim_everywhere(fleet, others, free[0], spec.job_id, span)
+        except LaunchError:
+            # a port of the span is taken on another node (TIME_WAIT, another service): give
+            # back what was claimed, and with a port of our choosing try the next base
+            _unclaim(fleet, [node0, *others], free[0], spec.job_id, span)
+            later = [p for p in cands if p > free[0]]
+            if spec.master_port_fixed or not later or attempt == MAX_SPAN_TRIES - 1:
+                raise
+            cands = later
+            continue
         return free[0]
     if spec.master_port_fixed:
         bad = next((p for p in range(base, base + span) if str(p) in busy), base)
@@ -71,6 +84,19 @@ def _claim(
         raise LaunchError(
             f"{node.label}: could not claim the job's ports (exit {res.exit_code}): {tail}"
         ) from e
+
+
+def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
+    """Give back the job's claims of base..base+span-1 on ``nodes`` (best effort: a claim
+    left behind goes stale once its claimer is gone)."""
+    source = remote.source("port_probe.py").decode("utf-8")
+    args = json.dumps({"unclaim": {"job": job, "ports": list(range(base, base + span))}})
+    for node in nodes:
+        try:
+            conn = fleet.connection(node)
+            conn.run([conn.expand(node.python), "-c", source, args], timeout=CLAIM_TIMEOUT)
+        except Exception:  # best effort, see above
+            continue
 
 
 def _claim_everywhere(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:

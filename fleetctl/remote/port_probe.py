@@ -159,6 +159,12 @@ def free_ports(
 
 def main() -> None:
     args = json.loads(sys.argv[1])
+    if args.get("unclaim"):  # give back what a job claimed here (it went elsewhere)
+        gone = args["unclaim"]
+        for port in gone["ports"]:
+            unclaim(int(port), str(gone["job"]))
+        sys.stdout.write("D " + json.dumps({"unclaimed": len(gone["ports"])}) + "\n")
+        return
     job = (args.get("claim") or {}).get("job")
     busy: dict = {}
     cands = [int(p) for p in args["candidates"]]

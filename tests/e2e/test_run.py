@@ -679,16 +679,8 @@ def test_every_paddle_rank_streams_whole_tagged_lines_once_with_its_pid_in_ranks
              inventory=_python_inventory(lab3, tmp_path, paddle_python),
              opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
     assert r.finish() == 0, r.text()
-    tagged = re.compile(r"^\[(\d) (node\d)\] pline rank=(\d) i=(\d)$")
-    seen: list[tuple[int, int]] = []
-    for line in r.out:
-        if "pline" in line:
-            m = tagged.match(line)
-            assert m, f"untagged or duplicated paddle line: {line!r}"
-            g, host, rank, i = m.groups()
-            assert g == rank and host == f"node{int(g) // 2 + 1}", line
-            seen.append((int(g), int(i)))
-    assert sorted(seen) == [(g, i) for g in range(6) for i in range(10)]  # each exactly once
+    seen = rank_lines(r.out, "pline", r"pline rank=(\d) i=(\d)")
+    assert seen == [(g, i) for g in range(6) for i in range(10)]  # each exactly once
     console = (r.folder / "1-node2" / "console.log").read_text()
     assert "[rank 3] pline rank=3 i=9\n" in console and "\npline rank=2" not in console
     ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
@@ -709,16 +701,8 @@ def test_a_deepspeed_job_runs_every_rank_and_streams_each_ranks_own_log_file(
              inventory=_python_inventory(lab3, tmp_path, deepspeed_python),
              opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
     assert r.finish(240) == 0, r.text()
-    tagged = re.compile(r"^\[(\d) (node\d)\] ds rank=(\d) of 6 sum=15 i=(\d)$")
-    seen = []
-    for line in r.out:
-        if "ds rank=" in line:
-            m = tagged.match(line)
-            assert m, f"untagged, torn or wrong line: {line!r}"
-            g, host, rank, i = m.groups()
-            assert g == rank and host == f"node{int(g) // 2 + 1}", line
-            seen.append((int(g), int(i)))
-    assert sorted(seen) == [(g, i) for g in range(6) for i in range(5)]
+    seen = rank_lines(r.out, "ds rank=", r"ds rank=(\d) of 6 sum=15 i=(\d)")
+    assert seen == [(g, i) for g in range(6) for i in range(5)]
     ranks = json.loads((r.folder / "ranks.json").read_text())["ranks"]
     for x in ranks:
         g = x["rank"]
@@ -747,6 +731,21 @@ def test_a_failing_deepspeed_rank_is_named_with_its_node_exit_code_and_file(
         (3, 1, 3)
     ]
     assert left_over(lab3, r.folder.name) == {}
+
+
+def rank_lines(out: list[str], marker: str, body: str) -> list[tuple[int, int]]:
+    """(global rank, i) of every streamed line holding ``marker``, sorted; each must be one
+    whole line ``[G nodeN] <body>`` whose body names the same rank G (two ranks per node)."""
+    tagged = re.compile(r"^\[(\d) (node\d)\] " + body + "$")
+    seen = []
+    for line in out:
+        if marker in line:
+            m = tagged.match(line)
+            assert m, f"untagged, torn, duplicated or wrong line: {line!r}"
+            g, host, rank, i = m.groups()
+            assert g == rank and host == f"node{int(g) // 2 + 1}", line
+            seen.append((int(g), int(i)))
+    return sorted(seen)
 
 
 def _python_inventory(lab: Lab, tmp_path: Path, python: str) -> Path:
@@ -779,6 +778,29 @@ def test_paddle_endpoint_ports_are_claimed_on_every_node_and_a_held_one_is_refus
     assert "paddle endpoint ports 29811-29811 are not free on 1 node(s): node3" in said, said
     assert "port 29811 is reserved by fleetctl job other-job" in said
     assert not any("paddle-info" in line for line in r.out)
+
+
+def test_paddle_ports_of_its_own_choosing_skip_a_span_held_on_another_node(
+    lab3: Lab, runs, code, tmp_path: Path, paddle_python: str
+) -> None:
+    """Without --master-port, a span port another job holds on node3 (not on node 0) moves
+    the whole span to the next base that is free on every node, instead of failing."""
+    claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
+    held = [29500 + i for i in range(6)]
+    lab3.exec("node3", ["sh", "-c", "mkdir -p -m 1777 /tmp/fleetctl-ports && " + " && ".join(
+        f"echo '{claim}' > /tmp/fleetctl-ports/{p}" for p in held[1:])], check=True)  # fmt: skip
+    try:
+        r = runs(lab3, "pinfo.py", launcher="paddle", code_dir=code,
+                 inventory=_python_inventory(lab3, tmp_path, paddle_python),
+                 opts=("--no-check", "--nproc-per-node", "2"))  # fmt: skip
+        assert r.finish() == 0, r.text()
+    finally:
+        lab3.exec("node3", ["sh", "-c", "rm -f " + " ".join(
+            f"/tmp/fleetctl-ports/{p}" for p in held[1:])], check=True)  # fmt: skip
+    port = json.loads((r.folder / "plan.json").read_text())["master_port"]
+    assert port > held[-1], port  # every base whose span touched node3's held ports skipped
+    left = lab3.exec("node1", ["ls", "/tmp/fleetctl-ports"], check=True).stdout.split()
+    assert not set(map(str, held)) & set(left)  # the claims of the bases given up are gone
 
 
 # ------------------------------------------------------------------------------ rendezvous

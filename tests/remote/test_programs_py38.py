@@ -333,6 +333,15 @@ def fake_env(root: Path, python: str) -> Path:
     return root
 
 
+def env_archive(tmp_path: Path, python: str) -> tuple[bytes, str]:
+    """A conda-pack-like archive of a fake env, and its sha256."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(fake_env(tmp_path / "src-env", python), arcname=".")
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
 def test_envinfo_reads_the_nccl_version_and_imports_of_an_env(run38: Run, tmp_path: Path) -> None:
     env = fake_env(tmp_path / "env", "/bin/false")
     query = json.dumps({"prefix": str(env), "imports": ["json", "no_such_mod"], "torch": True})
@@ -492,12 +501,7 @@ def test_the_push_helper_probes_finalizes_and_verifies_an_env(
     assert probe["code_present"] is False and probe["env_present"] is False
     assert probe["free"] > 0 and probe["workdir"] == str(w)
 
-    env = fake_env(tmp_path / "src-env", py38)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(env, arcname=".")
-    data = buf.getvalue()
-    sha = hashlib.sha256(data).hexdigest()
+    data, sha = env_archive(tmp_path, py38)
     (w / "envs" / "upload.tar.gz").write_bytes(data)
     cfg = {
         "workdir": str(w),
@@ -573,7 +577,7 @@ def test_a_port_claimed_for_one_job_is_skipped_by_another_until_its_owner_is_gon
     run38: Run, tmp_path: Path
 ) -> None:
     env = {**os.environ, "FLEETCTL_PORT_CLAIMS": str(tmp_path / "claims")}
-    p1, p2 = _free_ports(2)
+    p1, p2, p3 = _free_ports(3)
 
     def claim(job: str, cands: list[int]) -> dict:
         arg = json.dumps({"candidates": cands, "need": 1, "claim": {"job": job}})
@@ -595,6 +599,12 @@ def test_a_port_claimed_for_one_job_is_skipped_by_another_until_its_owner_is_gon
         json.dumps({"job": "D", "pid": os.getpid(), "start": start})
     )
     assert claim("E", [p1]) == {"free": [], "busy": {str(p1): "reserved by fleetctl job D"}}
+    # a job gives back what it claimed (paddle's span taken elsewhere): only its own claims
+    assert claim("F", [p3]) == {"free": [p3], "busy": {}}
+    gone = json.dumps({"unclaim": {"job": "F", "ports": [p1, p3]}})
+    assert last_data(run38("port_probe.py", [gone], env=env).stdout) == {"unclaimed": 2}
+    assert not (tmp_path / "claims" / str(p3)).exists()
+    assert json.loads((tmp_path / "claims" / str(p1)).read_text())["job"] == "D"  # not F's
 
 
 # ----------------------------------------------------------------------------------- stacks
@@ -773,12 +783,7 @@ def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Pa
     the unpack lock lets one unpack it; the other waits, then finds it there."""
     w = tmp_path / "w"
     (w / "envs").mkdir(parents=True)
-    env = fake_env(tmp_path / "src-env", py38)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(env, arcname=".")
-    data = buf.getvalue()
-    sha = hashlib.sha256(data).hexdigest()
+    data, sha = env_archive(tmp_path, py38)
     procs = []
     for i in range(2):
         (w / "envs" / f"up{i}.tar.gz").write_bytes(data)  # each node's own upload
