@@ -56,6 +56,15 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
     help="nccl: a host without GPUs (no nvidia-smi) is an error.",
 )
 @click.option(
+    "--mesh",
+    "mesh",
+    type=click.Choice(["auto", "full", "sparse", "off"]),
+    default="auto",
+    show_default=True,
+    help="Which host pairs the mesh tests: every pair (full), each host's ring neighbours plus "
+    "3 seeded random peers (sparse), auto = full up to 32 hosts, sparse beyond; off: none.",
+)
+@click.option(
     "--min-free",
     type=click.FloatRange(min=0),
     default=1.0,
@@ -71,6 +80,7 @@ def check_command(
     allow_busy_gpus: bool,
     launcher: str | None,
     backend: str | None,
+    mesh: str,
     min_free: float,
     ssh: SSHOptions,
 ) -> None:
@@ -94,6 +104,8 @@ def check_command(
         min_free_bytes=int(min_free * GiB),
         recheck=recheck,
         allow_busy_gpus=allow_busy_gpus,
+        mesh=mesh != "off",
+        mesh_mode=mesh if mesh != "off" else "auto",
     )
     with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
         report = check_fleet(fleet, options)

@@ -48,6 +48,7 @@ from fleetctl.phases.check_report import (
     ProbeOutcome,
 )
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
+from fleetctl.phases.mesh_plan import RANDOM_PEERS, mesh_mode, mesh_peers
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -145,8 +146,13 @@ def _reserved_ports(node: Node, options: CheckOptions) -> set[int]:
 class _Rendezvous:
     """Where node sessions meet: all listeners up (or given up on) → peers; all tested → done."""
 
-    def __init__(self, names: Sequence[str], ready_by: float, mesh_wait: float) -> None:
+    def __init__(
+        self, names: Sequence[str], ready_by: float, mesh_wait: float, mode: str = "auto"
+    ) -> None:
         self.cond = threading.Condition()
+        self.order = list(names)  # inventory order: the mesh plan depends on it
+        self.mode = mode
+        self.plan: dict[str, list[str]] = {}  # host -> the peers it tests (mesh_plan)
         self.waiting = set(names)
         self.ready: dict[str, tuple[str, int]] = {}
         self.ready_by = ready_by
@@ -172,6 +178,7 @@ class _Rendezvous:
                 self.cond.wait(left)
             if self.members is None:
                 self.members = dict(self.ready)
+                self.plan = mesh_peers([n for n in self.order if n in self.members], self.mode)
                 self.testing = set(self.members)
                 self.done_by = time.monotonic() + self.mesh_wait
                 self.cond.notify_all()
@@ -233,9 +240,8 @@ def _session(
             out.mesh_error = "listener came up after the mesh started"
             return out
         in_mesh = True
-        peers = [
-            {"name": n, "addr": a, "port": p} for n, (a, p) in members.items() if n != node.name
-        ]
+        out.mesh_peers = list(rv.plan.get(node.name, []))
+        peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in out.mesh_peers]
         try:
             stream.send((json.dumps({"peers": peers}) + "\n").encode())
         except OSError:
@@ -421,7 +427,8 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
 
 
 def _mesh_wait(options: CheckOptions, n: int) -> float:
-    batches = max(1, -(-max(n - 1, 1) // 32))
+    tested = n - 1 if mesh_mode(options.mesh_mode, n) == "full" else RANDOM_PEERS + 2
+    batches = max(1, -(-max(tested, 1) // 32))
     return 10.0 + batches * (options.tcp_timeout + 3.0)
 
 
@@ -433,7 +440,12 @@ def _run_sessions(
     wait = _mesh_wait(options, len(nodes))
     master = fleet.nodes[0].name
     rv = (
-        _Rendezvous([n.name for n in nodes], time.monotonic() + options.probe_timeout + 10, wait)
+        _Rendezvous(
+            [n.name for n in nodes],
+            time.monotonic() + options.probe_timeout + 10,
+            wait,
+            options.mesh_mode,
+        )
         if mesh
         else None
     )

@@ -494,6 +494,7 @@ def _judge_mesh(
             rows[name].checks["mesh"] = CheckResult(SKIP, "no peer to test")
         return
     bad_pairs: dict[frozenset[str], list[MeshFailure]] = {}
+    paired: dict[str, set[str]] = {n: set() for n in members}  # who tested whom, both ways
     ping_only: list[str] = []
     icmp_na: set[str] = set()
     silent: set[str] = set()
@@ -502,9 +503,13 @@ def _judge_mesh(
             silent.add(src)
             continue
         results = out.mesh.get("peers") or {}
-        for dst, dst_out in members.items():
-            if dst == src:
+        planned = out.mesh_peers if out.mesh_peers is not None else list(members)
+        for dst in planned:
+            dst_out = members.get(dst)
+            if dst == src or dst_out is None:
                 continue
+            paired[src].add(dst)
+            paired[dst].add(src)
             res = results.get(dst)
             port = dst_out.listener[1] if dst_out.listener else "?"
             if res is None:
@@ -530,8 +535,9 @@ def _judge_mesh(
         out = members[src]
         rows[src].checks["mesh"] = CheckResult(FAIL, out.mesh_error or "no mesh result")
     report.warnings.extend(ping_only)
-    # Blame: with 3+ hosts, one failing with every other host is the culprit and the others
-    # are fine; a failing pair not explained that way blames both ends.
+    # Blame: with 3+ hosts, one failing with every peer it was paired with (all others in a
+    # full mesh) is the culprit and the others are fine; a failing pair not explained that
+    # way blames both ends.
     tested = [n for n in members if n not in silent]
     partners: dict[str, set[str]] = {n: set() for n in tested}
     for pair in bad_pairs:
@@ -539,8 +545,9 @@ def _judge_mesh(
         if a in partners and b in partners:
             partners[a].add(b)
             partners[b].add(a)
+    peers_of = {n: paired[n] & set(tested) for n in tested}
     blamed = (
-        {n for n, p in partners.items() if len(p) == len(tested) - 1 and p}
+        {n for n, p in partners.items() if p and p >= peers_of[n] and len(peers_of[n]) > 1}
         if len(tested) > 2
         else {n for n, p in partners.items() if p}
     )
@@ -549,13 +556,14 @@ def _judge_mesh(
         if n in blamed or others:
             bad_with = sorted(partners[n]) if n in blamed else sorted(others)
             rows[n].checks["mesh"] = CheckResult(
-                FAIL, f"cannot talk to {', '.join(bad_with)} over the training network"
+                FAIL, f"cannot talk to {_listing(bad_with)} over the training network"
             )
         else:
             note = f" (except {', '.join(sorted(partners[n]))})" if partners[n] else ""
             na = " ICMP n/a, TCP only" if n in icmp_na else ""
+            total = len(peers_of[n])
             rows[n].checks["mesh"] = CheckResult(
-                OK, f"{len(tested) - 1 - len(partners[n])}/{len(tested) - 1} peers{na}{note}"
+                OK, f"{total - len(partners[n])}/{total} peers{na}{note}"
             )
 
 

@@ -60,6 +60,7 @@ class CheckOptions:
     launcher_module: str | None = None
     code_dir: str | None = None
     mesh: bool = True
+    mesh_mode: str = "auto"  # which pairs (fleetctl.phases.mesh_plan): auto, full, sparse
     mesh_span: int = 64
     allow_loopback: bool = False
     max_clock_skew: float = 2.0
@@ -262,3 +263,4 @@ class ProbeOutcome:
     noready: str | None = None
     mesh: dict[str, Any] | None = None
     mesh_error: str | None = None
+    mesh_peers: list[str] | None = None  # the peers this host was to test (None: all)

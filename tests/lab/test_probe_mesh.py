@@ -59,3 +59,33 @@ def test_mesh_gets_through_a_stale_neighbour_entry_but_not_a_cut_link(make_lab) 
     res = run_mesh(lab, 2.0)
     assert res["tcp"] in ("timed out", "unreachable"), res
     assert res["ping"] == "timeout", res
+
+
+def test_a_sparse_mesh_on_eight_hosts_tests_fewer_pairs_and_still_names_a_cut_host(
+    make_lab,  # type: ignore[no-untyped-def]
+) -> None:
+    """``check --mesh sparse`` (what ``auto`` does past 32 hosts) on real hosts: each tests 5
+    of its 7 peers, the healthy lab passes, and when node5 can no longer send to any peer on
+    the data network (its NIC still up: a blackhole route per peer) node5 alone fails the
+    mesh, every failing pair being one of its own."""
+    from fleetctl.phases.mesh_plan import mesh_peers
+    from fleetctl.testing.cli_runner import run_cli
+
+    lab = make_lab(8, networks=2)
+    args = ["check", "-i", str(lab.inventory_path), "--mesh", "sparse", "--json", "--recheck"]
+    ok = run_cli(*args)
+    report = json.loads(ok.stdout)
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    assert all(h["checks"]["mesh"]["detail"].endswith("peers") for h in report["hosts"])
+    plan = mesh_peers([h.name for h in lab.hosts], "sparse")
+    assert all(len(p) == 5 for p in plan.values())
+    for h in lab.hosts:
+        if h.name != "node5":
+            lab.exec("node5", ["ip", "route", "add", "blackhole", f"{h.data_addr}/32"], check=True)
+    bad = run_cli(*args)
+    report = json.loads(bad.stdout)
+    assert bad.exit_code == 3
+    assert {(f["host"], f["check"]) for f in report["failures"]} == {("node5", "mesh")}, report
+    pairs = {(f["src"], f["dst"]) for f in report["mesh_failures"]}
+    assert pairs and all("node5" in p for p in pairs)
+    assert pairs <= {(s, d) for s, ps in plan.items() for d in ps}  # only the planned pairs
