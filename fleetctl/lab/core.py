@@ -562,7 +562,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         d = self.dir
         if not (d / "lab.json").exists():
             return
-        for sub in ("hosts",):
+        for sub in ("hosts", "shared-home"):
             shutil.rmtree(d / sub, ignore_errors=True)
         for f in (
             "id_ed25519",

@@ -583,3 +583,37 @@ def test_cli_refuses_overlapping_subnet_with_one_line(lab3: Lab) -> None:
     )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "overlaps" in r.stderr
+
+
+# ------------------------------------------------------------------ a non-root login user
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-homes", "shared-home"])
+def test_a_lab_of_a_login_user_logs_in_as_it_hides_roots_home_and_down_removes_it_all(
+    make_lab,
+    shared: bool,  # type: ignore[no-untyped-def]
+) -> None:
+    import pwd
+
+    user = "fleetlu"
+    with pytest.raises(KeyError):
+        pwd.getpwnam(user)  # made by the lab, so the lab must remove it again
+    lab = make_lab(2, user=user, shared_home=shared)
+    assert (lab.user, lab.home, lab.workdir) == (user, f"/home/{user}", f"/home/{user}/.fleetctl")
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    assert {h["ansible_user"] for h in inv["all"]["children"]["nodes"]["hosts"].values()} == {user}
+    r = ssh(lab, "node1", "id -un; echo $HOME; echo $(ls -A /root); python3 -c 'import torch'")
+    assert r.returncode == 0, r.stderr
+    name, home, root_listing = r.stdout.split("\n")[:3]
+    assert (name, home) == (user, f"/home/{user}")
+    from fleetctl.lab.files import _root_paths_needed
+
+    kept = sorted(os.path.basename(p) for p in _root_paths_needed(lab.state["python"]))
+    assert root_listing.split() == kept  # root's home hidden but for the lab's Python
+    assert ssh(lab, "node1", "echo mine > ~/marker").returncode == 0
+    seen = ssh(lab, "node2", "cat ~/marker 2>/dev/null || echo none").stdout.strip()
+    assert seen == ("mine" if shared else "none")  # one home for all, or one per host
+    lab.down()
+    with pytest.raises(KeyError):
+        pwd.getpwnam(user)
+    assert not os.path.exists(f"/home/{user}") and not lab.dir.exists()
