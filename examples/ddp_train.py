@@ -22,6 +22,7 @@ S`` raises on global rank R at global step S (counted from 0 across epochs);
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import socket
@@ -75,6 +76,8 @@ def stuck_loading_batch(rank: int, step: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # A native crash (SIGABRT from a C++ terminate, SIGSEGV) prints every thread's Python stack.
+    faulthandler.enable()
     args = parse_args(argv)
     if args.print_args:
         say("argv-json: " + json.dumps(argv))
@@ -166,4 +169,11 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    rc = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter teardown: with torch 2.13, DDP keeps the gloo process group (and its worker
+    # threads) alive past destroy_process_group, and a worker still releasing the last
+    # collective's tensors while Python finalizes aborts the process ("terminate called without
+    # an active exception", SIGABRT) after the job is done (pytorch/pytorch#179291).
+    os._exit(rc)
