@@ -110,6 +110,20 @@ SECTIONS: list[tuple[str, str, str]] = [
         "time = the whole process, `CPU` and `peak RSS` from wait4 of that process, `output MB` "
         "= bytes it printed. A sample whose output lacks a node counts as failed.",
     ),
+    (
+        "fleet",
+        "8. A fleet of 64 and 128 hosts: the check, a cut link, a no-op run",
+        "One lab per size (two networks: SSH on one, the mesh on the data network; the lab's "
+        "minimal shell rc files). `fleetctl check` of the healthy lab must pass, and with one "
+        "host's data link cut must fail naming that host alone (`check --mesh auto`: sparse past "
+        "32 hosts, each host tests its ring neighbours and 3 seeded random peers). The no-op "
+        "`fleetctl run` (check included, push a no-op after one untimed run) is split by phase "
+        "from job.json's `phases`: wall seconds, and the controller's own CPU per node in ms "
+        "(getrusage of the fleetctl process at each phase start; its ssh/rsync children are in "
+        "`controller CPU s (with children)`). Every lab host shares the two cores with the "
+        "controller, so at 128 hosts the remote side costs ~N× what it would on real hosts: "
+        "the wall times are upper bounds, the CPU per node is the controller's own cost.",
+    ),
 ]
 
 
@@ -431,7 +445,8 @@ def write_report(
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
         "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
-        "stall, push, logs, pipeline, scale; scale needs no lab and no root). Raw results: the "
+        "stall, push, logs, pipeline, scale, fleet; scale needs no lab and no root, fleet brings "
+        "up labs of 64 and 128 hosts of its own, `--fleet-sizes 8` to change). Raw results: the "
         "`.json` next to this file; `--render docs/benchmarks.json` rewrites this page from them "
         "without measuring; `--merge docs/benchmarks.json` re-measures the parts named by "
         "`--only` into it.",
@@ -450,6 +465,7 @@ def write_report(
         "logs": "logs",
         "pipeline": "pipeline",
         "scale": "scale",
+        "fleet": "fleet",
     }
     noted: set[str] = set()
     for group, title, intro in SECTIONS:

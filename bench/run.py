@@ -31,8 +31,20 @@ sys.path.insert(1, str(HERE.parent))
 from common import Result, machine_facts  # noqa: E402
 from report import write_report  # noqa: E402
 
-MEASUREMENTS = ("fanout", "ssh", "teardown", "lost", "stall", "push", "logs", "pipeline", "scale")
-NO_LAB = frozenset({"scale"})  # measured without starting the lab
+MEASUREMENTS = (
+    "fanout",
+    "ssh",
+    "teardown",
+    "lost",
+    "stall",
+    "push",
+    "logs",
+    "pipeline",
+    "scale",
+    "fleet",
+)
+# measured without the shared lab: scale needs none, fleet brings up labs of its own sizes
+NO_LAB = frozenset({"scale", "fleet"})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only", default=",".join(MEASUREMENTS), help=f"comma list of {','.join(MEASUREMENTS)}"
     )
     p.add_argument("--lab-dir", default=None, help="lab folder (default: a fresh one)")
+    p.add_argument(
+        "--fleet-sizes",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="host counts of the fleet measurement (default 64,128; quick 8)",
+    )
     p.add_argument(
         "--render",
         metavar="JSON",
@@ -75,6 +93,12 @@ def fanout_sizes(hosts: int, quick: bool) -> list[int]:
         return [hosts]
     sizes = [n for n in (8, 16, 32) if n <= hosts]
     return sizes or [hosts]
+
+
+def fleet_sizes(args: argparse.Namespace) -> tuple[int, ...]:
+    from fleet import QUICK_SIZES, SIZES
+
+    return tuple(args.fleet_sizes) if args.fleet_sizes else QUICK_SIZES if args.quick else SIZES
 
 
 def _measure(group: str) -> str:
@@ -175,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return render(Path(args.render), Path(args.out))
     from fanout import make_work
+    from fleet import FleetBench
     from scale import QUICK_SIZES, SIZES, ScaleBench
 
     from fleetctl.lab import Lab
@@ -235,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "scale": lambda: ScaleBench(work).run(
                 QUICK_SIZES if args.quick else SIZES, args.repeat
             ),
+            "fleet": lambda: FleetBench(work, quick=args.quick).run(fleet_sizes(args), args.repeat),
         }
         if any(m not in NO_LAB for m in args.only):
             t0 = time.perf_counter()

@@ -126,6 +126,8 @@ class JobContext:
     ) -> None:
         host = self.result.nodes[rank].host if rank is not None else None
         ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines)
+        if kind == "phase":
+            self.result.mark_phase(text, ev.time)
         if log and kind not in ("line", "lines"):
             where = f"[{rank} {host}] " if rank is not None else ""
             with contextlib.suppress(OSError):

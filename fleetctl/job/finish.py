@@ -38,6 +38,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
             # stop/collect JOB` end it and bring the logs home.
             watch.close()
             job.close_spools(set(job.spools))
+            job.result.mark_phase("done: detached", time.time())
             job.save()
             job.emit("done", "detached", log=True)
             return
@@ -83,6 +84,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
                 watch.runs[r].stream.close()
         job.close_spools(set(job.spools))  # still open (collection failed): keep every copy
     job.result.ended = time.time()
+    job.result.mark_phase(f"done: {job.result.status}", job.result.ended)
     job.save()
     job.emit("done", job.result.status, log=True)
 

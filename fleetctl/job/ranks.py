@@ -23,6 +23,12 @@ _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 # paddle: "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
 _PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
+# deepspeed's launcher, on the first rank process it finds failed (then it kills the rest):
+# "[ERROR] [launch.py:259:sigkill_handler] ['python', '-u', 'x.py', '--local_rank=1', …]
+#  exits with return code = 3"
+_DEEPSPEED_EXIT = re.compile(
+    r"sigkill_handler\]\s+\[.*?'--local_rank=(\d+)'.*\] exits with return code = (-?\d+)"
+)
 
 
 def rank_map(result: JobResult) -> list[dict[str, Any]]:
@@ -97,8 +103,10 @@ def _rank_files(node_dir: Path, launcher: str | None, local: int, rank: int) -> 
 
 
 def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ranks the first failing node's launcher named as failed (torchrun, paddle), or the
-    node's only rank (plain); with exit code and log files where known."""
+    """The ranks the first failing node's launcher named as failed (torchrun's summary,
+    paddle's ABORT line, deepspeed's sigkill_handler line), else the first rank process the
+    node supervisor saw fail (``rank_exits.json``), or the node's only rank (plain); with exit
+    code and log files where known."""
     ff = result.failed_node
     if ff is None or result.plan is None:
         return []
@@ -123,8 +131,14 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
                 named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
-    if not named and ff.folder:  # deepspeed says no rank: the first rank process that failed
-        nproc = max(1, result.plan.nproc_per_node)
+    nproc = max(1, result.plan.nproc_per_node)
+    if launcher == "deepspeed":  # its launcher names the local rank it found failed first
+        for line in tail:
+            m = _DEEPSPEED_EXIT.search(line)
+            if m and int(m.group(2)) != 0:
+                named = [(ff.rank * nproc + int(m.group(1)), int(m.group(2)))]
+                break
+    if not named and ff.folder:  # no launcher's word: the first rank process that failed
         first = _first_failed_exit(Path(ff.folder))
         if first is not None:
             named = [(ff.rank * nproc + first[0], first[1])]

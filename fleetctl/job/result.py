@@ -129,6 +129,23 @@ class JobResult:
     culprits: list[str] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
+    # Where the controller's time went: each phase's start (wall clock) and this process's CPU
+    # seconds so far, its own threads and its waited-for children (rsync, ssh) apart.
+    phases: list[dict[str, Any]] = field(default_factory=list)
+
+    def mark_phase(self, name: str, ts: float) -> None:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.phases.append(
+            {
+                "phase": name,
+                "at": iso(ts),
+                "cpu": round(own.ru_utime + own.ru_stime, 3),
+                "child_cpu": round(kids.ru_utime + kids.ru_stime, 3),
+            }
+        )
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -212,6 +229,7 @@ class JobResult:
                 "errors": self.errors,
                 "nccl_traces": self.nccl_traces(),
                 "folder": str(self.folder),
+                "phases": self.phases,
             }
             | ({} if self.attempts is None else {"attempts": self.attempts})
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})

@@ -11,8 +11,10 @@ launch (inventory, check, push, plan) are raised as ``FleetctlError``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -210,16 +212,27 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
         watch.attach(run)  # after "started": its lines and exit always come later
 
     def launch_all() -> None:
+        # At most --fanout starts in flight (each an SSH exec and a supervisor handshake), so
+        # a 1,000-node job does not open 1,000 threads and sessions at once.
+        todo = collections.deque(plan.nodes)
+        width = max(1, min(fleet.fanout, len(todo)))
+
+        def worker() -> None:
+            while True:
+                try:
+                    np = todo.popleft()
+                except IndexError:
+                    return
+                start_one(np)
+
         threads = [
-            threading.Thread(
-                target=start_one, args=(np,), daemon=True, name=f"launch-{np.node_rank}"
-            )
-            for np in plan.nodes
+            threading.Thread(target=worker, daemon=True, name=f"launch-{i}") for i in range(width)
         ]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 60.0 * math.ceil(len(plan.nodes) / width)
         for t in threads:
-            t.join(60.0)
+            t.join(max(0.0, deadline - time.monotonic()))
         job.launch_done.set()
 
     job.launched = {np.node_rank for np in plan.nodes}

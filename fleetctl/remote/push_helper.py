@@ -150,12 +150,29 @@ def verify_env(prefix: str, cfg: dict) -> dict:
 # ------------------------------------------------------------------------------------ probe
 
 
+def workdir_id(workdir: str) -> str | None:
+    """The id kept in ``W/.fleetctl-id`` (made once, atomically), as the check's probe reads
+    it (fleetctl/remote/probe.py, also run alone on the node): nodes that read one id share
+    one folder (an NFS home), and one of them pushes for all."""
+    path = os.path.join(workdir, ".fleetctl-id")
+    with contextlib.suppress(OSError):  # made already (or cannot be): read it below
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(8).hex() + "\n")
+    try:
+        with open(path) as f:
+            return f.read(64).strip() or None
+    except OSError:
+        return None
+
+
 def probe(cfg: dict) -> dict:
     w, code_root, envs_root = workdirs(cfg)
     sweep_stale(code_root, envs_root)
     out = {
         "home": os.path.expanduser("~"),
         "workdir": w,
+        "workdir_id": workdir_id(w),
         "rsync": shutil.which("rsync"),
         "free": free_bytes(envs_root),
     }

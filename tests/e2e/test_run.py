@@ -308,6 +308,14 @@ def test_a_torchrun_ddp_job_trains_on_every_node_and_logs_come_home(lab3: Lab, r
     assert job["status"] == "succeeded" and job["first_failure"] is None
     assert [n["state"] for n in job["nodes"]] == ["succeeded"] * 3
     assert [n["exit_code"] for n in job["nodes"]] == [0, 0, 0]
+    # Where the controller's time went: every phase in order, CPU counters never go back.
+    phases = [p["phase"].split(" ")[0] for p in job["phases"]]
+    assert phases == ["connecting", "checking", "pushing", "launching", "collecting", "done:"]
+    assert job["phases"][-1]["phase"] == "done: succeeded"
+    for key in ("cpu", "child_cpu"):
+        seen = [p[key] for p in job["phases"]]
+        assert seen == sorted(seen), job["phases"]
+    assert job["phases"][-1]["cpu"] > job["phases"][0]["cpu"], job["phases"]
     for rank, host in enumerate(("node1", "node2", "node3")):
         folder = r.folder / f"{rank}-{host}"
         assert f"done rank={rank} world=3" in (folder / "console.log").read_text()

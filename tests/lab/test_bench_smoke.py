@@ -28,6 +28,7 @@ SECTIONS = [
     "## 4. Push",
     "## 5. Log streaming",
     "## 6. Whole pipeline",
+    "## 8. A fleet of",
 ]
 
 
@@ -72,7 +73,13 @@ def test_quick_bench_writes_a_measured_report(tmp_path: Path) -> None:
     assert "| fleetctl exec | 2 |" in text
     # every measurement either produced rows or says why it did not, never silently nothing
     groups = {r["group"] for r in data["results"]}
-    for group in ("teardown", "lost", "push", "logs", "pipeline"):
+    # the fleet rows are checked answers: the healthy check passed, the cut link was named
+    for tool in ("fleetctl check (healthy lab)", "fleetctl check, one data link cut (node3)"):
+        row = rows[("fleet", tool, 4)]
+        assert row["failed"] is None and row["failures"] == 0, row
+    run = rows[("fleet", "fleetctl run no-op job (check + no-op push + launch + collect)", 4)]
+    assert run["failed"] is None and run["extra"]["check CPU ms/node"][0] > 0, run
+    for group in ("teardown", "lost", "push", "logs", "pipeline", "fleet"):
         assert group in groups or group in data["skipped"], group
         if group in data["skipped"]:
             assert data["skipped"][group].startswith("not measured: ")

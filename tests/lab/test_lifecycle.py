@@ -888,6 +888,15 @@ def test_nodes_on_one_shared_home_are_told_apart_and_each_keeps_its_own_run_fold
     report = json.loads(check.stdout)
     assert report["shared_workdirs"] == [["node1", "node2", "node3"]], check.stdout
     assert any("share /home/fleetsh/.fleetctl" in w for w in report["warnings"])
+    # One folder, one transfer: the first node pushes, the others find its snapshot there.
+    push = fleetctl("push", "-i", str(lab.inventory_path), "--code", str(code), "--json")
+    assert push.exit_code == 0, push.stdout + push.stderr
+    pushed = json.loads(push.stdout)["nodes"]
+    assert pushed["node1"]["code_method"] in ("rsync", "sftp") and pushed["node1"]["bytes_sent"]
+    for host in ("node2", "node3"):
+        assert pushed[host]["code_method"] == "shared with node1", pushed[host]
+        assert pushed[host]["bytes_sent"] == 0
+    assert len({n["code_dir"] for n in pushed.values()}) == 1
     args = [a for a in run_args(lab, runs, code) if a != "--no-check"]
     p = fleetctl(*args, str(code / "tick.py"), "1")
     assert p.exit_code == 0, p.stdout + p.stderr

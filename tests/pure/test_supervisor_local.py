@@ -472,3 +472,36 @@ def test_a_20_mb_line_arrives_as_one_line_and_stays_byte_exact_in_console_log(
         + b"y" * 70_000
     )
     assert (run_dir / "console.log").read_bytes() == expected  # byte-exact, no newline added
+
+
+def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
+    tmp_path: Path,
+) -> None:
+    """Launch runs at most ``fanout`` starts at once: three nodes through one launch worker
+    still all run; job.json's ``phases`` name each phase with the controller's CPU so far."""
+    from fleetctl.ssh.fleet import Fleet
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "ok.py").write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(3)]
+    spec = JobSpec(script="ok.py", job_id=jid("t-fanout-1"), launcher="plain")
+    options = RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0)
+    with Fleet(nodes, options.settings, fanout=1) as fleet:
+        result = run_job(spec, nodes, options, fleet=fleet)
+    assert result.exit_code == 0, result.to_dict()
+    assert [n.exit_code for n in result.nodes] == [0, 0, 0]
+    folder = tmp_path / "runs" / jid("t-fanout-1")
+    for i in range(3):
+        assert (folder / f"{i}-l{i}" / "console.log").read_text() == f"rank {i}\n"
+    phases = json.loads((folder / "job.json").read_text())["phases"]
+    assert [p["phase"].split(" ")[0] for p in phases] == [
+        "connecting",
+        "pushing",
+        "launching",
+        "collecting",
+        "done:",
+    ]
+    assert phases[-1]["phase"] == "done: succeeded"
+    cpu = [p["cpu"] for p in phases]
+    assert cpu == sorted(cpu) and cpu[-1] > 0

@@ -828,3 +828,36 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "[3, -9] None", out.stderr
+
+
+def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
+    py38: str, tmp_path: Path
+) -> None:
+    """The push helper's probe makes (or reads) the id the check's probe reads: both programs
+    run alone on the node, so they must agree on one folder, whichever came first."""
+    w = tmp_path / "w"
+
+    def push_probe() -> str:
+        p = subprocess.run(
+            [py38, "-c", remote.source("push_helper.py").decode(), "probe"],
+            input=json.dumps({"workdir": str(w)}).encode() + b"\n",
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        return last_data(p.stdout)["workdir_id"]
+
+    def check_probe() -> str:
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import probe\n"
+            "print(probe.workdir_id(sys.argv[2]))\n"
+        )
+        out = subprocess.run(
+            [py38, "-c", code, str(Path(remote.path("probe.py")).parent), str(w)],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return out.stdout.strip()
+
+    first = push_probe()
+    assert len(first) == 16 and first == check_probe() == push_probe()
+    (w / ".fleetctl-id").unlink()
+    made_by_check = check_probe()
+    assert made_by_check != first and push_probe() == made_by_check

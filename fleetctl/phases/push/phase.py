@@ -132,12 +132,14 @@ class _Push(_Transfer, _PeerDistribution):
             )
         to_probe = [st for st in self.states.values() if not self._known_present(st)]
         self._map(self._probe, to_probe, self.options.command_timeout + self.options.verify_timeout)
+        followers = self._set_aside_shared()
         fetchers = self._plan_env()
         self._fetchers = {st.node.name for st in fetchers}
         self._map(
             self._send_and_finalize, list(self.states.values()), self.options.transfer_timeout
         )
         self._distribute([st for st in fetchers if st.node.name in self.states])
+        self._follow(followers)
         for st in list(self.states.values()):
             self._conclude(st)
         self._check_nccl()
@@ -184,6 +186,7 @@ class _Push(_Transfer, _PeerDistribution):
         if isinstance(conn, SSHConnection):
             conn.set_home(out["home"])
         st.workdir = st.result.workdir = out["workdir"]
+        st.workdir_id = out.get("workdir_id")
         st.rsync, st.free = out.get("rsync"), int(out.get("free", 0))
         st.code_present = bool(out.get("code_present"))
         st.code_prev = out.get("code_prev")
@@ -196,6 +199,49 @@ class _Push(_Transfer, _PeerDistribution):
         if st.archive is not None and st.env_present:
             st.result.env_dir = f"{st.workdir}/envs/{st.archive.sha256}"
             st.result.env_method = "present"
+
+    # shared workdirs -------------------------------------------------------------------------
+    def _set_aside_shared(self) -> dict[str, _State]:
+        """Nodes that see one workdir (one id in ``W/.fleetctl-id``: an NFS home) need one
+        transfer: the first of each group pushes, the others wait aside (follower -> leader
+        name) and only check what it made (``_follow``)."""
+        leaders: dict[str, str] = {}
+        followers: dict[str, _State] = {}
+        for name, st in list(self.states.items()):
+            done = (self.snap is None or st.code_present) and (
+                st.archive is None or st.env_present
+            )
+            if st.workdir_id is None or done:
+                continue
+            leader = leaders.setdefault(st.workdir_id, name)
+            if leader != name:
+                followers[leader + "\0" + name] = self.states.pop(name)
+        return followers
+
+    def _follow(self, followers: dict[str, _State]) -> None:
+        """Probe the set-aside nodes again: what their leader made is there now (verified with
+        their own python); a node whose leader failed pushes for itself."""
+        if not followers:
+            return
+        for st in followers.values():
+            self.states[st.node.name] = st
+        sts = list(followers.values())
+        self._map(self._probe, sts, self.options.command_timeout + self.options.verify_timeout)
+        alone = []
+        for key, st in followers.items():
+            if st.node.name not in self.states:
+                continue  # its probe failed: recorded
+            leader = key.split("\0", 1)[0]
+            code_ok = self.snap is None or st.code_present
+            env_ok = st.archive is None or st.env_present
+            if code_ok and env_ok:
+                if self.snap is not None:
+                    st.result.code_method = f"shared with {leader}"
+                if st.archive is not None:
+                    st.result.env_method = f"shared with {leader}"
+            else:
+                alone.append(st)
+        self._map(self._send_and_finalize, alone, self.options.transfer_timeout)
 
     def _plan_env(self) -> list[_State]:
         """Disk check for nodes missing their env; choose peer groups. Returns the fetchers."""

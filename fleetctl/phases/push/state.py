@@ -27,6 +27,7 @@ class _State:
     result: NodePush
     archive: EnvArchive | None = None
     workdir: str = ""
+    workdir_id: str | None = None  # nodes with one id share one workdir (an NFS home)
     rsync: str | None = None
     free: int = 0
     code_present: bool = False

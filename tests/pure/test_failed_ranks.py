@@ -1,0 +1,71 @@
+"""Which global rank failed, from what each launcher says (golden lines from the real
+launchers: torchrun 2.13's error summary, paddle 3.3.1's ABORT line, deepspeed 0.19.8's
+sigkill_handler line) or, failing that, from the node supervisor's ``rank_exits.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fleetctl.job.ranks import failed_ranks
+
+DS_LINE = (
+    "[2026-11-25 18:00:14,372] [ERROR] [launch.py:259:sigkill_handler] ['/venv/bin/python', "
+    "'-u', 'dsjob.py', '--local_rank=1', '--fail-rank', '3'] exits with return code = 3"
+)
+TORCHRUN = [
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-24_08:44:16",
+    "  host      : node3",
+    "  rank      : 5 (local_rank: 1)",
+    "  exitcode  : -6 (pid: 80)  (SIGABRT)",
+]
+PADDLE = [
+    "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted. "
+    "Please check its log."
+]
+
+
+def result(launcher: str, tail: list[str], folder: Path, *, rank: int = 1) -> Any:
+    node = SimpleNamespace(rank=rank, host="node2", folder=str(folder), exit_code=1, tail=tail)
+    return SimpleNamespace(
+        failed_node=node, plan=SimpleNamespace(launcher=launcher, nproc_per_node=2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("launcher", "tail", "exits", "want"),
+    [
+        ("torchrun", TORCHRUN, None, [(5, -6)]),
+        ("paddle", PADDLE, None, [(2, None), (3, None)]),
+        ("deepspeed", ["some output", DS_LINE, "more"], None, [(3, 3)]),
+        # deepspeed's line wins over the supervisor's record (the launcher saw the exit)
+        ("deepspeed", [DS_LINE], [{"local": 0, "code": -9, "at": 1.0}], [(3, 3)]),
+        # no line (cut from the tail): the first failing rank process the supervisor saw
+        (
+            "deepspeed",
+            ["nothing useful"],
+            [{"local": 1, "code": 0, "at": 1.0}, {"local": 0, "code": 7, "at": 2.0}],
+            [(2, 7)],
+        ),
+        ("deepspeed", ["nothing useful"], None, []),
+        ("plain", ["Traceback …"], None, [(1, 1)]),
+    ],
+)
+def test_the_failed_rank_is_named_from_the_launchers_own_words(
+    tmp_path: Path,
+    launcher: str,
+    tail: list[str],
+    exits: list[dict[str, Any]] | None,
+    want: list[tuple[int, int | None]],
+) -> None:
+    if exits is not None:
+        (tmp_path / "rank_exits.json").write_text(json.dumps({"exits": exits}))
+    got = failed_ranks(result(launcher, tail, tmp_path), [])
+    assert [(f["rank"], f["exit_code"]) for f in got] == want
+    assert all(f["node"] == "node2" for f in got)
