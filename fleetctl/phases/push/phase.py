@@ -208,9 +208,7 @@ class _Push(_Transfer, _PeerDistribution):
         leaders: dict[str, str] = {}
         followers: dict[str, _State] = {}
         for name, st in list(self.states.items()):
-            done = (self.snap is None or st.code_present) and (
-                st.archive is None or st.env_present
-            )
+            done = (self.snap is None or st.code_present) and (st.archive is None or st.env_present)
             if st.workdir_id is None or done:
                 continue
             leader = leaders.setdefault(st.workdir_id, name)
