@@ -385,7 +385,11 @@ def collect(
 
     cap = options.max_bytes if options.max_bytes is not None else 64 << 30
     limit = COLLECT_ATTEMPTS * (timeout + 15) + cap / MIN_RATE
-    results = fleet.map(one, timeout=limit, nodes=todo, width=max(len(todo), 1)) if todo else None
+    # at most --fanout transfers at once (each a stream through the controller's disk and
+    # NIC); the limit covers every wave
+    width = max(1, min(len(todo), fleet.fanout))
+    limit *= -(-len(todo) // width) if todo else 1
+    results = fleet.map(one, timeout=limit, nodes=todo, width=width) if todo else None
     out: list[NodeCollect] = []
     for np in plan.nodes:
         d = str(dest(np.host))

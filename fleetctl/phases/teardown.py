@@ -158,6 +158,8 @@ def teardown(
             python=pythons[node.name],
         )
 
+    # Every node at once, not --fanout at a time: each waits up to the grace period for its
+    # job to end, and waves would stretch the whole teardown to several grace periods.
     results = (
         fleet.map(one, timeout=timeout or grace + 30.0, nodes=todo, width=max(len(todo), 1))
         if todo

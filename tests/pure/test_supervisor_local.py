@@ -477,7 +477,7 @@ def test_a_20_mb_line_arrives_as_one_line_and_stays_byte_exact_in_console_log(
 def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     tmp_path: Path,
 ) -> None:
-    """Launch runs at most ``fanout`` starts at once: three nodes through one launch worker
+    """Launch and collect run at most ``fanout`` nodes at once: three nodes through one worker
     still all run; job.json's ``phases`` name each phase with the controller's CPU so far."""
     from fleetctl.ssh.fleet import Fleet
 
