@@ -97,7 +97,9 @@ SECTIONS: list[tuple[str, str, str]] = [
         "pipeline",
         "6. Whole pipeline (no-op job)",
         "`fleetctl run` (8 hosts) of a script that exits 0 at once, after one untimed run so the "
-        "code push is a no-op; split by phase from events.log timestamps.",
+        "code push is a no-op; the check runs in every sample (a check cache of its own per "
+        "sample: a passing check is otherwise reused for 120 s); split by phase from events.log "
+        "timestamps.",
     ),
     (
         "scale",

@@ -474,5 +474,10 @@ def _run_sessions(
             raise
 
     total = options.probe_timeout + 20 + (wait if mesh else 0)
-    result = fleet.map(work, timeout=total, nodes=nodes)
+    # The mesh needs every probe's listener up at once: sessions past --fanout would only
+    # start after the first ones gave up waiting for them (at 128 hosts, half the fleet "came
+    # up after the mesh started"). Connections were opened --fanout at a time already; each
+    # session thread here mostly waits on its stream.
+    width = len(nodes) if mesh else fleet.fanout
+    result = fleet.map(work, timeout=total, nodes=nodes, width=width)
     return dict(result.outcomes)

@@ -106,6 +106,16 @@ def test_all_good_lab_with_two_networks_passes(lab3: Lab) -> None:
     assert report.hosts["node1"].checks["port"].detail == "29500 free"
 
 
+def test_a_fanout_smaller_than_the_fleet_still_meshes_every_host(lab3: Lab) -> None:
+    """Connections go --fanout at a time, but the mesh needs every probe up at once: with a
+    fanout of 1, the 3 hosts still test each other (before: each waited alone, then gave up)."""
+    with Fleet(lab_nodes(lab3), SSHSettings(connect_timeout=5), fanout=1) as fleet:
+        report = check_fleet(fleet, CheckOptions(cache_ttl=0))
+    assert report.ok and report.mesh_failures == [] and report.mesh_skipped == []
+    for h in lab3.hosts:
+        assert report.hosts[h.name].checks["mesh"].detail == "2/2 peers"
+
+
 def test_data_link_cut_shows_exactly_its_row_and_column(lab3: Lab) -> None:
     lab3.cut_link("node2", "data")
     try:
