@@ -35,6 +35,31 @@ def fleetctl_argv() -> list[str]:
     return [PY, "-m", "fleetctl"]
 
 
+def measure_this_checkout() -> str:
+    """Make every ``fleetctl`` the bench starts import this checkout's package.
+
+    The console script imports whatever ``pip install -e`` last pointed at, possibly another
+    clone: then this checkout goes first on PYTHONPATH for every child. Returns what is
+    measured, for the report's facts."""
+    src = Path(__file__).resolve().parent.parent
+    argv = fleetctl_argv()
+    probe = "import fleetctl, os; print(os.path.dirname(os.path.dirname(fleetctl.__file__)))"
+    py = argv[0] if argv[0] == PY else _script_python(argv[0])
+    got = subprocess.run(
+        [py, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60
+    ).stdout.strip()
+    if Path(got or "/nonexistent").resolve() == src:
+        return f"{src} (installed)"
+    paths = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    return f"{src} (on PYTHONPATH; the installed one is {got or 'none'})"
+
+
+def _script_python(script: str) -> str:
+    first = Path(script).read_bytes().split(b"\n", 1)[0]
+    return first[2:].decode().strip().split()[0]
+
+
 @dataclass
 class Result:
     """One row of a table: a tool at a size, its timed samples (seconds) and extra columns."""

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from common import Result, machine_facts  # noqa: E402
+from common import Result, machine_facts, measure_this_checkout  # noqa: E402
 from report import write_report  # noqa: E402
 
 MEASUREMENTS = (
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     earlier = json.loads(Path(args.merge).read_text()) if args.merge else None
     facts = machine_facts()
+    facts["fleetctl measured"] = measure_this_checkout()
     facts["fleetctl bytecode"] = precompile()
     results: list[Result] = []
     skipped: dict[str, str] = {}
