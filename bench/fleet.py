@@ -98,7 +98,8 @@ class FleetBench:
                 raise SampleFailed("the check passed with a data link cut")
             blamed = _blamed(report)
             if blamed != [victim]:
-                raise SampleFailed(f"blamed {blamed or 'nobody'}, not {victim} alone")
+                who = ", ".join(blamed[:6]) + (f" and {len(blamed) - 6} more" if blamed[6:] else "")
+                raise SampleFailed(f"blamed {who or 'nobody'}, not {victim} alone")
             return seconds, {"controller CPU s": t.cpu, "CPU ms per node": 1000 * t.cpu / n}
 
         lab.cut_link(victim, "data")
@@ -154,8 +155,15 @@ def split_phases(phases: list[dict[str, Any]], n: int) -> dict[str, float]:
 
 
 def _failures(report: Any) -> str:
-    bad = [h for h in _hosts(report) if not h.get("ok", True)]
-    return "; ".join(f"{h.get('host')}: {h.get('error') or h.get('problems')}" for h in bad)[:300]
+    """``host: check: detail`` of every failed cell, shortened."""
+    bad = [
+        f"{h.get('host')}: {name}: {cell.get('detail')}"
+        for h in _hosts(report)
+        for name, cell in (h.get("checks") or {}).items()
+        if isinstance(cell, dict) and cell.get("status") == "fail"
+    ]
+    more = f" (and {len(bad) - 4} more)" if len(bad) > 4 else ""
+    return "; ".join(bad[:4]) + more
 
 
 def _hosts(report: Any) -> list[dict[str, Any]]:

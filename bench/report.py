@@ -346,6 +346,7 @@ def _findings(results: list[Result]) -> list[str]:
         )
         out.append(f"- No-op `fleetctl run` on {pl.n} hosts: {pl.median:.2f} s ({parts}).")
     out += _scale_findings(results)
+    out += _fleet_findings(results)
     rc = _row(results, "remote", "one command over an open connection: true (lab")
     heavy = _row(results, "remote", "one command over an open connection: true (this")
     if rc:
@@ -365,6 +366,44 @@ def _findings(results: list[Result]) -> list[str]:
             f"- A remote command that closes its stdout and runs 0.5 s more costs the client "
             f"{_cpu(early, 'client CPU s') * 1000:.0f} ms CPU (it waits on the exit status)."
         )
+    return out
+
+
+def _why(r: Result) -> str:
+    return (r.failed or "")[:160]
+
+
+def _fleet_findings(results: list[Result]) -> list[str]:
+    """Per lab size: the check's time, whether a cut link was named, the no-op run by phase."""
+    out: list[str] = []
+    for n in sorted({r.n for r in results if r.group == "fleet" and r.n}):
+        rows = [r for r in results if r.group == "fleet" and r.n == n]
+        check = next((r for r in rows if r.tool.startswith("fleetctl check (healthy")), None)
+        cut = next((r for r in rows if "cut" in r.tool), None)
+        run = next((r for r in rows if r.tool.startswith("fleetctl run")), None)
+        parts = []
+        if check is not None:
+            parts.append(
+                f"check {check.median:.2f} s" if check.median else f"check FAILED ({_why(check)})"
+            )
+        if cut is not None:
+            parts.append(
+                f"a cut data link named alone in {cut.median:.2f} s"
+                if cut.median
+                else f"cut link NOT named ({_why(cut)})"
+            )
+        if run is not None and run.median:
+            cpu = {
+                k.removesuffix(" CPU ms/node"): statistics.median(v)
+                for k, v in run.extra.items()
+                if k.endswith("CPU ms/node") and v
+            }
+            per = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+            parts.append(f"no-op run {run.median:.2f} s (controller CPU ms per node: {per})")
+        elif run is not None:
+            parts.append(f"no-op run FAILED ({_why(run)})")
+        if parts:
+            out.append(f"- {n} lab hosts: " + "; ".join(parts) + ".")
     return out
 
 
