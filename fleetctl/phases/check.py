@@ -48,7 +48,7 @@ from fleetctl.phases.check_report import (
     ProbeOutcome,
 )
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
-from fleetctl.phases.mesh_plan import RANDOM_PEERS, mesh_mode, mesh_peers
+from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode, mesh_peers
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -125,6 +125,7 @@ def probe_args(
         "avoid_ports": sorted(_reserved_ports(node, options) | {options.master_port}),
         "peer_wait": options.probe_timeout + 10,
         "mesh_timeout": options.tcp_timeout,
+        "max_slowdown": MAX_SLOWDOWN,
         "linger": mesh_wait + 10,
     }
 
@@ -427,9 +428,12 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
 
 
 def _mesh_wait(options: CheckOptions, n: int) -> float:
+    """How long a probe's mesh test may take: its batches of 32 peers, then failed pairs once
+    more with timeouts up to 2 x MAX_SLOWDOWN longer (a loaded host answers late)."""
     tested = n - 1 if mesh_mode(options.mesh_mode, n) == "full" else RANDOM_PEERS + 2
     batches = max(1, -(-max(tested, 1) // 32))
-    return 10.0 + batches * (options.tcp_timeout + 3.0)
+    retry = 2.0 * MAX_SLOWDOWN * options.tcp_timeout + 3.0
+    return 10.0 + batches * (options.tcp_timeout + 3.0 + retry)
 
 
 def _run_sessions(

@@ -656,23 +656,46 @@ def route_source(dst: str) -> str | None:
         s.close()
 
 
-def mesh(src: str, peers: list, timeout: float) -> dict:
-    def one(peer: dict) -> tuple:
+def load_factor(most: float) -> float:
+    """How much slower than idle this host runs now: 1-minute load per CPU, 1..most."""
+    try:
+        load = os.getloadavg()[0] / max(1, os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+    return min(most, max(1.0, load))
+
+
+def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 4.0) -> dict:
+    """Ping and TCP-connect every peer. A pair that fails is tried once more with timeouts
+    2 x this host's slowdown longer (``load_factor``): a busy host answers late, a cut link
+    never does."""
+
+    def one(peer: dict, ping_t: float, tcp_t: float) -> tuple:
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            p = pool.submit(ping, src, peer["addr"], 1.0)
-            t = pool.submit(tcp, src, peer["addr"], int(peer["port"]), timeout)
+            p = pool.submit(ping, src, peer["addr"], ping_t)
+            t = pool.submit(tcp, src, peer["addr"], int(peer["port"]), tcp_t)
             echo, conn = p.result(), t.result()
         if conn == "ok" and echo != "ok" and not echo.startswith("n/a"):
             # The one echo may have died with a stale neighbour entry (see ``tcp``); now that
             # TCP got through, the peer's address is resolved: a filtered ICMP still fails.
-            echo = ping(src, peer["addr"], 1.0)
+            echo = ping(src, peer["addr"], ping_t)
         return peer["name"], {"ping": echo, "tcp": conn, "route_src": route_source(peer["addr"])}
 
-    results = {}
-    if peers:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
-            for name, res in pool.map(one, peers):
-                results[name] = res
+    def run_all(todo: list, ping_t: float, tcp_t: float) -> None:
+        if todo:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+                for name, res in pool.map(lambda p: one(p, ping_t, tcp_t), todo):
+                    results[name] = res
+
+    results: dict = {}
+    run_all(peers, 1.0, timeout)
+    # "refused" is an answer (nothing listens); a timeout may be this host or the peer busy
+    again = [p for p in peers if results[p["name"]]["tcp"] not in ("ok", "refused")]
+    if again:
+        slow = 2.0 * load_factor(max_slowdown)
+        run_all(again, slow, timeout * slow)
+        for p in again:
+            results[p["name"]]["retried"] = round(slow, 2)
     return {"src": src, "peers": results}
 
 
@@ -701,7 +724,8 @@ def main() -> int:
             emit("M", {"error": "no peer list from the controller"})
             return 0
         peers = json.loads(line.decode() or "{}").get("peers") or []
-        emit("M", mesh(nic["addr"], peers, float(args.get("mesh_timeout", 2))))
+        timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 4))
+        emit("M", mesh(nic["addr"], peers, timeout, most))
         stdin.wait_eof(float(args.get("linger", 30)))
     finally:
         stop.set()
