@@ -7,6 +7,8 @@ from pathlib import Path
 
 DEFAULT_PARENT = Path("/var/tmp/fleetctl-lab")
 REGISTRY = Path("/run/fleetctl-lab")
+#: the machine's neighbour-table limits before a large lab raised them (fleetctl.lab.net)
+NEIGH_SAVED = "neighbour-limits.saved"
 WORKDIR = "/root/.fleetctl"  # root's default fleetctl workdir, made private per host
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")  # `lab up --user NAME`: a plain login name
 SSHD_PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

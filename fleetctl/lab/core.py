@@ -38,6 +38,7 @@ from fleetctl.lab.constants import (
     DEFAULT_PARENT,
     MAX_HOSTS,
     NAME_RE,
+    NEIGH_SAVED,
     READY_TIMEOUT,
     REGISTRY,
     STATE_VERSION,
@@ -354,9 +355,12 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
                 "creator_start": procs.start_time(os.getpid()),
                 "owner": owner,
                 "user": user,
+                "hosts": n,
             }
             REGISTRY.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write(REGISTRY / f"{name}.json", json.dumps(entry) + "\n", 0o600)
+            hosts = n + sum(int(e.get("hosts") or 0) for e in entries)
+            net.fit_neighbour_table(hosts, REGISTRY / NEIGH_SAVED)
         try:
             lab._build(ready_timeout)
         except BaseException as e:
@@ -497,6 +501,10 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             raise LabError(f"lab {self.name}: could not remove {', '.join(leftovers)}")
         with contextlib.suppress(FileNotFoundError):
             (REGISTRY / f"{self.name}.json").unlink()
+        # the last lab went: the machine's neighbour-table limits as they were
+        last = not _registry_entries()
+        if last and net.restore_neighbour_table(REGISTRY / NEIGH_SAVED) is not None:
+            removed.append("neighbour table limits raised for the labs")
         removed += self._remove_user()
         self.state["phase"] = "down"
         for h in self.hosts:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 from fleetctl.errors import LabError, LabInputError
 
@@ -241,3 +242,48 @@ def wait_banner(
 
 def ifname_ok(name: str) -> bool:
     return 0 < len(name) <= IFNAMSIZ and "/" not in name and not any(c.isspace() for c in name)
+
+
+# ----------------------------------------------------------------- the kernel's neighbour table
+
+#: gc_thresh1..3 of the IPv4 neighbour (ARP) table. The table is one for the whole kernel, every
+#: network namespace included: at the default hard limit (1024) a lab of ~100 hosts fills it
+#: (each host resolves its peers and the controller) and the kernel drops packets ("neighbor
+#: table overflow"), which reads as cut links. Real hosts each have a table of their own.
+NEIGH_THRESH = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
+NEIGH_PER_HOST = 64  # entries a lab host may need: its mesh peers, the controller, job peers
+NEIGH_BASE = 1024  # what the machine itself keeps
+
+
+def neigh_thresholds() -> list[int]:
+    return [int(open(NEIGH_THRESH.format(i)).read()) for i in (1, 2, 3)]
+
+
+def fit_neighbour_table(hosts: int, saved: Path) -> list[int] | None:
+    """Raise the table's limits (never lower them) to fit ``hosts`` lab hosts; the first
+    raise saves the machine's values in ``saved`` for ``restore_neighbour_table``. Returns
+    the new limits, None when they already fit."""
+    need = NEIGH_BASE + NEIGH_PER_HOST * hosts
+    cur = neigh_thresholds()
+    if cur[2] >= need:
+        return None
+    if not saved.exists():
+        saved.write_text(json.dumps(cur) + "\n")
+    new = [cur[0], max(cur[1], need * 3 // 4), need]
+    for i, value in ((2, new[1]), (3, new[2])):
+        with open(NEIGH_THRESH.format(i), "w") as f:
+            f.write(str(value))
+    return new
+
+
+def restore_neighbour_table(saved: Path) -> list[int] | None:
+    """Put back the values saved by the first raise (the last lab went down)."""
+    try:
+        values = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return None
+    for i in (3, 2, 1):  # lower the hard limit first: thresh1 <= thresh2 <= thresh3 throughout
+        with open(NEIGH_THRESH.format(i), "w") as f:
+            f.write(str(int(values[i - 1])))
+    saved.unlink()
+    return values

@@ -19,7 +19,7 @@ FULL_UP_TO = 32  # auto: every pair up to this many hosts, sparse beyond
 RANDOM_PEERS = 3  # sparse: peers per host besides its ring neighbours
 # A failed pair is tried again with timeouts 2 x the probing host's slowdown (its 1-minute
 # load per CPU, at most this): loaded hosts answer late, cut links never answer.
-MAX_SLOWDOWN = 4.0
+MAX_SLOWDOWN = 2.0
 
 
 def mesh_mode(mode: str, n: int) -> str:

@@ -617,3 +617,29 @@ def test_a_lab_of_a_login_user_logs_in_as_it_hides_roots_home_and_down_removes_i
     with pytest.raises(KeyError):
         pwd.getpwnam(user)
     assert not os.path.exists(f"/home/{user}") and not lab.dir.exists()
+
+
+def test_a_lab_makes_room_in_the_kernels_neighbour_table_and_the_last_down_gives_it_back() -> None:
+    """One ARP table serves every namespace: a lab raises its limits to fit all lab hosts
+    (at the default 1024, ~100 hosts overflow it and packets are dropped like cut links),
+    never lowers them while other labs run, and the last lab down restores the machine's."""
+    from fleetctl.lab import net
+    from fleetctl.lab.constants import NEIGH_SAVED
+    from fleetctl.lab.registry import _registry_entries
+
+    saved = REGISTRY / NEIGH_SAVED
+    before = net.neigh_thresholds()
+    machine = json.loads(saved.read_text()) if saved.exists() else before
+    others = sum(int(e.get("hosts") or 0) for e in _registry_entries())
+    lab = Lab.up(4, networks=1)
+    try:
+        need = net.NEIGH_BASE + net.NEIGH_PER_HOST * (4 + others)
+        up = net.neigh_thresholds()
+        assert up[2] >= need and up[2] >= before[2] and up[1] >= before[1], (before, up)
+    finally:
+        lab.down()
+    after = net.neigh_thresholds()
+    if _registry_entries():  # other labs still up: nothing lowered under them
+        assert after == up
+    else:
+        assert after == machine and not saved.exists()
