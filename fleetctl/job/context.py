@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import JobSpec, Plan
 
 
+SAVE_EVERY = 0.5  # seconds between routine job.json writes while nodes start and end
+
+
 class JobContext:
     """State shared by the phases of one run (kept off the public API)."""
 
@@ -36,6 +39,7 @@ class JobContext:
         self.spec, self.nodes, self.options = spec, list(nodes), options
         self._emit_cb = emit
         self.folder = RunFolder.create(options.runs_dir, spec.job_id)
+        self._saved_at, self._dirty = 0.0, False  # job.json: last write, a write pending
         with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
             from fleetctl.job.records import nodes_as_reached, write_connect
 
@@ -134,9 +138,21 @@ class JobContext:
                 self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
         self._emit_cb(ev)
 
-    def save(self) -> None:
+    def save(self, *, soon: bool = False) -> None:
+        """Write job.json. ``soon``: a routine node start or exit, written at most every
+        SAVE_EVERY seconds (``flush`` writes what is pending): one write per event made a
+        128-node job rewrite its whole record 256 times."""
+        if soon and time.monotonic() - self._saved_at < SAVE_EVERY:
+            self._dirty = True
+            return
+        self._dirty, self._saved_at = False, time.monotonic()
         with contextlib.suppress(OSError, RunFolderError), self.folder.locked():
             self.folder.write_job(self.result.to_dict())
+
+    def flush(self) -> None:
+        """Write job.json if a throttled save is pending and its time has come."""
+        if self._dirty and time.monotonic() - self._saved_at >= SAVE_EVERY:
+            self.save()
 
 
 def on_event(job: JobContext, ev: Event) -> None:
@@ -162,7 +178,7 @@ def on_event(job: JobContext, ev: Event) -> None:
         state.start(ev.rank)
         node.state, node.start_time = state.states[ev.rank], ev.time
         job.emit("started", ev.text, rank=ev.rank, ts=ev.time)
-        job.save()
+        job.save(soon=True)
         return
     node.end_time = ev.time
     if ev.kind == "exit":
@@ -195,7 +211,7 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.emit("notice", f"job complete: {change.completed}; stopping the other nodes")
     if change.first_failure:
         job.emit("failure", node.how(), rank=ev.rank, ts=ev.time)
-    job.save()
+    job.save(soon=change.first_failure is None and change.completed is None)
 
 
 def drain(job: JobContext) -> None:

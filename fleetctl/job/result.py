@@ -173,9 +173,13 @@ class JobResult:
         return max(0.0, self.failure_time - self.started)
 
     def nccl_traces(self) -> list[str]:
-        """The NCCL flight-recorder dumps collected from the nodes (a collective timed out)."""
+        """The NCCL flight-recorder dumps collected from the nodes (a collective timed out).
+        Empty before collection: job.json is written on every state change, and looking into
+        every node folder each time cost a large fleet N² directory scans."""
         from fleetctl.plan.rankplan import NCCL_TRACE_PREFIX
 
+        if not self.collected:
+            return []
         return sorted(
             str(p)
             for node in self.nodes

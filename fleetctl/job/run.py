@@ -245,6 +245,7 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
         ev = watch.get(0.2)
         if ev is not None:
             on_event(job, ev)
+        job.flush()
         why = _limit_reached(job, deadline)
         if why is not None and job.state.give_up(why):
             job.sync()
