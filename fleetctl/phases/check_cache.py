@@ -12,10 +12,13 @@ from fleetctl.phases.check_report import CheckOptions, CheckReport
 
 
 def cache_dir(options: CheckOptions) -> Path:
+    """``check/`` in the controller's one cache folder (``$FLEETCTL_CACHE_DIR`` overrides, as
+    for the push's file hashes)."""
     if options.cache_dir:
         return Path(options.cache_dir)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "fleetctl" / "check"
+    from fleetctl.phases.codesync import cache_dir as controller_cache
+
+    return controller_cache() / "check"
 
 
 def load_cached(key: str, options: CheckOptions) -> CheckReport | None:
