@@ -1,0 +1,51 @@
+"""The probe's mesh tries a failed pair once more with load-scaled timeouts: a loaded host
+answers late and passes on the second try; a cut link fails twice; "refused" is an answer
+and is not retried. (fleetctl/remote/probe.py runs alone on nodes; its functions import.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetctl.remote import probe
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, float]]:
+    seen: list[tuple[str, str, float]] = []
+    answers = {"slow": ["timed out", "ok"], "cut": ["unreachable", "timed out"], "off": ["refused"]}
+
+    def tcp(src: str, dst: str, port: int, timeout: float) -> str:
+        seen.append(("tcp", dst, timeout))
+        return answers[dst].pop(0)
+
+    def ping(src: str, dst: str, timeout: float) -> str:
+        seen.append(("ping", dst, timeout))
+        return "ok" if dst != "cut" else "timeout"
+
+    monkeypatch.setattr(probe, "tcp", tcp)
+    monkeypatch.setattr(probe, "ping", ping)
+    monkeypatch.setattr(probe, "route_source", lambda dst: "10.0.0.1")
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (6.0, 0.0, 0.0))
+    monkeypatch.setattr(probe.os, "cpu_count", lambda: 2)  # slowdown 3 → retry 2 x 3 = 6 x
+    return seen
+
+
+def test_a_failed_pair_is_tried_again_with_load_scaled_timeouts(calls: list[Any]) -> None:
+    peers = [{"name": n, "addr": n, "port": 1} for n in ("slow", "cut", "off")]
+    out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0)["peers"]
+    assert out["slow"]["tcp"] == "ok" and out["slow"]["retried"] == 6.0
+    assert out["cut"]["tcp"] == "timed out" and out["cut"]["retried"] == 6.0
+    assert out["off"]["tcp"] == "refused" and "retried" not in out["off"]
+    tcp_timeouts = sorted((dst, t) for kind, dst, t in calls if kind == "tcp")
+    want = [("cut", 2.0), ("cut", 12.0), ("off", 2.0), ("slow", 2.0), ("slow", 12.0)]
+    assert tcp_timeouts == want
+
+
+def test_the_slowdown_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (500.0, 0.0, 0.0))
+    monkeypatch.setattr(probe.os, "cpu_count", lambda: 2)
+    assert probe.load_factor(4.0) == 4.0
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    assert probe.load_factor(4.0) == 1.0
