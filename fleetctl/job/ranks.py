@@ -23,12 +23,9 @@ _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 # paddle: "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
 _PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
-# deepspeed's launcher, on the first rank process it finds failed (then it kills the rest):
-# "[ERROR] [launch.py:259:sigkill_handler] ['python', '-u', 'x.py', '--local_rank=1', …]
-#  exits with return code = 3"
-_DEEPSPEED_EXIT = re.compile(
-    r"sigkill_handler\]\s+\[.*?'--local_rank=(\d+)'.*\] exits with return code = (-?\d+)"
-)
+# deepspeed's own "[ERROR] [launch.py:…:sigkill_handler] [<argv>] exits with return code = N"
+# is not used: <argv> is always its last spawned rank's, and N the code of whichever failed
+# process its set iteration met first (often a rank killed by the real culprit's peer error).
 
 
 def rank_map(result: JobResult) -> list[dict[str, Any]]:
@@ -104,9 +101,9 @@ def _rank_files(node_dir: Path, launcher: str | None, local: int, rank: int) -> 
 
 def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ranks the first failing node's launcher named as failed (torchrun's summary,
-    paddle's ABORT line, deepspeed's sigkill_handler line), else the first rank process the
-    node supervisor saw fail (``rank_exits.json``), or the node's only rank (plain); with exit
-    code and log files where known."""
+    paddle's ABORT line), else the first rank process the node supervisor saw fail
+    (``rank_exits.json``: deepspeed), or the node's only rank (plain); with exit code and log
+    files where known."""
     ff = result.failed_node
     if ff is None or result.plan is None:
         return []
@@ -132,12 +129,6 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
     nproc = max(1, result.plan.nproc_per_node)
-    if launcher == "deepspeed":  # its launcher names the local rank it found failed first
-        for line in tail:
-            m = _DEEPSPEED_EXIT.search(line)
-            if m and int(m.group(2)) != 0:
-                named = [(ff.rank * nproc + int(m.group(1)), int(m.group(2)))]
-                break
     if not named and ff.folder:  # no launcher's word: the first rank process that failed
         first = _first_failed_exit(Path(ff.folder))
         if first is not None:

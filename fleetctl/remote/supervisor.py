@@ -694,9 +694,10 @@ class Supervisor:
         t0 = time.monotonic()
         next_scan = 0.0
         exits: dict = {}  # pid -> {"local", "code", "at"}: how each rank process ended
-        while not done.wait(0.1):
-            # the known ranks, every 0.1 s (a few reads): a rank that ended is a zombie until
-            # its launcher reaps it, and /proc then still tells its exit status
+        while not done.wait(0.05):
+            # the known ranks, every 0.05 s (a few reads): a rank that ended is a zombie until
+            # its launcher reaps it (deepspeed looks once a second), and /proc then still
+            # tells its exit status
             for local, pids in list(self.rank_pids.items()):
                 pid = pids[-1]
                 if pid in exits:
