@@ -61,14 +61,14 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     return out
 
 
-def _first_failed_exit(node_dir: Path) -> tuple[int, int] | None:
-    """(local rank, exit code or -signal) of the first rank process on the node that ended
-    with a failure, from the supervisor's ``rank_exits.json``; None when unknown."""
+def _first_failed_exit(node_dir: Path) -> tuple[float, int, int] | None:
+    """(when, local rank, exit code or -signal) of the first rank process on the node that
+    ended with a failure, from the supervisor's ``rank_exits.json``; None when unknown."""
     try:
         data = json.loads((node_dir / "rank_exits.json").read_text())
         exits = [e for e in data["exits"] if isinstance(e, dict) and e.get("code")]
         first = min(exits, key=lambda e: float(e["at"]))
-        return int(first["local"]), int(first["code"])
+        return float(first["at"]), int(first["local"]), int(first["code"])
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
 
@@ -129,10 +129,19 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
     nproc = max(1, result.plan.nproc_per_node)
-    if not named and ff.folder:  # no launcher's word: the first rank process that failed
-        first = _first_failed_exit(Path(ff.folder))
-        if first is not None:
-            named = [(ff.rank * nproc + first[0], first[1])]
+    where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
+    if not named:
+        # No launcher's word (deepspeed): the first rank process that failed on any node, by
+        # the supervisors' records. Not necessarily on the node whose launcher ended first:
+        # deepspeed's looks at its ranks once a second, so a peer's launcher may end sooner.
+        firsts = []
+        for node in getattr(result, "nodes", None) or [ff]:
+            got = _first_failed_exit(Path(node.folder)) if node.folder else None
+            if got is not None:
+                firsts.append((got[0], node.rank * nproc + got[1], got[2], node.host))
+        if firsts:
+            _, rank, code, host = min(firsts)
+            named, where = [(rank, code)], {rank: host}
     out, seen = [], set()
     for rank, code in named:
         if rank in seen:
@@ -142,7 +151,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
         out.append(
             {
                 "rank": rank,
-                "node": info.get("node", ff.host),
+                "node": info.get("node", where.get(rank, ff.host)),
                 "local_rank": info.get("local_rank"),
                 "exit_code": code,
                 "logs": info.get("logs", []),

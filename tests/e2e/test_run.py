@@ -723,7 +723,7 @@ def test_a_deepspeed_job_runs_every_rank_and_streams_each_ranks_own_log_file(
 def test_a_failing_deepspeed_rank_is_named_with_its_node_exit_code_and_file(
     lab3: Lab, runs, code, tmp_path: Path, deepspeed_python: str
 ) -> None:
-    """deepspeed's launcher names no rank when one fails; the node supervisor saw which rank
+    """deepspeed's launcher names no rank when one fails; the node supervisors saw which rank
     process ended first and how (``rank_exits.json``), so the summary names rank 3 anyway."""
     r = runs(lab3, "dsjob.py", "--fail-rank", "3", launcher="deepspeed", code_dir=code,
              inventory=_python_inventory(lab3, tmp_path, deepspeed_python),
@@ -734,10 +734,12 @@ def test_a_failing_deepspeed_rank_is_named_with_its_node_exit_code_and_file(
         r"rank 3 \(node2, local 1\) exited 3: \S+/1-node2/deepspeed/\S+_rank3\.log", said
     ), said
     job = r.job()
-    assert job["first_failure"]["host"] == "node2"
-    assert [(f["rank"], f["local_rank"], f["exit_code"]) for f in job["failed_ranks"]] == [
-        (3, 1, 3)
-    ]
+    # The node whose launcher ended first may be a peer (deepspeed looks at its ranks once a
+    # second; a peer's rank dies of rank 3's error and its launcher may notice sooner): the
+    # rank-level culprit comes from every node's rank_exits.json, by time.
+    assert [
+        (f["rank"], f["node"], f["local_rank"], f["exit_code"]) for f in job["failed_ranks"]
+    ] == [(3, "node2", 1, 3)]
     assert left_over(lab3, r.folder.name) == {}
 
 

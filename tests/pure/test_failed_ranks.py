@@ -75,3 +75,27 @@ def test_the_failed_rank_is_named_from_the_launchers_own_words(
     got = failed_ranks(result(launcher, tail, tmp_path), [])
     assert [(f["rank"], f["exit_code"]) for f in got] == want
     assert all(f["node"] == "node2" for f in got)
+
+
+def test_deepspeed_names_the_first_failing_rank_of_any_node_not_of_the_first_node_to_end(
+    tmp_path: Path,
+) -> None:
+    """deepspeed's launcher looks at its ranks once a second, so a peer whose rank died of the
+    culprit's error can end first (seen in CI): the supervisors' times decide."""
+    folders = []
+    for name, exits in (
+        ("n1", [{"local": 1, "code": 3, "at": 10.5}, {"local": 0, "code": 1, "at": 11.2}]),
+        ("n2", [{"local": 0, "code": 1, "at": 11.1}]),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank_exits.json").write_text(json.dumps({"exits": exits}))
+        folders.append(str(tmp_path / name))
+    first_to_end = SimpleNamespace(rank=2, host="node3", folder=folders[1], exit_code=1, tail=[])
+    other = SimpleNamespace(rank=1, host="node2", folder=folders[0], exit_code=1, tail=[])
+    res = SimpleNamespace(
+        failed_node=first_to_end,
+        nodes=[SimpleNamespace(rank=0, host="node1", folder=None), other, first_to_end],
+        plan=SimpleNamespace(launcher="deepspeed", nproc_per_node=2),
+    )
+    [got] = failed_ranks(res, [])
+    assert (got["rank"], got["node"], got["exit_code"]) == (3, "node2", 3)
