@@ -135,7 +135,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
         # the supervisors' records. Not necessarily on the node whose launcher ended first:
         # deepspeed's looks at its ranks once a second, so a peer's launcher may end sooner.
         firsts = []
-        for node in getattr(result, "nodes", None) or [ff]:
+        for node in result.nodes:
             got = _first_failed_exit(Path(node.folder)) if node.folder else None
             if got is not None:
                 firsts.append((got[0], node.rank * nproc + got[1], got[2], node.host))

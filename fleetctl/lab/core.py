@@ -360,8 +360,8 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             REGISTRY.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write(REGISTRY / f"{name}.json", json.dumps(entry) + "\n", 0o600)
             hosts = n + sum(int(e.get("hosts") or 0) for e in entries)
+        try:  # registered: a failure from here on is cleaned up by down()
             net.fit_neighbour_table(hosts, REGISTRY / NEIGH_SAVED)
-        try:
             lab._build(ready_timeout)
         except BaseException as e:
             try:

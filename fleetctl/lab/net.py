@@ -256,7 +256,11 @@ NEIGH_BASE = 1024  # what the machine itself keeps
 
 
 def neigh_thresholds() -> list[int]:
-    return [int(open(NEIGH_THRESH.format(i)).read()) for i in (1, 2, 3)]
+    out = []
+    for i in (1, 2, 3):
+        with open(NEIGH_THRESH.format(i)) as f:
+            out.append(int(f.read()))
+    return out
 
 
 def fit_neighbour_table(hosts: int, saved: Path) -> list[int] | None:
@@ -282,7 +286,7 @@ def restore_neighbour_table(saved: Path) -> list[int] | None:
         values = json.loads(saved.read_text())
     except (OSError, ValueError):
         return None
-    for i in (3, 2, 1):  # lower the hard limit first: thresh1 <= thresh2 <= thresh3 throughout
+    for i in (1, 2, 3):  # lowest first, so thresh1 <= thresh2 <= thresh3 holds throughout
         with open(NEIGH_THRESH.format(i), "w") as f:
             f.write(str(int(values[i - 1])))
     saved.unlink()

@@ -665,7 +665,7 @@ def load_factor(most: float) -> float:
     return min(most, max(1.0, load))
 
 
-def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 4.0) -> dict:
+def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 2.0) -> dict:
     """Ping and TCP-connect every peer. A pair that fails is tried once more with timeouts
     2 x this host's slowdown longer (``load_factor``): a busy host answers late, a cut link
     never does."""
@@ -724,7 +724,7 @@ def main() -> int:
             emit("M", {"error": "no peer list from the controller"})
             return 0
         peers = json.loads(line.decode() or "{}").get("peers") or []
-        timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 4))
+        timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 2))
         emit("M", mesh(nic["addr"], peers, timeout, most))
         stdin.wait_eof(float(args.get("linger", 30)))
     finally:

@@ -34,7 +34,7 @@ PADDLE = [
 def result(launcher: str, tail: list[str], folder: Path, *, rank: int = 1) -> Any:
     node = SimpleNamespace(rank=rank, host="node2", folder=str(folder), exit_code=1, tail=tail)
     return SimpleNamespace(
-        failed_node=node, plan=SimpleNamespace(launcher=launcher, nproc_per_node=2)
+        failed_node=node, nodes=[node], plan=SimpleNamespace(launcher=launcher, nproc_per_node=2)
     )
 
 

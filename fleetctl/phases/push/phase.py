@@ -201,35 +201,34 @@ class _Push(_Transfer, _PeerDistribution):
             st.result.env_method = "present"
 
     # shared workdirs -------------------------------------------------------------------------
-    def _set_aside_shared(self) -> dict[str, _State]:
+    def _set_aside_shared(self) -> list[tuple[str, _State]]:
         """Nodes that see one workdir (one id in ``W/.fleetctl-id``: an NFS home) need one
-        transfer: the first of each group pushes, the others wait aside (follower -> leader
-        name) and only check what it made (``_follow``)."""
+        transfer: the first of each group pushes, the others wait aside as (leader name,
+        state) and only check what it made (``_follow``)."""
         leaders: dict[str, str] = {}
-        followers: dict[str, _State] = {}
+        followers: list[tuple[str, _State]] = []
         for name, st in list(self.states.items()):
             done = (self.snap is None or st.code_present) and (st.archive is None or st.env_present)
             if st.workdir_id is None or done:
                 continue
             leader = leaders.setdefault(st.workdir_id, name)
             if leader != name:
-                followers[leader + "\0" + name] = self.states.pop(name)
+                followers.append((leader, self.states.pop(name)))
         return followers
 
-    def _follow(self, followers: dict[str, _State]) -> None:
+    def _follow(self, followers: list[tuple[str, _State]]) -> None:
         """Probe the set-aside nodes again: what their leader made is there now (verified with
         their own python); a node whose leader failed pushes for itself."""
         if not followers:
             return
-        for st in followers.values():
+        for _, st in followers:
             self.states[st.node.name] = st
-        sts = list(followers.values())
+        sts = [st for _, st in followers]
         self._map(self._probe, sts, self.options.command_timeout + self.options.verify_timeout)
         alone = []
-        for key, st in followers.items():
+        for leader, st in followers:
             if st.node.name not in self.states:
                 continue  # its probe failed: recorded
-            leader = key.split("\0", 1)[0]
             code_ok = self.snap is None or st.code_present
             env_ok = st.archive is None or st.env_present
             if code_ok and env_ok:
