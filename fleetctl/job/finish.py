@@ -188,6 +188,25 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
     _redact(job)
 
 
+def _blame_first_rank(job: JobContext) -> None:
+    """The node whose rank failed first is the first failure, even when a peer's launcher ended
+    first: launchers look at their ranks every 0.1-1 s, and under load the culprit's may end
+    after its victim's, or after our stop reached it. The node supervisors' clocks decide."""
+    first = (job.result.failed_ranks or [None])[0]
+    before = job.result.failed_node
+    if first is None or before is None or not job.state.blame(int(first["node_rank"])):
+        return
+    job.sync()
+    node = job.result.nodes[int(first["node_rank"])]
+    node.state = job.state.states[node.rank]
+    job.emit(
+        "notice",
+        f"rank {first['rank']} on node {node.rank} ({node.host}) failed before any rank of "
+        f"node {before.rank} ({before.host}), whose launcher ended first: node {node.rank} "
+        "is the first failure",
+    )
+
+
 def _post_mortem(job: JobContext, fleet: Fleet) -> None:
     """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
     from fleetctl.job.culprit import post_mortem
@@ -225,5 +244,6 @@ def _rank_map(job: JobContext) -> None:
         if ranks:
             job.folder.write_ranks(ranks)
         job.result.failed_ranks = failed_ranks(job.result, ranks) or None
+        _blame_first_rank(job)
     except OSError as e:  # a map we cannot write is a note, never a lost result
         job.result.errors.append(f"ranks.json: {e}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,16 +62,31 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     return out
 
 
-def _first_failed_exit(node_dir: Path) -> tuple[float, int, int] | None:
-    """(when, local rank, exit code or -signal) of the first rank process on the node that
-    ended with a failure, from the supervisor's ``rank_exits.json``; None when unknown."""
-    try:
-        data = json.loads((node_dir / "rank_exits.json").read_text())
-        exits = [e for e in data["exits"] if isinstance(e, dict) and e.get("code")]
-        first = min(exits, key=lambda e: float(e["at"]))
-        return float(first["at"]), int(first["local"]), int(first["code"])
-    except (OSError, ValueError, RecursionError, KeyError, TypeError):
-        return None
+def rank_exits(result: JobResult) -> list[tuple[float, int, int | None, str]]:
+    """(when, global rank, exit code or -signal or None, host) of every rank process the node
+    supervisors saw end (``rank_exits.json``, each by its node's clock: the moment it ended,
+    from a pidfd), over every node."""
+    plan = result.plan
+    if plan is None:
+        return []
+    nproc = 1 if plan.launcher == "plain" else max(1, plan.nproc_per_node)
+    out = []
+    for node in result.nodes:
+        if not node.folder:
+            continue
+        try:
+            data = json.loads((Path(node.folder) / "rank_exits.json").read_text())
+            for e in data["exits"]:
+                code = e.get("code")
+                out.append((
+                    float(e["at"]),
+                    node.rank * nproc + int(e["local"]),
+                    None if code is None else int(code),
+                    node.host,
+                ))  # fmt: skip
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            continue
+    return sorted(out)
 
 
 def _rank_pids(node_dir: Path | None) -> dict[str, list[int]]:
@@ -99,18 +115,9 @@ def _rank_files(node_dir: Path, launcher: str | None, local: int, rank: int) -> 
     return [p for p in [node_dir / "console.log"] if p.is_file()]
 
 
-def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ranks the first failing node's launcher named as failed (torchrun's summary,
-    paddle's ABORT line), else the first rank process the node supervisor saw fail
-    (``rank_exits.json``: deepspeed), or the node's only rank (plain); with exit code and log
-    files where known."""
-    ff = result.failed_node
-    if ff is None or result.plan is None:
-        return []
-    by_rank = {r["rank"]: r for r in ranks}
-    tail = list(ff.tail)
+def _launcher_named(launcher: str | None, tail: list[str]) -> list[tuple[int, int | None]]:
+    """(global rank, exit code if said) of the ranks a launcher's last words name as failed."""
     named: list[tuple[int, int | None]] = []
-    launcher = result.plan.launcher
     if launcher == "torchrun":
         for i, line in enumerate(tail):
             m = _TORCHRUN_RANK.match(line)
@@ -126,22 +133,41 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
             m = _PADDLE_ABORT.search(line)
             if m:
                 named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
+    return named
+
+
+def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank that failed first, with its node, exit code and log files.
+
+    By the node supervisors' times (``rank_exits.json``) when they saw it: the earliest rank
+    process on any node that ended badly. The launchers' own words are no witness of order:
+    torchrun's "first observed failure" is the lowest rank among those failed within one
+    second, and its summary also lists the peers it stopped with SIGTERM; a peer's launcher may
+    end before the culprit's (deepspeed looks at its ranks once a second); deepspeed's own line
+    shows its last spawned rank's argv. A SIGTERM end sorts last: launchers and teardown stop
+    a failed rank's peers that way. Without such times: the ranks the first failing node's
+    launcher named (torchrun's summary, paddle's ABORT line), or its only rank (plain).
+    """
+    ff = result.failed_node
+    if ff is None or result.plan is None:
+        return []
+    by_rank = {r["rank"]: r for r in ranks}
+    launcher = result.plan.launcher
+    named = _launcher_named(launcher, list(ff.tail))
+    said = dict(named)
+    nproc = 1 if launcher == "plain" else max(1, result.plan.nproc_per_node)
+    where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
+    candidates = []
+    for at, rank, code, host in rank_exits(result):
+        if code is None:
+            code = said.get(rank)  # ended, status unread: the launcher may say it
+        if code:
+            candidates.append((code == -signal.SIGTERM, at, rank, code, host))
+    if candidates:
+        _, _, rank, code, host = min(candidates)
+        named, where = [(rank, code)], {rank: host}
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
-    nproc = max(1, result.plan.nproc_per_node)
-    where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
-    if not named:
-        # No launcher's word (deepspeed): the first rank process that failed on any node, by
-        # the supervisors' records. Not necessarily on the node whose launcher ended first:
-        # deepspeed's looks at its ranks once a second, so a peer's launcher may end sooner.
-        firsts = []
-        for node in result.nodes:
-            got = _first_failed_exit(Path(node.folder)) if node.folder else None
-            if got is not None:
-                firsts.append((got[0], node.rank * nproc + got[1], got[2], node.host))
-        if firsts:
-            _, rank, code, host = min(firsts)
-            named, where = [(rank, code)], {rank: host}
     out, seen = [], set()
     for rank, code in named:
         if rank in seen:
@@ -152,6 +178,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
             {
                 "rank": rank,
                 "node": info.get("node", where.get(rank, ff.host)),
+                "node_rank": info.get("node_rank", rank // nproc),
                 "local_rank": info.get("local_rank"),
                 "exit_code": code,
                 "logs": info.get("logs", []),

@@ -172,6 +172,27 @@ class JobState:
             self.first_failure, self.failure_time, first = rank, when, True
         return Transition(state, first, tolerated, completed)
 
+    def blame(self, rank: int) -> bool:
+        """After the fact: the node supervisors' clocks show that node ``rank``'s rank process
+        failed before any other, though a peer's launcher ended first (launchers look at their
+        ranks every 0.1-1 s) or our stop reached the node before its launcher ended. That node
+        is the first failure, and failed (not stopped). False (nothing changes) unless the job
+        failed on a node's end and ``rank`` is another node that failed or was stopped, whose
+        failure the completion policy does not tolerate."""
+        if (
+            self.first_failure is None
+            or self.first_failure == rank
+            or self.verdict is not None
+            or self.states[rank] not in (NodeState.FAILED, NodeState.STOPPED)
+        ):
+            return False
+        states = list(self.states)
+        states[rank] = NodeState.FAILED
+        if self.policy is not None and not self.policy.fails_job(rank, states):
+            return False
+        self.first_failure, self.states = rank, states
+        return True
+
     def give_up(self, reason: str) -> bool:
         """The job as a whole failed without a node failing first (``--timeout``, a stall):
         stop every node. False when the job is already ending for another reason."""

@@ -1,6 +1,6 @@
-"""Which global rank failed, from what each launcher says (golden lines from the real
-launchers: torchrun 2.13's error summary, paddle 3.3.1's ABORT line) or, failing that (deepspeed
-0.19.8), from the node supervisor's ``rank_exits.json``."""
+"""Which global rank failed first: by the node supervisors' times (``rank_exits.json``) when
+they have them, else from what each launcher says (golden lines from the real launchers:
+torchrun 2.13's error summary, paddle 3.3.1's ABORT line; deepspeed 0.19.8 says nothing usable)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ TORCHRUN = [
     "  host      : node3",
     "  rank      : 5 (local_rank: 1)",
     "  exitcode  : -6 (pid: 80)  (SIGABRT)",
+]
+TORCHRUN_BOTH = [
+    "Failures:",
+    "[1]:",
+    "  time      : 2026-11-25_19:40:02",
+    "  host      : node2",
+    "  rank      : 3 (local_rank: 1)",
+    "  exitcode  : 1 (pid: 81)",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-25_19:40:02",
+    "  host      : node2",
+    "  rank      : 2 (local_rank: 0)",
+    "  exitcode  : -15 (pid: 80)",
 ]
 PADDLE = [
     "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted. "
@@ -61,6 +75,38 @@ def result(launcher: str, tail: list[str], folder: Path, *, rank: int = 1) -> An
         ),
         ("deepspeed", [DS_LINE], None, []),
         ("plain", ["Traceback …"], None, [(1, 1)]),
+        # torchrun's summary lists the peer it stopped (seen in CI: rank 2 -15 beside rank 3's
+        # exit 1), and its "first observed failure" is the lowest rank within one second: the
+        # supervisor's times decide.
+        (
+            "torchrun",
+            TORCHRUN_BOTH,
+            [{"local": 1, "code": 1, "at": 5.0}, {"local": 0, "code": -15, "at": 5.1}],
+            [(3, 1)],
+        ),
+        # ended before its launcher reaped it, but the status went unread: the launcher's code
+        (
+            "torchrun",
+            TORCHRUN_BOTH,
+            [{"local": 1, "code": None, "at": 5.0}, {"local": 0, "code": -15, "at": 5.1}],
+            [(3, 1)],
+        ),
+        # the culprit's end went unseen: a SIGTERM is what launchers and teardown stop peers
+        # with, so a stopped peer is named only when nothing else failed
+        ("torchrun", TORCHRUN_BOTH, [{"local": 0, "code": -15, "at": 4.0}], [(2, -15)]),
+        (
+            "deepspeed",
+            [],
+            [{"local": 0, "code": -15, "at": 4.0}, {"local": 1, "code": -9, "at": 4.5}],
+            [(3, -9)],
+        ),
+        # a rank that succeeded before the failure is no culprit
+        (
+            "paddle",
+            PADDLE,
+            [{"local": 0, "code": 0, "at": 1.0}, {"local": 1, "code": 6, "at": 2.0}],
+            [(3, 6)],
+        ),
     ],
 )
 def test_the_failed_rank_is_named_from_the_launchers_own_words(
@@ -99,3 +145,26 @@ def test_deepspeed_names_the_first_failing_rank_of_any_node_not_of_the_first_nod
     )
     [got] = failed_ranks(res, [])
     assert (got["rank"], got["node"], got["exit_code"]) == (3, "node2", 3)
+
+
+def test_the_node_whose_rank_failed_first_becomes_the_first_failure() -> None:
+    """A peer's launcher may end first (its rank died of the culprit's error); the culprit's
+    node, failed or reached by our stop before its launcher ended, takes the blame."""
+    from fleetctl.job.state import JobState, NodeState
+
+    for culprit_end in (NodeState.FAILED, NodeState.STOPPED):
+        st = JobState(3)
+        st.launch()
+        for r in range(3):
+            st.start(r)
+        assert st.end(2, NodeState.FAILED, 10.0).first_failure
+        st.end(1, culprit_end, 10.2)
+        st.end(0, NodeState.STOPPED, 10.3)
+        assert st.blame(1) and (st.first_failure, st.states[1]) == (1, NodeState.FAILED)
+        assert st.failure_time == 10.0  # when the failure was first seen: the controller's clock
+    st = JobState(2)
+    st.launch()
+    st.end(0, NodeState.SUCCEEDED, 1.0)
+    st.end(1, NodeState.FAILED, 2.0)
+    assert not st.blame(0) and st.first_failure == 1  # a node that succeeded is never blamed
+    assert not st.blame(1)

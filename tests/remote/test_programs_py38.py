@@ -861,3 +861,31 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
     (w / ".fleetctl-id").unlink()
     made_by_check = check_probe()
     assert made_by_check != first and push_probe() == made_by_check
+
+
+FAKE_LAUNCHER = """
+import json, os, subprocess, sys, time
+rank = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"]
+r1 = subprocess.Popen(rank + ["1.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
+r0 = subprocess.Popen(rank + ["2.0", "0"], env=dict(os.environ, LOCAL_RANK="0"))
+print(json.dumps({"r1": r1.wait(), "reaped": time.time()}), flush=True)  # at once: no zombie
+r0.wait()
+"""
+
+
+def test_the_supervisor_times_a_rank_end_its_launcher_reaps_at_once(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Which rank failed first is decided by when each ended, on every node: a pidfd wakes the
+    supervisor as the rank ends, even when its launcher reaps it at once (no zombie to see)."""
+    (tmp_path / "launcher.py").write_text(FAKE_LAUNCHER)
+    job = jid("p-exits")
+    spec = {"cwd": str(tmp_path), "env": {"FLEET_LAUNCHER": "torchrun"}}
+    run = jobs.start(job, [jobs.python, str(tmp_path / "launcher.py")], **spec)
+    said = [json.loads(t) for k, t in drain(run) if k == "L" and t.startswith("{")]
+    assert said and said[0]["r1"] == 3, said
+    exits = json.loads((Path(jobs.run_dir(job)) / "rank_exits.json").read_text())["exits"]
+    by_local = {e["local"]: e for e in exits}
+    assert sorted(by_local) == [0, 1], exits
+    assert by_local[1]["code"] in (3, None)  # read only if still a zombie when we looked
+    assert by_local[1]["at"] <= said[0]["reaped"] + 0.5 < by_local[0]["at"], exits
