@@ -1,6 +1,12 @@
-"""Watch: one reader thread per node turns supervisor frames into events on one queue.
+"""Watch: reader threads turn supervisor frames into events on one queue.
 
-Each thread also heartbeats its supervisor (one byte a second: the dead-man switch on the node
+One thread follows up to ``GROUP`` nodes with a selector over their channels, so a fleet of
+128 nodes costs two reader threads, not 128. A node that needs a blocking step — draining a
+channel that closed, or reaching a silent node over a new connection — leaves its group for a
+thread of its own, so one sick host never holds up the others' lines or heartbeats; so does a
+stream that cannot be selected on (no ``fileno``).
+
+The reader also heartbeats each supervisor (one byte a second: the dead-man switch on the node
 stops the job when they stop coming). A node whose channel closes before it reported an exit,
 or that says nothing — not even its ``H`` heartbeat — for longer than the lost-node timeout, is
 reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one;
@@ -11,7 +17,9 @@ a line longer than the supervisor's read size comes as ``C`` pieces and is joine
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import selectors
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +34,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LOST_TIMEOUT = 5.0
 DEFAULT_HEARTBEAT = 1.0
+GROUP = 64  # nodes one reader thread follows
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,8 @@ class Watch:
         self.events: queue.Queue[Event] = queue.Queue()
         self.runs: dict[int, NodeRun] = {}
         self.ended: dict[int, Event] = {}  # rank -> its exit or lost event
-        self._threads: dict[int, threading.Thread] = {}
+        self._threads: dict[int, threading.Thread] = {}  # ranks read by a thread of their own
+        self._groups: list[_Group] = []
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._long: dict[int, LineJoiner] = {}  # rank -> a long line still arriving (C frames)
@@ -78,13 +88,17 @@ class Watch:
                 run.stream.send(b"k")
                 run.stream.close()
             return
+        fd = _fileno(run.stream)
         with self._lock:
             self.runs[run.rank] = run
-            t = threading.Thread(
-                target=self._follow, args=(run,), daemon=True, name=f"watch-{run.rank}"
-            )
-            self._threads[run.rank] = t
-        t.start()
+            if fd is None:
+                self._solo(run)
+                return
+            group = next((g for g in self._groups if g.size < GROUP), None)
+            if group is None:
+                group = _Group(self, len(self._groups))
+                self._groups.append(group)
+            group.add(run)
 
     def get(self, timeout: float) -> Event | None:
         try:
@@ -124,13 +138,32 @@ class Watch:
         """
         self._closing.set()
         keep = set(keep)
-        for t in list(self._threads.values()):
+        for g in list(self._groups):
+            g.wake()
+        for t in [*(g.thread for g in self._groups), *self._threads.values()]:
             t.join(2.0)
         for rank, run in self.runs.items():
-            if rank in keep and not self._threads[rank].is_alive():
+            if rank in keep and not self._reading(rank):
                 continue
             with contextlib.suppress(Exception):
                 run.stream.close()
+
+    def _reading(self, rank: int) -> bool:
+        """Whether a reader thread may still be reading the rank's stream."""
+        with self._lock:
+            solo = self._threads.get(rank)
+            if solo is not None:
+                return solo.is_alive()
+            return any(g.thread.is_alive() and rank in g.members for g in self._groups)
+
+    def _solo(self, run: NodeRun, why: str | None = None, *, drain: bool = False) -> None:
+        """A thread of its own for one node: no selectable stream, or a blocking step ahead
+        (``drain`` a closing channel, or reach a silent node anew: ``why``). Under the lock."""
+        t = threading.Thread(
+            target=self._follow, args=(run, why, drain), daemon=True, name=f"watch-{run.rank}"
+        )
+        self._threads[run.rank] = t
+        t.start()
 
     # -- per node ---------------------------------------------------------------------------
     def _emit(
@@ -200,9 +233,9 @@ class Watch:
             self._emit(run, "lines", lines=tuple(batch))
         return False
 
-    def _follow(self, run: NodeRun) -> None:
+    def _follow(self, run: NodeRun, why: str | None = None, drain: bool = False) -> None:
         try:
-            self._follow_inner(run)
+            self._follow_inner(run, why, drain)
         except Exception as e:  # never die silently: a broken reader is a lost node
             self._emit(run, "lost", f"reader failed: {e}")
 
@@ -220,11 +253,16 @@ class Watch:
                 return True
         return False
 
-    def _follow_inner(self, run: NodeRun) -> None:
-        if self._handle(run, run.pending):
+    def _follow_inner(self, run: NodeRun, why: str | None = None, drain: bool = False) -> None:
+        if drain and self._drain(run):
+            return
+        if why is not None:  # from a group: its pending frames were handled there
+            if self._revive(run, why) != "attached":
+                return
+        elif self._handle(run, run.pending):
             return
         last_rx = time.monotonic()
-        last_hb = 0.0
+        last_hb = 0.0 if why is None else last_rx
         while not self._closing.is_set():
             stream = run.stream  # a reattach swaps it
             now = time.monotonic()
@@ -280,3 +318,120 @@ class Watch:
             return "lost"
         self._emit(run, "notice", f"back over a new connection after: {why}; the job ran on")
         return "exit" if self._handle(run, frames) else "attached"
+
+
+class _Group:
+    """One reader thread and one selector for up to ``GROUP`` nodes: reads what is ready,
+    heartbeats each node on time, and hands a node that needs a blocking step to a thread of
+    its own (``Watch._solo``)."""
+
+    def __init__(self, watch: Watch, index: int) -> None:
+        self.watch = watch
+        self.sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self.incoming: list[NodeRun] = []
+        self.members: dict[int, list[float]] = {}  # rank -> [last byte in, last heartbeat out]
+        self.size = 0  # nodes ever given to this group: its slots are not reused
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"watch-g{index}")
+        self.thread.start()
+
+    def add(self, run: NodeRun) -> None:
+        """Under the watch's lock."""
+        self.size += 1
+        self.incoming.append(run)
+        self.members[run.rank] = [time.monotonic(), 0.0]
+        self.wake()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"w")
+
+    def _leave(self, run: NodeRun) -> None:
+        with contextlib.suppress(Exception):
+            self.sel.unregister(run.stream.fileno())  # type: ignore[attr-defined]
+        with self.watch._lock:
+            self.members.pop(run.rank, None)
+
+    def _hand_off(self, run: NodeRun, why: str | None, *, drain: bool = False) -> None:
+        self._leave(run)
+        with self.watch._lock:
+            self.watch._solo(run, why, drain=drain)
+
+    def _run(self) -> None:
+        w = self.watch
+        try:
+            while not w._closing.is_set():
+                with w._lock:
+                    new, self.incoming = self.incoming, []
+                for run in new:
+                    self._join(run)
+                for key, _ in self.sel.select(min(0.2, w.heartbeat)):
+                    if key.data is None:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                        continue
+                    self._read(key.data)
+                self._tend()
+        finally:
+            self.sel.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _join(self, run: NodeRun) -> None:
+        try:
+            if self.watch._handle(run, run.pending):
+                self._leave(run)
+                return
+            fd = _fileno(run.stream)
+            assert fd is not None
+            self.sel.register(fd, selectors.EVENT_READ, run)
+        except Exception as e:  # never die silently: a broken reader is a lost node
+            self._leave(run)
+            self.watch._emit(run, "lost", f"reader failed: {e}")
+
+    def _read(self, run: NodeRun) -> None:
+        w = self.watch
+        try:
+            data = run.stream.recv(0)
+            if data is None:
+                return
+            if not data:
+                if w._handle(run, run.reader.flush()):
+                    self._leave(run)
+                else:
+                    self._hand_off(run, "connection closed before the job ended")
+                return
+            self.members[run.rank][0] = time.monotonic()
+            if w._handle(run, run.reader.feed(data)):
+                self._leave(run)
+        except Exception as e:
+            self._leave(run)
+            w._emit(run, "lost", f"reader failed: {e}")
+
+    def _tend(self) -> None:
+        """Heartbeats due, and nodes silent past the lost-node timeout."""
+        w = self.watch
+        now = time.monotonic()
+        for rank, times in list(self.members.items()):
+            run = w.runs[rank]
+            if now - times[1] >= w.heartbeat:
+                times[1] = now
+                try:
+                    run.stream.send(b"h")
+                except Exception as e:
+                    # The supervisor closes its end when the job is over; its last lines and
+                    # exit report may still be buffered: drained before calling it lost.
+                    self._hand_off(run, f"connection closed ({e or 'send failed'})", drain=True)
+                    continue
+            silent = now - times[0]
+            if silent > w.lost_timeout:
+                self._hand_off(run, f"no heartbeat for {silent:.1f}s")
+
+
+def _fileno(stream: object) -> int | None:
+    """The stream's selectable descriptor; None: it gets a reader thread of its own."""
+    fileno = getattr(stream, "fileno", None)
+    return None if fileno is None else fileno()

@@ -102,6 +102,11 @@ class Stream(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def fileno(self) -> int | None:
+        """A descriptor that selects readable when ``recv`` has something (data or EOF), so
+        one thread can follow many streams; None when there is none."""
+        return None
+
 
 class Connection(ABC):
     """One node's command and file channel. Thread-safe: phases fan out over it."""
@@ -193,6 +198,9 @@ class _SSHStream(Stream):
 
     def close(self) -> None:
         self._ch.close()
+
+    def fileno(self) -> int | None:
+        return self._ch.fileno()  # paramiko's pipe: set while data or EOF is waiting
 
 
 class SSHConnection(Connection):

@@ -116,6 +116,10 @@ class _LocalStream(Stream):
         if self._proc.stdout is not None:
             self._proc.stdout.close()
 
+    def fileno(self) -> int | None:
+        out = self._proc.stdout
+        return None if out is None or out.closed else out.fileno()
+
 
 class LocalConnection(Connection):
     """This machine, without SSH: same commands, run by ``/bin/sh -c``."""

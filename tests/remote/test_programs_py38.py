@@ -865,7 +865,8 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
 
 FAKE_LAUNCHER = """
 import json, os, subprocess, sys, time
-rank = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"]
+body = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+rank = [sys.executable, "-c", body]
 r1 = subprocess.Popen(rank + ["1.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
 r0 = subprocess.Popen(rank + ["2.0", "0"], env=dict(os.environ, LOCAL_RANK="0"))
 print(json.dumps({"r1": r1.wait(), "reaped": time.time()}), flush=True)  # at once: no zombie
