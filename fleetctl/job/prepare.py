@@ -6,7 +6,7 @@ nothing needs stopping.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import CheckError
 
@@ -15,8 +15,13 @@ if TYPE_CHECKING:
 
     from fleetctl.job.context import JobContext
     from fleetctl.node import Node
-    from fleetctl.plan.rankplan import JobSpec, NodeFacts
+    from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.fleet import Fleet
+
+
+# plan.json is the full form (every node's env and argv whole, easy to read) up to this many
+# nodes; larger fleets get the compact form (fleetctl.plan.shared), which Plan.from_dict reads.
+FULL_PLAN_MAX_NODES = 256
 
 
 def prepare(job: JobContext, fleet: Fleet) -> None:
@@ -113,7 +118,18 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     job.result.plan = job.plan
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr
-    job.folder.write_plan(job.plan.to_dict())
+    job.folder.write_plan(plan_document(job.plan))
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """plan.json: the full form, or past ``FULL_PLAN_MAX_NODES`` the compact one (in full, every
+    node holds every address: nodes² bytes, 285 MB at 5,000 hosts)."""
+    doc = plan.to_dict()
+    if len(plan.nodes) <= FULL_PLAN_MAX_NODES:
+        return doc
+    from fleetctl.plan.shared import share_values
+
+    return share_values(doc)
 
 
 def launcher_module(name: str) -> str | None:

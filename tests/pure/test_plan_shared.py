@@ -113,6 +113,18 @@ def test_plan_json_round_trips_in_both_forms(tmp_path: Path, launcher: str) -> N
     assert load_plan(folder) == plan
 
 
+def test_plan_json_is_compact_past_256_nodes(tmp_path: Path) -> None:
+    from fleetctl.job.prepare import FULL_PLAN_MAX_NODES, plan_document
+
+    for n, compact in ((FULL_PLAN_MAX_NODES, False), (FULL_PLAN_MAX_NODES + 1, True)):
+        plan = make_plan(_nodes(n), JobSpec(script="t.py", job_id=JOB, launcher="paddle"))
+        folder = RunFolder(tmp_path / f"{JOB}-{n}")
+        folder.path.mkdir()
+        folder.write_plan(plan_document(plan))
+        assert ("shared" in folder.load_plan()) is compact
+        assert load_plan(folder) == plan
+
+
 def test_a_small_fleet_prints_the_same_as_before() -> None:
     plan = make_plan(_nodes(4), JobSpec(script="t.py", job_id=JOB, launcher="paddle"))
     assert len(plan.nodes[0].env["FLEET_NODE_IPS"]) < SHARED_MIN_CHARS
@@ -150,7 +162,47 @@ def test_a_role_job_round_trips_compact() -> None:
     )
     doc = json.loads(plan.to_json(compact=True))
     assert {"env.FLEET_NODE_IPS", "env.FLEET_HOSTS_worker"} <= doc["shared"].keys()
+    # one variable per worker task, the same on every node: written once, as a family
+    family = doc["shared"]["envs.FLEET_HOST_IP_worker_#"]
+    assert family == {f"FLEET_HOST_IP_worker_{i}": _addr(i + 1) for i in range(49)}
+    for n in doc["nodes"]:
+        assert n["env"]["FLEET_HOST_IP_worker_#"] == {"shared": "envs.FLEET_HOST_IP_worker_#"}
+        assert not any(k.startswith("FLEET_HOST_IP_worker_") and k[-1].isdigit() for k in n["env"])
+        assert n["env"]["FLEET_HOST_IP_server_0"] == _addr(0)  # one server: no family
     assert Plan.from_dict(doc) == plan
+
+
+def _role_dry_run(tmp_path: Path, workers: int) -> str:
+    """An OpenPAI-style job (env_style pai) of one server and ``workers`` workers."""
+    (tmp_path / "w.py").write_text("")
+    (tmp_path / "job.yml").write_text(
+        "env_style: pai\nroles:\n  server: {command: python3 s.py, instances: 1, ports: [http]}\n"
+        "  worker: {script: w.py}\n"
+    )
+    inv = _inventory(tmp_path, workers + 1)
+    r = run_cli("run", "-i", str(inv), "--job", "job.yml", "--dry-run", "--json", cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout
+
+
+def test_a_role_job_dry_run_json_grows_linearly(tmp_path: Path) -> None:
+    """Every task's ``PAI_HOST_IP_<role>_<i>`` is in every node's env (OpenPAI's contract):
+    printed per node that is nodes² (504 hosts: 26 MB before families were shared)."""
+    small, large = _role_dry_run(tmp_path, 200), _role_dry_run(tmp_path, 400)
+    assert len(large) / len(small) < 2.5, (len(small), len(large))
+    doc = json.loads(large)
+    assert len(doc["shared"]["envs.PAI_HOST_IP_worker_#"]) == 400
+    full = expand_shared(doc)
+    assert full["nodes"][3]["env"]["PAI_HOST_IP_worker_399"] == _addr(400)
+    assert full["nodes"][3]["env"]["PAI_server_0_http_PORT"].isdigit()
+
+
+def test_a_family_marker_must_name_a_family() -> None:
+    plan = make_plan(_nodes(40), JobSpec(script="t.py", job_id=JOB))
+    doc = json.loads(plan.to_json(compact=True))
+    doc["shared"]["envs.X_#"] = {"X_1": 1}
+    with pytest.raises(PlanError, match="shared is not an object of strings"):
+        Plan.from_dict(doc)
 
 
 @pytest.mark.parametrize(
