@@ -18,6 +18,7 @@ the wall times are an upper bound and the controller CPU is the number to watch.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ class FleetBench:
             lab = Lab.up(n, networks=2)
             up = time.perf_counter() - t0
             try:
+                self.lab = lab
                 bench = PhaseBench(lab, self.work / f"fleet{n}", quick=self.quick)
                 bench.work.mkdir(parents=True, exist_ok=True)
                 rows = [
@@ -78,11 +80,16 @@ class FleetBench:
         seen: dict[str, Any] = {}
 
         def once() -> tuple[float, dict[str, Any]]:
+            r0 = remote_cpu(self.lab)
             seconds, (t, report) = self._check(bench, n)
             if t.proc.returncode != 0:
                 raise SampleFailed(f"exit {t.proc.returncode}: {_failures(report)}")
             seen["mesh"] = _mesh_note(report)
-            return seconds, {"controller CPU s": t.cpu, "CPU ms per node": 1000 * t.cpu / n}
+            return seconds, {
+                "controller CPU s": t.cpu,
+                "CPU ms per node": 1000 * t.cpu / n,
+                "remote CPU ms per node": 1000 * (remote_cpu(self.lab) - r0) / n,
+            }
 
         repeat(row, repeats, once)
         row.note = seen.get("mesh", "")
@@ -120,6 +127,7 @@ class FleetBench:
             # a cache of its own per sample: the run's check really runs (a passing check is
             # reused for 120 s otherwise, and the phase would time the cache)
             bench.env["FLEETCTL_CACHE_DIR"] = str(bench.work / f"cache-{next(samples)}")
+            r0 = remote_cpu(self.lab)
             r = bench.run_job(n, NOOP_SCRIPT, [], name="fleet", timeout=600)
             if r["rc"] != 0:
                 raise SampleFailed(f"exit {r['rc']}: {r['why']}")
@@ -127,6 +135,7 @@ class FleetBench:
             return r["wall"], {
                 **split_phases(phases, n),
                 "controller CPU s (with children)": r["cpu"],
+                "remote CPU ms per node": 1000 * (remote_cpu(self.lab) - r0) / n,
             }
 
         repeat(row, repeats, once)
@@ -135,6 +144,26 @@ class FleetBench:
             "launch→exit: launch until the last node exited; collect: teardown check + logs"
         )
         return row
+
+
+def remote_cpu(lab: Any) -> float:
+    """CPU seconds the lab hosts' processes used so far, ended ones included: each host's init
+    reaps its orphans (the detached node supervisors and their jobs) and its sshd listener its
+    sessions, so their children's times hold everything that ended; their own times are added.
+    What a real host would spend of its own CPU: the no-op run's remote side, per node."""
+    time.sleep(0.5)  # sessions the controller just closed: reaped by their sshd listener
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for h in lab.hosts:
+        for pid in {h.init_pid, lab.sshd_pid(h.name)} - {None}:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            fields = data[data.rfind(b")") + 2 :].split()
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / tck
 
 
 def split_phases(phases: list[dict[str, Any]], n: int) -> dict[str, float]:

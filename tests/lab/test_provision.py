@@ -336,3 +336,46 @@ def test_conda_env_packs_an_existing_env_and_fetches_it_once(
     finally:
         shutil.rmtree(work, ignore_errors=True)
         lab3.exec("node1", ["rm", "-rf", "/root/.fleetctl/build"])
+
+
+def test_bootstrap_as_a_login_user_becomes_root_only_where_it_must(
+    make_lab, ansible_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Real fleets log in as a plain user with passwordless sudo. Bootstrap's privileged step
+    (the sshd drop-in) runs under sudo and is root's; the workdir stays the user's own, private.
+    Without sudo rights it stops, exit 3, naming the host."""
+    if shutil.which("sudo") is None:
+        skip_or_fail("sudo is not installed (CI installs it)")
+    user = "fleetprov"
+    lab = make_lab(2, user=user)
+    sudoers = Path(f"/etc/sudoers.d/fleetctl-test-{user}")
+    dropins = [f"/tmp/fleetctl-sshd-{secrets.token_hex(4)}.d" for _ in range(2)]
+
+    def bootstrap(dropin: str) -> subprocess.CompletedProcess[str]:
+        return fleetctl(
+            "provision", "bootstrap", "-i", str(lab.inventory_path),
+            "--", "-e", f"fleetctl_sshd_dropin_dir={dropin}", "-e", "fleetctl_firewall=none",
+            env=ansible_env,
+        )  # fmt: skip
+
+    try:
+        sudoers.write_text(f"{user} ALL=(root) NOPASSWD: ALL\n")
+        sudoers.chmod(0o440)
+        first = bootstrap(dropins[0])
+        assert first.returncode == 0, first.stdout + first.stderr
+        r1 = recap(first.stdout)
+        assert sorted(r1) == ["node1", "node2"] and all(r["failed"] == 0 for r in r1.values())
+        for h in ("node1", "node2"):
+            conf = f"{dropins[0]}/50-fleetctl.conf"
+            said = lab.exec(h, ["stat", "-c", "%U %a", conf, lab.workdir], check=True).stdout
+            assert said.split("\n")[:2] == ["root 644", f"{user} 700"], said
+        sudoers.unlink()
+        second = bootstrap(dropins[1])
+        assert second.returncode == 3, second.stdout + second.stderr
+        errors = [x for x in second.stderr.splitlines() if x.startswith("fleetctl: error:")]
+        assert len(errors) == 1 and "node1" in errors[0] and "node2" in errors[0], errors
+        assert "sudo" in second.stdout, second.stdout
+    finally:
+        sudoers.unlink(missing_ok=True)
+        for h in ("node1", "node2"):
+            lab.exec(h, ["rm", "-rf", *dropins])
