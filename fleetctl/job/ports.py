@@ -74,7 +74,8 @@ def _claim(
     conn = fleet.connection(node)
     source = remote.source("port_probe.py").decode("utf-8")
     res = conn.run(
-        [conn.expand(node.python), "-c", source, json.dumps(args)], timeout=CLAIM_TIMEOUT
+        [conn.expand(node.python), remote.NO_SITE, "-c", source, json.dumps(args)],
+        timeout=CLAIM_TIMEOUT,
     )
     try:
         data = last_data(res.stdout)
@@ -94,7 +95,8 @@ def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int
     for node in nodes:
         try:
             conn = fleet.connection(node)
-            conn.run([conn.expand(node.python), "-c", source, args], timeout=CLAIM_TIMEOUT)
+            argv = [conn.expand(node.python), remote.NO_SITE, "-c", source, args]
+            conn.run(argv, timeout=CLAIM_TIMEOUT)
         except Exception:  # best effort, see above
             continue
 

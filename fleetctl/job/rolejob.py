@@ -57,7 +57,8 @@ def probe_free_ports(
         # cannot take them too; each host's supervisor of the job frees them when it ends
         arg = json.dumps({"candidates": cands, "need": need, "claim": {"job": job_id}})
         res = conn.run(
-            [conn.expand(node.python), "-c", PORT_PROBE, arg], timeout=PORT_PROBE_TIMEOUT
+            [conn.expand(node.python), remote.NO_SITE, "-c", PORT_PROBE, arg],
+            timeout=PORT_PROBE_TIMEOUT,
         )
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return [int(p) for p in last_data(res.stdout)["free"]]

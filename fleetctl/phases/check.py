@@ -92,7 +92,8 @@ def probe_source() -> bytes:
 def probe_command(python: str, args: Mapping[str, Any]) -> str:
     """One shell-quoted command line: ``python -c <bootstrap> <packed probe> <json args>``."""
     packed = base64.b64encode(zlib.compress(probe_source(), 9)).decode("ascii")
-    argv = [*shlex.split(python or "python3"), "-c", BOOTSTRAP, packed, json.dumps(args)]
+    argv = [*shlex.split(python or "python3"), remote.NO_SITE, "-c", BOOTSTRAP, packed]
+    argv.append(json.dumps(args))
     return shlex.join(argv)
 
 

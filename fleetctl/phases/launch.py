@@ -63,7 +63,7 @@ def start_command(python: str, sup_path: str, *args: str) -> str:
     ``args``: the supervisor's mode and its options (default ``run``). The loader answers
     ``U`` and waits for ``<length>\\n<source>`` on stdin (see :func:`upload_on_request`).
     """
-    py, f = shlex.quote(python), shlex.quote(sup_path)
+    py, f = shlex.quote(python) + " " + remote.NO_SITE, shlex.quote(sup_path)
     rest = shlex.join(args or ("run",))
     script = (
         f'f={f}; if [ -f "$f" ]; then exec {py} "$f" {rest}; '
@@ -80,7 +80,7 @@ def upload_on_request(stream: Stream) -> None:
 
 def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) -> list[str]:
     """argv for a one-shot supervisor mode (stop, status, pack, ...) on a node."""
-    argv = [python, sup_path, mode]
+    argv = [python, remote.NO_SITE, sup_path, mode]
     for key, value in opts.items():
         if value is not None:
             argv += ["--" + key.replace("_", "-"), str(value)]

@@ -110,7 +110,8 @@ def dump_stacks(
         args = {"job_id": plan.job_id, "run_dir": conn.expand(np.run_dir), "py_spy": py_spy}
         args["abort"] = abort
         python = conn.expand(pythons.get(node.name) or node.python)
-        res = conn.run([python, "-c", source, json.dumps(args)], timeout=timeout)
+        argv = [python, remote.NO_SITE, "-c", source, json.dumps(args)]
+        res = conn.run(argv, timeout=timeout)
         out = NodeStacks(ranks[node.name], node.name)
         for fr in decode(res.stdout, STACK_KINDS):
             if fr.kind == "K":

@@ -10,6 +10,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# Node programs are stdlib only, so their python skips ``site`` (``-S``): its .pth files cost
+# every start ~36 ms of CPU with this machine's python (an editable install's finder, certifi),
+# more in a big conda env, and a no-op run starts several node programs on every node. Not for
+# what runs the user's packages: the launcher-module import, envinfo, the job itself.
+NO_SITE = "-S"
+
 
 def path(name: str) -> Path:
     """The file of node program ``name`` (e.g. ``"supervisor.py"``)."""

@@ -38,7 +38,7 @@ def main():
     os.write(fd, src)
     os.close(fd)
     os.replace(tmp, path)
-    os.execv(sys.executable, [sys.executable, path, *sys.argv[2:]])
+    os.execv(sys.executable, [sys.executable, "-S", path, *sys.argv[2:]])  # as run: no site
 
 
 if __name__ == "__main__":

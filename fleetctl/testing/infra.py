@@ -110,7 +110,7 @@ def node_leftovers(
     node = None if hasattr(host, "backend") else getattr(host, "node", None)
     workdir = workdir or getattr(node, "workdir", None) or DEFAULT_WORKDIR
     python = python or getattr(node, "python", None) or "python3"
-    argv = [python, "-c", CLEAN_PROBE, "clean", "--workdir", workdir]
+    argv = [python, "-S", "-c", CLEAN_PROBE, "clean", "--workdir", workdir]
     if job_id:
         argv += ["--job-id", job_id]
     rc, out, err = _run(host, shlex.join(argv))

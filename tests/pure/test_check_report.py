@@ -439,8 +439,8 @@ def test_probe_command_is_one_quoted_line(python: str) -> None:
     quoted = shlex.quote(python) if " " in python else python
     line = probe_command(quoted, {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)"})
     argv = shlex.split(line)
-    assert argv[0] == python and argv[1] == "-c"
-    assert json.loads(argv[4]) == {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)"}
+    assert argv[:3] == [python, "-S", "-c"]  # the probe is stdlib only: no site start-up
+    assert json.loads(argv[5]) == {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)"}
 
 
 def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) -> None:

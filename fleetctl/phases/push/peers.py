@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetctl import remote
 from fleetctl.errors import NodePushError
 from fleetctl.phases.frames import PUSH_KINDS, FrameStream
 from fleetctl.phases.push.state import REMOTE_SRC, _State
@@ -139,7 +140,7 @@ class _PeerDistribution:
             or ("127.0.0.1" if node.local else node.address)
         )
         token = secrets.token_hex(32)
-        stream = conn.start([node.python, "-c", REMOTE_SRC, "serve"])
+        stream = conn.start([node.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
         cfg = {
             "path": f"{st.workdir}/envs/{st.kept_archive}",
             "sha": arch.sha256,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl import remote
 from fleetctl.errors import NodePushError, PushError, UsageError
 from fleetctl.phases import codesync
 from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_version
@@ -385,7 +386,7 @@ class _Push(_Transfer, _PeerDistribution):
         if mode in ("probe", "finalize"):  # these may verify an env
             cfg = {**cfg, "envinfo": ENVINFO_SRC}
         res = conn.run(
-            [node.python, "-c", REMOTE_SRC, mode],
+            [node.python, remote.NO_SITE, "-c", REMOTE_SRC, mode],
             timeout=timeout,
             stdin=json.dumps(cfg).encode() + b"\n",
         )
