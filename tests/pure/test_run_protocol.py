@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import threading
 import time
 from pathlib import Path
 
@@ -324,3 +328,74 @@ def test_live_output_is_made_safe_unless_raw_output_is_asked_for() -> None:
         live = LiveLog(colour=False, out=out, err=io.StringIO(), raw=raw)
         live(JobEvent("lines", rank=0, host="n1", lines=(line,)))
         assert out.getvalue() == want
+
+
+class _PipeStream:
+    """A supervisor channel as a pipe: selectable, heartbeats counted."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self.beats = 0
+
+    def fileno(self) -> int:
+        return self.r
+
+    def recv(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self.r], [], [], timeout)
+        return os.read(self.r, 65536) if ready else None
+
+    def send(self, data: bytes) -> None:
+        self.beats += data.count(b"h")
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def test_one_reader_thread_follows_64_nodes_and_a_silent_one_leaves_its_group() -> None:
+    """130 nodes cost three reader threads, not 130; every node's lines and exit arrive and
+    each is heartbeaten; a node that goes silent is handed to a thread of its own and lost."""
+    from fleetctl.node import Node
+    from fleetctl.phases.launch import FrameReader, NodeRun
+    from fleetctl.phases.watch import GROUP, Watch
+
+    n = 2 * GROUP + 2
+    streams = [_PipeStream() for _ in range(n)]
+    runs = [
+        NodeRun(
+            node=Node(f"n{i}", "10.0.0.1"),
+            rank=i,
+            conn=None,  # type: ignore[arg-type]
+            stream=s,  # type: ignore[arg-type]
+            reader=FrameReader(),
+            python="python3",
+            sup_path="s.py",
+            run_dir="/r",
+        )
+        for i, s in enumerate(streams)
+    ]
+    watch = Watch(lost_timeout=1.0, heartbeat=0.1)
+    try:
+        for run in runs:
+            watch.attach(run)
+        readers = [t for t in threading.enumerate() if t.name.startswith("watch-")]
+        assert len(readers) == 3, [t.name for t in readers]
+        time.sleep(0.3)
+        for i, s in enumerate(streams[:-1]):  # the last node never says a word
+            os.write(s.w, f"L hello {i}\nX 0\n".encode())
+        assert watch.wait_ended(10.0) == []
+        events = []
+        while not watch.events.empty():
+            events.append(watch.events.get_nowait())
+        said = sorted(e.lines[0] for e in events if e.kind == "lines")
+        assert said == sorted(f"hello {i}" for i in range(n - 1))
+        assert {e.rank for e in events if e.kind == "exit"} == set(range(n - 1))
+        [lost] = [e for e in events if e.kind == "lost"]
+        assert lost.rank == n - 1 and lost.text.startswith("no heartbeat for")
+        assert "watch-" + str(n - 1) in {t.name for t in watch._threads.values()}
+        assert all(s.beats >= 1 for s in streams)
+    finally:
+        watch.close()
+        for s in streams:
+            s.close()
