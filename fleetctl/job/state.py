@@ -129,6 +129,7 @@ class JobState:
         self.failure_time: float | None = None
         self.verdict: str | None = None  # why the job ended early (policy, external stop)
         self.stopping = False
+        self.gave_up = False  # the job failed as a whole (give_up): ends from here are ours
         self.tolerated: set[int] = set()
 
     def launch(self) -> None:
@@ -146,6 +147,10 @@ class JobState:
         the first failure so far becomes the first failure — the earliest bad end is the one to
         blame, as the monitor decides too.
         """
+        if self.gave_up and state is NodeState.FAILED:
+            # Our doing: the stop, or a stack dump's faulthandler abort (no py-spy on the node)
+            # that the stalled job's ranks end with. The job's failure is its verdict.
+            state = NodeState.STOPPED
         self.states[rank] = state
         bad = state.bad
         tolerated = False
@@ -159,7 +164,9 @@ class JobState:
                 self.status, self.verdict, self.stopping = JobStatus.SUCCEEDED, v.reason, True
                 completed = v.reason
         first = False
-        if bad and self.first_failure is None:
+        if bad and self.gave_up:
+            pass  # the job already failed as a whole: its verdict is the story
+        elif bad and self.first_failure is None:
             self.first_failure, self.failure_time = rank, when
             self.status, self.stopping, first = JobStatus.FAILED, True, True
         elif (
@@ -199,6 +206,7 @@ class JobState:
         if self.stopping or self.first_failure is not None:
             return False
         self.status, self.stopping, self.verdict = JobStatus.FAILED, True, reason
+        self.gave_up = True
         return True
 
     def stop_requested(self, reason: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import select
 import shlex
 import socket
@@ -487,12 +488,18 @@ class SSHConnection(Connection):
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         sftp = self.sftp()
         dest = self.expand(remote)
-        tmp = dest + ".part"
+        # a name of its own: nodes on one shared home put the same file at once (py-spy)
+        tmp = f"{dest}.{secrets.token_hex(4)}.part"
         with self._sftp_lock, self._sftp_guard(f"put {dest}"):
-            sftp.put(str(local), tmp)
-            if mode is not None:
-                sftp.chmod(tmp, mode)
-            sftp.posix_rename(tmp, dest)
+            try:
+                sftp.put(str(local), tmp)
+                if mode is not None:
+                    sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, dest)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp)
+                raise
 
     def get(self, remote: str, local: str | Path) -> None:
         sftp = self.sftp()

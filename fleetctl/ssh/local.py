@@ -13,6 +13,7 @@ import codecs
 import contextlib
 import io
 import os
+import secrets
 import select
 import shutil
 import subprocess
@@ -164,11 +165,15 @@ class LocalConnection(Connection):
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = Path(self.expand(remote))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.copyfile(local, tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, dest)
+        tmp = dest.with_name(f"{dest.name}.{secrets.token_hex(4)}.part")  # see SSHConnection.put
+        try:
+            shutil.copyfile(local, tmp)
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def get(self, remote: str, local: str | Path) -> None:
         shutil.copyfile(self.expand(remote), local)

@@ -89,13 +89,14 @@ RESUME = """\
 import os, sys
 rank = int(os.environ["FLEET_NODE_RANK"])
 data = open("data/input.txt").read().split()
-step = int(open("snapshot.txt").read()) if os.path.exists("snapshot.txt") else 0
+snap = f"snapshot-{rank}.txt"  # one per rank: on a shared home every node has this folder
+step = int(open(snap).read()) if os.path.exists(snap) else 0
 print(f"rank={rank} cwd={os.getcwd()} start at step {step}", flush=True)
 while step < len(data):
     step += 1
-    with open("snapshot.tmp", "w") as f:
+    with open(snap + ".tmp", "w") as f:
         f.write(str(step))
-    os.replace("snapshot.tmp", "snapshot.txt")
+    os.replace(snap + ".tmp", snap)
     if step == 3 and rank == 1 and not os.path.exists("died-once"):
         open("died-once", "w").close()
         sys.exit(137)
@@ -628,7 +629,7 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
 def test_a_relative_snapshot_survives_the_retry_in_the_jobs_work_folder(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
-    """The script reads ``data/`` beside it and resumes from ``snapshot.txt``, both relative
+    """The script reads ``data/`` beside it and resumes from ``snapshot-<rank>.txt``, both relative
     paths: attempt 2 runs in the same work folder (a copy of the code), so it resumes where
     attempt 1 stopped; each attempt's logs stay in its own run folder, and the shared code
     snapshot never sees the job's files."""
@@ -647,11 +648,11 @@ def test_a_relative_snapshot_survives_the_retry_in_the_jobs_work_folder(
     assert work.endswith(f"/.fleetctl/work/{job_id}") and f"cwd={work} " in first
     node = next(n for n in load_inventory(str(lab3.inventory_path)).nodes if n.name == "node2")
     h = node_host(node)
-    assert h.file(f"{work}/snapshot.txt").content_string == "6"
+    assert h.file(f"{work}/snapshot-1.txt").content_string == "6"
     code_dir = json.loads((runs / job_id / "plan.json").read_text())["nodes"][0]["code_dir"]
     snapshot = work.rsplit("/work/", 1)[0] + "/" + code_dir.split("/.fleetctl/", 1)[1]
     assert h.file(f"{snapshot}/data/input.txt").exists  # the pushed code, untouched:
-    assert not h.file(f"{snapshot}/snapshot.txt").exists
+    assert not h.file(f"{snapshot}/snapshot-1.txt").exists
 
 
 def run_and_crash(

@@ -150,6 +150,20 @@ def test_a_timeout_or_stall_fails_the_job_without_naming_a_node_and_only_once() 
     assert not failed.give_up("timed out")  # a node failed first: that is the story
 
 
+def test_a_rank_our_stack_dump_aborts_after_a_stall_is_not_the_first_failure() -> None:
+    """Without py-spy on a node, the stalled job's ranks are dumped by faulthandler and end
+    with SIGABRT before the stop reached their supervisor (seen on a shared home): our doing."""
+    machine = JobState(3)
+    machine.launch()
+    assert machine.give_up("stalled: no progress on any node for 6 s")
+    assert not machine.end(2, exit_state(-6, stopping=False), 10.0).first_failure
+    machine.end(0, exit_state(1, stopping=True), 10.5)
+    machine.end(1, NodeState.LOST, 11.0)  # a lost node is still told apart
+    assert machine.states == [NodeState.STOPPED, NodeState.LOST, NodeState.STOPPED]
+    assert machine.first_failure is None and machine.verdict.startswith("stalled")
+    assert machine.settle() is JobStatus.FAILED
+
+
 def test_a_bad_end_reported_late_but_ended_first_is_the_first_failure() -> None:
     """Node 2's report arrives first (its peer died under it), node 1's later — but node 1
     ended first, on its own (its supervisor had not been told to stop): node 1 is to blame."""
