@@ -29,13 +29,18 @@ _PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
 # process its set iteration met first (often a rank killed by the real culprit's peer error).
 
 
+def _per_node(launcher: str | None, nproc_per_node: int) -> int:
+    """Rank processes per node: a plain script is one, whatever ``--nproc-per-node`` says."""
+    return 1 if launcher == "plain" else max(1, nproc_per_node)
+
+
 def rank_map(result: JobResult) -> list[dict[str, Any]]:
     """One entry per global rank: node, local rank, pid when known, its log files (relative
     to the run folder, those that came home)."""
     plan = result.plan
     if plan is None:
         return []
-    nproc = 1 if plan.launcher == "plain" else max(1, plan.nproc_per_node)
+    nproc = _per_node(plan.launcher, plan.nproc_per_node)
     out = []
     for node in result.nodes:
         rel = node.folder and Path(node.folder).name
@@ -69,7 +74,7 @@ def rank_exits(result: JobResult) -> list[tuple[float, int, int | None, str]]:
     plan = result.plan
     if plan is None:
         return []
-    nproc = 1 if plan.launcher == "plain" else max(1, plan.nproc_per_node)
+    nproc = _per_node(plan.launcher, plan.nproc_per_node)
     out = []
     for node in result.nodes:
         if not node.folder:
@@ -155,7 +160,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     launcher = result.plan.launcher
     named = _launcher_named(launcher, list(ff.tail))
     said = dict(named)
-    nproc = 1 if launcher == "plain" else max(1, result.plan.nproc_per_node)
+    nproc = _per_node(launcher, result.plan.nproc_per_node)
     where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
     candidates = []
     for at, rank, code, host in rank_exits(result):

@@ -8,6 +8,7 @@ import select
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,6 +218,23 @@ def test_a_batch_of_lines_is_one_write_with_every_line_prefixed() -> None:
     assert out.writes == ["[2 gpu03] step 1\n[2 gpu03] \n[2 gpu03] step 2\n"]
 
 
+def _node_run(stream: Any, rank: int = 0, name: str = "n1") -> Any:
+    """A started node for the watch: its stream, nothing else of a real launch."""
+    from fleetctl.node import Node
+    from fleetctl.phases.launch import FrameReader, NodeRun
+
+    return NodeRun(
+        node=Node(name, "10.0.0.1"),
+        rank=rank,
+        conn=None,  # type: ignore[arg-type]
+        stream=stream,
+        reader=FrameReader(),
+        python="python3",
+        sup_path="s.py",
+        run_dir="/r",
+    )
+
+
 class _ClosingStream:
     """A supervisor channel that has closed its write side: heartbeats fail, but its last
     lines and exit report are still buffered for us to read."""
@@ -235,22 +253,11 @@ class _ClosingStream:
 
 
 def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
-    from fleetctl.node import Node
-    from fleetctl.phases.launch import FrameReader, NodeRun
     from fleetctl.phases.watch import Watch
 
     lines = [f"line {i}" for i in range(50)]
     data = b"".join(f"L {x}\n".encode() for x in lines) + b"X 0\n"
-    run = NodeRun(
-        node=Node("n1", "10.0.0.1"),
-        rank=0,
-        conn=None,  # type: ignore[arg-type]
-        stream=_ClosingStream(data),  # type: ignore[arg-type]
-        reader=FrameReader(),
-        python="python3",
-        sup_path="s.py",
-        run_dir="/r",
-    )
+    run = _node_run(_ClosingStream(data), 0, "n1")
     watch = Watch(lost_timeout=2.0, heartbeat=0.05)
     watch.attach(run)
     events = []
@@ -265,20 +272,9 @@ def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
 def test_lines_arrive_in_one_event_per_chunk_in_the_node_order() -> None:
     """A chatty node costs one event per received chunk, and a notice or the exit between
     lines is never reordered around them."""
-    from fleetctl.node import Node
-    from fleetctl.phases.launch import FrameReader, NodeRun
     from fleetctl.phases.watch import Watch
 
-    run = NodeRun(
-        node=Node("n1", "10.0.0.1"),
-        rank=0,
-        conn=None,  # type: ignore[arg-type]
-        stream=None,  # type: ignore[arg-type]
-        reader=FrameReader(),
-        python="python3",
-        sup_path="s.py",
-        run_dir="/r",
-    )
+    run = _node_run(None, 0, "n1")
     watch = Watch()
     chunk = b"L a\nL b\nnoise from bashrc\nH\nE node says hi\nL c\nX 3\nL after exit\n"
     assert watch._handle(run, run.reader.feed(chunk)) is True
@@ -356,25 +352,11 @@ class _PipeStream:
 def test_one_reader_thread_follows_64_nodes_and_a_silent_one_leaves_its_group() -> None:
     """130 nodes cost three reader threads, not 130; every node's lines and exit arrive and
     each is heartbeaten; a node that goes silent is handed to a thread of its own and lost."""
-    from fleetctl.node import Node
-    from fleetctl.phases.launch import FrameReader, NodeRun
     from fleetctl.phases.watch import GROUP, Watch
 
     n = 2 * GROUP + 2
     streams = [_PipeStream() for _ in range(n)]
-    runs = [
-        NodeRun(
-            node=Node(f"n{i}", "10.0.0.1"),
-            rank=i,
-            conn=None,  # type: ignore[arg-type]
-            stream=s,  # type: ignore[arg-type]
-            reader=FrameReader(),
-            python="python3",
-            sup_path="s.py",
-            run_dir="/r",
-        )
-        for i, s in enumerate(streams)
-    ]
+    runs = [_node_run(s, i, f"n{i}") for i, s in enumerate(streams)]
     watch = Watch(lost_timeout=1.0, heartbeat=0.1)
     try:
         for run in runs:
