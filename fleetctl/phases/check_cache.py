@@ -3,6 +3,7 @@ right after ``check`` is instant (the key is :func:`fleetctl.phases.check.cache_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -38,8 +39,14 @@ def load_cached(key: str, options: CheckOptions) -> CheckReport | None:
 
 
 def save_cached(key: str, report: CheckReport, options: CheckOptions) -> None:
-    """Only passing reports are kept: a failure must be re-checked once fixed."""
-    if options.cache_ttl <= 0 or not report.ok:
+    """Only passing reports are kept: a failure must be re-checked once fixed. A failure also
+    drops every kept pass that covers a host it failed on, whatever the options: a GPU that
+    another job took after ``run`` passed must not pass the next ``run`` from the cache (seen
+    on a real H100: ``check`` said busy, ``run`` took its 30 s old pass)."""
+    if options.cache_ttl <= 0:
+        return
+    if not report.ok:
+        _forget(cache_dir(options), {h for h, _, _ in report.failures})
         return
     folder = cache_dir(options)
     try:
@@ -51,3 +58,22 @@ def save_cached(key: str, report: CheckReport, options: CheckOptions) -> None:
         os.replace(tmp, folder / f"{key}.json")
     except OSError:
         return  # a cache that cannot be written only costs time
+
+
+def _forget(folder: Path, hosts: set[str]) -> None:
+    """Remove the kept passes that include any of ``hosts`` (a handful of small files)."""
+    if not hosts:
+        return
+    try:
+        paths = [p for p in folder.glob("*.json") if not p.name.startswith(".")]
+    except OSError:
+        return
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            covered = {h.get("host") for h in data.get("hosts") or [] if isinstance(h, dict)}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if covered & hosts:
+            with contextlib.suppress(OSError):
+                path.unlink()

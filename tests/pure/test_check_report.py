@@ -432,6 +432,23 @@ def test_cache_keeps_only_passing_reports_privately(tmp_path, monkeypatch) -> No
     assert not (tmp_path / "c" / "k2.json").exists()
 
 
+def test_a_failed_check_drops_every_kept_pass_of_its_hosts(tmp_path) -> None:
+    """``run`` passed (kept 120 s), then another job took a GPU of node2: ``check`` fails, and
+    the next ``run`` must check again, not take the pass (seen on a real H100)."""
+    ns, few = nodes(), nodes(1)
+    opts = CheckOptions(cache_dir=str(tmp_path / "c"))
+    run_opts = CheckOptions(cache_dir=str(tmp_path / "c"), master_port=29501)
+    for group, o in ((ns, run_opts), (few, opts)):
+        passed = judge(group, good(group))
+        passed.checked_at = time.time()
+        save_cached(cache_key(group, SSHSettings(), o), passed, o)
+    assert load_cached(cache_key(ns, SSHSettings(), run_opts), run_opts) is not None
+    busy = judge(ns, good(ns, node2=facts(2, rsync={"present": False})))
+    save_cached(cache_key(ns, SSHSettings(), opts), busy, opts)
+    assert load_cached(cache_key(ns, SSHSettings(), run_opts), run_opts) is None
+    assert load_cached(cache_key(few, SSHSettings(), opts), opts) is not None  # node1 alone
+
+
 @pytest.mark.parametrize("python", ["python3", "/opt/conda env/bin/python"])
 def test_probe_command_is_one_quoted_line(python: str) -> None:
     import shlex
