@@ -124,7 +124,11 @@ SECTIONS: list[tuple[str, str, str]] = [
         "(getrusage of the fleetctl process at each phase start; its ssh/rsync children are in "
         "`controller CPU s (with children)`). Every lab host shares the two cores with the "
         "controller, so at 128 hosts the remote side costs ~N× what it would on real hosts: "
-        "the wall times are upper bounds, the CPU per node is the controller's own cost.",
+        "the wall times are upper bounds, the CPU per node is the controller's own cost. "
+        "`remote CPU ms per node`: what the lab hosts' own processes used (sshd, shells, "
+        "the probe, the supervisor, the job), read from each host's init and sshd listener, "
+        "which reap them all; a real host spends it on its own cores, so with 64 hosts on two "
+        "cores it sets a floor of N × (remote + controller CPU per node) / 2 on the wall time.",
     ),
 ]
 
@@ -399,7 +403,16 @@ def _fleet_findings(results: list[Result]) -> list[str]:
                 if k.endswith("CPU ms/node") and v
             }
             per = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
-            parts.append(f"no-op run {run.median:.2f} s (controller CPU ms per node: {per})")
+            remote = run.extra.get("remote CPU ms per node")
+            lab = (
+                f"; the lab hosts' own CPU {statistics.median(remote):.0f} ms per node, which "
+                "they share with the controller here: at least "
+                f"{n * (statistics.median(remote) + sum(cpu.values())) / 2000:.1f} s of the "
+                "two cores"
+                if remote
+                else ""
+            )
+            parts.append(f"no-op run {run.median:.2f} s (controller CPU ms per node: {per}{lab})")
         elif run is not None:
             parts.append(f"no-op run FAILED ({_why(run)})")
         if parts:
