@@ -176,7 +176,7 @@ class JobResult:
         """The NCCL flight-recorder dumps collected from the nodes (a collective timed out).
         Empty before collection: job.json is written on every state change, and looking into
         every node folder each time cost a large fleet N² directory scans."""
-        from fleetctl.plan.rankplan import NCCL_TRACE_PREFIX
+        from fleetctl.plan.flight_recorder import NCCL_TRACE_PREFIX
 
         if not self.collected:
             return []

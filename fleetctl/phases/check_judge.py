@@ -455,11 +455,16 @@ def _node_facts(f: Mapping[str, Any]) -> NodeFacts:
     nic = f.get("nic") or {}
     g = f.get("gpu") or {}
     gpus = g.get("gpus") or []
+    launcher = f.get("launcher") or {}
+    torch = None
+    if str(launcher.get("module") or "").split(".")[0] == "torch" and not launcher.get("error"):
+        torch = str(launcher.get("version") or "") or None
     return NodeFacts(
         train_addr=nic.get("addr") if nic.get("ok") else None,
         nic=nic.get("name") if nic.get("ok") else None,
         gpu_count=_gpu_count(f),
         gpu_names=tuple(str(x.get("name")) for x in gpus),
+        torch=torch,
     )
 
 

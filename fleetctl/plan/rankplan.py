@@ -26,6 +26,7 @@ from typing import Any
 
 from fleetctl.errors import PlanError
 from fleetctl.node import LOCAL_ADDRESSES, Node
+from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
 from fleetctl.plan.launchers.base import Launcher, option_name, path_from
 from fleetctl.plan.nproc import processes_per_node
@@ -33,7 +34,6 @@ from fleetctl.plan.shared import expand_shared, share_values
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
-NCCL_TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the global rank
 PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -93,6 +93,7 @@ class NodeFacts:
     gpu_count: int | None = None
     gpu_names: tuple[str, ...] = ()
     python: str | None = None
+    torch: str | None = None  # the node python's torch version (the launcher import)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeFacts:
@@ -102,6 +103,7 @@ class NodeFacts:
             gpu_count=data.get("gpu_count"),
             gpu_names=tuple(data.get("gpu_names") or ()),
             python=data.get("python"),
+            torch=data.get("torch"),
         )
 
 
@@ -391,12 +393,17 @@ def make_plan(
             cwd=work_dir,
             gpus=visible[n.name],
         )
-        env = _node_env(ctx, slot, spec)
+        env = _node_env(ctx, slot, spec, torch=f.torch)
         if slot.gpus and launcher.name != "deepspeed":  # deepspeed sets it from --include
             env[CUDA_VISIBLE] = ",".join(slot.gpus)
         env.update(launcher.env(ctx, slot))
-        env.update(_checked_env(n.env, f"{_where(n)}fleetctl_env"))
+        own = _checked_env(n.env, f"{_where(n)}fleetctl_env")
+        env.update(own)
         env.update(spec.env)
+        job_set = own.keys() | spec.env.keys()
+        for name, alias in FR_BUFFER_NAMES:  # the job's value, under either name, wins
+            if alias in job_set and name not in job_set:
+                env.pop(name, None)
         files = launcher.files(ctx, slot)
         for rel in files:
             _check_relpath(rel, f"{launcher.name} file")
@@ -449,7 +456,9 @@ def _visible_gpus(node: Node, spec: JobSpec) -> tuple[str, ...]:
     return node.gpu_ids or said
 
 
-def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, str]:
+def _node_env(
+    ctx: LaunchContext, node: NodePlan, spec: JobSpec, *, torch: str | None = None
+) -> dict[str, str]:
     env = {
         "MASTER_ADDR": ctx.master_addr,
         "MASTER_PORT": str(ctx.master_port),
@@ -472,21 +481,8 @@ def _node_env(ctx: LaunchContext, node: NodePlan, spec: JobSpec) -> dict[str, st
     if spec.backend:
         env["FLEET_BACKEND"] = spec.backend
     if spec.backend == "nccl" or ctx.gpus_per_node:
-        env.update(nccl_trace_env(path_from(node.cwd, node.run_dir)))
+        env.update(nccl_trace_env(path_from(node.cwd, node.run_dir), torch=torch))
     return env
-
-
-def nccl_trace_env(run_dir: str) -> dict[str, str]:
-    """torch's NCCL watchdog and flight recorder, so a collective timeout leaves a trace of
-    every rank's last collectives in the node run folder (collected like any log) instead of
-    a bare timeout. The job's own values (fleetctl_env, --env-var) win. docs/gpu.md says what
-    each does."""
-    return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # > 0 turns the flight recorder on
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # the watchdog dumps it when a collective times out
-        "TORCH_FR_DUMP_TEMP_FILE": posixpath.join(run_dir, NCCL_TRACE_PREFIX),  # + global rank
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # on a timeout: tear the process down
-    }
 
 
 def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:

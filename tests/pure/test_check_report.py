@@ -498,3 +498,21 @@ def test_check_table_printed_to_a_pipe_is_not_cut_at_80_columns(
         row = next(line for line in lines if line.startswith(n.name))
         assert "✓" in row
     assert "…" not in header
+
+
+def test_the_node_torch_version_from_the_launcher_import_is_a_plan_fact() -> None:
+    """The check imports the launcher's module with each node's python; torch's version then
+    picks the flight recorder's variable name in the plan (torch >= 2.11: the new one)."""
+    ns = nodes()
+    r = judge(
+        ns,
+        good(
+            ns,
+            node1=facts(1, launcher={"module": "torch.distributed.run", "version": "2.11.0+cu130"}),
+            node2=facts(2, launcher={"module": "deepspeed.launcher.runner", "version": "0.19.8"}),
+            node3=facts(3, launcher={"module": "torch.distributed.run", "error": "no torch"}),
+        ),
+    )
+    assert [r.facts[n.name].torch for n in ns] == ["2.11.0+cu130", None, None]
+    back = CheckReport.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.facts["node1"].torch == "2.11.0+cu130"  # kept in the check cache too
