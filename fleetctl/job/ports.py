@@ -72,7 +72,7 @@ def _claim(
     if span > 1:
         args["span"] = span
     conn = fleet.connection(node)
-    source = remote.source("port_probe.py").decode("utf-8")
+    source = remote.inline("port_probe.py")
     res = conn.run(
         [conn.expand(node.python), remote.NO_SITE, "-c", source, json.dumps(args)],
         timeout=CLAIM_TIMEOUT,
@@ -90,7 +90,7 @@ def _claim(
 def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
     """Give back the job's claims of base..base+span-1 on ``nodes`` (best effort: a claim
     left behind goes stale once its claimer is gone)."""
-    source = remote.source("port_probe.py").decode("utf-8")
+    source = remote.inline("port_probe.py")
     args = json.dumps({"unclaim": {"job": job, "ports": list(range(base, base + span))}})
     for node in nodes:
         try:

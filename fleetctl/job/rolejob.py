@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 PORT_PROBE_TIMEOUT = 20.0
 
-PORT_PROBE = remote.source("port_probe.py").decode("utf-8")  # answers D {"free": [...]}
+PORT_PROBE = remote.inline("port_probe.py")  # answers D {"free": [...]}
 
 
 def probe_free_ports(

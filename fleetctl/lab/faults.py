@@ -258,7 +258,7 @@ class _LabFaults:
         if not path.startswith("/") or not re.match(r"^[0-9]+[kmg]?$", size):
             raise LabInputError("disk_full: path must be absolute and size like 1m/512k")
         with self._mutate():
-            self.exec(h.name, ["mkdir", "-p", path], check=True)
+            self._make_dirs(h.name, path)
             # owned by the login user (uid/gid of the home), so it is the disk, not the
             # permissions, that fails the job's writes
             owner = self.exec(h.name, ["stat", "-c", "uid=%u,gid=%g", self.home], check=True)
@@ -267,6 +267,21 @@ class _LabFaults:
                 h.name, ["mount", "-t", "tmpfs", "-o", opts, "fleetctl-lab-full", path], check=True
             )
             self._record({"kind": "disk", "host": h.name, "path": path}, True)
+
+    def _make_dirs(self, host: str, path: str) -> None:
+        """``mkdir -p path``; the folders it makes under the login's home are the login's, as
+        the login would have made them (a plain user's job can still write beside them)."""
+        home = self.home.rstrip("/")
+        if not path.startswith(home + "/"):
+            self.exec(host, ["mkdir", "-p", path], check=True)
+            return
+        parts = path[len(home) + 1 :].strip("/").split("/")
+        chain = [f"{home}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
+        script = (
+            'h=$1; shift; for d; do [ -d "$d" ] || '
+            '{ mkdir "$d" && chown --reference="$h" "$d"; } || exit 1; done'
+        )
+        self.exec(host, ["sh", "-c", script, "sh", home, *chain], check=True)
 
     def disk_ok(self, host: str, path: str | None = None) -> None:
         """Undo ``disk_full`` at ``path`` (default: the workdir). A full disk elsewhere on the

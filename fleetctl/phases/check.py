@@ -79,7 +79,7 @@ __all__ = [
 
 
 CACHE_VERSION = 1
-BOOTSTRAP = remote.source("bootstrap.py").decode("utf-8")
+BOOTSTRAP = remote.guarded(remote.source("bootstrap.py").decode("utf-8"))
 
 
 # ------------------------------------------------------------------------------ probe command
@@ -118,7 +118,7 @@ def probe_args(
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
         "launcher_module": options.launcher_module,
-        "envinfo": remote.source("envinfo.py").decode("utf-8") if options.env_dir else None,
+        "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,
         "mesh_port": options.master_port + 1,

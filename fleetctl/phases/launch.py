@@ -1,7 +1,8 @@
 """Launch: start the node supervisor on every node at once, each as ONE streamed SSH command.
 
 The supervisor (``fleetctl/remote/supervisor.py``) lives on the node as
-``W/bin/supervisor-<sha12>.py``.
+``W/bin/supervisor_<sha12>.py``, run as a module so that its bytecode is cached
+(``fleetctl.remote.file_argv``).
 The start command checks for it and, when missing, runs a tiny loader instead that asks for the
 source (``U``), checks its hash, installs it atomically and execs it — so a node costs one remote
 command per launch whether or not the supervisor was there. Then the supervisor says ``R``, gets
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 SUPERVISOR_FILE = remote.path("supervisor.py")
 START_TIMEOUT = 30.0  # handshake: supervisor up, spec sent, job started
 
-# Runs when W/bin/supervisor-<sha>.py is missing: ask for the source, verify, install, exec.
-LOADER = remote.source("loader.py").decode("utf-8")
+# Runs when W/bin/supervisor_<sha>.py is missing: ask for the source, verify, install, run.
+LOADER = remote.inline("loader.py")
 
 
 @functools.cache
@@ -54,7 +55,7 @@ def supervisor_source() -> tuple[bytes, str]:
 
 def supervisor_path(workdir: str) -> str:
     """Where the supervisor lives under a (home-expanded) workdir."""
-    return posixpath.join(workdir, "bin", f"supervisor-{supervisor_source()[1]}.py")
+    return posixpath.join(workdir, "bin", f"supervisor_{supervisor_source()[1]}.py")
 
 
 def start_command(python: str, sup_path: str, *args: str) -> str:
@@ -66,7 +67,7 @@ def start_command(python: str, sup_path: str, *args: str) -> str:
     py, f = shlex.quote(python) + " " + remote.NO_SITE, shlex.quote(sup_path)
     rest = shlex.join(args or ("run",))
     script = (
-        f'f={f}; if [ -f "$f" ]; then exec {py} "$f" {rest}; '
+        f'f={f}; if [ -f "$f" ]; then exec {py} -c {shlex.quote(remote.RUN_FILE)} "$f" {rest}; '
         f'else exec {py} -c {shlex.quote(LOADER)} "$f" {rest}; fi'
     )
     return shlex.join(["sh", "-c", script])
@@ -80,7 +81,7 @@ def upload_on_request(stream: Stream) -> None:
 
 def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) -> list[str]:
     """argv for a one-shot supervisor mode (stop, status, pack, ...) on a node."""
-    argv = [python, remote.NO_SITE, sup_path, mode]
+    argv = remote.file_argv(python, sup_path, mode)
     for key, value in opts.items():
         if value is not None:
             argv += ["--" + key.replace("_", "-"), str(value)]

@@ -97,7 +97,7 @@ def dump_stacks(
     """Dump every node in parallel; each node's outcome is kept, failures included."""
     binary = local_py_spy()
     digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12] if binary else None
-    source = remote.source("stacks.py").decode("utf-8")
+    source = remote.inline("stacks.py")
     by_name = {n.name: n for n in fleet.nodes}
     ranks = {np.host: np.node_rank for np in plan.nodes}
 

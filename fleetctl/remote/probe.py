@@ -26,7 +26,6 @@ node python (3.7+): no third-party imports, no newer syntax.
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import fcntl
 import json
@@ -80,6 +79,66 @@ def bounded(fn, timeout: float, default: object) -> object:
     t.start()
     t.join(timeout)
     return box[0]
+
+
+class Task:
+    """``fn(*args)`` on a daemon thread of its own; :meth:`result` waits a bounded time.
+
+    Not concurrent.futures: its import (logging, traceback) cost every probe start ~14 ms of
+    CPU, on every node, at every check."""
+
+    def __init__(self, fn, *args) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args: tuple) -> None:
+        try:
+            self.value = fn(*args)
+        except BaseException as e:  # re-raised by result(), in the caller's thread
+            self.error = e
+
+    def result(self, timeout: float) -> object:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"no answer within {timeout:g}s")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def pmap(fn, items: list, width: int, timeout: float) -> list:
+    """``[fn(x) for x in items]`` on up to ``width`` threads, in order; the first error is
+    raised, and so is TimeoutError when they are not all done within ``timeout``."""
+    out: list = [None] * len(items)
+    errors: list = []
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                out[i] = fn(items[i])
+            except BaseException as e:  # re-raised below, in the caller's thread
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(width, len(items)))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"{len(items)} calls not done within {timeout:g}s")
+    return out
 
 
 # ---------------------------------------------------------------------------------- facts
@@ -378,8 +437,11 @@ def env_facts(env_dir: str, imports: list, envinfo: str) -> dict:
 
 # Imports the launcher's module in a child of this very python (the one that runs the
 # launcher), so a broken or missing install shows here, not as a failed start on every node.
-LAUNCHER_IMPORT = (
-    "import importlib, json, sys\n"
+LAUNCHER_IMPORT = (  # not from the current folder (the home): see fleetctl.remote.inline
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "import importlib, json\n"
     "importlib.import_module(sys.argv[1])\n"
     "top = sys.modules[sys.argv[1].split('.')[0]]\n"
     "print('D ' + json.dumps({'version': str(getattr(top, '__version__', '') or '')}))\n"
@@ -423,32 +485,31 @@ def gather(args: dict) -> dict:
     }
     facts["nic"] = pick_nic(args)
     # The order of the slow parts does not matter: run them side by side.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=5) as pool:
-        gpu = pool.submit(gpu_facts)
-        rs = pool.submit(rsync_facts)
-        mod = args.get("launcher_module")
-        launcher = pool.submit(launcher_facts, mod) if mod else None
-        env = None
-        if args.get("env_dir"):
-            env_dir = expand(args["env_dir"], home)
-            if not os.path.isabs(env_dir):
-                env_dir = os.path.join(workdir, env_dir)
-            imports = list(args.get("env_imports") or [])
-            env = pool.submit(env_facts, env_dir, imports, args.get("envinfo") or "")
-        facts["disk"] = disk_facts(workdir)
-        facts["workdir_id"] = workdir_id(workdir)
-        facts["ports"] = {str(p): port_free(int(p)) for p in args.get("ports") or []}
-        host_addrs = bounded(lambda: resolve_ipv4(facts["hostname"]), 2.0, None)
-        facts["hostname_addrs"] = host_addrs if isinstance(host_addrs, list) else None
-        if args.get("code_dir"):
-            code_dir = expand(args["code_dir"], home)
-            if not os.path.isabs(code_dir):
-                code_dir = os.path.join(workdir, code_dir)
-            facts["code_present"] = os.path.isdir(code_dir)
-        facts["gpu"] = gpu.result(timeout=15)
-        facts["rsync"] = rs.result(timeout=10)
-        facts["env"] = env.result(timeout=70) if env is not None else None
-        facts["launcher"] = launcher.result(timeout=100) if launcher is not None else None
+    gpu = Task(gpu_facts)
+    rs = Task(rsync_facts)
+    mod = args.get("launcher_module")
+    launcher = Task(launcher_facts, mod) if mod else None
+    env = None
+    if args.get("env_dir"):
+        env_dir = expand(args["env_dir"], home)
+        if not os.path.isabs(env_dir):
+            env_dir = os.path.join(workdir, env_dir)
+        imports = list(args.get("env_imports") or [])
+        env = Task(env_facts, env_dir, imports, args.get("envinfo") or "")
+    facts["disk"] = disk_facts(workdir)
+    facts["workdir_id"] = workdir_id(workdir)
+    facts["ports"] = {str(p): port_free(int(p)) for p in args.get("ports") or []}
+    host_addrs = bounded(lambda: resolve_ipv4(facts["hostname"]), 2.0, None)
+    facts["hostname_addrs"] = host_addrs if isinstance(host_addrs, list) else None
+    if args.get("code_dir"):
+        code_dir = expand(args["code_dir"], home)
+        if not os.path.isabs(code_dir):
+            code_dir = os.path.join(workdir, code_dir)
+        facts["code_present"] = os.path.isdir(code_dir)
+    facts["gpu"] = gpu.result(timeout=15)
+    facts["rsync"] = rs.result(timeout=10)
+    facts["env"] = env.result(timeout=70) if env is not None else None
+    facts["launcher"] = launcher.result(timeout=100) if launcher is not None else None
     facts["time"] = time.time()
     return facts
 
@@ -671,10 +732,9 @@ def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 2.0) -> di
     never does."""
 
     def one(peer: dict, ping_t: float, tcp_t: float) -> tuple:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            p = pool.submit(ping, src, peer["addr"], ping_t)
-            t = pool.submit(tcp, src, peer["addr"], int(peer["port"]), tcp_t)
-            echo, conn = p.result(), t.result()
+        p = Task(ping, src, peer["addr"], ping_t)
+        conn = tcp(src, peer["addr"], int(peer["port"]), tcp_t)
+        echo = p.result(timeout=ping_t + 10)
         if conn == "ok" and echo != "ok" and not echo.startswith("n/a"):
             # The one echo may have died with a stale neighbour entry (see ``tcp``); now that
             # TCP got through, the peer's address is resolved: a filtered ICMP still fails.
@@ -682,10 +742,11 @@ def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 2.0) -> di
         return peer["name"], {"ping": echo, "tcp": conn, "route_src": route_source(peer["addr"])}
 
     def run_all(todo: list, ping_t: float, tcp_t: float) -> None:
-        if todo:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-                for name, res in pool.map(lambda p: one(p, ping_t, tcp_t), todo):
-                    results[name] = res
+        width = min(32, len(todo))
+        rounds = -(-len(todo) // width) if todo else 0
+        bound = rounds * (2 * ping_t + tcp_t + 10)  # one's worst case: 2 echoes, 1 connect
+        for name, res in pmap(lambda p: one(p, ping_t, tcp_t), todo, width, bound):
+            results[name] = res
 
     results: dict = {}
     run_all(peers, 1.0, timeout)

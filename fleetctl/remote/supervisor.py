@@ -44,11 +44,9 @@ import json
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
@@ -1520,6 +1518,8 @@ def collect_plan(root: str, options: dict | None = None) -> tuple[list[str], lis
 def pack_dir(root: str, fd: int, options: dict | None = None) -> None:
     """Write ``root`` as a tar stream to ``fd``: first the manifest (every file and what
     happens to it, :func:`collect_plan`), the folders, then the files to send in order."""
+    import tarfile  # here: a job's start never packs (its import costs every start ~2 ms)
+
     folders, files = collect_plan(root, options)
     out = os.fdopen(fd, "wb", closefd=False)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -1689,11 +1689,13 @@ def seed_work_folder(cwd: str | None, seed: str | None) -> None:
     work = os.path.abspath(os.path.expanduser(cwd))
     if os.path.isdir(work):
         return
+    import shutil  # here: only the first attempt of a job copies
+
     src = os.path.abspath(os.path.expanduser(seed))
     parent = os.path.dirname(work)
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # a name of its own: pids repeat across the nodes of a shared home
+    tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}-{os.urandom(4).hex()}")
     shutil.copytree(src, tmp, symlinks=True)
     os.chmod(tmp, 0o700)
     try:
@@ -1715,8 +1717,13 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-if __name__ == "__main__":
+def program() -> None:
+    """Run as the node's program (``fleetctl.remote.file_argv``, the loader, or a script)."""
     code = main()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     os._exit(code)  # no interpreter teardown: daemon threads may sit in blocking writes
+
+
+if __name__ == "__main__":
+    program()

@@ -123,12 +123,12 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
     A node without that python still runs the command (``exec`` may be what installs it):
     under coreutils ``timeout`` (its process group only), else as it is.
     """
-    from fleetctl.remote import NO_SITE, source
+    from fleetctl.remote import NO_SITE, inline
     from fleetctl.remote.exec_timeout import MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
-    src = shlex.quote(source("exec_timeout.py").decode())
+    src = shlex.quote(inline("exec_timeout.py"))
     own = f"exec {py} {NO_SITE} -c {src} {shlex.join(args)}"
     said = shlex.quote(
         f"{MARK} {timeout:g}s: stopped by coreutils timeout (no {python} on the node: only "

@@ -51,7 +51,7 @@ PROBE_TIMEOUT = 60.0
 
 #: Node-side program: the supervisor (its ``clean`` mode), shipped with ``python -c``, so a
 #: node needs nothing installed and /proc is read by the same code that stops jobs.
-CLEAN_PROBE = remote.source("supervisor.py").decode("utf-8")
+CLEAN_PROBE = remote.inline("supervisor.py")
 
 
 @dataclass

@@ -146,7 +146,7 @@ def test_bootstrap_makes_three_hosts_ready_and_a_second_run_changes_nothing(
     dropin = f"/tmp/fleetctl-sshd-{secrets.token_hex(4)}.d"
     before_etc = etc_ssh_snapshot()
     # A workdir that is not private: the readiness check must catch it, bootstrap must fix it.
-    lab3.exec("node1", ["chmod", "0755", "/root/.fleetctl"], check=True)
+    lab3.exec("node1", ["chmod", "0755", lab3.workdir], check=True)
     fakes = []
     for host, name, text in (("node1", "ufw", FAKE_UFW), ("node2", "firewall-cmd", FAKE_FWCMD)):
         fake = lab3.host_dir(host) / "bin" / name
@@ -335,7 +335,7 @@ def test_conda_env_packs_an_existing_env_and_fetches_it_once(
         assert "Copy the Miniforge installer from the controller" in check.stdout
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        lab3.exec("node1", ["rm", "-rf", "/root/.fleetctl/build"])
+        lab3.exec("node1", ["rm", "-rf", f"{lab3.workdir}/build"])
 
 
 def test_bootstrap_as_a_login_user_becomes_root_only_where_it_must(

@@ -68,9 +68,9 @@ def run_program(
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
 ) -> subprocess.CompletedProcess[bytes]:
-    """``python -c <fleetctl/remote/NAME> ARGS…``, as a node runs it."""
+    """``python -S -c <fleetctl/remote/NAME> ARGS…``, as a node runs it."""
     return subprocess.run(
-        [python, "-c", remote.source(name).decode("utf-8"), *args],
+        [python, remote.NO_SITE, "-c", remote.inline(name), *args],
         input=stdin if stdin is not None else b"",
         capture_output=True,
         cwd=cwd,

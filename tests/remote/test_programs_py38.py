@@ -32,7 +32,13 @@ from fleetctl.phases.frames import (
     decode,
     last_data,
 )
-from fleetctl.phases.launch import NodeRun, start_node, supervisor_path
+from fleetctl.phases.launch import (
+    LOADER,
+    NodeRun,
+    start_node,
+    supervisor_path,
+    supervisor_source,
+)
 from fleetctl.remote.supervisor import (
     TAR_MARKER,
     find_job_processes,
@@ -128,7 +134,7 @@ class Jobs:
         """A one-shot mode of the installed supervisor; its whole stdout."""
         sup = supervisor_path(str(self.root / "w"))
         res = subprocess.run(
-            [self.python, sup, *args],
+            remote.file_argv(self.python, sup, *args),
             capture_output=True,
             timeout=60,
             **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
@@ -366,7 +372,7 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
         "allow_loopback": True,
         "env_dir": str(env),
         "env_imports": ["json"],
-        "envinfo": remote.source("envinfo.py").decode(),
+        "envinfo": remote.inline("envinfo.py"),
         "code_dir": "code/abc",
         "mesh": True,
         "mesh_port": 42000 + os.getpid() % 2000,
@@ -489,7 +495,7 @@ def test_the_push_helper_probes_finalizes_and_verifies_an_env(
     run38, py38: str, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     w = tmp_path / "w"
-    envinfo = remote.source("envinfo.py").decode()
+    envinfo = remote.inline("envinfo.py")
 
     def helper(mode: str, cfg: dict) -> dict:
         res = run38("push_helper.py", [mode], stdin=json.dumps(cfg).encode() + b"\n")
@@ -520,7 +526,7 @@ def test_the_push_helper_probes_finalizes_and_verifies_an_env(
     served.write_bytes(b"payload")
     serve_cfg = {"path": str(served), "sha": "s1", "token": "t0k", "bind": "127.0.0.1"}
     proc = subprocess.Popen(
-        [py38, "-c", remote.source("push_helper.py").decode(), "serve"],
+        [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -792,7 +798,7 @@ def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Pa
             "env": {"sha": sha, "archive": f"up{i}.tar.gz", "size": len(data)},
         }
         p = subprocess.Popen(
-            [py38, "-c", remote.source("push_helper.py").decode(), "finalize"],
+            [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "finalize"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         assert p.stdin is not None
@@ -839,7 +845,7 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
 
     def push_probe() -> str:
         p = subprocess.run(
-            [py38, "-c", remote.source("push_helper.py").decode(), "probe"],
+            [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "probe"],
             input=json.dumps({"workdir": str(w)}).encode() + b"\n",
             capture_output=True, timeout=60, check=True,
         )  # fmt: skip
@@ -890,3 +896,66 @@ def test_the_supervisor_times_a_rank_end_its_launcher_reaps_at_once(
     assert sorted(by_local) == [0, 1], exits
     assert by_local[1]["code"] in (3, None)  # read only if still a zombie when we looked
     assert by_local[1]["at"] <= said[0]["reaped"] + 0.5 < by_local[0]["at"], exits
+
+
+SHADOWED = ("json", "base64", "zlib", "socket", "hashlib", "subprocess", "queue")
+
+
+def test_node_programs_never_import_the_users_modules_from_the_login_folder(
+    py38: str, run38: Run, tmp_path: Path
+) -> None:
+    """A node program starts in the login's home; a user's ~/json.py must not replace the
+    stdlib's (``python -c`` puts the current folder first on sys.path)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for mod in SHADOWED:
+        (home / f"{mod}.py").write_text(f"raise SystemExit('shadowed {mod}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    port_args = json.dumps({"candidates": [], "need": 0})
+    # what a plain ``python -c SOURCE`` does there: the user's module wins
+    raw = subprocess.run(
+        [py38, "-S", "-c", remote.source("port_probe.py").decode(), port_args],
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert raw.returncode != 0 and "shadowed" in raw.stderr
+    # every program as fleetctl ships it with -c
+    res = run38("port_probe.py", [port_args], cwd=home, env=env)
+    assert res.returncode == 0 and b"D " in res.stdout, res.stderr
+    # the check's bootstrap (base64, zlib), the probe (json, socket) and its launcher import
+    args = {"address": "127.0.0.1", "workdir": str(tmp_path / "w"), "ports": []}
+    args["launcher_module"] = "json.decoder"
+    probe = subprocess.run(
+        probe_command(py38, args),
+        shell=True,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        env=env,
+    )
+    assert probe.returncode == 0, probe.stdout[-600:] + probe.stderr[-600:]
+    facts = next(f.data() for f in decode(probe.stdout, PROBE_KINDS) if f.kind == "D")
+    assert facts["launcher"] == {"module": "json.decoder", "version": "2.0.9"}
+    # the supervisor, installed by the loader and then run from its file: its folder, not the
+    # current one, is searched, and its bytecode is cached there for the next start
+    src, _sha = supervisor_source()
+    sup = supervisor_path(str(tmp_path / "w"))
+    clean = ["clean", "--job-id", jid("p-shadow"), "--workdir", str(tmp_path / "w")]
+    loaded = subprocess.run(
+        [py38, remote.NO_SITE, "-c", LOADER, sup, *clean],
+        input=b"%d\n" % len(src) + src,
+        cwd=home,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0 and loaded.stdout.startswith(b"U\nD "), loaded.stderr
+    again = subprocess.run(
+        remote.file_argv(py38, sup, *clean), cwd=home, env=env, capture_output=True, timeout=60
+    )
+    assert again.returncode == 0 and again.stdout.startswith(b"D "), again.stderr
+    cached = list((Path(sup).parent / "__pycache__").glob(Path(sup).stem + ".cpython-38*.pyc"))
+    assert len(cached) == 1

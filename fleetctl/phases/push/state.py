@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from fleetctl.phases.envpack import EnvArchive
     from fleetctl.phases.push.report import NodePush
 
-REMOTE_SRC = remote.source("push_helper.py").decode("utf-8")
-ENVINFO_SRC = remote.source("envinfo.py").decode("utf-8")  # run by the env's python
+REMOTE_SRC = remote.inline("push_helper.py")
+ENVINFO_SRC = remote.inline("envinfo.py")  # run by the env's python
 
 
 @dataclass
