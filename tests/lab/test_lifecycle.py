@@ -909,3 +909,40 @@ def test_nodes_on_one_shared_home_are_told_apart_and_each_keeps_its_own_run_fold
         console = (runs / rec["job_id"] / f"{i}-node{i + 1}" / "console.log").read_text()
         ranks = set(re.findall(r"tick rank=(\d+)", console))
         assert ranks == {str(i)}, console  # its own lines, nobody else's
+
+
+# ----------------------------------------------------------------------- the login's home
+
+
+def test_modules_in_the_logins_home_never_replace_the_stdlib_of_fleetctls_node_programs(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """Every node program starts in the login's home, and ``python -c`` searches the current
+    folder first: a user's ~/json.py or ~/queue.py must not break the check, a run, its
+    teardown or exec's time limit."""
+    if lab3.user is None:  # not a missing tool: root's lab home is this machine's own /root
+        pytest.skip("needs a lab login of its own (FLEETCTL_LAB_USER): /root is this machine's")
+    names = ("json", "queue", "socket", "subprocess", "base64", "zlib", "hashlib")
+    shadow = [f"{lab3.home}/{n}.py" for n in names]
+    body = "raise SystemExit('the login home shadowed the stdlib')\n"
+    for h in lab3.hosts:
+        for path in shadow:
+            lab3.exec(h.name, ["sh", "-c", f'printf "%s" "$1" > {path}', "sh", body], check=True)
+            lab3.exec(h.name, ["chown", f"--reference={lab3.home}", path], check=True)
+    try:
+        # what those files do to a plain python -c in that folder
+        python = load_inventory(lab3.inventory_path).nodes[0].python
+        plain = lab3.exec("node1", ["sh", "-c", f"cd {lab3.home} && {python} -c 'import json'"])
+        assert "shadowed the stdlib" in plain.stderr, plain
+        runs = tmp_path / "runs"
+        args = run_args(lab3, runs, code, str(code / "tick.py"), "1")
+        args.remove("--no-check")  # the check's probe too, not a cached pass
+        p = run_cli(*args, cwd=ROOT, env={"FLEETCTL_CACHE_DIR": str(tmp_path / "cache")})
+        assert p.exit_code == 0, p.stdout + p.stderr
+        assert "checking nodes" in p.stderr
+        assert "tick rank=2 i=4" in p.stdout
+        limited = fleetctl("exec", "-i", str(lab3.inventory_path), "--timeout", "30", "--", "true")
+        assert limited.exit_code == 0, limited.stdout + limited.stderr
+    finally:
+        for h in lab3.hosts:
+            lab3.exec(h.name, ["rm", "-f", *shadow])
