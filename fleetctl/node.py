@@ -34,6 +34,8 @@ class Node:
     known_hosts: str | None = None
     ssh_config: str | None = None
     proxy_jump: str | None = None  # from the inventory's ansible_ssh_*_args (-J / ProxyJump)
+    # ansible_shell_type csh/tcsh/fish: a login shell that cannot read POSIX command lines
+    shell_type: str | None = None
     local: bool = False
     groups: tuple[str, ...] = ()
     vars: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)

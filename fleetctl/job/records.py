@@ -35,6 +35,8 @@ _NODE_FIELDS = (
     "python",
     "known_hosts",
     "ssh_config",
+    "proxy_jump",
+    "shell_type",
     "local",
     "groups",
 )

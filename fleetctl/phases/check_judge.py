@@ -156,7 +156,17 @@ def _probe_failure(node: Node, out: ProbeOutcome) -> str:
     if out.exit_code == 127 or "command not found" in last or "No such file" in last:
         return f"{node.python} not found on the host" + (f": {_clip(last)}" if last else "")
     reason = out.error or f"probe exited {out.exit_code}"
+    if node.shell_type is None and _csh_or_fish(out.tail):
+        return (
+            f"{reason}: the login shell cannot read sh command lines (csh or fish?): set "
+            "ansible_shell_type: csh (or fish) for this host"
+        )
     return f"{reason}" + (f": {_clip(last)}" if last else "")
+
+
+def _csh_or_fish(tail: str) -> bool:
+    """What csh/tcsh and fish say about a POSIX command line they were handed."""
+    return any(s in tail for s in ("Unmatched '", 'Unmatched "', "Badly placed ()'s", "fish: "))
 
 
 def _judge_python(f: Mapping[str, Any]) -> CheckResult:

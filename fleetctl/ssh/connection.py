@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import ConnectError, RemoteCommandError
 from fleetctl.results import CommandResult
 from fleetctl.ssh import hostkeys, sshconfig
+from fleetctl.ssh.loginshell import for_login_shell
 from fleetctl.ssh.transport import record_exit_signals, transport_factory
 
 if TYPE_CHECKING:
@@ -385,7 +386,7 @@ class SSHConnection(Connection):
         watchdog.start()
         try:
             try:
-                ch.exec_command(line)
+                ch.exec_command(for_login_shell(line, self.node.shell_type))
                 if stdin is not None:
                     ch.sendall(stdin)
                 ch.shutdown_write()
@@ -440,7 +441,7 @@ class SSHConnection(Connection):
         watchdog.daemon = True
         watchdog.start()
         try:
-            ch.exec_command(line)
+            ch.exec_command(for_login_shell(line, self.node.shell_type))
         except (OSError, EOFError, _paramiko_errors()) as e:
             ch.close()
             raise ConnectError(self.node.label, f"cannot start `{_short(line)}`: {e}") from e

@@ -7,14 +7,17 @@ to (the data bridge carries no address here); node1's management address is the 
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fleetctl.job.monitor_process import monitor_alive
 from fleetctl.lab import Lab
-from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.cli_runner import run_cli, run_cli_process
+from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -85,3 +88,34 @@ def test_exec_push_and_run_reach_hosts_only_through_the_inventory_jump_host(
     assert job.exit_code == 0, job.stderr + job.stdout
     for rank, h in enumerate(lab3.hosts):
         assert f"rank {rank} on {h.name}" in job.stdout
+
+    # a detached job: its monitor, a process of its own, reaches the nodes again from the run
+    # folder's connect.json, so that must keep the jump host (and the login shell)
+    runs = tmp_path / "runs"
+    det = run_cli_process(
+        "run", "-i", str(inv), "--launcher", "plain", "--runs-dir", str(runs), "--detach",
+        "--code", str(code), str(code / "job.py"), env=env,
+    )  # fmt: skip
+    assert det.exit_code == 0, det.stderr
+    job_id = det.stdout.strip()
+    saved = json.loads((runs / job_id / "connect.json").read_text())
+    jump = f"root@{lab3.hosts[0].mgmt_addr}"
+    assert {n["name"]: n["proxy_jump"] for n in saved["nodes"]} == {
+        "node1": None,
+        "node2": jump,
+        "node3": jump,
+    }
+    try:
+
+        def ended() -> dict | None:
+            job = json.loads((runs / job_id / "job.json").read_text())
+            live = job["status"] in ("running", "starting", "detached")
+            return None if live or monitor_alive(job.get("monitor")) else job
+
+        job = wait_for(ended, 60, what=f"job {job_id} ended by its monitor", interval=0.3)
+        assert job["status"] == "succeeded", job
+        for rank, h in enumerate(lab3.hosts):
+            log = (runs / job_id / f"{rank}-{h.name}" / "console.log").read_text()
+            assert f"rank {rank} on {h.name}" in log
+    finally:
+        run_cli("stop", "--runs-dir", str(runs), job_id, "--grace", "0", env=env)

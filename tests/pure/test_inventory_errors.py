@@ -42,6 +42,7 @@ CASES: list[tuple[str, str | None, int | None, tuple[str, ...]]] = [
     ("bad_env.yml", None, 3, ("gpu01", "fleetctl_env", "mapping")),
     ("loop.yml", None, 5, ("loop", "'a'", "'b'")),
     ("connection.yml", None, 4, ("gpu01", "ansible_connection", "docker")),
+    ("shell_type.yml", None, 6, ("gpu01", "ansible_shell_type", "powershell")),
     ("not_mapping.yml", None, 1, ("mapping of groups",)),
     ("not_utf8.ini", None, 4, ("not valid UTF-8",)),  # line 2 is a comment: tolerated
     ("not_utf8.yml", None, 4, ("not valid UTF-8",)),

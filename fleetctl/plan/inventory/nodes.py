@@ -127,6 +127,7 @@ def _build_node(model: _Model, host: _Host) -> Node:
         user=f.text("ansible_user", "ansible_ssh_user") or ssh.user,
         key_file=f.text("ansible_ssh_private_key_file", "ansible_private_key_file") or ssh.key_file,
         proxy_jump=ssh.proxy_jump,
+        shell_type=_shell_type(f),
         nic=f.text("fleetctl_nic"),
         train_addr=f.text("fleetctl_addr"),
         gpus=gpus,
@@ -142,6 +143,22 @@ def _build_node(model: _Model, host: _Host) -> Node:
         vars=_plain(f.values),
         source=f"{model.path}:{host.line}" if host.line else model.path,
     )
+
+
+def _shell_type(f: _Fields) -> str | None:
+    """``ansible_shell_type``: None for POSIX login shells, else one fleetctl wraps for."""
+    from fleetctl.ssh.loginshell import POSIX, WRAPPED
+
+    key, value = f.get("ansible_shell_type")
+    if key is None or value is None:
+        return None
+    shell = str(value).strip().lower()
+    if shell in POSIX:
+        return None
+    if shell in WRAPPED:
+        return shell
+    known = ", ".join(sorted(POSIX | WRAPPED))
+    raise f.fail(key, f"ansible_shell_type {value!r} is not supported (nodes run {known})")
 
 
 _GPU_ID = re.compile(r"(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+)")
