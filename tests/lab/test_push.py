@@ -29,6 +29,9 @@ NCCL_WHEEL = "nvidia-nccl-cu12==2.21.5"
 # all of them and the others say "shared with node1"
 SHARED_HOME = bool(lab_login().get("shared_home"))
 ONE_PUSH = "on one shared home the first node pushes for every host: no per-host transfer"
+# the node whose disk fills or that lacks rsync: on a shared home the one that pushes for all
+VICTIM = "node1" if SHARED_HOME else "node2"
+OTHER = "node2" if SHARED_HOME else "node1"  # one that pushes and succeeds
 
 
 @pytest.fixture
@@ -174,52 +177,46 @@ def test_host_with_a_different_archive_is_a_nccl_mismatch_naming_it(
 def test_disk_too_small_for_the_archive_fails_before_upload(
     lab3: Lab, wd: str, envs: EnvCache
 ) -> None:
-    if SHARED_HOME:  # not a missing tool: the premise cannot hold on one shared home
-        pytest.skip(ONE_PUSH)
     env = envs.get("noise")  # ~3 MiB, needs ~6 MiB free
-    lab3.disk_full("node2", f"{wd}/envs", "4m")
+    lab3.disk_full(VICTIM, f"{wd}/envs", "4m")
     try:
         with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
-        err = ei.value.result["node2"]
+        err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.stage == "disk" and err.enospc
-        assert "not enough disk space" in str(err) and str(err).startswith("node2")
-        assert set(ei.value.result.failed) == {"node2"}
-        assert sh(lab3, "node2", f"ls -A {wd}/envs") == ""
-        assert ei.value.report.nodes["node1"].bytes_sent > 0  # type: ignore[attr-defined]
+        assert "not enough disk space" in str(err) and str(err).startswith(VICTIM)
+        assert set(ei.value.result.failed) == {VICTIM}
+        assert sh(lab3, VICTIM, f"ls -A {wd}/envs") == ""
+        assert ei.value.report.nodes[OTHER].bytes_sent > 0  # type: ignore[attr-defined]
     finally:
-        lab3.disk_ok("node2", f"{wd}/envs")
+        lab3.disk_ok(VICTIM, f"{wd}/envs")
 
 
 def test_disk_full_while_unpacking_leaves_no_half_env(lab3: Lab, wd: str, envs: EnvCache) -> None:
-    if SHARED_HOME:  # not a missing tool: the premise cannot hold on one shared home
-        pytest.skip(ONE_PUSH)
     env = envs.get("ballast")  # small archive, 16 MiB unpacked
-    lab3.disk_full("node2", f"{wd}/envs", "2m")
+    lab3.disk_full(VICTIM, f"{wd}/envs", "2m")
     try:
         with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
-        err = ei.value.result["node2"]
+        err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.enospc and err.stage == "unpack"
         assert "disk full" in str(err) and "partial files removed" in str(err)
-        assert sh(lab3, "node2", f"ls -A {wd}/envs") == ""  # no tmp dir, no final dir
-        assert set(ei.value.result.failed) == {"node2"}
+        assert sh(lab3, VICTIM, f"ls -A {wd}/envs") == ""  # no tmp dir, no final dir
+        assert set(ei.value.result.failed) == {VICTIM}
     finally:
-        lab3.disk_ok("node2", f"{wd}/envs")
+        lab3.disk_ok(VICTIM, f"{wd}/envs")
 
 
 def test_disk_filling_up_during_upload_is_a_clear_error_and_cleans_up(
     lab3: Lab, wd: str, envs: EnvCache
 ) -> None:
-    if SHARED_HOME:  # not a missing tool: the premise cannot hold on one shared home
-        pytest.skip(ONE_PUSH)
     env = envs.get("noise")  # ~3 MiB: 8 MiB passes the 2x check ...
-    lab3.disk_full("node2", f"{wd}/envs", "8m")
+    lab3.disk_full(VICTIM, f"{wd}/envs", "8m")
     filled = []
 
     def fill_when_upload_starts(event: PushEvent) -> None:  # ... then something else fills it
-        if event.node == "node2" and event.stage == "upload" and not filled:
-            filled.append(sh(lab3, "node2", f"head -c 7M /dev/zero > {wd}/envs/filler; df"))
+        if event.node == VICTIM and event.stage == "upload" and not filled:
+            filled.append(sh(lab3, VICTIM, f"head -c 7M /dev/zero > {wd}/envs/filler; df"))
 
     try:
         with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
@@ -231,40 +228,45 @@ def test_disk_filling_up_during_upload_is_a_clear_error_and_cleans_up(
                 progress=fill_when_upload_starts,
             )
         assert filled
-        err = ei.value.result["node2"]
+        err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.stage == "upload" and err.enospc
         assert "disk full while uploading the env archive" in str(err)
         assert "partial files removed" in str(err)
-        assert sh(lab3, "node2", f"ls -A {wd}/envs").split() == ["filler"]
-        assert set(ei.value.result.failed) == {"node2"}
+        assert sh(lab3, VICTIM, f"ls -A {wd}/envs").split() == ["filler"]
+        assert set(ei.value.result.failed) == {VICTIM}
     finally:
-        lab3.disk_ok("node2", f"{wd}/envs")
+        lab3.disk_ok(VICTIM, f"{wd}/envs")
 
 
 def test_host_without_rsync_gets_the_sftp_fallback_with_a_warning(
     lab3: Lab, wd: str, tmp_path: Path
 ) -> None:
-    if SHARED_HOME:  # not a missing tool: the premise cannot hold on one shared home
-        pytest.skip(ONE_PUSH)
     src = project(tmp_path / "proj")
-    rsync = sh(lab3, "node2", "command -v rsync").strip()
-    lab3.exec("node2", ["mount", "--bind", "/dev/null", rsync], check=True)
+    rsync = sh(lab3, VICTIM, "command -v rsync").strip()
+    lab3.exec(VICTIM, ["mount", "--bind", "/dev/null", rsync], check=True)
     try:
-        assert sh(lab3, "node2", "command -v rsync || echo none").strip() == "none"
+        assert sh(lab3, VICTIM, "command -v rsync || echo none").strip() == "none"
         with Fleet(lab_nodes(lab3, wd)) as fleet:
             report = push(fleet, code=src)
             (src / "train.py").write_text("print('v2')\n")
             second = push(fleet, code=src)
     finally:
-        lab3.exec("node2", ["umount", rsync], check=True)
+        lab3.exec(VICTIM, ["umount", rsync], check=True)
     methods = {k: v.code_method for k, v in report.nodes.items()}
-    assert methods == {"node1": "rsync", "node2": "sftp", "node3": "rsync"}
+    if SHARED_HOME:  # node1 pushed by sftp for all three
+        assert methods == {
+            "node1": "sftp",
+            "node2": "shared with node1",
+            "node3": "shared with node1",
+        }
+    else:
+        assert methods == {"node1": "rsync", "node2": "sftp", "node3": "rsync"}
     assert any("rsync not found on the node" in w for w in report.warnings)
-    assert all(w.startswith("node2:") for w in report.warnings)
+    assert all(w.startswith(f"{VICTIM}:") for w in report.warnings)
     for h in lab3.hosts:
         assert remote_files(lab3, h.name, report.code_dirs[h.name]) == SHIPPED
         assert sh(lab3, h.name, f"cat {second.code_dirs[h.name]}/train.py") == "print('v2')\n"
-    assert second.nodes["node2"].bytes_sent < 1000  # only the changed file, as a tiny tar
+    assert second.nodes[VICTIM].bytes_sent < 1000  # only the changed file, as a tiny tar
 
 
 @pytest.fixture(scope="session")
