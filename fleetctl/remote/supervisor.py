@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fleetctl node supervisor: runs ONE job's launcher on one node and stops only that job.
 
-Stdlib only, Python >= 3.8: it is uploaded to ``W/bin/supervisor-<sha12>.py`` and run by the
+Stdlib only, Python >= 3.8: it is uploaded to ``W/bin/supervisor_<sha12>.py`` and run by the
 node's own python. fleetctl starts it over SSH as one streamed command (mode ``run``):
 
 controller -> supervisor (stdin)
