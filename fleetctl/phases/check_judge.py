@@ -82,6 +82,14 @@ def build_report(
         if "code_present" in f:
             report.code_present[node.name] = bool(f["code_present"])
         c["python"] = _judge_python(f)
+        shell = str(f.get("login_shell") or "")
+        kind = _shell_kind(shell)
+        if kind and node.shell_type is None:  # fish may run the probe, then garble a program
+            c["python"] = CheckResult(
+                FAIL,
+                f"the login shell {shell} cannot read sh command lines: "
+                f"set ansible_shell_type: {kind} for this host",
+            )
         c["rsync"] = _judge_rsync(node, f)
         c["nic"] = _judge_nic(f)
         c["addr"] = _judge_addr(node, f, c["nic"], len(nodes), options)
@@ -162,6 +170,12 @@ def _probe_failure(node: Node, out: ProbeOutcome) -> str:
             "ansible_shell_type: csh (or fish) for this host"
         )
     return f"{reason}" + (f": {_clip(last)}" if last else "")
+
+
+def _shell_kind(shell: str) -> str | None:
+    """``csh`` or ``fish`` for a login shell that needs fleetctl's wrapped command lines."""
+    name = shell.rsplit("/", 1)[-1]
+    return "csh" if name in ("csh", "tcsh") else "fish" if name == "fish" else None
 
 
 def _csh_or_fish(tail: str) -> bool:

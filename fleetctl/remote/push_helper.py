@@ -150,20 +150,58 @@ def verify_env(prefix: str, cfg: dict) -> dict:
 # ------------------------------------------------------------------------------------ probe
 
 
-def workdir_id(workdir: str) -> str | None:
-    """The id kept in ``W/.fleetctl-id`` (made once, atomically), as the check's probe reads
-    it (fleetctl/remote/probe.py, also run alone on the node): nodes that read one id share
-    one folder (an NFS home), and one of them pushes for all."""
+def workdir_id(workdir: str, wait: float = 2.0) -> str | None:
+    """The id kept in ``W/.fleetctl-id``, made and read as the check's probe does (the same
+    code in fleetctl/remote/probe.py: node programs ship alone): nodes that read one id share
+    one folder (an NFS home), and one of them pushes for all. None when it cannot be had.
+
+    Nodes of one shared home run this at once: the id is written whole under a name of its
+    own and hard-linked into place, so no node reads it half made; where links are not
+    allowed it is created exclusively and written, and a reader that finds it still empty
+    reads again for up to ``wait`` seconds."""
     path = os.path.join(workdir, ".fleetctl-id")
-    with contextlib.suppress(OSError):  # made already (or cannot be): read it below
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(os.urandom(8).hex() + "\n")
     try:
-        with open(path) as f:
-            return f.read(64).strip() or None
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
+        if not os.path.exists(path):
+            _make_id(path)
     except OSError:
         return None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except OSError:
+            return None
+        if text or time.monotonic() >= deadline:
+            return text or None
+        time.sleep(0.05)
+
+
+def _make_id(path: str) -> None:
+    data = (os.urandom(8).hex() + "\n").encode()
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.link(tmp, path)  # whole, or not at all: another node's id stays
+        return
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # no hard links here: create it exclusively instead
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def probe(cfg: dict) -> dict:

@@ -1,7 +1,8 @@
-"""A login user whose shell is tcsh (common on older HPC sites): sshd hands every command
-fleetctl sends to ``tcsh -c``. Declared as Ansible wants it (``ansible_shell_type: csh``),
-check, run (push, supervisor start, collect) and exec with a time limit work; undeclared, the
-check fails naming the cause instead of a page of csh errors."""
+"""A login user whose shell is tcsh (common on older HPC sites) or fish: sshd hands every
+command fleetctl sends to ``tcsh -c`` / ``fish -c``. Declared as Ansible wants it
+(``ansible_shell_type: csh`` / ``fish``), check, run (push, supervisor start, collect) and exec
+with a time limit work; undeclared, the check fails naming the cause instead of a page of
+shell errors."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from fleetctl.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.lab
 
-USER = "fleettcsh"
-
 
 def inventory(lab: Lab, tmp_path: Path, shell_type: str | None) -> Path:
     data = yaml.safe_load(lab.inventory_path.read_text())
@@ -32,23 +31,26 @@ def inventory(lab: Lab, tmp_path: Path, shell_type: str | None) -> Path:
     return path
 
 
-def test_a_tcsh_login_runs_check_run_and_exec_once_declared(
-    make_lab: Callable[..., Lab], tmp_path: Path
+@pytest.mark.parametrize(("shell", "shell_type"), [("tcsh", "csh"), ("fish", "fish")])
+def test_a_csh_or_fish_login_runs_check_run_and_exec_once_declared(
+    make_lab: Callable[..., Lab], tmp_path: Path, shell: str, shell_type: str
 ) -> None:
-    tcsh = shutil.which("tcsh")
-    if tcsh is None:
-        skip_or_fail("tcsh is not installed (.ci/run installs it)")
-    lab = make_lab(2, networks=2, user=USER)
-    subprocess.run(["usermod", "-s", tcsh, USER], check=True, timeout=30)  # removed by down
-    said = lab.exec("node1", ["getent", "passwd", USER], check=True).stdout
-    assert said.strip().endswith(f":{tcsh}")
+    exe = shutil.which(shell)
+    if exe is None:
+        skip_or_fail(f"{shell} is not installed (.ci/run installs it)")
+    user = f"fleet{shell}"
+    lab = make_lab(2, networks=2, user=user)
+    subprocess.run(["usermod", "-s", exe, user], check=True, timeout=30)  # removed by down
+    said = lab.exec("node1", ["getent", "passwd", user], check=True).stdout
+    assert said.strip().endswith(f":{exe}")
     env = {"FLEETCTL_CACHE_DIR": str(tmp_path / "cache")}
 
     bare = run_cli("check", "-i", str(inventory(lab, tmp_path, None)), env=env)
     assert bare.exit_code == 3
-    assert "set ansible_shell_type: csh (or fish) for this host" in bare.stdout + bare.stderr
+    hint = "csh (or fish)" if shell == "tcsh" else "fish"  # tcsh cannot even run the probe
+    assert f"set ansible_shell_type: {hint} for this host" in bare.stdout + bare.stderr
 
-    inv = inventory(lab, tmp_path, "csh")
+    inv = inventory(lab, tmp_path, shell_type)
     ok = run_cli("check", "-i", str(inv), env=env)
     assert ok.exit_code == 0, ok.stdout + ok.stderr
 

@@ -911,6 +911,7 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
     for mod in SHADOWED:
         (home / f"{mod}.py").write_text(f"raise SystemExit('shadowed {mod}')\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["SHELL"] = "/usr/bin/fish"  # as sshd sets it: the probe reports the login shell
     port_args = json.dumps({"candidates": [], "need": 0})
     # what a plain ``python -c SOURCE`` does there: the user's module wins
     raw = subprocess.run(
@@ -939,6 +940,7 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
     assert probe.returncode == 0, probe.stdout[-600:] + probe.stderr[-600:]
     facts = next(f.data() for f in decode(probe.stdout, PROBE_KINDS) if f.kind == "D")
     assert facts["launcher"] == {"module": "json.decoder", "version": "2.0.9"}
+    assert facts["login_shell"] == "/usr/bin/fish"
     # the supervisor, installed by the loader and then run from its file: its folder, not the
     # current one, is searched, and its bytecode is cached there for the next start
     src, _sha = supervisor_source()
@@ -959,3 +961,41 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
     assert again.returncode == 0 and again.stdout.startswith(b"D "), again.stderr
     cached = list((Path(sup).parent / "__pycache__").glob(Path(sup).stem + ".cpython-38*.pyc"))
     assert len(cached) == 1
+
+
+WORKDIR_ID = """
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import {module} as m
+w = sys.argv[2]
+os.makedirs(w)
+# many nodes of one shared home at once: one id for all of them
+got = []
+ts = [threading.Thread(target=lambda: got.append(m.workdir_id(w))) for _ in range(8)]
+[t.start() for t in ts]
+[t.join(30) for t in ts]
+print(len(set(got)), None in got, sorted(os.listdir(w)))
+# a node that made the file but has not written it yet: the reader waits, not None
+os.remove(os.path.join(w, ".fleetctl-id"))
+open(os.path.join(w, ".fleetctl-id"), "w").close()
+def late():
+    time.sleep(0.3)
+    with open(os.path.join(w, ".fleetctl-id"), "w") as f:
+        f.write("abc\\n")
+threading.Thread(target=late).start()
+print(m.workdir_id(w))
+"""
+
+
+@pytest.mark.parametrize("module", ["probe", "push_helper"])
+def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
+    py38: str, tmp_path: Path, module: str
+) -> None:
+    code = WORKDIR_ID.format(module=module)
+    out = subprocess.run(
+        [py38, "-S", "-c", code, str(remote.path("probe.py").parent), str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    first, second = out.stdout.splitlines()
+    assert first == "1 False ['.fleetctl-id']", out.stdout  # one id; no temp file left
+    assert second == "abc"
