@@ -22,6 +22,7 @@ from fleetctl.phases.check_report import (
     MeshFailure,
     ProbeOutcome,
 )
+from fleetctl.ssh.loginshell import declared_type
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -83,7 +84,7 @@ def build_report(
             report.code_present[node.name] = bool(f["code_present"])
         c["python"] = _judge_python(f)
         shell = str(f.get("login_shell") or "")
-        kind = _shell_kind(shell)
+        kind = declared_type(shell)
         if kind and node.shell_type is None:  # fish may run the probe, then garble a program
             c["python"] = CheckResult(
                 FAIL,
@@ -170,12 +171,6 @@ def _probe_failure(node: Node, out: ProbeOutcome) -> str:
             "ansible_shell_type: csh (or fish) for this host"
         )
     return f"{reason}" + (f": {_clip(last)}" if last else "")
-
-
-def _shell_kind(shell: str) -> str | None:
-    """``csh`` or ``fish`` for a login shell that needs fleetctl's wrapped command lines."""
-    name = shell.rsplit("/", 1)[-1]
-    return "csh" if name in ("csh", "tcsh") else "fish" if name == "fish" else None
 
 
 def _csh_or_fish(tail: str) -> bool:

@@ -28,3 +28,10 @@ def for_login_shell(line: str, shell_type: str | None) -> str:
     if shell_type not in WRAPPED:
         return line
     return _WRAP + base64.b64encode(line.encode("utf-8")).decode("ascii")
+
+
+def declared_type(login_shell: str) -> str | None:
+    """The ``ansible_shell_type`` a node whose login shell is ``login_shell`` (a path, as sshd
+    sets ``SHELL``) must declare; None for shells that read POSIX command lines."""
+    name = login_shell.rsplit("/", 1)[-1]
+    return "csh" if name in ("csh", "tcsh") else "fish" if name == "fish" else None

@@ -80,3 +80,11 @@ def test_the_inventory_names_the_login_shell(tmp_path: Path) -> None:
     )
     nodes = {n.name: n.shell_type for n in load_inventory(inv).nodes}
     assert nodes == {"a": "csh", "b": None, "c": "fish", "d": None}
+
+
+def test_the_login_shell_sshd_reports_names_the_shell_type_to_declare() -> None:
+    from fleetctl.ssh.loginshell import declared_type
+
+    got = {s: declared_type(s) for s in ("/usr/bin/tcsh", "/bin/csh", "/usr/bin/fish")}
+    assert got == {"/usr/bin/tcsh": "csh", "/bin/csh": "csh", "/usr/bin/fish": "fish"}
+    assert [declared_type(s) for s in ("/bin/bash", "/usr/bin/zsh", "/bin/sh", "")] == [None] * 4
