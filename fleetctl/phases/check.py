@@ -20,6 +20,7 @@ import base64
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -79,7 +80,7 @@ __all__ = [
 
 
 CACHE_VERSION = 1
-BOOTSTRAP = remote.guarded(remote.source("bootstrap.py").decode("utf-8"))
+BOOTSTRAP = remote.guarded(remote.source("bootstrap.py").decode("utf-8") + remote.INSTALLER)
 
 
 # ------------------------------------------------------------------------------ probe command
@@ -89,11 +90,19 @@ def probe_source() -> bytes:
     return remote.source("probe.py")
 
 
+@functools.cache
+def _packed_probe() -> str:
+    return base64.b64encode(zlib.compress(probe_source(), 9)).decode("ascii")
+
+
 def probe_command(python: str, args: Mapping[str, Any]) -> str:
-    """One shell-quoted command line: ``python -c <bootstrap> <packed probe> <json args>``."""
-    packed = base64.b64encode(zlib.compress(probe_source(), 9)).decode("ascii")
-    argv = [*shlex.split(python or "python3"), remote.NO_SITE, "-c", BOOTSTRAP, packed]
-    argv.append(json.dumps(args))
+    """One shell-quoted command line: ``python -c <bootstrap> <install path> <packed probe>
+    <json args>``. The probe runs from its file under the workdir, installed the first time
+    (without a workdir in ``args``: from the packed source only)."""
+    workdir = args.get("workdir")
+    path = remote.installed_path(workdir, "probe.py") if workdir else ""
+    argv = [*shlex.split(python or "python3"), remote.NO_SITE, "-c", BOOTSTRAP, path]
+    argv += [_packed_probe(), json.dumps(args)]
     return shlex.join(argv)
 
 

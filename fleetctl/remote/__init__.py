@@ -7,6 +7,9 @@ sends it with ``python -c`` (:func:`inline`), or once per content hash into the 
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import posixpath
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -70,3 +73,72 @@ RUN_FILE = (
 def file_argv(python: str, path: str, *args: str) -> list[str]:
     """argv that runs the node program installed at ``path`` (``<folder>/<module>.py``)."""
     return [python, NO_SITE, "-c", RUN_FILE, path, *args]
+
+
+# INSTALLER: runs a node program from its installed file (``W/bin/<stem>_<sha12>.py``,
+# imported so its bytecode is cached: no compile of its source at every start) or, the first
+# time, installs it there from the source it carries. The decision is made in Python, not by
+# the login shell: one plain command line that csh and fish pass on as sh does. The file is
+# written atomically under a name of its own (nodes on one shared home may do this at once,
+# with equal pids). A workdir that cannot take it (read-only, full) runs it from the source
+# this time; the program itself then says what is wrong with the workdir. Expects ``SOURCE()``
+# and ``NAME`` defined before it; stays parseable by Python 2 (the probe's bootstrap, which
+# tells old pythons apart, ends with it).
+INSTALLER = (
+    "import os\n"
+    "p = os.path.expanduser(sys.argv.pop(1))\n"
+    "d, n = os.path.split(p)\n"
+    "m = None\n"
+    "if p and os.path.isfile(p):\n"
+    "    sys.path.insert(0, d)\n"
+    "    m = __import__(n[:-3])\n"
+    "elif p:\n"
+    "    t = '%s.%d.%s.part' % (p, os.getpid(), os.urandom(4).hex())\n"
+    "    try:\n"
+    "        os.makedirs(os.path.dirname(d) or '.', 0o700, exist_ok=True)\n"
+    "        os.makedirs(d, 0o700, exist_ok=True)\n"
+    "        fd = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
+    "        with os.fdopen(fd, 'w', encoding='utf-8') as f:\n"
+    "            f.write(SOURCE())\n"
+    "        os.replace(t, p)\n"
+    "    except OSError:\n"
+    "        try:\n"
+    "            os.unlink(t)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    else:\n"
+    "        sys.path.insert(0, d)\n"
+    "        m = __import__(n[:-3])\n"
+    "if m is None:\n"
+    "    exec(compile(SOURCE(), NAME, 'exec'))\n"
+    "else:\n"
+    "    m.program()\n"
+)
+
+
+@functools.cache
+def digest(name: str) -> str:
+    """Node program ``name``'s content hash (12 hex): its installed file's name carries it."""
+    return hashlib.sha256(source(name)).hexdigest()[:12]
+
+
+def installed_path(workdir: str, name: str) -> str:
+    """Where node program ``name`` is installed under a workdir (``~/…`` left unexpanded)."""
+    stem = name[: -len(".py")]
+    return posixpath.join(workdir, "bin", f"{stem}_{digest(name)}.py")
+
+
+@functools.cache
+def install_inline(name: str) -> str:
+    """``python -c`` code that runs node program ``name`` installed at ``sys.argv[1]``,
+    installing it there first when it is missing (``INSTALLER``)."""
+    src = source(name).decode("utf-8")
+    head = f"def SOURCE():\n    return {src!r}\n\nNAME = {'fleetctl-' + name!r}\n"
+    return _DROP_CWD + head + INSTALLER
+
+
+def cached_argv(python: str, workdir: str, name: str, *args: str) -> list[str]:
+    """argv that runs node program ``name`` with ``args`` from its file under ``workdir``,
+    installed on the way when it is not there yet. The program defines ``program()``, run in
+    place of its ``__main__`` block."""
+    return [python, NO_SITE, "-c", install_inline(name), installed_path(workdir, name), *args]

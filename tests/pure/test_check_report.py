@@ -453,11 +453,15 @@ def test_a_failed_check_drops_every_kept_pass_of_its_hosts(tmp_path) -> None:
 def test_probe_command_is_one_quoted_line(python: str) -> None:
     import shlex
 
+    from fleetctl import remote
+    from fleetctl.phases.check import BOOTSTRAP
+
     quoted = shlex.quote(python) if " " in python else python
-    line = probe_command(quoted, {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)"})
-    argv = shlex.split(line)
-    assert argv[:3] == [python, "-S", "-c"]  # the probe is stdlib only: no site start-up
-    assert json.loads(argv[5]) == {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)"}
+    args = {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)", "workdir": "~/w $(x)"}
+    argv = shlex.split(probe_command(quoted, args))
+    assert argv[:4] == [python, "-S", "-c", BOOTSTRAP]  # stdlib only: no site start-up
+    assert argv[4] == remote.installed_path("~/w $(x)", "probe.py")  # python expands the ~
+    assert json.loads(argv[6]) == args
 
 
 def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) -> None:

@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import socket
 import subprocess
 import tarfile
@@ -999,3 +1000,64 @@ def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
     first, second = out.stdout.splitlines()
     assert first == "1 False ['.fleetctl-id']", out.stdout  # one id; no temp file left
     assert second == "abc"
+
+
+STAND_IN = (
+    "import json, sys\ndef program():\n    print('D ' + json.dumps({'stand_in': sys.argv[1:]}))\n"
+)
+
+
+def test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_bytecode(
+    py38: str, tmp_path: Path
+) -> None:
+    """The first start installs the program under W/bin (private, whole, its bytecode cached:
+    no compile of its source at every check or push); the next start runs that file."""
+    import stat
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    w = tmp_path / "w"
+    args = {"address": "127.0.0.1", "workdir": str(w), "ports": []}
+    cfg = json.dumps({"workdir": str(w), "digest": "d1"}).encode() + b"\n"
+    push_argv = remote.cached_argv(py38, str(w), "push_helper.py", "probe")
+    starts = {
+        "probe.py": (probe_command(py38, args), b"", PROBE_KINDS, [json.dumps(args)]),
+        "push_helper.py": (shlex.join(push_argv), cfg, PUSH_KINDS, ["probe"]),
+    }
+
+    def start(name: str) -> list:
+        line, stdin, kinds, _ = starts[name]
+        out = subprocess.run(
+            line, shell=True, input=stdin, env=env, capture_output=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr[-600:]
+        return [f.data() for f in decode(out.stdout, kinds) if f.kind == "D"]
+
+    for name, (*_, argv) in starts.items():
+        facts = start(name)
+        assert len(facts) == 1 and facts[0]["workdir"] == str(w), facts
+        installed = Path(remote.installed_path(str(w), name))
+        assert installed.read_bytes() == remote.source(name)
+        assert stat.S_IMODE(installed.stat().st_mode) == 0o600
+        assert stat.S_IMODE(installed.parent.stat().st_mode) == 0o700
+        assert list((installed.parent / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
+        installed.write_text(STAND_IN)  # the next start must run this file, not the source
+        assert start(name) == [{"stand_in": argv}]
+    assert not list((w / "bin").glob("*.part")), "a temp file of the install was left"
+
+
+def test_a_workdir_that_cannot_take_the_probe_still_gets_its_facts(
+    py38: str, tmp_path: Path
+) -> None:
+    (tmp_path / "afile").write_text("")  # a file where the workdir's parent should be
+    args = {"address": "127.0.0.1", "workdir": str(tmp_path / "afile" / "w"), "ports": []}
+    out = subprocess.run(
+        probe_command(py38, args),
+        shell=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-600:]
+    facts = [f.data() for f in decode(out.stdout, PROBE_KINDS) if f.kind == "D"]
+    assert len(facts) == 1 and facts[0]["workdir_id"] is None, facts
+    assert (tmp_path / "afile").read_text() == ""

@@ -20,7 +20,7 @@ from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_
 from fleetctl.phases.frames import last_data
 from fleetctl.phases.push.peers import _PeerDistribution
 from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOptions, PushReport
-from fleetctl.phases.push.state import ENVINFO_SRC, REMOTE_SRC, _node_error, _one_line, _State
+from fleetctl.phases.push.state import ENVINFO_SRC, _node_error, _one_line, _State
 from fleetctl.phases.push.transfer import _Transfer
 from fleetctl.results import FleetResult
 from fleetctl.ssh.connection import SSHConnection
@@ -386,7 +386,7 @@ class _Push(_Transfer, _PeerDistribution):
         if mode in ("probe", "finalize"):  # these may verify an env
             cfg = {**cfg, "envinfo": ENVINFO_SRC}
         res = conn.run(
-            [node.python, remote.NO_SITE, "-c", REMOTE_SRC, mode],
+            remote.cached_argv(node.python, node.workdir, "push_helper.py", mode),
             timeout=timeout,
             stdin=json.dumps(cfg).encode() + b"\n",
         )
