@@ -316,6 +316,12 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
     except (socket.gaierror, UnicodeError) as e:
         return PingResult("unresolved", f"cannot resolve {host}: {getattr(e, 'strerror', e)}")
     ip = infos[0][4][0]
+    if infos[0][0] == socket.AF_INET:
+        got = _icmp_echo(ip, timeout)
+        if isinstance(got, float):
+            return PingResult("ok", f"{got * 1000:.3f} ms")
+        if got == "timeout":
+            return PingResult("noreply", f"no reply to ping {ip}")
     try:
         proc = subprocess.run(
             ["ping", "-n", "-c1", f"-W{max(1, int(timeout))}", ip],
@@ -339,6 +345,16 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
         return PingResult("noreply", f"no reply to ping {ip}")
     last = text.strip().splitlines()[-1:] or [f"ping exited {code}"]
     return PingResult("noreply", last[0])
+
+
+def _icmp_echo(ip: str, timeout: float) -> float | str | None:
+    """In-process echo (``fleetctl.phases.icmp``); None: not permitted here, use ``ping``."""
+    from fleetctl.phases import icmp
+
+    try:
+        return icmp.echo(ip, timeout)
+    except OSError:
+        return None
 
 
 def _tcp_ping(ip: str, port: int, why: str) -> PingResult:
