@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, HostKeyError
 
@@ -35,6 +36,31 @@ class AcceptNewPolicy:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+_parsed: dict[str, tuple[tuple[int, int, int], list[Any]]] = {}
+_lock = threading.Lock()
+
+
+def _entries(path: str) -> list[Any]:
+    """The parsed entries of known_hosts ``path``, parsed once per version of the file.
+
+    Every connection used to parse the whole file: N hosts in it cost N × N key parses
+    (64 lab hosts: 0.3 s of controller CPU; a fleet's known_hosts of thousands of lines:
+    tens of ms per connection). Raises OSError or paramiko's SSHException."""
+    import paramiko
+
+    st = os.stat(path)
+    version = (st.st_mtime_ns, st.st_size, st.st_ino)
+    with _lock:
+        hit = _parsed.get(path)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    keys = paramiko.HostKeys()
+    keys.load(path)
+    with _lock:
+        _parsed[path] = (version, keys._entries)
+    return keys._entries
+
+
 def strict(client: paramiko.SSHClient, known_hosts: str, *, accept_new: bool, label: str) -> None:
     """Make ``known_hosts`` the client's only trust source, with a refusing (or accept-new)
     policy instead of fabric's AutoAddPolicy. accept-new records, never replaces."""
@@ -44,9 +70,11 @@ def strict(client: paramiko.SSHClient, known_hosts: str, *, accept_new: bool, la
     client._system_host_keys = paramiko.HostKeys()
     if os.path.exists(known_hosts):
         try:
-            client.load_host_keys(known_hosts)
+            entries = _entries(known_hosts)
         except (OSError, paramiko.SSHException) as e:
             raise ConnectError(label, f"cannot read known_hosts {known_hosts}: {e}") from e
+        client._host_keys._entries = list(entries)  # its own list: accept-new may add to it
+        client._host_keys_filename = known_hosts
     elif accept_new:
         client._host_keys_filename = known_hosts
     if accept_new:
