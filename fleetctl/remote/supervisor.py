@@ -131,6 +131,15 @@ def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     The one /proc/PID/stat parser of fleetctl: node programs run it here, the controller and
     the lab import it.
     """
+    got = _proc_stat_flags(pid)
+    return None if got is None else got[:4]
+
+
+PF_KTHREAD = 0x00200000
+
+
+def _proc_stat_flags(pid: int) -> tuple[str, int, int, int, int] | None:
+    """(state, ppid, pgid, starttime, flags): :func:`proc_stat` and the kernel's flags."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode("ascii", "replace")
@@ -139,7 +148,7 @@ def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     # comm may hold spaces and parentheses: split after the last ')'.
     rest = data[data.rfind(")") + 2 :].split()
     try:
-        return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
+        return rest[0], int(rest[1]), int(rest[2]), int(rest[19]), int(rest[6])
     except (IndexError, ValueError):
         return None
 
@@ -214,8 +223,8 @@ def scan_job(
         pid = int(name)
         if pid == me:
             continue
-        st = proc_stat(pid)
-        if st is None:
+        st = _proc_stat_flags(pid)
+        if st is None or st[4] & PF_KTHREAD:  # kernel threads (thousands on big hosts)
             continue
         if pgid is not None and pid == pgid and leader_start is not None and st[3] == leader_start:
             group_ours = True

@@ -1120,3 +1120,22 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
         "résumé/tail.log": (tarfile.REGTYPE, b"tail", 2, 0o600, "12"),
         "shrank.log": (tarfile.REGTYPE, b"abc" + b"\0" * 597, 3, 0o600, None),
     }
+
+
+def test_the_job_scan_reads_no_kernel_threads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernel threads (thousands on a big GPU host) are never a job's: the after-exit scan
+    skips them instead of reading each one's environment."""
+    from fleetctl.remote import supervisor as sup
+
+    def flags(pid: int) -> int:
+        st = sup._proc_stat_flags(pid)
+        return st[4] if st else 0
+
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    kthreads = {pid for pid in pids if flags(pid) & sup.PF_KTHREAD}
+    if not kthreads:
+        pytest.skip("no kernel threads visible here (a PID namespace)")
+    read: list[int] = []
+    monkeypatch.setattr(sup, "_environ_has", lambda pid, tags: read.append(pid) or False)
+    assert sup.scan_job("no-such-job", None, None, None) == ([], False)
+    assert read and not set(read) & kthreads
