@@ -342,7 +342,7 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
             ),
             "paramiko curve25519-sha256 only, ed25519 key": raw(curve_only, str(lab.key_path)),
             "paramiko default kex, RSA-3072 key": raw(None, str(rsa)),
-            "fleetctl SSHConnection (fabric wrapper)": fleetctl_conn,
+            "fleetctl SSHConnection (paramiko, fleetctl.ssh.dial)": fleetctl_conn,
         }
         for name, fn in cases.items():
             kexlog.kex.clear()

@@ -1,7 +1,7 @@
 """One node: run commands, stream a long-running command, copy files. SSH or local.
 
-``Connection`` is the protocol every phase uses. ``SSHConnection`` is a fabric ``Connection``
-(ssh_config through ``sshconfig``, ProxyJump hops as fabric gateways, paramiko connect kwargs)
+``Connection`` is the protocol every phase uses. ``SSHConnection`` is one paramiko transport to
+the node (dialled by ``dial``: ssh_config through ``sshconfig``, ProxyJump hops, host keys),
 opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap channels on
 its one transport instead of new handshakes. Host keys: ``hostkeys``. ``LocalConnection``
 (``local.py``) runs the same commands on this machine without SSH (the embedded default fleet).
@@ -10,12 +10,10 @@ its one transport instead of new handshakes. Host keys: ``hostkeys``. ``LocalCon
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import select
 import shlex
-import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -26,13 +24,11 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import ConnectError, RemoteCommandError
 from fleetctl.results import CommandResult
-from fleetctl.ssh import hostkeys, sshconfig
+from fleetctl.ssh import dial
 from fleetctl.ssh.loginshell import for_login_shell
-from fleetctl.ssh.transport import record_exit_signals, transport_factory
 
 if TYPE_CHECKING:
     import paramiko
-    from fabric import Connection as FabricConnection
 
     from fleetctl.node import Node
 
@@ -208,11 +204,9 @@ class _SSHStream(Stream):
 class SSHConnection(Connection):
     """One authenticated transport to a node, opened once and reused by every phase.
 
-    fabric opens it (config, gateways, auth); commands, the streamed supervisor and files then
-    use paramiko channels on fabric's transport directly, because fabric's ``run``/``put``/``get``
-    do not fit: its runner waits on ``exec_command`` and a lost link without a limit, sends
-    stdin one byte per 10 ms as text, reports a signal death as -1, cannot stream
-    bidirectionally, and its ``put`` writes in place (no atomic ``.part`` rename).
+    ``dial`` opens it (ssh_config, jump hosts, auth); commands, the streamed supervisor and files
+    use paramiko channels on its transport: every wait bounded, stdin sent whole, a signal death
+    as 128+N, streams both ways, and ``put`` renames a ``.part`` file into place.
     """
 
     def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
@@ -221,143 +215,21 @@ class SSHConnection(Connection):
         self._sftp: paramiko.SFTPClient | None = None
         self._sftp_lock = threading.Lock()
         self._home: str | None = None
-        self._fabric = self._connect()
-        self.client: paramiko.SSHClient = self._fabric.client
+        self._clients = dial.dial(node, self.settings)  # jump hosts first, the node's last
+        self.client: paramiko.SSHClient = self._clients[-1]
 
-    # -- connecting -------------------------------------------------------------------------
-    def _connect(self) -> FabricConnection:
-        sshconfig.import_ssh_stack()  # before any other paramiko/fabric import in this thread
-        from fabric import Connection as FabricConnection
-
-        node, st = self.node, self.settings
-        target = sshconfig.resolve(node, st)  # raises SSHConfigError naming a broken file
-        kwargs: dict[str, object] = {
-            "allow_agent": st.use_agent and bool(os.environ.get("SSH_AUTH_SOCK")),
-            "banner_timeout": st.connect_timeout,
-            "auth_timeout": st.connect_timeout,
-        }
-        kwargs["transport_factory"] = transport_factory
-        if node.key_file:
-            key = os.path.expanduser(node.key_file)
-            if not os.path.isfile(key):
-                raise ConnectError(node.label, f"private key file {key} not found")
-            kwargs["key_filename"] = [key]
-            kwargs["look_for_keys"] = False
-        # host stays the alias: fabric matches it against the same parsed ssh_config for the
-        # hostname, IdentityFile and ProxyJump hops; user and port are the resolver's answer.
-        conn = FabricConnection(
-            host=node.address,
-            user=target.user,
-            port=target.port,
-            config=sshconfig.fabric_config(node, st),
-            connect_timeout=st.connect_timeout,
-            connect_kwargs=kwargs,
-        )
-        known_hosts = st.known_hosts_for(node)
-        # fabric builds one Connection per ProxyJump hop from ssh_config, each with AutoAddPolicy,
-        # fabric's own connect kwargs and no timeout: verify and bound every hop like the target.
-        hops = [conn]
-        while isinstance(hops[-1].gateway, FabricConnection):
-            hops.append(hops[-1].gateway)
-        for hop in hops:
-            hostkeys.strict(hop.client, known_hosts, accept_new=st.accept_new, label=node.label)
-            hop.connect_timeout = st.connect_timeout  # fabric int()s it: 0.5 would mean no limit
-            # Like OpenSSH, skip IdentityFile entries that do not exist (paramiko would abort the
-            # whole login with FileNotFoundError at the first missing one).
-            keys = [
-                k
-                for k in hop.connect_kwargs.get("key_filename") or []
-                if os.path.isfile(os.path.expanduser(k))
-            ]
-            hop.connect_kwargs = {
-                k: v for k, v in hop.connect_kwargs.items() if k != "key_filename"
-            }
-            if keys:
-                hop.connect_kwargs["key_filename"] = keys
-        for gw in hops[1:]:  # keys: the hop's own IdentityFile (fabric merged it), not the node's
-            gw.connect_kwargs = {
-                **gw.connect_kwargs,
-                "transport_factory": transport_factory,
-                "allow_agent": kwargs["allow_agent"],
-                "banner_timeout": st.connect_timeout,
-                "auth_timeout": st.connect_timeout,
-                "channel_timeout": st.connect_timeout,  # the direct-tcpip open to the next hop
-            }
-        try:
-            conn.open()
-        except BaseException as e:
-            _close_hops(conn)
-            raise self._translate(e, conn, known_hosts) from e
-        transport = conn.transport
-        if transport is not None and st.keepalive:
-            transport.set_keepalive(max(1, int(st.keepalive)))
-        if transport is not None:
-            record_exit_signals(transport)
-        return conn
-
-    def _translate(self, e: BaseException, conn: object, known_hosts: str) -> BaseException:
-        import paramiko
-
-        node = self.node
-        host, port = getattr(conn, "host", node.address), getattr(conn, "port", node.port)
-        where = f"{host}:{port}"
-        key_name = host if port == 22 else f"[{host}]:{port}"
-        gateway = getattr(conn, "gateway", None)
-        if gateway is not None and hasattr(gateway, "host"):
-            where += f" (via {gateway.host}:{gateway.port})"
-        # Which hop's key was refused: paramiko names it; it is a ProxyJump hop unless it is ours.
-        named = hostkeys.refused_key_name(e)
-        if named and named != key_name:
-            key_name = named
-            host, _, p = named[1:].partition("]:") if named.startswith("[") else (named, "", "22")
-            port = int(p)
-            where = f"jump host {host}:{port}"
-        refused = hostkeys.key_error(e, node.label, where, host, port, key_name, known_hosts)
-        if refused is not None:
-            return refused
-        if isinstance(e, paramiko.PasswordRequiredException):
-            return ConnectError(
-                node.label,
-                f"private key for {where} needs a passphrase; "
-                "load it into ssh-agent (batch mode never prompts)",
-            )
-        if isinstance(e, paramiko.SSHException) and "No authentication methods" in str(e):
-            return ConnectError(
-                node.label,
-                f"authentication failed for {conn.user}@{where}: no key to offer "  # type: ignore[attr-defined]
-                "(no key file, no ssh-agent key, no IdentityFile that exists)",
-            )
-        if isinstance(e, paramiko.AuthenticationException):
-            return ConnectError(node.label, f"authentication failed for {conn.user}@{where}: {e}")  # type: ignore[attr-defined]
-        if isinstance(e, socket.gaierror):
-            return ConnectError(node.label, f"cannot resolve host name {host!r}: {e.strerror}")
-        if isinstance(e, UnicodeError):  # not a valid DNS name (empty or >63-char label)
-            return ConnectError(node.label, f"cannot resolve host name {host!r}: invalid name")
-        if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-            # paramiko folds "no route to host" (nobody answers ARP: host down) into this too
-            if any(x.errno == errno.EHOSTUNREACH for x in e.errors.values()):
-                return ConnectError(node.label, f"no route to {where} (host unreachable)")
-            return ConnectError(node.label, f"connection refused by {where}")
-        if isinstance(e, ConnectionRefusedError):
-            return ConnectError(node.label, f"connection refused by {where}")
-        if isinstance(e, (socket.timeout, TimeoutError)):
-            return ConnectError(
-                node.label,
-                f"timed out after {self.settings.connect_timeout:g}s connecting to {where}",
-            )
-        if isinstance(e, OSError):
-            return ConnectError(node.label, f"cannot connect to {where}: {e.strerror or e}")
-        if isinstance(e, paramiko.SSHException):
-            return ConnectError(node.label, f"SSH error with {where}: {e}")
-        return e
+    @property
+    def jump_clients(self) -> list[paramiko.SSHClient]:
+        """The jump hosts' clients, nearest to here first (empty when dialled directly)."""
+        return self._clients[:-1]
 
     def alive(self) -> bool:
-        transport = self._fabric.transport
+        transport = self.client.get_transport()
         return transport is not None and transport.is_active()
 
     # -- commands ---------------------------------------------------------------------------
     def _channel(self) -> paramiko.Channel:
-        transport = self._fabric.transport
+        transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise ConnectError(self.node.label, "SSH connection lost")
         try:
@@ -536,15 +408,7 @@ class SSHConnection(Connection):
         with contextlib.suppress(Exception):
             if self._sftp is not None:
                 self._sftp.close()
-        _close_hops(self._fabric)
-
-
-def _close_hops(conn: object) -> None:
-    """Close a fabric connection and its ProxyJump hops (fabric's close() leaves them open)."""
-    while conn is not None and hasattr(conn, "client"):
-        with contextlib.suppress(Exception):
-            conn.close()  # type: ignore[attr-defined]
-        conn = getattr(conn, "gateway", None)
+        dial.close(self._clients)
 
 
 def _paramiko_errors() -> type[Exception]:

@@ -1,7 +1,8 @@
 """Host-key trust: only known_hosts decides; unknown or changed keys are refused with the fix.
 
-fabric's ``Connection.__init__`` hard-codes paramiko's ``AutoAddPolicy`` (take any key, silently):
-``strict`` replaces it on every hop's client after construction. ``--accept-new`` behaves like
+A paramiko ``SSHClient`` may load other files or carry an ``AutoAddPolicy`` (take any key,
+silently): ``strict`` makes known_hosts its only trust source on every hop's client before it
+connects. ``--accept-new`` behaves like
 OpenSSH's ``StrictHostKeyChecking=accept-new``: records unknown keys, still refuses changed ones.
 """
 
@@ -63,7 +64,7 @@ def _entries(path: str) -> list[Any]:
 
 def strict(client: paramiko.SSHClient, known_hosts: str, *, accept_new: bool, label: str) -> None:
     """Make ``known_hosts`` the client's only trust source, with a refusing (or accept-new)
-    policy instead of fabric's AutoAddPolicy. accept-new records, never replaces."""
+    policy. accept-new records, never replaces."""
     import paramiko
 
     client._host_keys = paramiko.HostKeys()

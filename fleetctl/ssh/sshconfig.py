@@ -1,20 +1,22 @@
 """Where a node really is under ssh_config: the one resolver every SSH client of fleetctl uses.
 
-The paramiko connection (through fabric), the controller ping in ``check`` and the OpenSSH
+The paramiko connection (``dial``), the controller ping in ``check`` and the OpenSSH
 command line rsync runs all take host, port, user, identities and jump hosts from here, so they
 cannot disagree about where a node is. Each ssh_config file is parsed once per content version
 and shared by every node and thread (parsing is the costly part; lookups only read it). A file
 that cannot be read or parsed is an ``SSHConfigError`` naming it, never silently ignored.
 
-Precedence is fabric's (and so the connection's): the inventory's user and key file win over
-the file's; the inventory's port wins unless it is 22, which cannot be told apart from "not
+Precedence (fabric's, which fleetctl used to dial with): the inventory's user and key file win
+over the file's; the inventory's port wins unless it is 22, which cannot be told apart from "not
 set", so ssh_config's ``Port`` then applies.
 """
 
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,7 +24,6 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import SSHConfigError
 
 if TYPE_CHECKING:
-    import fabric
     import paramiko
 
     from fleetctl.node import Node
@@ -34,13 +35,40 @@ _import_lock = threading.Lock()
 
 
 def import_ssh_stack() -> None:
-    """Import fabric (and so paramiko) once, under a lock.
+    """Import paramiko once, under a lock, without invoke.
 
     Connects and pings fan out in threads; first imports of paramiko racing in several of them
     fail inside its circular imports ("partially initialized module"). Later calls cost a lock.
+
+    paramiko.config imports invoke, when installed, for ssh_config's ``Match exec`` alone:
+    ~50 ms (invoke brings unittest.mock, asyncio and a YAML copy) before every command's first
+    connection. It is held back while paramiko loads and handed to paramiko.config lazily, so
+    a ``Match exec`` still runs its command.
     """
     with _import_lock:
-        import fabric  # noqa: F401
+        if "paramiko" in sys.modules:
+            return
+        held = "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None
+        if held:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # import of invoke fails
+        try:
+            import paramiko.config
+        finally:
+            if held and sys.modules.get("invoke", False) is None:
+                del sys.modules["invoke"]
+        if held:
+            paramiko.config.invoke = _LazyInvoke()  # type: ignore[attr-defined]
+
+
+class _LazyInvoke:
+    """Stands for the invoke module in paramiko.config until ``Match exec`` uses it."""
+
+    def __getattr__(self, name: str) -> object:
+        import invoke
+        import paramiko.config
+
+        paramiko.config.invoke = invoke  # type: ignore[attr-defined]
+        return getattr(invoke, name)
 
 
 @dataclass(frozen=True)
@@ -92,7 +120,7 @@ _derived: dict[tuple[int, str, str], paramiko.SSHConfig] = {}
 def config_for(node: Node, settings: SSHSettings) -> paramiko.SSHConfig:
     """The parsed ssh_config for ``node``, with the inventory's ProxyJump in front of it.
 
-    ``ansible_ssh_common_args: -o ProxyJump=…`` must mean to fabric (which builds the jump
+    ``ansible_ssh_common_args: -o ProxyJump=…`` must mean to ``dial`` (which reads the jump
     hops from ssh_config) what it means to ``ssh``: a command-line option beats the file. So
     the jump goes in as the first ``Host`` block for the node's alias, where it wins.
     """
@@ -150,14 +178,3 @@ def resolve(node: Node, settings: SSHSettings) -> SSHTarget:
         proxy_command=found.get("proxycommand"),
         config=path,
     )
-
-
-def fabric_config(node: Node, settings: SSHSettings) -> fabric.Config:
-    """A fabric ``Config`` holding the same parsed ssh_config ``resolve`` reads.
-
-    Lazy: fabric reads no file itself (no second parse, no ``~/.fabric.yaml`` or
-    ``/etc/ssh/ssh_config`` behind fleetctl's back); its ProxyJump hops share this config.
-    """
-    from fabric import Config
-
-    return Config(ssh_config=config_for(node, settings), lazy=True)

@@ -181,10 +181,11 @@ def test_proxyjump_reaches_node3_through_node1(lab3: Lab, tmp_path: Path) -> Non
     c = SSHConnection(Node("far", "far"), st)
     try:
         r = c.run("hostname; echo $SSH_CONNECTION", timeout=10)
-        gateway = c._fabric.gateway
-        assert gateway.transport.is_active()
+        (jump,) = c.jump_clients
+        gateway = jump.get_transport()
+        assert gateway is not None and gateway.is_active()
         # both hops use AES-GCM (one C call per packet, see ssh.transport.transport_factory)
-        assert gateway.transport.local_cipher == "aes128-gcm@openssh.com"
+        assert gateway.local_cipher == "aes128-gcm@openssh.com"
         assert c.client.get_transport().local_cipher == "aes128-gcm@openssh.com"
     finally:
         c.close()
@@ -192,7 +193,7 @@ def test_proxyjump_reaches_node3_through_node1(lab3: Lab, tmp_path: Path) -> Non
     assert name == "node3"
     # node3 saw the TCP connection come from node1: the traffic really went through the jump.
     assert ssh_conn.split()[0] == lab3.host("node1").mgmt_addr
-    assert not gateway.transport.is_active(), "close() must close the jump host's connection too"
+    assert not gateway.is_active(), "close() must close the jump host's connection too"
 
 
 def test_proxyjump_verifies_the_jump_hosts_key_too(lab3: Lab, tmp_path: Path) -> None:

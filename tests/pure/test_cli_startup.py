@@ -93,3 +93,20 @@ def test_every_registered_command_is_in_the_lazy_table() -> None:
     for module in COMMAND_MODULES:
         importlib.import_module(module)
     assert sorted(cli.commands) == sorted(COMMANDS)
+
+
+def test_a_command_that_dials_a_host_imports_paramiko_but_not_fabric(tmp_path: Path) -> None:
+    """fleetctl dials with paramiko alone: fabric and invoke (unittest.mock, asyncio) cost every
+    command ~50 ms of imports before its first connection."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(f"n1 ansible_host=127.0.0.1 ansible_port={port}\n")
+    args = ("exec", "-i", str(inv), "--known-hosts=/dev/null", "--", "true")
+    p, names = imported_by(tmp_path, *args)
+    assert p.returncode != 0 and "connection refused by 127.0.0.1" in p.stdout + p.stderr
+    assert "paramiko" in names
+    assert loaded(names, ("fabric", "invoke", "unittest")) == []

@@ -109,19 +109,20 @@ def test_an_unsupported_option_is_a_one_line_error_naming_file_line_host_and_opt
     assert "\n" not in msg and e.value.exit_code == 2
 
 
-def test_the_inventory_jump_host_beats_ssh_config_and_reaches_fabric_and_rsync(
+def test_the_inventory_jump_host_beats_ssh_config_and_reaches_the_dialler_and_rsync(
     tmp_path: Path,
 ) -> None:
+    from fleetctl.ssh import dial
+
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host 10.0.0.9\n  ProxyJump other\n  User fromconfig\nHost jump\n  Port 2022\n")
     node = Node("n9", "10.0.0.9", proxy_jump="ops@jump", ssh_config=str(cfg))
     settings = SSHSettings(known_hosts=str(tmp_path / "kh"))
     target = sshconfig.resolve(node, settings)
     assert target.proxy_jump == "ops@jump" and target.proxied and target.user == "fromconfig"
-    assert (
-        sshconfig.fabric_config(node, settings).base_ssh_config.lookup("10.0.0.9")["proxyjump"]
-        == "ops@jump"
-    )
+    jump, last = dial.route(node, settings)  # the inventory's hop, with ssh_config's Port
+    assert (jump.host, jump.port, jump.user) == ("jump", 2022, "ops")
+    assert (last.host, last.port, last.user) == ("10.0.0.9", 22, "fromconfig")
     argv = ssh_argv(node, settings)
     proxy = next(a for a in argv if a.startswith("ProxyCommand="))
     # the hop is checked against fleetctl's known_hosts too, not ~/.ssh/known_hosts

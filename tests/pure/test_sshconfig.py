@@ -224,3 +224,25 @@ def test_pings_and_connects_racing_in_a_fresh_process_import_paramiko_cleanly() 
         p = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == "[]"
+
+
+def test_paramiko_loads_without_invoke_and_match_exec_still_runs() -> None:
+    """paramiko.config imports invoke for ``Match exec`` alone (~50 ms per command): fleetctl
+    holds it back and hands it over lazily, so such a block still runs its command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fleetctl.ssh import sshconfig\n"
+        "sshconfig.import_ssh_stack()\n"
+        "before = 'invoke' in sys.modules\n"
+        "import paramiko\n"
+        "cfg = paramiko.SSHConfig.from_text("
+        "'Match exec \"test -n x\"\\n  User viaexec\\nMatch exec false\\n  Port 2\\n')\n"
+        "print(before, cfg.lookup('h').get('user'), cfg.lookup('h').get('port'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "viaexec", "None"]
