@@ -348,13 +348,16 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
 
 
 def _icmp_echo(ip: str, timeout: float) -> float | str | None:
-    """In-process echo (``fleetctl.phases.icmp``); None: not permitted here, use ``ping``."""
-    from fleetctl.phases import icmp
+    """One echo from this process (the probe's own, ``fleetctl.remote.probe.icmp_echo``): the
+    round trip in seconds, ``"timeout"``, or None where ICMP sockets are not allowed here (or
+    fail otherwise): then the ``ping`` binary decides, as before."""
+    from fleetctl.remote import probe
 
-    try:
-        return icmp.echo(ip, timeout)
-    except OSError:
-        return None
+    start = time.monotonic()
+    got = probe.icmp_echo("", ip, timeout)
+    if got == "ok":
+        return time.monotonic() - start
+    return "timeout" if got == "timeout" else None
 
 
 def _tcp_ping(ip: str, port: int, why: str) -> PingResult:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, HostKeyError
+from fleetctl.ssh.filecache import FileCache
 
 if TYPE_CHECKING:
     import paramiko
@@ -37,29 +37,19 @@ class AcceptNewPolicy:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-_parsed: dict[str, tuple[tuple[int, int, int], list[Any]]] = {}
-_lock = threading.Lock()
-
-
-def _entries(path: str) -> list[Any]:
-    """The parsed entries of known_hosts ``path``, parsed once per version of the file.
-
-    Every connection used to parse the whole file: N hosts in it cost N × N key parses
-    (64 lab hosts: 0.3 s of controller CPU; a fleet's known_hosts of thousands of lines:
-    tens of ms per connection). Raises OSError or paramiko's SSHException."""
+def _parse(path: str) -> list[Any]:
+    """known_hosts' entries. Raises OSError or paramiko's SSHException."""
     import paramiko
 
-    st = os.stat(path)
-    version = (st.st_mtime_ns, st.st_size, st.st_ino)
-    with _lock:
-        hit = _parsed.get(path)
-    if hit is not None and hit[0] == version:
-        return hit[1]
     keys = paramiko.HostKeys()
     keys.load(path)
-    with _lock:
-        _parsed[path] = (version, keys._entries)
     return keys._entries
+
+
+# Every connection used to parse the whole file: N hosts in it cost N × N key parses (64 lab
+# hosts: 0.3 s of controller CPU; a fleet's known_hosts of thousands of lines: tens of ms per
+# connection). Now once per version of the file.
+_KNOWN_HOSTS: FileCache[list[Any]] = FileCache(_parse)
 
 
 def strict(client: paramiko.SSHClient, known_hosts: str, *, accept_new: bool, label: str) -> None:
@@ -71,7 +61,7 @@ def strict(client: paramiko.SSHClient, known_hosts: str, *, accept_new: bool, la
     client._system_host_keys = paramiko.HostKeys()
     if os.path.exists(known_hosts):
         try:
-            entries = _entries(known_hosts)
+            entries = _KNOWN_HOSTS.get(known_hosts)
         except (OSError, paramiko.SSHException) as e:
             raise ConnectError(label, f"cannot read known_hosts {known_hosts}: {e}") from e
         client._host_keys._entries = list(entries)  # its own list: accept-new may add to it

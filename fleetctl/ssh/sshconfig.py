@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import SSHConfigError
+from fleetctl.ssh.filecache import FileCache
 
 if TYPE_CHECKING:
     import paramiko
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import SSHSettings
 
-_parsed: dict[str, tuple[tuple[int, int, int], paramiko.SSHConfig]] = {}
 _lock = threading.Lock()
 _import_lock = threading.Lock()
 
@@ -98,20 +98,20 @@ def load(path: str | None, label: str) -> paramiko.SSHConfig:
     if path is None:
         return paramiko.SSHConfig()
     try:
-        st = os.stat(path)
-        version = (st.st_mtime_ns, st.st_size, st.st_ino)
-        with _lock:
-            hit = _parsed.get(path)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        cfg = paramiko.SSHConfig.from_path(path)
+        return _CONFIGS.get(path)
     except OSError as e:
         raise SSHConfigError(label, path, e.strerror or str(e)) from e
     except Exception as e:  # paramiko's ConfigParseError and whatever a bad line trips
         raise SSHConfigError(label, path, str(e) or type(e).__name__) from e
-    with _lock:
-        _parsed[path] = (version, cfg)
-    return cfg
+
+
+def _parse(path: str) -> paramiko.SSHConfig:
+    import paramiko
+
+    return paramiko.SSHConfig.from_path(path)
+
+
+_CONFIGS: FileCache[paramiko.SSHConfig] = FileCache(_parse)
 
 
 _derived: dict[tuple[int, str, str], paramiko.SSHConfig] = {}
