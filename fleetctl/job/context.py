@@ -19,6 +19,7 @@ from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 if TYPE_CHECKING:
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
+    from fleetctl.phases.check_report import HeldProbe
     from fleetctl.phases.watch import Event, Watch
     from fleetctl.plan.rankplan import JobSpec, Plan
 
@@ -68,9 +69,21 @@ class JobContext:
         self.launched: set[int] = set()  # ranks whose start was attempted
         self.pythons: dict[str, str] = {n.name: n.python for n in nodes}
         self.path_prepend: dict[str, list[str]] = {}
+        # node -> its probe, held on its channel by the check for the launch (release_held)
+        self.held: dict[str, HeldProbe] = {}
         self.state = JobState(len(self.nodes), options.completion)
         self.progress = time.monotonic()  # last output line or start on any node
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
+
+    def take_held(self, host: str) -> HeldProbe | None:
+        return self.held.pop(host, None)
+
+    def release_held(self) -> None:
+        """Let every held probe the launch did not use go (EOF: it exits)."""
+        held, self.held = self.held, {}
+        for h in held.values():
+            with contextlib.suppress(Exception):
+                h.close()
 
     def spool(self, rank: int, lines: Sequence[str]) -> None:
         """Append a node's streamed lines to its ``console.streamed.log`` as they arrive

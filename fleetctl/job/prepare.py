@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # plan.json is the full form (every node's env and argv whole, easy to read) up to this many
 # nodes; larger fleets get the compact form (fleetctl.plan.shared), which Plan.from_dict reads.
 FULL_PLAN_MAX_NODES = 256
+# s a passing check's probe waits on its channel to become the node's supervisor (the launch
+# then starts no second remote command on the node); used within half of it, else it exits.
+PROBE_HOLD = 900.0
 
 
 def prepare(job: JobContext, fleet: Fleet) -> None:
@@ -54,7 +57,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             snap = codesync.snapshot(options.code, allow_secrets=options.allow_secrets)
             copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
         job.emit("phase", "checking nodes")
-        report = check_fleet(fleet, copts)
+        report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
+        job.held, report.held = report.held, {}
         if not report.ok:
             from fleetctl.results import FleetResult
 

@@ -117,6 +117,7 @@ def run_job(
         job.result.errors.append(e.one_line())
         raise
     finally:
+        job.release_held()
         try:
             finish(job, fleet, interrupted)
         except Exception as e:  # attached to the result, never replacing the original error
@@ -192,7 +193,9 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
                 path_prepend=job.path_prepend.get(np.host, []),
                 collect=(options.collect or CollectOptions()).wire(),
             )
-            run: NodeRun = start_node(node, conn, spec, python=node.python)
+            run: NodeRun = start_node(
+                node, conn, spec, python=node.python, held=job.take_held(np.host)
+            )
         except BaseException as e:  # every node's outcome becomes an event, never lost
             reason = e.one_line() if isinstance(e, FleetctlError) else f"{type(e).__name__}: {e}"
             if isinstance(e, LaunchError) and reason.startswith(node.label + ": "):
@@ -233,6 +236,7 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
         deadline = time.monotonic() + 60.0 * math.ceil(len(plan.nodes) / width)
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        job.release_held()
         job.launch_done.set()
 
     job.launched = {np.node_rank for np in plan.nodes}

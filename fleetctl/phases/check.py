@@ -44,6 +44,7 @@ from fleetctl.phases.check_report import (
     CheckReport,
     CheckResult,
     GiB,
+    HeldProbe,
     HostReport,
     MeshFailure,
     ProbeOutcome,
@@ -53,7 +54,7 @@ from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode, mes
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, SSHSettings
+    from fleetctl.ssh.connection import Connection, SSHSettings, Stream
     from fleetctl.ssh.fleet import Fleet
 
 __all__ = [
@@ -137,6 +138,7 @@ def probe_args(
         "mesh_timeout": options.tcp_timeout,
         "max_slowdown": MAX_SLOWDOWN,
         "linger": mesh_wait + 10,
+        "hold": options.hold,
     }
 
 
@@ -215,8 +217,10 @@ def _session(
     command: str,
     rv: _Rendezvous | None,
     probe_timeout: float,
+    hold_until: float | None = None,
 ) -> ProbeOutcome:
-    """One node: start the probe, read its facts, join the mesh, always close the stream."""
+    """One node: start the probe, read its facts, join the mesh, close the stream (with
+    ``hold_until``: keep it open once the probe passed, as ``out.held``)."""
     out = ProbeOutcome()
     arrived = rv is None
     in_mesh = False
@@ -237,6 +241,8 @@ def _session(
             return out
         out.facts = facts
         if rv is None:
+            if hold_until is not None:
+                out.held = HeldProbe(stream, node.python, hold_until, facts.get("pid"))
             return out
         got = lines.next("RN", time.monotonic() + 10)
         if got is None or got.kind != "R":
@@ -271,23 +277,33 @@ def _session(
                     out.mesh_error = out.mesh["error"]
         rv.tested(node.name)
         rv.wait_all_tested()
+        if hold_until is not None and out.mesh is not None:
+            with contextlib.suppress(OSError):
+                stream.send(b"\n")  # the mesh is over: the probe closes its listener and waits
+                out.held = HeldProbe(stream, node.python, hold_until, facts.get("pid"))
         return out
     finally:
         if not arrived and rv is not None:
             rv.arrive(node.name, None)
         if in_mesh and rv is not None:
             rv.tested(node.name)
-        stream.close_stdin()
-        code = stream.exit_code(3.0)
-        if out.facts is None:
-            # Drain what is left so the error can show it.
-            with contextlib.suppress(Exception):
-                lines.next((), time.monotonic() + (1.0 if code is not None else 0.2))
-        out.exit_code = code
-        out.tail = lines.tail
-        if out.facts is None and out.error is None and out.old_python is None:
-            out.error = f"probe exited {code}" if code is not None else "probe did not answer"
-        stream.close()
+        if out.held is None:
+            _close_probe(stream, lines, out)
+
+
+def _close_probe(stream: Stream, lines: FrameStream, out: ProbeOutcome) -> None:
+    """EOF to the probe, its exit code and, when it gave no facts, what it printed."""
+    stream.close_stdin()
+    code = stream.exit_code(3.0)
+    if out.facts is None:
+        # Drain what is left so the error can show it.
+        with contextlib.suppress(Exception):
+            lines.next((), time.monotonic() + (1.0 if code is not None else 0.2))
+    out.exit_code = code
+    out.tail = lines.tail
+    if out.facts is None and out.error is None and out.old_python is None:
+        out.error = f"probe exited {code}" if code is not None else "probe did not answer"
+    stream.close()
 
 
 # ----------------------------------------------------------------------------- controller ping
@@ -441,15 +457,22 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
                 pings[name] = PingResult("noreply", f"ping failed: {e}")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    mesh_ran = options.mesh and len(reachable) > 1
-    report = build_report(
-        nodes,
-        options,
-        connect_errors=connect_errors,
-        outcomes=outcomes,
-        pings=pings,
-        mesh_ran=mesh_ran,
-    )
+    held = {k: o.held for k, o in outcomes.items() if isinstance(o, ProbeOutcome) and o.held}
+    try:
+        report = build_report(
+            nodes,
+            options,
+            connect_errors=connect_errors,
+            outcomes=outcomes,
+            pings=pings,
+            mesh_ran=options.mesh and len(reachable) > 1,
+        )
+    except BaseException:
+        CheckReport(hosts={}, held=held).release()
+        raise
+    report.held = held
+    if not report.ok:  # nothing to launch: the probes may go
+        report.release()
     report.elapsed = time.monotonic() - started
     report.prime(fleet)
     save_cached(key, report, options)
@@ -497,9 +520,12 @@ def _run_sessions(
         for n in nodes
     }
 
+    # the launch uses a held probe only within half the time the probe waits for it
+    hold_until = time.monotonic() + options.hold / 2 if options.hold > 0 else None
+
     def work(node: Node, conn: Connection) -> ProbeOutcome:
         try:
-            return _session(node, conn, commands[node.name], rv, options.probe_timeout)
+            return _session(node, conn, commands[node.name], rv, options.probe_timeout, hold_until)
         except BaseException:
             if rv is not None:
                 rv.arrive(node.name, None)

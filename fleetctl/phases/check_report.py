@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodeFacts
+    from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fleet import Fleet
 
 
@@ -70,9 +71,12 @@ class CheckOptions:
     cache_ttl: float = 120.0
     recheck: bool = False
     cache_dir: str | None = None
+    # s each passing probe stays after the check, its channel held for the launch to start the
+    # supervisor in (``fleetctl run``; CheckReport.held). 0: probes exit after the check.
+    hold: float = 0.0
 
     def cache_fields(self) -> dict[str, Any]:
-        skip = {"cache_ttl", "recheck", "cache_dir"}
+        skip = {"cache_ttl", "recheck", "cache_dir", "hold"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -151,6 +155,15 @@ class CheckReport:
     checked_at: float = 0.0
     elapsed: float = 0.0
     cached: bool = False
+    # with CheckOptions.hold, on a passing check: each node's probe, waiting on its channel to
+    # become the node supervisor (:class:`HeldProbe`); never cached or saved
+    held: dict[str, HeldProbe] = field(default_factory=dict, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Let every held probe go (EOF: it exits)."""
+        held, self.held = self.held, {}
+        for h in held.values():
+            h.close()
 
     @property
     def ok(self) -> bool:
@@ -250,6 +263,25 @@ def _facts_dict(f: NodeFacts) -> dict[str, Any]:
 
 
 @dataclass
+class HeldProbe:
+    """A passing node's probe, still on its channel after the check: the launch sends it the
+    supervisor's start (``fleetctl.phases.launch.start_node``), saving the node a remote command,
+    a shell and an interpreter start. Used only before ``until`` (monotonic): the probe waits
+    twice as long, so it is never handed a start just as it gives up."""
+
+    stream: Stream
+    python: str  # the node python the probe runs on: the supervisor's must be the same
+    until: float
+    pid: int | None = None  # the probe's process on the node, which the supervisor becomes
+
+    def usable(self, python: str, now: float) -> bool:
+        return python == self.python and now < self.until
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+@dataclass
 class ProbeOutcome:
     """What one node's probe session produced (raw; judged by ``build_report``)."""
 
@@ -264,3 +296,4 @@ class ProbeOutcome:
     mesh: dict[str, Any] | None = None
     mesh_error: str | None = None
     mesh_peers: list[str] | None = None  # the peers this host was to test (None: all)
+    held: HeldProbe | None = None  # CheckOptions.hold: the probe stays for the launch

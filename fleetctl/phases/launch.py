@@ -20,6 +20,7 @@ import hashlib
 import json
 import posixpath
 import shlex
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fleetctl.node import Node
+    from fleetctl.phases.check_report import HeldProbe
     from fleetctl.plan.rankplan import NodePlan
     from fleetctl.ssh.connection import Connection, Stream
 
@@ -71,6 +73,23 @@ def start_command(python: str, sup_path: str, *args: str) -> str:
         f'else exec {py} -c {shlex.quote(LOADER)} "$f" {rest}; fi'
     )
     return shlex.join(["sh", "-c", script])
+
+
+# The same choice as start_command's, as Python run by a held check probe in its own process
+# (fleetctl.remote.probe.handoff) with argv ``<supervisor path> run``.
+HANDOFF = (
+    "import os, sys\n"
+    "if os.path.isfile(sys.argv[1]):\n"
+    + textwrap.indent(remote.RUN_FILE, "    ")
+    + "else:\n"
+    + textwrap.indent(LOADER, "    ")
+)
+
+
+def handoff_line(sup_path: str, *args: str) -> bytes:
+    """The line a held probe runs the supervisor from (see ``HANDOFF``)."""
+    msg = {"code": HANDOFF, "argv": [sup_path, *(args or ("run",))]}
+    return json.dumps(msg).encode() + b"\n"
 
 
 def upload_on_request(stream: Stream) -> None:
@@ -205,12 +224,28 @@ def start_node(
     *,
     python: str,
     timeout: float = START_TIMEOUT,
+    held: HeldProbe | None = None,
 ) -> NodeRun:
-    """Start one node's supervisor and job; returns once the job runs. Raises LaunchError."""
+    """Start one node's supervisor and job; returns once the job runs. Raises LaunchError.
+
+    ``held``: this node's probe, still on its channel after the check: it runs the supervisor
+    in its own process (no new remote command). Closed and not used when it no longer may be.
+    """
     workdir = conn.expand(node.workdir)
     sup = supervisor_path(workdir)
     py = conn.expand(python)
-    stream = conn.start(start_command(py, sup))
+    stream = None
+    if held is not None:
+        if held.usable(python, time.monotonic()):
+            try:
+                held.stream.send(handoff_line(sup))
+                stream = held.stream
+            except OSError:
+                pass
+        if stream is None:
+            held.close()
+    if stream is None:
+        stream = conn.start(start_command(py, sup))
     reader = FrameReader()
     noise: list[str] = []
     uploaded = False

@@ -17,6 +17,11 @@ optionally takes part in the N×N mesh test on the same channel. Every message i
    ``M <json>``.
 4. keep the listener up until stdin closes (the others may still be testing us) or ``linger``
    seconds pass, then exit 0.
+5. with ``hold`` (``fleetctl run``): instead of exiting, close the listener when the controller
+   says the mesh is over (an empty line), then wait up to ``hold`` seconds for one JSON line
+   ``{"code", "argv"}`` and run that code in this process with that argv: the node supervisor,
+   which then owns this channel. The launch then costs no second remote command, shell and
+   interpreter start on the node. EOF or the time limit: exit 0.
 
 Arguments come as one JSON object in ``sys.argv[1]`` (installed as ``W/bin/probe_<sha12>.py``
 and run from there, else shipped packed: see ``bootstrap.py`` and
@@ -592,6 +597,7 @@ def gather(args: dict) -> dict:
         "login_shell": os.environ.get("SHELL") or "",  # sshd sets it: the login shell
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "workdir": workdir,
+        "pid": os.getpid(),  # the process a held probe runs the supervisor in (``hold``)
     }
     facts["nic"] = pick_nic(args)
     # The order of the slow parts does not matter: run them side by side.
@@ -870,12 +876,26 @@ def mesh(src: str, peers: list, timeout: float, max_slowdown: float = 2.0) -> di
     return {"src": src, "peers": results}
 
 
+def handoff(stdin: StdinLines, hold: float) -> int:
+    """Stay for the launch: run the controller's next line's code (the supervisor's start) in
+    this process. The controller sends nothing after it until the code speaks first."""
+    line = stdin.readline(hold)
+    if not line:
+        return 0
+    msg = json.loads(line.decode())
+    sys.argv[1:] = [str(a) for a in msg["argv"]]
+    code = compile(msg["code"], "fleetctl-handoff", "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    return 0
+
+
 def main() -> int:
     args = json.loads(sys.argv[1] if len(sys.argv) > 1 else "{}")
+    hold = float(args.get("hold") or 0)
     facts = gather(args)
     emit("D", facts)
     if not args.get("mesh"):
-        return 0
+        return handoff(StdinLines(), hold) if hold > 0 else 0
     nic = facts["nic"]
     if not nic.get("addr"):
         emit("N", nic.get("error") or "no training address")
@@ -886,7 +906,8 @@ def main() -> int:
         emit("N", port)
         return 0
     stop = threading.Event()
-    threading.Thread(target=serve, args=(sock, stop), daemon=True).start()
+    server = threading.Thread(target=serve, args=(sock, stop), daemon=True)
+    server.start()
     stdin = StdinLines()
     try:
         emit("R", port)
@@ -897,11 +918,16 @@ def main() -> int:
         peers = json.loads(line.decode() or "{}").get("peers") or []
         timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 2))
         emit("M", mesh(nic["addr"], peers, timeout, most))
-        stdin.wait_eof(float(args.get("linger", 30)))
+        if hold <= 0:
+            stdin.wait_eof(float(args.get("linger", 30)))
+            return 0
+        if stdin.readline(float(args.get("linger", 30))) is None:  # EOF: no launch follows
+            return 0
     finally:
         stop.set()
         sock.close()
-    return 0
+        server.join(2.0)  # no thread of ours left running under the supervisor
+    return handoff(stdin, hold)
 
 
 def program() -> None:

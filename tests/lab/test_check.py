@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -520,3 +521,74 @@ def test_env_python_and_nccl_versions_are_checked_and_must_agree(lab3: Lab) -> N
     assert report.nccl_versions == {"node1": "2.18.3", "node2": "2.18.3", "node3": "2.19.3"}
     assert report.env_present == {"node1": True, "node2": True, "node3": True}
     assert report.code_present == {"node1": False, "node2": True, "node3": False}
+
+
+# ------------------------------------------------------------------- the probe held for the run
+
+# What runs the job: the basename of its parent's program file (argv[4] of ``python -S -c CODE
+# FILE ...``): ``probe_<sha>.py`` when the check's probe became the supervisor.
+PARENT_JOB = (
+    "import os\n"
+    "argv = open('/proc/%d/cmdline' % os.getppid(), 'rb').read().split(b'\\0')\n"
+    "print('parent', os.path.basename(argv[4].decode()))\n"
+)
+# How many processes on a host run an installed probe (the pattern built so that this
+# command's own cmdline does not hold it).
+COUNT_PROBES = (
+    "import os\n"
+    "pat, n = b'/bin/' + b'probe_', 0\n"
+    "for p in os.listdir('/proc'):\n"
+    "    try:\n"
+    "        n += p.isdigit() and pat in open('/proc/%s/cmdline' % p, 'rb').read()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print(n)\n"
+)
+
+
+def probes_running(lab: Lab) -> dict[str, int]:
+    from fleetctl.testing.infra import node_host
+
+    out = {}
+    for node in lab_nodes(lab):
+        res = node_host(node).run(f"{node.python} -S -c {shlex.quote(COUNT_PROBES)}")
+        assert res.rc == 0, res.stderr
+        out[node.name] = int(res.stdout)
+    return out
+
+
+def test_a_run_starts_each_supervisor_in_its_checks_probe_and_leaves_no_probe_behind(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    """The check's probe waits on its channel and becomes the node's supervisor: the launch
+    costs no second remote command; a failed check, or a run without one, leaves none."""
+    from fleetctl.testing.cli_runner import run_cli
+    from fleetctl.testing.wait import wait_for
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.py").write_text(PARENT_JOB)
+    env = {"FLEETCTL_CACHE_DIR": str(tmp_path / "cache")}  # a real check, not a cached one
+
+    def run(inventory: Path, *extra: str) -> Any:
+        argv = ["run", "-i", str(inventory), "--launcher", "plain", "--nproc-per-node", "1"]
+        argv += ["--runs-dir", str(tmp_path / "runs"), "--code-dir", str(code), *extra]
+        return run_cli(*argv, str(code / "job.py"), env=env)
+
+    def parents(out: str) -> list[str]:
+        return sorted(line.rsplit(" ", 1)[1] for line in out.splitlines() if " parent " in line)
+
+    res = run(lab3.inventory_path)
+    assert res.exit_code == 0, res.stderr
+    assert [p.split("_")[0] for p in parents(res.stdout)] == ["probe"] * len(lab3.hosts)
+    wait_for(lambda: not any(probes_running(lab3).values()), 10, what="probes to exit")
+
+    res = run(lab3.inventory_path, "--no-check")  # no probe to take over: a command of its own
+    assert res.exit_code == 0, res.stderr
+    assert [p.split("_")[0] for p in parents(res.stdout)] == ["supervisor"] * len(lab3.hosts)
+
+    # one host fails the check: the probes that passed and waited are let go at once
+    bad = edited_inventory(lab3, tmp_path, "node2", lambda v: v.update(fleetctl_nic="nosuch0"))
+    res = run(bad)
+    assert res.exit_code != 0 and "node2" in res.stderr, res.stderr
+    wait_for(lambda: not any(probes_running(lab3).values()), 10, what="probes to exit")
