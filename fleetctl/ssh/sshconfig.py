@@ -18,8 +18,9 @@ import importlib.util
 import os
 import sys
 import threading
+import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import SSHConfigError
 from fleetctl.ssh.filecache import FileCache
@@ -44,6 +45,10 @@ def import_ssh_stack() -> None:
     ~50 ms (invoke brings unittest.mock, asyncio and a YAML copy) before every command's first
     connection. It is held back while paramiko loads and handed to paramiko.config lazily, so
     a ``Match exec`` still runs its command.
+
+    paramiko's ``__init__`` reads its own version with ``importlib.metadata`` (its import and a
+    scan of every ``sys.path`` entry: ~15 ms per command, for the SSH banner): it gets
+    :class:`_OwnVersion` instead, which reads paramiko's own ``*.dist-info/METADATA``.
     """
     with _import_lock:
         if "paramiko" in sys.modules:
@@ -51,13 +56,57 @@ def import_ssh_stack() -> None:
         held = "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None
         if held:
             sys.modules["invoke"] = None  # type: ignore[assignment]  # import of invoke fails
+        meta = None if "importlib.metadata" in sys.modules else _OwnVersion()
+        if meta is not None:
+            sys.modules["importlib.metadata"] = meta  # type: ignore[assignment]
         try:
             import paramiko.config
         finally:
             if held and sys.modules.get("invoke", False) is None:
                 del sys.modules["invoke"]
+            if meta is not None and sys.modules.get("importlib.metadata") is meta:
+                del sys.modules["importlib.metadata"]
         if held:
             paramiko.config.invoke = _LazyInvoke()  # type: ignore[attr-defined]
+
+
+class _OwnVersion(types.ModuleType):
+    """Stands for ``importlib.metadata`` while paramiko loads: ``version(name)`` from the
+    package's own ``<name>-<version>.dist-info`` beside it; anything else, or a package laid
+    out otherwise, goes to the real module."""
+
+    def __init__(self) -> None:
+        super().__init__("importlib.metadata")
+
+    def version(self, name: str) -> str:
+        from pathlib import Path
+
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            site = Path(spec.origin).parent.parent
+            for d in sorted(site.glob(f"{name}-*.dist-info")):
+                try:
+                    with open(d / "METADATA", encoding="utf-8") as f:
+                        for line in f:
+                            if line.startswith("Version:"):
+                                return line.split(":", 1)[1].strip()
+                            if not line.strip():
+                                break
+                except OSError:
+                    continue
+        return self._real().version(name)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):  # the import system's questions (__spec__, __path__, ...)
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def _real(self) -> Any:
+        if sys.modules.get("importlib.metadata") is self:
+            del sys.modules["importlib.metadata"]
+        import importlib.metadata
+
+        return importlib.metadata
 
 
 class _LazyInvoke:

@@ -79,3 +79,22 @@ def test_a_jump_loop_is_refused_naming_the_host(tmp_path: Path) -> None:
 def test_a_missing_inventory_key_is_named_before_dialling(tmp_path: Path) -> None:
     with pytest.raises(ConnectError, match=r"private key file .*/nokey not found"):
         _route(tmp_path, "", key_file=str(tmp_path / "nokey"))
+
+
+def test_tcp_connect_opens_a_socket_without_nagle_and_folds_refusals_as_paramiko_does() -> None:
+    import socket
+
+    import paramiko
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        s = dial.tcp_connect("localhost", port, 5.0)
+        try:
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert s.getpeername()[1] == port and s.gettimeout() == 5.0
+        finally:
+            s.close()
+    with pytest.raises(paramiko.ssh_exception.NoValidConnectionsError):
+        dial.tcp_connect("127.0.0.1", port, 5.0)  # closed now: refused

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -280,6 +281,66 @@ def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
         b.close()
     assert ciphers[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
     assert sorted(ciphers) == sorted(paramiko.Transport._preferred_ciphers)  # nothing dropped
+
+
+class _RecordingSocket:
+    """A real loopback TCP socket that records its setsockopt calls."""
+
+    @staticmethod
+    def pair() -> tuple[Any, Any]:
+        import socket
+
+        class Recording(socket.socket):
+            calls: list[tuple[int, int, int]]
+
+            def setsockopt(self, level: int, opt: int, value: Any, *rest: Any) -> None:
+                self.calls.append((level, opt, value))
+                super().setsockopt(level, opt, value, *rest)
+
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(1)
+            c = Recording(socket.AF_INET, socket.SOCK_STREAM)
+            c.calls = []
+            c.connect(srv.getsockname())
+            s, _ = srv.accept()
+        return c, s
+
+
+def test_transports_ack_at_once_and_send_without_nagles_delay() -> None:
+    """sshd holds its first channel confirmation until its post-auth global request and debug
+    message are ACKed; with delayed ACKs here, every connection's first command waited 40 ms,
+    and with Nagle on, each small packet after the first waited for an ACK too."""
+    import socket
+
+    import paramiko
+    from paramiko.common import MSG_GLOBAL_REQUEST
+
+    from fleetctl.ssh.transport import transport_factory as _transport
+
+    c, s = _RecordingSocket.pair()
+    try:
+        t = _transport(c)
+        assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        quick = (socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        c.calls.clear()
+        m = paramiko.Message()
+        m.add_string("hostkeys-00@openssh.com")
+        m.add_boolean(False)  # no reply wanted: nothing is sent back
+        m.rewind()
+        t._handler_table[MSG_GLOBAL_REQUEST](m)
+        assert c.calls == [quick]
+        m = paramiko.Message()
+        m.add_boolean(False)
+        m.add_string("key options: pty")
+        m.add_string("")
+        m.rewind()
+        t._parse_debug(m)
+        assert c.calls == [quick, quick]
+        t.close()
+    finally:
+        c.close()
+        s.close()
 
 
 def test_dropping_a_node_forgets_its_connect_error_so_the_next_use_retries(

@@ -246,3 +246,25 @@ def test_paramiko_loads_without_invoke_and_match_exec_still_runs() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["False", "viaexec", "None"]
+
+
+def test_paramiko_learns_its_version_without_importlib_metadata() -> None:
+    """paramiko's __init__ asks importlib.metadata for its version (~15 ms per command): it gets
+    the same answer from its own dist-info, and the real module is untouched for others."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fleetctl.ssh import sshconfig\n"
+        "sshconfig.import_ssh_stack()\n"
+        "import paramiko\n"
+        "loaded = 'importlib.metadata' in sys.modules\n"
+        "from importlib import metadata\n"
+        "print(loaded, paramiko.__version__ == metadata.version('paramiko'),\n"
+        "      type(metadata).__name__, metadata.version('pyyaml') != '')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "module", "True"]
