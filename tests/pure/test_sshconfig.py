@@ -226,45 +226,39 @@ def test_pings_and_connects_racing_in_a_fresh_process_import_paramiko_cleanly() 
         assert p.stdout.strip() == "[]"
 
 
-def test_paramiko_loads_without_invoke_and_match_exec_still_runs() -> None:
-    """paramiko.config imports invoke for ``Match exec`` alone (~50 ms per command): fleetctl
-    holds it back and hands it over lazily, so such a block still runs its command."""
+def _after_ssh_stack(code: str) -> list[str]:
+    """stdout words of ``code`` run by a fresh interpreter once fleetctl loaded paramiko."""
     import subprocess
     import sys
 
+    head = "import sys\nfrom fleetctl.ssh import sshconfig\nsshconfig.import_ssh_stack()\n"
+    out = subprocess.run(
+        [sys.executable, "-c", head + code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout.split()
+
+
+def test_paramiko_loads_without_invoke_and_match_exec_still_runs() -> None:
+    """paramiko.config imports invoke for ``Match exec`` alone (~50 ms per command): fleetctl
+    holds it back and hands it over lazily, so such a block still runs its command."""
     code = (
-        "import sys\n"
-        "from fleetctl.ssh import sshconfig\n"
-        "sshconfig.import_ssh_stack()\n"
         "before = 'invoke' in sys.modules\n"
         "import paramiko\n"
         "cfg = paramiko.SSHConfig.from_text("
         "'Match exec \"test -n x\"\\n  User viaexec\\nMatch exec false\\n  Port 2\\n')\n"
         "print(before, cfg.lookup('h').get('user'), cfg.lookup('h').get('port'))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.split() == ["False", "viaexec", "None"]
+    assert _after_ssh_stack(code) == ["False", "viaexec", "None"]
 
 
 def test_paramiko_learns_its_version_without_importlib_metadata() -> None:
     """paramiko's __init__ asks importlib.metadata for its version (~15 ms per command): it gets
     the same answer from its own dist-info, and the real module is untouched for others."""
-    import subprocess
-    import sys
-
     code = (
-        "import sys\n"
-        "from fleetctl.ssh import sshconfig\n"
-        "sshconfig.import_ssh_stack()\n"
         "import paramiko\n"
         "loaded = 'importlib.metadata' in sys.modules\n"
         "from importlib import metadata\n"
         "print(loaded, paramiko.__version__ == metadata.version('paramiko'),\n"
         "      type(metadata).__name__, metadata.version('pyyaml') != '')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.split() == ["False", "True", "module", "True"]
+    assert _after_ssh_stack(code) == ["False", "True", "module", "True"]

@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from fleetctl.node import Node
+# tests/remote is on sys.path (pytest's rootdir-relative import): its supervisor fixtures
+from test_programs_py38 import Jobs, drain, jid
+
 from fleetctl.phases.check import probe_command
 from fleetctl.phases.check_report import HeldProbe
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
-from fleetctl.phases.launch import NodeRun, handoff_line, start_node, supervisor_path
-from fleetctl.remote.supervisor import proc_stat, stop_processes
-from fleetctl.ssh.connection import LocalConnection, Stream
-
-RUN_TOKEN = str(os.getpid())
+from fleetctl.phases.launch import NodeRun, handoff_line, supervisor_path
+from fleetctl.remote.supervisor import proc_stat
+from fleetctl.ssh.connection import Stream
 
 
 def alive(pid: int) -> bool:
@@ -45,14 +45,13 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 class Probes:
-    """Probes started as a check starts them, on a local node with a Python 3.8."""
+    """Probes started as a check starts them, on a local node with a Python 3.8; the jobs they
+    become the supervisor of (``Jobs`` of test_programs_py38)."""
 
     def __init__(self, root: Path, python: str) -> None:
         self.root, self.python = root, python
-        self.node = Node.localhost(workdir=str(root / "w"), python=python)
-        self.conn = LocalConnection(self.node)
+        self.jobs = Jobs(root, python)
         self.streams: list[Stream] = []
-        self.jobs: list[str] = []
 
     def args(self, hold: float, **extra: Any) -> dict[str, Any]:
         return {
@@ -68,7 +67,7 @@ class Probes:
         }
 
     def start(self, hold: float, **extra: Any) -> tuple[Stream, FrameStream, dict[str, Any]]:
-        stream = self.conn.start(probe_command(self.python, self.args(hold, **extra)))
+        stream = self.jobs.conn.start(probe_command(self.python, self.args(hold, **extra)))
         self.streams.append(stream)
         lines = FrameStream(stream, PROBE_KINDS, json_kinds=PROBE_KINDS)
         got = lines.next("D", time.monotonic() + 60)
@@ -78,27 +77,13 @@ class Probes:
         return stream, lines, facts
 
     def launch(self, name: str, argv: list[str], held: HeldProbe) -> NodeRun:
-        job_id = f"{name}-{RUN_TOKEN}"
-        self.jobs.append(job_id)
-        spec = {
-            "job_id": job_id,
-            "node_rank": 0,
-            "argv": argv,
-            "env": {},
-            "cwd": str(self.root),
-            "run_dir": str(self.root / "w" / "runs" / job_id),
-            "deadman": 10,
-            "grace": 1,
-            "heartbeat": 0.5,
-        }
-        return start_node(self.node, self.conn, spec, python=self.python, held=held)
+        return self.jobs.start(jid(name), argv, held=held)
 
     def close(self) -> None:
         for s in self.streams:
             with contextlib.suppress(Exception):
                 s.close()
-        for j in self.jobs:
-            stop_processes(j, None, None, None, 0.0)
+        self.jobs.close()
 
 
 @pytest.fixture
@@ -108,25 +93,6 @@ def probes(tmp_path: Path, py38: str) -> Iterator[Probes]:
         yield p
     finally:
         p.close()
-
-
-def frames_until_exit(run: NodeRun, timeout: float = 30.0) -> list[tuple[str, str]]:
-    frames = [(f.kind, f.text) for f in run.pending]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            run.stream.send(b"h")
-        data = run.stream.recv(0.3)
-        if data is None:
-            continue
-        for f in run.reader.feed(data) if data else run.reader.flush():
-            frames.append((f.kind, f.text))
-            if f.kind == "X":
-                with contextlib.suppress(OSError, EOFError):
-                    run.stream.close_stdin()
-        if not data:
-            return frames
-    raise AssertionError(f"supervisor did not end within {timeout}s: {frames[-5:]}")
 
 
 def test_a_held_probe_becomes_the_supervisor_and_runs_the_job_in_its_own_process(
@@ -139,7 +105,7 @@ def test_a_held_probe_becomes_the_supervisor_and_runs_the_job_in_its_own_process
         assert run.stream is stream and run.uploaded is upload
         # the job's supervisor is the very process that answered the check
         assert run.info["supervisor_pid"] == facts["pid"]
-        frames = frames_until_exit(run)
+        frames = drain(run)
         assert ("L", f"ppid={facts['pid']}") in frames
         assert frames[-1][0] == "X" and frames[-1][1].split(" ", 1)[0] == "3"
         assert Path(supervisor_path(str(probes.root / "w"))).is_file()
@@ -167,7 +133,7 @@ def test_a_probe_held_too_long_is_let_go_and_the_supervisor_starts_afresh(
     run = probes.launch("stale", ["true"], stale)
     assert run.stream is not stream and run.info["supervisor_pid"] != facts["pid"]
     assert wait_gone(facts["pid"])  # closed, not left waiting
-    last = frames_until_exit(run)[-1]
+    last = drain(run)[-1]
     assert last[0] == "X" and last[1].split(" ", 1)[0] == "0"
 
 

@@ -25,6 +25,7 @@ import pytest
 from fleetctl import remote
 from fleetctl.node import Node
 from fleetctl.phases.check import probe_command
+from fleetctl.phases.check_report import HeldProbe
 from fleetctl.phases.frames import (
     PROBE_KINDS,
     PUSH_KINDS,
@@ -115,7 +116,10 @@ class Jobs:
     def run_dir(self, job_id: str) -> str:
         return str(self.root / "w" / "runs" / job_id)
 
-    def start(self, job_id: str, argv: list[str], **spec: object) -> NodeRun:
+    def start(
+        self, job_id: str, argv: list[str], held: HeldProbe | None = None, **spec: object
+    ) -> NodeRun:
+        """Start a job; ``held``: through that check probe still on its channel."""
         self.ids.append(job_id)
         full = {
             "job_id": job_id,
@@ -129,7 +133,7 @@ class Jobs:
             "heartbeat": 0.5,
             **spec,
         }
-        return start_node(self.node, self.conn, full, python=self.python)
+        return start_node(self.node, self.conn, full, python=self.python, held=held)
 
     def mode(self, *args: str, stdin: bytes | None = None) -> bytes:
         """A one-shot mode of the installed supervisor; its whole stdout."""
