@@ -4,6 +4,7 @@ collection, job.json. Runs in ``run_job``'s ``finally``, on success, failure and
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,6 +199,10 @@ def _blame_first_rank(job: JobContext) -> None:
         return
     job.sync()
     node = job.result.nodes[int(first["node_rank"])]
+    code = first.get("exit_code")
+    if node.signal == signal.SIGTERM and isinstance(code, int) and code:
+        # its launcher ended by our stop: how the node failed is how its rank ended
+        node.exit_code, node.signal = (code, None) if code > 0 else (None, -code)
     node.state = job.state.states[node.rank]
     job.emit(
         "notice",

@@ -24,6 +24,18 @@ _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 # paddle: "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
 _PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
+# What a rank prints when a collective failed because a peer's process went away: gloo's
+# "Connection closed by peer [addr]:port. This is typically caused by a remote worker
+# crashing", a reset, NCCL's remote error. Such a rank is the culprit's victim even when it
+# ended first: the culprit prints its exception, then its interpreter's teardown closes the
+# process group (what the peers see) and only then does it exit, 0.2 s later under load.
+_PEER_LOSS = re.compile(
+    rb"Connection closed by peer|Connection reset by peer|remote worker crash"
+    rb"|remote process exited|ncclRemoteError",
+    re.IGNORECASE,
+)
+_LOG_TAIL = 16384  # bytes of a rank's log read for it
+
 # deepspeed's own "[ERROR] [launch.py:…:sigkill_handler] [<argv>] exits with return code = N"
 # is not used: <argv> is always its last spawned rank's, and N the code of whichever failed
 # process its set iteration met first (often a rank killed by the real culprit's peer error).
@@ -145,7 +157,8 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     """The rank that failed first, with its node, exit code and log files.
 
     By the node supervisors' times (``rank_exits.json``) when they saw it: the earliest rank
-    process on any node that ended badly. The launchers' own words are no witness of order:
+    process on any node that ended badly, a rank whose log says it lost a peer (``_PEER_LOSS``)
+    only when no other did. The launchers' own words are no witness of order:
     torchrun's "first observed failure" is the lowest rank among those failed within one
     second, and its summary also lists the peers it stopped with SIGTERM; a peer's launcher may
     end before the culprit's (deepspeed looks at its ranks once a second); deepspeed's own line
@@ -167,9 +180,10 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
         if code is None:
             code = said.get(rank)  # ended, status unread: the launcher may say it
         if code:
-            candidates.append((code == -signal.SIGTERM, at, rank, code, host))
+            lost_peer = _lost_a_peer(result, by_rank.get(rank, {}).get("logs") or ())
+            candidates.append((code == -signal.SIGTERM, lost_peer, at, rank, code, host))
     if candidates:
-        _, _, rank, code, host = min(candidates)
+        *_, rank, code, host = min(candidates)
         named, where = [(rank, code)], {rank: host}
     elif launcher == "plain":
         named = [(ff.rank, ff.exit_code)]
@@ -190,6 +204,23 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
             }
         )
     return out
+
+
+def _lost_a_peer(result: JobResult, logs: Any) -> bool:
+    """Whether a rank's collected log ends saying a peer's process went away."""
+    folder = getattr(result, "folder", None)
+    if folder is None:
+        return False
+    for rel in logs:
+        try:
+            with open(Path(folder) / rel, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - _LOG_TAIL))
+                if _PEER_LOSS.search(f.read()):
+                    return True
+        except (OSError, TypeError, ValueError):
+            continue
+    return False
 
 
 def describe(f: dict[str, Any], folder: Path) -> str:

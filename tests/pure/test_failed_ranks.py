@@ -168,3 +168,83 @@ def test_the_node_whose_rank_failed_first_becomes_the_first_failure() -> None:
     st.end(1, NodeState.FAILED, 2.0)
     assert not st.blame(0) and st.first_failure == 1  # a node that succeeded is never blamed
     assert not st.blame(1)
+
+
+GLOO_PEER_LOSS = (
+    "[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:553] Connection closed by peer [10.213.5.12]:20908. This is typically caused by a "
+    "remote worker crashing. Check\nterminate called without an active exception\n"
+    "Fatal Python error: Aborted\n"
+)
+
+
+def test_a_rank_that_lost_its_peer_is_its_victim_even_when_it_ended_first(tmp_path: Path) -> None:
+    """Seen in CI: rank 1 raised; its interpreter's teardown closed the process group, rank 2
+    aborted on it ("Connection closed by peer") 0.22 s before rank 1's process exited."""
+    nodes = []
+    for rank, host, exits, err in (
+        (1, "node2", [{"local": 0, "code": 1, "at": 9.755}], "RuntimeError: intentional\n"),
+        (2, "node3", [{"local": 0, "code": -6, "at": 9.534}], GLOO_PEER_LOSS),
+    ):
+        d = tmp_path / f"{rank}-{host}"
+        (d / "t" / "0").mkdir(parents=True)
+        (d / "t" / "0" / "stderr.log").write_text("x" * 20000 + "\n" + err)
+        (d / "rank_exits.json").write_text(json.dumps({"exits": exits}))
+        nodes.append(SimpleNamespace(rank=rank, host=host, folder=str(d), exit_code=1, tail=[]))
+    ranks = [
+        {
+            "rank": r,
+            "node": n.host,
+            "node_rank": r,
+            "local_rank": 0,
+            "logs": [f"{r}-{n.host}/t/0/stderr.log"],
+        }
+        for r, n in ((1, nodes[0]), (2, nodes[1]))
+    ]
+    res = SimpleNamespace(
+        failed_node=nodes[1],  # its launcher ended first
+        nodes=[SimpleNamespace(rank=0, host="node1", folder=None), *nodes],
+        plan=SimpleNamespace(launcher="torchrun", nproc_per_node=1),
+        folder=str(tmp_path),
+    )
+    [got] = failed_ranks(res, ranks)
+    assert (got["rank"], got["node"], got["exit_code"]) == (1, "node2", 1)
+    # a lost peer on every failed rank (a network partition, say): the earliest end again
+    (tmp_path / "1-node2" / "t" / "0" / "stderr.log").write_text(GLOO_PEER_LOSS)
+    [got] = failed_ranks(res, ranks)
+    assert (got["rank"], got["exit_code"]) == (2, -6)
+
+
+def test_a_blamed_node_stopped_by_the_teardown_fails_with_its_ranks_exit_code(
+    tmp_path: Path,
+) -> None:
+    """Its launcher ended by our SIGTERM, but what the summary says of it is its rank's end."""
+    from fleetctl.job.context import JobContext
+    from fleetctl.job.finish import _blame_first_rank
+    from fleetctl.job.run import RunOptions
+    from fleetctl.job.state import NodeState
+    from fleetctl.node import Node
+    from fleetctl.plan.rankplan import JobSpec
+
+    nodes = [Node(name=f"node{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)]
+    events: list[Any] = []
+    job = JobContext(
+        JobSpec(script="t.py", job_id="j1"), nodes, RunOptions(runs_dir=tmp_path), events.append
+    )
+    st = job.state
+    st.launch()
+    for r in range(3):
+        st.start(r)
+    st.end(2, NodeState.FAILED, 10.0)
+    st.end(1, NodeState.STOPPED, 10.1)
+    st.end(0, NodeState.STOPPED, 10.1)
+    job.sync()
+    job.result.nodes[1].signal, job.result.nodes[2].exit_code = 15, 1
+    job.result.failed_ranks = [{"rank": 1, "node": "node2", "node_rank": 1, "exit_code": 1}]
+    _blame_first_rank(job)
+    assert job.result.first_failure == 1
+    assert (job.result.nodes[1].state, job.result.nodes[1].how()) == (
+        NodeState.FAILED,
+        "exit code 1",
+    )
+    assert any("node 1 is the first failure" in str(e) for e in events)

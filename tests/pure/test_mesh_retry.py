@@ -1,6 +1,8 @@
 """The probe's mesh tries a failed pair once more with load-scaled timeouts: a loaded host
-answers late and passes on the second try; a cut link fails twice; "refused" is an answer
-and is not retried. (fleetctl/remote/probe.py runs alone on nodes; its functions import.)"""
+answers late and passes on the second try; a cut link (no echo where other peers echo, or
+this host's own training NIC down) and "refused" (an answer) are not retried; where no peer
+echoes (ICMP filtered), a timeout is. (fleetctl/remote/probe.py runs alone on nodes; its
+functions import.)"""
 
 from __future__ import annotations
 
@@ -36,11 +38,22 @@ def test_a_failed_pair_is_tried_again_with_load_scaled_timeouts(calls: list[Any]
     peers = [{"name": n, "addr": n, "port": 1} for n in ("slow", "cut", "off")]
     out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0)["peers"]
     assert out["slow"]["tcp"] == "ok" and out["slow"]["retried"] == 6.0
-    assert out["cut"]["tcp"] == "timed out" and out["cut"]["retried"] == 6.0
+    # no echo while the others echo: the address is unreachable, a retry would only wait
+    assert out["cut"] == {"ping": "timeout", "tcp": "unreachable", "route_src": "10.0.0.1"}
     assert out["off"]["tcp"] == "refused" and "retried" not in out["off"]
     tcp_timeouts = sorted((dst, t) for kind, dst, t in calls if kind == "tcp")
-    want = [("cut", 2.0), ("cut", 12.0), ("off", 2.0), ("slow", 2.0), ("slow", 12.0)]
-    assert tcp_timeouts == want
+    assert tcp_timeouts == [("cut", 2.0), ("off", 2.0), ("slow", 2.0), ("slow", 12.0)]
+
+
+def test_where_no_peer_echoes_a_timeout_is_tried_again(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ICMP filtered (or not permitted) on this network: no echo says nothing about a peer."""
+    monkeypatch.setattr(probe, "ping", lambda src, dst, timeout: "timeout")
+    peers = [{"name": n, "addr": n, "port": 1} for n in ("slow", "cut")]
+    out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0)["peers"]
+    assert out["slow"]["tcp"] == "ok" and out["slow"]["retried"] == 6.0
+    assert out["cut"]["tcp"] == "timed out" and out["cut"]["retried"] == 6.0
 
 
 def test_the_slowdown_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,3 +62,11 @@ def test_the_slowdown_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe.load_factor(4.0) == 4.0
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
     assert probe.load_factor(4.0) == 1.0
+
+
+def test_a_host_whose_own_training_link_is_down_tries_nothing_again(calls: list[Any]) -> None:
+    """Its NIC check fails it already; every pair would only wait out the longer timeouts."""
+    peers = [{"name": n, "addr": n, "port": 1} for n in ("slow", "cut")]
+    out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0, link_up=False)["peers"]
+    assert out["slow"]["tcp"] == "timed out" and "retried" not in out["slow"]
+    assert [t for kind, _, t in calls if kind == "tcp"] == [2.0, 2.0]
