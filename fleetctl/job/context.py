@@ -80,10 +80,10 @@ class JobContext:
 
     def release_held(self) -> None:
         """Let every held probe the launch did not use go (EOF: it exits)."""
+        from fleetctl.phases.check_report import release_probes
+
         held, self.held = self.held, {}
-        for h in held.values():
-            with contextlib.suppress(Exception):
-                h.close()
+        release_probes(held.values())
 
     def spool(self, rank: int, lines: Sequence[str]) -> None:
         """Append a node's streamed lines to its ``console.streamed.log`` as they arrive

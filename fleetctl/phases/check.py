@@ -48,6 +48,7 @@ from fleetctl.phases.check_report import (
     HostReport,
     MeshFailure,
     ProbeOutcome,
+    release_probes,
 )
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode, mesh_peers
@@ -468,7 +469,7 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
             mesh_ran=options.mesh and len(reachable) > 1,
         )
     except BaseException:
-        CheckReport(hosts={}, held=held).release()
+        release_probes(held.values())
         raise
     report.held = held
     if not report.ok:  # nothing to launch: the probes may go

@@ -3,8 +3,9 @@ and the :class:`CheckReport` (host x check -> ok / warn / fail / skip, mesh fail
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -162,8 +163,7 @@ class CheckReport:
     def release(self) -> None:
         """Let every held probe go (EOF: it exits)."""
         held, self.held = self.held, {}
-        for h in held.values():
-            h.close()
+        release_probes(held.values())
 
     @property
     def ok(self) -> bool:
@@ -279,6 +279,13 @@ class HeldProbe:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def release_probes(held: Iterable[HeldProbe]) -> None:
+    """Close each held probe's channel (EOF: it exits); one that fails to close is gone."""
+    for h in held:
+        with contextlib.suppress(Exception):
+            h.close()
 
 
 @dataclass
