@@ -1,10 +1,14 @@
 """Developer tasks (invoke, as fabric/invoke projects keep them): ``inv lint``, ``inv test``,
-``inv bench``. They run the same commands as README and ``.ci/run``; nothing here is needed to
+``inv bench``, and fleetctl's own tasks for the dev loop (``inv fleetctl.check -i hosts.yml``,
+``inv fleetctl.run job.py --launcher plain``; ``fleetctl.tasks``, as a team adds them to its
+own tasks.py). They run the same commands as README and ``.ci/run``; nothing here is needed to
 use fleetctl."""
 
 from __future__ import annotations
 
-from invoke import Context, task
+from invoke import Collection, Context, task
+
+import fleetctl.tasks
 
 TIERS = {"pure": "tests/pure", "lab": "tests/lab", "e2e": "tests/e2e", "all": "tests"}
 
@@ -38,3 +42,7 @@ def bench(c: Context, only: str = "", hosts: int = 0, out: str = "") -> None:
     args += [f"--hosts {hosts}"] if hosts else []
     args += [f"--out {out}"] if out else []
     c.run(" ".join(["python3 bench/run.py", *args]), pty=False)
+
+
+ns = Collection(lint, test, bench)
+ns.add_collection(fleetctl.tasks)

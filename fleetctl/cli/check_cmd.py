@@ -15,6 +15,7 @@ import click
 
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
+    Number,
     SSHOptions,
     inventory_option,
     limit_option,
@@ -66,7 +67,7 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
 )
 @click.option(
     "--min-free",
-    type=click.FloatRange(min=0),
+    type=Number(min=0, max=1 << 20),
     default=1.0,
     show_default=True,
     help="GiB that must be free in each host's workdir.",

@@ -22,6 +22,7 @@ import click
 
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
+    Seconds,
     SSHOptions,
     inventory_option,
     limit_option,
@@ -93,7 +94,7 @@ def _print_failures(result: ExecResult) -> None:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="Seconds the command may run on each node; then it is stopped there with everything "

@@ -16,13 +16,14 @@ import click
 
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
+    Count,
     Seconds,
     SSHOptions,
     collect_options,
     collect_settings,
     ssh_options,
 )
-from fleetctl.errors import JobFailed
+from fleetctl.errors import FleetctlError, JobFailed
 
 runs_dir_option = click.option(
     "--runs-dir",
@@ -100,7 +101,22 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         if h.live:
             running = [s for s in states if s.state == "running" or s.processes]
             data["running_nodes"] = len(running)
-            if not running:
+            # an attached run whose controller died (SIGKILL, a reboot) never wrote its end
+            ctl = None if data["detached"] else h.controller()
+            data["controller"] = ctl
+            if ctl is not None and ctl["alive"] is False and running:
+                data["hint"] = (
+                    f"its controller is gone; {len(running)} node(s) still run the job: "
+                    f"`fleetctl stop {h.job_id}` ends it, `fleetctl collect {h.job_id}` "
+                    "records how it ended"
+                )
+            elif ctl is not None and ctl["alive"] is False:
+                data["hint"] = (
+                    "its controller is gone and no node runs the job (their dead-man switch "
+                    f"stopped it): `fleetctl collect {h.job_id}` brings the logs home and "
+                    "records how it ended"
+                )
+            elif not running:
                 data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
         from fleetctl.job.monitor_process import monitor_status
 
@@ -108,11 +124,23 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
+    ctl = data.get("controller")
+    if ctl is not None and ctl["alive"] is False:
+        head = (
+            f"{data['status']} per job.json, but its controller (fleetctl run, pid "
+            f"{ctl['pid']} on {ctl['host']}) is gone"
+        )
+    else:
+        head = str(data["status"])
     click.echo(
-        f"job {data['job_id']}: {data['status']}"
+        f"job {data['job_id']}: {head}"
         + (f" (attempt {data['attempt']})" if data["attempt"] > 1 else "")
         + (" (detached)" if data["detached"] else "")
-        + (f", {data['running_nodes']} node(s) running" if "running_nodes" in data else "")
+        + (
+            f"; {data['running_nodes']} of {len(states)} node(s) running"
+            if "running_nodes" in data
+            else ""
+        )
     )
     mon = data["monitor"]
     if mon is None and data["live"] and data["detached"]:
@@ -132,7 +160,10 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         elif s.exit_code is not None:
             how = f" exit {s.exit_code}"
         procs = f" {len(s.processes)} process(es)" if s.processes else ""
-        err = f" ({s.error})" if s.error else ""
+        why = s.error or s.stop_reason
+        if s.state == "absent" and not why:
+            why = "no supervisor of the job found on the node"
+        err = f" ({why})" if why else ""
         click.echo(f"  [{s.rank} {s.host}] {s.state}{how}{procs}{err}")
     for host, why in sorted(data["left_out"].items()):
         click.echo(f"  [- {host}] left out: {why}")
@@ -145,7 +176,7 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
 @click.option("--node", "node", default=None, metavar="RANK|HOST", help="Only this node.")
 @click.option("-f", "--follow", is_flag=True, help="Stream live logs until the job ends.")
 @click.option(
-    "-n", "--lines", type=click.IntRange(min=0), default=None, help="Only the last N lines."
+    "-n", "--lines", type=Count(min=0, max=10**9), default=None, help="Only the last N lines."
 )
 @click.option(
     "--raw-output",
@@ -198,7 +229,7 @@ def logs_command(
 @runs_dir_option
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     default=5.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL.",
@@ -266,6 +297,10 @@ def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
     with JobHandle(runs_dir, job) as h:
         report, saved = h.stacks()
     groups = fold(report.stacks())
+    nothing = FleetctlError(
+        f"job {h.job_id}: no stack dumped on any of {len(report.nodes)} node(s)"
+        + ("" if as_json else " (see the lines above)")
+    )
     if as_json:
         data = {
             "job_id": h.job_id,
@@ -274,6 +309,8 @@ def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
             "saved": str(saved),
         }
         click.echo(json.dumps(data, indent=2))
+        if not groups:
+            raise nothing
         return
     for line in render.stack_lines(groups):
         click.echo(line)
@@ -284,6 +321,8 @@ def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
             )
         for why in sorted({p["error"] for p in n.processes if p.get("error")}):
             click.echo(f"  [{n.rank} {n.host}] not dumped: {why}", err=True)
+    if not groups:
+        raise nothing
     click.echo(f"fleetctl: every dump saved in {saved}", err=True)
 
 
@@ -316,9 +355,9 @@ def collect_command(
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    from fleetctl.cli import render
+    from fleetctl.cli.render_collect import collect_lines
 
-    for line in render.collect_lines(results):
+    for line in collect_lines(results):
         click.echo(line, err=True)
     click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
     sys.stdout.flush()
@@ -328,17 +367,17 @@ def collect_command(
 @runs_dir_option
 @ssh_options(fanout_help=None)
 @click.option(
-    "--poll", type=click.FloatRange(min=0.2), default=None, help="Seconds between polls (2)."
+    "--poll", type=Seconds(min=0.2, max=3600), default=None, help="Seconds between polls (2)."
 )
 @click.option(
     "--lost-timeout",
-    type=click.FloatRange(min=1),
+    type=Seconds(min=1),
     default=None,
     help="A node unreachable this long is lost: the job is stopped (60).",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     default=None,
     help="Seconds between SIGTERM and SIGKILL in the teardown (the run's, else 5).",
 )
@@ -357,7 +396,7 @@ def collect_command(
 )
 @click.option(
     "--chase-lost",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     default=1800.0,
     show_default=True,
     help="After the job ended, seconds to keep trying to stop it on lost nodes.",
@@ -438,14 +477,14 @@ def lifecycle_options(f: Any) -> Any:
         ),
         click.option(
             "--monitor-lost-timeout",
-            type=click.FloatRange(min=1),
+            type=Seconds(min=1),
             default=None,
             help="With --detach: a node unreachable this long is lost and the job is "
             "stopped (default 60 s).",
         ),
         click.option(
             "--max-retries",
-            type=click.IntRange(0, 100),
+            type=Count(0, 100),
             default=None,
             help="Run again after a retryable failure, up to N times (default 0; job file).",
         ),
@@ -461,7 +500,7 @@ def lifecycle_options(f: Any) -> Any:
         ),
         click.option(
             "--retry-backoff",
-            type=click.FloatRange(min=0),
+            type=Seconds(min=0, max=300),
             default=None,
             help="First wait between attempts in seconds (doubles, jittered, max 300).",
         ),

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from fleetctl.cli import cli
+from fleetctl.cli.options import Number
 from fleetctl.errors import LabError
 from fleetctl.lab import Lab
 
@@ -258,9 +259,9 @@ def fault_start_sshd(ctx: click.Context, host: str) -> None:
 
 @lab_fault.command("netem")
 @click.argument("host")
-@click.option("--delay", "delay_ms", type=click.FloatRange(0), default=0.0, help="ms each way")
-@click.option("--jitter", "jitter_ms", type=click.FloatRange(0), default=0.0, help="ms")
-@click.option("--loss", "loss_pct", type=click.FloatRange(0, 100), default=0.0, help="percent")
+@click.option("--delay", "delay_ms", type=Number(0, 600_000), default=0.0, help="ms each way")
+@click.option("--jitter", "jitter_ms", type=Number(0, 600_000), default=0.0, help="ms")
+@click.option("--loss", "loss_pct", type=Number(0, 100), default=0.0, help="percent")
 @click.option("--net", "network", type=_NET, default="mgmt", show_default=True)
 @click.pass_context
 def fault_netem(

@@ -26,19 +26,46 @@ from fleetctl.ssh.fleet import DEFAULT_FANOUT
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Seconds(click.FloatRange):
-    """A duration in seconds: a finite number in range (click's FloatRange lets ``nan`` pass
-    every bound and takes ``inf``; ``--deadman nan`` would silently disable the dead-man)."""
+MAX_SECONDS = 366 * 86400.0  # a year: every wait fleetctl has is shorter; bigger overflows
+MAX_COUNT = 1_000_000  # hosts, processes, lines, snapshots: past any real fleet
 
-    name = "seconds"
+
+class Number(click.FloatRange):
+    """A finite number in range. click's FloatRange lets ``nan`` pass every bound and takes
+    ``inf`` and ``1e309``; those then disable a timeout silently or overflow a socket call."""
+
+    name = "number"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         import math
 
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+            self.fail(f"{value!r} is not a finite number", param, ctx)
         return super().convert(number, param, ctx)
+
+
+class Seconds(Number):
+    """A duration in seconds: finite, and at most :data:`MAX_SECONDS` unless ``max`` says."""
+
+    name = "seconds"
+
+    def __init__(
+        self,
+        min: float | None = None,
+        max: float | None = MAX_SECONDS,
+        min_open: bool = False,
+        max_open: bool = False,
+    ) -> None:
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open)
+
+
+class Count(click.IntRange):
+    """A whole number in range, at most :data:`MAX_COUNT` unless ``max`` says (a 24-digit
+    ``--nproc-per-node`` must not reach the planner)."""
+
+    def __init__(self, min: int | None = None, max: int | None = MAX_COUNT) -> None:
+        super().__init__(min=min, max=max)
 
 
 inventory_option: Callable[[F], F] = click.option(
@@ -139,7 +166,7 @@ def ssh_options(
                 click.option(
                     "-f",
                     "--fanout",
-                    type=click.IntRange(min=1),
+                    type=Count(min=1, max=10_000),
                     default=DEFAULT_FANOUT,
                     show_default=True,
                     help=fanout_help,

@@ -16,7 +16,7 @@ import sys
 import click
 
 from fleetctl.cli import cli
-from fleetctl.cli.options import inventory_option, limit_option
+from fleetctl.cli.options import Seconds, inventory_option, limit_option
 
 
 @cli.command(
@@ -39,7 +39,7 @@ from fleetctl.cli.options import inventory_option, limit_option
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     default=None,
     help="Seconds the whole playbook may run (default 4 h).",
 )

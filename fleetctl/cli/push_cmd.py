@@ -14,6 +14,7 @@ import click
 
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
+    Count,
     SSHOptions,
     allow_secret_option,
     inventory_option,
@@ -58,14 +59,14 @@ from fleetctl.cli.options import (
 )
 @click.option(
     "--peer-min",
-    type=click.IntRange(min=2),
+    type=Count(min=2),
     default=4,
     show_default=True,
     help="Hosts needing the archive from which peer distribution is used.",
 )
 @click.option(
     "--keep",
-    type=click.IntRange(min=1),
+    type=Count(min=1, max=1000),
     default=5,
     show_default=True,
     help="Code snapshots kept per host.",

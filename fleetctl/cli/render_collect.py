@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,16 +35,29 @@ def collect_summary_lines(collected: Sequence[NodeCollect], job_id: str) -> list
     it means the run folder does not hold everything the job wrote. Files left on purpose
     (over the cap, excluded) follow, with how to fetch them.
     """
-    from fleetctl.phases.collect import not_collected_line
+    from fleetctl.job.runfolder import STREAMED_CONSOLE
+    from fleetctl.phases.collect import INCOMPLETE_REASONS, not_collected_line
 
     lines: list[str] = []
     for c in collected:
         if c.incomplete:
-            why = c.skipped or c.error or "some files did not arrive"
+            gaps = [f for f in c.not_collected if f["reason"] in INCOMPLETE_REASONS]
+            why = (
+                c.skipped
+                or c.error
+                or (
+                    f"{gaps[0]['path']}: {gaps[0]['detail']}"
+                    if gaps
+                    else "some files did not arrive"
+                )
+            )
+            copy = Path(c.folder) / STREAMED_CONSOLE
+            if copy.is_file():
+                why += f"; every line that streamed is in {copy}"
             lines.append(f"LOGS INCOMPLETE for node {c.rank} ({c.host}): {why}")
     over = False
-    for c in collected:
-        if c.not_collected:
+    for c in collected:  # a console.log gap alone is said by its LOGS INCOMPLETE line
+        if any(f["reason"] not in ("missing", "short") for f in c.not_collected):
             lines.append(f"node {c.rank} ({c.host}): {not_collected_line(c)}")
             over = over or any(f["reason"] == "over cap" for f in c.not_collected)
     if any(c.incomplete for c in collected):

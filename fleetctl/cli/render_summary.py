@@ -4,7 +4,7 @@ collected."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.cli.render import fold_ranks, stack_lines
 
@@ -74,6 +74,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             lines.append(f"--- last {len(tail)} lines of node {ff.rank} ({ff.host}) ---")
             lines.extend(tail)
             lines.append("---")
+        lines.extend(_rank_errors(result.failed_ranks or [], tail))
         if ff.folder:
             lines.append(f"node {ff.rank} logs: {ff.folder}")
     elif result.status == "failed" and result.verdict:  # --timeout, a stall: no node failed
@@ -121,3 +122,17 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
     lines.extend(collect_summary_lines(result.collected, result.job_id))
     lines.append(f"run folder: {result.folder}")
     return lines
+
+
+def _rank_errors(failed: list[dict[str, Any]], tail: list[str]) -> list[str]:
+    """Each failed rank's own error (its traceback, from its rank log: ``job.ranks.rank_error``)
+    unless the node's tail above already shows it (plain, paddle's echoed worker log)."""
+    out: list[str] = []
+    for f in failed:
+        error = f.get("error") or []
+        if not error or set(error) <= set(tail):
+            continue
+        out.append(f"--- rank {f['rank']} ({f['node']}), from {f.get('error_log')} ---")
+        out.extend(error)
+        out.append("---")
+    return out

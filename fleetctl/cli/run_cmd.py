@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import secrets
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,6 +20,7 @@ import click
 from fleetctl.cli import cli
 from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
+    Count,
     Seconds,
     SSHOptions,
     allow_secret_option,
@@ -47,6 +47,9 @@ def new_job_id(now: datetime | None = None) -> str:
     return format_job_id(now or datetime.now(timezone.utc), secrets.token_hex(3))
 
 
+MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
+
+
 class NprocType(click.ParamType):
     """``--nproc-per-node``: a positive integer or ``auto`` (one per GPU, 1 without GPUs)."""
 
@@ -64,6 +67,8 @@ class NprocType(click.ParamType):
                 self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
         if n < 1:
             self.fail(f"{value!r} is not a positive integer", param, ctx)
+        if n > MAX_NPROC:
+            self.fail(f"{value!r} is more than {MAX_NPROC} processes per node", param, ctx)
         return n
 
 
@@ -78,22 +83,6 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
             )
         env[key] = value
     return env
-
-
-def script_in_code_dir(script: str, code_dir: str) -> str:
-    """SCRIPT as a POSIX path relative to the code dir that push ships; UsageError if outside."""
-    if script.startswith("-"):
-        raise UsageError(f"unknown option {script!r} (fleetctl options go before SCRIPT)")
-    root = Path(code_dir).resolve()
-    path = Path(script)
-    full = (path if path.is_absolute() else Path.cwd() / path).resolve()
-    if not full.is_file():
-        raise UsageError(f"script not found: {script}")
-    try:
-        rel = full.relative_to(root)
-    except ValueError as e:
-        raise UsageError(f"script {script} is outside the code dir {root} (see --code-dir)") from e
-    return rel.as_posix()
 
 
 @cli.command(
@@ -177,11 +166,19 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
 @click.option(
     "--nodes",
     "nodes_wanted",
-    type=click.IntRange(min=1),
+    type=Count(min=1),
     default=None,
     metavar="N",
     help="Run on N hosts of the selection (inventory order) that pass the check; the others "
     "are spares that replace a host failing later (with --max-retries).",
+)
+@click.option(
+    "--checkpoint-dir",
+    default=None,
+    metavar="DIR",
+    help="With --max-retries: the folder whose files rank 0's node relays to every node of a "
+    "retry (relative to the job's work folder, or absolute on the nodes; default: the work "
+    "folder).",
 )
 @click.option(
     "--allow-busy-gpus",
@@ -242,6 +239,13 @@ def script_in_code_dir(script: str, code_dir: str) -> str:
     help="Pass the job's control sequences to the terminal as they are (default: colours "
     "only; the logs on disk are always byte-exact).",
 )
+@click.option(
+    "--before",
+    default=None,
+    metavar="FILE:TASK",
+    help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
+    "after the check and push, before the launch; failing on a node stops the run there.",
+)
 @lifecycle_options
 @collect_options
 @click.argument("script", required=False)
@@ -300,14 +304,26 @@ def run_command(
         )
     if job_file is not None and script is not None:
         raise UsageError(f"--job {job_file} replaces SCRIPT; got {script!r} too")
+    kind, folder = None, ""
     if job_file is None:
         if script is None:
             raise UsageError("missing SCRIPT (or --job FILE)")
-        if code_dir is None:
-            from fleetctl.phases.codesync import default_code_dir
+        from fleetctl.cli.script_arg import resolve
 
-            code_dir = str(default_code_dir(script))
-        script = script_in_code_dir(script, code_dir)
+        # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
+        prog = resolve(script, script_args, code_dir, launcher, lifecycle["launcher_args"])
+        script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
+        code_dir = prog.code_dir
+    from fleetctl.phases.checkpoints import checkpoint_dir_arg
+
+    checkpoint_dir = checkpoint_dir_arg(lifecycle["checkpoint_dir"])
+    before = None
+    if lifecycle["before"] is not None:  # loaded now: a bad FILE:TASK fails before the check
+        if inventory is None:
+            raise UsageError("--before runs a Fabric task over SSH: it needs an inventory (-i)")
+        from fleetctl.api.before import load_task
+
+        before = load_task(lifecycle["before"])
     inv = load_selected(inventory, limit)
     want = lifecycle["nodes_wanted"]
     if want is not None and want > len(inv.nodes):
@@ -325,6 +341,8 @@ def run_command(
         env=env,
         backend=backend,
         created=now.isoformat(timespec="seconds"),
+        kind=kind,
+        folder=folder,
     )
     planner = None
     job_retry = None
@@ -355,6 +373,9 @@ def run_command(
             def plan_now(spec: JobSpec) -> Any:
                 return make_plan(inv.nodes, spec)
 
+    # what the real run would refuse, a dry run refuses too
+    retry_policy = retry.policy(job_retry)
+    collect = collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"])
     if plan_now is not None:
         plan = plan_now(spec)
         if as_json:
@@ -384,13 +405,15 @@ def run_command(
         settings=ssh.settings,
         detach=detach,
         planner=planner,
-        retry=retry.policy(job_retry),
+        retry=retry_policy,
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
         allow_secrets=tuple(lifecycle["allow_secrets"]),
         allow_busy_gpus=lifecycle["allow_busy_gpus"],
         nodes_wanted=lifecycle["nodes_wanted"],
-        collect=collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"]),
+        checkpoint_dir=checkpoint_dir,
+        collect=collect,
+        before=before,
     )
 
 
@@ -422,6 +445,8 @@ def _run_for_real(
     collect: CollectOptions | None = None,
     allow_busy_gpus: bool = False,
     nodes_wanted: int | None = None,
+    checkpoint_dir: str | None = None,
+    before: Any = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -449,6 +474,8 @@ def _run_for_real(
         allow_busy_gpus=allow_busy_gpus,
         collect=collect,
         nodes_wanted=nodes_wanted,
+        checkpoint_dir=checkpoint_dir,
+        before_launch=before,
     )
     request = JobRequest(
         spec,
@@ -473,6 +500,13 @@ def _run_for_real(
             click.echo(line, err=True)
     if result.status == "interrupted":
         raise Interrupted(f"job {result.job_id} interrupted; stopped on every node")
+    from fleetctl.phases.collect import interrupted
+
+    if interrupted(result.collected):
+        raise Interrupted(
+            f"job {result.job_id} {result.status}, but LOGS INCOMPLETE: log collection "
+            f"interrupted; `fleetctl collect {result.job_id}` fetches the rest"
+        )
     if result.exit_code:
         ff = result.failed_node
         what = (

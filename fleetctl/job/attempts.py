@@ -46,6 +46,7 @@ class Attempt:
     backoff: float | None = None
     nodes: list[str] | None = None  # --nodes N: the hosts this attempt ran on
     left_out: dict[str, str] | None = None  # --nodes N: hosts left out, and why
+    checkpoints: dict[str, Any] | None = None  # a retry: what was relayed from rank 0, and how
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,6 +112,7 @@ def run_attempts(
                 )
                 for name in _reconnect(fleet, out.results[-1]):
                     emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
+                aopts = _with_relay(aopts, nodes, out.results)
             try:
                 if spares:
                     assert want is not None
@@ -123,6 +125,7 @@ def run_attempts(
             except FleetctlError as e:  # before launch (check, push, plan): recorded, then raised
                 folder = Path(options.runs_dir) / aspec.job_id
                 att = Attempt(k, aspec.job_id, str(folder), JobStatus.ERROR, e.one_line(), None)
+                att.checkpoints = _relayed(aopts)
                 if spares:
                     att.left_out = left_out
                 if k > 1 and k <= policy.max_retries:  # a node still coming back: try again
@@ -156,6 +159,7 @@ def run_attempts(
                 status=result.status,
                 ended_by=None if ff is None else f"node {ff.rank} ({ff.host}): {ff.how()}",
                 decision=None,
+                checkpoints=_relayed(aopts),
             )
             if spares:
                 from fleetctl.job.spares import faulty_hosts
@@ -218,6 +222,25 @@ def _choose(
         )
     )
     return chosen, left_out
+
+
+def _with_relay(
+    options: RunOptions, pool: Sequence[Node], results: Sequence[JobResult]
+) -> RunOptions:
+    """A retry's options with the relay of the last attempt's checkpoints (rank 0's work
+    folder, or ``--checkpoint-dir``) to every node before launch."""
+    from fleetctl.job.checkpoints import CheckpointRelay, relay_source
+
+    source = relay_source(pool, results)
+    if source is None:
+        return options
+    relay = CheckpointRelay(source, dir=options.checkpoint_dir)
+    return dataclasses.replace(options, relay=relay)
+
+
+def _relayed(options: RunOptions) -> dict[str, Any] | None:
+    relay = options.relay
+    return relay.report.to_dict() if relay is not None and relay.report is not None else None
 
 
 def _reconnect(fleet: Fleet, last: JobResult | None) -> list[str]:

@@ -211,7 +211,10 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
     elif ev.kind == "lost":
         node.reason = ev.text
-        change = state.end(ev.rank, NodeState.LOST, ev.time)
+        # it failed when it went silent, not when the timeout ran out: a peer that failed in
+        # between (its collective broke) is its victim, not the first failure
+        node.end_time = ev.heard if ev.heard is not None else ev.time
+        change = state.end(ev.rank, NodeState.LOST, node.end_time)
         node.state = change.state
         job.emit("lost", ev.text, rank=ev.rank, ts=ev.time)
     else:  # start_failed

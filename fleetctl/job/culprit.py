@@ -10,8 +10,11 @@ the training network, a host that stopped answering SSH, a full disk, a lost GPU
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleetctl.phases.check import CheckReport
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
 
 # cells a finished job's own processes cannot explain away (ports are the job's business)
 _CAUSES = ("ssh", "ping", "python", "nic", "addr", "gpu", "disk")
+POST_MORTEM_LIMIT = 2.0  # s the run waits for the post-mortem at most
+TCP_TIMEOUT = 0.5  # s per mesh connection: the training network answers in ms when it works
 
 
 def culprits(report: CheckReport) -> list[str]:
@@ -45,24 +50,63 @@ def culprits(report: CheckReport) -> list[str]:
     return out
 
 
-def post_mortem(fleet: Fleet, spec: JobSpec, timeout: float = 10.0) -> list[str]:
-    """Probe every host once more (uncached) and return the likely causes; never raises: a
-    post-mortem that fails says so instead of hiding the job's own failure."""
+def post_mortem(
+    fleet: Fleet,
+    spec: JobSpec,
+    *,
+    skip: Iterable[str] = (),
+    limit: float = POST_MORTEM_LIMIT,
+) -> list[str]:
+    """Probe every host but those in ``skip`` (lost: known unreachable) once more, uncached,
+    for at most ``limit`` seconds, and return the likely causes. Never raises and never makes
+    the run wait longer: a post-mortem that fails or runs late says so instead of hiding the
+    job's own failure (a probe still running is left to finish in the background)."""
     from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.ssh.fleet import Fleet
 
+    skip = set(skip)
+    nodes = [n for n in fleet.nodes if n.name not in skip]
+    if not nodes:
+        return []
     opts = CheckOptions(
         master_port=spec.master_port,
         check_master_port=False,  # the job's own port may linger in TIME_WAIT
         backend=spec.backend,
-        probe_timeout=timeout,
+        probe_timeout=limit,
+        tcp_timeout=min(TCP_TIMEOUT, limit / 2),
         cache_ttl=0,
         recheck=True,
     )
-    for node in fleet.connected:  # a node that went away must be dialled afresh
+    shared = {n.name for n in fleet.connected}
+    settings = dataclasses.replace(
+        fleet.settings, connect_timeout=min(fleet.settings.connect_timeout, limit)
+    )
+    sub = Fleet(nodes, settings, fanout=fleet.fanout)
+    for node in nodes:
+        if node.name not in shared:
+            continue
         with contextlib.suppress(Exception):
-            if not fleet.connection(node).alive():
+            conn = fleet.connection(node)
+            if conn.alive():
+                sub.adopt(node, conn)
+            else:  # a node that went away must be dialled afresh
                 fleet.drop(node)
-    try:
-        return culprits(check_fleet(fleet, opts))
-    except Exception as e:  # the job's own failure stays the story
-        return [f"post-mortem probe failed: {type(e).__name__}: {e}"]
+                shared.discard(node.name)
+    box: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            box["causes"] = culprits(check_fleet(sub, opts))
+        except Exception as e:  # the job's own failure stays the story
+            box["causes"] = [f"post-mortem probe failed: {type(e).__name__}: {e}"]
+
+    t = threading.Thread(target=probe, daemon=True, name="post-mortem")
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        return [f"post-mortem probe: no answer from every host within {limit:g}s"]
+    for node in sub.connected:  # connections it opened afresh serve the later phases
+        if node.name not in shared:
+            with contextlib.suppress(Exception):
+                fleet.adopt(node, sub.connection(node))
+    return list(box.get("causes", []))

@@ -77,8 +77,9 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
         _post_mortem(job, fleet)
     try:
         _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
-    except KeyboardInterrupt:
-        job.result.errors.append("log collection interrupted")
+    except KeyboardInterrupt as e:
+        if not hasattr(e, "results"):  # CollectInterrupted recorded itself
+            job.result.errors.append("log collection interrupted")
     finally:
         for r in in_band:  # collected or not, nothing more to say on these channels
             with contextlib.suppress(Exception):
@@ -153,20 +154,37 @@ def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
 
 
 def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
-    from fleetctl.phases.collect import collect, not_collected_line
+    from fleetctl.phases.collect import (
+        CollectInterrupted,
+        check_console,
+        collect,
+        not_collected_line,
+    )
 
-    assert job.plan is not None
+    assert job.plan is not None and job.watch is not None
     lost = _lost_hosts(job)
     job.emit("phase", f"collecting logs into {job.folder.path}")
-    results = collect(
-        fleet,
-        job.plan,
-        job.folder.path,
-        pythons=job.pythons,
-        skip=lost,
-        streams=streams,
-        options=job.options.collect,
-    )
+    cut: CollectInterrupted | None = None
+    try:
+        results = collect(
+            fleet,
+            job.plan,
+            job.folder.path,
+            pythons=job.pythons,
+            skip=lost,
+            streams=streams,
+            options=job.options.collect,
+        )
+    except CollectInterrupted as e:  # Ctrl-C: record what is (not) home, then say so
+        cut, results = e, e.results
+        job.result.errors.append(
+            "log collection interrupted: partial copies are kept for "
+            f"`fleetctl collect {job.plan.job_id}` to resume"
+        )
+    runs = job.watch.runs
+    for c in results:  # a node whose job started must bring its console.log home whole
+        if job.result.nodes[c.rank].start_time is not None:
+            check_console(c, runs[c.rank].lines if c.rank in runs else None)
     job.result.collected = results
     for c in results:
         node = job.result.nodes[c.rank]
@@ -187,15 +205,24 @@ def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = 
     job.close_spools({c.rank for c in results if c.incomplete or job.result.nodes[c.rank].problem})
     _rank_map(job)
     _redact(job)
+    if cut is not None:
+        raise cut
 
 
 def _blame_first_rank(job: JobContext) -> None:
     """The node whose rank failed first is the first failure, even when a peer's launcher ended
     first: launchers look at their ranks every 0.1-1 s, and under load the culprit's may end
     after its victim's, or after our stop reached it. The node supervisors' clocks decide."""
+    from fleetctl.job.ranks import rank_exits
+
     first = (job.result.failed_ranks or [None])[0]
     before = job.result.failed_node
-    if first is None or before is None or not job.state.blame(int(first["node_rank"])):
+    if first is None or before is None:
+        return
+    at = min((t for t, r, _c, _h in rank_exits(job.result) if r == first["rank"]), default=None)
+    if not job.state.blame(int(first["node_rank"]), at):
+        if before.state == NodeState.LOST and int(first["node_rank"]) != before.rank:
+            job.result.failed_ranks = None  # a victim of the lost node, not its rank
         return
     job.sync()
     node = job.result.nodes[int(first["node_rank"])]
@@ -204,12 +231,16 @@ def _blame_first_rank(job: JobContext) -> None:
         # its launcher ended by our stop: how the node failed is how its rank ended
         node.exit_code, node.signal = (code, None) if code > 0 else (None, -code)
     node.state = job.state.states[node.rank]
+    if before.state == NodeState.LOST:
+        why = f"node {before.rank} ({before.host}) was last heard from"
+    else:
+        why = f"any rank of node {before.rank} ({before.host}), whose launcher ended first"
     job.emit(
         "notice",
-        f"rank {first['rank']} on node {node.rank} ({node.host}) failed before any rank of "
-        f"node {before.rank} ({before.host}), whose launcher ended first: node {node.rank} "
-        "is the first failure",
+        f"rank {first['rank']} on node {node.rank} ({node.host}) failed before {why}: "
+        f"node {node.rank} is the first failure",
     )
+    job.emit("failure", node.how(), rank=node.rank)  # the live line names who the summary does
 
 
 def _post_mortem(job: JobContext, fleet: Fleet) -> None:
@@ -217,7 +248,7 @@ def _post_mortem(job: JobContext, fleet: Fleet) -> None:
     from fleetctl.job.culprit import post_mortem
 
     job.emit("phase", "checking every host after the failure (post-mortem)")
-    job.result.culprits = post_mortem(fleet, job.spec)
+    job.result.culprits = post_mortem(fleet, job.spec, skip=_lost_hosts(job))
     for line in job.result.culprits:
         job.emit("notice", f"likely cause: {line}")
 

@@ -111,6 +111,24 @@ class JobHandle:
             raise UsageError(f"job {self.job_id} has no node {node!r} (nodes: {names})")
         return chosen
 
+    def controller(self) -> dict[str, Any] | None:
+        """The ``fleetctl run`` that created the run folder: ``pid``, ``host`` and ``alive``
+        (None when it ran on another machine: its pid means nothing here). None when the
+        folder has no record of it."""
+        import socket
+
+        from fleetctl.job.monitor_process import monitor_alive
+
+        info = self.folder.load_controller()
+        if info is None:
+            return None
+        here = info.get("host") in (None, socket.gethostname())
+        return {
+            "pid": info.get("pid"),
+            "host": info.get("host"),
+            "alive": monitor_alive(info) if here else None,
+        }
+
     # -- actions ------------------------------------------------------------------------
     def status(self) -> list[NodeReport]:
         """Per-node state: the supervisors' answers when live, else job.json's record."""
@@ -183,7 +201,7 @@ class JobHandle:
         counts as home) and finalise job.json from the nodes' records (``stopped``: after
         :meth:`stop`, jobs that ended then count as stopped). ``options``: cap and excludes
         for this collection, else the run's."""
-        from fleetctl.phases.collect import collect
+        from fleetctl.phases.collect import check_console, collect
 
         ensure_supervisor(self.fleet, self.nodes)
         results = collect(
@@ -193,6 +211,10 @@ class JobHandle:
             pythons=self.pythons(),
             options=options or self.collect_options(),
         )
+        started = {int(n["rank"]) for n in self.job.get("nodes") or [] if n.get("start_time")}
+        for c in results:  # a started job's console.log must come home
+            if c.rank in started:
+                check_console(c)
         if not stopped:  # after a stop, mark_stopped finalises with the teardown's verdict
             with self.folder.locked():
                 self._finalise(results)

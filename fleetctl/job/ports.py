@@ -3,10 +3,12 @@
 Two runs planned at the same instant on the same hosts both saw port 29500 free in their
 checks; one job's rank 0 then failed to bind it and that job's other ranks joined the other
 job's rendezvous. So the port is not just probed but claimed for this job id on node 0
-(``remote/port_probe.py``: an O_EXCL file per port in a host-local folder) before any node
-starts; node 0's supervisor adopts the claim and frees it when the job ends. Without
-``--master-port`` the first claimable port from 29500 on is taken (recorded in plan.json); with
-it, a port another fleetctl job holds is refused, naming that job.
+(``remote/port_probe.py``: an O_EXCL file per port in the user's private host-local folder
+``/tmp/fleetctl-ports-<uid>``) before any node starts; node 0's supervisor adopts the claim and
+frees it when the job ends. Without ``--master-port`` the first claimable port from 29500 on is
+taken (recorded in plan.json); a port in TIME_WAIT from the last job is free, so jobs keep
+29500 (what firewalls open); with it, a port another fleetctl job holds is refused, naming that
+job.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ MAX_SPAN_TRIES = 8  # paddle: bases tried when a port of the span is taken on an
 CLAIM_TIMEOUT = 20.0
 
 
+class ClaimFolderError(LaunchError):
+    """A node's port claim folder cannot be used (another user's, a link): no port will do."""
+
+
 def reserve_master_port(
     fleet: Fleet, node0: Node, spec: JobSpec, *, span: int = 1, others: Sequence[Node] = ()
 ) -> int:
@@ -44,6 +50,9 @@ def reserve_master_port(
             break
         try:
             _claim_everywhere(fleet, others, free[0], spec.job_id, span)
+        except ClaimFolderError:
+            _unclaim(fleet, [node0], free[0], spec.job_id, span)
+            raise
         except LaunchError:
             # a port of the span is taken on another node (TIME_WAIT, another service): give
             # back what was claimed, and with a port of our choosing try the next base
@@ -79,6 +88,8 @@ def _claim(
     )
     try:
         data = last_data(res.stdout)
+        if isinstance(data, dict) and data.get("error"):
+            raise ClaimFolderError(f"{node.label}: {data['error']}")
         return [int(p) for p in data["free"]], dict(data.get("busy") or {})
     except (ValueError, KeyError, TypeError) as e:
         tail = " ".join((res.stderr or res.stdout).split())[-200:]

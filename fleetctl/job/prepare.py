@@ -37,6 +37,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
     facts: dict[str, NodeFacts] = {}
     known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
+    shared: list[list[str]] = []  # groups of nodes that share one workdir (an NFS home)
     if options.check:
         from fleetctl.phases.check import CheckOptions, check_fleet
 
@@ -49,6 +50,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there
             launcher_module=None if options.env_archive else launcher_module(spec.launcher),
+            # no launcher import tells torch's version (plain): the probe looks it up
+            torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
         )
         if options.check_options is None and options.code is not None:
             from fleetctl.phases import codesync
@@ -69,6 +72,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
                 FleetResult(dict(report.hosts)),
             )
         facts = dict(report.facts)
+        shared = report.shared_workdirs
         if not report.cached:  # a cached report may be minutes old: ask again
             known_present = frozenset(h for h, ok in report.code_present.items() if ok)
         for w in report.warnings:
@@ -103,7 +107,12 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             if prefix:
                 job.path_prepend[n.name] = [prefix]
                 f = facts.get(n.name) or NodeFacts()
-                facts[n.name] = dataclasses.replace(f, python=prefix + "/python")
+                pushed = report.nodes.get(n.name)  # the env's torch (push verified it)
+                torch = (pushed.torch_version if pushed else None) or f.torch
+                facts[n.name] = dataclasses.replace(f, python=prefix + "/python", torch=torch)
+    if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet
+        job.emit("phase", "before launch")
+        options.before_launch(job.nodes, fleet.settings)
     if options.planner is not None:  # role jobs: ports probed, roles laid out
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
         job.folder.write_roles(layout.to_dict())
@@ -123,6 +132,10 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr
     job.folder.write_plan(plan_document(job.plan))
+    if options.relay is not None:  # a retry: the last attempt's checkpoints on every node
+        from fleetctl.job.checkpoints import relay_before_launch
+
+        relay_before_launch(job, fleet, shared)
 
 
 def plan_document(plan: Plan) -> dict[str, Any]:

@@ -82,7 +82,8 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
 def rank_exits(result: JobResult) -> list[tuple[float, int, int | None, str]]:
     """(when, global rank, exit code or -signal or None, host) of every rank process the node
     supervisors saw end (``rank_exits.json``, each by its node's clock: the moment it ended,
-    from a pidfd), over every node."""
+    from a pidfd), over every node — except those that ended after our stop had reached their
+    node (``after_stop``): our teardown's doing, never a first failure."""
     plan = result.plan
     if plan is None:
         return []
@@ -94,6 +95,8 @@ def rank_exits(result: JobResult) -> list[tuple[float, int, int | None, str]]:
         try:
             data = json.loads((Path(node.folder) / "rank_exits.json").read_text())
             for e in data["exits"]:
+                if e.get("after_stop"):
+                    continue
                 code = e.get("code")
                 out.append((
                     float(e["at"]),
@@ -201,6 +204,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
                 "local_rank": info.get("local_rank"),
                 "exit_code": code,
                 "logs": info.get("logs", []),
+                **rank_error(getattr(result, "folder", None), info.get("logs") or ()),
             }
         )
     return out
@@ -221,6 +225,72 @@ def _lost_a_peer(result: JobResult, logs: Any) -> bool:
         except (OSError, TypeError, ValueError):
             continue
     return False
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_ERROR_LINES = 12  # of a rank's traceback shown: its first line, then the innermost frames
+_ERROR_READ = 65536  # bytes from the end of a rank log searched for it
+
+
+def rank_error(folder: Path | None, logs: Any) -> dict[str, Any]:
+    """``{"error": [lines], "error_log": rel}``: the failed rank's own last words from its log
+    (its last Python traceback, else the last lines of its stderr/log), for the summary: a
+    launcher's last lines are its own boilerplate (torchrun's ``ChildFailedError``), the rank's
+    ``RuntimeError: …`` only in the rank's file. ``{}`` when no log says anything."""
+    if folder is None:
+        return {}
+    texts = []
+    for rel in reversed(list(logs)):  # torchrun: the last restart's files first
+        try:
+            with open(Path(folder) / rel, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - _ERROR_READ))
+                text = f.read().decode("utf-8", errors="replace")
+        except (OSError, TypeError, ValueError):
+            continue
+        lines = traceback_lines(text)
+        if lines:
+            return {"error": lines, "error_log": str(rel)}
+        texts.append((str(rel), text))
+    for rel, text in sorted(texts, key=lambda t: "stdout" in t[0]):  # stderr before stdout
+        last = [ln for ln in text.splitlines() if ln.strip()][-5:]
+        if last:
+            return {"error": last, "error_log": rel}
+    return {}
+
+
+def traceback_lines(text: str, limit: int = _ERROR_LINES) -> list[str]:
+    """The last Python traceback in ``text``, through its exception line and up to 4 lines of a
+    message that goes on; a deep one keeps its first line and its innermost frames. Lines keep
+    a prefix the traceback's first line has (torch.distributed's ``[rank3]: ``)."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.rstrip().endswith(_TRACEBACK)]
+    if not starts:
+        return []
+    start = starts[-1]
+    prefix = lines[start].rstrip()[: -len(_TRACEBACK)]
+    body = [ln[len(prefix) :] if ln.startswith(prefix) else None for ln in lines]
+
+    def frame(i: int) -> bool:  # a frame's line (indented) or a blank one, same prefix
+        line = body[i]
+        return line is not None and (line.startswith((" ", "\t")) or not line.strip())
+
+    end = start + 1
+    while end < len(lines) and frame(end):
+        end += 1
+    if end >= len(lines) or body[end] is None:
+        return []  # cut off before its exception line: not one to show
+    end += 1
+    more = 0
+    while end < len(lines) and more < 4:  # a message over several lines
+        line = body[end]
+        if line is None or not line.strip() or line.startswith(("[", " ", _TRACEBACK)):
+            break
+        end, more = end + 1, more + 1
+    block = lines[start:end]
+    if len(block) > limit:
+        block = [block[0], f"{prefix}  …", *block[len(block) - (limit - 2) :]]
+    return block
 
 
 def describe(f: dict[str, Any], folder: Path) -> str:

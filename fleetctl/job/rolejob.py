@@ -60,8 +60,13 @@ def probe_free_ports(
             [conn.expand(node.python), remote.NO_SITE, "-c", PORT_PROBE, arg],
             timeout=PORT_PROBE_TIMEOUT,
         )
+        data: object = None
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            return [int(p) for p in last_data(res.stdout)["free"]]
+            data = last_data(res.stdout)
+            return [int(p) for p in data["free"]]  # type: ignore[index]
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            # the probe's own words: e.g. a claim folder that is not ours
+            raise PlanError(f"{node.name}: {data['error']}")
         raise PlanError(
             f"{node.name}: free-port probe failed (exit {res.exit_code}): "
             + " ".join((res.stderr or res.stdout).split())[-200:]

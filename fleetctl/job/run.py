@@ -35,6 +35,7 @@ from fleetctl.phases.reattach import reattach_stream
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
 
 if TYPE_CHECKING:
+    from fleetctl.job.checkpoints import CheckpointRelay
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 DEFAULT_GRACE = 5.0
 DEFAULT_DEADMAN = 10.0
+REATTACH_TRY = 1.0  # s for one try at a new connection to a silent node (TCP, banner, auth)
 
 
 @dataclass
@@ -78,6 +80,11 @@ class RunOptions:
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
     collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
+    checkpoint_dir: str | None = None  # --checkpoint-dir: what a retry relays (None: work folder)
+    relay: CheckpointRelay | None = None  # a retry: the last attempt's checkpoints, copied first
+    # after the check and push, before plan and launch: (nodes, settings) -> None; what it
+    # raises stops the run before anything started (`run --before`, fleetctl.api)
+    before_launch: Callable[[Sequence[Node], SSHSettings | None], None] | None = None
 
 
 # ----------------------------------------------------------------------------------- the job
@@ -129,31 +136,32 @@ def run_job(
     return job.result
 
 
-def _reattacher(fleet: Fleet, lost_timeout: float) -> Callable[[NodeRun], list[Frame]]:
+def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
     """How the watcher reaches a silent node again: a new connection (the old transport may
-    be dead), tried again and again for the lost-node timeout (a link coming back answers the
-    next try at once, not after the kernel's SYN back-off); it replaces the old one."""
+    be dead), tried again and again until the deadline (``time.monotonic()``), each try short
+    (a link coming back answers the next try at once, not after the kernel's SYN back-off);
+    it replaces the old one."""
 
-    def reattach(run: NodeRun) -> list[Frame]:
+    def reattach(run: NodeRun, deadline: float) -> list[Frame]:
         from fleetctl.ssh.connection import connect
 
-        limit = max(1.0, lost_timeout)
-        deadline = time.monotonic() + limit
         while True:
             left = deadline - time.monotonic()
             try:
-                one = max(0.5, min(2.0, left))
+                one = max(0.3, min(REATTACH_TRY, left))
                 conn = connect(run.node, dataclasses.replace(fleet.settings, connect_timeout=one))
                 break
             except FleetctlError:
-                if time.monotonic() + 0.2 >= deadline:
+                if time.monotonic() + 0.1 >= deadline:
                     raise
-                time.sleep(0.2)
+                time.sleep(0.1)
         try:
-            frames = reattach_stream(run, conn, timeout=limit + 5.0)
+            # a node that answered the handshake gets a moment to answer from its supervisor
+            frames = reattach_stream(run, conn, timeout=max(1.0, deadline - time.monotonic()))
         except BaseException:
             conn.close()
             raise
+        conn.settings = fleet.settings  # from here on it is the node's connection, as dialled
         run.conn = conn
         # the old connection closes, its stream with it: the supervisor sees EOF and runs on
         fleet.adopt(run.node, conn)
@@ -169,7 +177,7 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
     watch = job.watch = Watch(
         lost_timeout=options.lost_timeout,
         heartbeat=options.heartbeat,
-        reattach=_reattacher(fleet, options.lost_timeout),
+        reattach=_reattacher(fleet),
     )
     by_name = {n.name: n for n in job.nodes}
     job.state.launch()

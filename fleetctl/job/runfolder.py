@@ -12,6 +12,8 @@ lock. The files:
   attempt's folder);
 * ``roles.json`` — a role job's layout: the job file as parsed and every task's ports;
 * ``monitor.log`` — a detached job's monitor output;
+* ``controller.json`` — who created the folder (the ``fleetctl run`` process: pid, start time,
+  boot, host), so ``fleetctl status`` can tell a job whose controller is gone;
 * ``stacks-<time>.txt`` — every process's stack, dumped on demand (``fleetctl stacks``);
 * ``<rank>-<host>/`` — one folder per node with its collected logs (written by collect, into
   the path :meth:`RunFolder.node_folder` gives), and ``console.streamed.log`` there when the
@@ -47,6 +49,7 @@ ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
+CONTROLLER_FILE = "controller.json"
 STREAMED_CONSOLE = "console.streamed.log"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -105,7 +108,12 @@ class RunFolder:
             raise RunFolderError(f"{path}: run folder already exists") from e
         except OSError as e:
             raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
-        return cls(path)
+        folder = cls(path)
+        from fleetctl.job.monitor_process import identity
+
+        with contextlib.suppress(OSError):  # a note for `status`, never a reason not to run
+            folder._write_json(CONTROLLER_FILE, identity())
+        return folder
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         _write_atomic(self.path / name, json.dumps(data, indent=2) + "\n")
@@ -126,6 +134,13 @@ class RunFolder:
             job = self.load_job()
             yield job
             self.write_job(job)
+
+    def load_controller(self) -> dict[str, Any] | None:
+        """The process that created the folder (None: not recorded, e.g. an older run)."""
+        try:
+            return _read_json(self.path / CONTROLLER_FILE)
+        except RunFolderError:
+            return None
 
     def write_connect(self, data: dict[str, Any]) -> None:
         self._write_json(CONNECT_FILE, data)

@@ -9,7 +9,9 @@ two groups, which the CLI prints as::
 
 Understands both dump formats a node produces: py-spy's ``dump`` (``func (file:line)``,
 innermost first) and faulthandler's (``File "file", line N in func``, most recent call first).
-Pure: text in, groups out.
+faulthandler's go to the job's console.log, several in one text: :func:`console_stacks` cuts
+them apart by writer (a rank's lines come tagged ``[rank G]``, the launcher's do not), so the
+launcher's own stacks never stand in for a rank's. Pure: text in, groups out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ _PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ .*?(?:"(?P<name>[^"]*)"
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^():]+):(?P<line>\d+)\)\s*$")
 _FH_THREAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_FH_START = re.compile(r"^Fatal Python error: ")
+_RANK_TAG = re.compile(r"^\[rank (?P<rank>\d+)\] ?")
 
 
 @dataclass(frozen=True)
@@ -89,3 +93,35 @@ def fold(stacks: Iterable[RankStack]) -> list[StackGroup]:
         StackGroup(f, launcher_nodes=tuple(sorted(n)))
         for f, n in sorted(launchers.items(), key=order)
     ]
+
+
+def console_stacks(text: str, node: int, *, untagged_rank: int | None = None) -> list[RankStack]:
+    """The faulthandler dumps in a node's console text, one :class:`RankStack` per writer:
+    each ``[rank G]``-tagged rank, and the untagged output (the launcher; ``untagged_rank``
+    when that is a rank's own, as with the plain launcher). A writer's last dump wins (the
+    abort's, after any earlier ones)."""
+    lines: dict[int | None, list[str]] = {}
+    for line in text.splitlines():
+        m = _RANK_TAG.match(line)
+        rank = int(m["rank"]) if m else None
+        lines.setdefault(rank, []).append(line[m.end() :] if m else line)
+    out = []
+    for rank, own in lines.items():
+        dump = _last_dump(own)
+        if dump is not None:
+            who = untagged_rank if rank is None else rank
+            out.append(RankStack(node, who, dump))
+    return out
+
+
+def _last_dump(lines: list[str]) -> str | None:
+    """The last faulthandler dump in one writer's lines: from its ``Fatal Python error`` (or,
+    without one, its first thread header) through the frames that follow."""
+    start = None
+    for i, line in enumerate(lines):
+        if _FH_START.match(line) or (start is None and _FH_THREAD.match(line)):
+            start = i
+    if start is None:
+        return None
+    dump = lines[start:]
+    return "\n".join(dump) if any(_FH_FRAME.match(x) for x in dump) else None

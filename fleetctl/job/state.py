@@ -179,18 +179,26 @@ class JobState:
             self.first_failure, self.failure_time, first = rank, when, True
         return Transition(state, first, tolerated, completed)
 
-    def blame(self, rank: int) -> bool:
+    def blame(self, rank: int, when: float | None = None) -> bool:
         """After the fact: the node supervisors' clocks show that node ``rank``'s rank process
-        failed before any other, though a peer's launcher ended first (launchers look at their
-        ranks every 0.1-1 s) or our stop reached the node before its launcher ended. That node
-        is the first failure, and failed (not stopped). False (nothing changes) unless the job
-        failed on a node's end and ``rank`` is another node that failed or was stopped, whose
-        failure the completion policy does not tolerate."""
+        failed (at ``when``) before any other, though a peer's launcher ended first (launchers
+        look at their ranks every 0.1-1 s) or our stop reached the node before its launcher
+        ended. That node is the first failure, and failed (not stopped). False (nothing
+        changes) unless the job failed on a node's end and ``rank`` is another node that failed
+        or was stopped, whose failure the completion policy does not tolerate.
+
+        A lost first failure has no rank ends to compare (its node could not say): it keeps
+        the blame unless the rank failed before that node was last heard from (its
+        ``failure_time``) — a peer failing after the node went silent is its victim."""
         if (
             self.first_failure is None
             or self.first_failure == rank
             or self.verdict is not None
             or self.states[rank] not in (NodeState.FAILED, NodeState.STOPPED)
+        ):
+            return False
+        if self.states[self.first_failure] is NodeState.LOST and (
+            when is None or self.failure_time is None or when >= self.failure_time
         ):
             return False
         states = list(self.states)

@@ -61,6 +61,28 @@ def _real_python() -> str:
     return os.path.realpath(sys.executable)
 
 
+HOST_PRIVATE = ("/tmp", "/dev/shm", WORKDIR)  # each lab host mounts its own: this one's hidden
+
+
+def _check_python_visible(python: str) -> str:
+    """``python`` if the lab's hosts can run it; LabInputError naming it if it lives where
+    each host has a private folder instead (a venv under /tmp): the hosts would get no Python
+    and the lab would say ok."""
+    for path in dict.fromkeys((python, os.path.realpath(python))):
+        hidden = next((h for h in HOST_PRIVATE if path == h or path.startswith(h + "/")), None)
+        if hidden is None:
+            continue
+        shown = python if path == python else f"{python} (-> {path})"
+        base = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+        hint = ""
+        if not any(base == h or base.startswith(h + "/") for h in HOST_PRIVATE):
+            hint = f"; run it with a Python they see, e.g. {base} -m fleetctl lab up"
+        raise LabInputError(
+            f"the lab hosts cannot run {shown}: each host has its own private {hidden}{hint}"
+        )
+    return python
+
+
 def _sshd_binary() -> str:
     found = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin:/usr/bin")
     if not found:
@@ -287,7 +309,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
                 raise LabInputError(f"--subnet {want}: too small for {n} hosts") from e
         require_root()
         sshd = _sshd_binary()
-        python = _real_python()
+        python = _check_python_visible(_real_python())
 
         with _locked(REGISTRY / ".lock"):
             entries = [e for e in _registry_entries() if _entry_live(e)]

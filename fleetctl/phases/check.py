@@ -129,6 +129,7 @@ def probe_args(
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
         "launcher_module": options.launcher_module,
+        "torch_version": options.torch_version,
         "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,

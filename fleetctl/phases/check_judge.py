@@ -478,6 +478,8 @@ def _node_facts(f: Mapping[str, Any]) -> NodeFacts:
     torch = None
     if str(launcher.get("module") or "").split(".")[0] == "torch" and not launcher.get("error"):
         torch = str(launcher.get("version") or "") or None
+    # deepspeed's import brings torch; plain imports nothing: the probe looks it up
+    torch = torch or launcher.get("torch") or (f.get("torch") or {}).get("version") or None
     return NodeFacts(
         train_addr=nic.get("addr") if nic.get("ok") else None,
         nic=nic.get("name") if nic.get("ok") else None,

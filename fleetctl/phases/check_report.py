@@ -60,6 +60,9 @@ class CheckOptions:
     # The launcher's module, imported by the node python (where no env is pushed): a node
     # that cannot start the launcher fails the check, not the run.
     launcher_module: str | None = None
+    # Learn the node python's torch version without a launcher importing it (plain): the
+    # flight recorder's variable is named by it (fleetctl.plan.flight_recorder).
+    torch_version: bool = False
     code_dir: str | None = None
     mesh: bool = True
     mesh_mode: str = "auto"  # which pairs (fleetctl.phases.mesh_plan): auto, full, sparse

@@ -302,21 +302,21 @@ class _HashCache:
             self.data = json.loads(self.path.read_text())
 
     def sha(self, path: str, st: os.stat_result) -> tuple[str, bool]:
-        """The content hash, and whether the file looks like a private key (same read)."""
+        """The content hash, and whether the file holds a private key anywhere (same read).
+        An unchanged file (size, mtime, inode) is neither hashed nor scanned again."""
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         hit = self.data.get(path)
-        if hit and hit[:3] == key and len(hit) == 5:
+        if hit and hit[:3] == key and len(hit) == 6 and hit[5] == _SCAN_VERSION:
             return hit[3], bool(hit[4])
         h = hashlib.sha256()
-        secret = False
+        scan = KeyScan()
         with open(path, "rb") as f:
-            for i, chunk in enumerate(iter(lambda: f.read(1 << 20), b"")):
-                if i == 0:
-                    secret = looks_like_private_key(chunk)
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                scan.feed(chunk)
                 h.update(chunk)
-        self.data[path] = [*key, h.hexdigest(), secret]
+        self.data[path] = [*key, h.hexdigest(), scan.found, _SCAN_VERSION]
         self.dirty = True
-        return h.hexdigest(), secret
+        return h.hexdigest(), scan.found
 
     def save(self) -> None:
         if not self.dirty:
@@ -332,14 +332,70 @@ MAX_FILES = 100_000
 _KEY_NAME = re.compile(r"(?:^|/)id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?$")
 # PEM/OpenSSH private keys (RSA, EC, DSA, PKCS#8, encrypted) and PuTTY's; at a line start, so a
 # source file that merely mentions the header is not taken for a key.
-_KEY_HEADER = re.compile(
-    rb"(?m)^(?:-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----|PuTTY-User-Key-File-\d+: )"
+_SCAN_VERSION = 2  # cache entries from an older scan (the first MiB only) are scanned again
+
+
+def _key_header(order: str) -> bytes:
+    """The key header regex in one encoding: ``order`` puts UTF-16's zero byte after each
+    character (``le``), before it (``be``), or nowhere (ASCII/UTF-8)."""
+
+    def u(atom: bytes) -> bytes:
+        return {"le": b"(?:" + atom + b"\\x00)", "be": b"(?:\\x00" + atom + b")"}.get(order, atom)
+
+    def lit(text: str) -> bytes:
+        return b"".join(u(re.escape(c).encode()) for c in text)
+
+    pem = lit("-----BEGIN ") + b"(?:" + u(b"[A-Z0-9]") + b"+" + lit(" ") + b")*"
+    putty = lit("PuTTY-User-Key-File-") + u(b"[0-9]") + b"+" + lit(": ")
+    return b"(?:" + pem + lit("PRIVATE KEY-----") + b"|" + putty + b")"
+
+
+# at a line start (or the file's start, a BOM), in UTF-8/ASCII, UTF-16LE and UTF-16BE
+_KEY_HEADERS = (
+    re.compile(b"(?m)^" + _key_header("ascii")),
+    re.compile(b"(?:(?<=\\n\\x00)|(?<=\\xff\\xfe)|\\A)" + _key_header("le")),
+    re.compile(b"(?:(?<=\\x00\\n)|(?<=\\xfe\\xff)|\\A)" + _key_header("be")),
 )
+# cheap substring tests first: the regexes run only on a chunk holding one of these
+_KEY_HINTS = tuple(
+    text.encode(enc)
+    for text in ("PRIVATE KEY-----", "PuTTY-User-Key-File-")
+    for enc in ("ascii", "utf-16-le", "utf-16-be")
+)
+_OVERLAP = 256  # bytes kept from the chunk before: longer than any header, in UTF-16 too
 
 
-def looks_like_private_key(head: bytes) -> bool:
-    """Whether the first MiB of a file holds a private key header."""
-    return _KEY_HEADER.search(head) is not None
+class KeyScan:
+    """Streams a file's chunks and says whether a private key header is anywhere in it: the
+    whole file, not its head (a key appended to a 12 MB CSV), in ASCII/UTF-8 or UTF-16.
+    Linear in the file (a substring test per chunk), with a fixed overlap so a header split
+    across two chunks is still found."""
+
+    def __init__(self) -> None:
+        self.found = False
+        self._tail = b""
+        self._start = True
+
+    def feed(self, chunk: bytes) -> None:
+        if self.found:
+            return
+        seam = self._tail + chunk[:_OVERLAP]  # a header cut by the chunk boundary
+        if any(hint in chunk or hint in seam for hint in _KEY_HINTS):
+            buf = self._tail + chunk
+            # past the file's start, the buffer's first byte (from the overlap) only says
+            # whether the next one starts a line: search from 1 (\A and ^ never match there)
+            pos = 0 if self._start else 1
+            self.found = any(r.search(buf, pos) for r in _KEY_HEADERS)
+        keep = _OVERLAP + 1
+        self._tail = chunk[-keep:] if len(chunk) >= keep else (self._tail + chunk)[-keep:]
+        self._start = False
+
+
+def looks_like_private_key(data: bytes) -> bool:
+    """Whether ``data`` (a whole file) holds a private key header at a line start."""
+    scan = KeyScan()
+    scan.feed(data)
+    return scan.found
 
 
 class SecretError(UsageError):

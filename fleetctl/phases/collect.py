@@ -22,7 +22,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +43,10 @@ COLLECT_TIMEOUT = 60.0  # s without a byte from the node before a transfer count
 COLLECT_ATTEMPTS = 3  # a failed transfer is retried, asking only for what is not home yet
 DEFAULT_COLLECT_MAX = 256 << 20  # bytes per node: logs always fit, checkpoints usually do not
 MIN_RATE = 1 << 20  # bytes/s a collection is allowed at worst, for the fan-out's outer bound
+CONSOLE_LOG = "console.log"  # the node's own copy of the job's output (the supervisor's name)
+INTERRUPTED = "log collection interrupted (Ctrl-C)"
+# not_collected reasons that mean logs which should be home are not (LOGS INCOMPLETE)
+INCOMPLETE_REASONS = ("transfer failed", "vanished", "missing", "short", "interrupted")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -116,18 +120,20 @@ class NodeCollect:
     error: str | None = None
     skipped: str | None = None
     # files of the node not home: {"path", "size", "reason", "detail"}; reason is one of
-    # "over cap", "excluded", "transfer failed", "vanished"
+    # "over cap", "excluded", "transfer failed", "vanished", and for console.log "missing"
+    # (not in the node's run folder) or "short" (fewer lines than streamed): see check_console
     not_collected: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
     transfer_failed: bool = False  # the last transfer broke: a retry may bring the rest
 
     @property
     def incomplete(self) -> bool:
-        """Logs that should be home are not: the node was skipped or a transfer failed."""
+        """Logs that should be home are not: the node was skipped, a transfer failed or was
+        interrupted, or the node's console.log did not come home whole."""
         return (
             self.error is not None
             or self.skipped is not None
-            or any(f["reason"] in ("transfer failed", "vanished") for f in self.not_collected)
+            or any(f["reason"] in INCOMPLETE_REASONS for f in self.not_collected)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +188,70 @@ def account(out: NodeCollect, got: Unpacked) -> None:
 
 def _missing(path: str, size: int, reason: str, detail: str) -> dict[str, Any]:
     return {"path": path, "size": size, "reason": reason, "detail": detail}
+
+
+def check_console(c: NodeCollect, streamed_lines: int | None = None) -> None:
+    """Mark ``c`` incomplete when the node's console.log did not come home whole: absent
+    from what the node sent (its run folder was hidden or removed while the job ran: a
+    manifest without it is no proof there was nothing), or with fewer lines than streamed
+    from the node (``streamed_lines``: the ``L`` lines the watcher counted, which the
+    supervisor writes to console.log one for one). Only for nodes whose job started."""
+    if c.error is not None or c.skipped is not None:
+        return
+    if any(f["path"] == CONSOLE_LOG for f in c.not_collected):
+        return
+    if CONSOLE_LOG not in c.files:
+        c.not_collected.append(
+            _missing(
+                CONSOLE_LOG,
+                0,
+                "missing",
+                "not in the node's run folder when collected (hidden or removed while the job ran)",
+            )
+        )
+        return
+    if not streamed_lines:
+        return
+    try:
+        have = _count_lines(Path(c.folder) / CONSOLE_LOG)
+    except OSError as e:
+        c.not_collected.append(_missing(CONSOLE_LOG, 0, "missing", f"unreadable here: {e}"))
+        return
+    if have < streamed_lines:
+        size = (Path(c.folder) / CONSOLE_LOG).stat().st_size
+        c.not_collected.append(
+            _missing(
+                CONSOLE_LOG,
+                size,
+                "short",
+                f"{have} of the {streamed_lines} lines that streamed from the node",
+            )
+        )
+
+
+def _count_lines(path: Path) -> int:
+    """Lines as the supervisor wrote them (a last line without its newline counts)."""
+    n, last = 0, b"\n"
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+class CollectInterrupted(KeyboardInterrupt):
+    """Ctrl-C while collecting: ``results`` holds every node, those not finished marked
+    :data:`INTERRUPTED` (their half-received files stay as partial copies, which the next
+    ``fleetctl collect`` resumes)."""
+
+    def __init__(self, results: list[NodeCollect]) -> None:
+        super().__init__(INTERRUPTED)
+        self.results = results
+
+
+def interrupted(collected: Iterable[NodeCollect]) -> bool:
+    """Whether a collection was cut short by Ctrl-C (the run then exits 130)."""
+    return any(c.error == INTERRUPTED for c in collected)
 
 
 def not_collected_line(c: NodeCollect, *, limit: int = 3) -> str:
@@ -347,7 +417,14 @@ def collect(
     def dest(host: str) -> Path:
         return folder / node_folder_name(ranks[host], host)
 
+    finished: dict[str, NodeCollect] = {}  # what is known when Ctrl-C cuts the fan-out short
+
     def one(node: Node, conn: Connection) -> NodeCollect:
+        out = _one(node, conn)
+        finished[node.name] = out
+        return out
+
+    def _one(node: Node, conn: Connection) -> NodeCollect:
         out: NodeCollect | None = None
         stream = streams.get(node.name)
         if stream is not None:
@@ -389,14 +466,33 @@ def collect(
     # NIC); the limit covers every wave
     width = max(1, min(len(todo), fleet.fanout))
     limit *= -(-len(todo) // width) if todo else 1
-    results = fleet.map(one, timeout=limit, nodes=todo, width=width) if todo else None
+    try:
+        results: Mapping[str, object] | None = (
+            fleet.map(one, timeout=limit, nodes=todo, width=width) if todo else None
+        )
+    except KeyboardInterrupt:
+        got: dict[str, object] = {
+            np.host: NodeCollect(np.host, np.node_rank, str(dest(np.host)), error=INTERRUPTED)
+            for np in plan.nodes
+        }
+        got.update(finished)
+        raise CollectInterrupted(_per_node(plan, skip, got, dest)) from None
+    return _per_node(plan, skip, results, dest)
+
+
+def _per_node(
+    plan: Plan,
+    skip: set[str],
+    results: Mapping[str, object] | None,
+    dest: Callable[[str], Path],
+) -> list[NodeCollect]:
     out: list[NodeCollect] = []
     for np in plan.nodes:
         d = str(dest(np.host))
         if np.host in skip:
             out.append(NodeCollect(np.host, np.node_rank, d, skipped="node lost: not reachable"))
             continue
-        r = results[np.host] if results is not None else None
+        r = results.get(np.host) if results is not None else None
         if isinstance(r, NodeCollect):
             out.append(r)
         else:

@@ -189,8 +189,11 @@ def node_spec(
         spec["collect"] = collect
     if not detach:  # a closed channel is not the end: the controller may reattach
         spec["reattach"] = True
-    if np.cwd not in (np.run_dir, np.code_dir):  # the job's work folder: a copy of the code
+    work = np.work_dir or np.cwd  # cwd: the work folder, or the script's folder inside it
+    if work not in (np.run_dir, np.code_dir):  # the job's work folder: a copy of the code
         spec["work_seed"] = conn.expand(np.code_dir)
+        if work != np.cwd:
+            spec["work"] = conn.expand(work)
     # per-rank files the supervisor tails into whole ``[rank G]`` lines
     nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
     if np.env.get("FLEET_LAUNCHER") == "torchrun":

@@ -5,9 +5,10 @@ A management-network blip stalls or breaks the SSH channel to a node whose job r
 watcher then opens a *new* connection (the old transport may be dead) and starts the node
 supervisor's ``reattach`` mode: it says whether the job's supervisor is alive, replays
 console.log from the first line the controller did not get, relays heartbeats (the dead-man
-switch counts them) and stop requests, and ends with the job's exit report. Only a node that
-does not answer on that new connection within the lost-node timeout is lost; a job whose
-controller never comes back is still stopped by its dead-man switch.
+switch counts them) and stop requests, and ends with the job's exit report. The watcher tries
+from half the lost-node timeout on; only a node not back on a new connection by the time it
+has been silent for the whole timeout is lost; a job whose controller never comes back is
+still stopped by its dead-man switch.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ is used. Where py-spy cannot attach (not installed; a non-root user under
 ``kernel.yama.ptrace_scope=1``), a dump that may end the process (``abort``: the job is being
 torn down anyway) sends SIGABRT, and Python's faulthandler — enabled for every job
 (``PYTHONFAULTHANDLER=1`` unless the job sets it) — writes every thread to the job's console
-log as it dies. Each process's outcome says which way it went.
+log as it dies; the node sends back what the log gained meanwhile and those dumps are folded
+with py-spy's, each under the rank that wrote it. Each process's outcome says which way it
+went.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import FleetctlError
-from fleetctl.job.stacks import RankStack
+from fleetctl.job.stacks import RankStack, console_stacks
 from fleetctl.phases.frames import STACK_KINDS, decode
 from fleetctl.phases.launch import install_file
 
@@ -46,6 +48,17 @@ class NodeStacks:
     host: str
     processes: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    console: str = ""  # what console.log gained while aborted processes dumped their threads
+
+    def console_stacks(self) -> list[RankStack]:
+        """The faulthandler dumps in ``console``: tagged ``[rank G]`` lines are that rank's;
+        untagged ones the launcher's, or the rank's own where the rank was the only process
+        aborted here (the plain launcher)."""
+        aborted = [p for p in self.processes if p.get("method") == "faulthandler"]
+        if not aborted or not self.console:
+            return []
+        only = aborted[0].get("rank") if len(aborted) == 1 else None
+        return console_stacks(self.console, self.rank, untagged_rank=only)
 
     def methods(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -68,13 +81,13 @@ class StackReport:
     nodes: list[NodeStacks]
 
     def stacks(self) -> list[RankStack]:
-        """The dumps py-spy read (faulthandler's went to the console logs)."""
+        """The dumps py-spy read, and faulthandler's from the console logs."""
         return [
             RankStack(n.rank, p.get("rank"), p["text"])
             for n in self.nodes
             for p in n.processes
             if p.get("text")
-        ]
+        ] + [s for n in self.nodes for s in n.console_stacks()]
 
 
 def local_py_spy() -> Path | None:
@@ -114,9 +127,11 @@ def dump_stacks(
         res = conn.run(argv, timeout=timeout)
         out = NodeStacks(ranks[node.name], node.name)
         for fr in decode(res.stdout, STACK_KINDS):
-            if fr.kind == "K":
-                with contextlib.suppress(ValueError):  # a K line that is not JSON is noise
+            with contextlib.suppress(ValueError):  # a line that is not JSON is noise
+                if fr.kind == "K":
                     out.processes.append(fr.data())
+                elif fr.kind == "D":
+                    out.console = str(fr.data().get("console") or "")
         if res.exit_code != 0:
             tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
             raise FleetctlError(f"stack dump exited {res.exit_code}: {tail}")

@@ -7,10 +7,12 @@ thread of its own, so one sick host never holds up the others' lines or heartbea
 stream that cannot be selected on (no ``fileno``).
 
 The reader also heartbeats each supervisor (one byte a second: the dead-man switch on the node
-stops the job when they stop coming). A node whose channel closes before it reported an exit,
-or that says nothing — not even its ``H`` heartbeat — for longer than the lost-node timeout, is
-reported ``lost``. Lines are whole lines: the supervisor frames them and nothing here splits one;
-a line longer than the supervisor's read size comes as ``C`` pieces and is joined here
+stops the job when they stop coming). A node that says nothing — not even its ``H`` heartbeat —
+for half the lost-node timeout, or whose channel closes before it reported an exit, is reached
+over a new connection (``reattach``); unless that succeeds, it is reported ``lost`` once it has
+been silent for the whole timeout, with the time it was last heard from (``Event.heard``).
+Lines are whole lines: the supervisor frames them and nothing here splits one; a line longer
+than the supervisor's read size comes as ``C`` pieces and is joined here
 (:class:`~fleetctl.phases.frames.LineJoiner`, bounded: cut with a marker for the live view).
 """
 
@@ -55,6 +57,7 @@ class Event:
     code: int | None = None
     lines: tuple[str, ...] = ()
     report: dict[str, Any] | None = None  # exit: the node's own scan for leftovers
+    heard: float | None = None  # lost: when the node was last heard from (wall clock)
 
 
 class Watch:
@@ -65,13 +68,15 @@ class Watch:
         *,
         lost_timeout: float = DEFAULT_LOST_TIMEOUT,
         heartbeat: float = DEFAULT_HEARTBEAT,
-        reattach: Callable[[NodeRun], list[Frame]] | None = None,
+        reattach: Callable[[NodeRun, float], list[Frame]] | None = None,
     ) -> None:
         self.lost_timeout = lost_timeout
         self.heartbeat = heartbeat
         # A silent or closed channel: reach the node over a new connection before calling
-        # it lost (fleetctl.phases.reattach); returns the frames that came with its answer.
+        # it lost (fleetctl.phases.reattach), giving up at the deadline (time.monotonic());
+        # returns the frames that came with its answer.
         self.reattach = reattach
+        self.heard: dict[int, float] = {}  # rank -> wall-clock time its last bytes arrived
         self.events: queue.Queue[Event] = queue.Queue()
         self.runs: dict[int, NodeRun] = {}
         self.ended: dict[int, Event] = {}  # rank -> its exit or lost event
@@ -91,6 +96,7 @@ class Watch:
         fd = _fileno(run.stream)
         with self._lock:
             self.runs[run.rank] = run
+            self.heard[run.rank] = time.time()
             if fd is None:
                 self._solo(run)
                 return
@@ -156,16 +162,47 @@ class Watch:
                 return solo.is_alive()
             return any(g.thread.is_alive() and rank in g.members for g in self._groups)
 
-    def _solo(self, run: NodeRun, why: str | None = None, *, drain: bool = False) -> None:
+    def _solo(
+        self,
+        run: NodeRun,
+        why: str | None = None,
+        *,
+        drain: bool = False,
+        since: float | None = None,
+    ) -> None:
         """A thread of its own for one node: no selectable stream, or a blocking step ahead
-        (``drain`` a closing channel, or reach a silent node anew: ``why``). Under the lock."""
+        (``drain`` a closing channel, or reach a silent node anew: ``why``; ``since``: when it
+        was last heard, ``time.monotonic()``). Under the lock."""
         t = threading.Thread(
-            target=self._follow, args=(run, why, drain), daemon=True, name=f"watch-{run.rank}"
+            target=self._follow,
+            args=(run, why, drain, since),
+            daemon=True,
+            name=f"watch-{run.rank}",
         )
         self._threads[run.rank] = t
         t.start()
 
     # -- per node ---------------------------------------------------------------------------
+    def _may_reattach(self, run: NodeRun) -> bool:
+        from fleetctl.phases.reattach import MAX_REATTACH
+
+        return (
+            self.reattach is not None
+            and not self._closing.is_set()
+            and run.reattached < MAX_REATTACH
+        )
+
+    def _silent_too_long(self, run: NodeRun, silent: float) -> bool:
+        """Time to act on a silent node: at half the lost-node timeout when a new connection
+        may still reach it (a blip shorter than the timeout then costs nothing), else at the
+        timeout (it is lost)."""
+        if silent > self.lost_timeout:
+            return True
+        return silent > self.lost_timeout / 2 and self._may_reattach(run)
+
+    def _heard(self, rank: int) -> None:
+        self.heard[rank] = time.time()
+
     def _emit(
         self,
         run: NodeRun,
@@ -175,7 +212,8 @@ class Watch:
         lines: tuple[str, ...] = (),
         report: dict[str, Any] | None = None,
     ) -> None:
-        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines, report)
+        heard = self.heard.get(run.rank) if kind == "lost" else None
+        ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines, report, heard)
         if kind in ("exit", "lost"):
             with self._lock:
                 if run.rank in self.ended:
@@ -233,9 +271,15 @@ class Watch:
             self._emit(run, "lines", lines=tuple(batch))
         return False
 
-    def _follow(self, run: NodeRun, why: str | None = None, drain: bool = False) -> None:
+    def _follow(
+        self,
+        run: NodeRun,
+        why: str | None = None,
+        drain: bool = False,
+        since: float | None = None,
+    ) -> None:
         try:
-            self._follow_inner(run, why, drain)
+            self._follow_inner(run, why, drain, since)
         except Exception as e:  # never die silently: a broken reader is a lost node
             self._emit(run, "lost", f"reader failed: {e}")
 
@@ -249,15 +293,22 @@ class Watch:
                 continue
             if not data:
                 return self._handle(run, run.reader.flush())
+            self._heard(run.rank)
             if self._handle(run, run.reader.feed(data)):
                 return True
         return False
 
-    def _follow_inner(self, run: NodeRun, why: str | None = None, drain: bool = False) -> None:
+    def _follow_inner(
+        self,
+        run: NodeRun,
+        why: str | None = None,
+        drain: bool = False,
+        since: float | None = None,
+    ) -> None:
         if drain and self._drain(run):
             return
         if why is not None:  # from a group: its pending frames were handled there
-            if self._revive(run, why) != "attached":
+            if self._revive(run, why, since) != "attached":
                 return
         elif self._handle(run, run.pending):
             return
@@ -266,7 +317,7 @@ class Watch:
         while not self._closing.is_set():
             stream = run.stream  # a reattach swaps it
             now = time.monotonic()
-            why = None
+            why, since = None, None
             if now - last_hb >= self.heartbeat:
                 last_hb = now
                 try:
@@ -277,45 +328,54 @@ class Watch:
                     # the node lost, or a finished node loses its tail (and its logs).
                     if self._drain(run):
                         return
-                    why = f"connection closed ({e or 'send failed'})"
+                    why, since = f"connection closed ({e or 'send failed'})", last_rx
             if why is None:
                 data = stream.recv(min(0.2, self.heartbeat))
                 if data is None:
                     silent = time.monotonic() - last_rx
-                    if silent <= self.lost_timeout:
+                    if not self._silent_too_long(run, silent):
                         continue
-                    why = f"no heartbeat for {silent:.1f}s"
+                    why, since = f"no heartbeat for {silent:.1f}s", last_rx
                 elif not data:
                     if self._handle(run, run.reader.flush()):
                         return
-                    why = "connection closed before the job ended"
+                    why, since = "connection closed before the job ended", last_rx
                 else:
                     last_rx = time.monotonic()
+                    self._heard(run.rank)
                     if self._handle(run, run.reader.feed(data)):
                         return
                     continue
-            outcome = self._revive(run, why)
+            outcome = self._revive(run, why, since)
             if outcome != "attached":
                 return
             last_rx = last_hb = time.monotonic()
 
-    def _revive(self, run: NodeRun, why: str) -> str:
+    def _revive(self, run: NodeRun, why: str, since: float | None = None) -> str:
         """Reach a silent or cut-off node over a new connection before calling it lost:
-        ``attached`` (read on), ``exit`` (its exit came with the answer), ``lost``."""
-        from fleetctl.phases.reattach import MAX_REATTACH
+        ``attached`` (read on), ``exit`` (its exit came with the answer), ``lost``.
 
-        if self.reattach is None or self._closing.is_set() or run.reattached >= MAX_REATTACH:
+        ``since``: when the node was last heard (``time.monotonic()``). It is lost once it has
+        been silent for the lost-node timeout — the new connection is tried until then, and
+        for at least half the timeout after a channel closed."""
+        now = time.monotonic()
+        since = now if since is None else since
+        deadline = max(since + self.lost_timeout, now + self.lost_timeout / 2)
+        if not self._may_reattach(run):
             self._emit(run, "lost", why)
             return "lost"
         self._emit(run, "notice", f"{why}: reaching the node over a new connection")
         try:
-            frames = self.reattach(run)
+            frames = self.reattach(run, deadline)  # type: ignore[misc]
         except Exception as e:
             said = e.one_line() if hasattr(e, "one_line") else str(e)
             prefix = run.node.label + ": "
             said = said[len(prefix) :] if said.startswith(prefix) else said
+            if why.startswith("no heartbeat"):  # the whole silence, now that it is over
+                why = f"no heartbeat for {time.monotonic() - since:.1f}s"
             self._emit(run, "lost", f"{why}; a new connection failed too: {said}")
             return "lost"
+        self._heard(run.rank)
         self._emit(run, "notice", f"back over a new connection after: {why}; the job ran on")
         return "exit" if self._handle(run, frames) else "attached"
 
@@ -354,10 +414,12 @@ class _Group:
         with self.watch._lock:
             self.members.pop(run.rank, None)
 
-    def _hand_off(self, run: NodeRun, why: str | None, *, drain: bool = False) -> None:
+    def _hand_off(
+        self, run: NodeRun, why: str | None, *, drain: bool = False, since: float | None = None
+    ) -> None:
         self._leave(run)
         with self.watch._lock:
-            self.watch._solo(run, why, drain=drain)
+            self.watch._solo(run, why, drain=drain, since=since)
 
     def _run(self) -> None:
         w = self.watch
@@ -402,9 +464,11 @@ class _Group:
                 if w._handle(run, run.reader.flush()):
                     self._leave(run)
                 else:
-                    self._hand_off(run, "connection closed before the job ended")
+                    since = self.members[run.rank][0]
+                    self._hand_off(run, "connection closed before the job ended", since=since)
                 return
             self.members[run.rank][0] = time.monotonic()
+            w._heard(run.rank)
             if w._handle(run, run.reader.feed(data)):
                 self._leave(run)
         except Exception as e:
@@ -424,11 +488,16 @@ class _Group:
                 except Exception as e:
                     # The supervisor closes its end when the job is over; its last lines and
                     # exit report may still be buffered: drained before calling it lost.
-                    self._hand_off(run, f"connection closed ({e or 'send failed'})", drain=True)
+                    self._hand_off(
+                        run,
+                        f"connection closed ({e or 'send failed'})",
+                        drain=True,
+                        since=times[0],
+                    )
                     continue
             silent = now - times[0]
-            if silent > w.lost_timeout:
-                self._hand_off(run, f"no heartbeat for {silent:.1f}s")
+            if w._silent_too_long(run, silent):
+                self._hand_off(run, f"no heartbeat for {silent:.1f}s", since=times[0])
 
 
 def _fileno(stream: object) -> int | None:

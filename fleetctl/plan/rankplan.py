@@ -27,8 +27,8 @@ from typing import Any
 from fleetctl.errors import PlanError
 from fleetctl.node import LOCAL_ADDRESSES, Node
 from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
-from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, get_launcher
-from fleetctl.plan.launchers.base import Launcher, option_name, path_from
+from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, check_program, get_launcher
+from fleetctl.plan.launchers.base import MODULE, PYTHON, Launcher, kind_of, option_name, path_from
 from fleetctl.plan.nproc import processes_per_node
 from fleetctl.plan.shared import expand_shared, share_values
 
@@ -56,7 +56,11 @@ class JobSpec:
     """What the user asked for: script (relative to the code dir), its args, launcher options.
 
     ``args`` are kept exactly as given (spaces, quotes, ``;``): they become separate argv
-    entries, never a shell string. ``env`` is the user's ``--env-var K=V`` set.
+    entries, never a shell string. ``env`` is the user's ``--env-var K=V`` set. ``kind``: what
+    ``script`` is (``python``, ``module``: a module name run as ``-m``, ``shell``; None: by its
+    name). ``folder``: where in the code the job runs (relative to the code dir; ``""``: its
+    top): ``fleetctl run`` passes the script's own folder, as ``python sub/train.py`` from
+    ``sub/`` would see it.
     """
 
     script: str
@@ -73,6 +77,8 @@ class JobSpec:
     # The job an attempt belongs to (None: this job id): every attempt of a job runs in the
     # same work folder, so what the script writes to relative paths survives a retry.
     work_id: str | None = None
+    kind: str | None = None
+    folder: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
@@ -133,11 +139,15 @@ class NodePlan:
     # The GPUs this node's job may use (indices or UUIDs, CUDA_VISIBLE_DEVICES order); empty:
     # all of the node's GPUs.
     gpus: tuple[str, ...] = ()
+    # The job's work folder when ``cwd`` is a folder inside it (the script's); empty: ``cwd``.
+    work_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = self._fields()
         if self.gpus:
             d["gpus"] = list(self.gpus)
+        if self.work_dir:
+            d["work_dir"] = self.work_dir
         return d
 
     def _fields(self) -> dict[str, Any]:
@@ -176,6 +186,7 @@ class NodePlan:
             env=dict(d["env"]),
             files=dict(d.get("files") or {}),
             gpus=tuple(str(g) for g in d.get("gpus") or ()),
+            work_dir=d.get("work_dir") or "",
         )
 
 
@@ -204,6 +215,8 @@ class Plan:
     backend: str | None = None
     created: str | None = None
     version: int = PLAN_VERSION
+    kind: str = PYTHON  # what ``script`` is (launchers.base.SCRIPT_KINDS)
+    folder: str = ""  # where in the code the job runs
 
     @property
     def context(self) -> LaunchContext:
@@ -219,6 +232,7 @@ class Plan:
             nnodes=self.nnodes,
             nproc_per_node=self.nproc_per_node,
             gpus_per_node=self.gpus_per_node,
+            kind=self.kind,
         )
 
     @property
@@ -234,6 +248,8 @@ class Plan:
             env=self.user_env,
             backend=self.backend,
             created=self.created,
+            kind=self.kind,
+            folder=self.folder,
         )
 
     def node(self, host: str) -> NodePlan:
@@ -250,6 +266,8 @@ class Plan:
             "created": self.created,
             "launcher": self.launcher,
             "script": self.script,
+            **({"kind": self.kind} if self.kind != PYTHON else {}),
+            **({"folder": self.folder} if self.folder else {}),
             "args": list(self.args),
             "master_addr": self.master_addr,
             "master_port": self.master_port,
@@ -292,6 +310,8 @@ class Plan:
                 backend=d.get("backend"),
                 created=d.get("created"),
                 version=int(d.get("version") or PLAN_VERSION),
+                kind=d.get("kind") or PYTHON,
+                folder=d.get("folder") or "",
             )
         except (TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"malformed plan: {e}") from e
@@ -335,7 +355,11 @@ def make_plan(
     launcher = get_launcher(spec.launcher)
     _check_spec(spec)
     _check_unique_names(nodes)
-    spec = replace(spec, script=posixpath.normpath(spec.script))
+    kind = spec.kind or kind_of(spec.script)
+    check_program(launcher.name, kind, spec.script)
+    folder = "" if spec.folder in ("", ".") else posixpath.normpath(spec.folder)
+    script = spec.script if kind == MODULE else posixpath.normpath(spec.script)
+    spec = replace(spec, script=script, kind=kind, folder=folder)
 
     addrs: dict[str, str] = {}
     nics: dict[str, str | None] = {}
@@ -367,6 +391,7 @@ def make_plan(
         gpus_per_node=gpus_per_node,
         launcher_args=spec.launcher_args,
         gpu_lists=tuple(visible[n.name] for n in nodes) if any(visible.values()) else (),
+        kind=kind,
     )
     check_launcher_args(launcher, spec.launcher_args)
     launcher.validate(ctx, addrs)
@@ -390,8 +415,9 @@ def make_plan(
             workdir=workdir,
             code_dir=node_code,
             run_dir=run_dir,
-            cwd=work_dir,
+            cwd=posixpath.join(work_dir, folder) if folder else work_dir,
             gpus=visible[n.name],
+            work_dir=work_dir if folder else "",
         )
         env = _node_env(ctx, slot, spec, torch=f.torch)
         if slot.gpus and launcher.name != "deepspeed":  # deepspeed sets it from --include
@@ -425,6 +451,8 @@ def make_plan(
         user_env=dict(spec.env),
         backend=spec.backend,
         created=spec.created,
+        kind=kind,
+        folder=folder,
     )
 
 
@@ -494,6 +522,11 @@ def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
         )
     for arg in args:
         name = option_name(arg)
+        if name is not None and name in launcher.kind_options:
+            raise PlanError(
+                f"--launcher-arg {arg}: fleetctl sets {launcher.name}'s {name} from how SCRIPT "
+                "is given (run -m MODULE for a module, a .sh file for a shell script); leave it out"
+            )
         if name is not None and name in launcher.owned:
             raise PlanError(
                 f"--launcher-arg {arg}: {launcher.name}'s {name} is set by fleetctl from the "
@@ -504,7 +537,13 @@ def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
 def _check_spec(spec: JobSpec) -> None:
     if not JOB_ID_RE.match(spec.job_id or ""):
         raise PlanError(f"invalid job id {spec.job_id!r} (letters, digits, '.', '_', '-')")
-    _check_relpath(spec.script, "script")
+    if spec.kind == MODULE:
+        if not all(p.isidentifier() for p in spec.script.split(".")):
+            raise PlanError(f"-m {spec.script!r} is not a module name (dotted identifiers)")
+    else:
+        _check_relpath(spec.script, "script")
+    if spec.folder not in ("", "."):
+        _check_relpath(spec.folder, "folder")
     if not isinstance(spec.master_port, int) or not 1 <= spec.master_port <= 65535:
         raise PlanError(f"master port must be 1-65535, got {spec.master_port!r}")
     n = spec.nproc_per_node

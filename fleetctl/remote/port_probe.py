@@ -1,15 +1,20 @@
 """Which of a host's candidate ports are free now, and claiming them for one job.
 
 ``python -c SOURCE '{"candidates": [...], "need": N, "claim": {"job": J}}'``: binds each
-candidate (TCP, all interfaces, no SO_REUSEADDR: a port in TIME_WAIT or LISTEN fails) and answers
-the first N that bind as one frame, ``D {"free": [...], "busy": {port: why}}``.
+candidate (TCP, all interfaces, with SO_REUSEADDR as the launchers bind it: a port whose last
+job's connections are in TIME_WAIT is free, one something listens on is not) and answers the
+first N that bind as one frame, ``D {"free": [...], "busy": {port: why}}`` (``D {"error": …}``
+when the claim folder cannot be used).
 
-With ``claim``, a port is also taken for job J in the host's claim folder (``CLAIMS``, host-local
-``/tmp`` even when homes are shared): a file per port created with O_EXCL, so of two jobs
-planned at the same instant only one gets it, the other moves on (or is refused when the port
-was fixed). The job's supervisor adopts its claims (its pid goes in) and removes them when it
-ends; a claim whose supervisor is gone, or never came within ``CLAIM_GRACE`` s, is stale and
-taken over. Stdlib only; a separate program because it runs before the supervisor is on the node.
+With ``claim``, a port is also taken for job J in this user's claim folder (``CLAIMS``,
+host-local ``/tmp/fleetctl-ports-<uid>`` even when homes are shared, 0700, checked to be a real
+folder of this user): a file per port created with O_EXCL, so of two jobs planned at the same
+instant only one gets it, the other moves on (or is refused when the port was fixed). Per user,
+so nobody else can squat a port for our jobs (another user's job is seen by its listener). The
+job's supervisor adopts its claims (its pid and start time go in) and removes them when it
+ends; a claim whose supervisor is gone, whose pid names another process now, or that no
+supervisor adopted within ``CLAIM_GRACE`` s, is stale and taken over. Stdlib only; a separate
+program because it runs before the supervisor is on the node.
 """
 
 from __future__ import annotations
@@ -18,12 +23,18 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 
-# Host-local (not the maybe-shared home); the variable is for tests and odd hosts.
-CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or "/tmp/fleetctl-ports"
+# Host-local (not the maybe-shared home), one per user; the variable is for tests and odd hosts.
+# The supervisor (adopt_port_claims) names the same folder.
+CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or f"/tmp/fleetctl-ports-{os.getuid()}"
 CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, launch)
+
+
+class ClaimsUnusable(Exception):
+    """The claim folder is not a private folder of this user: nothing is claimed."""
 
 
 def _start_time(pid: int) -> int | None:
@@ -47,12 +58,14 @@ def claim_owner(path: str, now: float) -> str | None:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    pid = data.get("pid")
+    pid, start = data.get("pid"), data.get("start")
     if isinstance(pid, int) and pid > 0:
         alive = _start_time(pid)
-        if alive is None or (data.get("start") is not None and alive != data.get("start")):
-            return None
-        return str(data.get("job") or "?")
+        if alive is None or (isinstance(start, int) and alive != start):
+            return None  # its claimant is gone (or the pid names another process now)
+        if isinstance(start, int):
+            return str(data.get("job") or "?")  # adopted: held while that very process lives
+        # a live pid without its start time proves nothing: only the grace below holds it
     try:
         age = now - os.stat(path).st_mtime
     except OSError:
@@ -60,23 +73,41 @@ def claim_owner(path: str, now: float) -> str | None:
     return str(data.get("job") or "?") if age < CLAIM_GRACE else None
 
 
-def _claims_dir() -> str:
+def claims_dir() -> str:
+    """``CLAIMS``, made 0700 if missing; ClaimsUnusable unless it is a folder (not a link)
+    owned by this user that nobody else can write."""
     try:
-        os.mkdir(CLAIMS, 0o1777)
-        os.chmod(CLAIMS, 0o1777)  # shared by every user of the host, like /tmp itself
+        os.mkdir(CLAIMS, 0o700)
     except FileExistsError:
         pass
+    except OSError as e:
+        raise ClaimsUnusable(
+            f"port claim folder {CLAIMS} cannot be made: {e.strerror or e}"
+        ) from None
+    try:
+        st = os.lstat(CLAIMS)
+    except OSError as e:
+        raise ClaimsUnusable(f"port claim folder {CLAIMS}: {e.strerror or e}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ClaimsUnusable(f"port claim folder {CLAIMS} is not a folder (a link or a file)")
+    if st.st_uid != os.getuid():
+        raise ClaimsUnusable(
+            f"port claim folder {CLAIMS} belongs to uid {st.st_uid}, not to this user "
+            f"(uid {os.getuid()}); remove it"
+        )
+    if st.st_mode & 0o022:
+        os.chmod(CLAIMS, 0o700)
     return CLAIMS
 
 
 def claim(port: int, job: str) -> str | None:
     """Take ``port`` for ``job``; None when taken, else why not (another job holds it)."""
-    path = os.path.join(_claims_dir(), str(port))
+    path = os.path.join(CLAIMS, str(port))
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except PermissionError:  # made by another user without the sticky 1777 mode
-            return f"{CLAIMS} is not writable by this user (it should be mode 1777, like /tmp)"
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        except PermissionError as e:
+            return f"claim {path} cannot be written: {e.strerror or e}"
         except FileExistsError:
             owner = claim_owner(path, time.time())
             if owner == job:
@@ -141,6 +172,9 @@ def free_ports(
                 continue
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
+            # as the launchers bind it: TIME_WAIT of the last job's connections does not make
+            # the port taken (the next job would move on every time); a listener does
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("0.0.0.0", port))
         except OSError as e:
             if busy is not None:
@@ -166,6 +200,12 @@ def main() -> None:
         sys.stdout.write("D " + json.dumps({"unclaimed": len(gone["ports"])}) + "\n")
         return
     job = (args.get("claim") or {}).get("job")
+    if job is not None:
+        try:
+            claims_dir()
+        except ClaimsUnusable as e:
+            sys.stdout.write("D " + json.dumps({"error": str(e)}) + "\n")
+            return
     busy: dict = {}
     cands = [int(p) for p in args["candidates"]]
     span = int(args.get("span") or 1)

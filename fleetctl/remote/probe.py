@@ -558,8 +558,32 @@ LAUNCHER_IMPORT = (  # not from the current folder (the home): see fleetctl.remo
     "import importlib, json\n"
     "importlib.import_module(sys.argv[1])\n"
     "top = sys.modules[sys.argv[1].split('.')[0]]\n"
-    "print('D ' + json.dumps({'version': str(getattr(top, '__version__', '') or '')}))\n"
+    "torch = sys.modules.get('torch')\n"  # deepspeed's: the flight recorder's name depends on it
+    "print('D ' + json.dumps({'version': str(getattr(top, '__version__', '') or ''),\n"
+    "    'torch': str(getattr(torch, '__version__', '') or '')}))\n"
 )
+
+# torch's version as installed for this python, without importing it (seconds): for a job with
+# no launcher module (plain), whose flight-recorder variable's name depends on it.
+TORCH_VERSION = (
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "import json\n"
+    "try:\n"
+    "    from importlib.metadata import version\n"
+    "    v = version('torch')\n"
+    "except Exception:\n"  # not installed, or python 3.7 (no importlib.metadata)
+    "    v = ''\n"
+    "print('D ' + json.dumps({'version': v}))\n"
+)
+
+
+def torch_facts() -> dict:
+    """``{"version"}``: torch's installed version for this python ('' when none)."""
+    code, out, _ = run([sys.executable, "-c", TORCH_VERSION], 30)
+    data = last_data(out) if code == 0 else None
+    return {"version": str((data or {}).get("version") or "")}
 
 
 def launcher_facts(module: str) -> dict:
@@ -570,7 +594,10 @@ def launcher_facts(module: str) -> dict:
         lines = [ln for ln in (err or out).strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exited {code}"
         return {"module": module, "error": why[:300]}
-    return {"module": module, "version": data.get("version") or ""}
+    out = {"module": module, "version": data.get("version") or ""}
+    if data.get("torch"):
+        out["torch"] = data["torch"]
+    return out
 
 
 def last_data(out: str) -> dict | None:
@@ -605,6 +632,7 @@ def gather(args: dict) -> dict:
     rs = Task(rsync_facts)
     mod = args.get("launcher_module")
     launcher = Task(launcher_facts, mod) if mod else None
+    torch = Task(torch_facts) if args.get("torch_version") else None
     env = None
     if args.get("env_dir"):
         env_dir = expand(args["env_dir"], home)
@@ -626,6 +654,8 @@ def gather(args: dict) -> dict:
     facts["rsync"] = rs.result(timeout=10)
     facts["env"] = env.result(timeout=70) if env is not None else None
     facts["launcher"] = launcher.result(timeout=100) if launcher is not None else None
+    if torch is not None:
+        facts["torch"] = torch.result(timeout=40)
     facts["time"] = time.time()
     return facts
 

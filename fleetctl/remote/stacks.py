@@ -9,7 +9,9 @@ log as it dies. Each process's py-spy dump is saved as ``<run_dir>/stacks/<pid>.
 
 Prints one line per process ``K <json>`` — ``pid``, ``rank`` (``RANK`` in its environment, null
 for launchers), ``method`` (``py-spy``, ``faulthandler`` or ``none``), ``text``, ``error`` —
-then ``D <json>`` with the totals.
+then ``D <json>`` with the totals and, when processes were aborted, ``console``: what
+console.log gained while their faulthandler dumps came in (bounded in time and size), for the
+controller to fold like py-spy's.
 """
 
 import json
@@ -18,8 +20,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 PY_SPY_TIMEOUT = 20
+ABORT_WAIT = 5.0  # s for aborted processes to end and their dumps to reach console.log
+SETTLE = 0.3  # s without console.log growing: the supervisor's rank tailers (0.1 s) are done
+MAX_CONSOLE = 1 << 20  # bytes of console.log sent back
 
 
 def environ(pid):
@@ -87,11 +93,55 @@ def dump(pid, py_spy, folder):
     return text, None
 
 
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _gone(pid):
+    """Whether ``pid`` has ended (gone, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    state = stat[stat.rfind(b")") + 2 :][:1]  # after "pid (comm) "
+    return state in (b"Z", b"X")
+
+
+def console_since(path, offset, aborted):
+    """What ``path`` gained from ``offset`` once the ``aborted`` pids ended and it stopped
+    growing: both bounded by ABORT_WAIT; the last MAX_CONSOLE bytes at most."""
+    deadline = time.monotonic() + ABORT_WAIT
+    while time.monotonic() < deadline and not all(_gone(p) for p in aborted):
+        time.sleep(0.05)
+    size, still = _size(path), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - still < SETTLE:
+        time.sleep(0.05)
+        now = _size(path)
+        if now != size:
+            size, still = now, time.monotonic()
+    start = max(offset, size - MAX_CONSOLE)
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(size - start)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
 def main(argv):
     args = json.loads(argv[1])
     py_spy = args.get("py_spy") or shutil.which("py-spy")
-    folder = os.path.join(os.path.expanduser(args["run_dir"]), "stacks")
+    run_dir = os.path.expanduser(args["run_dir"])
+    folder = os.path.join(run_dir, "stacks")
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    console = os.path.join(run_dir, "console.log")
+    offset = _size(console)
+    aborted = []
     counts = {"py-spy": 0, "faulthandler": 0, "none": 0}
     for pid, env in job_processes(args["job_id"]):
         if not is_python(pid):
@@ -103,6 +153,7 @@ def main(argv):
             try:
                 os.kill(pid, signal.SIGABRT)
                 method = "faulthandler"
+                aborted.append(pid)
             except OSError as e:
                 error = f"{error}; SIGABRT: {e}"
         counts[method] += 1
@@ -116,7 +167,10 @@ def main(argv):
                 "error": error,
             },
         )
-    frame("D", counts)
+    done = dict(counts)
+    if aborted:
+        done["console"] = console_since(console, offset, aborted)
+    frame("D", done)
     return 0
 
 

@@ -85,8 +85,8 @@ def proc_start_time(pid: int) -> int | None:
     return None if st is None or st[0] in ("Z", "X") else st[3]
 
 
-# port_probe.py's CLAIMS: host-local, shared by users
-PORT_CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or "/tmp/fleetctl-ports"
+# port_probe.py's CLAIMS: host-local, one private folder per user
+PORT_CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or f"/tmp/fleetctl-ports-{os.getuid()}"
 
 
 def adopt_port_claims(job_id: str) -> list:
@@ -508,7 +508,8 @@ class Supervisor:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(content)
-        seed_work_folder(self.spec.get("cwd"), self.spec.get("work_seed"))
+        # the work folder is seeded whole; cwd may be the script's folder inside it
+        seed_work_folder(self.spec.get("work") or self.spec.get("cwd"), self.spec.get("work_seed"))
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
         self.port_claims = adopt_port_claims(self.job_id)
@@ -701,7 +702,7 @@ class Supervisor:
             return
         t0 = time.monotonic()
         next_scan = 0.0
-        exits: dict = {}  # pid -> {"local", "pid", "code", "at"}: how each rank process ended
+        exits: dict = {}  # pid -> {"local", "pid", "code", "at"[, "after_stop"]}: how ranks ended
         # A pidfd per rank process wakes us the moment it ends: its time is exact (which rank
         # failed first, across nodes, is decided by these times) and its exit status is read
         # while it is still a zombie, before its launcher reaps it (torchrun looks every
@@ -712,6 +713,9 @@ class Supervisor:
 
         def ended(pid: int, local: str, code: int | None) -> None:
             exits[pid] = {"local": int(local), "pid": pid, "code": code, "at": _now()}
+            with self.lock:
+                if self.stop_request is not None:  # ended by our stop: never a first failure
+                    exits[pid]["after_stop"] = True
             with contextlib.suppress(OSError):
                 _write_json(os.path.join(self.run_dir, RANK_EXITS), {"exits": list(exits.values())})
 

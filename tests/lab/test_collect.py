@@ -188,3 +188,143 @@ def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
         node["reason"]
         == f"cannot start job on this node: disk full on {lab3.workdir}/runs/{job_id}/2-node3"
     )
+
+
+WRITE_BIG_FILE = """\
+import os
+rank = int(os.environ["FLEET_NODE_RANK"])
+if rank == 2:  # a file big enough that its transfer can be cut half-way
+    with open(os.path.join(os.environ["FLEET_RUN_DIR"], "big.bin"), "wb") as f:
+        f.write(os.urandom(8 << 20))
+for i in range(100):
+    print(f"line {i} of rank {rank}", flush=True)
+"""
+
+
+def test_ctrl_c_while_collecting_exits_130_says_logs_incomplete_and_collect_resumes(
+    lab3: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C arrives while node3's big file is half home (the pause point: its transfer,
+    after 2 MiB, sends this process SIGINT and ends). The run exits 130 saying LOGS
+    INCOMPLETE with the hint; the plain `fleetctl collect` then resumes from the partial copy."""
+    import os
+    import signal
+
+    from fleetctl.phases import unpack
+
+    real = unpack._receive_file
+
+    def cut_at_2_mib(fobj, part, target, mtime, offset):  # type: ignore[no-untyped-def]
+        if target.name != "big.bin":
+            return real(fobj, part, target, mtime, offset)
+
+        class Half:
+            got = 0
+
+            def read(self, n: int) -> bytes:
+                if self.got >= 2 << 20:
+                    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, to the run's main thread
+                    raise KeyboardInterrupt  # and this transfer stops here
+                data = fobj.read(min(n, (2 << 20) - self.got))
+                self.got += len(data)
+                return data
+
+        return real(Half(), part, target, mtime, offset)
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "big.py").write_text(WRITE_BIG_FILE)
+    runs = tmp_path / "runs"
+    monkeypatch.setattr(unpack, "_receive_file", cut_at_2_mib)
+    p = fleetctl("run", "-i", str(lab3.inventory_path), "--launcher", "plain", "--no-check",
+                 "--runs-dir", str(runs), "--code-dir", str(code), "--tail", "none",
+                 str(code / "big.py"))  # fmt: skip
+    monkeypatch.undo()
+    job_id = next(d.name for d in runs.iterdir())
+    assert p.exit_code == 130, p.stderr
+    assert "All 3 nodes succeeded" in p.stderr
+    assert "LOGS INCOMPLETE for node 2 (node3): log collection interrupted (Ctrl-C)" in p.stderr
+    assert f"`fleetctl collect {job_id}` fetches what is missing" in p.stderr
+    job = job_json(runs, job_id)
+    assert job["status"] == "succeeded"  # the job's own outcome stands
+    assert job["collected"][2]["complete"] is False
+    folder = runs / job_id / "2-node3"
+    [part] = folder.glob(".fleetctl-part-big.bin.*.part")
+    assert part.stat().st_size == 2 << 20  # the resume state
+    # the documented recovery, as a user types it (not --json)
+    c = fleetctl("collect", "--runs-dir", str(runs), job_id)
+    assert c.exit_code == 0, c.stderr
+    assert "[2 node3] " in c.stderr and "6.0 MiB copied now" in c.stderr, c.stderr
+    assert f"fleetctl: job {job_id}: succeeded" in c.stderr
+    assert (folder / "big.bin").stat().st_size == 8 << 20
+    assert not list(folder.glob(".fleetctl-part-*"))
+    assert all(n["complete"] for n in job_json(runs, job_id)["collected"])
+
+
+PAUSED = """\
+import os, time
+rank = int(os.environ["FLEET_NODE_RANK"])
+for i in range(1001):
+    print(f"line {i:04d} of rank {rank}", flush=True)
+deadline = time.time() + 120
+while not os.path.exists("/tmp/fleetctl-test-go") and time.time() < deadline:
+    time.sleep(0.05)  # the pause point: the test hides node2's run folder meanwhile
+for i in range(1001, 2002):
+    print(f"line {i:04d} of rank {rank}", flush=True)
+"""
+
+
+def test_a_run_folder_hidden_mid_run_keeps_the_streamed_log_and_says_logs_incomplete(
+    lab3: Lab, tmp_path: Path
+) -> None:
+    import contextlib
+    import os
+    import signal
+
+    from fleetctl.testing.cli_runner import start_cli_process
+    from fleetctl.testing.wait import wait_for
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "paused.py").write_text(PAUSED)
+    runs = tmp_path / "runs"
+    for host in HOSTS:
+        lab3.exec(host, ["rm", "-f", "/tmp/fleetctl-test-go"], check=True)
+    proc = start_cli_process("run", "-i", str(lab3.inventory_path), "--launcher", "plain",
+                             "--no-check", "--runs-dir", str(runs), "--code-dir", str(code),
+                             "--tail", "none", str(code / "paused.py"),
+                             cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+
+        def paused_on_node2() -> str | None:
+            ids = [d.name for d in runs.iterdir()] if runs.is_dir() else []
+            if not ids:
+                return None
+            log = f"{lab3.workdir}/runs/{ids[0]}/1-node2/console.log"
+            n = lab3.exec("node2", ["sh", "-c", f"cat {log} 2>/dev/null | wc -l"]).stdout
+            return ids[0] if n.strip() == "1001" else None
+
+        job_id = wait_for(paused_on_node2, 60, what="node2 at the pause point", interval=0.2)
+        lab3.disk_full("node2", f"{lab3.workdir}/runs/{job_id}/1-node2", "1m")
+        for host in HOSTS:
+            lab3.exec(host, ["touch", "/tmp/fleetctl-test-go"], check=True)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        for host in HOSTS:
+            with contextlib.suppress(Exception):
+                lab3.exec(host, ["rm", "-f", "/tmp/fleetctl-test-go"])
+    assert proc.returncode == 0, err  # the job itself succeeded
+    assert "LOGS INCOMPLETE for node 1 (node2): console.log: not in the node's run folder" in err
+    folder = runs / job_id / "1-node2"
+    assert f"every line that streamed is in {folder}/console.streamed.log" in err
+    job = job_json(runs, job_id)
+    node2 = job["collected"][1]
+    assert node2["complete"] is False and node2["not_collected"][0]["reason"] == "missing"
+    want = [f"line {i:04d} of rank 1" for i in range(2002)]
+    assert (folder / "console.streamed.log").read_text().splitlines() == want
+    for rank, host in ((0, "node1"), (2, "node3")):  # whole logs home: no second copy
+        assert job["collected"][rank]["complete"] is True
+        assert not (runs / job_id / f"{rank}-{host}" / "console.streamed.log").exists()

@@ -290,6 +290,12 @@ def monitor_log(runs: Path, job_id: str) -> str:
     return (runs / job_id / "monitor.log").read_text(errors="replace")[-3000:]
 
 
+def claims_folder(lab: Lab) -> str:
+    """Shell that makes the login's private port claim folder on a lab host as ``$d``."""
+    login = lab.user or "root"
+    return f'd=/tmp/fleetctl-ports-$(id -u {login}) && install -d -m 700 -o {login} "$d" && '
+
+
 def runs_json(runs: Path) -> list[dict[str, Any]]:
     p = fleetctl("runs", "--runs-dir", str(runs), "--json")
     assert p.exit_code == 0, p.stderr
@@ -803,15 +809,15 @@ def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     """The workers (a plain role, 2 tasks) meet at MASTER_PORT on their first task's host:
     another fleetctl job holds 29500 there, so this job claims the next port."""
     claim = '{"job": "other-job", "pid": 1}'  # pid 1 of the lab host: alive
-    lab3.exec("node2", ["sh", "-c", "mkdir -p -m 1777 /tmp/fleetctl-ports && "
-                        f"echo '{claim}' > /tmp/fleetctl-ports/29500"], check=True)  # fmt: skip
+    lab3.exec("node2", ["sh", "-c", claims_folder(lab3) +
+                        f"echo '{claim}' > \"$d/29500\""], check=True)  # fmt: skip
     runs = tmp_path / "runs"
     try:
         p = fleetctl("run", "-i", str(lab3.inventory_path), "--no-check", "--grace", "2",
                      "--runs-dir", str(runs), "--code-dir", str(code), "--job",
                      str(code / "job.yml"))  # fmt: skip
     finally:
-        lab3.exec("node2", ["rm", "-f", "/tmp/fleetctl-ports/29500"], check=True)
+        lab3.exec("node2", ["sh", "-c", "rm -f /tmp/fleetctl-ports-*/29500"], check=True)
     assert p.exit_code == 0, p.stdout + p.stderr
     [rec] = runs_json(runs)
     plan = json.loads((runs / rec["job_id"] / "plan.json").read_text())
@@ -819,7 +825,7 @@ def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     [port] = {n["env"]["MASTER_PORT"] for n in workers}  # one rendezvous for the role
     assert 29500 < int(port) < 29564, workers  # the next free one (29501 may be in TIME_WAIT)
     # the job's claim on node2 was released with the job: nothing of it is left there
-    left = lab3.exec("node2", ["ls", "/tmp/fleetctl-ports"], check=True).stdout
+    left = lab3.exec("node2", ["sh", "-c", "ls /tmp/fleetctl-ports-*"], check=True).stdout
     assert port not in left.split()
 
 
@@ -946,3 +952,50 @@ def test_modules_in_the_logins_home_never_replace_the_stdlib_of_fleetctls_node_p
     finally:
         for h in lab3.hosts:
             lab3.exec(h.name, ["rm", "-f", *shadow])
+
+
+def test_status_after_the_controller_was_killed_says_it_is_gone_and_what_to_do(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """SIGKILL to an attached `fleetctl run`: job.json still says running. `status` says the
+    controller is gone, that no node runs the job (the dead-man switch stopped it) and to
+    collect; `stacks` has nothing to dump and says so with a non-zero exit."""
+    runs = tmp_path / "runs"
+    proc = start_cli_process(*run_args(lab3, runs, code, str(code / "tick.py"), "60"),
+                             cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+
+        def all_running() -> str | None:
+            for job in runs.glob("*/job.json"):
+                with contextlib.suppress(ValueError, OSError, KeyError):
+                    data = json.loads(job.read_text())
+                    if [n["state"] for n in data["nodes"]] == ["running"] * 3:
+                        return str(data["job_id"])
+            return None
+
+        job_id = wait_for(all_running, 60, what="the job running on every node", interval=0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    pid = proc.pid
+
+    def nothing_runs() -> CliResult | None:
+        st = fleetctl("status", "--runs-dir", str(runs), job_id)
+        return st if st.exit_code == 0 and "0 of 3 node(s) running" in st.stdout else None
+
+    st = wait_for(nothing_runs, 30, what="the dead-man switch ended the job on every node")
+    assert f"job {job_id}: running per job.json, but its controller (fleetctl run, pid {pid}" in (
+        st.stdout
+    )
+    assert "is gone; 0 of 3 node(s) running" in st.stdout, st.stdout
+    hint = f"no node runs the job (their dead-man switch stopped it): `fleetctl collect {job_id}`"
+    assert hint in st.stderr, st.stderr
+    data = fleetctl("status", "--runs-dir", str(runs), job_id, "--json").json
+    assert data["controller"]["pid"] == pid and data["controller"]["alive"] is False
+    sk = fleetctl("stacks", "--runs-dir", str(runs), job_id)
+    assert sk.exit_code == 1, sk.stderr
+    assert f"fleetctl: error: job {job_id}: no stack dumped on any of 3 node(s)" in sk.stderr
+    done = fleetctl("collect", "--runs-dir", str(runs), job_id)
+    assert done.exit_code == 0, done.stderr
+    assert job_json(runs, job_id)["status"] != "running"
+    assert left_over(lab3, job_id) == {}

@@ -177,3 +177,80 @@ def test_a_bad_end_reported_late_but_ended_first_is_the_first_failure() -> None:
     # a node our teardown stopped never takes the blame, whatever its clock says
     assert not machine.end(0, exit_state(-15, stopping=True), 9.0).first_failure
     assert machine.first_failure == 1 and machine.settle() is JobStatus.FAILED
+
+
+# A lost node's loss against a peer's failed rank (issue 28): node 2 was last heard at 10.0
+# (its failure time); (name, how node 0 ended, when its launcher ended, when its rank failed
+# by its node's clock, which node is the first failure after ``blame``).
+LOST_BLAME = [
+    # links cut: the peers hang in a collective until our stop ends them (their ranks ended
+    # after the stop reached them: ranks.rank_exits drops those, so no time at all)
+    ("cut link: peers stopped by us", NodeState.STOPPED, 15.0, None, 2),
+    # host crashed: a peer's collective broke at once, its launcher ended first
+    ("crash: a peer failed after the silence", F, 10.3, 10.1, 2),
+    ("crash: the peer's rank failed at the very moment", F, 10.3, 10.0, 2),
+    # a rank elsewhere had failed before node 2 went silent: that rank is the culprit
+    ("a peer failed before the silence", F, 10.3, 9.5, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("peer", "peer_end", "rank_failed", "first"),
+    [case[1:] for case in LOST_BLAME],
+    ids=[case[0] for case in LOST_BLAME],
+)
+def test_a_lost_node_keeps_the_blame_unless_a_rank_failed_before_it_went_silent(
+    peer: NodeState, peer_end: float, rank_failed: float | None, first: int
+) -> None:
+    for lost_reported_first in (True, False):
+        machine = JobState(3)
+        machine.launch()
+        for rank in range(3):
+            machine.start(rank)
+        firsts = []
+        ends = [(2, L, 10.0), (0, peer, peer_end), (1, NodeState.STOPPED, 15.0)]
+        if not lost_reported_first:  # the crash: the peer's exit arrives before the loss
+            ends = [ends[1], ends[0], ends[2]]
+        for rank, state, when in ends:
+            if machine.end(rank, state, when).first_failure:
+                firsts.append(rank)
+        # whichever arrived first, the loss (silent since 10.0) ends up the first failure
+        assert machine.first_failure == 2 and machine.failure_time == 10.0
+        assert firsts[-1] == 2
+        machine.blame(0, rank_failed)
+        assert machine.first_failure == first
+        assert machine.states[first] is (L if first == 2 else F)
+        assert machine.settle() is JobStatus.FAILED
+
+
+def test_the_loss_counts_from_when_the_node_was_last_heard_not_when_it_was_declared() -> None:
+    """The attached run feeds the watcher's ``lost`` event through ``on_event``: the node's
+    failure time and end time are when it was last heard from, and a peer's exit reported
+    before the loss gives way to it — with a second live ``failure`` line, so the last one
+    the terminal shows names the node the summary names."""
+    import tempfile
+
+    from fleetctl.job.context import JobContext, on_event
+    from fleetctl.job.run import RunOptions
+    from fleetctl.node import Node
+    from fleetctl.phases.watch import Event
+    from fleetctl.plan.rankplan import JobSpec
+
+    events: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        nodes = [Node(name=f"node{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)]
+        job = JobContext(
+            JobSpec(script="t.py", job_id="j1"), nodes, RunOptions(runs_dir=tmp), events.append
+        )
+        job.state.launch()
+        for rank in range(3):
+            on_event(job, Event("started", rank, f"node{rank + 1}", 1.0))
+        # node 1's collective broke when node 3 died; its exit arrives first
+        report = {"ended_at": 10.3, "stop_asked": False, "found": [], "killed": []}
+        on_event(job, Event("exit", 0, "node1", 10.4, code=1, report=report))
+        assert job.result.first_failure == 0
+        on_event(job, Event("lost", 2, "node3", 15.0, "no heartbeat for 5.0s", heard=10.0))
+        assert job.result.first_failure == 2 and job.result.failure_time == 10.0
+        assert job.result.nodes[2].end_time == 10.0
+        live = [e.rank for e in events if e.kind == "failure"]
+        assert live == [0, 2]

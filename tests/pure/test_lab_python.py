@@ -30,3 +30,61 @@ def test_outside_a_venv_the_real_interpreter_not_a_shim() -> None:
     if sys.prefix != sys.base_prefix:
         pytest.skip("this test process runs in a venv: the other test covers that case")
     assert _real_python() == str(Path(sys.executable).resolve())
+
+
+@pytest.mark.parametrize(
+    "python,hidden",
+    [
+        ("/tmp/v/bin/python", "/tmp"),
+        ("/dev/shm/env/bin/python3", "/dev/shm"),
+        ("/root/.fleetctl/envs/x/bin/python", "/root/.fleetctl"),
+    ],
+)
+def test_a_python_in_a_host_private_folder_is_refused_naming_it(python: str, hidden: str) -> None:
+    from fleetctl.errors import LabInputError
+    from fleetctl.lab.core import _check_python_visible
+
+    with pytest.raises(LabInputError) as e:
+        _check_python_visible(python)
+    msg = e.value.one_line()
+    assert msg.startswith(f"the lab hosts cannot run {python}: each host has its own private ")
+    assert hidden in msg and e.value.exit_code == 2
+
+
+def test_a_link_into_tmp_is_refused_by_where_it_points(tmp_path: Path) -> None:
+    from fleetctl.errors import LabInputError
+    from fleetctl.lab.core import _check_python_visible
+
+    link = Path("/var/tmp") / f"fleetctl-test-python-{tmp_path.name}"
+    link.symlink_to(tmp_path / "python3")
+    try:
+        with pytest.raises(LabInputError, match=rf"{link} \(-> {tmp_path}/python3\)"):
+            _check_python_visible(str(link))
+    finally:
+        link.unlink()
+    assert _check_python_visible("/usr/bin/python3") == "/usr/bin/python3"
+
+
+def test_lab_up_from_a_venv_under_tmp_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("fleetctl lab up checks root first")
+    venv = tmp_path / "v"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True,
+    )
+    root = Path(__file__).resolve().parents[2]
+    lab_dir = Path("/var/tmp") / f"fleetctl-test-lab-{tmp_path.name}"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "fleetctl", "lab", "up", "1", "--dir", str(lab_dir)],
+        capture_output=True, text=True, cwd=root, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(
+        f"fleetctl: error: the lab hosts cannot run {venv}/bin/python: each host has its own "
+        "private /tmp"
+    ), out.stderr
+    assert out.stderr.count("\n") == 1 and "[ok]" not in out.stdout + out.stderr
+    assert not lab_dir.exists()

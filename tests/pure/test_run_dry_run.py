@@ -59,7 +59,8 @@ def test_example_inventory_same_ips_distinct_ranks(launcher: str) -> None:
         assert env["MASTER_ADDR"] == ips[0] == plan["master_addr"]
         assert env["FLEET_JOB_ID"] == plan["job_id"]
         assert env["NODE_RANK"] == env["FLEET_NODE_RANK"] == str(n["node_rank"])
-        assert n["argv"][-1].endswith("examples/ddp_train.py")
+        assert n["argv"][-1] == "ddp_train.py"  # relative to its own folder, the job's cwd
+        assert n["cwd"].endswith("/examples") and plan["folder"] == "examples"
         if launcher == "paddle":
             assert f"--ips={','.join(ips)}" in n["argv"]
             assert f"--host={ips[n['node_rank']]}" in n["argv"]
@@ -80,8 +81,9 @@ def test_default_fleet_is_this_machine() -> None:
     (node,) = plan["nodes"]
     assert node["node_rank"] == 0 and plan["master_addr"] == "127.0.0.1"
     assert node["argv"][0] == sys.executable
-    assert node["argv"][-3] == "examples/ddp_train.py"  # relative to the work folder
-    assert node["cwd"].startswith("~/.fleetctl/work/")
+    assert node["argv"][-3] == "ddp_train.py"  # relative to its folder in the work folder
+    assert node["cwd"] == node["work_dir"] + "/examples"
+    assert node["work_dir"].startswith("~/.fleetctl/work/")
     assert node["argv"][-2:] == ["--epochs", "1"]
 
 

@@ -146,6 +146,7 @@ def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
         "1-node_2/console.streamed.log",
         "attempts.json",
         "connect.json",
+        "controller.json",
         "job.json",
         "plan.json",
         "roles.json",

@@ -3,10 +3,12 @@ rank out visible in the folded lines."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleetctl.cli.render import stack_lines
-from fleetctl.job.stacks import RankStack, fold, innermost_frame
+from fleetctl.job.stacks import RankStack, console_stacks, fold, innermost_frame
 
 PYSPY_WAITING = """\
 Process 4242: /usr/bin/python3 train.py
@@ -97,3 +99,99 @@ def test_a_process_without_a_python_stack_is_named_not_dropped() -> None:
         "rank 0: wait (distributed_c10d.py:3041)",
         "rank 1: no Python stack",
     ]
+
+
+# A real console.log after a stall's SIGABRT (generated with Python 3.11's faulthandler from
+# stack_dumps/hang.py and a stand-in for torchrun's elastic agent): the launcher's dump is
+# untagged and comes first, the ranks' lines come tagged `[rank G]`, interleaved.
+CONSOLE = (Path(__file__).parent / "stack_dumps" / "torchrun_faulthandler_console.log").read_text()
+
+
+def test_faulthandler_dumps_in_a_console_log_fold_per_rank_not_as_the_launchers() -> None:
+    assert innermost_frame(CONSOLE) == "_monitor_workers (api.py:5)"  # one text: the launcher's
+    stacks = console_stacks(CONSOLE, node=0)
+    assert {s.rank: innermost_frame(s.text) for s in stacks} == {
+        None: "_monitor_workers (api.py:5)",
+        0: "train (hang.py:21)",
+        1: "slow_data_loader (hang.py:12)",
+    }
+    assert stack_lines(fold(stacks)) == [
+        "rank 0: train (hang.py:21)",
+        "rank 1: slow_data_loader (hang.py:12)",
+        "launcher on node 0: _monitor_workers (api.py:5)",
+    ]
+
+
+def test_a_plain_launchers_untagged_dump_is_the_ranks_own() -> None:
+    untagged = "\n".join(
+        line.removeprefix("[rank 1] ")
+        for line in CONSOLE.splitlines()
+        if line.startswith("[rank 1] ")
+    )
+    (stack,) = console_stacks("hello\n" + untagged, node=3, untagged_rank=3)
+    assert (stack.node, stack.rank, innermost_frame(stack.text)) == (
+        3,
+        3,
+        "slow_data_loader (hang.py:12)",
+    )
+    assert console_stacks("no dump here\n[rank 0] nor here\n", node=0) == []
+
+
+def test_the_node_report_folds_console_dumps_with_py_spys() -> None:
+    from fleetctl.phases.stacks import NodeStacks, StackReport
+
+    node0 = NodeStacks(0, "node0", console=CONSOLE)
+    node0.processes = [
+        {"pid": 10, "rank": None, "method": "faulthandler", "text": None},
+        {"pid": 11, "rank": 0, "method": "faulthandler", "text": None},
+        {"pid": 12, "rank": 1, "method": "faulthandler", "text": None},
+    ]
+    node1 = NodeStacks(1, "node1", processes=[{"pid": 5, "rank": 2, "text": PYSPY_WAITING}])
+    assert stack_lines(fold(StackReport([node0, node1]).stacks())) == [
+        "rank 0: train (hang.py:21)",
+        "rank 1: slow_data_loader (hang.py:12)",
+        "rank 2: wait (distributed_c10d.py:3041)",
+        "launcher on node 0: _monitor_workers (api.py:5)",
+    ]
+
+
+def test_the_node_side_sends_back_the_dump_an_aborted_rank_wrote(tmp_path: Path) -> None:
+    """remote/stacks.py on this machine, py-spy out of reach: the rank is aborted, and the
+    D frame carries what console.log gained — its faulthandler dump, folded under its rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from fleetctl.phases.stacks import NodeStacks
+
+    here = Path(__file__).parent
+    console = tmp_path / "console.log"
+    with open(console, "ab") as log:
+        env = dict(os.environ, FLEET_JOB_ID="j-fh", RANK="1", PYTHONFAULTHANDLER="1")
+        rank = subprocess.Popen(
+            [sys.executable, str(here / "stack_dumps" / "hang.py"), "1"],
+            stdout=log, stderr=log, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in console.read_bytes():  # the rank is in slow_data_loader
+            assert time.monotonic() < deadline and rank.poll() is None
+            time.sleep(0.05)
+        args = {"job_id": "j-fh", "run_dir": str(tmp_path), "py_spy": None, "abort": True}
+        root = here.parents[1]
+        out = subprocess.run(
+            [sys.executable, str(root / "fleetctl" / "remote" / "stacks.py"), json.dumps(args)],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/nonexistent"},
+        )  # fmt: skip
+        assert rank.wait(timeout=10) == -6  # SIGABRT
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+    frames = {line[0]: json.loads(line[2:]) for line in out.stdout.splitlines()}
+    assert frames["K"]["method"] == "faulthandler" and frames["K"]["rank"] == 1
+    assert frames["D"]["faulthandler"] == 1
+    node = NodeStacks(0, "node0", processes=[frames["K"]], console=frames["D"]["console"])
+    assert stack_lines(fold(node.console_stacks())) == ["rank 1: slow_data_loader (hang.py:12)"]

@@ -903,6 +903,41 @@ def test_the_supervisor_times_a_rank_end_its_launcher_reaps_at_once(
     assert by_local[1]["at"] <= said[0]["reaped"] + 0.5 < by_local[0]["at"], exits
 
 
+STOPPED_LAUNCHER = """
+import os, subprocess, sys
+body = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+rank = [sys.executable, "-c", body]
+r1 = subprocess.Popen(rank + ["1.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
+r0 = subprocess.Popen(rank + ["600", "0"], env=dict(os.environ, LOCAL_RANK="0"))
+print("r1 ended", r1.wait(), flush=True)
+r0.wait()
+"""
+
+
+def test_a_rank_that_ended_after_the_stop_reached_its_node_is_marked_so(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Only a rank that ended on its own can be a first failure: one that ended after our stop
+    reached the node (torchrun turns our SIGTERM into exit code 1) is marked ``after_stop``."""
+    (tmp_path / "launcher.py").write_text(STOPPED_LAUNCHER)
+    job = jid("p-after-stop")
+    spec = {"cwd": str(tmp_path), "env": {"FLEET_LAUNCHER": "torchrun"}}
+    run = jobs.start(job, [jobs.python, str(tmp_path / "launcher.py")], **spec)
+    seen = [f.text for f in run.pending]
+    deadline = time.monotonic() + 20
+    while not any(t.startswith("r1 ended") for t in seen):
+        assert time.monotonic() < deadline, seen
+        run.stream.send(b"h")
+        data = run.stream.recv(0.3)
+        seen += [f.text for f in run.reader.feed(data or b"")]
+    run.stream.send(b"t")  # the stop: rank 0 ends by it
+    drain(run)
+    exits = json.loads((Path(jobs.run_dir(job)) / "rank_exits.json").read_text())["exits"]
+    by_local = {e["local"]: e for e in exits}
+    assert sorted(by_local) == [0, 1], exits
+    assert "after_stop" not in by_local[1] and by_local[0]["after_stop"] is True, exits
+
+
 SHADOWED = ("json", "base64", "zlib", "socket", "hashlib", "subprocess", "queue")
 
 

@@ -18,6 +18,7 @@ from fleetctl.plan.inventory.nodes import _build_node, _check_duplicates
 from fleetctl.plan.inventory.patterns import _evaluate, _preview, _split_host_pattern, _split_limit
 from fleetctl.plan.inventory.vars import _load_adjacent_vars
 from fleetctl.plan.inventory.yaml_source import _load_yaml, _parse_yaml, _YamlError
+from fleetctl.plan.userinput import read_user_file
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 
@@ -102,12 +103,7 @@ def load_inventory(path: str | Path, limit: str | None = None, group: str = "all
     """
     shown = str(path)
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except IsADirectoryError as e:
-        raise InventoryError("is a directory, expected an inventory file", path=shown) from e
-    except OSError as e:
-        raise InventoryError(f"cannot read inventory: {e.strerror or e}", path=shown) from e
+    raw = read_user_file(p, "inventory", lambda msg: InventoryError(msg, path=shown))
     if raw.startswith(b"$ANSIBLE_VAULT"):
         raise InventoryError("vault-encrypted inventories are not supported", path=shown)
     # Undecodable bytes become surrogates: INI tolerates them in comments (like Ansible), any

@@ -6,11 +6,11 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from fleetctl.errors import InventoryError
 from fleetctl.plan.inventory.model import _group_hosts, _Host, _Model
 from fleetctl.plan.inventory.ranges import _parse_address
+from fleetctl.plan.userinput import read_user_file
 
 
 def _split_host_pattern(pattern: str) -> list[str]:
@@ -32,14 +32,14 @@ def _split_limit(limit: str, path: str) -> list[str]:
     out: list[str] = []
     for part in _split_host_pattern(limit):
         if part.startswith("@"):
-            try:
-                lines = Path(part[1:]).read_text().splitlines()
-            except OSError as e:
-                raise InventoryError(
-                    f"--limit {part}: cannot read limit file: {e.strerror or e}",
-                    path=path,
-                    field="limit",
-                ) from e
+            raw = read_user_file(
+                part[1:],
+                "limit file",
+                lambda msg, part=part: InventoryError(
+                    f"--limit {part}: {msg}", path=path, field="limit"
+                ),
+            )
+            lines = raw.decode("utf-8", "replace").splitlines()
             out.extend(s.strip() for s in lines if s.strip())
         else:
             out.append(part)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import InventoryError
 from fleetctl.plan.inventory.yaml_source import _Map, _read_yaml
+from fleetctl.plan.userinput import read_user_file
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Group, _Host, _Model, _Origin
@@ -74,10 +75,7 @@ def _dir_vars_files(folder: Path) -> list[Path]:
 
 
 def _load_vars_file(file: Path, shown: str) -> tuple[_Map, bytes]:
-    try:
-        content = file.read_bytes()
-    except OSError as e:
-        raise InventoryError(f"cannot read vars file: {e.strerror or e}", path=shown) from e
+    content = read_user_file(file, "vars file", lambda msg: InventoryError(msg, path=shown))
     empty = _Map()
     empty.lines = {}
     if content.startswith(b"$ANSIBLE_VAULT"):

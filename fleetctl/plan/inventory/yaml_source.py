@@ -10,6 +10,7 @@ import yaml
 from fleetctl.errors import InventoryError
 from fleetctl.plan.inventory.model import _Model
 from fleetctl.plan.inventory.ranges import _expand_hostpattern
+from fleetctl.plan.userinput import YamlTooBig, check_yaml_size
 
 
 class _Map(dict):  # type: ignore[type-arg]
@@ -102,46 +103,19 @@ def _read_yaml(text: str, path: str) -> Any:
         raise InventoryError(f"malformed YAML: {' '.join(str(e).split())}", path=path) from e
 
 
-MAX_YAML_VALUES = 1_000_000  # values the document stands for once its aliases are expanded
-
-
 def _load_yaml(text: str) -> Any:
     loader = _Loader(text)  # a SafeLoader subclass: no arbitrary objects
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        size = _expanded_size(node, {}, 0)
-        if size > MAX_YAML_VALUES:
-            raise _YamlError(
-                f"YAML aliases expand to more than {MAX_YAML_VALUES} values "
-                "(an alias bomb?); write the values out",
-                node.start_mark.line + 1,
-            )
+        try:
+            check_yaml_size(node)  # the alias-bomb guard job files share
+        except YamlTooBig as e:
+            raise _YamlError(str(e), e.line) from e
         return loader.construct_document(node)
     finally:
         loader.dispose()
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int) -> int:
-    """How many values ``node`` stands for with every alias copied out, computed once per node
-    (aliases share node objects, so this is linear in the document, not in its expansion)."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    if depth > 200:
-        raise _YamlError("YAML nests deeper than 200 levels", node.start_mark.line + 1)
-    memo[key] = MAX_YAML_VALUES + 1  # a node inside itself (recursive alias): too big
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        for child in node.value:
-            size += _expanded_size(child, memo, depth + 1)
-    elif isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            size += _expanded_size(k, memo, depth + 1) + _expanded_size(v, memo, depth + 1)
-    size = min(size, MAX_YAML_VALUES + 1)
-    memo[key] = size
-    return size
 
 
 def _parse_yaml(text: str, path: str) -> _Model:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.launchers import deepspeed, paddle, plain, torchrun
-from fleetctl.plan.launchers.base import LaunchContext, Launcher
+from fleetctl.plan.launchers.base import MODULE, SCRIPT_KINDS, SHELL, LaunchContext, Launcher
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
@@ -31,6 +31,20 @@ def get_launcher(name: str) -> Launcher:
         raise PlanError(f"unknown launcher {name!r} (known: {known})") from e
 
 
+def check_program(name: str, kind: str, script: str) -> None:
+    """PlanError (exit 2, one line) when launcher ``name`` cannot start ``script`` of ``kind``
+    (a Python file, a module, a shell script): refused before any node is reached."""
+    launcher = get_launcher(name)
+    if kind not in SCRIPT_KINDS:
+        raise PlanError(f"unknown script kind {kind!r} (known: {', '.join(SCRIPT_KINDS)})")
+    if kind not in launcher.kinds:
+        what = {MODULE: f"a module (-m {script})", SHELL: f"a shell script ({script})"}[kind]
+        able = [n for n, la in LAUNCHERS.items() if kind in la.kinds]
+        use = " or ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
+        raise PlanError(f"the {name} launcher cannot run {what}; use --launcher {use}")
+    launcher.check_script(kind, script)
+
+
 def build_argv(launcher: str, ctx: LaunchContext, node: NodePlan) -> list[str]:
     """That node's full command line, argv[0] first; user args appended untouched."""
     return get_launcher(launcher).argv(ctx, node)
@@ -43,5 +57,6 @@ __all__ = [
     "LaunchContext",
     "Launcher",
     "build_argv",
+    "check_program",
     "get_launcher",
 ]

@@ -4,17 +4,23 @@ Adapters are pure: they turn the plan-wide facts (``LaunchContext``) and one nod
 (a ``NodePlan`` still without argv) into that node's argv and any files the run phase must
 write into the node's run folder first. They never touch the network, the disk or the clock.
 
-Paths: the run phase starts the launcher with ``cwd = NodePlan.cwd`` (the job's work folder
-``W/work/<job>``, a copy of the code; the node run folder is ``W/runs/<job>/<rank>-<host>``).
-Every path fleetctl puts in argv is relative to the cwd when it lies under the same root
-(``train.py``, ``../../runs/<job>/0-node1/torchrun``), so a workdir such as ``~/.fleetctl``
-works without any shell tilde expansion, and absolute otherwise.
+Paths: the run phase starts the launcher with ``cwd = NodePlan.cwd``: the script's own folder
+in the job's work folder ``W/work/<job>`` (a copy of the code; ``NodePlan.work_dir`` when the
+script is in a sub-folder), as ``python train.py`` would run in the user's checkout; the node
+run folder is ``W/runs/<job>/<rank>-<host>``. Every path fleetctl puts in argv is relative to
+the cwd when it lies under the same root (``train.py``, ``../../runs/<job>/0-node1/torchrun``),
+so a workdir such as ``~/.fleetctl`` works without any shell tilde expansion, and absolute
+otherwise.
+
+What runs (``LaunchContext.kind``): a Python file (``python SCRIPT``), a module (``python -m
+MODULE``, the module looked up from the cwd) or a shell script (``bash SCRIPT``); each launcher
+says which it can start (``Launcher.kinds``) and how (:func:`program`).
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,6 +28,16 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
 T = TypeVar("T")
+
+PYTHON, MODULE, SHELL = "python", "module", "shell"  # what SCRIPT is (LaunchContext.kind)
+SCRIPT_KINDS = (PYTHON, MODULE, SHELL)
+SHELL_SUFFIXES = (".sh", ".bash")
+
+
+def kind_of(script: str) -> str:
+    """A script's kind by its name alone: shell for ``.sh``/``.bash``, else Python (the CLI
+    looks inside files with other names first)."""
+    return SHELL if script.endswith(SHELL_SUFFIXES) else PYTHON
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,7 @@ class LaunchContext:
     gpus_per_node: int  # 0 when the nodes have no (known) GPUs: CPU / gloo
     launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
     gpu_lists: tuple[tuple[str, ...], ...] = ()  # per node (rank order): fleetctl_gpus lists
+    kind: str = PYTHON  # what ``script`` is: a Python file, a module name, a shell script
     _memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def once(self, key: str, build: Callable[[], T]) -> T:
@@ -74,6 +91,12 @@ class Launcher:
     # Options fleetctl sets from the rank plan (normalized: lower case, ``_`` as ``-``); a
     # --launcher-arg naming one is refused, or the plan would not be the one that runs.
     owned: frozenset[str] = frozenset()
+    # What it can start (PYTHON, MODULE, SHELL), and the options that say which (set by
+    # fleetctl from SCRIPT: a --launcher-arg naming one is refused too).
+    kinds: frozenset[str] = frozenset({PYTHON})
+    kind_options: frozenset[str] = frozenset()
+    # PlanError when it cannot start this script of that kind (paddle: only ``*.py``).
+    check_script: Callable[[str, str], None] = field(default=lambda kind, script: None)
 
 
 def option_name(arg: str) -> str | None:
@@ -117,8 +140,25 @@ def run_path(node: NodePlan, rel: str) -> str:
 def script_path(node: NodePlan, script: str) -> str:
     """The user's script as argv names it, relative to the node's cwd when possible: the work
     folder's copy (a plan without one, cwd = run folder: the code snapshot's)."""
-    root = node.code_dir if node.cwd == node.run_dir else node.cwd
+    root = node.code_dir if node.cwd == node.run_dir else (node.work_dir or node.cwd)
     return path_from(node.cwd, posixpath.join(root, script))
+
+
+def program(
+    ctx: LaunchContext,
+    node: NodePlan,
+    *,
+    module: Sequence[str] = ("-m",),
+    shell: Sequence[str] = (),
+) -> list[str]:
+    """What a launcher's argv ends with: SCRIPT (a Python file), ``-m MODULE`` (``module``: the
+    launcher's flag for it), or ``bash SCRIPT`` after the launcher's flag for running a
+    command that is not Python (``shell``: torchrun's ``--no-python``); then the user's args."""
+    if ctx.kind == MODULE:
+        return [*module, ctx.script, *ctx.args]
+    if ctx.kind == SHELL:
+        return [*shell, "bash", script_path(node, ctx.script), *ctx.args]
+    return [script_path(node, ctx.script), *ctx.args]
 
 
 def python_path(node: NodePlan) -> str:

@@ -5,7 +5,10 @@ fleetctl already reaches every node, so deepspeed's own pdsh fan-out is switched
 every node, ``<train_addr> slots=K`` in rank order) only tells deepspeed the world layout. It is
 returned as a file for the run phase to write into the node run folder. ``-m
 deepspeed.launcher.runner`` is what the ``deepspeed`` console script runs, with the node's own
-python so PATH never matters. Flags checked against deepspeed 0.19.8 ``launcher/runner.py``.
+python so PATH never matters. A module runs with ``--module MODULE``, a shell script with
+``--no_python --no_local_rank bash SCRIPT`` (without ``--no_local_rank`` deepspeed would put
+``--local_rank=N`` between ``bash`` and the script; the rank is in ``LOCAL_RANK``). Flags
+checked against deepspeed 0.19.8 ``launcher/runner.py`` and ``launcher/launch.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.launchers.base import (
+    SCRIPT_KINDS,
     LaunchContext,
     Launcher,
+    program,
     python_path,
     run_path,
-    script_path,
 )
 
 if TYPE_CHECKING:
@@ -44,8 +48,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--enable_each_rank_log={run_path(node, LOG_DIR)}",
         *ctx.once("gpu selection", lambda: _gpu_selection(ctx)),
         *ctx.launcher_args,
-        script_path(node, ctx.script),
-        *ctx.args,
+        *program(ctx, node, module=("--module",), shell=("--no_python", "--no_local_rank")),
     ]
 
 
@@ -120,4 +123,6 @@ LAUNCHER = Launcher(
     files=files,
     validate=validate,
     module="deepspeed.launcher.runner",
+    kinds=frozenset(SCRIPT_KINDS),
+    kind_options=frozenset({"--module", "--no-python"}),
 )

@@ -20,6 +20,8 @@ Checked against paddlepaddle 3.3.1 (``distributed/launch/context/args_envs.py``,
   writes no ``endpoints.log``); ``--job_id`` names those files after the fleet job.
 
 Only flags paddle's parser knows are passed: an unknown one flips paddle into legacy mode.
+paddle runs a file named ``*.py`` with its python and executes any other file itself, and has
+no ``-m``: only ``.py`` scripts are accepted (:func:`check_script`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.launchers.base import (
+    PYTHON,
     LaunchContext,
     Launcher,
     python_path,
@@ -65,6 +68,15 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         script_path(node, ctx.script),
         *ctx.args,
     ]
+
+
+def check_script(kind: str, script: str) -> None:
+    """paddle would execute a Python file not named ``*.py`` directly (no python before it)."""
+    if kind == PYTHON and not script.endswith(".py"):
+        raise PlanError(
+            f"paddle runs only *.py scripts with python (it would execute {script} itself); "
+            "name it .py or use --launcher plain or torchrun"
+        )
 
 
 def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
@@ -107,4 +119,5 @@ LAUNCHER = Launcher(
     validate=validate,
     module="paddle.distributed.launch",
     owned=OWNED,
+    check_script=check_script,
 )

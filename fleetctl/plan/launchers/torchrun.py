@@ -7,6 +7,8 @@ rendezvous id, so torchrun's log sub-folder under ``--log-dir`` carries it. Runn
 own python with ``-m`` means PATH on the node never decides which torchrun runs.
 ``--redirects=3`` puts each local rank's output in ``torchrun/<job>_*/attempt_N/<local>/
 {stdout,stderr}.log``; the node supervisor tails those into whole ``[rank G]`` lines.
+A module runs as ``torchrun … -m MODULE``, a shell script as ``torchrun … --no-python bash
+SCRIPT`` (each worker is then ``bash SCRIPT ARGS`` with torchrun's env: ``RANK``, ``LOCAL_RANK``…).
 Option names checked against torch 2.13 ``torchrun --help``.
 """
 
@@ -15,11 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleetctl.plan.launchers.base import (
+    SCRIPT_KINDS,
     LaunchContext,
     Launcher,
+    program,
     python_path,
     run_path,
-    script_path,
 )
 
 if TYPE_CHECKING:
@@ -46,8 +49,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         # splice partial lines of different ranks)
         "--redirects=3",
         *ctx.launcher_args,
-        script_path(node, ctx.script),
-        *ctx.args,
+        *program(ctx, node, module=("-m",), shell=("--no-python",)),
     ]
 
 
@@ -69,4 +71,11 @@ OWNED = frozenset(
     }
 )
 
-LAUNCHER = Launcher(name="torchrun", argv=argv, module="torch.distributed.run", owned=OWNED)
+LAUNCHER = Launcher(
+    name="torchrun",
+    argv=argv,
+    module="torch.distributed.run",
+    owned=OWNED,
+    kinds=frozenset(SCRIPT_KINDS),
+    kind_options=frozenset({"-m", "--module", "--no-python"}),
+)

@@ -153,8 +153,13 @@ def _load_located(text: str, path: str) -> Any:
     """YAML → Python values whose mappings/lists know their source lines. Raises UsageError."""
     import yaml
 
+    from fleetctl.plan.userinput import YamlTooBig, check_yaml_size
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        check_yaml_size(root)  # the inventory's alias-bomb guard: conv() below expands aliases
+    except YamlTooBig as e:
+        raise UsageError(f"{path}:{e.line}: {e}") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
@@ -194,11 +199,13 @@ def _load_located(text: str, path: str) -> Any:
 def load_job_file(path: str, text: str | None = None) -> JobFile:
     """Read and validate a job file. Every error is one line naming ``path:line``."""
     if text is None:
+        from fleetctl.plan.userinput import read_user_file
+
+        raw = read_user_file(path, "job file", lambda msg: UsageError(f"{path}: {msg}"))
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"{path}: cannot read job file: {e.strerror or e}") from e
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: job file is not UTF-8 text") from e
     return parse_job_file(text, path)
 
 

@@ -1,0 +1,143 @@
+"""``fleetctl run --before fabfile.py:prepare``: a Fabric task run on every node of the job
+after the check and the push, before the plan and the launch.
+
+The task is called once per node with that node's ``fabric.Connection`` (from
+``Fleet.group()``: the run's users, keys, jump hosts and host-key rules), the nodes in
+parallel, as ``fab -H a,b,c prepare`` calls it per host. A task that raises on any node stops
+the run before launch (``FleetError``, exit 3) naming each failing host. The fabfile is loaded
+(its code runs) when the option is read, so a missing file or task is a usage error (exit 2)
+before any node is reached. fabric is imported only when a task runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import FleetError, UsageError
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
+
+DEFAULT_TIMEOUT = 3600.0  # s for the task on every node; then the run stops before launch
+MAX_PARALLEL = 64  # nodes the task runs on at once
+
+
+@dataclass(frozen=True)
+class BeforeTask:
+    """A loaded task, called with the job's nodes and settings (``RunOptions.before_launch``)."""
+
+    spec: str  # as given: "fabfile.py:prepare"
+    func: Callable[..., Any]
+    timeout: float = DEFAULT_TIMEOUT
+
+    def __call__(self, nodes: Sequence[Node], settings: SSHSettings | None) -> None:
+        run_task(self, nodes, settings)
+
+
+def load_task(spec: str, timeout: float = DEFAULT_TIMEOUT) -> BeforeTask:
+    """``FILE:TASK`` → the task; UsageError (one line) when the file or task is not there."""
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name:
+        raise UsageError(f"--before {spec!r}: expected FILE:TASK (e.g. fabfile.py:prepare)")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise UsageError(f"--before {spec}: no such file {path}")
+    module = _load_module(path, spec)
+    func = _find(module, name)
+    if func is None:
+        raise UsageError(f"--before {spec}: {path} has no task {name!r}")
+    return BeforeTask(spec, func, timeout)
+
+
+def _load_module(path: Path, spec: str) -> Any:
+    """The fabfile as a module (its folder first on sys.path while it loads, as fab does)."""
+    full = path.resolve()
+    mod_name = "fleetctl_before_" + hashlib.sha256(str(full).encode()).hexdigest()[:12]
+    found = importlib.util.spec_from_file_location(mod_name, full)
+    if found is None or found.loader is None:
+        raise UsageError(f"--before {spec}: {path} is not a Python file")
+    module = importlib.util.module_from_spec(found)
+    folder = str(full.parent)
+    sys.path.insert(0, folder)
+    try:
+        found.loader.exec_module(module)
+    except Exception as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        raise UsageError(f"--before {spec}: cannot load {path}: {why}") from e
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def _find(module: Any, name: str) -> Callable[..., Any] | None:
+    """A module-level task (``@task`` or a plain function), else one of its ``ns`` Collection."""
+    func = getattr(module, name, None)
+    if callable(func):
+        return func
+    for attr in ("ns", "namespace"):
+        coll = getattr(module, attr, None)
+        tasks = getattr(coll, "tasks", None)
+        if isinstance(tasks, dict):
+            for key in (name, name.replace("_", "-")):
+                if callable(tasks.get(key)):
+                    return tasks[key]
+    return None
+
+
+def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | None) -> None:
+    """The task on every node at once (at most MAX_PARALLEL), every node's outcome kept;
+    FleetError naming each node it failed on (or did not finish on within the timeout)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from fleetctl.api.group import group
+    from fleetctl.results import FleetResult
+    from fleetctl.ssh.connection import SSHSettings
+
+    conns = list(group(nodes, settings or SSHSettings()))
+    outcomes: dict[str, Any] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(conns))))
+    try:
+        futures = {pool.submit(task.func, c): n for n, c in zip(nodes, conns, strict=True)}
+        _, late = wait(futures, timeout=task.timeout)
+        for fut, node in futures.items():
+            if fut in late:
+                outcomes[node.name] = TimeoutError(f"not done after {task.timeout:g} s")
+            elif fut.exception() is not None:
+                outcomes[node.name] = fut.exception()
+            else:
+                outcomes[node.name] = fut.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for c in conns:  # also ends a late task's command: its channel closes
+            with contextlib.suppress(Exception):  # a dead link has nothing left to close
+                c.close()
+    result: FleetResult[Any] = FleetResult(outcomes)
+    if result.failed:
+        labels = {n.name: n.label for n in nodes}
+        parts = [f"{labels[h]}: {describe(e)}" for h, e in result.failed.items()]
+        raise FleetError(
+            f"--before {task.spec} failed on {len(parts)} of {len(nodes)} node(s): "
+            + "; ".join(parts),
+            result,
+        )
+
+
+def describe(e: BaseException) -> str:
+    """One line: a command's exit status and last stderr line, else the exception."""
+    res = getattr(e, "result", None)
+    if res is not None and hasattr(res, "exited"):
+        tail = (getattr(res, "stderr", "") or getattr(res, "stdout", "") or "").strip()
+        last = tail.splitlines()[-1] if tail else ""
+        return f"`{res.command}` exited {res.exited}" + (f": {last}" if last else "")
+    one = getattr(e, "one_line", None)
+    text = one() if callable(one) else f"{type(e).__name__}: {e}"
+    return " ".join(str(text).split()) or type(e).__name__

@@ -1,0 +1,364 @@
+"""A job started by ``Fleet.run`` or found again by id (``Job.attach``): its live lines, its
+verdict, stopping it.
+
+A job run attached (``detach=False``) runs in a background thread of this process — check,
+push, launch, watch, first-failure teardown, collect, exactly ``fleetctl run``'s path — and
+stops with it: call :meth:`Job.wait` before the program exits (the nodes' dead-man switch
+stops an abandoned job). A detached job, or one attached by id, lives under its node
+supervisors; this object reaches it through its run folder as ``fleetctl logs/status/stop``
+do.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fleetctl.api.result import LogLine, RunResult
+from fleetctl.errors import FleetctlError, Interrupted, JobFailed
+
+if TYPE_CHECKING:
+    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.result import JobEvent
+    from fleetctl.job.submit import JobRequest
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
+
+LINE_BUFFER = 100_000  # lines held for lines() until read; older ones are dropped (all on disk)
+POLL = 2.0  # s between looks at a detached job's record
+STOP_WAIT = 60.0  # s a stop waits for the launch to reach every node before stopping it
+
+
+class WaitTimeout(FleetctlError, TimeoutError):
+    """``Job.wait(timeout=…)`` ran out before the job ended (the job runs on)."""
+
+
+class _Lines:
+    """The lines ``lines()`` yields, in arrival order, bounded; closed when no more come."""
+
+    def __init__(self) -> None:
+        self.buf: collections.deque[LogLine] = collections.deque()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.dropped = 0
+
+    def put(self, lines: list[LogLine]) -> None:
+        with self.cond:
+            self.buf.extend(lines)
+            while len(self.buf) > LINE_BUFFER:
+                self.buf.popleft()
+                self.dropped += 1
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def get(self, timeout: float | None) -> LogLine | None:
+        """The next line; None once closed and empty. TimeoutError after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while not self.buf:
+                if self.closed:
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeout(f"no output line within {timeout:g} s")
+                self.cond.wait(min(1.0, left) if left is not None else 1.0)
+            return self.buf.popleft()
+
+
+class Job:
+    """One job. Get one from :meth:`Fleet.run` or :meth:`Job.attach`."""
+
+    def __init__(
+        self,
+        job_id: str,
+        runs_dir: str | Path,
+        settings: SSHSettings | None = None,
+        *,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.runs_dir = Path(runs_dir)
+        self.settings = settings
+        self._on_event = on_event
+        self._lines = _Lines()
+        self._thread: threading.Thread | None = None
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+        self._ended = threading.Event()
+        self._launching = threading.Event()
+        self._reached: set[int] = set()  # ranks whose start was reported (started or ended)
+        self._stop_asked = threading.Event()
+        self._callback_errors: list[str] = []
+        self._following = False
+
+    # -- starting ---------------------------------------------------------------------------
+    @classmethod
+    def attach(
+        cls,
+        job_id: str,
+        runs_dir: str | Path = "fleet-runs",
+        *,
+        known_hosts: str | None = None,
+        accept_new: bool = False,
+        connect_timeout: float = 10.0,
+    ) -> Job:
+        """The job ``job_id`` (a unique prefix is enough) of ``runs_dir``, running or ended:
+        ``fleetctl logs/status/stop``'s way back to it. RunFolderError if there is none."""
+        from fleetctl.job.records import latest_attempt
+        from fleetctl.ssh.connection import SSHSettings
+
+        folder = latest_attempt(runs_dir, job_id)
+        settings = SSHSettings(
+            known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
+        )
+        full = str(folder.load_job().get("job_id") or folder.job_id)
+        return cls._found(full, runs_dir, settings)
+
+    @classmethod
+    def _found(cls, job_id: str, runs_dir: str | Path, settings: SSHSettings | None) -> Job:
+        """A job that runs (or ran) under its supervisors, reached through its run folder."""
+        job = cls(job_id, runs_dir, settings)
+        job._ended.set()  # nothing runs in this process
+        job._lines.close()
+        return job
+
+    @classmethod
+    def _start(
+        cls,
+        request: JobRequest,
+        *,
+        on_event: Callable[[JobEvent], None] | None,
+        before: Callable[[Sequence[Node], SSHSettings | None], None] | None = None,
+    ) -> Job:
+        """Run ``request`` attached, in a background thread (Fleet.run's work). ``before``:
+        the run's own before-launch hook, called after the stop check."""
+        import dataclasses
+
+        options = request.options
+        job = cls(request.spec.job_id, options.runs_dir, options.settings, on_event=on_event)
+
+        def hook(nodes: Sequence[Node], settings: SSHSettings | None) -> None:
+            job._before_launch()
+            if before is not None:
+                before(nodes, settings)
+                job._before_launch()
+
+        request = dataclasses.replace(
+            request, options=dataclasses.replace(options, before_launch=hook)
+        )
+        job._thread = threading.Thread(
+            target=job._run, args=(request,), daemon=True, name=f"fleetctl-job-{job.job_id}"
+        )
+        job._thread.start()
+        return job
+
+    def _run(self, request: JobRequest) -> None:
+        from fleetctl.job.state import JobStatus
+        from fleetctl.job.submit import submit
+        from fleetctl.phases.collect import interrupted
+
+        try:
+            done = submit(request, on_event=self._event)
+            r = done.result
+            if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):
+                code = 130
+            else:
+                code = 0 if r.exit_code == 0 else 3
+            doc = r.to_dict()
+            doc["errors"] = [*doc.get("errors", []), *self._callback_errors]
+            self._result = RunResult.from_record(doc, r.folder, exit_code=code)
+        except BaseException as e:  # raised again by wait(), in the caller's thread
+            self._error = e
+        finally:
+            self._lines.close()
+            self._ended.set()
+
+    def _event(self, ev: JobEvent) -> None:
+        if ev.kind == "lines" and ev.rank is not None:
+            self._lines.put([LogLine(ev.rank, ev.host or "", t) for t in ev.lines])
+        elif ev.kind == "line" and ev.rank is not None:
+            self._lines.put([LogLine(ev.rank, ev.host or "", ev.text)])
+        elif ev.kind == "phase" and ev.text.startswith("launching"):
+            self._launching.set()
+        elif ev.kind in ("started", "exit", "lost") and ev.rank is not None:
+            self._reached.add(ev.rank)
+        if self._on_event is not None:
+            try:
+                self._on_event(ev)
+            except Exception as e:  # the job goes on; the callback is not called again
+                self._callback_errors.append(f"on_event raised {type(e).__name__}: {e}")
+                self._on_event = None
+
+    def _before_launch(self) -> None:
+        """Called by the run right before the plan and launch: a stop asked meanwhile ends
+        the job here, before anything started."""
+        if self._stop_asked.is_set():
+            raise Interrupted(f"job {self.job_id}: stopped before launch")
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def run_folder(self) -> Path:
+        return self.runs_dir / self.job_id
+
+    @property
+    def done(self) -> bool:
+        """The job ended (for a detached job: as its record says now)."""
+        if self._thread is not None and not self._ended.is_set():
+            return False
+        if self._thread is not None and self._error is not None:
+            return True
+        if self._result is not None and not self._result.detached:
+            return True
+        with self._handle() as h:
+            return not h.live
+
+    def lines(self, timeout: float | None = None) -> Iterator[LogLine]:
+        """Every node's output lines as they arrive (per node in order), until the job ended.
+
+        A job running here: from its start (up to the last 100,000 unread). A detached or
+        attached-by-id job: the collected logs of an ended job, else followed live from the
+        nodes. ``timeout``: seconds to wait for each next line (WaitTimeout)."""
+        while True:
+            line = self._lines.get(timeout)
+            if line is None:
+                break
+            yield line
+        if self._thread is not None and self._result is not None and self._result.detached:
+            self._thread = None  # from here on, like a job attached by id
+        if self._thread is None and not self._following:
+            self._following = True
+            yield from self._records_lines(timeout)
+
+    def _records_lines(self, timeout: float | None) -> Iterator[LogLine]:
+        from fleetctl.job.logs import follow_logs
+
+        with self._handle() as h:
+            chosen, missing = h.select(None), []
+            for rank, host in chosen:
+                path = h.collected_log(rank, host)
+                if path is None:
+                    missing.append((rank, host))
+                    continue
+                with path.open(encoding="utf-8", errors="replace") as f:
+                    for text in f:
+                        yield LogLine(rank, host, text.rstrip("\n"))
+            if not missing or not h.live:
+                return
+            feed = _Lines()
+
+            def follow() -> None:
+                try:
+                    follow_logs(
+                        h, missing, lambda r, hh, t: feed.put([LogLine(r, hh, t)]), follow=True
+                    )
+                finally:
+                    feed.close()
+
+            t = threading.Thread(target=follow, daemon=True, name=f"fleetctl-logs-{self.job_id}")
+            t.start()
+            while True:
+                line = feed.get(timeout)
+                if line is None:
+                    break
+                yield line
+            t.join(5.0)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the job ended; its :class:`RunResult`. Raises what stopped it before
+        launch (CheckError, PushError, …), WaitTimeout after ``timeout`` (the job runs on).
+        Ctrl-C while waiting stops the job on every node, then raises KeyboardInterrupt."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            if self._thread is not None:
+                while not self._ended.wait(0.2):
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise WaitTimeout(f"job {self.job_id} still running after {timeout:g} s")
+                if self._error is not None:
+                    raise self._error
+                assert self._result is not None
+                if not self._result.detached:
+                    return self._result
+            return self._wait_record(deadline, timeout)
+        except KeyboardInterrupt:
+            with contextlib.suppress(FleetctlError):
+                self.stop(grace=0.0)
+            raise
+
+    def _wait_record(self, deadline: float | None, timeout: float | None) -> RunResult:
+        """A job under its supervisors: its record, once its monitor (or, with none,
+        a collection from here, as ``fleetctl collect`` does) wrote how it ended."""
+        from fleetctl.job.monitor_process import monitor_status
+
+        while True:
+            with self._handle() as h:
+                if not h.live:
+                    return RunResult.from_record(h.job, h.folder.path)
+                mon = monitor_status(h.job)
+                if not (mon and mon["alive"]) and h.job.get("status") != "starting":
+                    running = [s for s in h.status() if s.state == "running" or s.processes]
+                    if not running:
+                        h.collect()
+                        continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"job {self.job_id} still running after {timeout:g} s")
+            time.sleep(POLL)
+
+    # -- stopping ---------------------------------------------------------------------------
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the job on every node, verify nothing is left and collect its logs (as
+        ``fleetctl stop``). A job running here that has not launched yet stops before its
+        launch; :meth:`wait` then raises Interrupted. JobFailed if a node could not be
+        verified clean."""
+        if self._thread is not None and not self._ended.is_set():
+            self._stop_asked.set()
+            self._stop_running(grace)
+            return
+        from fleetctl.job.monitor_process import stop_monitor
+
+        with self._handle() as h:
+            if not h.live:
+                return
+            stop_monitor(h.folder)  # never two of us tearing down at once
+            report = h.stop(grace)
+            results = h.collect(stopped=True, options=h.collect_options())
+            h.mark_stopped(report, results)
+        if not report.verified:
+            raise JobFailed(f"job {self.job_id}: teardown could not verify every node")
+
+    def _stop_running(self, grace: float) -> None:
+        """The run here stops at its launch, or — launched — every node is told to stop
+        (``stop-request.json``, then the teardown); the run sees its nodes end as stopped,
+        not failed, and collects."""
+        deadline = time.monotonic() + STOP_WAIT
+        while not self._launching.is_set():
+            if self._ended.wait(0.1):
+                return
+            if time.monotonic() > deadline:
+                raise JobFailed(f"job {self.job_id}: not launched after {STOP_WAIT:g} s")
+        with self._handle() as h:
+            ranks = {np.node_rank for np in h.plan.nodes}
+            while not ranks <= self._reached and not self._ended.is_set():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            if self._ended.is_set():
+                return
+            h.stop(grace)
+        self._ended.wait(STOP_WAIT)
+
+    def _handle(self) -> JobHandle:
+        from fleetctl.job.handle import JobHandle
+
+        return JobHandle(self.runs_dir, self.job_id, self.settings)
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, runs_dir={str(self.runs_dir)!r})"

@@ -1,0 +1,150 @@
+"""``fleetctl run``'s SCRIPT: what it is and where in the code it runs, settled before any node
+is reached.
+
+``python train.py`` runs in the folder it was started from, which for a third-party script is
+the script's own folder (``data/`` beside it); ``python -m pkg.train`` looks the module up from
+the current folder. So the job's folder (``JobSpec.folder``, inside the pushed code) is the
+script's folder, or for ``-m`` the current folder (the code dir's top when that is outside it).
+What SCRIPT is (``JobSpec.kind``): ``.py`` is Python, ``.sh``/``.bash`` a shell script (run
+with ``bash``); another name is read: a ``#!`` line naming python or a shell decides, else a
+file that compiles as Python is Python. Anything else, a launcher that cannot start it (a
+shell script under paddle), or a module not in the code is refused here, one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetctl.errors import PlanError, UsageError
+from fleetctl.plan.launchers import check_program, get_launcher
+from fleetctl.plan.launchers.base import MODULE, PYTHON, SHELL, SHELL_SUFFIXES
+
+_SHELLS = ("sh", "bash", "dash", "ksh", "zsh")
+_READ = 1 << 20  # bytes of an unnamed script read to tell Python from the rest
+
+
+@dataclass(frozen=True)
+class Program:
+    """SCRIPT settled: ``script`` relative to the code dir (a module: its name), its kind, the
+    job's folder relative to the code dir, the script's args, the code dir."""
+
+    script: str
+    kind: str
+    folder: str
+    args: tuple[str, ...]
+    code_dir: str
+
+
+def resolve(
+    script: str,
+    args: tuple[str, ...],
+    code_dir: str | None,
+    launcher: str,
+    launcher_args: tuple[str, ...] = (),
+) -> Program:
+    """SCRIPT ARGS (or ``-m MODULE ARGS``) as the plan takes them; UsageError (exit 2) for
+    anything that could not run on any node, --launcher-arg values the plan would refuse too."""
+    from fleetctl.phases.codesync import default_code_dir
+    from fleetctl.plan.rankplan import check_launcher_args
+
+    try:
+        check_launcher_args(get_launcher(launcher), launcher_args)
+    except PlanError as e:
+        raise UsageError(str(e)) from e
+
+    if script == "-m" or (script.startswith("-m") and not script.startswith("--")):
+        module = script[2:] or (args[0] if args else "")
+        rest = args if script[2:] else args[1:]
+        if not module:
+            raise UsageError("-m needs a MODULE (fleetctl run [OPTIONS] -m MODULE [ARGS]...)")
+        here = Path.cwd()
+        code = code_dir if code_dir is not None else str(default_code_dir(here))
+        root = Path(code).resolve()
+        try:
+            folder = here.resolve().relative_to(root).as_posix()
+        except ValueError:
+            folder = "."
+        _require_module(module, root / folder)
+        _check(launcher, MODULE, module)
+        return Program(module, MODULE, "" if folder == "." else folder, rest, code)
+    if script.startswith("-"):
+        raise UsageError(f"unknown option {script!r} (fleetctl options go before SCRIPT)")
+    code = code_dir if code_dir is not None else str(default_code_dir(script))
+    rel = _in_code_dir(script, code)
+    kind = script_kind(Path(script))
+    _check(launcher, kind, rel)
+    folder = os.path.dirname(rel)
+    return Program(rel, kind, folder, args, code)
+
+
+def script_kind(path: Path) -> str:
+    """PYTHON or SHELL for an existing file; UsageError naming it when it is neither."""
+    if path.suffix == ".py":
+        return PYTHON
+    if path.name.endswith(SHELL_SUFFIXES):
+        return SHELL
+    try:
+        with path.open("rb") as f:
+            head = f.read(_READ)
+    except OSError as e:
+        raise UsageError(f"cannot read script {path}: {e.strerror or e}") from e
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+        names = [os.path.basename(w) for w in words[:2]]  # /usr/bin/env python3
+        if any(n.startswith("python") for n in names):
+            return PYTHON
+        if any(n in _SHELLS for n in names):
+            return SHELL
+        why = f"its #! line runs {' '.join(words[:2]) or 'nothing'}"
+    elif b"\0" in head:
+        why = "it is a binary file"
+    elif len(head) == _READ:  # too long to parse here: text without #!, as python reads it
+        return PYTHON
+    else:
+        try:
+            compile(head, str(path), "exec", dont_inherit=True)
+            return PYTHON
+        except (SyntaxError, ValueError):
+            why = "it does not parse as Python and has no #! line"
+    raise UsageError(
+        f"script {path} is neither a Python file nor a shell script ({why}); "
+        "name it .py or .sh, or give it a #!python / #!/bin/bash line"
+    )
+
+
+def _check(launcher: str, kind: str, script: str) -> None:
+    try:
+        check_program(launcher, kind, script)
+    except PlanError as e:
+        raise UsageError(str(e)) from e
+
+
+def _in_code_dir(script: str, code_dir: str) -> str:
+    """SCRIPT as a POSIX path relative to the code dir that push ships; UsageError if outside."""
+    root = Path(code_dir).resolve()
+    path = Path(script)
+    full = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    if not full.is_file():
+        raise UsageError(f"script not found: {script}")
+    try:
+        rel = full.relative_to(root)
+    except ValueError as e:
+        raise UsageError(f"script {script} is outside the code dir {root} (see --code-dir)") from e
+    return rel.as_posix()
+
+
+def _require_module(module: str, where: Path) -> None:
+    """The module must be in the pushed code, where ``python -m`` on the node will look."""
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise UsageError(f"-m {module}: not a module name (dotted Python identifiers)")
+    base = where.joinpath(*parts)
+    if base.with_suffix(".py").is_file() or (base / "__main__.py").is_file():
+        return
+    rel = "/".join(parts)
+    raise UsageError(
+        f"-m {module}: no {rel}.py or {rel}/__main__.py in {where}; -m runs a module of the "
+        "pushed code, looked up from the current folder (see --code-dir)"
+    )

@@ -1,0 +1,262 @@
+"""The library API without the lab: what ``import fleetctl`` costs and exports, results read
+from job.json's shape, jobs on this machine (the embedded local node), the invoke tasks, and
+``run --before``'s usage errors before any host is reached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fleetctl
+from fleetctl import Fleet, FleetctlError, Job, RunResult, UsageError
+from fleetctl.testing.cli_runner import run_cli
+
+JOB = """\
+import os, sys
+for i in range(3):
+    print(f"line {i}", flush=True)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def test_import_fleetctl_loads_nothing_else_and_every_exported_name_resolves() -> None:
+    probe = (
+        "import json, sys, fleetctl\n"
+        "before = sorted(m for m in sys.modules if m.startswith('fleetctl'))\n"
+        "names = {n: type(getattr(fleetctl, n)).__name__ for n in fleetctl.__all__}\n"
+        "print(json.dumps([before, names, 'fabric' in sys.modules, 'paramiko' in sys.modules]))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, names, fabric_loaded, paramiko_loaded = json.loads(p.stdout)
+    assert before == ["fleetctl"]
+    assert {"Fleet", "Job", "RunResult", "FirstFailure", "FleetctlError"} <= set(names)
+    assert names["Fleet"] == "type" and names["__version__"] == "str"
+    assert not fabric_loaded and not paramiko_loaded  # resolving the names connects nothing
+
+
+def test_an_unknown_attribute_of_fleetctl_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError):
+        fleetctl.NoSuchThing  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("doc", "code", "ok", "reason"),
+    [
+        ({"status": "succeeded"}, 0, True, ""),
+        (
+            {"status": "succeeded", "teardown": {"nodes": [{"remaining": [{"pid": 5}]}]}},
+            3,
+            False,
+            "succeeded",
+        ),
+        ({"status": "interrupted"}, 130, False, "interrupted"),
+        ({"status": "failed", "verdict": "timed out after 5 s"}, 3, False, "timed out after 5 s"),
+        (
+            {
+                "status": "failed",
+                "first_failure": {"rank": 1, "host": "gpu02", "state": "lost", "reason": "silent"},
+            },
+            3,
+            False,
+            "node 1 (gpu02) failed first: lost (silent)",
+        ),
+        (
+            {
+                "status": "failed",
+                "first_failure": {"rank": 0, "host": "a", "state": "failed", "signal": 9},
+            },
+            3,
+            False,
+            "node 0 (a) failed first: signal 9 (SIGKILL)",
+        ),
+    ],
+)
+def test_a_result_reads_job_json_with_the_clis_exit_codes(
+    doc: dict, code: int, ok: bool, reason: str
+) -> None:
+    r = RunResult.from_record({"job_id": "j", **doc}, "/runs/j")
+    assert (r.exit_code, r.ok, r.reason) == (code, ok, reason)
+    assert r.run_folder == Path("/runs/j")
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "job.py").write_text(JOB)
+    return folder
+
+
+def local(tmp_path: Path) -> Fleet:
+    return Fleet.local(runs_dir=tmp_path / "runs")
+
+
+def test_a_local_run_yields_its_lines_in_order_and_succeeds(tmp_path: Path, code: Path) -> None:
+    f = local(tmp_path)
+    job = f.run(str(code / "job.py"), launcher="plain", code=code)
+    host = f.nodes[0].name
+    assert [str(ln) for ln in job.lines(timeout=60)] == [f"[0 {host}] line {i}" for i in range(3)]
+    r = job.wait(timeout=60)
+    assert r.ok and r.exit_code == 0 and r.status == "succeeded"
+    assert (r.run_folder / "job.json").is_file() and job.done
+
+
+def test_a_failing_local_run_has_its_first_failure_and_attach_reads_it_back(
+    tmp_path: Path, code: Path
+) -> None:
+    job = local(tmp_path).run(str(code / "job.py"), launcher="plain", code=code, env={"EXIT": "5"})
+    r = job.wait(timeout=60)
+    assert (r.status, r.exit_code) == ("failed", 3)
+    assert r.first_failure is not None and r.first_failure.reason == "exit code 5"
+    again = Job.attach(job.job_id, runs_dir=tmp_path / "runs")
+    assert again.done and again.wait(timeout=5).reason == r.reason
+    assert [ln.text for ln in again.lines()] == ["line 0", "line 1", "line 2"]
+
+
+def test_a_before_hook_that_raises_stops_the_run_before_launch(tmp_path: Path, code: Path) -> None:
+    def refuse(nodes, settings) -> None:
+        raise FleetctlError(f"not today on {nodes[0].name}")
+
+    job = local(tmp_path).run(str(code / "job.py"), launcher="plain", code=code, before=refuse)
+    with pytest.raises(FleetctlError, match="not today"):
+        job.wait(timeout=60)
+    doc = json.loads((job.run_folder / "job.json").read_text())
+    assert doc["status"] == "error" and not (job.run_folder / "plan.json").exists()
+
+
+def test_a_stop_before_the_launch_ends_the_run_there(tmp_path: Path, code: Path) -> None:
+    import threading
+
+    box: dict[str, Job] = {}
+    stopper = threading.Thread(target=lambda: box["job"].stop())
+
+    def before(nodes, settings) -> None:  # the stop arrives while the run is still preparing
+        stopper.start()
+        assert box["job"]._stop_asked.wait(30)
+
+    box["job"] = job = local(tmp_path).run(
+        str(code / "job.py"), launcher="plain", code=code, before=before
+    )
+    with pytest.raises(fleetctl.Interrupted, match="stopped before launch"):
+        job.wait(timeout=60)
+    stopper.join(30)
+    assert not stopper.is_alive() and not (job.run_folder / "plan.json").exists()
+
+
+def test_bad_run_arguments_are_usage_errors_before_anything_starts(tmp_path: Path) -> None:
+    f = local(tmp_path)
+    with pytest.raises(UsageError, match="launcher"):
+        f.run("x.py", launcher="mpirun")
+    with pytest.raises(UsageError, match="nproc_per_node"):
+        f.run("x.py", nproc_per_node=0)
+    with pytest.raises(UsageError, match="not a valid variable name"):
+        f.run("x.py", env={"A-B": "1"})
+    with pytest.raises(UsageError, match="script not found"):
+        f.run(str(tmp_path / "missing.py"), launcher="plain")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_local_fleet_has_no_fabric_group(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="needs SSH hosts"):
+        local(tmp_path).group()
+
+
+# --------------------------------------------------------------------------- run --before
+
+
+@pytest.fixture
+def unreachable(tmp_path: Path) -> Path:
+    """A host on a loopback port nobody listens on: any connection attempt would fail (3)."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    h1:\n      ansible_host: 127.0.0.1\n      ansible_port: 9\n"
+    )
+    return inv
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{dir}/nofile.py:prepare", "--before {dir}/nofile.py:prepare: no such file"),
+        ("{dir}/fabfile.py:nosuch", "has no task 'nosuch'"),
+        ("{dir}/fabfile.py", "expected FILE:TASK"),
+        ("{dir}/broken.py:prepare", "cannot load {dir}/broken.py: ZeroDivisionError"),
+    ],
+)
+def test_a_bad_before_task_is_a_one_line_usage_error_before_the_check(
+    tmp_path: Path, code: Path, unreachable: Path, spec: str, message: str
+) -> None:
+    (tmp_path / "fabfile.py").write_text("def prepare(c):\n    c.run('true')\n")
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    r = run_cli(
+        "run", "-i", str(unreachable), "--launcher", "plain", "--runs-dir", str(tmp_path / "r"),
+        "--before", spec.format(dir=tmp_path), "--code", str(code), str(code / "job.py"),
+    )  # fmt: skip
+    assert r.exit_code == 2, r.stderr
+    assert message.format(dir=tmp_path) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_before_needs_an_inventory(tmp_path: Path, code: Path) -> None:
+    (tmp_path / "fabfile.py").write_text("def prepare(c):\n    pass\n")
+    r = run_cli("run", "--before", f"{tmp_path}/fabfile.py:prepare", str(code / "job.py"))
+    assert r.exit_code == 2 and "needs an inventory" in r.stderr
+
+
+def test_a_before_task_is_found_in_the_fabfiles_collection_too(tmp_path: Path) -> None:
+    from fleetctl.api.before import load_task
+
+    (tmp_path / "fab.py").write_text(
+        "from invoke import Collection, task\n"
+        "@task\ndef warm_up(c):\n    pass\n"
+        "ns = Collection(warm_up)\n"
+        "del warm_up\n"
+    )
+    assert load_task(f"{tmp_path}/fab.py:warm_up").func.body.__name__ == "warm_up"
+
+
+# ---------------------------------------------------------------------------------- tasks
+
+
+def test_fleetctl_tasks_is_an_invoke_collection_a_team_adds_to_its_own() -> None:
+    from invoke import Collection
+
+    import fleetctl.tasks
+
+    ns = Collection()
+    ns.add_collection(fleetctl.tasks)
+    assert sorted(ns.collections["fleetctl"].tasks) == ["check", "push", "run", "runs", "stop"]
+
+
+def test_the_projects_own_tasks_include_fleetctls() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "invoke", "--list"],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "fleetctl.run" in p.stdout and "lint" in p.stdout
+
+
+def test_the_run_task_exits_with_the_jobs_verdict(tmp_path: Path, code: Path) -> None:
+    (tmp_path / "tasks.py").write_text(
+        "from invoke import Collection\nimport fleetctl.tasks\n"
+        "ns = Collection()\nns.add_collection(fleetctl.tasks)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "invoke", "fleetctl.run", str(code / "job.py"),
+         "--launcher", "plain", "--env-var", "EXIT=4"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 3, p.stderr
+    host = Fleet.local().nodes[0].name
+    assert p.stdout.splitlines()[:3] == [f"[0 {host}] line {i}" for i in range(3)]
+    assert "failed first: exit code 4" in p.stderr

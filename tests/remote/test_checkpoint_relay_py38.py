@@ -1,0 +1,160 @@
+"""The push helper's checkpoint relay (``relay-pack`` / ``relay-apply``), run by Python 3.8 as
+a node runs it: what rank 0's work folder holds beyond the code snapshot is packed, and another
+node's work folder is seeded and gets it (uploaded, or fetched from the source's ``serve``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+from fleetctl import remote
+from fleetctl.phases.frames import last_data
+
+Run = Callable[..., subprocess.CompletedProcess[bytes]]
+KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+def helper(run38: Run, mode: str, cfg: dict) -> tuple[int, dict]:
+    res = run38("push_helper.py", [mode], stdin=json.dumps(cfg).encode() + b"\n")
+    return res.returncode, last_data(res.stdout)
+
+
+def node(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
+    """A node's workdir with a code snapshot; returns (workdir, snapshot, work folder)."""
+    w = tmp_path / name / ".fleetctl"
+    snap = w / "code" / "abc123"
+    (snap / "data").mkdir(parents=True)
+    (snap / "train.py").write_text("print('train')\n")
+    (snap / "data" / "input.txt").write_text("a b c\n")
+    return w, snap, w / "work" / "job1"
+
+
+def test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder(
+    run38: Run, tmp_path: Path
+) -> None:
+    w, snap, work = node(tmp_path, "node1")
+    shutil.copytree(snap, work)  # as the supervisor seeds it: mtimes kept
+    (work / "snapshot.pt").write_bytes(b"epoch=12")
+    (work / "data" / "input.txt").write_text("changed\n")
+    (work / "__pycache__").mkdir()
+    (work / "__pycache__" / "train.cpython-38.pyc").write_bytes(b"x")
+    (work / "id_ed25519").write_bytes(b"x")
+    (work / "deploy.pem").write_bytes(KEY)
+    (work / "link.pt").symlink_to(work / "snapshot.pt")
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-t1.tar"}
+    code, out = helper(run38, "relay-pack", {**cfg, "max_bytes": 1 << 20, "allow_secrets": []})
+    assert code == 0, out
+    assert out["files"] == ["snapshot.pt", "data/input.txt"] and out["count"] == 2
+    assert out["bytes"] == len(b"epoch=12") + len("changed\n")
+    assert sorted(out["secrets"]) == ["deploy.pem", "id_ed25519"]
+    tar = Path(out["tar"])
+    assert tar == w / "envs" / ".tmp-relay-t1.tar" and out["size"] == tar.stat().st_size
+    with tarfile.open(tar) as tf:
+        assert sorted(tf.getnames()) == ["data/input.txt", "snapshot.pt"]
+
+    # a spare: its work folder does not exist yet; it is seeded from its snapshot, then filled
+    w2, snap2, work2 = node(tmp_path, "node3")
+    (w2 / "envs").mkdir()
+    shutil.copy(tar, w2 / "envs" / ".tmp-relay-up.tar")
+    apply = {"workdir": str(w2), "work": str(work2), "seed": str(snap2), "tar": ".tmp-relay-up.tar"}
+    apply.update(sha=out["sha"], size=out["size"], source_id=out["workdir_id"])
+    code, got = helper(run38, "relay-apply", apply)
+    assert code == 0, got
+    assert got == {"files": 2, "bytes": out["bytes"]}
+    assert (work2 / "snapshot.pt").read_bytes() == b"epoch=12"
+    assert (work2 / "data" / "input.txt").read_text() == "changed\n"
+    assert (work2 / "train.py").read_text() == "print('train')\n"  # the seed copy
+    assert not (work2 / "deploy.pem").exists() and not (w2 / "envs" / ".tmp-relay-up.tar").exists()
+    assert not (snap2 / "snapshot.pt").exists()  # the shared snapshot is never written to
+    assert not [p for p in work2.rglob("*") if ".relay-" in p.name]
+
+    # the source's own workdir (a shared home) reads the same id: nothing to do
+    shutil.copy(tar, w / "envs" / ".tmp-relay-same.tar")
+    same = {**apply, "workdir": str(w), "work": str(work), "tar": ".tmp-relay-same.tar"}
+    code, got = helper(run38, "relay-apply", same)
+    assert code == 0 and got == {"shared": True}
+
+
+def test_over_the_cap_nothing_is_packed_and_fleetctls_own_folders_are_refused(
+    run38: Run, tmp_path: Path
+) -> None:
+    w, snap, work = node(tmp_path, "node1")
+    shutil.copytree(snap, work)
+    (work / "ckpt").mkdir()
+    (work / "ckpt" / "last.ckpt").write_bytes(b"x" * 100)
+    (work / "other.bin").write_bytes(b"y" * 10)
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-t2.tar"}
+    code, out = helper(run38, "relay-pack", {**cfg, "max_bytes": 99, "dir": "ckpt"})
+    assert code == 0 and out["count"] == 1 and out["bytes"] == 100 and "tar" not in out
+    assert out["files"] == ["last.ckpt"]  # only --checkpoint-dir, named relative to it
+    assert not (w / "envs" / ".tmp-relay-t2.tar").exists()
+    # relative to where the job ran: the script's folder inside the work folder
+    (work / "sub" / "ckpt").mkdir(parents=True)
+    (work / "sub" / "ckpt" / "epoch3.ckpt").write_bytes(b"z")
+    code, out = helper(
+        run38, "relay-pack", {**cfg, "max_bytes": 99, "dir": "ckpt", "cwd": str(work / "sub")}
+    )
+    assert (
+        code == 0 and out["files"] == ["epoch3.ckpt"] and out["root"] == str(work / "sub" / "ckpt")
+    )
+    for bad in (str(w / "runs"), str(w.parent)):
+        code, out = helper(run38, "relay-pack", {**cfg, "max_bytes": 99, "dir": bad})
+        assert code == 3 and "holds fleetctl's own files" in out["error"], out
+
+
+def test_a_member_that_leaves_the_folder_is_refused(run38: Run, tmp_path: Path) -> None:
+    w, snap, work = node(tmp_path, "node2")
+    (w / "envs").mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("../evil.txt")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"x"))
+    (w / "envs" / ".tmp-relay-e.tar").write_bytes(buf.getvalue())
+    import hashlib
+
+    sha = hashlib.sha256(buf.getvalue()).hexdigest()
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-e.tar"}
+    code, out = helper(run38, "relay-apply", {**cfg, "sha": sha, "size": len(buf.getvalue())})
+    assert code == 3 and "escapes" in out["error"] and out["stage"] == "relay"
+    assert not (work.parent / "evil.txt").exists()
+    assert not (w / "envs" / ".tmp-relay-e.tar").exists()
+
+
+def test_a_node_fetches_the_checkpoints_from_the_sources_server(
+    py38: str, run38: Run, tmp_path: Path
+) -> None:
+    w, snap, work = node(tmp_path, "node1")
+    shutil.copytree(snap, work)
+    (work / "snapshot.pt").write_bytes(os.urandom(300_000))
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-p.tar"}
+    code, out = helper(run38, "relay-pack", {**cfg, "max_bytes": 1 << 30})
+    assert code == 0, out
+    serve = subprocess.Popen(
+        [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        token = "t" * 64
+        assert serve.stdin is not None and serve.stdout is not None
+        srv = {"path": out["tar"], "sha": out["sha"], "token": token, "bind": "127.0.0.1"}
+        serve.stdin.write(json.dumps({**srv, "timeout": 60}).encode() + b"\n")
+        serve.stdin.flush()
+        port = last_data(serve.stdout.readline(), "A")["port"]
+        w2, snap2, work2 = node(tmp_path, "node4")
+        peer = {"name": "node1", "host": "127.0.0.1", "port": port, "token": token}
+        apply = {"workdir": str(w2), "work": str(work2), "seed": str(snap2), "tar": ".tmp-r.tar"}
+        apply.update(sha=out["sha"], size=out["size"], fetch={"peers": [peer]})
+        code, got = helper(run38, "relay-apply", apply)
+        assert code == 0 and got["peer"] == "node1" and got["files"] == 1, got
+        assert (work2 / "snapshot.pt").read_bytes() == (work / "snapshot.pt").read_bytes()
+    finally:
+        serve.stdin.close()  # type: ignore[union-attr]
+        serve.wait(30)
