@@ -18,6 +18,18 @@ class FleetctlError(Exception):
         return " ".join(str(self).split("\n")[0].split()) or type(self).__name__
 
 
+def one_line(e: object, *, typed: bool = False) -> str:
+    """Any error as one line: ours by ``FleetctlError.one_line``, any other by the words of
+    its message (``typed``: after its class name, where the message alone would not say what
+    broke: ``OSError: …``); its class name when it says nothing."""
+    if isinstance(e, FleetctlError):
+        return e.one_line()
+    text = " ".join(str(e).split())
+    if typed:
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text or type(e).__name__
+
+
 class UsageError(FleetctlError):
     """Bad command-line usage."""
 

@@ -39,6 +39,7 @@ import yaml
 from fleetctl.errors import ProvisionError, UsageError
 from fleetctl.node import Node
 from fleetctl.plan.inventory import load_inventory
+from fleetctl.ssh import sshconfig
 from fleetctl.ssh.connection import SSHSettings
 
 __all__ = [
@@ -153,7 +154,7 @@ def ssh_common_args(
         raise UsageError(f"host {node.name}: ansible_ssh_common_args cannot be parsed: {e}") from e
     warnings: list[str] = []
     add: list[str] = []
-    config = settings.ssh_config or node.ssh_config or env.get("FLEETCTL_SSH_CONFIG")
+    config = sshconfig.named_path(node, settings, env)
     if config and "-F" not in existing and not any(a.startswith("-F") for a in existing):
         add += ["-F", os.path.expanduser(config)]
     if not _has_option(existing, "UserKnownHostsFile"):

@@ -14,6 +14,7 @@ import sys
 import click
 
 from fleetctl.cli import cli
+from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
     Number,
     SSHOptions,
@@ -72,6 +73,7 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
     show_default=True,
     help="GiB that must be free in each host's workdir.",
 )
+@collective_options
 def check_command(
     inventory: str | None,
     limit: str | None,
@@ -84,10 +86,16 @@ def check_command(
     mesh: str,
     min_free: float,
     ssh: SSHOptions,
+    collective: bool = False,
+    collective_size: float = 32.0,
+    collective_min: float = 0.5,
+    collective_floor: float | None = None,
+    collective_timeout: float = 120.0,
 ) -> None:
     """Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.
 
-    Exit status 0 if every check passed, 3 if any failed.
+    With --collective, then a torch.distributed benchmark over the training NICs names slow or
+    hung hosts and links. Exit status 0 if every check passed, 3 if any failed.
     """
     from fleetctl.cli import render
     from fleetctl.errors import CheckError
@@ -107,6 +115,9 @@ def check_command(
         allow_busy_gpus=allow_busy_gpus,
         mesh=mesh != "off",
         mesh_mode=mesh if mesh != "off" else "auto",
+        collective=collective_settings(
+            collective, collective_size, collective_min, collective_floor, collective_timeout
+        ),
     )
     with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
         report = check_fleet(fleet, options)

@@ -79,6 +79,10 @@ def print_check_report(report: CheckReport, console: Console | None = None) -> N
         console.print("[bold]mesh failures[/] (training network, source → destination):")
         for f in report.mesh_failures:
             console.print(f"  [red]✗[/] {escape(str(f))}")
+    if report.collective is not None:
+        from fleetctl.cli.render_collective import print_collective
+
+        print_collective(report.collective, console)
     if report.mesh_skipped:
         console.print(
             "[dim]not in the mesh test: " + escape("; ".join(report.mesh_skipped)) + "[/]"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleetctl.cli import cli
+from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     Count,
@@ -248,6 +249,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @lifecycle_options
 @collect_options
+@collective_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -414,6 +416,13 @@ def run_command(
         checkpoint_dir=checkpoint_dir,
         collect=collect,
         before=before,
+        collective=collective_settings(
+            lifecycle["collective"],
+            lifecycle["collective_size"],
+            lifecycle["collective_min"],
+            lifecycle["collective_floor"],
+            lifecycle["collective_timeout"],
+        ),
     )
 
 
@@ -447,6 +456,7 @@ def _run_for_real(
     nodes_wanted: int | None = None,
     checkpoint_dir: str | None = None,
     before: Any = None,
+    collective: Any = None,
 ) -> None:
     """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
     import json
@@ -476,6 +486,7 @@ def _run_for_real(
         nodes_wanted=nodes_wanted,
         checkpoint_dir=checkpoint_dir,
         before_launch=before,
+        collective=collective,
     )
     request = JobRequest(
         spec,

@@ -254,9 +254,13 @@ def _post_mortem(job: JobContext, fleet: Fleet) -> None:
 
 
 def _redact(job: JobContext) -> None:
-    """paddle's environment dumps must not carry --env-var / fleetctl_env values home."""
+    """A launcher's environment dumps (paddle's) must not carry --env-var / fleetctl_env
+    values home."""
+    from fleetctl.plan.launchers import launcher_for
+
     plan = job.plan
-    if plan is None or plan.launcher != "paddle":
+    dumps = launcher_for(plan.launcher).env_dumps if plan is not None else ()
+    if plan is None or not dumps:
         return
     keys = set(plan.user_env)
     for n in job.nodes:
@@ -266,7 +270,7 @@ def _redact(job: JobContext) -> None:
     for node in job.result.nodes:
         if node.folder:
             try:
-                job.folder.redact_env_dumps(Path(node.folder).name, keys)
+                job.folder.redact_env_dumps(Path(node.folder).name, keys, dumps)
             except OSError as e:
                 job.result.errors.append(f"{node.host}: env dumps not redacted: {e}")
 

@@ -10,14 +10,13 @@ code: raises ``FleetctlError`` subclasses, never prints.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.runfolder import iso
+from fleetctl.job.runfolder import iso, read_json
 from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, exit_state, node_state
 
 if TYPE_CHECKING:
@@ -260,7 +259,10 @@ class JobHandle:
                 continue
             node["folder"] = c.folder
             node["collected"] = c.error is None and c.skipped is None
-            sup = _read_json(Path(c.folder) / "supervisor.json")
+            try:
+                sup = read_json(Path(c.folder) / "supervisor.json")
+            except RunFolderError:  # not (or not whole) home: the node's end stays unknown
+                continue
             if not sup:
                 continue
             st = sup.get("state")
@@ -451,11 +453,3 @@ def _with_after(ff: dict[str, Any], started: str | None) -> dict[str, Any]:
         a, b = _parse_iso(started), _parse_iso(ff.get("time"))
         ff["after"] = None if a is None or b is None else round(max(0.0, b - a), 3)
     return ff
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

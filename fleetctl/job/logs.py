@@ -18,7 +18,7 @@ from fleetctl.node import Node
 if TYPE_CHECKING:
     pass
 
-from fleetctl.job.supervisors import _one_line
+from fleetctl.errors import one_line
 from fleetctl.phases.frames import FOLLOW_KINDS, FrameReader
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _follow_one(
                 return
         q.put((rank, "end", None))
     except Exception as e:  # every node's outcome is kept; never a silent thread death
-        q.put((rank, "end", _one_line(e)))
+        q.put((rank, "end", one_line(e)))
     finally:
         if stream is not None:
             with contextlib.suppress(Exception):

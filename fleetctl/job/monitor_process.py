@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import FleetctlError, RunFolderError
 from fleetctl.job.monitor_decide import DEFAULT_GRACE, DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
 from fleetctl.job.runfolder import RunFolder
-from fleetctl.remote.supervisor import proc_start_time
+from fleetctl.remote.procfs import proc_start_time
 
 if TYPE_CHECKING:
     from fleetctl.ssh.connection import SSHSettings

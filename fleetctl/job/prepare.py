@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from fleetctl.job.context import JobContext
     from fleetctl.node import Node
+    from fleetctl.plan.launchers import Launcher
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.fleet import Fleet
 
@@ -46,8 +47,11 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             check_master_port=spec.master_port_fixed,
             recheck=options.recheck,
             allow_busy_gpus=options.allow_busy_gpus,
+            collective=options.collective,
             backend=spec.backend,
-            uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+            # one process per node (plain): the GPU counts do not matter
+            uniform_gpus=not _launcher(spec.launcher).one_process_per_node
+            and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there
             launcher_module=None if options.env_archive else launcher_module(spec.launcher),
             # no launcher import tells torch's version (plain): the probe looks it up
@@ -120,9 +124,9 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         from fleetctl.job.ports import reserve_master_port
 
         # paddle's endpoints are start_port + local rank on every node: all of them claimed
-        paddle = spec.launcher == "paddle"
-        span = _local_ranks(spec, facts, job.nodes) if paddle else 1
-        others = job.nodes[1:] if paddle else ()
+        per_rank = _launcher(spec.launcher).port_per_local_rank
+        span = _local_ranks(spec, facts, job.nodes) if per_rank else 1
+        others = job.nodes[1:] if per_rank else ()
         port = reserve_master_port(fleet, job.nodes[0], spec, span=span, others=others)
         if port != spec.master_port:
             job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
@@ -151,10 +155,13 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 def launcher_module(name: str) -> str | None:
     """The module the node python must import to start launcher ``name`` (None: nothing)."""
-    from fleetctl.plan.launchers import LAUNCHERS
+    return _launcher(name).module
 
-    launcher = LAUNCHERS.get(name)
-    return launcher.module if launcher is not None else None
+
+def _launcher(name: str) -> Launcher:
+    from fleetctl.plan.launchers import launcher_for
+
+    return launcher_for(name)
 
 
 def _local_ranks(spec: JobSpec, facts: Mapping[str, NodeFacts], nodes: Sequence[Node]) -> int:

@@ -5,7 +5,9 @@ fleet, ``1-node2/log/workerlog.0`` is global rank 4, and torchrun's files sit un
 ``torchrun/<job>_*/attempt_N/<local>/``. After collection this module maps every global rank to
 the node it ran on and the files that hold its output, and reads which ranks failed from what
 the launchers say (torchrun's error summary, paddle's ABORT line), so the summary can name
-ranks and files, not just the node. Reads the collected run folder; no network.
+ranks and files, not just the node. Each launcher's file layout and last words are its own
+module's (``Launcher.rank_files``, ``named_failures``). Reads the collected run folder; no
+network.
 """
 
 from __future__ import annotations
@@ -16,14 +18,11 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.plan.launchers import launcher_for
+
 if TYPE_CHECKING:
     from fleetctl.job.result import JobResult
 
-# torchrun's ChildFailedError summary: "rank      : 3 (local_rank: 1)" then "exitcode  : 1 (pid: …)"
-_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
-# paddle: "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
-_PADDLE_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
 # What a rank prints when a collective failed because a peer's process went away: gloo's
 # "Connection closed by peer [addr]:port. This is typically caused by a remote worker
 # crashing", a reset, NCCL's remote error. Such a rank is the culprit's victim even when it
@@ -43,7 +42,7 @@ _LOG_TAIL = 16384  # bytes of a rank's log read for it
 
 def _per_node(launcher: str | None, nproc_per_node: int) -> int:
     """Rank processes per node: a plain script is one, whatever ``--nproc-per-node`` says."""
-    return 1 if launcher == "plain" else max(1, nproc_per_node)
+    return 1 if launcher_for(launcher).one_process_per_node else max(1, nproc_per_node)
 
 
 def rank_map(result: JobResult) -> list[dict[str, Any]]:
@@ -53,6 +52,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     if plan is None:
         return []
     nproc = _per_node(plan.launcher, plan.nproc_per_node)
+    files = launcher_for(plan.launcher).rank_files
     out = []
     for node in result.nodes:
         rel = node.folder and Path(node.folder).name
@@ -61,8 +61,8 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
         for local in range(nproc):
             logs: list[str] = []
             if here is not None and here.is_dir():
-                logs = [str(p.relative_to(result.folder)) for p in _rank_files(
-                    here, plan.launcher, local, node.rank * nproc + local
+                logs = [str(p.relative_to(result.folder)) for p in files(
+                    here, local, node.rank * nproc + local
                 )]  # fmt: skip
             out.append(
                 {
@@ -124,38 +124,6 @@ def _rank_pids(node_dir: Path | None) -> dict[str, list[int]]:
     }
 
 
-def _rank_files(node_dir: Path, launcher: str | None, local: int, rank: int) -> list[Path]:
-    if launcher == "torchrun":  # every attempt of torchrun's restarts, in order
-        found = sorted(node_dir.glob(f"torchrun/*/attempt_*/{local}/std*.log"))
-        return [p for p in found if p.name in ("stdout.log", "stderr.log")]
-    if launcher == "paddle":
-        return [p for p in [node_dir / "log" / f"workerlog.{local}"] if p.is_file()]
-    if launcher == "deepspeed":  # named by global rank; one per launch (by time)
-        return sorted(node_dir.glob(f"deepspeed/*_rank{rank}.log"))
-    return [p for p in [node_dir / "console.log"] if p.is_file()]
-
-
-def _launcher_named(launcher: str | None, tail: list[str]) -> list[tuple[int, int | None]]:
-    """(global rank, exit code if said) of the ranks a launcher's last words name as failed."""
-    named: list[tuple[int, int | None]] = []
-    if launcher == "torchrun":
-        for i, line in enumerate(tail):
-            m = _TORCHRUN_RANK.match(line)
-            if m:
-                code = None
-                for nxt in tail[i + 1 : i + 3]:
-                    e = _TORCHRUN_EXIT.match(nxt)
-                    if e:
-                        code = int(e.group(1))
-                named.append((int(m.group(1)), code))
-    elif launcher == "paddle":
-        for line in tail:
-            m = _PADDLE_ABORT.search(line)
-            if m:
-                named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
-    return named
-
-
 def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rank that failed first, with its node, exit code and log files.
 
@@ -173,10 +141,10 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     if ff is None or result.plan is None:
         return []
     by_rank = {r["rank"]: r for r in ranks}
-    launcher = result.plan.launcher
-    named = _launcher_named(launcher, list(ff.tail))
+    launcher = launcher_for(result.plan.launcher)
+    named = launcher.named_failures(list(ff.tail))
     said = dict(named)
-    nproc = _per_node(launcher, result.plan.nproc_per_node)
+    nproc = _per_node(result.plan.launcher, result.plan.nproc_per_node)
     where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
     candidates = []
     for at, rank, code, host in rank_exits(result):
@@ -188,7 +156,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     if candidates:
         *_, rank, code, host = min(candidates)
         named, where = [(rank, code)], {rank: host}
-    elif launcher == "plain":
+    elif launcher.one_process_per_node:  # its only rank
         named = [(ff.rank, ff.exit_code)]
     out, seen = [], set()
     for rank, code in named:

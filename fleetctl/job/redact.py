@@ -4,7 +4,8 @@ paddle 3.3.1 writes the whole environment of its launcher and workers into the n
 (``log/<job>.<pod>.log`` as ``environ({...})``, ``log/envlog.N`` as ``KEY=VALUE`` lines,
 ``log/backup_env.N.json``), so ``--env-var WANDB_API_KEY=…`` and ``fleetctl_env`` values would
 land in every collected run folder. After collection their values are replaced by
-``REDACTED`` (the node's own copy stays in its private run folder). Pure text functions.
+``REDACTED`` (the node's own copy stays in its private run folder). Which files are dumps is
+the launcher's to say (``Launcher.env_dumps``). Pure text functions.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import re
 from collections.abc import Iterable
 
 REDACTED = "<redacted by fleetctl>"
-# paddle's dumps, relative to the node folder
-DUMP_GLOBS = ("log/envlog.*", "log/backup_env.*.json", "log/*.*.log")
 
 
 def redact_text(text: str, keys: Iterable[str]) -> str:

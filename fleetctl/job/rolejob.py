@@ -139,10 +139,11 @@ class RolePlanner:
         its first task's host: claim that port there for this job, like torchrun's (without
         --master-port the first free one; every plain role then uses it)."""
         from fleetctl.job.ports import reserve_master_port
+        from fleetctl.plan.launchers import launcher_for
 
         for role in self.job.roles:
             mine = [t for t in tasks if t.role == role.name]
-            if role.launcher == "plain" and len(mine) > 1:
+            if launcher_for(role.launcher).one_process_per_node and len(mine) > 1:
                 port = reserve_master_port(fleet, mine[0].node, spec)
                 spec = dataclasses.replace(spec, master_port=port, master_port_fixed=True)
         return spec

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
+    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.phases.frames import Frame
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
@@ -71,6 +72,7 @@ class RunOptions:
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     allow_busy_gpus: bool = False  # GPUs with another job's processes: a warning, not a failure
     nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
+    collective: CollectiveOptions | None = None  # --collective: benchmark after the check
     left_out: dict[str, str] | None = None  # --nodes N: hosts this attempt left out, and why
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan

@@ -138,7 +138,7 @@ class RunFolder:
     def load_controller(self) -> dict[str, Any] | None:
         """The process that created the folder (None: not recorded, e.g. an older run)."""
         try:
-            return _read_json(self.path / CONTROLLER_FILE)
+            return read_json(self.path / CONTROLLER_FILE)
         except RunFolderError:
             return None
 
@@ -146,7 +146,7 @@ class RunFolder:
         self._write_json(CONNECT_FILE, data)
 
     def load_connect(self) -> dict[str, Any]:
-        return _read_json(self.path / CONNECT_FILE)
+        return read_json(self.path / CONNECT_FILE)
 
     @property
     def has_connect(self) -> bool:
@@ -158,15 +158,18 @@ class RunFolder:
     def write_roles(self, layout: dict[str, Any]) -> None:
         self._write_json(ROLES_FILE, layout)
 
-    def redact_env_dumps(self, node_folder: str, keys: Iterable[str]) -> list[str]:
-        """Rewrite the launcher's environment dumps in a node folder without the values of
-        ``keys`` (fleetctl.job.redact); returns the files changed, relative to the run folder."""
-        from fleetctl.job.redact import DUMP_GLOBS, redact_text
+    def redact_env_dumps(
+        self, node_folder: str, keys: Iterable[str], globs: Iterable[str]
+    ) -> list[str]:
+        """Rewrite the launcher's environment dumps (``globs``, the launcher's ``env_dumps``) in
+        a node folder without the values of ``keys`` (fleetctl.job.redact); returns the files
+        changed, relative to the run folder."""
+        from fleetctl.job.redact import redact_text
 
         keys = sorted(set(keys))
         changed: list[str] = []
         base = self.path / node_folder
-        for pattern in DUMP_GLOBS:
+        for pattern in globs:
             for p in sorted(base.glob(pattern)):
                 if not p.is_file() or p.name.startswith("workerlog."):
                     continue
@@ -255,16 +258,19 @@ class RunFolder:
             f.write(line)
 
     def load_job(self) -> dict[str, Any]:
-        return _read_json(self.path / JOB_FILE)
+        return read_json(self.path / JOB_FILE)
 
     def load_plan(self) -> dict[str, Any]:
-        return _read_json(self.path / PLAN_FILE)
+        return read_json(self.path / PLAN_FILE)
 
     def node_folder(self, rank: int, host: str) -> Path:
         return self.path / node_folder_name(rank, host)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a run folder: the one policy for reading them. Missing,
+    unreadable or not an object is a RunFolderError naming the file; a caller that can do
+    without the file (a node's, which may not have come home) catches it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
@@ -302,7 +308,7 @@ def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
     for p in sorted(root.iterdir()):
         if p.is_dir() and (p / JOB_FILE).is_file():
             try:
-                out.append(_read_json(p / JOB_FILE))
+                out.append(read_json(p / JOB_FILE))
             except RunFolderError:
                 continue
     return out

@@ -33,6 +33,7 @@ def choose_nodes(
     with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
     from fleetctl.job.culprit import culprits
     from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.plan.launchers import launcher_for
     from fleetctl.results import FleetResult
     from fleetctl.ssh.fleet import Fleet
 
@@ -44,9 +45,11 @@ def choose_nodes(
             master_port=spec.master_port,
             check_master_port=spec.master_port_fixed,
             backend=spec.backend,
-            uniform_gpus=spec.launcher != "plain" and spec.nproc_per_node == "auto",
+            uniform_gpus=not launcher_for(spec.launcher).one_process_per_node
+            and spec.nproc_per_node == "auto",
             recheck=options.recheck,
             allow_busy_gpus=options.allow_busy_gpus,
+            collective=options.collective,
         )
         with Fleet(candidates, options.settings) as fleet:
             report = check_fleet(fleet, opts)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import FleetctlError, one_line
 from fleetctl.job.runfolder import iso
 from fleetctl.node import Node
 from fleetctl.phases.frames import last_data
@@ -30,11 +30,11 @@ STATUS_TIMEOUT = 30.0
 def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict[str, str]:
     """Make sure this fleetctl's supervisor is on every node (for status/stop/pack); returns
     node name -> its path. Uploads it (atomically) only where it is missing."""
-    from fleetctl.phases.launch import SUPERVISOR_FILE, install_file, supervisor_path
+    from fleetctl.phases.launch import install_program, supervisor_path
 
     def one(node: Node, conn: Connection) -> str:
         sup = supervisor_path(conn.expand(node.workdir))
-        install_file(conn, SUPERVISOR_FILE, sup, timeout=STATUS_TIMEOUT)
+        install_program(conn, conn.expand(node.python), sup, timeout=STATUS_TIMEOUT)
         return sup
 
     res = fleet.map(one, timeout=STATUS_TIMEOUT + 30, nodes=nodes)
@@ -151,7 +151,7 @@ def node_states(
     for np in plan.nodes:
         r = results.get(np.host)
         if not isinstance(r, dict):
-            out.append(NodeReport(np.node_rank, np.host, "unreachable", error=_one_line(r)))
+            out.append(NodeReport(np.node_rank, np.host, "unreachable", error=one_line(r)))
             continue
         state = r.get("state") or "absent"
         if not r.get("job_id") and not r.get("processes"):
@@ -173,8 +173,3 @@ def node_states(
             )
         )
     return out
-
-
-def _one_line(e: object) -> str:
-    text = getattr(e, "one_line", None)
-    return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__

@@ -176,6 +176,32 @@ class _LabFaults:
                 if not (f["kind"] == "netem" and f["host"] == h.name and f["net"] == network)
             ]
 
+    def slow_link(self, host: str, network: str = "data", rate: str = "50mbit") -> None:
+        """Throttle traffic into the host on ``network`` (tc tbf on the bridge side of its
+        cable): a NIC that negotiated a low speed. tbf, unlike netem, is in every kernel here."""
+        h, veth, _nic = self._veth(host, network)
+        if not re.fullmatch(r"\d+(\.\d+)?[kmg]?bit", rate):
+            raise LabInputError(f"slow: rate must look like 50mbit, got {rate!r}")
+        spec = ["tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+        with self._mutate():
+            net.run(["tc", "qdisc", "replace", "dev", veth, "root", *spec])
+            self.state["faults"] = [
+                f
+                for f in self.state.get("faults", [])
+                if not (f["kind"] == "slow" and f["host"] == h.name and f["net"] == network)
+            ]
+            self._record({"kind": "slow", "host": h.name, "net": network, "rate": rate}, True)
+
+    def clear_slow(self, host: str, network: str = "data") -> None:
+        h, veth, _nic = self._veth(host, network)
+        with self._mutate():
+            net.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
+            self.state["faults"] = [
+                f
+                for f in self.state.get("faults", [])
+                if not (f["kind"] == "slow" and f["host"] == h.name and f["net"] == network)
+            ]
+
     def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> int:
         """Kill only the host's sshd listener (open sessions live on, like a real crash).
 
@@ -349,6 +375,8 @@ class _LabFaults:
                 self.heal_link(host, f["net"])
             elif kind == "netem":
                 self.clear_netem(host, f["net"])
+            elif kind == "slow":
+                self.clear_slow(host, f["net"])
             elif kind == "disk":
                 if self.host(host).init_pid is not None:
                     self.disk_ok(host, f["path"])

@@ -16,11 +16,9 @@ report into ``CheckError``. A passing report is cached for a short time per flee
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import re
@@ -29,7 +27,6 @@ import socket
 import subprocess
 import threading
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,19 +79,21 @@ __all__ = [
 
 
 CACHE_VERSION = 1
-BOOTSTRAP = remote.guarded(remote.source("bootstrap.py").decode("utf-8") + remote.INSTALLER)
+# the version check, then the installer's ARGV entrance (bootstrap.py says why)
+BOOTSTRAP = remote.guarded(remote.source("bootstrap.py").decode("utf-8")) + remote.ARGV_HEAD
+BOOTSTRAP += remote.INSTALLER
 
 
 # ------------------------------------------------------------------------------ probe command
 
 
 def probe_source() -> bytes:
-    return remote.source("probe.py")
+    """The probe's bundle (it and the node modules it imports): its hash keys the cache."""
+    return remote.bundle("probe.py")
 
 
-@functools.cache
 def _packed_probe() -> str:
-    return base64.b64encode(zlib.compress(probe_source(), 9)).decode("ascii")
+    return remote.packed("probe.py")
 
 
 def probe_command(python: str, args: Mapping[str, Any]) -> str:
@@ -428,7 +427,8 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     nodes = list(fleet.nodes)
     key = cache_key(nodes, fleet.settings, options)
     started = time.monotonic()
-    cached = load_cached(key, options)
+    # a benchmark's figures are wanted now, not a minute ago
+    cached = load_cached(key, options) if options.collective is None else None
     # The next phases need the connections anyway; a host that stopped answering since makes
     # the cached verdict stale, so then everything is checked again.
     if cached is not None and fleet.connect().ok:
@@ -473,12 +473,34 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
         release_probes(held.values())
         raise
     report.held = held
+    if options.collective is not None:
+        try:
+            report.collective = _collective(fleet, nodes, report, options)
+        except BaseException:
+            report.release()
+            raise
     if not report.ok:  # nothing to launch: the probes may go
         report.release()
     report.elapsed = time.monotonic() - started
     report.prime(fleet)
     save_cached(key, report, options)
     return report
+
+
+def _collective(
+    fleet: Fleet, nodes: Sequence[Node], report: CheckReport, options: CheckOptions
+) -> Any:
+    """``--collective`` over the hosts that passed (a failed host is named already; spares
+    need the rest measured), when two or more did."""
+    from fleetctl.phases.collective import run_collective
+    from fleetctl.phases.collective_judge import CollectiveReport
+
+    bad = set(report.failed_hosts)
+    good = [n for n in nodes if n.name not in bad]
+    # a cut link already failed the check, and would only stall the collective
+    if len(good) < 2 or options.collective is None or report.mesh_failures:
+        return CollectiveReport(order=[n.name for n in good])
+    return run_collective(fleet, good, report.facts, options.collective)
 
 
 def _mesh_wait(options: CheckOptions, n: int) -> float:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fleet import Fleet
@@ -78,6 +79,9 @@ class CheckOptions:
     # s each passing probe stays after the check, its channel held for the launch to start the
     # supervisor in (``fleetctl run``; CheckReport.held). 0: probes exit after the check.
     hold: float = 0.0
+    # --collective: a torch.distributed benchmark over the training NICs after a passing check
+    # (fleetctl.phases.collective); None: none
+    collective: CollectiveOptions | None = None
 
     def cache_fields(self) -> dict[str, Any]:
         skip = {"cache_ttl", "recheck", "cache_dir", "hold"}
@@ -162,6 +166,8 @@ class CheckReport:
     # with CheckOptions.hold, on a passing check: each node's probe, waiting on its channel to
     # become the node supervisor (:class:`HeldProbe`); never cached or saved
     held: dict[str, HeldProbe] = field(default_factory=dict, repr=False, compare=False)
+    # CheckOptions.collective: the benchmark's figures and verdict (never cached)
+    collective: CollectiveReport | None = None
 
     def release(self) -> None:
         """Let every held probe go (EOF: it exits)."""
@@ -170,7 +176,8 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not self.mesh_failures and all(h.ok for h in self.hosts.values())
+        coll_ok = self.collective is None or self.collective.ok
+        return not self.mesh_failures and all(h.ok for h in self.hosts.values()) and coll_ok
 
     @property
     def failures(self) -> list[tuple[str, str, str]]:
@@ -180,11 +187,12 @@ class CheckReport:
             for h in self.hosts.values()
             for k, c in h.checks.items()
             if c.failed
-        ]
+        ] + [(h, "collective", why) for h, why in (self.collective or _NO_COLL).failures]
 
     @property
     def failed_hosts(self) -> list[str]:
-        return [h.name for h in self.hosts.values() if not h.ok]
+        coll = set(self.collective.failed_hosts) if self.collective else set()
+        return [h.name for h in self.hosts.values() if not h.ok or h.name in coll]
 
     def summary(self) -> str:
         """The one-line verdict."""
@@ -196,6 +204,8 @@ class CheckReport:
         parts = [f"{len(bad)} of {n} host(s) failed" if bad else f"{n} host(s) checked"]
         if self.mesh_failures:
             parts.append(f"{len(self.mesh_failures)} mesh pair(s) failed")
+        if self.collective is not None and not self.collective.ok:
+            parts.append(self.collective.summary())
         return "; ".join(parts)
 
     def prime(self, fleet: Fleet) -> None:
@@ -229,6 +239,7 @@ class CheckReport:
             "checked_at": self.checked_at,
             "elapsed": round(self.elapsed, 3),
             "cached": self.cached,
+            "collective": self.collective.to_dict() if self.collective is not None else None,
         }
 
     @classmethod
@@ -258,6 +269,13 @@ class CheckReport:
             elapsed=float(data.get("elapsed", 0.0)),
             cached=bool(data.get("cached", False)),
         )
+
+
+class _NoCollective:
+    failures: tuple[tuple[str, str], ...] = ()
+
+
+_NO_COLL = _NoCollective()
 
 
 def _facts_dict(f: NodeFacts) -> dict[str, Any]:

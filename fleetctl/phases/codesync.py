@@ -1,9 +1,10 @@
-"""Code snapshots: which files to ship, their content digest, and the OpenSSH/rsync command line.
+"""Code snapshots: which files to ship, their content digest, and rsync's command line.
 
 A snapshot is content-addressed: the digest covers every shipped file's path, kind, exec bit and
 content hash, so an unchanged tree maps to the same ``W/code/<digest>/`` on every node and a
 no-op push only has to ask whether that folder exists. Content hashes are cached by
 (size, mtime, inode), so re-digesting an unchanged tree reads no file.
+rsync's ``ssh`` is ``fleetctl.ssh.openssh.ssh_argv`` (fleetctl's trust settings).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
+from fleetctl.ssh.openssh import ssh_argv  # rsync's -e (re-exported for older imports)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -457,82 +459,7 @@ def snapshot(
     return CodeSnapshot(root, digest.hexdigest()[:32], tuple(manifest), total, manifest)
 
 
-# ----------------------------------------------------------------------- OpenSSH for rsync
-
-
-def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
-    """The OpenSSH client with fleetctl's exact trust settings (same keys, known_hosts, config).
-
-    Strict host-key checking against the same known_hosts file paramiko used; batch mode so it
-    never prompts; only the inventory's key when one is set. The same ssh_config file (``-F``)
-    and the port and user the connection resolved from it (``sshconfig.resolve``).
-    """
-    from fleetctl.ssh import sshconfig
-
-    target = sshconfig.resolve(node, settings)
-    config = target.config or "/dev/null"
-    known = settings.known_hosts_for(node)
-    argv = ["ssh", *_trust_options(config, known, settings)]
-    if settings.keepalive:
-        argv += [
-            "-o",
-            f"ServerAliveInterval={max(1, int(settings.keepalive))}",
-            "-o",
-            "ServerAliveCountMax=5",
-        ]
-    if node.key_file:
-        argv += ["-o", "IdentitiesOnly=yes", "-i", os.path.expanduser(node.key_file)]
-    if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
-        argv += ["-o", "IdentityAgent=none"]
-    if target.proxy_jump and not target.proxy_command:
-        # OpenSSH's own ProxyJump would run the jump's ssh without our -o options, checking
-        # the bastion's key against ~/.ssh/known_hosts: spell the hop out with the same trust.
-        hop = _jump_argv(target.proxy_jump, config, known, settings)
-        argv += ["-o", "ProxyCommand=" + shlex.join(hop)]
-    return [*argv, "-p", str(target.port), "-l", target.user]
-
-
-def _trust_options(config: str, known_hosts: str, settings: SSHSettings) -> list[str]:
-    return [
-        "-F",
-        config,
-        "-o",
-        f"UserKnownHostsFile={known_hosts}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "StrictHostKeyChecking=" + ("accept-new" if settings.accept_new else "yes"),
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"ConnectTimeout={max(1, int(settings.connect_timeout))}",
-        "-o",
-        "LogLevel=ERROR",
-    ]
-
-
-def _jump_argv(jump: str, config: str, known_hosts: str, settings: SSHSettings) -> list[str]:
-    """``ssh -W %h:%p`` through the last hop of ``jump`` (earlier hops as ``-J``)."""
-    *before, last = jump.split(",")
-    spec = last.removeprefix("ssh://")
-    user, _, hostport = spec.rpartition("@")
-    host, port = hostport, None
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        port = rest[1:] or None
-    elif hostport.count(":") == 1:
-        host, port = hostport.split(":")
-    argv = ["ssh", *_trust_options(config, known_hosts, settings)]
-    if not (settings.use_agent and os.environ.get("SSH_AUTH_SOCK")):
-        argv += ["-o", "IdentityAgent=none"]
-    if before:
-        argv += ["-J", ",".join(before)]
-    argv += ["-W", "%h:%p"]
-    if port:
-        argv += ["-p", port]
-    if user:
-        argv += ["-l", user]
-    return [*argv, host]
+# ----------------------------------------------------------------------- rsync
 
 
 def rsync_target(node: Node, path: str) -> str:

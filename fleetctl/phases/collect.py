@@ -31,7 +31,7 @@ from fleetctl.errors import CollectError, ConnectError, FleetctlError, UsageErro
 from fleetctl.job.runfolder import node_folder_name
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 from fleetctl.phases.unpack import Unpacked, local_files, partial_files, unpack
-from fleetctl.remote.supervisor import TAR_MARKER  # the same marker at both ends
+from fleetctl.remote.wire import TAR_MARKER  # the same marker at both ends
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -375,7 +375,7 @@ def collect_node(
     argv = supervisor_command(
         conn.expand(python), sup, "pack", run_dir=conn.expand(run_dir), stdin="1"
     )
-    line = f"test -f {shlex.quote(sup)} || exit 3; exec {shlex.join(argv)} 2>/dev/null"
+    line = f"test -d {shlex.quote(sup)} || exit 3; exec {shlex.join(argv)} 2>/dev/null"
     stream = conn.start(line)
     try:
         wire = options.wire(local_files(dest), partial_files(dest))

@@ -1,11 +1,11 @@
 """Launch: start the node supervisor on every node at once, each as ONE streamed SSH command.
 
-The supervisor (``fleetctl/remote/supervisor.py``) lives on the node as
-``W/bin/supervisor_<sha12>.py``, run as a module so that its bytecode is cached
-(``fleetctl.remote.file_argv``).
-The start command checks for it and, when missing, runs a tiny loader instead that asks for the
-source (``U``), checks its hash, installs it atomically and execs it — so a node costs one remote
-command per launch whether or not the supervisor was there. Then the supervisor says ``R``, gets
+The supervisor (``fleetctl/remote/supervisor.py`` and the node modules it imports) lives on
+the node in ``W/bin/supervisor_<sha12>/``, imported from there so that its bytecode is cached.
+The start command runs the installer's stdin entrance (``fleetctl.remote.stdin_argv``): when
+the folder is missing it asks for the bundle (``U``), checks its hash, installs it atomically
+and runs it — so a node costs one remote command per launch whether or not the supervisor was
+there. Then the supervisor says ``R``, gets
 the JSON spec on stdin and answers ``S <json>`` once the job is running.
 
 ``fleetctl.job.run`` starts every node at once, one thread per node (a job needs all its nodes at
@@ -15,12 +15,9 @@ its stream goes to the watcher, which starts heartbeating it.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import posixpath
 import shlex
-import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
-from fleetctl.plan.launchers.deepspeed import LOG_DIR as DEEPSPEED_LOG_DIR
-from fleetctl.plan.launchers.paddle import LOG_DIR as PADDLE_LOG_DIR
-from fleetctl.plan.launchers.torchrun import LOG_DIR as TORCHRUN_LOG_DIR
+from fleetctl.plan.launchers import launcher_for
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -41,49 +36,36 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
     from fleetctl.ssh.connection import Connection, Stream
 
-SUPERVISOR_FILE = remote.path("supervisor.py")
 START_TIMEOUT = 30.0  # handshake: supervisor up, spec sent, job started
 
-# Runs when W/bin/supervisor_<sha>.py is missing: ask for the source, verify, install, run.
-LOADER = remote.inline("loader.py")
+# Runs the supervisor from W/bin/supervisor_<sha>/, installing it first when missing (the
+# installer's STDIN entrance: ``U``, then the bundle on stdin).
+LOADER = remote.stdin_entrance()
 
 
-@functools.cache
 def supervisor_source() -> tuple[bytes, str]:
-    """The supervisor's bytes and its content hash (12 hex), which names it on the nodes."""
-    data = SUPERVISOR_FILE.read_bytes()
-    return data, hashlib.sha256(data).hexdigest()[:12]
+    """The supervisor's bundle and its content hash (12 hex), which names it on the nodes."""
+    return remote.bundle("supervisor.py"), remote.digest("supervisor.py")
 
 
 def supervisor_path(workdir: str) -> str:
     """Where the supervisor lives under a (home-expanded) workdir."""
-    return posixpath.join(workdir, "bin", f"supervisor_{supervisor_source()[1]}.py")
+    return remote.installed_path(workdir, "supervisor.py")
 
 
 def start_command(python: str, sup_path: str, *args: str) -> str:
-    """One shell line: exec the installed supervisor, or the loader that installs it first.
+    """One shell line: exec the supervisor through the installer's STDIN entrance.
 
-    ``args``: the supervisor's mode and its options (default ``run``). The loader answers
-    ``U`` and waits for ``<length>\\n<source>`` on stdin (see :func:`upload_on_request`).
+    ``args``: the supervisor's mode and its options (default ``run``). A missing supervisor
+    answers ``U`` and waits for ``<length>\\n<bundle>`` on stdin (see :func:`upload_on_request`).
     """
-    py, f = shlex.quote(python) + " " + remote.NO_SITE, shlex.quote(sup_path)
-    rest = shlex.join(args or ("run",))
-    script = (
-        f'f={f}; if [ -f "$f" ]; then exec {py} -c {shlex.quote(remote.RUN_FILE)} "$f" {rest}; '
-        f'else exec {py} -c {shlex.quote(LOADER)} "$f" {rest}; fi'
-    )
-    return shlex.join(["sh", "-c", script])
+    argv = remote.stdin_argv(python, sup_path, *(args or ("run",)))
+    return shlex.join(["sh", "-c", "exec " + shlex.join(argv)])
 
 
-# The same choice as start_command's, as Python run by a held check probe in its own process
+# The same start, as Python run by a held check probe in its own process
 # (fleetctl.remote.probe.handoff) with argv ``<supervisor path> run``.
-HANDOFF = (
-    "import os, sys\n"
-    "if os.path.isfile(sys.argv[1]):\n"
-    + textwrap.indent(remote.RUN_FILE, "    ")
-    + "else:\n"
-    + textwrap.indent(LOADER, "    ")
-)
+HANDOFF = LOADER
 
 
 def handoff_line(sup_path: str, *args: str) -> bytes:
@@ -93,9 +75,8 @@ def handoff_line(sup_path: str, *args: str) -> bytes:
 
 
 def upload_on_request(stream: Stream) -> None:
-    """Answer the loader's ``U``: the supervisor's source, length first."""
-    src, _sha = supervisor_source()
-    stream.send(b"%d\n" % len(src) + src)
+    """Answer the installer's ``U``: the supervisor's bundle, length first."""
+    stream.send(remote.upload("supervisor.py"))
 
 
 def supervisor_command(python: str, sup_path: str, mode: str, **opts: object) -> list[str]:
@@ -194,19 +175,11 @@ def node_spec(
         spec["work_seed"] = conn.expand(np.code_dir)
         if work != np.cwd:
             spec["work"] = conn.expand(work)
-    # per-rank files the supervisor tails into whole ``[rank G]`` lines
+    # per-rank files the supervisor tails into whole ``[rank G]`` lines: the launcher says where
     nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
-    if np.env.get("FLEET_LAUNCHER") == "torchrun":
-        spec["rank_logs"] = {"dir": TORCHRUN_LOG_DIR, "base": np.node_rank * nproc}
-    elif np.env.get("FLEET_LAUNCHER") == "paddle":  # paddle also copies workerlog.0 to stdout
-        spec["rank_logs"] = {
-            "dir": PADDLE_LOG_DIR,
-            "base": np.node_rank * nproc,
-            "layout": "paddle",
-            "echo": "workerlog.0",
-        }
-    elif np.env.get("FLEET_LAUNCHER") == "deepspeed":  # files named by global rank
-        spec["rank_logs"] = {"dir": DEEPSPEED_LOG_DIR, "base": 0, "layout": "deepspeed"}
+    rank_logs = launcher_for(np.env.get("FLEET_LAUNCHER")).rank_logs(np.node_rank, nproc)
+    if rank_logs is not None:
+        spec["rank_logs"] = rank_logs
     return spec
 
 
@@ -218,6 +191,14 @@ def install_file(conn: Connection, local: Path, remote: str, *, timeout: float) 
     conn.run(["mkdir", "-p", "-m", "700", posixpath.dirname(remote)], timeout=timeout)
     conn.put(local, remote, mode=0o700)
     return True
+
+
+def install_program(conn: Connection, python: str, path: str, *, timeout: float) -> bool:
+    """Install the node program whose folder is ``path`` (``W/bin/<stem>_<sha12>``) unless it
+    is there already; True when it is there now."""
+    name = posixpath.basename(path).rsplit("_", 1)[0] + ".py"
+    argv = remote.cached_argv(python, posixpath.dirname(posixpath.dirname(path)), name)
+    return conn.run([*argv, "--install-only"], timeout=timeout).exit_code == 0
 
 
 def start_node(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
-from fleetctl.errors import FleetctlError
+from fleetctl.errors import FleetctlError, one_line
 from fleetctl.job.stacks import RankStack, console_stacks
 from fleetctl.phases.frames import STACK_KINDS, decode
 from fleetctl.phases.launch import install_file
@@ -145,10 +145,5 @@ def dump_stacks(
         if isinstance(got, NodeStacks):
             nodes.append(got)
         else:
-            nodes.append(NodeStacks(np.node_rank, np.host, error=_one_line(got)))
+            nodes.append(NodeStacks(np.node_rank, np.host, error=one_line(got)))
     return StackReport(nodes)
-
-
-def _one_line(e: object) -> str:
-    text = getattr(e, "one_line", None)
-    return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.errors import one_line
 from fleetctl.phases.frames import last_data
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 
@@ -102,8 +103,8 @@ def stop_on_node(
         grace=grace,
     )
     # Without the supervisor file (never launched there) the job cannot have processes there
-    # either; `test -f` keeps this one round trip and says so instead of failing.
-    line = f"test -f {_q(sup)} || {{ echo 'D {{\"absent\": true}}'; exit 0; }}; " + _join(argv)
+    # either; `test -d` keeps this one round trip and says so instead of failing.
+    line = f"test -d {_q(sup)} || {{ echo 'D {{\"absent\": true}}'; exit 0; }}; " + _join(argv)
     result = conn.run(line, timeout=grace + 20.0)
     out = NodeStop(host=node.name, rank=rank)
     data = last_data(result.stdout)
@@ -187,13 +188,8 @@ def teardown(
         if isinstance(outcome, NodeStop):
             stops.append(outcome)
         else:
-            stops.append(NodeStop(np.host, np.node_rank, error=_one_line(outcome)))
+            stops.append(NodeStop(np.host, np.node_rank, error=one_line(outcome)))
     return TeardownReport(stops, grace, time.monotonic() - t0)
-
-
-def _one_line(e: object) -> str:
-    text = getattr(e, "one_line", None)
-    return text() if callable(text) else " ".join(str(e).split()) or type(e).__name__
 
 
 def _q(s: str) -> str:

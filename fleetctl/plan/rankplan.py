@@ -420,7 +420,7 @@ def make_plan(
             work_dir=work_dir if folder else "",
         )
         env = _node_env(ctx, slot, spec, torch=f.torch)
-        if slot.gpus and launcher.name != "deepspeed":  # deepspeed sets it from --include
+        if slot.gpus and not launcher.sets_visible_devices:  # deepspeed: from --include
             env[CUDA_VISIBLE] = ",".join(slot.gpus)
         env.update(launcher.env(ctx, slot))
         own = _checked_env(n.env, f"{_where(n)}fleetctl_env")
@@ -515,9 +515,9 @@ def _node_env(
 
 def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
     """PlanError (exit 2) naming a --launcher-arg that fleetctl sets itself, or any for plain."""
-    if args and launcher.name == "plain":
+    if args and not launcher.takes_args:
         raise PlanError(
-            f"--launcher-arg {args[0]}: the plain launcher runs the script directly; "
+            f"--launcher-arg {args[0]}: the {launcher.name} launcher runs the script directly; "
             "pass options to the script after SCRIPT"
         )
     for arg in args:

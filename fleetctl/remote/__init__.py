@@ -1,15 +1,21 @@
-"""Programs that run on the nodes: stdlib only, Python >= 3.8, shipped as source.
+"""Programs that run on the nodes: stdlib only, Python >= 3.8, and the controller's installer.
 
-Nothing here is imported by a node: the controller reads each file with :func:`source` and
-sends it with ``python -c`` (:func:`inline`), or once per content hash into the node's workdir
-(then run by :func:`file_argv`).
+A node program and the node modules it imports ship as one bundle, installed once per content
+hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two entrances: argv and stdin), or run
+from memory with ``python -c`` (:func:`inline`). The controller imports only this module, the
+wire format (``wire``) and the /proc reader (``procfs``); never a program.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
+import json
 import posixpath
+import re
+import textwrap
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,14 +43,31 @@ def source(name: str) -> bytes:
 _DROP_CWD = 'import sys\nif sys.path and sys.path[0] == "":\n    del sys.path[0]\n'
 
 
+# Runs ``mods`` ([stem, source] pairs, each after the modules it imports) as modules from
+# memory: a bundle run without installing it. No import hook (importlib.util costs every
+# exec's start milliseconds): each is put in sys.modules and run, in that order.
+_MEMORY = (
+    "for k, v in mods:\n"
+    "    m = type(sys)(k)\n"
+    "    m.__file__ = 'fleetctl-' + k + '.py'\n"
+    "    sys.modules[k] = m\n"
+    "    exec(compile(v, m.__file__, 'exec'), m.__dict__)\n"
+)
+
+
+@functools.cache
 def inline(name: str) -> str:
-    """Node program ``name`` as ``python -c`` code that cannot import from the current folder.
+    """Node program ``name`` as ``python -c`` code that cannot import from the current folder,
+    run from memory with the node modules it imports (nothing installed).
 
     Compiled inside the -c code so that the program's ``from __future__`` line stays its first
     statement; run in the -c module's own namespace, as -c would run it.
     """
-    src = source(name).decode("utf-8")
-    return _DROP_CWD + f"exec(compile({src!r}, {'fleetctl-' + name!r}, 'exec'))\n"
+    mods = modules(name)
+    main = mods[name[: -len(".py")]]
+    rest = [[k, v] for k, v in mods.items() if k != name[: -len(".py")]]
+    serve = f"mods = {rest!r}\n" + _MEMORY if rest else ""
+    return _DROP_CWD + serve + f"exec(compile({main!r}, {'fleetctl-' + name!r}, 'exec'))\n"
 
 
 def guarded(code: str) -> str:
@@ -53,92 +76,193 @@ def guarded(code: str) -> str:
     return _DROP_CWD + code
 
 
-# Runs an installed node program file as a module, so its bytecode is cached next to it
-# (``__pycache__``, per python version): run as a script, the supervisor's 70 KB source is
-# compiled at every start (~12 ms of CPU here, on every node, for every launch). Its folder
-# takes the place of the current folder on sys.path, as it would for a script; the module's
-# ``program()`` runs it as its ``__main__`` block would.
-RUN_FILE = (
-    "import sys\n"
-    "p = sys.argv.pop(1)\n"
-    "d, n = p.rsplit('/', 1)\n"
-    "if sys.path and sys.path[0] == '':\n"
-    "    sys.path[0] = d\n"
-    "else:\n"
-    "    sys.path.insert(0, d)\n"
-    "__import__(n[:-3]).program()\n"
-)
-
-
-def file_argv(python: str, path: str, *args: str) -> list[str]:
-    """argv that runs the node program installed at ``path`` (``<folder>/<module>.py``)."""
-    return [python, NO_SITE, "-c", RUN_FILE, path, *args]
-
-
-# INSTALLER: runs a node program from its installed file (``W/bin/<stem>_<sha12>.py``,
-# imported so its bytecode is cached: no compile of its source at every start) or, the first
-# time, installs it there from the source it carries. The decision is made in Python, not by
-# the login shell: one plain command line that csh and fish pass on as sh does. The file is
-# written atomically under a name of its own (nodes on one shared home may do this at once,
-# with equal pids). A workdir that cannot take it (read-only, full) runs it from the source
-# this time; the program itself then says what is wrong with the workdir. Expects ``SOURCE()``
-# and ``NAME`` defined before it; stays parseable by Python 2 (the probe's bootstrap, which
-# tells old pythons apart, ends with it).
+# --------------------------------------------------------------------------- the installer
+#
+# A node program and the node modules it imports (``from .x import …``, flat ``import x`` on a
+# node) travel as one bundle: zlib of ``{"main": stem, "modules": {stem: source}}``, named by
+# its sha256 (12 hex). INSTALLER puts the bundle's files into ``W/bin/<stem>_<sha12>/`` once
+# and imports the program from there, so every later start runs cached bytecode
+# (``__pycache__`` next to the files, per python version). Not a zip run by zipimport: that
+# compiles every module at every start (zipimport never writes .pyc), ~12 ms of CPU for the
+# supervisor alone. The folder is made under a name of its own and renamed into place (nodes
+# of one shared home may do it at once); a workdir that cannot take it runs the bundle from
+# memory this time and the program says what is wrong with the workdir. Two entrances feed
+# it: ARGV (the bundle in argv, base64) and STDIN (``U``, then ``<length>\n<bundle>`` on
+# stdin, checked against the folder's name). Expects ``BUNDLE()``; parseable by Python 2
+# (the probe's bootstrap, which tells old pythons apart, ends with it).
 INSTALLER = (
     "import os\n"
     "p = os.path.expanduser(sys.argv.pop(1))\n"
     "d, n = os.path.split(p)\n"
-    "m = None\n"
-    "if p and os.path.isfile(p):\n"
-    "    sys.path.insert(0, d)\n"
-    "    m = __import__(n[:-3])\n"
-    "elif p:\n"
+    "main = n.rsplit('_', 1)[0]\n"
+    "mods = None\n"
+    "if not os.path.isdir(p):\n"
+    "    import json, zlib\n"
+    "    b = json.loads(zlib.decompress(BUNDLE()).decode('utf-8'))\n"
+    "    mods, main = b['modules'], b['main']\n"
     "    t = '%s.%d.%s.part' % (p, os.getpid(), os.urandom(4).hex())\n"
     "    try:\n"
-    "        os.makedirs(os.path.dirname(d) or '.', 0o700, exist_ok=True)\n"
     "        os.makedirs(d, 0o700, exist_ok=True)\n"
-    "        fd = os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
-    "        with os.fdopen(fd, 'w', encoding='utf-8') as f:\n"
-    "            f.write(SOURCE())\n"
-    "        os.replace(t, p)\n"
-    "    except OSError:\n"
+    "        os.mkdir(t, 0o700)\n"
+    "        for k in mods:\n"
+    "            f = os.path.join(t, k + '.py')\n"
+    "            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
+    "            with os.fdopen(fd, 'w', encoding='utf-8') as f:\n"
+    "                f.write(mods[k])\n"
     "        try:\n"
-    "            os.unlink(t)\n"
+    "            os.rename(t, p)\n"
     "        except OSError:\n"
-    "            pass\n"
-    "    else:\n"
-    "        sys.path.insert(0, d)\n"
-    "        m = __import__(n[:-3])\n"
-    "if m is None:\n"
-    "    exec(compile(SOURCE(), NAME, 'exec'))\n"
-    "else:\n"
-    "    m.program()\n"
+    "            if not os.path.isdir(p):\n"
+    "                raise\n"
+    "            __import__('shutil').rmtree(t, True)\n"
+    "        mods = None\n"
+    "    except OSError:\n"
+    "        __import__('shutil').rmtree(t, True)\n"
+    "        mods = [[k, mods[k]] for k in b['order']]\n"
+    "if sys.argv[1:] == ['--install-only']:\n"
+    "    sys.exit(0 if mods is None else 1)\n"
+    "if mods is None:\n"
+    "    sys.path.insert(0, p)\n"
+    "else:\n" + textwrap.indent(_MEMORY, "    ") + "__import__(main).program()\n"
 )
+
+# The ARGV entrance: ``python -c ARGV <install folder> <base64 bundle> ARGS…``.
+ARGV_HEAD = (
+    "import sys\n"
+    "_B = sys.argv.pop(2)\n"
+    "def BUNDLE():\n"
+    "    import base64\n"
+    "    return base64.b64decode(_B)\n"
+)
+
+# The STDIN entrance: ``python -c STDIN <install folder> ARGS…``; only a missing folder asks
+# (``U``) for the bundle, so a start costs one remote command whether or not it was there.
+STDIN_HEAD = (
+    "import sys\n"
+    "def _read(n):\n"
+    "    import os\n"
+    "    data = b''\n"
+    "    while len(data) < n:\n"
+    "        chunk = os.read(0, n - len(data))\n"
+    "        if not chunk:\n"
+    "            sys.exit(98)\n"
+    "        data += chunk\n"
+    "    return data\n"
+    "def BUNDLE():\n"
+    "    import hashlib, os\n"
+    "    os.write(1, b'U\\n')\n"
+    "    h = b''\n"
+    "    while not h.endswith(b'\\n'):\n"
+    "        h += _read(1)\n"
+    "    data = _read(int(h))\n"
+    "    if hashlib.sha256(data).hexdigest()[:12] != p.rsplit('_', 1)[1]:\n"
+    "        os.write(1, b'F node program upload corrupted\\nX 127\\n')\n"
+    "        sys.exit(97)\n"
+    "    return data\n"
+)
+
+
+# Runs an installed program folder (``W/bin/<stem>_<sha12>/``) without installing it: the
+# one-shot modes of a supervisor that is there (the start line put it there). Its folder takes
+# the place of the current folder on sys.path; the module's ``program()`` runs it.
+RUN_FILE = (
+    "import sys\n"
+    "p = sys.argv.pop(1).rstrip('/')\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    sys.path[0] = p\n"
+    "else:\n"
+    "    sys.path.insert(0, p)\n"
+    "__import__(p.rsplit('/', 1)[-1].rsplit('_', 1)[0]).program()\n"
+)
+
+
+def file_argv(python: str, path: str, *args: str) -> list[str]:
+    """argv that runs the node program installed at ``path`` (its folder)."""
+    return [python, NO_SITE, "-c", RUN_FILE, path, *args]
+
+
+def argv_entrance() -> str:
+    """``python -c`` code of the ARGV entrance (see ``INSTALLER``)."""
+    return _DROP_CWD + ARGV_HEAD + INSTALLER
+
+
+def stdin_entrance() -> str:
+    """``python -c`` code of the STDIN entrance (see ``INSTALLER``)."""
+    return _DROP_CWD + STDIN_HEAD + INSTALLER
+
+
+# ``from .x import …`` at a line's start (the one form node modules import each other by). A
+# pattern, not ``ast``: launch threads ask at once, and Python 3.11.7's ast.parse is not safe
+# across threads ("AST constructor recursion depth mismatch", CPython gh-106905).
+_SIBLING = re.compile(r"^[ \t]*from \.(\w+) import ", re.M)
+
+
+def _siblings(src: str) -> list[str]:
+    """The node modules a node module imports (``from .x import …``)."""
+    return _SIBLING.findall(src)
+
+
+@functools.cache
+def modules(name: str) -> dict[str, str]:
+    """Node program ``name`` and every node module it imports, transitively: stem → source,
+    each after the modules it imports (the program last)."""
+    out: dict[str, str] = {}
+
+    def visit(stem: str) -> None:
+        if stem not in out:
+            src = source(stem + ".py").decode("utf-8")
+            out[stem] = ""  # taken: an import cycle ends here
+            for dep in _siblings(src):
+                visit(dep)
+            out[stem] = out.pop(stem) or src
+
+    visit(name[: -len(".py")])
+    return out
+
+
+@functools.cache
+def bundle(name: str) -> bytes:
+    """Node program ``name``'s bundle (see ``INSTALLER``): the bytes its hash names."""
+    mods, stem = modules(name), name[: -len(".py")]
+    # ``python W/bin/<stem>_<sha12>/ MODE …`` runs it too (a folder's __main__.py)
+    main = f"import {stem}\n\n{stem}.program()\n"
+    doc = {"main": stem, "modules": {**mods, "__main__": main}, "order": list(mods)}
+    return zlib.compress(json.dumps(doc, sort_keys=True).encode("utf-8"), 9)
+
+
+@functools.cache
+def packed(name: str) -> str:
+    """The bundle as the ARGV entrance carries it (base64)."""
+    return base64.b64encode(bundle(name)).decode("ascii")
 
 
 @functools.cache
 def digest(name: str) -> str:
-    """Node program ``name``'s content hash (12 hex): its installed file's name carries it."""
-    return hashlib.sha256(source(name)).hexdigest()[:12]
+    """Node program ``name``'s content hash (12 hex): its install folder's name carries it."""
+    return hashlib.sha256(bundle(name)).hexdigest()[:12]
 
 
 def installed_path(workdir: str, name: str) -> str:
-    """Where node program ``name`` is installed under a workdir (``~/…`` left unexpanded)."""
+    """Node program ``name``'s install folder under a workdir (``~/…`` left unexpanded)."""
     stem = name[: -len(".py")]
-    return posixpath.join(workdir, "bin", f"{stem}_{digest(name)}.py")
+    return posixpath.join(workdir, "bin", f"{stem}_{digest(name)}")
 
 
-@functools.cache
-def install_inline(name: str) -> str:
-    """``python -c`` code that runs node program ``name`` installed at ``sys.argv[1]``,
-    installing it there first when it is missing (``INSTALLER``)."""
-    src = source(name).decode("utf-8")
-    head = f"def SOURCE():\n    return {src!r}\n\nNAME = {'fleetctl-' + name!r}\n"
-    return _DROP_CWD + head + INSTALLER
+def upload(name: str) -> bytes:
+    """What the STDIN entrance reads after its ``U``: ``<length>\n<bundle>``."""
+    data = bundle(name)
+    return b"%d\n" % len(data) + data
 
 
 def cached_argv(python: str, workdir: str, name: str, *args: str) -> list[str]:
-    """argv that runs node program ``name`` with ``args`` from its file under ``workdir``,
-    installed on the way when it is not there yet. The program defines ``program()``, run in
-    place of its ``__main__`` block."""
-    return [python, NO_SITE, "-c", install_inline(name), installed_path(workdir, name), *args]
+    """argv that runs node program ``name`` with ``args`` from its install folder under
+    ``workdir``, installed on the way (ARGV entrance). The program defines ``program()``,
+    run in place of its ``__main__`` block."""
+    path = installed_path(workdir, name)
+    return [python, NO_SITE, "-c", argv_entrance(), path, packed(name), *args]
+
+
+def stdin_argv(python: str, path: str, *args: str) -> list[str]:
+    """argv that runs the node program installed at ``path``, asking for it on stdin first
+    when missing (STDIN entrance; answer ``U`` with :func:`upload`)."""
+    return [python, NO_SITE, "-c", stdin_entrance(), path, *args]

@@ -1,10 +1,10 @@
-"""fleetctl check bootstrap: run the probe, or say the node's python is too old.
+"""fleetctl check bootstrap: say the node's python is too old, else run the probe.
 
-``python -c BOOTSTRAP <install path> <base64 zlib of probe.py> <json args>``: the probe runs from
-its installed file (``W/bin/probe_<sha12>.py``, bytecode cached) or, when missing, is unpacked
-and installed there first by the installer (``fleetctl.remote.INSTALLER``), whose text follows
-this one. A python older than 3.7 (which cannot run the probe) answers one frame,
-``V "<version>"``, and exits 9. Kept parseable by any python, 2.7 included.
+``python -c BOOTSTRAP <install folder> <base64 bundle> <json args>``: this text, then the
+installer's ARGV entrance (``fleetctl.remote.ARGV_HEAD`` + ``INSTALLER``), which runs the probe
+from ``W/bin/probe_<sha12>/`` (bytecode cached), installing it there first when missing. A
+python older than 3.7 (which cannot run the probe) answers one frame, ``V "<version>"``, and
+exits 9. Kept parseable by any python, 2.7 included, as is what follows it.
 """
 
 import sys
@@ -12,13 +12,3 @@ import sys
 if sys.version_info < (3, 7):  # noqa: UP036 - this file is what tells old pythons apart
     sys.stdout.write('V "' + sys.version.split()[0] + '"\n')
     sys.exit(9)
-
-PACKED = sys.argv.pop(2)
-NAME = "fleetctl-probe"
-
-
-def SOURCE():  # the installer calls it when the probe is not installed yet
-    import base64
-    import zlib
-
-    return zlib.decompress(base64.b64decode(PACKED)).decode("utf-8")

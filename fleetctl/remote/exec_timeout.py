@@ -28,7 +28,10 @@ try:
 except ImportError:  # an interpreter without it: the public module
     import signal  # type: ignore[no-redef]
 
-MARK = "fleetctl: exec timed out after"
+try:  # as fleetctl.remote.exec_timeout (tests); flat on a node
+    from .wire import EXEC_TIMEOUT_MARK as MARK
+except ImportError:
+    from wire import EXEC_TIMEOUT_MARK as MARK
 TIMED_OUT = 124
 SETTLE = 5.0  # s to wait for killed processes to be gone
 

@@ -31,6 +31,11 @@ import os
 import sys
 import time
 
+try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
+    from .workdirs import workdir_id
+except ImportError:
+    from workdirs import workdir_id
+
 # shutil, subprocess, tarfile, hashlib and contextlib are imported where used: a no-op push's
 # probe needs none of them, and their imports were a third of its CPU on every node. Nor json:
 # its import brings re and enum (~5 ms, a quarter of a no-op push probe's CPU on every node);
@@ -193,62 +198,6 @@ def verify_env(prefix: str, cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ probe
-
-
-def workdir_id(workdir: str, wait: float = 2.0) -> str | None:
-    """The id kept in ``W/.fleetctl-id``, made and read as the check's probe does (the same
-    code in fleetctl/remote/probe.py: node programs ship alone): nodes that read one id share
-    one folder (an NFS home), and one of them pushes for all. None when it cannot be had.
-
-    Nodes of one shared home run this at once: the id is written whole under a name of its
-    own and hard-linked into place, so no node reads it half made; where links are not
-    allowed it is created exclusively and written, and a reader that finds it still empty
-    reads again for up to ``wait`` seconds."""
-    path = os.path.join(workdir, ".fleetctl-id")
-    try:
-        os.makedirs(workdir, mode=0o700, exist_ok=True)
-        if not os.path.exists(path):
-            _make_id(path)
-    except OSError:
-        return None
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            with open(path) as f:
-                text = f.read(64).strip()
-        except OSError:
-            return None
-        if text or time.monotonic() >= deadline:
-            return text or None
-        time.sleep(0.05)
-
-
-def _make_id(path: str) -> None:
-    data = (os.urandom(8).hex() + "\n").encode()
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.link(tmp, path)  # whole, or not at all: another node's id stays
-        return
-    except FileExistsError:
-        return
-    except OSError:
-        pass  # no hard links here: create it exclusively instead
-    finally:
-        try:  # noqa: SIM105 - contextlib is not imported on the probe's path
-            os.unlink(tmp)
-        except OSError:
-            pass
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def which(name: str) -> str | None:

@@ -72,7 +72,9 @@ class SSHSettings:
         return os.path.expanduser(path)
 
     def ssh_config_for(self, node: Node) -> str | None:
-        path = self.ssh_config or node.ssh_config or os.environ.get("FLEETCTL_SSH_CONFIG")
+        from fleetctl.ssh.sshconfig import named_path
+
+        path = named_path(node, self)
         if path is None:
             default = os.path.expanduser("~/.ssh/config")
             return default if os.path.exists(default) else None

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.errors import UsageError, one_line
 from fleetctl.results import Cancelled
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
     under coreutils ``timeout`` (its process group only), else as it is.
     """
     from fleetctl.remote import NO_SITE, inline
-    from fleetctl.remote.exec_timeout import MARK
+    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
@@ -147,7 +147,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
 
 def _split_timeout(stderr: str) -> tuple[str, str | None]:
     """(stderr without the node's time-out line, that line) — None when it did not time out."""
-    from fleetctl.remote.exec_timeout import MARK
+    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
 
     body, _, last = stderr.rstrip("\n").rpartition("\n")
     if last.startswith(MARK):
@@ -172,12 +172,7 @@ def command_line(argv: Sequence[str]) -> str:
 
 
 def _one_line(e: BaseException) -> str:
-    if isinstance(e, FleetctlError):
-        return e.one_line()
-    if isinstance(e, Cancelled):
-        return "cancelled"
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return "cancelled" if isinstance(e, Cancelled) else one_line(e, typed=True)
 
 
 def execute(

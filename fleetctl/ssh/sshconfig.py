@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -137,6 +138,17 @@ class SSHTarget:
     def proxied(self) -> bool:
         """Reached through a jump host or proxy command: not dialled from here directly."""
         return bool(self.proxy_jump or self.proxy_command)
+
+
+def named_path(
+    node: Node, settings: SSHSettings, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The ssh_config file fleetctl was told to use for ``node``, as given (``~`` unexpanded,
+    ``/dev/null`` kept): ``--ssh-config``, else the inventory's, else ``FLEETCTL_SSH_CONFIG``;
+    None when none was named. Connections fall back to ``~/.ssh/config`` after it
+    (``SSHSettings.ssh_config_for``); Ansible's ``-F`` is passed only for a named one."""
+    env = os.environ if environ is None else environ
+    return settings.ssh_config or node.ssh_config or env.get("FLEETCTL_SSH_CONFIG")
 
 
 def load(path: str | None, label: str) -> paramiko.SSHConfig:

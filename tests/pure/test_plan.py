@@ -44,7 +44,7 @@ def test_format_job_id() -> None:
 
 
 def test_registry_has_every_launcher() -> None:
-    assert set(LAUNCHER_NAMES) == {"torchrun", "paddle", "deepspeed", "plain"}
+    assert set(LAUNCHER_NAMES) == {"torchrun", "paddle", "deepspeed", "plain", "accelerate"}
     assert all(LAUNCHERS[name].name == name for name in LAUNCHER_NAMES)
     with pytest.raises(PlanError) as exc:
         get_launcher("horovodrun")

@@ -121,7 +121,7 @@ def test_a_claim_naming_a_live_pid_without_its_start_time_expires_after_the_grac
 def test_the_probe_and_the_supervisor_name_the_same_per_user_claim_folder() -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_PORT_CLAIMS"}
     code = (
-        "import fleetctl.remote.port_probe as p, fleetctl.remote.supervisor as s;"
+        "import fleetctl.remote.port_probe as p, fleetctl.remote.jobprocs as s;"
         "print(p.CLAIMS, s.PORT_CLAIMS)"
     )
     out = subprocess.run(

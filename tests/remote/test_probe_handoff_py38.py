@@ -108,7 +108,7 @@ def test_a_held_probe_becomes_the_supervisor_and_runs_the_job_in_its_own_process
         frames = drain(run)
         assert ("L", f"ppid={facts['pid']}") in frames
         assert frames[-1][0] == "X" and frames[-1][1].split(" ", 1)[0] == "3"
-        assert Path(supervisor_path(str(probes.root / "w"))).is_file()
+        assert (Path(supervisor_path(str(probes.root / "w"))) / "supervisor.py").is_file()
         assert wait_gone(facts["pid"])
 
 

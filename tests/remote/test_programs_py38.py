@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -60,18 +61,35 @@ def jid(name: str) -> str:
 
 
 PROGRAMS = sorted(p.name for p in remote.HERE.glob("*.py") if p.name != "__init__.py")
-#: Which test below exercises each program: a new program without a test fails the guard.
+ENTRY = "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job"
+#: Which Python 3.8 test under tests/remote exercises each node module (program or shared
+#: module): a new module without one fails the guard. Adding a program is one line here.
 EXERCISED = {
+    "atomic.py": ENTRY,
     "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
     "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
-    "loader.py": "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job",
-    "supervisor.py": "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job",
-    "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
-    "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
     "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
+    "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
+    "the_stop",
+    "output.py": ENTRY,
+    "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
+    "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "spec.py": ENTRY,
+    "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "supervision.py": ENTRY,
+    "supervisor.py": ENTRY,
+    "wire.py": ENTRY,
+    "workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
+    "bytecode",
 }
+#: Linux's limit on one argument (MAX_ARG_STRLEN): no shipped program may pass it.
+MAX_ARG = 128 * 1024
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 JOB = "setsid sleep 300 & sleep 300 & echo up; wait"
 
@@ -84,9 +102,30 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> N
         time.sleep(0.05)
 
 
-def test_every_program_in_fleetctl_remote_has_a_python_3_8_test() -> None:
-    assert sorted(EXERCISED) == PROGRAMS
-    assert all(name in globals() for name in EXERCISED.values())
+def test_every_module_in_fleetctl_remote_has_a_python_3_8_test() -> None:
+    """The guard: every node module names a test of this tier that exists, and that test
+    runs code of the module (its program's bundle holds it, or it is the program)."""
+    assert sorted(EXERCISED) == PROGRAMS, "a node module without a Python 3.8 test"
+    here = Path(__file__).parent
+    defined = set()
+    for f in here.glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)\(", f.read_text(), re.M))
+    assert {m: t for m, t in EXERCISED.items() if t not in defined} == {}
+    shipped = {f"{m}.py" for name in PROGRAMS for m in remote.modules(name)}
+    assert shipped == set(PROGRAMS)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) -> None:
+    """argv stays under Linux's 128 KiB per argument: inline, the argv entrance (code and
+    bundle), the stdin entrance."""
+    sizes = {
+        "inline": len(remote.inline(name).encode()),
+        "argv code": len(remote.argv_entrance().encode()),
+        "argv bundle": len(remote.packed(name)),
+        "stdin code": len(remote.stdin_entrance().encode()),
+    }
+    assert max(sizes.values()) < MAX_ARG, sizes
 
 
 @pytest.mark.parametrize("name", [*PROGRAMS, "__init__.py"])
@@ -755,7 +794,9 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
     time.sleep(1.0)  # within the dead-man window (3 s): the job runs on, channel or not
     sup = supervisor_path(str(jobs.root / "w"))
     p = subprocess.Popen(
-        [jobs.python, sup, "reattach", "--run-dir", jobs.run_dir(job), "--skip", "3"],
+        remote.file_argv(
+            jobs.python, sup, "reattach", "--run-dir", jobs.run_dir(job), "--skip", "3"
+        ),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip
     assert p.stdin is not None and p.stdout is not None
@@ -824,7 +865,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
     """A rank that ended is a zombie until its launcher reaps it (deepspeed looks once a
     second): its exit status is still in /proc, which is how a failed rank is named."""
     code = (
-        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import supervisor\n"
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import ranks\n"
         "kids = []\n"
         "for how in ('exit', 'kill'):\n"
         "    pid = os.fork()\n"
@@ -832,7 +873,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
         "        os._exit(3) if how == 'exit' else os.kill(os.getpid(), signal.SIGKILL)\n"
         "    kids.append(pid)\n"
         "time.sleep(0.5)\n"
-        "print([supervisor.zombie_exit(p) for p in kids], supervisor.zombie_exit(os.getpid()))\n"
+        "print([ranks.zombie_exit(p) for p in kids], ranks.zombie_exit(os.getpid()))\n"
     )
     out = subprocess.run(
         [py38, "-c", code, str(Path(remote.path("supervisor.py")).parent)],
@@ -999,7 +1040,7 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
         remote.file_argv(py38, sup, *clean), cwd=home, env=env, capture_output=True, timeout=60
     )
     assert again.returncode == 0 and again.stdout.startswith(b"D "), again.stderr
-    cached = list((Path(sup).parent / "__pycache__").glob(Path(sup).stem + ".cpython-38*.pyc"))
+    cached = list((Path(sup) / "__pycache__").glob("supervisor.cpython-38*.pyc"))
     assert len(cached) == 1
 
 
@@ -1074,11 +1115,16 @@ def test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_b
     for name, (*_, argv) in starts.items():
         facts = start(name)
         assert len(facts) == 1 and facts[0]["workdir"] == str(w), facts
-        installed = Path(remote.installed_path(str(w), name))
-        assert installed.read_bytes() == remote.source(name)
+        folder = Path(remote.installed_path(str(w), name))
+        installed = folder / name
+        assert sorted(p.name for p in folder.glob("*.py")) == sorted(
+            ["__main__.py", *(f"{m}.py" for m in remote.modules(name))]
+        )
+        for mod in remote.modules(name):
+            assert (folder / f"{mod}.py").read_bytes() == remote.source(f"{mod}.py")
         assert stat.S_IMODE(installed.stat().st_mode) == 0o600
-        assert stat.S_IMODE(installed.parent.stat().st_mode) == 0o700
-        assert list((installed.parent / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert list((folder / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
         installed.write_text(STAND_IN)  # the next start must run this file, not the source
         assert start(name) == [{"stand_in": argv}]
     assert not list((w / "bin").glob("*.part")), "a temp file of the install was left"
@@ -1125,7 +1171,7 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
 TAR_WRITE = """
 import io, sys
 sys.path.insert(0, sys.argv[1])
-import supervisor as s
+import pack as s
 out = open(sys.argv[2], "wb")
 w = s.TarWriter(out)
 w.add_dir("ranks/empty", 0o700, 7)
@@ -1164,17 +1210,17 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
 def test_the_job_scan_reads_no_kernel_threads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernel threads (thousands on a big GPU host) are never a job's: the after-exit scan
     skips them instead of reading each one's environment."""
-    from fleetctl.remote import supervisor as sup
+    from fleetctl.remote import jobprocs, procfs
 
     def flags(pid: int) -> int:
-        st = sup._proc_stat_flags(pid)
+        st = procfs.proc_stat_flags(pid)
         return st[4] if st else 0
 
     pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    kthreads = {pid for pid in pids if flags(pid) & sup.PF_KTHREAD}
+    kthreads = {pid for pid in pids if flags(pid) & procfs.PF_KTHREAD}
     if not kthreads:
         pytest.skip("no kernel threads visible here (a PID namespace)")
     read: list[int] = []
-    monkeypatch.setattr(sup, "_environ_has", lambda pid, tags: read.append(pid) or False)
-    assert sup.scan_job("no-such-job", None, None, None) == ([], False)
+    monkeypatch.setattr(jobprocs, "environ_has", lambda pid, tags: read.append(pid) or False)
+    assert jobprocs.scan_job("no-such-job", None, None, None) == ([], False)
     assert read and not set(read) & kthreads

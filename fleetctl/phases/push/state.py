@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
-from fleetctl.errors import FleetctlError, NodePushError
+from fleetctl.errors import FleetctlError, NodePushError, one_line
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -47,7 +47,4 @@ def _node_error(node: Node, e: BaseException) -> BaseException:
 
 
 def _one_line(e: BaseException) -> str:
-    if isinstance(e, FleetctlError):
-        return e.one_line()
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return one_line(e, typed=True)

@@ -1,7 +1,10 @@
 """Launcher adapters: pure argv builders, one module per launcher, and their registry.
 
 ``build_argv(launcher, ctx, node)`` is what the plan calls for each node. Adding a launcher =
-one module exposing ``LAUNCHER`` plus one line in ``LAUNCHERS``.
+one module exposing ``LAUNCHER`` plus one line in ``LAUNCHERS``: everything else (the
+supervisor's rank-log spec, the collected rank files, the failed-rank parsing, the env dumps
+to redact, the check's import) is asked of the ``Launcher`` found by name, never by comparing
+names outside this folder (``tests/pure/test_launcher_guard.py`` holds the code to that).
 """
 
 from __future__ import annotations
@@ -9,14 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
-from fleetctl.plan.launchers import deepspeed, paddle, plain, torchrun
+from fleetctl.plan.launchers import accelerate, deepspeed, paddle, plain, torchrun
 from fleetctl.plan.launchers.base import MODULE, SCRIPT_KINDS, SHELL, LaunchContext, Launcher
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
 LAUNCHERS: dict[str, Launcher] = {
-    m.LAUNCHER.name: m.LAUNCHER for m in (torchrun, paddle, deepspeed, plain)
+    m.LAUNCHER.name: m.LAUNCHER for m in (torchrun, paddle, deepspeed, plain, accelerate)
 }
 LAUNCHER_NAMES: tuple[str, ...] = tuple(LAUNCHERS)
 DEFAULT_LAUNCHER = "torchrun"
@@ -29,6 +32,17 @@ def get_launcher(name: str) -> Launcher:
     except KeyError as e:
         known = ", ".join(LAUNCHER_NAMES)
         raise PlanError(f"unknown launcher {name!r} (known: {known})") from e
+
+
+# What a name fleetctl has no module for stands for (a role's ``command``, ``paddle-ps``, a
+# plan.json without a launcher): the launcher's console is every rank's log, no rank named.
+OTHER = Launcher(name="", argv=lambda ctx, node: [])
+
+
+def launcher_for(name: str | None) -> Launcher:
+    """The adapter called ``name``, or ``OTHER`` for a name with none: for the hooks read
+    after a run, where an unknown name is a fact of an older record, not a usage error."""
+    return LAUNCHERS.get(name or "", OTHER)
 
 
 def check_program(name: str, kind: str, script: str) -> None:
@@ -59,4 +73,5 @@ __all__ = [
     "build_argv",
     "check_program",
     "get_launcher",
+    "launcher_for",
 ]

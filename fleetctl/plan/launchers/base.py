@@ -2,7 +2,14 @@
 
 Adapters are pure: they turn the plan-wide facts (``LaunchContext``) and one node's slot
 (a ``NodePlan`` still without argv) into that node's argv and any files the run phase must
-write into the node's run folder first. They never touch the network, the disk or the clock.
+write into the node's run folder first. They never touch the network or the clock; only the
+after-the-run hooks (``rank_files``) read the run folder collected home.
+
+A launcher is one module: besides argv it says where each rank's output goes (``rank_logs``:
+the supervisor's ``rank_logs`` spec; ``rank_files``: the collected files of a rank), which
+ranks its last words name as failed (``named_failures``) and which files it writes the
+environment into (``env_dumps``: redacted after collection). Nothing outside this folder asks
+which launcher it is by name.
 
 Paths: the run phase starts the launcher with ``cwd = NodePlan.cwd``: the script's own folder
 in the job's work folder ``W/work/<job>`` (a copy of the code; ``NodePlan.work_dir`` when the
@@ -22,6 +29,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -73,6 +81,11 @@ class LaunchContext:
         return self.once("ips_csv", lambda: ",".join(self.ips))
 
 
+def console_log(node_dir: Path, local: int, rank: int) -> list[Path]:
+    """A rank with no file of its own: the node's console (what the launcher printed)."""
+    return [p for p in [node_dir / "console.log"] if p.is_file()]
+
+
 @dataclass(frozen=True)
 class Launcher:
     """One adapter: how to build argv, which files to write, what it needs from the plan."""
@@ -97,6 +110,26 @@ class Launcher:
     kind_options: frozenset[str] = frozenset()
     # PlanError when it cannot start this script of that kind (paddle: only ``*.py``).
     check_script: Callable[[str, str], None] = field(default=lambda kind, script: None)
+    # Whether there is a launcher process to take --launcher-arg options (plain: none).
+    takes_args: bool = True
+    # It sets CUDA_VISIBLE_DEVICES itself (deepspeed, from --include): the plan leaves it out.
+    sets_visible_devices: bool = False
+    # Every local rank listens on its own port (paddle's endpoints: start_port + local rank):
+    # the run claims that many ports on every node, not one rendezvous port on node 0.
+    port_per_local_rank: bool = False
+    # (node rank, processes per node) -> the supervisor spec's ``rank_logs`` (where the
+    # launcher writes each local rank's output, which the supervisor tails into ``[rank G]``
+    # lines), None when the ranks write only to the launcher's console.
+    rank_logs: Callable[[int, int], dict[str, Any] | None] = field(default=lambda r, n: None)
+    # (collected node folder, local rank, global rank) -> that rank's log files, in order.
+    rank_files: Callable[[Path, int, int], list[Path]] = console_log
+    # The launcher's last lines -> (global rank, exit code if said) of the ranks it names failed.
+    named_failures: Callable[[list[str]], list[tuple[int, int | None]]] = field(
+        default=lambda tail: []
+    )
+    # Globs (relative to the node folder) of files it dumps the environment into: the values
+    # of user-given variables are redacted there after collection.
+    env_dumps: tuple[str, ...] = ()
 
 
 def option_name(arg: str) -> str | None:

@@ -14,7 +14,8 @@ checked against deepspeed 0.19.8 ``launcher/runner.py`` and ``launcher/launch.py
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.launchers.base import (
@@ -74,6 +75,16 @@ def _hostfile(ctx: LaunchContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
+    """``<dir>/<time>_rank<G>.log``: named by global rank (base 0)."""
+    return {"dir": LOG_DIR, "base": 0, "layout": "deepspeed"}
+
+
+def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:
+    """Named by global rank; one per launch (sorted by its time stamp)."""
+    return sorted(node_dir.glob(f"{LOG_DIR}/*_rank{rank}.log"))
+
+
 def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
     """The hostfile keys nodes by address: two nodes on one address would be one host."""
     _require_unique(addrs, "deepspeed")
@@ -125,4 +136,7 @@ LAUNCHER = Launcher(
     module="deepspeed.launcher.runner",
     kinds=frozenset(SCRIPT_KINDS),
     kind_options=frozenset({"--module", "--no-python"}),
+    sets_visible_devices=True,  # from --include
+    rank_logs=rank_logs,
+    rank_files=rank_files,
 )

@@ -26,8 +26,10 @@ no ``-m``: only ``.py`` scripts are accepted (:func:`check_script`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.launchers.base import (
@@ -44,6 +46,11 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
 LOG_DIR = "log"  # relative to the node run folder
+# "ABORT!!! Out of all 4 trainers, the trainer process with rank=[2, 3] was aborted."
+_ABORT = re.compile(r"rank=\[([\d,\s]+)\] was aborted")
+# paddle 3.3.1's dumps of the whole environment, relative to the node folder: ``<job>.<pod>.log``
+# as ``environ({...})``, ``envlog.N`` as ``KEY=VALUE`` lines, ``backup_env.N.json``
+ENV_DUMPS = (f"{LOG_DIR}/envlog.*", f"{LOG_DIR}/backup_env.*.json", f"{LOG_DIR}/*.*.log")
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
@@ -97,6 +104,25 @@ def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
                 )
 
 
+def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
+    """``<dir>/workerlog.<local>``; paddle also copies workerlog.0 to its stdout (``echo``)."""
+    return {"dir": LOG_DIR, "base": node_rank * nproc, "layout": "paddle", "echo": "workerlog.0"}
+
+
+def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:
+    return [p for p in [node_dir / LOG_DIR / f"workerlog.{local}"] if p.is_file()]
+
+
+def named_failures(tail: list[str]) -> list[tuple[int, int | None]]:
+    """The ranks of paddle's ABORT line (no exit codes: it does not say them)."""
+    named: list[tuple[int, int | None]] = []
+    for line in tail:
+        m = _ABORT.search(line)
+        if m:
+            named += [(int(x), None) for x in m.group(1).replace(" ", "").split(",") if x]
+    return named
+
+
 OWNED = frozenset(
     {
         "--ips",
@@ -120,4 +146,9 @@ LAUNCHER = Launcher(
     module="paddle.distributed.launch",
     owned=OWNED,
     check_script=check_script,
+    port_per_local_rank=True,
+    rank_logs=rank_logs,
+    rank_files=rank_files,
+    named_failures=named_failures,
+    env_dumps=ENV_DUMPS,
 )

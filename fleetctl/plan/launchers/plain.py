@@ -43,5 +43,6 @@ LAUNCHER = Launcher(
     argv=argv,
     env=env,
     one_process_per_node=True,
+    takes_args=False,
     kinds=frozenset(SCRIPT_KINDS),
 )

@@ -14,7 +14,9 @@ Option names checked against torch 2.13 ``torchrun --help``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.plan.launchers.base import (
     SCRIPT_KINDS,
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import NodePlan
 
 LOG_DIR = "torchrun"  # relative to the node run folder (argv: via run_path)
+# its ChildFailedError summary: "rank      : 3 (local_rank: 1)" then "exitcode  : 1 (pid: …)"
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
@@ -51,6 +56,32 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         *ctx.launcher_args,
         *program(ctx, node, module=("-m",), shell=("--no-python",)),
     ]
+
+
+def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
+    """``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log`` (the supervisor's default layout)."""
+    return {"dir": LOG_DIR, "base": node_rank * nproc}
+
+
+def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:
+    """Every attempt of torchrun's restarts, in order."""
+    found = sorted(node_dir.glob(f"{LOG_DIR}/*/attempt_*/{local}/std*.log"))
+    return [p for p in found if p.name in ("stdout.log", "stderr.log")]
+
+
+def named_failures(tail: list[str]) -> list[tuple[int, int | None]]:
+    """The ranks of torchrun's error summary, each with the exit code on the lines after it."""
+    named: list[tuple[int, int | None]] = []
+    for i, line in enumerate(tail):
+        m = _RANK.match(line)
+        if m:
+            code = None
+            for nxt in tail[i + 1 : i + 3]:
+                e = _EXIT.match(nxt)
+                if e:
+                    code = int(e.group(1))
+            named.append((int(m.group(1)), code))
+    return named
 
 
 OWNED = frozenset(
@@ -78,4 +109,7 @@ LAUNCHER = Launcher(
     owned=OWNED,
     kinds=frozenset(SCRIPT_KINDS),
     kind_options=frozenset({"-m", "--module", "--no-python"}),
+    rank_logs=rank_logs,
+    rank_files=rank_files,
+    named_failures=named_failures,
 )

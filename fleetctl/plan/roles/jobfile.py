@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import UsageError
-from fleetctl.plan.launchers import LAUNCHER_NAMES
+from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
 from fleetctl.plan.rankplan import ENV_KEY_RE
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -18,7 +18,9 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 ENV_STYLES = ("fleet", "pai")
 ROLE_LAUNCHERS = (*LAUNCHER_NAMES, "command")
 JOB_LAUNCHERS = ("roles", "paddle-ps")
-MULTI_NODE_LAUNCHERS = frozenset({"torchrun", "paddle", "deepspeed"})
+# launchers that meet at a rendezvous port of their own (a role gets a "master" port for it)
+MULTI_NODE_LAUNCHERS = frozenset(n for n, la in LAUNCHERS.items() if not la.one_process_per_node)
+DEFAULT_ROLE_LAUNCHER = "plain"  # a role with a script and no launcher
 MASTER_LABEL = "master"
 PADDLE_LABEL = "paddle"
 GLOO_LABEL = "gloo"
@@ -374,7 +376,7 @@ def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
         if m.get("args"):
             raise UsageError(f"{at(m, 'args')}: args go into the command itself")
     else:
-        launcher = launcher or "plain"
+        launcher = launcher or DEFAULT_ROLE_LAUNCHER
         if launcher not in LAUNCHER_NAMES:
             raise UsageError(
                 f"{at(m, 'launcher')}: unknown launcher {launcher!r} "
@@ -506,7 +508,7 @@ def _check_paddle_ps(
     if not script:
         raise UsageError(f"{where}: launcher paddle-ps needs a job-level script")
     for r in roles:
-        if r.command or r.script or r.launcher not in ("plain",):
+        if r.command or r.script or r.launcher != DEFAULT_ROLE_LAUNCHER:
             raise UsageError(
                 f"{r.where}: under paddle-ps a role only picks hosts (group, instances, ports)"
             )

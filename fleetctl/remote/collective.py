@@ -1,0 +1,264 @@
+"""The collective preflight's node side: real torch.distributed traffic over the training NIC.
+
+``python -c SOURCE '<json args>'``, one process per node, started by the controller on every
+node at once (``fleetctl.phases.collective``). Stdlib at module level (it imports on Python 3.8
+without torch); torch is imported inside :func:`main`, on the node, with the node's python.
+
+Rank 0 opens the rendezvous store on a free port of its training address and says ``R <port>``;
+the controller passes the port to the others as one JSON line on their stdin. Then, with
+``nccl`` on GPUs and ``gloo`` otherwise (the NIC pinned by ``GLOO_SOCKET_IFNAME`` /
+``NCCL_SOCKET_IFNAME``): an all-reduce of ``size`` bytes across all nodes, then one round of
+send/recv per ring shift ``k`` (rank r sends to r+k and receives from r-k, every node at once,
+each timed by its receiver), best of ``iters``. ``P <json>`` after each step, ``D <json>`` the
+figures at the end. With several GPUs the node's own all-reduce across them is its own figure
+(``intra``); InfiniBand ports are read from sysfs (``ib``).
+
+Bounded: past ``deadline`` s a watchdog thread dumps every thread's stack as ``K <json>`` and
+exits; a C-level faulthandler timer a little later exits even when the interpreter is stuck.
+EOF on stdin (the controller gone or done) ends the process at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+
+IB_ROOT = "/sys/class/infiniband"
+_out_lock = threading.Lock()
+
+
+def say(kind: str, payload: object) -> None:
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    with _out_lock:
+        sys.stdout.write(kind + " " + text + "\n")
+        sys.stdout.flush()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def ib_ports(root: str = IB_ROOT) -> list:
+    """Every InfiniBand port under ``root``: device, port, state (``ACTIVE``…) and rate
+    (Gb/s as the kernel writes it, ``100 Gb/sec (4X EDR)``). Empty without IB."""
+    out = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for dev in devices:
+        ports_dir = os.path.join(root, dev, "ports")
+        try:
+            ports = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
+        except OSError:
+            continue
+        for port in ports:
+            base = os.path.join(ports_dir, port)
+            state = _read(os.path.join(base, "state"))  # "4: ACTIVE"
+            rate = _read(os.path.join(base, "rate"))  # "100 Gb/sec (4X EDR)"
+            gbps = None
+            with contextlib.suppress(IndexError, ValueError):
+                gbps = float(rate.split()[0])
+            out.append(
+                {
+                    "device": dev,
+                    "port": port,
+                    "state": state.split(":", 1)[-1].strip() if state else "",
+                    "rate": gbps,
+                    "rate_text": rate,
+                    "link_layer": _read(os.path.join(base, "link_layer")),
+                }
+            )
+    return out
+
+
+def _watch_stdin(got_port: list, ready: threading.Event) -> None:
+    """The first line (ranks > 0): the store's port; EOF: the controller is gone, exit now."""
+    stream = sys.stdin.buffer
+    while True:
+        line = stream.readline()
+        if not line:
+            os._exit(3)
+        if not ready.is_set():
+            try:
+                got_port.append(json.loads(line.decode()).get("port"))
+            except (ValueError, AttributeError):
+                got_port.append(None)
+            ready.set()
+
+
+def _watchdog(deadline: float, progress: dict) -> None:
+    """At the deadline: every thread's stack as one ``K`` frame, then exit."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+    import faulthandler
+
+    with tempfile.TemporaryFile(mode="w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        stacks = f.read()
+    say("K", {"step": progress.get("step"), "stacks": stacks})
+    os._exit(4)
+
+
+def _best(times: list) -> float:
+    return min(t for t in times if t > 0) if times else 0.0
+
+
+def _intra(torch, size: int, iters: int) -> dict | None:
+    """All-reduce across this node's own GPUs in one process (NVLink / PCIe): its busbw."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return None
+    import torch.cuda.nccl as tnccl
+
+    g = torch.cuda.device_count()
+    n = max(1, size // 4)
+    bufs = [torch.ones(n, dtype=torch.float32, device=f"cuda:{i}") for i in range(g)]
+    tnccl.all_reduce(bufs)
+    times = []
+    for _ in range(iters):
+        for i in range(g):
+            torch.cuda.synchronize(i)
+        t0 = time.perf_counter()
+        tnccl.all_reduce(bufs)
+        for i in range(g):
+            torch.cuda.synchronize(i)
+        times.append(time.perf_counter() - t0)
+    t = _best(times)
+    algbw = n * 4 / t if t else 0.0
+    return {"gpus": g, "bytes": n * 4, "seconds": t, "busbw": algbw * 2 * (g - 1) / g}
+
+
+def main(args: dict) -> int:
+    rank, world = int(args["rank"]), int(args["world"])
+    deadline = time.monotonic() + float(args["deadline"])
+    progress = {"step": "start"}
+    import faulthandler
+
+    # the backstop: even an interpreter stuck without the GIL leaves, stacks on stdout
+    faulthandler.dump_traceback_later(float(args["deadline"]) + 5, exit=True, file=sys.stdout)
+    threading.Thread(target=_watchdog, args=(deadline, progress), daemon=True).start()
+    got_port: list = []
+    ready = threading.Event()
+    threading.Thread(target=_watch_stdin, args=(got_port, ready), daemon=True).start()
+    nic = args.get("nic")
+    if nic:
+        os.environ["GLOO_SOCKET_IFNAME"] = nic
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", nic)
+    ib = ib_ports(args.get("ib_root") or IB_ROOT)
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # any import failure is the answer
+        say("D", {"error": f"cannot import torch with {sys.executable}: {e}", "ib": ib})
+        return 0
+    cuda = torch.cuda.is_available()
+    backend = args.get("backend") or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        say("D", {"error": "backend nccl but torch sees no GPU", "ib": ib})
+        return 0
+    device = "cuda:0" if backend == "nccl" else "cpu"
+    op_timeout = datetime.timedelta(seconds=max(1.0, float(args["op_timeout"])))
+    master = args["master_addr"]
+    if rank == 0:
+        store = dist.TCPStore(master, 0, world, True, timeout=op_timeout, wait_for_workers=False)
+        say("R", str(store.port))
+    else:
+        if not ready.wait(max(0.0, deadline - time.monotonic())) or not got_port[0]:
+            say("D", {"error": "no rendezvous port from the controller", "ib": ib})
+            return 0
+        store = dist.TCPStore(master, int(got_port[0]), world, False, timeout=op_timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=op_timeout)
+    iters = max(1, int(args.get("iters", 3)))
+    n = max(1, int(args["size"]) // 4)
+    buf = torch.ones(n, dtype=torch.float32, device=device)
+    small = torch.ones(1, dtype=torch.float32, device=device)
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    def step(name: str) -> None:
+        progress["step"] = name
+        say("P", {"step": name})
+
+    dist.all_reduce(small)  # every connection made before anything is timed
+    step("init")
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        sync()
+        times.append(time.perf_counter() - t0)
+    t = _best(times)
+    algbw = n * 4 / t if t else 0.0
+    allreduce = {"bytes": n * 4, "seconds": t, "algbw": algbw}
+    allreduce["busbw"] = algbw * 2 * (world - 1) / world if world > 1 else algbw
+    step("allreduce")
+    recv = torch.empty(n, dtype=torch.float32, device=device)
+    links = []
+    for k in args.get("shifts", []):
+        dst, src = (rank + k) % world, (rank - k) % world
+        dist.barrier()
+        # one untimed small exchange makes the pair's connection before the clock runs
+        reqs = [dist.isend(small, dst), dist.irecv(small, src)]
+        for r in reqs:
+            r.wait()
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            rs = dist.isend(buf, dst)
+            rr = dist.irecv(recv, src)
+            rr.wait()
+            sync()
+            times.append(time.perf_counter() - t0)
+            rs.wait()
+        t = _best(times)
+        links.append({"src": src, "dst": rank, "shift": k, "seconds": t, "bytes": n * 4})
+        step(f"shift {k}")
+    intra = _intra(torch, int(args["size"]), iters) if cuda else None
+    dist.barrier()
+    say(
+        "D",
+        {
+            "rank": rank,
+            "backend": backend,
+            "torch": torch.__version__,
+            "allreduce": allreduce,
+            "links": links,
+            "intra": intra,
+            "ib": ib,
+        },
+    )
+    dist.destroy_process_group()
+    return 0
+
+
+def program() -> None:
+    try:
+        code = main(json.loads(sys.argv[1]))
+    except Exception as e:  # every failure is data for the controller
+        say("D", {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"})
+        code = 0
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    program()

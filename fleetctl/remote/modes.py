@@ -1,0 +1,340 @@
+"""The supervisor's one-shot modes: ``stop``, ``status``, ``mark-stop``, ``follow``,
+``reattach``, ``clean``; each one remote command answering frames.
+
+Node module: stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .atomic import read_json, write_json
+    from .jobprocs import find_job_processes, stop_processes
+    from .procfs import cmdline, proc_stat
+    from .supervision import pid_alive
+    from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
+except ImportError:
+    from atomic import read_json, write_json
+    from jobprocs import find_job_processes, stop_processes
+    from procfs import cmdline, proc_stat
+    from supervision import pid_alive
+    from wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
+
+
+def parse_opts(argv: list[str]) -> dict:
+    opts: dict = {}
+    i = 0
+    while i < len(argv):
+        key = argv[i]
+        if not key.startswith("--") or i + 1 >= len(argv):
+            raise SystemExit("usage: supervisor.py MODE --job-id J --run-dir D [--rank R]")
+        opts[key[2:].replace("-", "_")] = argv[i + 1]
+        i += 2
+    return opts
+
+
+def answer(kind: str, payload: object) -> None:
+    """One frame of a one-shot mode on stdout: ``<kind> <json>``."""
+    sys.stdout.write(kind + " " + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def cmd_stop(argv: list[str]) -> int:
+    """Stop a job on this node (teardown, ``fleetctl stop``); answers ``D <json>`` with what
+    was found, killed and remains."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    opts = parse_opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    state = read_json(os.path.join(run_dir, STATE_FILE)) if run_dir else {}
+    job_id = opts.get("job_id") or state.get("job_id")
+    if not job_id:
+        answer("D", {"error": "no job id"})
+        return 2
+    if state and state.get("job_id") not in (None, job_id):
+        state = {}  # a folder of another job: trust only the env tag
+    rank = opts.get("rank", state.get("node_rank"))
+    sup_pid = state.get("supervisor_pid")
+    sup_alive = pid_alive(sup_pid, state.get("supervisor_start"))
+    result = stop_processes(
+        job_id,
+        int(rank) if rank is not None else None,
+        state.get("pgid"),
+        state.get("leader_start"),
+        float(opts.get("grace", 5.0)),
+        # a live subreaper supervisor: every descendant of it is the job's
+        root=sup_pid if sup_alive and state.get("subreaper") else None,
+    )
+    result["job_id"] = job_id
+    result["supervisor_alive"] = pid_alive(
+        state.get("supervisor_pid"), state.get("supervisor_start")
+    )
+    answer("D", result)
+    return 0
+
+
+def cmd_status(argv: list[str]) -> int:
+    """State of a job on this node (for ``fleetctl status``): ``D <json>``."""
+    opts = parse_opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    state = read_json(os.path.join(run_dir, STATE_FILE))
+    job_id = opts.get("job_id") or state.get("job_id")
+    live = []
+    if job_id:
+        live = find_job_processes(
+            job_id, state.get("node_rank"), state.get("pgid"), state.get("leader_start")
+        )
+    state["processes"] = live
+    state["supervisor_alive"] = pid_alive(
+        state.get("supervisor_pid"), state.get("supervisor_start")
+    )
+    marks = []  # the job moved on: it printed, or touched FLEET_PROGRESS_FILE
+    for name in ("console.log", PROGRESS_FILE):
+        with contextlib.suppress(OSError):
+            marks.append(os.stat(os.path.join(run_dir, name)).st_mtime)
+    state["progress"] = max(marks) if marks else None
+    if state.get("state") == "running" and not state["supervisor_alive"]:
+        state["state"] = "lost"
+    answer("D", state)
+    return 0
+
+
+def cmd_mark_stop(argv: list[str]) -> int:
+    """Leave ``stop-request.json`` (job id, reason) in an existing run folder before a stop from
+    another terminal, so the job's supervisor reports why it ended. ``D {"marked": bool}``."""
+    opts = parse_opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    marked = bool(run_dir) and os.path.isdir(run_dir)
+    if marked:
+        record = {"job_id": opts.get("job_id"), "reason": opts.get("reason"), "time": time.time()}
+        write_json(os.path.join(run_dir, STOP_REQUEST), record)
+    answer("D", {"marked": marked})
+    return 0
+
+
+def cmd_follow(argv: list[str]) -> int:
+    """``fleetctl logs``: the job's console.log as ``L <line>`` frames (``E <notice>`` when
+    there is none). ``--follow 1`` keeps reading until the job's supervisor has ended and the
+    log is read to the end, or stdin closes (fleetctl went away); ``--last N`` starts with the
+    last N lines (-1: the whole log)."""
+    opts = parse_opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    follow = opts.get("follow", "0") == "1"
+    last = int(opts.get("last", "-1"))
+    log, state_file = os.path.join(run_dir, CONSOLE_LOG), os.path.join(run_dir, STATE_FILE)
+    out = os.fdopen(1, "wb", 0)
+
+    def running() -> bool:
+        state = read_json(state_file)
+        if not state:
+            return os.path.isdir(run_dir) and not os.path.exists(log)
+        return state.get("state") == "running" and pid_alive(
+            state.get("supervisor_pid"), state.get("supervisor_start")
+        )
+
+    def emit(line: bytes) -> None:
+        out.write(b"L " + line.rstrip(b"\n") + b"\n")
+
+    deadline = time.time() + 30
+    while not os.path.exists(log):
+        if not follow or time.time() > deadline or not running():
+            out.write(b"E no console.log on this node (the job never started here)\n")
+            return 0
+        time.sleep(0.2)
+    import select
+
+    with open(log, "rb") as f:
+        buf = b""
+        if last >= 0:
+            f.seek(0, 2)
+            start = max(0, f.tell() - 262144)
+            f.seek(start)
+            tail = f.read().split(b"\n")
+            if start > 0:
+                tail = tail[1:]
+            buf = tail[-1] if tail else b""
+            for line in tail[:-1][-last:] if last > 0 else []:
+                emit(line)
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    emit(line)
+                continue
+            if not follow:
+                break
+            alive = running()
+            ready, _, _ = select.select([0], [], [], 0.3)
+            if ready and not os.read(0, 4096):
+                break
+            if not alive:
+                chunk = f.read()
+                if not chunk:
+                    break
+                buf += chunk
+        if buf:
+            emit(buf)
+    return 0
+
+
+def cmd_reattach(argv: list[str]) -> int:
+    """The controller, back over a new connection after its channel to ``run`` went silent or
+    closed: ``S <json>`` (is the supervisor alive), then the job's console.log from line
+    ``--skip`` on as ``L`` frames, and ``X`` from supervisor.json once the supervisor ended.
+    Every byte on stdin is a heartbeat (the heartbeat file); ``t``/``k`` are relayed to the
+    supervisor as SIGUSR2/SIGUSR1 (stop with grace / kill). EOF: the controller is gone."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    opts = parse_opts(argv)
+    run_dir = os.path.expanduser(opts.get("run_dir", ""))
+    skip = int(opts.get("skip", "0"))
+    state_file, log = os.path.join(run_dir, STATE_FILE), os.path.join(run_dir, CONSOLE_LOG)
+    hb = os.path.join(run_dir, HEARTBEAT_FILE)
+    state = read_json(state_file)
+    pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
+    out = os.fdopen(1, "wb", 0)
+    lock = threading.Lock()
+    gone = threading.Event()
+
+    def frame(kind: str, payload: bytes = b"") -> None:
+        with lock:
+            out.write(kind.encode() + (b" " + payload if payload else b"") + b"\n")
+
+    def beat() -> None:
+        with contextlib.suppress(OSError):
+            with open(hb, "a"):
+                pass
+            os.utime(hb, None)
+
+    def relay() -> None:
+        while True:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                gone.set()
+                return
+            beat()
+            sig = signal.SIGUSR1 if b"k" in data else signal.SIGUSR2 if b"t" in data else 0
+            if sig and pid_alive(pid, start):
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), sig)  # type: ignore[arg-type]
+
+    alive = pid_alive(pid, start)
+    beat()
+    frame("S", json.dumps({"alive": alive, "state": state.get("state")}).encode())
+    if not alive and state.get("state") == "running":
+        return 0  # the supervisor died without a word: nothing to reattach to
+    threading.Thread(target=relay, daemon=True).start()
+    seen = 0
+    buf = b""
+    try:
+        f = open(log, "rb")  # noqa: SIM115
+    except OSError:
+        f = None
+    while not gone.is_set():
+        ended = read_json(state_file).get("state") != "running" or not pid_alive(pid, start)
+        chunk = f.read(65536) if f is not None else b""
+        if chunk:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                seen += 1
+                if seen > skip:
+                    frame("L", line)
+            continue
+        if ended:
+            break
+        time.sleep(0.1)
+    if gone.is_set():
+        return 0
+    if buf and seen + 1 > skip:
+        frame("L", buf)
+    final = read_json(state_file)
+    code = final.get("exit_code")
+    code = code if code is not None else -int(final.get("signal") or 0) or 255
+    report = final.get("exit_report")
+    frame("X", str(code).encode() + (b" " + json.dumps(report).encode() if report else b""))
+    return 0
+
+
+def cmd_clean(argv: list[str]) -> int:
+    """Leftovers of fleetctl jobs here (``fleetctl.testing.infra``): ``D <json>`` with the
+    processes of a job (``--job-id``, else of any job) and the temp files under ``--workdir``.
+
+    A process belongs to a job when its environment carries ``FLEET_JOB_ID`` (that id, or any),
+    or when it is in the group the job's supervisor recorded and that group's leader is still
+    the recorded process. Temp files: ``.tmp-*``, ``*.part``, and ``*.<pid>.tmp`` in run folders.
+    """
+    opts = parse_opts(argv)
+    job = opts.get("job_id")
+    workdir = os.path.expanduser(opts.get("workdir", "~/.fleetctl"))
+    want = ("FLEET_JOB_ID=" + job).encode() if job else None
+    groups: dict = {}
+    if job:  # W/runs/<job>/<rank>-<host>/ (and W/runs/<job>/ of older versions)
+        job_dir = os.path.join(workdir, "runs", job)
+        with contextlib.suppress(OSError):
+            for path in [job_dir] + [os.path.join(job_dir, n) for n in os.listdir(job_dir)]:
+                state = read_json(os.path.join(path, STATE_FILE))
+                if state.get("pgid"):
+                    groups[int(state["pgid"])] = state.get("leader_start")
+    me = os.getpid()
+    seen = []
+    alive_groups = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        st = proc_stat(pid)
+        if st is None:
+            continue
+        if groups.get(pid) is not None and groups[pid] == st[3]:
+            alive_groups.add(pid)
+        if st[0] in ("Z", "X"):
+            continue
+        tag = None
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            env = []
+        for entry in env:
+            if entry.startswith(b"FLEET_JOB_ID=") and (want is None or entry == want):
+                tag = entry[13:].decode("utf-8", "replace")
+        seen.append((pid, st[2], tag))
+    procs = [
+        {"pid": pid, "pgid": pgid, "job_id": tag or job, "cmd": cmdline(pid)}
+        for pid, pgid, tag in seen
+        if tag is not None or pgid in alive_groups
+    ]
+    temps: list = []
+
+    def scan(folder: str, runs: bool = False) -> None:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for n in names:
+            pid_tmp = n.endswith(".tmp") and n[:-4].rsplit(".", 1)[-1].isdigit()
+            if n.startswith(".tmp-") or n.endswith(".part") or (runs and pid_tmp):
+                temps.append(os.path.join(folder, n))
+
+    for sub in ("", "bin", "code", "envs"):
+        scan(os.path.join(workdir, sub))
+    runs_dir = os.path.join(workdir, "runs")
+    try:
+        jobs = [job] if job else os.listdir(runs_dir)
+    except OSError:
+        jobs = []
+    for j in jobs:
+        scan(os.path.join(runs_dir, j), runs=True)
+    answer("D", {"processes": procs, "temp_files": sorted(temps), "workdir": workdir})
+    return 0

@@ -1,0 +1,586 @@
+"""One job on this node (mode ``run``): start it, copy its output, watch the controller, stop it.
+
+Node module: stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import os
+import select
+import subprocess
+import threading
+import time
+
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .atomic import now, read_json, write_json
+    from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
+    from .output import Out
+    from .procfs import proc_stat
+    from .ranks import pidfd_open, rank_log_files, rank_processes, zombie_exit
+    from .spec import seed_work_folder
+    from .wire import (
+        CONSOLE_LOG,
+        HEARTBEAT_FILE,
+        PROGRESS_FILE,
+        PROTOCOL,
+        RANK_EXITS,
+        RANK_PIDS,
+        STATE_FILE,
+        STOP_REQUEST,
+    )
+except ImportError:
+    from atomic import now, read_json, write_json
+    from jobprocs import adopt_port_claims, become_subreaper, stop_processes
+    from output import Out
+    from procfs import proc_stat
+    from ranks import pidfd_open, rank_log_files, rank_processes, zombie_exit
+    from spec import seed_work_folder
+    from wire import (
+        CONSOLE_LOG,
+        HEARTBEAT_FILE,
+        PROGRESS_FILE,
+        PROTOCOL,
+        RANK_EXITS,
+        RANK_PIDS,
+        STATE_FILE,
+        STOP_REQUEST,
+    )
+
+MAX_LINE = 65536
+ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
+ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for
+MAX_DEADMAN = 10.0
+
+
+class Supervisor:
+    """One job on this node: start it, copy its output, watch the controller, stop it."""
+
+    def __init__(self, spec: dict, out: Out, stdin_fd: int | None, early: bytes = b"") -> None:
+        self.spec = spec
+        self.out = out
+        self.stdin_fd = stdin_fd
+        self.early = early
+        self.job_id = str(spec["job_id"])
+        self.rank = int(spec.get("node_rank", 0))
+        self.run_dir = os.path.abspath(os.path.expanduser(spec["run_dir"]))
+        self.grace = float(spec.get("grace", 5.0))
+        self.deadman = min(float(spec.get("deadman", MAX_DEADMAN)), MAX_DEADMAN)
+        self.hb_every = float(spec.get("heartbeat", 1.0))
+        self.detach = bool(spec.get("detach", False))
+        self.proc: subprocess.Popen | None = None
+        self.leader_start: int | None = None
+        self.subreaper = False  # set in start(): orphans of the job come back to us
+        self.last_hb = time.monotonic()
+        self.stop_request: tuple[float, str] | None = None  # (grace, reason)
+        self.stop_reason: str | None = None
+        self.leftovers: dict | None = None  # the after-exit scan, reported with ``X``
+        self.ended_at: float | None = None  # when the launcher ended (this node's clock)
+        self.stop_asked = False  # a stop had reached us before the launcher ended
+        self.stopped: dict = {}  # what a requested stop found and killed
+        self.lock = threading.Lock()
+        self.log = None
+        self.log_problem: str | None = None  # e.g. "disk full on <run dir>": console.log has gaps
+        self.log_lost = 0  # bytes of output console.log could not take since the last write
+        self.state: dict = {}
+        self.listening = False
+        self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
+        self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
+        self.port_claims: list = []  # this job's port claims on this host, freed at the end
+        self.emit_lock = threading.Lock()  # one line at a time into console.log and the stream
+        self.tail_lock = threading.Lock()  # one reader at a time per rank file (pump, tailer)
+        self.rank_files: dict = {}  # rank log path -> [offset, pending bytes, tag]
+        # paddle copies local rank 0's workerlog to its stdout: those lines already went out
+        # as ``[rank G]`` lines from the file; the pump drops the copies (see _is_echo)
+        self.echo_path: str | None = None
+        self.echo_lines: collections.deque = collections.deque(maxlen=ECHO_WINDOW)
+        self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
+        self.stream_closed = False  # the controller's channel closed (it may reattach)
+
+    # -- setup --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        runs = os.path.dirname(self.run_dir)
+        os.makedirs(runs, mode=0o700, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        old = read_json(os.path.join(self.run_dir, STATE_FILE))
+        if old.get("state") == "running" and pid_alive(
+            old.get("supervisor_pid"), old.get("supervisor_start")
+        ):
+            raise RuntimeError(
+                f"job {self.job_id} is already running here "
+                f"(supervisor pid {old.get('supervisor_pid')})"
+            )
+        for rel, content in (self.spec.get("files") or {}).items():
+            path = rel if os.path.isabs(rel) else os.path.join(self.run_dir, rel)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(content)
+        # the work folder is seeded whole; cwd may be the script's folder inside it
+        seed_work_folder(self.spec.get("work") or self.spec.get("cwd"), self.spec.get("work_seed"))
+        # unbuffered: a failed write (disk full) fails there and then, never again at close()
+        self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
+        self.port_claims = adopt_port_claims(self.job_id)
+
+    def child_env(self) -> dict:
+        env = dict(os.environ)
+        for key in ("FLEET_SUPERVISOR",):
+            env.pop(key, None)
+        env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
+        prepend = [os.path.expanduser(p) for p in self.spec.get("path_prepend") or []]
+        if prepend:
+            env["PATH"] = os.pathsep.join([*prepend, env.get("PATH", "/usr/bin:/bin")])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["FLEET_JOB_ID"] = self.job_id
+        env["FLEET_NODE_RANK"] = str(self.rank)
+        env["FLEET_RUN_DIR"] = self.run_dir
+        env["FLEET_PROGRESS_FILE"] = os.path.join(self.run_dir, PROGRESS_FILE)
+        return env
+
+    def start(self) -> None:
+        cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        self.subreaper = become_subreaper()  # before the job: its orphans come back here
+        self.proc = subprocess.Popen(
+            [str(a) for a in self.spec["argv"]],
+            cwd=cwd,
+            env=self.child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        st = proc_stat(self.proc.pid)
+        self.leader_start = st[3] if st else None
+        me = proc_stat(os.getpid())
+        self.state = {
+            "protocol": PROTOCOL,
+            "job_id": self.job_id,
+            "node_rank": self.rank,
+            "run_dir": self.run_dir,
+            "cwd": cwd,
+            "argv": [str(a) for a in self.spec["argv"]],
+            "pid": self.proc.pid,
+            "pgid": self.proc.pid,
+            "leader_start": self.leader_start,
+            "supervisor_pid": os.getpid(),
+            "supervisor_start": me[3] if me else None,
+            "subreaper": self.subreaper,
+            "start_time": now(),
+            "detached": self.detach,
+            "deadman": None if self.detach else self.deadman,
+            "grace": self.grace,
+            "state": "running",
+        }
+        write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+
+    # -- threads ------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Job output -> console.log (byte-exact) and the controller, line by line.
+
+        Reads at most ``MAX_LINE`` bytes at a time (bounded memory): a longer line goes out as
+        ``C`` frames (a piece of a line that goes on) ended by its ``L`` frame, so it arrives
+        as one line; console.log gets the bytes exactly as the job wrote them."""
+        assert self.proc is not None and self.proc.stdout is not None
+        src = self.proc.stdout
+        while True:
+            line = src.readline(MAX_LINE)
+            if not line:
+                break
+            # readline returns less than MAX_LINE without a newline only at EOF: the line ends
+            ends = line.endswith(b"\n") or len(line) < MAX_LINE
+            if self.echo_path is not None and ends and self._is_echo(line):
+                continue
+            self.emit(line, ends=ends)
+
+    def _is_echo(self, line: bytes) -> bool:
+        """Whether a launcher stdout line is paddle's copy of a line of local rank 0's file.
+        paddle reads the file to print it, so the line is in the file by now: read the file
+        first (its lines go out tagged), then match among the next lines not yet echoed."""
+        self._tail_path(self.echo_path or "", final=False)
+        text = line.rstrip(b"\n")
+        with self.tail_lock:
+            for i, seen in enumerate(self.echo_lines):
+                if seen == text:
+                    for _ in range(i + 1):
+                        self.echo_lines.popleft()
+                    return True
+                if i >= ECHO_LOOKAHEAD:
+                    break
+        return False
+
+    def emit(self, line: bytes, *, ends: bool, log: bytes | None = None) -> None:
+        """One line (or a piece of a long one, ``ends`` False) into console.log (``log``: other
+        bytes than the line itself) and the stream; the pump and the rank tailer both come
+        here, so lines never splice."""
+        kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
+        with self.emit_lock:
+            self.write_log(line if log is None else log)
+            if self.log_problem is None:
+                self.out.frame(kind, text)
+            else:  # no copy on this node's disk: the controller's must not drop any
+                self.out.frame_or_wait(kind, text)
+
+    def tail_ranks(self, done: threading.Event) -> None:
+        """Each local rank's own output files (torchrun ``--redirects``), line by line, as
+        ``[rank G] line``: whole lines per rank in the stream and console.log, whatever mix of
+        partial writes the ranks make. A partial line waits for its end (or the job's end)."""
+        cfg = self.spec.get("rank_logs") or {}
+        root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
+        base = int(cfg.get("base") or 0)
+        while True:
+            last = done.wait(0.1)
+            for path, local in rank_log_files(root, str(cfg.get("layout") or "torchrun")):
+                with self.tail_lock:
+                    if path not in self.rank_files:
+                        self.rank_files[path] = [0, b"", b"[rank %d] " % (base + local)]
+            for path in list(self.rank_files):
+                self._tail_path(path, final=last)
+            if last:
+                return
+
+    def _tail_path(self, path: str, *, final: bool) -> None:
+        with self.tail_lock:
+            st = self.rank_files.get(path)
+            if st is None and path == self.echo_path and os.path.exists(path):
+                base = int((self.spec.get("rank_logs") or {}).get("base") or 0)
+                st = self.rank_files[path] = [0, b"", b"[rank %d] " % base]
+            if st is not None:
+                self._tail_one(path, st, final=final)
+
+    def _tail_one(self, path: str, st: list, *, final: bool) -> None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(st[0])
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        st[0] += len(data)
+        buf = st[1] + data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            self.emit(st[2] + buf[: nl + 1], ends=True)
+            if path == self.echo_path:
+                self.echo_lines.append(buf[:nl])
+            buf = buf[nl + 1 :]
+        if len(buf) >= MAX_LINE:  # bounded: a very long line goes on in pieces
+            self.emit(st[2] + buf, ends=False)
+            buf = b""
+        if final and buf:  # the rank's last, unterminated line: whole in the log too
+            self.emit(st[2] + buf, ends=True, log=st[2] + buf + b"\n")
+            buf = b""
+        st[1] = buf
+        if final and len(data) == 1 << 20:  # more after a big burst: keep draining
+            self._tail_one(path, st, final=True)
+
+    def write_log(self, data: bytes) -> None:
+        """Append to console.log. When the disk is full the job goes on, and so does the
+        stream to the controller (which keeps its own copy): say so once (``E``), count what
+        was lost, and once writes work again mark the gap in the log."""
+        if self.log is None:
+            return
+        try:
+            if self.log_lost:
+                _write_all(self.log, _gap_note(self.log_lost, self.log_problem))
+                self.log_lost = 0
+            _write_all(self.log, data)
+        except OSError as e:
+            self.log_lost += len(data)
+            if self.log_problem is None:
+                self.log_problem = _write_problem(e, self.run_dir)
+                self.out.frame(
+                    "E",
+                    f"{self.log_problem}: console.log on the node misses output from here "
+                    "on; the stream to fleetctl goes on".encode(),
+                    must=True,
+                )
+
+    def watch_rank_pids(self, done: threading.Event) -> None:
+        """Which process is which local rank (``LOCAL_RANK`` torchrun/deepspeed,
+        ``PADDLE_LOCAL_RANK`` paddle in its env): the topmost one per rank, each new one (a
+        launcher restart) added, into ``rank_pids.json`` for the controller's ``ranks.json``.
+        Often at first, then every few seconds: ranks start once, restarts are rare (a rank
+        that ends within a fraction of a second may go unseen: its pid stays unknown)."""
+        assert self.proc is not None
+        if self.spec.get("env", {}).get("FLEET_LAUNCHER") in ("plain", "command"):
+            self.rank_pids = {"0": [self.proc.pid]}
+            write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
+            return
+        t0 = time.monotonic()
+        next_scan = 0.0
+        exits: dict = {}  # pid -> {"local", "pid", "code", "at"[, "after_stop"]}: how ranks ended
+        # A pidfd per rank process wakes us the moment it ends: its time is exact (which rank
+        # failed first, across nodes, is decided by these times) and its exit status is read
+        # while it is still a zombie, before its launcher reaps it (torchrun looks every
+        # 0.1 s, deepspeed every 1 s). Without pidfds (Linux < 5.3) /proc is read every 0.05 s.
+        poller = select.poll()
+        pidfds: dict = {}  # fd -> (pid, local)
+        watched: set = set()
+
+        def ended(pid: int, local: str, code: int | None) -> None:
+            exits[pid] = {"local": int(local), "pid": pid, "code": code, "at": now()}
+            with self.lock:
+                if self.stop_request is not None:  # ended by our stop: never a first failure
+                    exits[pid]["after_stop"] = True
+            with contextlib.suppress(OSError):
+                write_json(os.path.join(self.run_dir, RANK_EXITS), {"exits": list(exits.values())})
+
+        try:
+            while not done.is_set():
+                for local, pids in list(self.rank_pids.items()):
+                    pid = pids[-1]
+                    if pid in watched:
+                        continue
+                    watched.add(pid)
+                    fd = pidfd_open(pid)
+                    if fd is not None:
+                        pidfds[fd] = (pid, local)
+                        poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(50):
+                    pid, local = pidfds.pop(fd)
+                    poller.unregister(fd)
+                    os.close(fd)
+                    ended(pid, local, zombie_exit(pid))
+                for local, pids in list(self.rank_pids.items()):
+                    pid = pids[-1]
+                    if pid in exits or any(pid == p for p, _ in pidfds.values()):
+                        continue
+                    code = zombie_exit(pid)
+                    if code is not None:
+                        ended(pid, local, code)
+                age = time.monotonic() - t0
+                if age < next_scan:
+                    continue
+                next_scan = age + (0.2 if age < 10 else 1.0 if age < 60 else 5.0)
+                changed = False
+                for local, pid in rank_processes(self.proc.pid):
+                    pids = self.rank_pids.setdefault(str(local), [])
+                    if pid not in pids:
+                        pids.append(pid)
+                        changed = True
+                if changed:
+                    with contextlib.suppress(OSError):
+                        write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
+        finally:
+            for fd in pidfds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def heartbeats(self, done: threading.Event) -> None:
+        """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
+        one (``FLEET_PROGRESS_FILE``: a job that prints nothing for long can still say it
+        moves, so ``--stall-timeout`` does not take it for hung)."""
+        path = os.path.join(self.run_dir, PROGRESS_FILE)
+        seen = None
+        while not done.wait(self.hb_every):
+            self.out.frame("H")
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            if mtime != seen:
+                seen = mtime
+                self.out.frame("P", repr(mtime).encode())
+
+    def listen(self) -> None:
+        """Controller bytes: heartbeats and stop requests; EOF means the controller is gone."""
+        self._handle(self.early)
+        while True:
+            try:
+                data = os.read(self.stdin_fd, 4096)  # type: ignore[arg-type]
+            except OSError:
+                data = b""
+            if not data:
+                if not self.spec.get("reattach"):
+                    self.request_stop(self.grace, "controller connection closed (dead-man switch)")
+                # else the controller may come back over a new connection (``reattach``): the
+                # job runs on while its heartbeats come, and the dead-man window stays the bound
+                self.stream_closed = True
+                self.released.set()
+                return
+            self._handle(data)
+
+    def silence(self) -> float:
+        """Seconds since the controller was last heard: on this channel, or through a
+        ``reattach`` over a new connection (the heartbeat file)."""
+        quiet = time.monotonic() - self.last_hb
+        if quiet > self.deadman and self.spec.get("reattach"):
+            with contextlib.suppress(OSError):
+                age = time.time() - os.stat(os.path.join(self.run_dir, HEARTBEAT_FILE)).st_mtime
+                quiet = min(quiet, max(0.0, age))
+        return quiet
+
+    def _handle(self, data: bytes) -> None:
+        if not data:
+            return
+        self.last_hb = time.monotonic()
+        if b"c" in data:
+            self.collect_req.set()
+            self.released.set()
+        if b"k" in data:
+            self.request_stop(0.0, "kill requested by the controller")
+        elif b"t" in data:
+            self.request_stop(self.grace, "stop requested by the controller")
+
+    def request_stop(self, grace: float, reason: str) -> None:
+        with self.lock:
+            if self.stop_request is None or grace < self.stop_request[0]:
+                self.stop_request = (grace, reason)
+
+    # -- main loop ----------------------------------------------------------------------
+    def supervise(self) -> int:
+        assert self.proc is not None
+        done = threading.Event()
+        pump = threading.Thread(target=self.pump, daemon=True)
+        pump.start()
+        ranks_done = threading.Event()
+        tailer = None
+        cfg = self.spec.get("rank_logs") or {}
+        if cfg.get("echo") is not None:
+            root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
+            self.echo_path = os.path.join(root, str(cfg["echo"]))
+        if cfg:
+            tailer = threading.Thread(target=self.tail_ranks, args=(ranks_done,), daemon=True)
+            tailer.start()
+        threading.Thread(target=self.watch_rank_pids, args=(done,), daemon=True).start()
+        if not self.detach:
+            threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
+            threading.Thread(target=self.listen, daemon=True).start()
+            self.listening = True
+        stopping_with: float | None = None
+        stopper: threading.Thread | None = None
+        while self.proc.poll() is None:
+            if not self.detach and self.silence() > self.deadman:
+                self.request_stop(
+                    self.grace,
+                    f"no heartbeat from the controller for {self.deadman:g}s (dead-man switch)",
+                )
+            with self.lock:
+                req = self.stop_request
+            if req is not None and (stopping_with is None or req[0] < stopping_with):
+                stopping_with = req[0]
+                self.stop_reason = req[1]
+                self.out.frame("E", f"stopping job: {req[1]}".encode(), must=True)
+                stopper = threading.Thread(target=self._stop, args=(req[0],), daemon=True)
+                stopper.start()
+            time.sleep(0.05)
+        code = self.proc.returncode
+        # What only this node knows for sure: when its launcher ended, and whether it had been
+        # told to stop by then (ended by the teardown) or ended on its own (failed first?).
+        self.ended_at = now()
+        with self.lock:
+            self.stop_asked = stopping_with is not None or self.stop_request is not None
+        if self.stop_reason is None:  # stopped from another terminal: say so to the controller
+            req = read_json(os.path.join(self.run_dir, STOP_REQUEST))
+            if req.get("job_id") == self.job_id and req.get("reason"):
+                self.stop_reason = str(req["reason"])
+                self.out.frame("E", f"stopping job: {self.stop_reason}".encode(), must=True)
+        # `fleetctl stop` (another terminal) leaves its request before it signals the job
+        self.stop_asked = self.stop_asked or self.stop_reason is not None
+        if stopper is not None:  # let the stop finish its grace period for the workers
+            stopper.join((stopping_with or 0.0) + 6.0)
+        # The launcher is gone; anything of the job still alive is a straggler.
+        left = stop_processes(
+            self.job_id,
+            self.rank,
+            self.proc.pid,
+            self.leader_start,
+            min(self.grace, 2.0) if stopping_with is None else 0.0,
+            root=os.getpid() if self.subreaper else None,
+        )
+        self.leftovers = {
+            "found": sorted({*self.stopped.get("found", []), *left["found"]}),
+            "killed": sorted({*self.stopped.get("killed", []), *left["killed"]}),
+            "remaining": left["remaining"],
+        }
+        if left["found"]:
+            self.out.frame(
+                "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
+            )
+        pump.join(5.0)
+        if tailer is not None:  # the ranks' last words, partial lines included
+            ranks_done.set()
+            tailer.join(10.0)
+        done.set()
+        self.state.update(
+            {
+                "state": "stopped" if self.stop_reason else "exited",
+                "exit_code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "end_time": now(),
+                "stop_reason": self.stop_reason,
+                "remaining": left["remaining"],
+                "dropped_frames": self.out.dropped,
+                "problem": self.log_problem,
+                "exit_report": self.exit_report(),
+            }
+        )
+        with contextlib.suppress(OSError):
+            write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                self.log.close()
+        return code
+
+    def exit_report(self) -> dict | None:
+        """What the ``X`` frame says after the code: the after-exit scan, when the launcher
+        ended, whether a stop had been asked, a node problem ("disk full on …")."""
+        if self.leftovers is None:
+            return None
+        said = {
+            **{k: self.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
+            "ended_at": self.ended_at,
+            "stop_asked": self.stop_asked,
+        }
+        if self.log_problem:
+            said["problem"] = self.log_problem
+        return said
+
+    def _stop(self, grace: float) -> None:
+        self.stopped = stop_processes(
+            self.job_id,
+            self.rank,
+            self.proc.pid if self.proc else None,
+            self.leader_start,
+            grace,
+            reap=self.proc,
+            root=os.getpid() if self.subreaper else None,
+        )
+
+
+def _write_all(f, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if not n:
+            raise OSError(errno.ENOSPC, "no space left on device")
+        view = view[n:]
+
+
+def _write_problem(e: OSError, run_dir: str) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full on {run_dir}"
+    return f"cannot write console.log in {run_dir}: {e.strerror or e}"
+
+
+def _gap_note(lost: int, problem: str | None) -> bytes:
+    return (
+        f"\n[fleetctl supervisor] {lost} bytes of output are missing here ({problem}); "
+        "fleetctl's streamed copy has them\n"
+    ).encode()
+
+
+def pid_alive(pid: object, start: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    st = proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (start is None or st[3] == start)
+
+
+def ignore_signal(signum: int, frame: object) -> None:
+    """A handler (not SIG_IGN) so the job's processes get default dispositions after exec."""
