@@ -104,6 +104,12 @@ def lab_group() -> None:
     is_flag=True,
     help="With --user: one home directory shared by every host, as on an NFS home.",
 )
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="Also start a real Slurm: munged + slurmctld here, one slurmd per host "
+    "(needs slurm-wlm and munge; see docs/slurm.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the lab status as JSON.")
 def lab_up(
     n: int,
@@ -115,6 +121,7 @@ def lab_up(
     machine_bashrc: bool,
     user: str | None,
     shared_home: bool,
+    slurm: bool,
     as_json: bool,
 ) -> None:
     """Start N hosts (node1..nodeN), each with its own sshd, and write DIR/hosts.yml."""
@@ -129,6 +136,15 @@ def lab_up(
         user=user,
         shared_home=shared_home,
     )
+    slurm_conf = None
+    if slurm:
+        from fleetctl.lab.slurm import SlurmLab
+
+        try:
+            slurm_conf = SlurmLab.start(lab).conf
+        except BaseException:
+            lab.down()
+            raise
     st = lab.status(probe=False)
     if as_json:
         click.echo(json.dumps(st, indent=2))
@@ -140,6 +156,8 @@ def lab_up(
     _print_status(lab.status(probe=False))
     click.echo(f"  inventory  {lab.inventory_path}")
     click.echo(f"  ssh        ssh -F {lab.ssh_config} node1")
+    if slurm_conf is not None:
+        click.echo(f"  slurm      export SLURM_CONF={slurm_conf}; salloc -N {n}")
     click.echo(f"  tear down  fleetctl lab down {_where(lab)}")
 
 
@@ -280,6 +298,27 @@ def fault_clear_netem(ctx: click.Context, host: str, network: str) -> None:
     """Remove delay/loss from HOST's link."""
     _lab(ctx).clear_netem(host, network)
     _done(f"{host}: {network} netem cleared")
+
+
+@lab_fault.command("slow")
+@click.argument("host")
+@click.option("--rate", default="50mbit", show_default=True, help="tc rate, e.g. 50mbit, 1gbit.")
+@click.option("--net", "network", type=_NET, default="data", show_default=True)
+@click.pass_context
+def fault_slow(ctx: click.Context, host: str, rate: str, network: str) -> None:
+    """Throttle traffic into HOST on a network (tc tbf): a NIC that negotiated a low speed."""
+    _lab(ctx).slow_link(host, network, rate)
+    _done(f"{host}: {network} link throttled to {rate}")
+
+
+@lab_fault.command("clear")
+@click.argument("host")
+@click.option("--net", "network", type=_NET, default="data", show_default=True)
+@click.pass_context
+def fault_clear(ctx: click.Context, host: str, network: str) -> None:
+    """Undo ``slow`` on HOST's link."""
+    _lab(ctx).clear_slow(host, network)
+    _done(f"{host}: {network} link at full speed")
 
 
 @lab_fault.command("disk-full")

@@ -247,6 +247,19 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
     "after the check and push, before the launch; failing on a node stops the run there.",
 )
+@click.option(
+    "--image",
+    default=None,
+    metavar="IMAGE",
+    help="Run each node's launcher in one container of IMAGE (over the inventory's "
+    "fleetctl_image); see docs/containers.md.",
+)
+@click.option(
+    "--container-runtime",
+    default=None,
+    metavar="podman|docker|apptainer",
+    help="The runtime for --image (default: the first found on the node).",
+)
 @lifecycle_options
 @collect_options
 @collective_options
@@ -274,6 +287,8 @@ def run_command(
     runs_dir: str,
     tail: str,
     raw_output: bool,
+    image: str | None,
+    container_runtime: str | None,
     script: str | None,
     script_args: tuple[str, ...],
     ssh: SSHOptions,
@@ -283,6 +298,12 @@ def run_command(
     or the roles of a job file (--job)."""
     from fleetctl.job.submit import RetryRequest
 
+    if container_runtime is not None:
+        from fleetctl.plan.runtimes import runtime
+
+        runtime(container_runtime)  # a usage error before anything is read
+    if (image or container_runtime) is not None and lifecycle["job_file"] is not None:
+        raise UsageError("--image: role jobs (--job) do not run in containers yet")
     env = parse_env_vars(env_vars)
     if full and not (dry_run and as_json):
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
@@ -327,6 +348,10 @@ def run_command(
 
         before = load_task(lifecycle["before"])
     inv = load_selected(inventory, limit)
+    if os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"):
+        from fleetctl.slurm import allocation  # inside an allocation: its nodes, via srun
+
+        inv = allocation.apply(inv, has_inventory=inventory is not None)
     want = lifecycle["nodes_wanted"]
     if want is not None and want > len(inv.nodes):
         raise UsageError(f"--nodes {want}: the selection has only {len(inv.nodes)} host(s)")
@@ -345,6 +370,8 @@ def run_command(
         created=now.isoformat(timespec="seconds"),
         kind=kind,
         folder=folder,
+        image=image,
+        container_runtime=container_runtime,
     )
     planner = None
     job_retry = None
@@ -422,7 +449,8 @@ def run_command(
             lifecycle["collective_min"],
             lifecycle["collective_floor"],
             lifecycle["collective_timeout"],
-        ),
+        )
+        or (planner.job.collective if planner is not None else None),  # the job file's key
     )
 
 

@@ -66,6 +66,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
         job.held, report.held = report.held, {}
+        if report.collective is not None:  # the figures, whether they pass or not
+            job.folder.write_collective(report.collective.to_dict())
         if not report.ok:
             from fleetctl.results import FleetResult
 
@@ -90,6 +92,13 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             raise FleetError(
                 f"cannot connect to {len(res.failed)} node(s): {first}", res
             ) from first
+    from fleetctl.phases.check_containers import check_images, wanted, with_runtimes
+
+    images = wanted(job.nodes, spec.image, spec.container_runtime)
+    runtimes: dict[str, str] = {}
+    if images:  # --image: runtime, image present and the same everywhere, before any push
+        job.emit("phase", "checking images")
+        runtimes = check_images(fleet, images)
     code_digest = None
     if options.code is not None or options.env_archive is not None:
         from fleetctl.phases import push as push_mod
@@ -101,6 +110,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             known_present=known_present,
             allow_secrets=options.allow_secrets,
             check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
+            # srun-reached nodes (a Slurm allocation) have no SSH for rsync: their own put
+            use_rsync=not any(n.vars.get("fleetctl_connection") == "srun" for n in job.nodes),
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts
@@ -132,6 +143,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
             spec = job.spec = dataclasses.replace(spec, master_port=port)
         job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
+    if runtimes:
+        job.plan = with_runtimes(job.plan, runtimes)
     job.result.plan = job.plan
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr

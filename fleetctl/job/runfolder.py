@@ -11,6 +11,7 @@ lock. The files:
 * ``attempts.json`` — with retries, every attempt and why it was (not) retried (in the first
   attempt's folder);
 * ``roles.json`` — a role job's layout: the job file as parsed and every task's ports;
+* ``collective.json`` — ``--collective``: per node, per link, the all-reduce and the verdict;
 * ``monitor.log`` — a detached job's monitor output;
 * ``controller.json`` — who created the folder (the ``fleetctl run`` process: pid, start time,
   boot, host), so ``fleetctl status`` can tell a job whose controller is gone;
@@ -47,6 +48,7 @@ EVENTS_FILE = "events.log"
 CONNECT_FILE = "connect.json"
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
+COLLECTIVE_FILE = "collective.json"
 RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = "controller.json"
@@ -157,6 +159,10 @@ class RunFolder:
 
     def write_roles(self, layout: dict[str, Any]) -> None:
         self._write_json(ROLES_FILE, layout)
+
+    def write_collective(self, report: dict[str, Any]) -> None:
+        """``collective.json``: the ``--collective`` benchmark's figures and verdict."""
+        self._write_json(COLLECTIVE_FILE, report)
 
     def redact_env_dumps(
         self, node_folder: str, keys: Iterable[str], globs: Iterable[str]

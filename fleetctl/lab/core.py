@@ -482,6 +482,10 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             with contextlib.suppress(OSError, ValueError), self._mutate():
                 pass
         removed: list[str] = []
+        # 0. Slurm's daemons (`lab up --slurm`), by PID: munged and slurmctld live out here
+        from fleetctl.lab import slurm
+
+        removed += slurm.stop(self)
         # 1. Processes: PID 1 of each host (verified by start time) takes its whole PID
         #    namespace with it; then anything else still inside a lab network namespace.
         pending: list[tuple[int, int | None]] = []

@@ -83,11 +83,13 @@ def setup(cfg: dict) -> None:
     # unshare --propagation private already made every mount private; be explicit anyway.
     mount("none", "/", None, MS_REC | MS_PRIVATE)
     detach_nsfs()
+    cgroups = cgroup_mounts()
     # The host's own /sys, so /sys/class/net lists its own NICs (best effort).
     try:
         mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError as e:
         log(f"warning: {e}")
+    remount_cgroups(cgroups)
     if cfg.get("keep_root"):
         hide_root(cfg["keep_root"])
     for src, dst in cfg["binds"]:
@@ -97,6 +99,35 @@ def setup(cfg: dict) -> None:
     except OSError as e:
         log(f"warning: {e}")
     os.chdir("/")
+
+
+def cgroup_mounts() -> list:
+    """This machine's cgroup hierarchies under /sys/fs/cgroup as (path, fstype, options)."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fields, tail = pre.split(), post.split()
+            if len(fields) > 4 and len(tail) > 2 and tail[0] in ("cgroup", "cgroup2"):
+                opts = ",".join(o for o in tail[2].split(",") if o not in ("rw", "ro"))
+                if fields[4].startswith("/sys/fs/cgroup"):
+                    found.append((fields[4], tail[0], opts))
+    return found
+
+
+def remount_cgroups(cgroups: list) -> None:
+    """The fresh /sys hides the cgroup hierarchies: mount them again, as runc (podman inside
+    a lab host) needs them (best effort: a host without them only lacks containers)."""
+    if not cgroups:
+        return
+    try:
+        if all(path != "/sys/fs/cgroup" for path, _, _ in cgroups):
+            mount("cgroup-root", "/sys/fs/cgroup", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+        for path, fstype, opts in cgroups:
+            os.makedirs(path, exist_ok=True)
+            mount(fstype, path, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC, opts or None)
+    except OSError as e:
+        log(f"warning: {e}")
 
 
 def hide_root(keep: list) -> None:

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 KINDS = frozenset("RPDK")
 START_WAIT = 60.0  # s for rank 0 to import torch and open the store
+# a link below this many times the verdict's fraction of the median is measured again (the
+# node program's best-of-N grows), within this many seconds of more rounds
+REMEASURE_MARGIN = 1.25
+REMEASURE_BUDGET = 10.0
 
 
 class _Port:
@@ -71,6 +75,8 @@ def node_args(
         "shifts": shifts(world, names),
         "deadline": options.timeout,
         "op_timeout": options.timeout,
+        "remeasure_below": min(1.0, options.min_fraction * REMEASURE_MARGIN),
+        "remeasure_budget": min(REMEASURE_BUDGET, options.timeout / 10),
     }
 
 

@@ -177,10 +177,51 @@ def node_spec(
             spec["work"] = conn.expand(work)
     # per-rank files the supervisor tails into whole ``[rank G]`` lines: the launcher says where
     nproc = int(np.env.get("FLEET_NPROC_PER_NODE") or 1)
-    rank_logs = launcher_for(np.env.get("FLEET_LAUNCHER")).rank_logs(np.node_rank, nproc)
+    launcher = launcher_for(np.env.get("FLEET_LAUNCHER"))
+    rank_logs = launcher.rank_logs(np.node_rank, nproc)
     if rank_logs is not None:
         spec["rank_logs"] = rank_logs
+    if launcher.one_process and not np.container:  # the supervisor's child is local rank 0
+        spec["one_process"] = True
+    if np.container:
+        _in_container(spec, np, conn, grace)
     return spec
+
+
+def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: float) -> None:
+    """``--image``: the launcher's argv run in one container of the image, found again by the
+    job's label when the supervisor ends (docs/containers.md)."""
+    from fleetctl.plan.runtimes import ContainerSpec, runtime
+
+    c = np.container or {}
+    rt = runtime(c.get("runtime") or "podman")
+    paths = (np.code_dir, np.work_dir or np.cwd, np.run_dir)
+    cs = ContainerSpec(
+        image=c["image"],
+        job_id=spec["job_id"],
+        node_rank=np.node_rank,
+        cwd=spec["cwd"],
+        mounts=tuple(conn.expand(p) for p in paths),
+        env_names=(*spec["env"], *CONTAINER_ENV),
+        gpus=bool(c.get("gpus")),
+    )
+    spec["argv"] = rt.run_argv(cs, spec["argv"])
+    if rt.labels:
+        spec["container"] = {
+            "list": rt.list_argv(cs.job_id),
+            "stop": rt.stop_argv([], grace),
+            "remove": rt.remove_argv([]),
+        }
+
+
+#: what the supervisor adds to the job's env (``Supervisor.child_env``): passed in by name too
+CONTAINER_ENV = (
+    "FLEET_JOB_ID",
+    "FLEET_NODE_RANK",
+    "FLEET_RUN_DIR",
+    "FLEET_PROGRESS_FILE",
+    "PYTHONUNBUFFERED",
+)
 
 
 def install_file(conn: Connection, local: Path, remote: str, *, timeout: float) -> bool:

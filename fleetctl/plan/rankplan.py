@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from fleetctl.errors import PlanError
-from fleetctl.node import LOCAL_ADDRESSES, Node
+from fleetctl.errors import PlanError, UsageError
+from fleetctl.node import DEFAULT_PYTHON, LOCAL_ADDRESSES, Node
 from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, check_program, get_launcher
 from fleetctl.plan.launchers.base import MODULE, PYTHON, Launcher, kind_of, option_name, path_from
@@ -79,6 +79,8 @@ class JobSpec:
     work_id: str | None = None
     kind: str | None = None
     folder: str = ""
+    image: str | None = None  # --image: wins over the inventory's fleetctl_image
+    container_runtime: str | None = None  # --container-runtime: over fleetctl_container_runtime
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
@@ -141,6 +143,9 @@ class NodePlan:
     gpus: tuple[str, ...] = ()
     # The job's work folder when ``cwd`` is a folder inside it (the script's); empty: ``cwd``.
     work_dir: str = ""
+    # --image: {"image", "runtime" (None: the check's pick), "gpus"}; the supervisor runs argv
+    # in one container of it (docs/containers.md). None: on the node's own Python.
+    container: dict[str, Any] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = self._fields()
@@ -148,6 +153,8 @@ class NodePlan:
             d["gpus"] = list(self.gpus)
         if self.work_dir:
             d["work_dir"] = self.work_dir
+        if self.container:
+            d["container"] = dict(self.container)
         return d
 
     def _fields(self) -> dict[str, Any]:
@@ -187,7 +194,30 @@ class NodePlan:
             files=dict(d.get("files") or {}),
             gpus=tuple(str(g) for g in d.get("gpus") or ()),
             work_dir=d.get("work_dir") or "",
+            container=dict(d["container"]) if d.get("container") else None,
         )
+
+
+def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
+    """The node's container (``--image`` over ``fleetctl_image``), or None: no image."""
+    image = spec.image or n.vars.get("fleetctl_image")
+    if not image:
+        return None
+    rt = spec.container_runtime or n.vars.get("fleetctl_container_runtime")
+    if rt is not None:
+        from fleetctl.plan.runtimes import runtime
+
+        try:
+            runtime(str(rt))
+        except UsageError as e:
+            raise PlanError(f"{_where(n)}{e}") from None
+    return {"image": str(image), "runtime": None if rt is None else str(rt), "gpus": gpus}
+
+
+def container_python(n: Node) -> str:
+    """The job's Python in an image: ``fleetctl_image_python`` (a path inside it), else the
+    image's ``python3``; never ``fleetctl_python``, the host's (the supervisor's) interpreter."""
+    return str(n.vars.get("fleetctl_image_python") or DEFAULT_PYTHON)
 
 
 @dataclass(frozen=True)
@@ -405,19 +435,21 @@ def make_plan(
         run_dir = posixpath.join(workdir, "runs", spec.job_id, node_folder_name(rank, n.name))
         work_dir = posixpath.join(workdir, WORK_DIR, spec.work_id or spec.job_id)
         node_code = code_dir or posixpath.join(workdir, "code", code_digest or PENDING_DIGEST)
+        container = _container(n, spec, bool(visible[n.name]) or gpus.get(n.name, 0) > 0)
         slot = NodePlan(
             host=n.name,
             address=n.address,
             node_rank=rank,
             train_addr=addrs[n.name],
             nic=nics[n.name],
-            python=f.python or n.python,
+            python=container_python(n) if container else f.python or n.python,
             workdir=workdir,
             code_dir=node_code,
             run_dir=run_dir,
             cwd=posixpath.join(work_dir, folder) if folder else work_dir,
             gpus=visible[n.name],
             work_dir=work_dir if folder else "",
+            container=container,
         )
         env = _node_env(ctx, slot, spec, torch=f.torch)
         if slot.gpus and not launcher.sets_visible_devices:  # deepspeed: from --include

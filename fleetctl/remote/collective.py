@@ -29,6 +29,7 @@ import threading
 import time
 
 IB_ROOT = "/sys/class/infiniband"
+REMEASURE_PASSES = 2
 _out_lock = threading.Lock()
 
 
@@ -113,6 +114,24 @@ def _watchdog(deadline: float, progress: dict) -> None:
 
 def _best(times: list) -> float:
     return min(t for t in times if t > 0) if times else 0.0
+
+
+def suspect_links(shifts: list, seconds: list, fraction: float, rounds: int, budget: float) -> list:
+    """``(shift, receiving rank)`` of every link to measure again: below ``fraction`` of the
+    fleet's upper-median link bandwidth (``seconds[rank][i]`` receiving ``shifts[i]``, the
+    same bytes everywhere). None when their ``rounds`` more would take past ``budget`` s: a
+    really slow node, which the judge names anyway."""
+    flat = sorted(t for row in seconds for t in row if t > 0)
+    if not flat:
+        return []
+    median = flat[(len(flat) - 1) // 2]  # the lower median time: the upper median bandwidth
+    out, cost = [], 0.0
+    for i, k in enumerate(shifts):
+        for dst, row in enumerate(seconds):
+            if row[i] > 0 and median / row[i] < fraction:
+                out.append((k, dst))
+                cost += row[i] * rounds
+    return out if cost <= budget else []
 
 
 def _intra(torch, size: int, iters: int) -> dict | None:
@@ -210,8 +229,10 @@ def main(args: dict) -> int:
     allreduce["busbw"] = algbw * 2 * (world - 1) / world if world > 1 else algbw
     step("allreduce")
     recv = torch.empty(n, dtype=torch.float32, device=device)
-    links = []
-    for k in args.get("shifts", []):
+    tok_in, tok_out = torch.zeros(1, device=device), torch.ones(1, device=device)
+
+    def shift_round(k: int, rounds: int) -> float:
+        """Rank r sends to r+k and receives from r-k, ``rounds`` times; the best receive time."""
         dst, src = (rank + k) % world, (rank - k) % world
         dist.barrier()
         # one untimed small exchange makes the pair's connection before the clock runs
@@ -219,19 +240,70 @@ def main(args: dict) -> int:
         for r in reqs:
             r.wait()
         times = []
-        for _ in range(iters):
+        for _ in range(rounds):
             dist.barrier()
             sync()
+            # the receiver's clock starts as it tells its sender "go", not at the barrier,
+            # whose uneven release would count as transfer time on short transfers
+            go = dist.irecv(tok_in, dst, tag=1)
+            ready = dist.isend(tok_out, src, tag=1)
             t0 = time.perf_counter()
-            rs = dist.isend(buf, dst)
-            rr = dist.irecv(recv, src)
+            rr = dist.irecv(recv, src, tag=2)
+            go.wait()
+            rs = dist.isend(buf, dst, tag=2)
             rr.wait()
             sync()
             times.append(time.perf_counter() - t0)
             rs.wait()
-        t = _best(times)
-        links.append({"src": src, "dst": rank, "shift": k, "seconds": t, "bytes": n * 4})
+            ready.wait()
+        return _best(times)
+
+    def pair_round(src: int, dst: int, rounds: int) -> float:
+        """``src`` sends to ``dst`` alone, ``rounds`` times; the receiver's best time."""
+        times = []
+        for _ in range(rounds):
+            dist.barrier()
+            sync()
+            if rank == src:
+                dist.recv(tok_in, dst, tag=1)
+                dist.send(buf, dst, tag=2)
+            t0 = time.perf_counter()
+            if rank == dst:
+                dist.send(tok_out, src, tag=1)
+                dist.recv(recv, src, tag=2)
+            sync()
+            times.append(time.perf_counter() - t0)
+        return _best(times)
+
+    ks = list(args.get("shifts", []))
+    best = {}
+    for k in ks:
+        best[k] = shift_round(k, iters)
         step(f"shift {k}")
+    # best-of-N where N grows with the spread: a link that fell below the re-measure fraction
+    # of the fleet median runs again alone (the others wait), so a core busy with its
+    # neighbours' traffic is not named a slow link, while a slow cable stays slow alone
+    fraction = float(args.get("remeasure_below") or 0.0)
+    budget = float(args.get("remeasure_budget") or 0.0)
+    rounds = iters
+    for _ in range(REMEASURE_PASSES if fraction > 0 and ks and world > 2 else 0):
+        mine = torch.tensor([best[k] for k in ks], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)  # every rank decides the same from the same figures
+        again = suspect_links(ks, [x.tolist() for x in every], fraction, rounds, budget)
+        if not again:
+            break
+        for k, dst in again:
+            src = (dst - k) % world
+            t = pair_round(src, dst, rounds)
+            if rank == dst:
+                best[k] = min(best[k], t)
+        rounds *= 2
+        step("remeasure")
+    links = [
+        {"src": (rank - k) % world, "dst": rank, "shift": k, "seconds": best[k], "bytes": n * 4}
+        for k in ks
+    ]
     intra = _intra(torch, int(args["size"]), iters) if cuda else None
     dist.barrier()
     say(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
     from .procfs import proc_stat
@@ -78,31 +79,34 @@ def _local_rank(pid: int) -> int | None:
     return None
 
 
-def rank_log_files(root: str, layout: str) -> list:
-    """(path, rank) of each local rank's output file the launcher made so far: torchrun
-    ``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log``, paddle ``<dir>/workerlog.<local>``
-    (local ranks), deepspeed ``<dir>/<time>_rank<G>.log`` (global ranks)."""
+def rank_log_files(root: str, rules: dict) -> list:
+    """(path, number) of each rank output file under ``root`` so far, by the launcher's rules
+    (the spec's ``rank_logs``, written by its module under ``fleetctl/plan/launchers/``):
+    ``files``, regular expressions each matching a file's whole path relative to ``root``
+    (``/``-separated), the first group the rank's number; ``deep``, search sub-folders too.
+    Found in folder order, then rule order, then name order. No rules (an older spec): none."""
+    rxs = []
+    for pattern in rules.get("files") or ():
+        with contextlib.suppress(re.error):
+            rx = re.compile(str(pattern))
+            if rx.groups:
+                rxs.append(rx)
+    if not rxs:
+        return []
+    if rules.get("deep"):
+        folders = os.walk(root)
+    else:
+        try:
+            folders = iter([(root, [], os.listdir(root))])
+        except OSError:
+            return []
     out = []
-    if layout == "deepspeed":
-        with contextlib.suppress(OSError):
-            for name in sorted(os.listdir(root)):
-                stem, _, rank = name[: -len(".log")].rpartition("_rank")
-                if stem and name.endswith(".log") and rank.isdigit():
-                    out.append((os.path.join(root, name), int(rank)))
-        return out
-    if layout == "paddle":
-        with contextlib.suppress(OSError):
-            for name in sorted(os.listdir(root)):
-                local = name[len("workerlog.") :]
-                if name.startswith("workerlog.") and local.isdigit():
-                    out.append((os.path.join(root, name), int(local)))
-        return out
-    for dirpath, _dirs, _names in os.walk(root):
-        local = os.path.basename(dirpath)
-        if not local.isdigit():
-            continue
-        for name in ("stdout.log", "stderr.log"):
-            path = os.path.join(dirpath, name)
-            if os.path.exists(path):
-                out.append((path, int(local)))
+    for dirpath, _dirs, names in folders:
+        rel = os.path.relpath(dirpath, root)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        for rx in rxs:
+            for name in sorted(names):
+                m = rx.fullmatch(prefix + name)
+                if m and m.group(1).isdecimal():
+                    out.append((os.path.join(dirpath, name), int(m.group(1))))
     return out

@@ -16,6 +16,7 @@ import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
     from .atomic import now, read_json, write_json
+    from .containers import end_containers
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from .output import Out
     from .procfs import proc_stat
@@ -33,6 +34,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
     )
 except ImportError:
     from atomic import now, read_json, write_json
+    from containers import end_containers
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from output import Out
     from procfs import proc_stat
@@ -232,7 +234,7 @@ class Supervisor:
         base = int(cfg.get("base") or 0)
         while True:
             last = done.wait(0.1)
-            for path, local in rank_log_files(root, str(cfg.get("layout") or "torchrun")):
+            for path, local in rank_log_files(root, cfg):
                 with self.tail_lock:
                     if path not in self.rank_files:
                         self.rank_files[path] = [0, b"", b"[rank %d] " % (base + local)]
@@ -306,7 +308,7 @@ class Supervisor:
         Often at first, then every few seconds: ranks start once, restarts are rare (a rank
         that ends within a fraction of a second may go unseen: its pid stays unknown)."""
         assert self.proc is not None
-        if self.spec.get("env", {}).get("FLEET_LAUNCHER") in ("plain", "command"):
+        if self.spec.get("one_process"):  # no launcher between: our child is local rank 0
             self.rank_pids = {"0": [self.proc.pid]}
             write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
             return
@@ -501,6 +503,7 @@ class Supervisor:
             self.out.frame(
                 "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
             )
+        self.end_containers()
         pump.join(5.0)
         if tailer is not None:  # the ranks' last words, partial lines included
             ranks_done.set()
@@ -525,6 +528,17 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.log.close()
         return code
+
+    def end_containers(self) -> None:
+        """``--image``: every container labelled with the job stopped, removed, listed again;
+        what is still there (or could not be listed) is said, never hidden."""
+        cfg = self.spec.get("container")
+        if not cfg:
+            return
+        ended = end_containers(cfg, self.grace)
+        self.state["containers"] = ended
+        if ended["problem"]:
+            self.out.frame("E", f"containers of the job: {ended['problem']}".encode(), must=True)
 
     def exit_report(self) -> dict | None:
         """What the ``X`` frame says after the code: the after-exit scan, when the launcher

@@ -425,11 +425,16 @@ def _short(line: str, limit: int = 80) -> str:
 
 
 def connect(node: Node, settings: SSHSettings | None = None) -> Connection:
-    """The right connection for a node: local for the embedded default, SSH otherwise."""
+    """The right connection for a node: local for the embedded default, an srun step for a
+    node of the Slurm allocation fleetctl runs in, SSH otherwise."""
     if node.local:
         from fleetctl.ssh.local import LocalConnection
 
         return LocalConnection(node)
+    if node.vars.get("fleetctl_connection") == "srun":  # a node of this Slurm allocation
+        from fleetctl.slurm.srun import SrunConnection
+
+        return SrunConnection(node)
     return SSHConnection(node, settings)
 
 

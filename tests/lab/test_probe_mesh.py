@@ -9,21 +9,23 @@ Traffic goes only between the hosts of a private 2-host lab, over its data netwo
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from fleetctl import remote
 from fleetctl.lab import Lab
-from fleetctl.remote import probe
 
 pytestmark = pytest.mark.lab
 
-# The probe's source comes on stdin, as `fleetctl check` ships it: the lab host cannot import
-# fleetctl (a checkout under /tmp is hidden by the host's private /tmp).
+# The probe and the node modules it imports come on stdin ([stem, source] pairs, each after
+# what it imports), as `fleetctl check` bundles them: the lab host cannot import fleetctl (a
+# checkout under /tmp is hidden by the host's private /tmp).
 MESH = (
     "import json, sys, types\n"
-    "probe = types.ModuleType('probe')\n"
-    "exec(compile(sys.stdin.read(), 'probe.py', 'exec'), probe.__dict__)\n"
+    "for k, v in json.loads(sys.stdin.read()):\n"
+    "    m = sys.modules[k] = types.ModuleType(k)\n"
+    "    exec(compile(v, k + '.py', 'exec'), m.__dict__)\n"
+    "probe = sys.modules['probe']\n"
     "src, dst = sys.argv[1:3]\n"
     "out = probe.mesh(src, [{'name': 'peer', 'addr': dst, 'port': 22}], float(sys.argv[3]))\n"
     "print(json.dumps(out['peers']['peer']))\n"
@@ -33,7 +35,7 @@ MESH = (
 def run_mesh(lab: Lab, timeout: float) -> dict:
     a, b = lab.hosts
     argv = [lab.state["python"], "-c", MESH, a.data_addr or "", b.data_addr or "", str(timeout)]
-    source = Path(probe.__file__).read_text()
+    source = json.dumps(list(remote.modules("probe.py").items()))
     r = lab.exec(a.name, argv, input=source, timeout=30, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -60,6 +60,18 @@ def results(
 H4 = ["n0", "n1", "n2", "n3"]
 H12 = [f"n{i}" for i in range(12)]
 NOISE = {("n0", "n1"): 0.7, ("n2", "n0"): 1.25, ("n3", "n2"): 0.8, ("n1", "n3"): 1.1}
+# a healthy 4-host lab as measured (gloo, 2 cores, every host sending at once): 0.66..1.8x
+LAB = dict(
+    zip(
+        [(a, b) for a in H4 for b in H4 if a != b],
+        [0.66, 1.54, 0.79, 1.0, 0.82, 1.38, 0.89, 1.05, 0.74, 1.18, 1.01, 0.91],
+        strict=True,
+    )
+)
+
+
+def noisy(bw: Callable[[str, str], float]) -> Callable[[str, str], float]:
+    return lambda a, b: bw(a, b) * LAB.get((a, b), 1.0)
 
 
 def slow_recv(host: str) -> Callable[[str, str], float]:
@@ -87,6 +99,16 @@ CASES = [
         {},
         {"n1", "n3"},
         ("slow link n1 → n3",),
+    ),
+    ("lab noise passes", H4, noisy(lambda a, b: 1.0), {}, set(), ()),
+    ("noise: slow node still named alone", H4, noisy(slow_recv("n1")), {}, {"n1"}, ("slow node",)),
+    (
+        "noise: slow link still names its ends",
+        H4,
+        noisy(lambda a, b: 0.1 if (a, b) == ("n2", "n0") else 1.0),
+        {},
+        {"n2", "n0"},
+        ("slow link n2 → n0",),
     ),
     ("slow node in a 12-host fleet", H12, slow_recv("n7"), {}, {"n7"}, ("slow node",)),
     ("3 hosts, slow node", H4[:3], slow_recv("n0"), {}, {"n0"}, ("slow node",)),
@@ -142,6 +164,17 @@ def test_hung_errors_and_intra() -> None:
     assert rep.hung == {"n1": "Thread 0x1 (most recent call first)"}
     assert "intra-node all-reduce busbw 40" in reasons["n2"]
     assert "No module named 'torch'" in reasons["n3"]
+
+
+def test_suspect_links_are_measured_again() -> None:
+    """The node program's re-measure: a link below the fraction of the median runs again
+    (every rank picks the same from the same figures), unless that takes past the budget."""
+    t = 1e-3
+    rows = [[t, t, t], [t, 3 * t, t], [t, t, t], [t, t, 1.5 * t]]
+    assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 1.0) == [(2, 1)]
+    assert node_program.suspect_links([1, 2, 3], rows, 0.7, 3, 1.0) == [(2, 1), (3, 3)]
+    assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 5e-3) == []  # over budget
+    assert node_program.suspect_links([1, 2, 3], [[t] * 3] * 4, 0.625, 3, 1.0) == []
 
 
 def test_shifts() -> None:

@@ -42,6 +42,7 @@ from fleetctl.phases.launch import (
     supervisor_path,
     supervisor_source,
 )
+from fleetctl.plan.launchers import LAUNCHERS
 from fleetctl.remote.supervisor import (
     TAR_MARKER,
     find_job_processes,
@@ -68,8 +69,11 @@ EXERCISED = {
     "atomic.py": ENTRY,
     "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
+    "containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
     "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
     "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
+    "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
     "the_stop",
@@ -79,11 +83,14 @@ EXERCISED = {
     "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "spec.py": ENTRY,
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
     "supervision.py": ENTRY,
     "supervisor.py": ENTRY,
+    "waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "wire.py": ENTRY,
     "workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
     "bytecode",
@@ -761,7 +768,7 @@ def test_the_supervisor_seeds_the_work_folder_tails_paddle_ranks_once_and_record
     run_dir = Path(jobs.run_dir(job))
     argv = [jobs.python, "fake_paddle.py", str(run_dir / "log")]
     spec = {"cwd": str(work), "work_seed": str(code), "env": {"FLEET_LAUNCHER": "paddle"}}
-    spec["rank_logs"] = {"dir": "log", "base": 2, "layout": "paddle", "echo": "workerlog.0"}
+    spec["rank_logs"] = {**LAUNCHERS["paddle"].rank_logs(1, 2), "dir": "log"}  # node 1: base 2
     run = jobs.start(job, argv, **spec)
     lines = [text for kind, text in drain(run) if kind == "L"]
     assert (work / "data" / "x.txt").read_text() == "x"  # the copy of the code
@@ -773,6 +780,21 @@ def test_the_supervisor_seeds_the_work_folder_tails_paddle_ranks_once_and_record
     assert "LAUNCH INFO started" in lines and "LAUNCH INFO done" in lines
     pids = json.loads((run_dir / "rank_pids.json").read_text())
     assert sorted(pids) == ["0", "1"] and all(len(v) == 1 for v in pids.values())
+
+
+def test_a_one_process_spec_makes_the_supervisors_child_local_rank_0(jobs: Jobs) -> None:
+    """No launcher between (plain, a role's command: the spec's ``one_process``): the child
+    is the node's only rank, whatever its env says; without it no process claims a rank."""
+    for one in (True, False):
+        job = jid(f"p-one-{one}")
+        extra = {"one_process": True} if one else {}
+        run = jobs.start(job, ["sh", "-c", "echo up; sleep 0.5"], **extra)
+        assert [t for k, t in drain(run) if k == "L"] == ["up"]
+        pids = Path(jobs.run_dir(job)) / "rank_pids.json"
+        if one:
+            assert json.loads(pids.read_text()) == {"0": [run.info["pid"]]}
+        else:
+            assert not pids.exists()
 
 
 def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_the_stop(
@@ -899,8 +921,8 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
 
     def check_probe() -> str:
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); import probe\n"
-            "print(probe.workdir_id(sys.argv[2]))\n"
+            "import sys; sys.path.insert(0, sys.argv[1]); import facts\n"
+            "print(facts.workdir_id(sys.argv[2]))\n"
         )
         out = subprocess.run(
             [py38, "-c", code, str(Path(remote.path("probe.py")).parent), str(w)],
@@ -1068,7 +1090,7 @@ print(m.workdir_id(w))
 """
 
 
-@pytest.mark.parametrize("module", ["probe", "push_helper"])
+@pytest.mark.parametrize("module", ["facts", "push_helper"])
 def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
     py38: str, tmp_path: Path, module: str
 ) -> None:
@@ -1158,8 +1180,8 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
     code = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "import probe\n"
-        "print(json.dumps(probe.ipv4_netlink()))\n"
+        "import facts\n"
+        "print(json.dumps(facts.ipv4_netlink()))\n"
     )
     out = subprocess.run(
         [py38, "-S", "-c", code, str(remote.path("probe.py").parent)],

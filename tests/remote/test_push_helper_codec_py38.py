@@ -21,18 +21,18 @@ import sys
 sys.path.insert(0, sys.argv[1])
 if sys.argv[2] == "no-c":
     sys.modules["_json"] = None  # import _json fails: the fallback
-import push_helper
-values = push_helper.loads(sys.stdin.read())
-texts = [push_helper.dumps(v) for v in values]
+import pushbase  # the push helper's codec
+values = pushbase.loads(sys.stdin.read())
+texts = [pushbase.dumps(v) for v in values]
 used_json = "json" in sys.modules  # the C half alone needs no json module
 import json
 out = [used_json]
 for v, text in zip(values, texts):
-    out.append([text, text == json.dumps(v), push_helper.loads(text) == v,
-                push_helper.loads(" \\n" + json.dumps(v, indent=1) + "\\n") == v])
+    out.append([text, text == json.dumps(v), pushbase.loads(text) == v,
+                pushbase.loads(" \\n" + json.dumps(v, indent=1) + "\\n") == v])
 for bad in ('{"a": 1} x', '{"a": }', ''):
     try:
-        push_helper.loads(bad)
+        pushbase.loads(bad)
         out.append("accepted " + repr(bad))
     except ValueError as e:
         out.append(type(e).__name__)
@@ -41,7 +41,7 @@ print(json.dumps(out))
 
 
 def test_the_push_helper_codec_matches_json_with_and_without_the_c_half(py38: str) -> None:
-    folder = str(remote.path("push_helper.py").parent)
+    folder = str(remote.path("pushbase.py").parent)
     for mode in ("c", "no-c"):
         res = subprocess.run(
             [py38, "-S", "-c", PROGRAM, folder, mode],

@@ -124,6 +124,9 @@ class _Transfer:
                     sftp.posix_rename(part, remote)
                 finally:
                     sftp.close()
+            elif not conn.node.local:  # an srun step (fleetctl.slurm): its own put
+                conn.put(local, remote)
+                tick(size, size)
             else:
                 _copy_local(local, part, tick)
                 os.replace(part, remote)

@@ -37,12 +37,16 @@ def get_launcher(name: str) -> Launcher:
 # What a name fleetctl has no module for stands for (a role's ``command``, ``paddle-ps``, a
 # plan.json without a launcher): the launcher's console is every rank's log, no rank named.
 OTHER = Launcher(name="", argv=lambda ctx, node: [])
+# A role's ``command`` (argv from the job file, no --launcher) runs as the supervisor's only
+# child, like plain, but is planned as any unknown name.
+COMMAND = Launcher(name="command", argv=lambda ctx, node: [], one_process=True)
+_NOT_CHOSEN = {COMMAND.name: COMMAND}  # not a --launcher choice: found by launcher_for only
 
 
 def launcher_for(name: str | None) -> Launcher:
     """The adapter called ``name``, or ``OTHER`` for a name with none: for the hooks read
     after a run, where an unknown name is a fact of an older record, not a usage error."""
-    return LAUNCHERS.get(name or "", OTHER)
+    return LAUNCHERS.get(name or "") or _NOT_CHOSEN.get(name or "", OTHER)
 
 
 def check_program(name: str, kind: str, script: str) -> None:

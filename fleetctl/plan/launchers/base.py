@@ -117,10 +117,16 @@ class Launcher:
     # Every local rank listens on its own port (paddle's endpoints: start_port + local rank):
     # the run claims that many ports on every node, not one rendezvous port on node 0.
     port_per_local_rank: bool = False
-    # (node rank, processes per node) -> the supervisor spec's ``rank_logs`` (where the
-    # launcher writes each local rank's output, which the supervisor tails into ``[rank G]``
-    # lines), None when the ranks write only to the launcher's console.
+    # (node rank, processes per node) -> the supervisor spec's ``rank_logs``: where the
+    # launcher writes each rank's output, which the supervisor tails into ``[rank G]`` lines
+    # (``dir`` in the run folder; ``files``, regexes matching a file's path relative to it,
+    # group 1 the rank's number, G = ``base`` + it; ``deep``: in sub-folders too; ``echo``, a
+    # rank file the launcher also prints, dropped from its console), None when the ranks
+    # write only to the launcher's console.
     rank_logs: Callable[[int, int], dict[str, Any] | None] = field(default=lambda r, n: None)
+    # No launcher process between the supervisor and the job: its child is local rank 0, the
+    # only rank process (the spec's ``one_process``: no scan for ranks by their env).
+    one_process: bool = False
     # (collected node folder, local rank, global rank) -> that rank's log files, in order.
     rank_files: Callable[[Path, int, int], list[Path]] = console_log
     # The launcher's last lines -> (global rank, exit code if said) of the ranks it names failed.

@@ -77,7 +77,7 @@ def _hostfile(ctx: LaunchContext) -> str:
 
 def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
     """``<dir>/<time>_rank<G>.log``: named by global rank (base 0)."""
-    return {"dir": LOG_DIR, "base": 0, "layout": "deepspeed"}
+    return {"dir": LOG_DIR, "base": 0, "files": [r".+_rank([0-9]+)\.log"]}
 
 
 def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:

@@ -106,7 +106,8 @@ def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:
 
 def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
     """``<dir>/workerlog.<local>``; paddle also copies workerlog.0 to its stdout (``echo``)."""
-    return {"dir": LOG_DIR, "base": node_rank * nproc, "layout": "paddle", "echo": "workerlog.0"}
+    files = [r"workerlog\.([0-9]+)"]
+    return {"dir": LOG_DIR, "base": node_rank * nproc, "files": files, "echo": "workerlog.0"}
 
 
 def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:

@@ -43,6 +43,7 @@ LAUNCHER = Launcher(
     argv=argv,
     env=env,
     one_process_per_node=True,
+    one_process=True,
     takes_args=False,
     kinds=frozenset(SCRIPT_KINDS),
 )

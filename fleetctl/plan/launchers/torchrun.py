@@ -59,8 +59,9 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
 
 
 def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
-    """``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log`` (the supervisor's default layout)."""
-    return {"dir": LOG_DIR, "base": node_rank * nproc}
+    """``<dir>/<run>/attempt_K/<local>/{stdout,stderr}.log`` (any depth)."""
+    files = [rf"(?:.*/)?([0-9]+)/{name}\.log" for name in ("stdout", "stderr")]
+    return {"dir": LOG_DIR, "base": node_rank * nproc, "files": files, "deep": True}
 
 
 def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:

@@ -1,5 +1,10 @@
 """The role job file (YAML), parsed and validated into :class:`JobFile`, :class:`RoleSpec`
-and :class:`RetrySpec`; errors name the file, line and key."""
+and :class:`RetrySpec`; errors name the file, line and key.
+
+Job-level ``collective:`` is ``run --collective`` from the file (the command line's flag wins):
+``true`` for the defaults, or a mapping of ``size_mib`` (MiB per transfer), ``min`` (fraction of
+the fleet median), ``floor`` (GB/s) and ``timeout`` (s), each optional; ``false`` is off.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,14 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import UsageError
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
 from fleetctl.plan.rankplan import ENV_KEY_RE
+
+if TYPE_CHECKING:
+    from fleetctl.phases.collective_judge import CollectiveOptions
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
@@ -53,8 +61,10 @@ _JOB_KEYS = frozenset(
         "backend",
         "timeout",
         "stall_timeout",
+        "collective",
     }
 )
+_COLLECTIVE_KEYS = frozenset({"size_mib", "min", "floor", "timeout"})
 _RETRY_KEYS = frozenset({"max_retries", "retry_on", "no_retry_on", "backoff", "backoff_max"})
 
 
@@ -106,6 +116,7 @@ class JobFile:
     backend: str | None = None
     timeout: float | None = None  # like `run --timeout` (the command line wins)
     stall_timeout: float | None = None  # like `run --stall-timeout`
+    collective: CollectiveOptions | None = None  # like `run --collective`
 
     def role(self, name: str) -> RoleSpec:
         for r in self.roles:
@@ -264,6 +275,45 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
         backend=_str(data, "backend", at, default=None),
         timeout=_seconds(data, "timeout", at),
         stall_timeout=_seconds(data, "stall_timeout", at),
+        collective=_collective(data, at),
+    )
+
+
+def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
+    """The ``collective:`` key: true, false, or a mapping of its knobs (see the module doc)."""
+    import math
+
+    from fleetctl.phases.collective_judge import CollectiveOptions, MiB
+
+    v = data.get("collective")
+    if v is None or v is False:
+        return None
+    if v is True:
+        return CollectiveOptions()
+    if not isinstance(v, _Map):
+        raise UsageError(
+            f"{at(data, 'collective')}: collective must be true, false or a mapping of "
+            f"{_known(_COLLECTIVE_KEYS)}"
+        )
+    limits = {"size_mib": (0.001, 65536.0), "min": (0.0, 1.0), "floor": (0.0, 1e6)}
+    limits["timeout"] = (1.0, 3600.0)
+    got: dict[str, float] = {}
+    for key, val in v.items():
+        if key not in _COLLECTIVE_KEYS:
+            raise UsageError(
+                f"{at(v, key)}: unknown key {key!r} (known: {_known(_COLLECTIVE_KEYS)})"
+            )
+        low, high = limits[key]
+        ok = isinstance(val, (int, float)) and not isinstance(val, bool)
+        if not ok or not math.isfinite(val) or not low <= val <= high:
+            raise UsageError(f"{at(v, key)}: collective {key} must be a number {low:g}..{high:g}")
+        got[key] = float(val)
+    base = CollectiveOptions()
+    return CollectiveOptions(
+        size=max(4, int(got["size_mib"] * MiB)) if "size_mib" in got else base.size,
+        min_fraction=got.get("min", base.min_fraction),
+        floor=got.get("floor"),
+        timeout=got.get("timeout", base.timeout),
     )
 
 

@@ -1,0 +1,272 @@
+"""A real Slurm on a lab: munged + slurmctld on this machine, one slurmd per lab host.
+
+Why: fleetctl's Slurm mode (``fleetctl.slurm``) must be held to a real ``srun``/``salloc``,
+not a fake. Everything lives under ``DIR/slurm/`` (config, munge key and socket, spools, logs);
+the daemons are started by PID and stopped by PID (``stop``; ``Lab.down`` calls it too).
+No cgroups: ``proctrack/linuxproc``, ``task/none``, ``jobacct_gather/none``. slurmctld listens
+on the management bridge's gateway; each slurmd runs inside its host's namespaces, so the
+tasks it starts are that host's processes (its PID table, its network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import LabError
+from fleetctl.lab import procs
+from fleetctl.lab.constants import STOP_TIMEOUT
+
+if TYPE_CHECKING:
+    from fleetctl.lab.core import Lab
+
+READY_TIMEOUT = 30.0
+STATE_FILE = "slurm.json"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+#: slurmd refuses to start without cgroup hierarchies ("Unable to initialize cgroup plugin")
+#: even with proctrack/linuxproc; a lab host has its own /sys, so mount v1 ones there.
+_CGROUP_V1 = (
+    '[ "$(stat -f -c %T /sys/fs/cgroup)" = tmpfs ] || '
+    "{ mount -t tmpfs cgroup_root /sys/fs/cgroup && "
+    "for c in cpu cpuacct cpuset memory devices freezer pids; do mkdir -p /sys/fs/cgroup/$c && "
+    "mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c || exit 1; done && "
+    "mkdir -p /sys/fs/cgroup/systemd && "
+    "mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd; } &&"
+)
+
+
+def installed() -> str | None:
+    """None when Slurm and munge are installed, else what is missing."""
+    missing = [b for b in (*DAEMONS, "srun", "salloc", "scontrol") if not _which(b)]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+def slurm_dir(lab: Lab) -> Path:
+    return lab.dir / "slurm"
+
+
+def _conf(lab: Lab, d: Path, ctld_port: int, d_port: int) -> str:
+    gateway = lab.state["mgmt"]["gateway"]
+    nodes = "\n".join(
+        f"NodeName={h.name} NodeAddr={h.mgmt_addr} CPUs={os.cpu_count() or 1} State=UNKNOWN"
+        for h in lab.hosts
+    )
+    names = ",".join(h.name for h in lab.hosts)
+    return f"""# fleetctl lab {lab.name}: written by fleetctl.lab.slurm
+ClusterName={lab.name}
+SlurmctldHost={socket.gethostname()}({gateway})
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={d}/munge/munge.socket
+StateSaveLocation={d}/ctld
+SlurmctldPidFile={d}/ctld/slurmctld.pid
+SlurmctldLogFile={d}/ctld/slurmctld.log
+SlurmdSpoolDir={d}/nodes/%n
+SlurmdPidFile={d}/nodes/%n/slurmd.pid
+SlurmdLogFile={d}/nodes/%n/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/linear
+SchedulerType=sched/builtin
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=2
+{nodes}
+PartitionName=lab Nodes={names} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmLab:
+    """The Slurm of one lab: its config and the environment its clients need."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.dir = slurm_dir(lab)
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        """Environment for ``srun``/``salloc``/``scontrol`` (and fleetctl) on this machine."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # ------------------------------------------------------------------ up
+    @classmethod
+    def start(cls, lab: Lab, timeout: float = READY_TIMEOUT) -> SlurmLab:
+        """Start munged, slurmctld and every host's slurmd; wait until all nodes are idle."""
+        why = installed()
+        if why:
+            raise LabError(f"lab {lab.name}: Slurm {why} (apt-get install slurm-wlm munge)")
+        self = cls(lab)
+        if self.dir.exists():
+            stop(lab)
+            shutil.rmtree(self.dir)
+        for sub in ("munge", "ctld", *(f"nodes/{h.name}" for h in lab.hosts)):
+            (self.dir / sub).mkdir(parents=True, mode=0o700)
+        gateway = lab.state["mgmt"]["gateway"]
+        self.conf.write_text(_conf(lab, self.dir, _free_port(gateway), _free_port(gateway)))
+        key = self.dir / "munge" / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o600)
+        state: dict[str, Any] = {"pids": {}}
+        try:
+            m = self.dir / "munge"
+            self._spawn(
+                state,
+                "munged",
+                [
+                    _which("munged") or "munged",
+                    "-F",
+                    "--force",
+                    f"--key-file={key}",
+                    f"--socket={m}/munge.socket",
+                    f"--pid-file={m}/munged.pid",
+                    f"--log-file={m}/munged.log",
+                    f"--seed-file={m}/munged.seed",
+                ],
+            )
+            _wait(lambda: (m / "munge.socket").exists(), timeout, "munged socket", self)
+            self._spawn(
+                state,
+                "slurmctld",
+                [_which("slurmctld") or "slurmctld", "-D", "-c", "-i", "-f", str(self.conf)],
+            )
+            slurmd = shlex.join([_which("slurmd") or "slurmd", "-D", "-f", str(self.conf)])
+            for h in lab.hosts:
+                line = f"{_CGROUP_V1} exec {slurmd} -N {h.name}"
+                self._spawn(state, f"slurmd:{h.name}", lab.nsenter_argv(h.name, ["sh", "-c", line]))
+            _wait(self._all_idle, timeout, "every slurmd idle", self)
+        except BaseException:
+            _stop_pids(state)
+            raise
+        return self
+
+    def _spawn(self, state: dict[str, Any], key: str, argv: list[str]) -> None:
+        log = open(self.dir / f"{key.replace(':', '-')}.out", "ab")  # noqa: SIM115
+        with log:
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                start_new_session=True,
+            )
+        state["pids"][key] = [p.pid, procs.start_time(p.pid)]
+        tmp = self.dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.dir / STATE_FILE)
+
+    def _all_idle(self) -> bool:
+        out = self.scontrol("show", "node", "-o", check=False)
+        states = re.findall(r"\bState=(\S+)", out)
+        return len(states) == len(self.lab.hosts) and all(s.startswith("IDLE") for s in states)
+
+    def scontrol(self, *args: str, check: bool = True) -> str:
+        p = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, env=self.env(), timeout=10
+        )
+        if check and p.returncode != 0:
+            raise LabError(f"scontrol {' '.join(args)}: {p.stderr.strip()}")
+        return p.stdout
+
+    # ------------------------------------------------------------------ jobs
+    def allocate(self, n: int, timeout: float = 30.0) -> tuple[str, str]:
+        """``salloc -N n --no-shell``: the allocation's (job id, node list)."""
+        p = subprocess.run(
+            ["salloc", f"--nodes={n}", "--no-shell", f"--immediate={int(timeout)}"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=timeout + 5,
+        )
+        m = re.search(r"Granted job allocation (\d+)", p.stderr + p.stdout)
+        if p.returncode != 0 or not m:
+            raise LabError(f"salloc -N {n}: {(p.stderr or p.stdout).strip()}")
+        job = m.group(1)
+        out = self.scontrol("show", "job", "-o", job)
+        nodes = re.search(r"\bNodeList=(\S+)", out)
+        if not nodes:
+            raise LabError(f"scontrol show job {job}: no NodeList in {out!r}")
+        return job, nodes.group(1)
+
+    def cancel(self, job: str) -> None:
+        subprocess.run(["scancel", job], capture_output=True, env=self.env(), timeout=10)
+
+
+def _wait(ok: Any, timeout: float, what: str, slurm: SlurmLab) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            logs = sorted(slurm.dir.glob("*.out"))
+            tail = " | ".join(
+                f"{p.name}: {p.read_text(errors='replace').strip()[-300:]}" for p in logs
+            )
+            raise LabError(
+                f"lab {slurm.lab.name}: Slurm not ready ({what}) in {timeout:g}s; {tail}"
+            )
+        time.sleep(0.1)
+
+
+def _stop_pids(state: dict[str, Any]) -> list[str]:
+    """Kill every recorded daemon (verified by start time); slurmd's nsenter takes its child."""
+    stopped: list[str] = []
+    pending: list[tuple[int, int | None]] = []
+    for key, (pid, started) in state.get("pids", {}).items():
+        if not procs.same_process(pid, started):
+            continue
+        kids = [(c, procs.start_time(c)) for c in procs.children(pid)]
+        for c, st in kids:
+            procs.kill(c)
+            pending.append((c, st))
+        procs.kill(pid)
+        pending.append((pid, started))
+        stopped.append(f"{key} pid {pid}")
+    stuck = procs.wait_gone(pending, STOP_TIMEOUT)
+    if stuck:
+        raise LabError(f"Slurm daemons still running: pids {stuck}")
+    return stopped
+
+
+def stop(lab: Lab) -> list[str]:
+    """Stop the lab's Slurm daemons by PID (idempotent); what was stopped."""
+    path = slurm_dir(lab) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    stopped = _stop_pids(state)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return stopped

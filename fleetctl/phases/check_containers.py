@@ -1,0 +1,140 @@
+"""``--image``: before launch, on every node that runs in a container, the runtime (named, or
+the first of podman, docker, apptainer found), the image present, a trivial container started,
+and the same image (by id) on every node that names it. Anything else stops the run (exit 3)
+with one line naming the hosts and the image.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from fleetctl.errors import CheckError
+from fleetctl.node import Node
+from fleetctl.plan.rankplan import Plan
+from fleetctl.plan.runtimes import ORDER, runtime
+from fleetctl.results import FleetResult
+from fleetctl.ssh.fleet import Fleet
+
+TIMEOUT = 120.0  # a runtime's first start on a node may set up its storage
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """One node's answer: the runtime it will use, the image's id there, a failure."""
+
+    runtime: str | None
+    image_id: str | None = None
+    problem: str | None = None
+
+
+def wanted(nodes: Sequence[Node], image: str | None, rt: str | None) -> dict[str, tuple]:
+    """host -> (image, runtime or None) for the nodes that run in a container."""
+    out = {}
+    for n in nodes:
+        img = image or n.vars.get("fleetctl_image")
+        if img:
+            named = rt or n.vars.get("fleetctl_container_runtime")
+            out[n.name] = (str(img), None if named is None else str(named))
+    return out
+
+
+def script(image: str, named: str | None) -> str:
+    """The node's side, in POSIX sh: one ``key value`` line per fact."""
+    cases = []
+    for name in ORDER:
+        r = runtime(name)
+        cases.append(
+            f"  {name}) id=$({shlex.join(r.image_id_argv(image))} 2>/dev/null | cut -d' ' -f1)"
+            f"; probe() {{ {shlex.join(r.probe_argv(image))}; }} ;;"
+        )
+    pick = " ".join(ORDER)
+    return "\n".join(
+        [
+            f"rt={shlex.quote(named or '')}",
+            'if [ -z "$rt" ]; then',
+            f'  for c in {pick}; do command -v "$c" >/dev/null 2>&1 && {{ rt=$c; break; }}; done',
+            'elif ! command -v "$rt" >/dev/null 2>&1; then echo "missing $rt"; exit 0; fi',
+            '[ -n "$rt" ] || { echo "missing -"; exit 0; }',
+            'echo "runtime $rt"',
+            'case "$rt" in',
+            *cases,
+            "esac",
+            '[ -n "$id" ] || { echo "image -"; exit 0; }',
+            'echo "image $id"',
+            "out=$(probe 2>&1 </dev/null); rc=$?",
+            'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
+        ]
+    )
+
+
+def parse(stdout: str, image: str) -> ImageFacts:
+    facts = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+    if "missing" in facts:
+        which = facts["missing"]
+        if which == "-":
+            return ImageFacts(None, problem=f"no container runtime found ({', '.join(ORDER)})")
+        return ImageFacts(None, problem=f"container runtime {which} not found")
+    rt = facts.get("runtime")
+    if facts.get("image", "-") == "-":
+        return ImageFacts(rt, problem=f"image {image} is not present ({rt})")
+    code, _, last = facts.get("probe", "? ").partition(" ")
+    if code != "0":
+        why = f": {last.strip()}" if last.strip() else ""
+        return ImageFacts(rt, facts["image"], f"{rt} cannot start a container of {image}{why}")
+    return ImageFacts(rt, facts["image"])
+
+
+def check_images(fleet: Fleet, want: Mapping[str, tuple]) -> dict[str, str]:
+    """host -> the runtime it uses; raises CheckError naming every host that cannot run."""
+    nodes = [n for n in fleet.nodes if n.name in want]
+
+    def one(node: Node, conn) -> ImageFacts:
+        image, named = want[node.name]
+        res = conn.run(["sh", "-c", script(image, named)], timeout=TIMEOUT)
+        return parse(res.stdout, image)
+
+    result: FleetResult[ImageFacts] = fleet.map(one, timeout=TIMEOUT + 30.0, nodes=nodes)
+    problems = []
+    for host, got in result.items():
+        if isinstance(got, BaseException):
+            problems.append(f"{host}: {got}")
+        elif got.problem:
+            problems.append(f"{host}: {got.problem}")
+    if not problems:
+        problems = mismatches(want, {h: f.image_id for h, f in result.items()})  # type: ignore[union-attr]
+    if problems:
+        raise CheckError("; ".join(problems), result)
+    return {h: f.runtime for h, f in result.items()}  # type: ignore[union-attr]
+
+
+def mismatches(want: Mapping[str, tuple], ids: Mapping[str, str | None]) -> list[str]:
+    """Nodes whose build of an image is not the one most nodes have, each named with both ids."""
+    out = []
+    for image in sorted({img for img, _ in want.values()}):
+        hosts = [h for h in want if want[h][0] == image]
+        counts: dict[str | None, int] = {}
+        for h in hosts:
+            counts[ids[h]] = counts.get(ids[h], 0) + 1
+        common = max(counts, key=lambda i: (counts[i], -hosts.index(_first(hosts, ids, i))))
+        ref = _first(hosts, ids, common)
+        for h in hosts:
+            if ids[h] != common:
+                out.append(f"{h}: image {image} is another build: {ids[h]} (on {ref}: {common})")
+    return out
+
+
+def _first(hosts: Sequence[str], ids: Mapping[str, str | None], image_id: str | None) -> str:
+    return next(h for h in hosts if ids[h] == image_id)
+
+
+def with_runtimes(plan: Plan, runtimes: Mapping[str, str]) -> Plan:
+    """The plan with each container's runtime the one the check found on its node."""
+    nodes = tuple(
+        replace(np, container={**np.container, "runtime": runtimes[np.host]})
+        if np.container and np.host in runtimes
+        else np
+        for np in plan.nodes
+    )
+    return replace(plan, nodes=nodes)

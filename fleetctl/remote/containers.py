@@ -1,0 +1,82 @@
+"""A job's containers on this node, ended for sure: listed by the job's label, stopped,
+removed, listed again. The argv come from the controller (``fleetctl/plan/runtimes/``) in
+the spec's ``container`` entry; this module only runs them, each with a timeout.
+
+Not wired yet: the supervisor does not start containers (issue 25, docs/containers.md).
+Node module: stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+CALL_TIMEOUT = 30.0  # one runtime command; a hung daemon never holds the teardown longer
+
+
+def _run(argv: list, timeout: float) -> tuple:
+    """(exit code, stdout, stderr's last line); code None when it did not run or timed out."""
+    try:
+        p = subprocess.run(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "", f"{' '.join(map(str, argv[:2]))}: no answer within {timeout:g}s"
+    except OSError as e:
+        return None, "", f"{argv[0]}: {e.strerror or e}"
+    err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+    return p.returncode, p.stdout.decode("utf-8", "replace"), err[-1] if err else ""
+
+
+def listed(cfg: dict, timeout: float = CALL_TIMEOUT) -> tuple:
+    """(container ids of the job, problem or None, exit code): ids one per line."""
+    code, out, err = _run(cfg["list"], timeout)
+    if code != 0:
+        return [], err or f"{cfg['list'][0]} ps exited {code}", code
+    return [line.strip() for line in out.splitlines() if line.strip()], None, code
+
+
+def end_containers(cfg: dict, grace: float, timeout: float = CALL_TIMEOUT) -> dict:
+    """Stop and remove every container labelled with the job, then check none is left.
+
+    ``cfg``: ``list`` (argv printing the ids), ``stop`` and ``remove`` (argv prefixes the ids
+    are appended to). Returns ``found``, ``remaining`` (ids still listed after) and
+    ``problem`` (the last failure, None when the end is verified). A ``fleetctl stop`` on
+    this node kills every process under the supervisor, the runtime commands of this very
+    teardown included: one ended by a signal is tried again, for ``grace`` + 10 s at most."""
+    deadline = time.monotonic() + grace + 10.0
+    found: list = []
+    while True:
+        said = _end_once(cfg, grace, timeout)
+        found = sorted({*found, *said["found"]})
+        if not said.pop("killed") or time.monotonic() > deadline:
+            return {**said, "found": found}
+        time.sleep(0.2)
+
+
+def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
+    killed = False
+    found, problem, code = listed(cfg, timeout)
+    killed = killed or (code is not None and code < 0)
+    if found:
+        code, _, err = _run([*cfg["stop"], *found], grace + timeout)
+        killed = killed or (code is not None and code < 0)
+        if code != 0:  # a stop that failed is no end: removing with force kills
+            problem = err or f"{cfg['stop'][0]} stop exited {code}"
+        code, _, err = _run([*cfg["remove"], *found], timeout)
+        killed = killed or (code is not None and code < 0)
+        if code != 0:
+            problem = err or f"{cfg['remove'][0]} rm exited {code}"
+    remaining, again, code = listed(cfg, timeout)
+    killed = killed or (code is not None and code < 0)
+    if again is not None:
+        problem = again
+    elif remaining:
+        problem = problem or f"{len(remaining)} container(s) of the job still listed"
+    else:
+        problem = None  # verified: whatever failed on the way, nothing of the job is left
+        killed = False
+    return {"found": found, "remaining": remaining, "problem": problem, "killed": killed}

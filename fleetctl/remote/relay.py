@@ -1,0 +1,210 @@
+"""The push helper's checkpoint relay (``relay-pack`` / ``relay-apply``), see below.
+
+Node module: stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
+    from .finalize import fetch, sha256_file
+    from .pushbase import Failed, rmtree, workdirs
+    from .workdirs import workdir_id
+except ImportError:
+    from finalize import fetch, sha256_file
+    from pushbase import Failed, rmtree, workdirs
+    from workdirs import workdir_id
+
+
+# A retry's nodes get what the job wrote into its work folder on the node of rank 0
+# (pytorch/examples' snapshot.pt, Lightning's and HF Trainer's checkpoint folders): ``relay-pack``
+# there lists the regular files that differ from the code snapshot the folder was seeded from
+# (``__pycache__`` and private-key look-alikes left out) and tars them into
+# ``W/envs/.tmp-relay-*.tar``; ``relay-apply`` on each node of the retry seeds its work folder
+# as the supervisor would, takes the tar (uploaded, or fetched from a peer and sha-checked) and
+# writes each file under a temp name and renames it, so nodes of one shared home may do it at
+# once. A node reading the source's workdir id shares its folder: nothing to do.
+
+RELAY_SKIP_DIRS = ("__pycache__",)
+RELAY_KEY_NAMES = ("id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk")
+RELAY_LISTED = 200  # file names in the answer; the count and bytes cover every file
+
+
+def relay_paths(cfg: dict) -> tuple[str, str, str]:
+    """(workdir, the job's work folder, the folder relayed: the work folder, or ``dir``
+    relative to the folder the job runs in, ``cwd``: the script's own inside the work folder)."""
+    w = os.path.abspath(os.path.expanduser(cfg["workdir"]))
+    work = os.path.abspath(os.path.expanduser(cfg["work"]))
+    sub = cfg.get("dir")
+    root = work
+    if sub:
+        sub = os.path.expanduser(sub)
+        cwd = os.path.abspath(os.path.expanduser(cfg.get("cwd") or work))
+        root = os.path.normpath(sub if os.path.isabs(sub) else os.path.join(cwd, sub))
+    inside = root == w or root.startswith(w + os.sep)
+    if w.startswith(root + os.sep) or (
+        inside and not (root == work or root.startswith(work + os.sep))
+    ):
+        raise Failed("relay", f"the checkpoint folder {root} holds fleetctl's own files")
+    return w, work, root
+
+
+def looks_secret(path: str, name: str) -> bool:
+    """A private key by name or by its header (the code push's rule)."""
+    if name in RELAY_KEY_NAMES:
+        return True
+    import re
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError:
+        return False
+    pat = rb"(?m)^(?:-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----|PuTTY-User-Key-File-\d+: )"
+    return re.search(pat, head) is not None
+
+
+def relay_files(work: str, root: str, seed: str | None, allowed: set) -> tuple[list, list]:
+    """[(name relative to root, size)] new or changed against the seed; secrets left out."""
+    import stat
+
+    out, secrets = [], []
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in RELAY_SKIP_DIRS)
+        for name in sorted(names):
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or name.endswith(".pyc"):
+                continue
+            rel = os.path.relpath(path, root)
+            in_work = path.startswith(work + os.sep)
+            if seed and in_work:
+                try:
+                    old = os.lstat(os.path.join(seed, os.path.relpath(path, work)))
+                    if old.st_size == st.st_size and old.st_mtime_ns == st.st_mtime_ns:
+                        continue  # the code as pushed
+                except OSError:
+                    pass
+            if (
+                looks_secret(path, name)
+                and (os.path.relpath(path, work) if in_work else rel) not in allowed
+            ):
+                secrets.append(rel)
+                continue
+            out.append((rel, st.st_size))
+    return out, secrets
+
+
+def relay_pack(cfg: dict) -> dict:
+    import tarfile
+
+    w, work, root = relay_paths(cfg)
+    seed = os.path.abspath(os.path.expanduser(cfg["seed"])) if cfg.get("seed") else None
+    out = {"workdir_id": workdir_id(w), "root": root, "files": [], "count": 0, "bytes": 0}
+    if not os.path.isdir(root):
+        return out
+    files, secrets = relay_files(work, root, seed, set(cfg.get("allow_secrets") or ()))
+    total = sum(size for _rel, size in files)
+    out.update(files=[rel for rel, _s in files[:RELAY_LISTED]], count=len(files), bytes=total)
+    out["secrets"] = secrets
+    if not files or total > int(cfg["max_bytes"]):
+        return out
+    envs_root = workdirs(cfg)[2]
+    tar = os.path.join(envs_root, cfg["tar"])
+    try:
+        with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as tf:
+            for rel, _size in files:
+                tf.add(os.path.join(root, rel), arcname=rel, recursive=False)
+    except OSError as e:
+        rmtree(tar)
+        raise Failed("relay", f"cannot pack {root}: {e}", e.errno == errno.ENOSPC) from e
+    out.update(tar=tar, size=os.path.getsize(tar), sha=sha256_file(tar))
+    return out
+
+
+def seed_work(work: str, seed: str | None) -> None:
+    """The supervisor's ``seed_work_folder``: the work folder starts as a copy of the code."""
+    if os.path.isdir(work):
+        return
+    import shutil
+
+    parent = os.path.dirname(work)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    if not seed or not os.path.isdir(seed):
+        os.makedirs(work, mode=0o700, exist_ok=True)
+        return
+    tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}-{os.urandom(4).hex()}")
+    shutil.copytree(seed, tmp, symlinks=True)
+    os.chmod(tmp, 0o700)
+    try:
+        os.rename(tmp, work)
+    except OSError:  # another node of a shared home made it first: the same copy
+        rmtree(tmp)
+        if not os.path.isdir(work):
+            raise
+
+
+def relay_unpack(tar: str, root: str) -> tuple[int, int]:
+    """Regular files only, each under a temp name then renamed; a name that leaves ``root``
+    stops it."""
+    import shutil
+    import tarfile
+
+    real = os.path.realpath(root)
+    count = size = 0
+    with tarfile.open(tar, "r:") as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            parts = m.name.split("/")
+            target = os.path.realpath(os.path.join(root, m.name))
+            if m.name.startswith("/") or ".." in parts or not target.startswith(real + os.sep):
+                raise Failed("relay", f"archive member escapes the folder: {m.name}")
+            folder = os.path.dirname(target)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            tmp = os.path.join(folder, f".{parts[-1]}.relay-{os.urandom(4).hex()}")
+            try:
+                src = tf.extractfile(m)
+                assert src is not None
+                with open(tmp, "wb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+                os.chmod(tmp, (m.mode & 0o777) or 0o600)
+                os.utime(tmp, (m.mtime, m.mtime))
+                os.replace(tmp, target)
+            except BaseException:
+                rmtree(tmp)
+                raise
+            count, size = count + 1, size + m.size
+    return count, size
+
+
+def relay_apply(cfg: dict) -> dict:
+    w, work, root = relay_paths(cfg)
+    envs_root = workdirs(cfg)[2]
+    tar = os.path.join(envs_root, cfg["tar"])
+    try:
+        if cfg.get("source_id") and workdir_id(w) == cfg["source_id"]:
+            return {"shared": True}
+        seed_work(
+            work, os.path.abspath(os.path.expanduser(cfg["seed"])) if cfg.get("seed") else None
+        )
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        out = {}
+        if cfg.get("fetch"):
+            got = fetch(
+                cfg["fetch"], tar, cfg["sha"], int(cfg["size"]), cfg.get("fetch_timeout", 60)
+            )
+            out["peer"] = got["peer"]
+        elif sha256_file(tar) != cfg["sha"]:
+            raise Failed("relay", "the uploaded archive's sha256 does not match")
+        out["files"], out["bytes"] = relay_unpack(tar, root)
+        return out
+    except OSError as e:
+        raise Failed("relay", str(e), e.errno == errno.ENOSPC) from e
+    finally:
+        rmtree(tar)

@@ -1,0 +1,115 @@
+"""Bounded waits of the check probe: a program run with a timeout, a function on a thread of
+its own, a parallel map. Every wait here ends.
+
+Node module: stdlib only, Python >= 3.8 (the probe's: 3.7+).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def which(name: str) -> str | None:
+    """shutil.which for a plain name, without importing shutil."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def run(argv: list, timeout: float) -> tuple:
+    """(exit code, stdout, stderr); 127 when the program is missing, 124 on timeout."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except FileNotFoundError as e:
+        return 127, "", str(e)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:g}s"
+    except OSError as e:
+        return 126, "", str(e)
+    return (
+        proc.returncode,
+        proc.stdout.decode(errors="replace"),
+        proc.stderr.decode(errors="replace"),
+    )
+
+
+def bounded(fn, timeout: float, default: object) -> object:
+    """Run fn in a daemon thread; ``default`` if it does not finish (DNS can hang)."""
+    box = [default]
+
+    def target() -> None:
+        try:
+            box[0] = fn()
+        except Exception as e:  # reported as data, never raised
+            box[0] = {"error": str(e)}
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    return box[0]
+
+
+class Task:
+    """``fn(*args)`` on a daemon thread of its own; :meth:`result` waits a bounded time.
+
+    Not concurrent.futures: its import (logging, traceback) cost every probe start ~14 ms of
+    CPU, on every node, at every check."""
+
+    def __init__(self, fn, *args) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args: tuple) -> None:
+        try:
+            self.value = fn(*args)
+        except BaseException as e:  # re-raised by result(), in the caller's thread
+            self.error = e
+
+    def result(self, timeout: float) -> object:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"no answer within {timeout:g}s")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def pmap(fn, items: list, width: int, timeout: float) -> list:
+    """``[fn(x) for x in items]`` on up to ``width`` threads, in order; the first error is
+    raised, and so is TimeoutError when they are not all done within ``timeout``."""
+    out: list = [None] * len(items)
+    errors: list = []
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                out[i] = fn(items[i])
+            except BaseException as e:  # re-raised below, in the caller's thread
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(width, len(items)))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"{len(items)} calls not done within {timeout:g}s")
+    return out

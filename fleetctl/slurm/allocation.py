@@ -1,0 +1,153 @@
+"""The fleet of a Slurm allocation: ``SLURM_JOB_ID`` + ``SLURM_JOB_NODELIST`` → nodes.
+
+Without an inventory the allocation is the fleet, in Slurm's order; with one, the allocation
+selects and orders the inventory's hosts (their vars apply). Every node is marked to be reached
+by ``srun`` (``fleetctl.slurm.srun``): compute nodes often refuse SSH to users without a job.
+Addresses: the node name where it resolves, else Slurm's ``NodeAddr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.node import Node
+from fleetctl.slurm.hostlist import expand
+
+if TYPE_CHECKING:
+    from fleetctl.plan.inventory.load import Inventory
+
+#: Node.vars keys that make a node a job step target instead of an SSH host
+CONNECTION_VAR = "fleetctl_connection"
+JOB_VAR = "fleetctl_slurm_job"
+SCONTROL_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    hosts: tuple[str, ...]
+    gpus_per_node: int | None = None
+
+
+def from_env(env: Mapping[str, str]) -> Allocation | None:
+    """The allocation this process runs in (None outside one)."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise UsageError(f"SLURM_JOB_ID={job} is set but SLURM_JOB_NODELIST is not")
+    gpus = None
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS"):
+        if env.get(key):
+            gpus = gpus_from(key, env[key])
+            if gpus is not None:
+                break
+    return Allocation(job, tuple(expand(nodelist)), gpus)
+
+
+def gpus_from(key: str, value: str) -> int | None:
+    """GPUs per node from a Slurm variable: ``2``, ``gpu:2``, ``gpu:a100:2``, ``0,1`` (ids)."""
+    value = value.strip()
+    if key == "SLURM_JOB_GPUS":  # the ids of this node's GPUs
+        return len([x for x in value.split(",") if x.strip()]) or None
+    m = re.search(r"(?:^|:)(\d+)(?:\(|$)", value)
+    return int(m.group(1)) if m else None
+
+
+def node_addrs(scontrol_show_node: str) -> dict[str, str]:
+    """``scontrol show node -o`` → {NodeName: NodeAddr}."""
+    out: dict[str, str] = {}
+    for line in scontrol_show_node.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        addr = re.search(r"\bNodeAddr=(\S+)", line)
+        if name and addr:
+            out[name.group(1)] = addr.group(1)
+    return out
+
+
+def _resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def _scontrol_addrs(hosts: Sequence[str]) -> dict[str, str]:
+    argv = ["scontrol", "show", "node", "-o", ",".join(hosts)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise FleetctlError(f"`{' '.join(argv)}` failed: {e}") from e
+    if p.returncode != 0:
+        raise FleetctlError(f"`{' '.join(argv)}` failed: {p.stderr.strip() or p.returncode}")
+    return node_addrs(p.stdout)
+
+
+def fleet_nodes(
+    alloc: Allocation,
+    inventory: Sequence[Node] | None,
+    *,
+    resolves: Callable[[str], bool] = _resolves,
+    addrs: Callable[[Sequence[str]], Mapping[str, str]] = _scontrol_addrs,
+) -> tuple[Node, ...]:
+    """The allocation's nodes in Slurm's order, each marked for srun. Pure given the callables."""
+    marks = {CONNECTION_VAR: "srun", JOB_VAR: alloc.job_id}
+    if inventory is not None:
+        by_name = {n.name: n for n in inventory}
+        missing = [h for h in alloc.hosts if h not in by_name]
+        if missing:
+            raise UsageError(
+                f"Slurm job {alloc.job_id}: node(s) {', '.join(missing)} of the allocation are "
+                "not in the inventory's selection"
+            )
+        return tuple(
+            dataclasses.replace(
+                by_name[h],
+                vars={**by_name[h].vars, **marks},
+                gpus=by_name[h].gpus if by_name[h].gpus is not None else alloc.gpus_per_node,
+            )
+            for h in alloc.hosts
+        )
+    unresolved = [h for h in alloc.hosts if not resolves(h)]
+    known = dict(addrs(unresolved)) if unresolved else {}
+    return tuple(
+        Node(
+            name=h,
+            address=known.get(h, h),
+            gpus=alloc.gpus_per_node,
+            vars=dict(marks),
+            source=f"Slurm job {alloc.job_id}",
+        )
+        for h in alloc.hosts
+    )
+
+
+def apply(
+    inv: Inventory, *, has_inventory: bool, env: Mapping[str, str] | None = None
+) -> Inventory:
+    """``inv`` as run inside the current allocation (unchanged outside one)."""
+    alloc = from_env(os.environ if env is None else env)
+    if alloc is None:
+        return inv
+    nodes = fleet_nodes(alloc, inv.nodes if has_inventory else None)
+    names = tuple(n.name for n in nodes)
+    groups = {g: tuple(h for h in names if h in set(m)) for g, m in inv.groups.items()}
+    if not has_inventory:
+        groups = {"all": names, "ungrouped": names}
+    digest = hashlib.sha256(f"{inv.digest}\0slurm\0{alloc.job_id}\0{','.join(names)}".encode())
+    return dataclasses.replace(inv, nodes=nodes, groups=groups, digest=digest.hexdigest())
+
+
+def is_srun(node: Node) -> bool:
+    return node.vars.get(CONNECTION_VAR) == "srun"

@@ -1,0 +1,184 @@
+"""A node reached by ``srun``: every command is a job step on that one node.
+
+Why one step per node and per command, not one multi-node step: each node's supervisor then
+has its own stdin/stdout, exactly like an SSH channel, so check, push, launch, watch (with
+reattach), teardown and collect run unchanged; a node whose step dies is that node's loss
+alone, and a teardown command on a node is one more step beside the supervisor's
+(``--overlap``). ``--kill-on-bad-exit`` makes Slurm end the step when its task fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import select
+import shlex
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fleetctl.errors import RemoteCommandError
+from fleetctl.results import CommandResult
+from fleetctl.slurm.allocation import JOB_VAR
+from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+
+FILE_TIMEOUT = 600.0  # a put/get/listdir step, file bytes included
+
+
+def srun_argv(job_id: str, node: str, line: str) -> list[str]:
+    """One task on ``node`` of job ``job_id`` running ``line`` under /bin/sh (pure)."""
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--ntasks-per-node=1",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--unbuffered",
+        "--quiet",
+        f"--job-name=fleetctl-{node}",
+        "/bin/sh",
+        "-c",
+        line,
+    ]
+
+
+class _SrunStream(Stream):
+    """The srun process's pipes (stdout and stderr merged), like an SSH channel."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+
+    def recv(self, timeout: float) -> bytes | None:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 65536) if ready else None
+
+    def send(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        if self._proc.stdin.closed:
+            raise OSError("stdin closed")
+        self._proc.stdin.write(data)
+        self._proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+
+    def exit_code(self, timeout: float) -> int | None:
+        try:
+            code = self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return code if code >= 0 else 128 - code
+
+    def close(self) -> None:
+        self.close_stdin()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+    def fileno(self) -> int | None:
+        out = self._proc.stdout
+        return None if out is None or out.closed else out.fileno()
+
+
+class SrunConnection(Connection):
+    """A node's commands and streams, each run as an srun step on the node. No invoke here:
+    paramiko may be importing with invoke held off in another thread (``sshconfig``)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.job_id = str(node.vars[JOB_VAR])
+        self._home: str | None = None
+        self._lock = threading.Lock()
+
+    def _wrap(self, command: Command) -> list[str]:
+        return srun_argv(self.job_id, self.node.name, to_shell(command))
+
+    def run(
+        self, command: Command, *, timeout: float, stdin: bytes | None = None, check: bool = False
+    ) -> CommandResult:
+        line = to_shell(command)
+        proc = subprocess.Popen(
+            self._wrap(command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # srun gone: Slurm ends the step
+            proc.communicate()
+            raise RemoteCommandError(
+                self.node.label,
+                line,
+                None,
+                f"{self.node.label}: `{line}` timed out after {timeout:g}s",
+            ) from e
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        result = CommandResult(
+            line, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
+        return self._checked(command, result, check)
+
+    def start(self, command: Command) -> Stream:
+        proc = subprocess.Popen(
+            self._wrap(command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return _SrunStream(proc)
+
+    def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
+        dest = self.expand(remote)
+        part = f"{dest}.part"
+        chmod = f" && chmod {mode:o} {shlex.quote(part)}" if mode is not None else ""
+        line = (
+            f"mkdir -p {shlex.quote(str(Path(dest).parent))} && cat > {shlex.quote(part)}"
+            f"{chmod} && mv -f {shlex.quote(part)} {shlex.quote(dest)}"
+        )
+        self.run(line, timeout=FILE_TIMEOUT, stdin=Path(local).read_bytes(), check=True)
+
+    def get(self, remote: str, local: str | Path) -> None:
+        out = self.run(
+            ["base64", "-w0", self.expand(remote)], timeout=FILE_TIMEOUT, check=True
+        ).stdout
+        Path(local).write_bytes(base64.b64decode(out))
+
+    def listdir(self, remote: str) -> list[tuple[str, bool, int]]:
+        argv = ["find", self.expand(remote), "-mindepth", "1", "-maxdepth", "1"]
+        out = self.run([*argv, "-printf", r"%y %s %f\0"], timeout=FILE_TIMEOUT, check=True)
+        entries = []
+        for rec in out.stdout.split("\0"):
+            if rec:
+                kind, size, name = rec.split(" ", 2)
+                entries.append((name, kind == "d", 0 if kind == "d" else int(size)))
+        return entries
+
+    @property
+    def home(self) -> str:
+        with self._lock:
+            if self._home is None:
+                res = self.run('printf %s "$HOME"', timeout=60.0)
+                if res.exit_code != 0 or not res.stdout.startswith("/"):
+                    raise RemoteCommandError(self.node.label, "echo $HOME", res)
+                self._home = res.stdout
+            return self._home
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,99 @@
+"""The allocation → nodes mapping (fleetctl.slurm.allocation) and the srun step argv."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetctl.errors import UsageError
+from fleetctl.node import Node
+from fleetctl.plan.inventory.load import Inventory
+from fleetctl.slurm import allocation
+from fleetctl.slurm.allocation import Allocation, fleet_nodes, from_env, gpus_from, node_addrs
+from fleetctl.slurm.srun import srun_argv
+from fleetctl.ssh.connection import connect
+
+SHOW_NODE = (
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.1 NodeHostName=gpu01 State=IDLE\n"
+    "NodeName=gpu02 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.2 NodeHostName=gpu02 State=IDLE\n"
+)
+
+
+def test_from_env() -> None:
+    assert from_env({}) is None
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[02,01]", "SLURM_GPUS_ON_NODE": "2"}
+    assert from_env(env) == Allocation("42", ("gpu02", "gpu01"), 2)
+    with pytest.raises(UsageError, match="SLURM_JOB_NODELIST"):
+        from_env({"SLURM_JOB_ID": "42"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "gpus"),
+    [
+        ("SLURM_GPUS_ON_NODE", "4", 4),
+        ("SLURM_GPUS_PER_NODE", "gpu:2", 2),
+        ("SLURM_GPUS_PER_NODE", "a100:8", 8),
+        ("SLURM_GPUS_PER_NODE", "gpu:a100:3(IDX:0-2)", 3),
+        ("SLURM_JOB_GPUS", "0,1,3", 3),
+    ],
+)
+def test_gpus_from(key: str, value: str, gpus: int) -> None:
+    assert gpus_from(key, value) == gpus
+
+
+def test_node_addrs() -> None:
+    assert node_addrs(SHOW_NODE) == {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2"}
+
+
+def test_allocation_alone_is_the_fleet_in_slurm_order() -> None:
+    alloc = Allocation("7", ("gpu02", "gpu01", "login"), 1)
+    asked: list[list[str]] = []
+
+    def addrs(hosts: list[str]) -> dict[str, str]:
+        asked.append(list(hosts))
+        return node_addrs(SHOW_NODE)
+
+    nodes = fleet_nodes(alloc, None, resolves=lambda h: h == "login", addrs=addrs)
+    assert [n.name for n in nodes] == ["gpu02", "gpu01", "login"]
+    # NodeAddr only where the name does not resolve; scontrol asked once, for those
+    assert [n.address for n in nodes] == ["10.0.0.2", "10.0.0.1", "login"]
+    assert asked == [["gpu02", "gpu01"]]
+    assert all(n.gpus == 1 and allocation.is_srun(n) for n in nodes)
+    assert nodes[0].vars[allocation.JOB_VAR] == "7"
+
+
+def test_inventory_selected_and_ordered_by_the_allocation() -> None:
+    inv = [
+        Node("gpu01", "10.1.0.1", nic="ib0", vars={"fleetctl_nic": "ib0"}),
+        Node("gpu02", "10.1.0.2", gpus=8),
+        Node("gpu03", "10.1.0.3"),
+    ]
+    nodes = fleet_nodes(Allocation("9", ("gpu02", "gpu01"), 4), inv)
+    assert [(n.name, n.address, n.nic, n.gpus) for n in nodes] == [
+        ("gpu02", "10.1.0.2", None, 8),  # the inventory's gpus win over the allocation's
+        ("gpu01", "10.1.0.1", "ib0", 4),
+    ]
+    assert nodes[1].vars["fleetctl_nic"] == "ib0" and allocation.is_srun(nodes[1])
+    with pytest.raises(UsageError, match="gpu04 of the allocation are not in the inventory"):
+        fleet_nodes(Allocation("9", ("gpu01", "gpu04")), inv)
+
+
+def test_apply_outside_an_allocation_changes_nothing() -> None:
+    inv = Inventory(path=None, nodes=(Node("a", "a"),), groups={"all": ("a",)}, digest="d")
+    assert allocation.apply(inv, has_inventory=False, env={}) is inv
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "a"}
+    got = allocation.apply(inv, has_inventory=True, env=env)
+    assert [n.name for n in got.nodes] == ["a"] and got.digest != "d"
+
+
+def test_srun_node_gets_an_srun_connection() -> None:
+    node = fleet_nodes(Allocation("5", ("n1",)), None, resolves=lambda h: True)[0]
+    conn = connect(node)
+    assert type(conn).__name__ == "SrunConnection" and conn.job_id == "5"
+
+
+def test_srun_argv() -> None:
+    argv = srun_argv("12", "gpu03", "echo hi")
+    assert argv[0] == "srun" and argv[-3:] == ["/bin/sh", "-c", "echo hi"]
+    for opt in ("--jobid=12", "--nodelist=gpu03", "--nodes=1", "--ntasks=1", "--overlap"):
+        assert opt in argv
+    assert "--kill-on-bad-exit=1" in argv

@@ -1,0 +1,126 @@
+"""The node's container teardown (``fleetctl/remote/containers.py``, Python 3.8) against a fake
+``podman`` on PATH, driven by the argv the controller's podman builder makes: every container
+labelled with the job is stopped and removed, another job's is left alone, and a container
+that will not go is reported, never hidden."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from fleetctl import remote
+from fleetctl.plan.runtimes import runtime
+
+#: podman's ps/stop/rm over a JSON file of containers (id -> {"job", "state"}); ``stuck``
+#: containers survive rm, as one whose runtime cannot kill it.
+FAKE = """\
+import json, os, sys
+db = os.environ["FAKE_PODMAN_DB"]
+cs = json.load(open(db))
+args = sys.argv[1:]
+with open(db + ".log", "a") as log:
+    log.write(" ".join(args) + "\\n")
+if args[0] == "ps" and os.environ.get("FAKE_PODMAN_KILLED") and not os.path.exists(db + ".k"):
+    open(db + ".k", "w").close()  # the first ps is killed, as a concurrent `fleetctl stop` does
+    os.kill(os.getpid(), 9)
+if args[0] == "ps":
+    want = args[args.index("--filter") + 1].split("=", 2)[2]
+    print("\\n".join(i for i, c in sorted(cs.items()) if c["job"] == want))
+elif args[0] == "stop":
+    for i in args[3:]:
+        if cs[i]["state"] == "running":
+            cs[i]["state"] = "exited"
+elif args[0] == "rm":
+    for i in args[2:]:
+        if cs[i]["state"] != "stuck":
+            del cs[i]
+json.dump(cs, open(db, "w"))
+"""
+
+CALL = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]); import containers; "
+    "print(json.dumps(containers.end_containers(json.loads(sys.argv[2]), 1.5, 10.0)))"
+)
+
+
+def _end(
+    py38: str, tmp_path: Path, containers: dict, job: str, **extra: str
+) -> tuple[dict, dict, list]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "podman"
+    fake.write_text(f"#!{py38}\n{FAKE}")
+    fake.chmod(0o755)
+    db = tmp_path / "containers.json"
+    db.write_text(json.dumps(containers))
+    pod = runtime("podman")
+    cfg = {
+        "list": pod.list_argv(job),
+        "stop": pod.stop_argv([], 1.5),
+        "remove": pod.remove_argv([]),
+    }
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_PODMAN_DB": str(db),
+        **extra,
+    }
+    out = subprocess.run(
+        [py38, "-c", CALL, str(remote.HERE), json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    log = Path(f"{db}.log").read_text().splitlines()
+    return json.loads(out.stdout), json.loads(db.read_text()), log
+
+
+def test_the_node_ends_every_container_of_the_job_by_label(py38: str, tmp_path: Path) -> None:
+    cs = {
+        "a1": {"job": "j1", "state": "running"},
+        "a2": {"job": "j1", "state": "exited"},
+        "b1": {"job": "j10", "state": "running"},  # another job: a prefix is no match
+    }
+    said, left, log = _end(py38, tmp_path, cs, "j1")
+    assert said == {"found": ["a1", "a2"], "remaining": [], "problem": None}
+    assert left == {"b1": {"job": "j10", "state": "running"}}
+    assert log == [
+        "ps -a -q --filter label=fleetctl.job=j1",
+        "stop --time 2 a1 a2",
+        "rm --force a1 a2",
+        "ps -a -q --filter label=fleetctl.job=j1",
+    ]
+
+
+def test_a_container_that_will_not_go_is_reported(py38: str, tmp_path: Path) -> None:
+    cs = {"a1": {"job": "j1", "state": "running"}, "a2": {"job": "j1", "state": "stuck"}}
+    said, _, _ = _end(py38, tmp_path, cs, "j1")
+    assert said["remaining"] == ["a2"]
+    assert said["problem"] == "1 container(s) of the job still listed"
+
+
+def test_no_runtime_on_the_node_is_a_problem_not_a_crash(py38: str, tmp_path: Path) -> None:
+    cfg = {"list": ["/nonexistent/podman", "ps"], "stop": ["x"], "remove": ["x"]}
+    out = subprocess.run(
+        [py38, "-c", CALL, str(remote.HERE), json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = json.loads(out.stdout)
+    assert said["found"] == [] and said["remaining"] == []
+    assert said["problem"].startswith("/nonexistent/podman: "), said
+
+
+def test_a_runtime_command_killed_by_a_concurrent_stop_is_tried_again(
+    py38: str, tmp_path: Path
+) -> None:
+    cs = {"a1": {"job": "j1", "state": "running"}}
+    said, left, log = _end(py38, tmp_path, cs, "j1", FAKE_PODMAN_KILLED="1")
+    assert said == {"found": ["a1"], "remaining": [], "problem": None}
+    assert left == {}
+    assert log[:2] == ["ps -a -q --filter label=fleetctl.job=j1"] * 2
