@@ -30,3 +30,14 @@ def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None
     if collection_path.name == "infra" and collection_path.parent.name == "tests":
         return not config.getoption("hosts", default=None) or None
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests press Ctrl-C (SIGINT to a fleetctl run, or to this process during collection).
+    A suite started in the background by a non-interactive shell inherits SIGINT ignored, and
+    so would every fleetctl it starts: a real handler here lets them receive it (a child
+    inherits "ignored", never a handler)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

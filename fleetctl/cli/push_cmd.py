@@ -15,6 +15,7 @@ import click
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
     Count,
+    RegularFile,
     SSHOptions,
     allow_secret_option,
     inventory_option,
@@ -40,7 +41,7 @@ from fleetctl.cli.options import (
 @click.option(
     "--env",
     "env_archive",
-    type=click.Path(dir_okay=False),
+    type=RegularFile(),
     default=None,
     help="conda-pack archive (default: each host's fleetctl_env_archive).",
 )

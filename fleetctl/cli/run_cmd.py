@@ -22,6 +22,7 @@ from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
     Count,
+    RegularFile,
     Seconds,
     SSHOptions,
     allow_secret_option,
@@ -159,7 +160,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--env",
     "env_archive",
-    type=click.Path(exists=True, dir_okay=False),
+    type=RegularFile(),
     default=None,
     help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import select
 import shlex
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from fleetctl.errors import RemoteCommandError
 from fleetctl.results import CommandResult
 from fleetctl.slurm.allocation import JOB_VAR
 from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
+from fleetctl.ssh.procstream import ProcessStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -49,47 +49,6 @@ def srun_argv(job_id: str, node: str, line: str) -> list[str]:
         "-c",
         line,
     ]
-
-
-class _SrunStream(Stream):
-    """The srun process's pipes (stdout and stderr merged), like an SSH channel."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-
-    def recv(self, timeout: float) -> bytes | None:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        ready, _, _ = select.select([fd], [], [], timeout)
-        return os.read(fd, 65536) if ready else None
-
-    def send(self, data: bytes) -> None:
-        assert self._proc.stdin is not None
-        if self._proc.stdin.closed:
-            raise OSError("stdin closed")
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-
-    def exit_code(self, timeout: float) -> int | None:
-        try:
-            code = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        return code if code >= 0 else 128 - code
-
-    def close(self) -> None:
-        self.close_stdin()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-
-    def fileno(self) -> int | None:
-        out = self._proc.stdout
-        return None if out is None or out.closed else out.fileno()
 
 
 class SrunConnection(Connection):
@@ -142,7 +101,7 @@ class SrunConnection(Connection):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        return _SrunStream(proc)
+        return ProcessStream(proc)
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = self.expand(remote)

@@ -14,7 +14,6 @@ import contextlib
 import io
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import time
@@ -28,6 +27,7 @@ from invoke.runners import Local
 from fleetctl.errors import RemoteCommandError
 from fleetctl.results import CommandResult
 from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
+from fleetctl.ssh.procstream import ProcessStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -81,47 +81,6 @@ def _command_result(result: invoke.Result) -> CommandResult:
     return CommandResult(result.command, code, result.stdout, result.stderr)
 
 
-class _LocalStream(Stream):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-
-    def recv(self, timeout: float) -> bytes | None:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            return None
-        return os.read(fd, 65536)
-
-    def send(self, data: bytes) -> None:
-        assert self._proc.stdin is not None
-        if self._proc.stdin.closed:  # like a closed SSH channel: OSError, as documented
-            raise OSError("stdin closed")
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-
-    def exit_code(self, timeout: float) -> int | None:
-        try:
-            code = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        return code if code >= 0 else 128 - code
-
-    def close(self) -> None:
-        self.close_stdin()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-
-    def fileno(self) -> int | None:
-        out = self._proc.stdout
-        return None if out is None or out.closed else out.fileno()
-
-
 class LocalConnection(Connection):
     """This machine, without SSH: same commands, run by ``/bin/sh -c``."""
 
@@ -160,7 +119,7 @@ class LocalConnection(Connection):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        return _LocalStream(proc)
+        return ProcessStream(proc)
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = Path(self.expand(remote))

@@ -149,3 +149,20 @@ def test_a_job_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> Non
     fifo = _fifo(tmp_path, "job.yml")
     with pytest.raises(UsageError, match=r"job\.yml: job file is not a regular file \(a FIFO\)"):
         load_job_file(str(fifo))
+
+
+@pytest.mark.parametrize("command", ["run", "push"])
+def test_a_fifo_env_archive_is_refused_before_anything_is_contacted(
+    tmp_path: Path, command: str
+) -> None:
+    from fleetctl.testing.cli_runner import run_cli
+
+    fifo = _fifo(tmp_path, "env.tar.gz")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    args = [command, "--env", str(fifo)] + ([str(script)] if command == "run" else [])
+    res = run_cli(*args)
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"fleetctl: error: Invalid value for '--env': '{fifo}' is not a regular file"
+    )
