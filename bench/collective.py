@@ -2,8 +2,10 @@
 """``check --collective`` on lab fleets: its wall time, and its all-reduce busbw next to a plain
 ``torch.distributed`` all-reduce script's over the same data network.
 
-``python bench/collective.py --hosts 4,16 [--size-mib 32]`` (root: it starts namespace labs,
-downed in ``finally``). Prints one markdown row per size; nothing is judged.
+``python bench/collective.py [--hosts 4,16,64] [--size-mib 32]`` (root: it starts namespace
+labs, downed in ``finally``). Prints one markdown row per fleet size; nothing is judged. The
+plain script is started on every host at once and imports torch as the benchmark's node
+program does; both use gloo over the data NIC, the same bytes, best of 3.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ rank, world, master, nic = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.
 size = int(sys.argv[5])
 os.environ["GLOO_SOCKET_IFNAME"] = nic
 dist.init_process_group("gloo", init_method="tcp://%s:29731" % master, rank=rank,
-                        world_size=world, timeout=datetime.timedelta(seconds=120))
+                        world_size=world, timeout=datetime.timedelta(seconds=600))
 buf = torch.ones(size // 4)
 dist.all_reduce(buf)
 best = None
@@ -49,7 +51,7 @@ def plain_allreduce(lab, size: int) -> float:
             hosts[i].data_nic,
             str(size),
         ]
-        out = lab.exec(hosts[i].name, argv, timeout=300).stdout
+        out = lab.exec(hosts[i].name, argv, timeout=600).stdout
         return float(out.split("BUSBW")[-1]) if "BUSBW" in out else 0.0
 
     with cf.ThreadPoolExecutor(len(hosts)) as pool:
@@ -58,7 +60,7 @@ def plain_allreduce(lab, size: int) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", default="4,16")
+    p.add_argument("--hosts", default="4,16,64")
     p.add_argument("--size-mib", type=float, default=32.0)
     args = p.parse_args()
     from fleetctl.lab import Lab

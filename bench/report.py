@@ -102,6 +102,21 @@ SECTIONS: list[tuple[str, str, str]] = [
         "timestamps.",
     ),
     (
+        "containers",
+        "6b. Containers: start overhead per node",
+        "`fleetctl run` (8 hosts) of a no-op script with `--image fleetctl-test:py3` (podman) "
+        "vs without an image, and a bare `podman run --rm` of the same image timed on a node: "
+        "the image's cost to a job minus the bare start is the overhead (goal ≤ 0.5 s).",
+    ),
+    (
+        "slurm",
+        "6c. Slurm: fleetctl over bare sbatch and srun",
+        "A real Slurm on the lab (munged, slurmctld, one slurmd per host), a no-op job on 3 "
+        "nodes, rows taking turns: a bare `sbatch -W` of `srun python3 -c pass` vs `fleetctl "
+        "run --slurm --nodes 3` (goal ≤ 1.5 s more); inside `salloc -N3 --no-shell`, a bare "
+        "`srun -N3` vs `fleetctl run` (check, push, launch, teardown by srun steps).",
+    ),
+    (
         "scale",
         "7. Large fleets: listing and planning N hosts",
         "No lab and no network: an INI inventory of N hosts (`gpu0 … gpuN-1`, `ansible_host` "
@@ -499,11 +514,11 @@ def write_report(
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
         "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
-        "stall, push, logs, pipeline, scale, fleet; scale needs no lab and no root, fleet brings "
-        "up labs of 64 and 128 hosts of its own, `--fleet-sizes 8` to change). Raw results: the "
-        "`.json` next to this file; `--render docs/benchmarks.json` rewrites this page from them "
-        "without measuring; `--merge docs/benchmarks.json` re-measures the parts named by "
-        "`--only` into it.",
+        "stall, push, logs, pipeline, containers, slurm, scale, fleet; scale needs no lab and no "
+        "root, fleet brings up labs of 64 and 128 hosts of its own, `--fleet-sizes 8` to change). "
+        "Raw results: the `.json` next to this file; `--render docs/benchmarks.json` rewrites "
+        "this page from them without measuring; `--merge docs/benchmarks.json` re-measures the "
+        "parts named by `--only` into it.",
         "",
     ]
     measure_of = {
@@ -518,6 +533,8 @@ def write_report(
         "push": "push",
         "logs": "logs",
         "pipeline": "pipeline",
+        "containers": "containers",
+        "slurm": "slurm",
         "scale": "scale",
         "fleet": "fleet",
     }

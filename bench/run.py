@@ -40,6 +40,8 @@ MEASUREMENTS = (
     "push",
     "logs",
     "pipeline",
+    "containers",
+    "slurm",
     "scale",
     "fleet",
 )
@@ -137,8 +139,10 @@ def precompile() -> str:
 
 def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The measurements that need the lab, by name."""
+    from containers import ContainerBench
     from fanout import FanoutBench, ssh_profile
     from phases import PhaseBench
+    from slurm import SlurmBench
 
     fan = FanoutBench(lab, work)
     phases = PhaseBench(lab, work, quick=args.quick)
@@ -153,6 +157,8 @@ def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "push": lambda: phases.push(args.repeat),
         "logs": lambda: phases.logs(args.repeat),
         "pipeline": lambda: phases.pipeline(args.repeat),
+        "containers": lambda: ContainerBench(phases).start_overhead(args.repeat),
+        "slurm": lambda: SlurmBench(lab, phases.fl).run(args.repeat),
     }
 
 

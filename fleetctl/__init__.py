@@ -22,6 +22,9 @@ _API = {
     "RunResult": "fleetctl.api",
     "FirstFailure": "fleetctl.api",
     "LogLine": "fleetctl.api",
+    "runs": "fleetctl.api",
+    "RunRecord": "fleetctl.job.records",
+    "JobRecord": "fleetctl.job.jobrecord",
     "JobEvent": "fleetctl.job.result",
     "Node": "fleetctl.node",
     "CheckReport": "fleetctl.phases.check_report",
@@ -46,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from fleetctl.api import Job as Job
     from fleetctl.api import LogLine as LogLine
     from fleetctl.api import RunResult as RunResult
+    from fleetctl.api import runs as runs
     from fleetctl.errors import CheckError as CheckError
     from fleetctl.errors import ConnectError as ConnectError
     from fleetctl.errors import FleetctlError as FleetctlError
@@ -56,6 +60,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from fleetctl.errors import JobFailed as JobFailed
     from fleetctl.errors import PushError as PushError
     from fleetctl.errors import UsageError as UsageError
+    from fleetctl.job.jobrecord import JobRecord as JobRecord
+    from fleetctl.job.records import RunRecord as RunRecord
     from fleetctl.job.result import JobEvent as JobEvent
     from fleetctl.node import Node as Node
     from fleetctl.phases.check_report import CheckReport as CheckReport

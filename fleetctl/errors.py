@@ -157,6 +157,13 @@ class JobFailed(FleetctlError):
     exit_code = 3
 
 
+class LogsIncomplete(FleetctlError):
+    """The job succeeded, but some node's logs did not come home (a script must not take the
+    run folder for the whole story): ``fleetctl collect JOB`` fetches the rest."""
+
+    exit_code = 4
+
+
 class LaunchError(FleetctlError):
     """A node's supervisor could not start the job (message names the node)."""
 

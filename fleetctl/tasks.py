@@ -139,9 +139,9 @@ def run(
 @_errors_exit
 def runs(c: Context, runs_dir: str = "") -> None:
     """fleetctl runs: the jobs of the run folders, oldest first."""
-    from fleetctl.job.records import list_records
+    from fleetctl.api import runs as list_runs
 
-    for r in list_records(_setting(c, "runs_dir", runs_dir) or "fleet-runs"):
+    for r in list_runs(_setting(c, "runs_dir", runs_dir) or "fleet-runs"):
         print(f"{r.job_id}  {r.status}  {r.nodes} node(s)  {r.first_failure or '-'}")
 
 

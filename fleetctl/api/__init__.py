@@ -11,5 +11,6 @@ from __future__ import annotations
 from fleetctl.api.fleet import Fleet
 from fleetctl.api.job import Job
 from fleetctl.api.result import FirstFailure, LogLine, RunResult
+from fleetctl.api.runs import runs
 
-__all__ = ["FirstFailure", "Fleet", "Job", "LogLine", "RunResult"]
+__all__ = ["FirstFailure", "Fleet", "Job", "LogLine", "RunResult", "runs"]

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check_report import CheckReport
+    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.phases.push.report import PushReport
+    from fleetctl.phases.push_image import ImagePushReport
     from fleetctl.ssh.connection import SSHSettings
 
 DEFAULT_RUNS_DIR = "fleet-runs"
@@ -107,10 +109,12 @@ class Fleet:
         allow_busy_gpus: bool = False,
         mesh: str = "auto",
         min_free_gib: float = 1.0,
+        collective: CollectiveOptions | None = None,
     ) -> CheckReport:
         """``fleetctl check``: SSH, ping, NICs, the mesh, GPUs, ports, disk, tools on every
         host. Never raises for a failing host: ``report.ok``, ``report.failures`` (host,
-        check, why), ``report.hosts[name].checks``; ``report.to_dict()`` is ``--json``."""
+        check, why), ``report.hosts[name].checks``; ``report.to_dict()`` is ``--json``.
+        ``collective``: then the torch.distributed benchmark (``check --collective``)."""
         from fleetctl.job.prepare import launcher_module
         from fleetctl.phases.check import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
@@ -127,6 +131,7 @@ class Fleet:
             allow_busy_gpus=allow_busy_gpus,
             mesh=mesh != "off",
             mesh_mode=mesh if mesh != "off" else "auto",
+            collective=collective,
         )
         with self._ssh() as fleet:
             return check_fleet(fleet, options)
@@ -160,6 +165,20 @@ class Fleet:
                 code=code,
                 env_archive=None if env is None else os.fspath(env),
                 options=options,
+            )
+
+    def push_image(
+        self, image: str, *, container_runtime: str | None = None, peer: bool | None = None
+    ) -> ImagePushReport:
+        """``fleetctl push --image``: this machine's ``image`` (podman, or ``container_runtime``)
+        to every host that lacks it, the id checked there. UsageError (no host dialled) when
+        this machine lacks it; PushError (``.result`` per host, ``.report``) if a host failed."""
+        from fleetctl.phases.push_image import local_image_id, push_image
+
+        image_id = local_image_id(image, container_runtime or "podman")
+        with self._ssh() as fleet:
+            return push_image(
+                fleet, image, container_runtime=container_runtime, peer=peer, image_id=image_id
             )
 
     # -- run ----------------------------------------------------------------------------------
@@ -202,11 +221,11 @@ class Fleet:
         from datetime import datetime, timezone
 
         from fleetctl.api.job import Job
-        from fleetctl.cli.script_arg import resolve
         from fleetctl.job.run import RunOptions
         from fleetctl.job.submit import JobRequest, RetryRequest, submit
         from fleetctl.plan.launchers import LAUNCHER_NAMES
         from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec
+        from fleetctl.plan.script_arg import resolve
 
         if launcher not in LAUNCHER_NAMES:
             raise UsageError(f"launcher {launcher!r}: one of {', '.join(LAUNCHER_NAMES)}")

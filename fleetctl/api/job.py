@@ -23,7 +23,15 @@ from fleetctl.api.result import LogLine, RunResult
 from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 
 if TYPE_CHECKING:
+    from fleetctl.api.lifecycle import (
+        CollectReport,
+        LogsProblem,
+        StacksReport,
+        StatusReport,
+        StopReport,
+    )
     from fleetctl.job.handle import JobHandle
+    from fleetctl.job.jobrecord import JobRecord
     from fleetctl.job.result import JobEvent
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
@@ -120,7 +128,7 @@ class Job:
         settings = SSHSettings(
             known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
         )
-        full = str(folder.load_job().get("job_id") or folder.job_id)
+        full = folder.load_job().job_id or folder.job_id
         return cls._found(full, runs_dir, settings)
 
     @classmethod
@@ -172,10 +180,10 @@ class Job:
             if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):
                 code = 130
             else:
-                code = 0 if r.exit_code == 0 else 3
-            doc = r.to_dict()
-            doc["errors"] = [*doc.get("errors", []), *self._callback_errors]
-            self._result = RunResult.from_record(doc, r.folder, exit_code=code)
+                code = r.exit_code if r.exit_code in (0, 4) else 3  # 4: logs incomplete
+            record = r.to_record()
+            record.errors = [*record.errors, *self._callback_errors]
+            self._result = RunResult.from_record(record, r.folder, exit_code=code)
         except BaseException as e:  # raised again by wait(), in the caller's thread
             self._error = e
         finally:
@@ -303,7 +311,7 @@ class Job:
                 if not h.live:
                     return RunResult.from_record(h.job, h.folder.path)
                 mon = monitor_status(h.job)
-                if not (mon and mon["alive"]) and h.job.get("status") != "starting":
+                if not (mon and mon["alive"]) and h.job.status != "starting":
                     running = [s for s in h.status() if s.state == "running" or s.processes]
                     if not running:
                         h.collect()
@@ -313,26 +321,93 @@ class Job:
             time.sleep(POLL)
 
     # -- stopping ---------------------------------------------------------------------------
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(
+        self,
+        grace: float = 5.0,
+        *,
+        collect: bool = True,
+        collect_max: int | None = None,
+        collect_exclude: Sequence[str] | None = None,
+        ended_too: bool = False,
+        check: bool = True,
+        on_note: Callable[[str], None] | None = None,
+    ) -> StopReport | None:
         """Stop the job on every node, verify nothing is left and collect its logs (as
         ``fleetctl stop``). A job running here that has not launched yet stops before its
-        launch; :meth:`wait` then raises Interrupted. JobFailed if a node could not be
-        verified clean."""
+        launch; :meth:`wait` then raises Interrupted (None is returned). JobFailed if a node
+        could not be verified clean (``check=False``: the report says so, nothing raised).
+        ``ended_too``: a job whose record says it ended is torn down and verified all the
+        same (the command's way). ``collect_max``/``collect_exclude``: bytes per node and
+        globs left on the nodes, instead of the run's. ``on_note``: one line per step."""
         if self._thread is not None and not self._ended.is_set():
             self._stop_asked.set()
             self._stop_running(grace)
-            return
-        from fleetctl.job.monitor_process import stop_monitor
+            return None
+        from fleetctl.api import lifecycle
 
         with self._handle() as h:
-            if not h.live:
-                return
-            stop_monitor(h.folder)  # never two of us tearing down at once
-            report = h.stop(grace)
-            results = h.collect(stopped=True, options=h.collect_options())
-            h.mark_stopped(report, results)
-        if not report.verified:
-            raise JobFailed(f"job {self.job_id}: teardown could not verify every node")
+            if not h.live and not ended_too:
+                return None
+            options = lifecycle.collect_options(h, collect_max, collect_exclude)
+            report = lifecycle.stop(h, grace, collect=collect, options=options, on_note=on_note)
+        if check and not report.verified:
+            raise JobFailed(f"job {report.job_id}: teardown could not verify every node")
+        return report
+
+    # -- coming back to it ------------------------------------------------------------------
+    def status(self) -> StatusReport:
+        """``fleetctl status``: the record, every node's state (the supervisors asked while
+        the job may run), its monitor and controller, and a hint what to do next."""
+        from fleetctl.api import lifecycle
+
+        with self._handle() as h:
+            return lifecycle.status(h)
+
+    def collect(
+        self, *, collect_max: int | None = None, collect_exclude: Sequence[str] | None = None
+    ) -> CollectReport:
+        """``fleetctl collect``: what of every node's run folder is not home yet, brought
+        home; a job nobody watched to its end gets its final record from the nodes'."""
+        from fleetctl.api import lifecycle
+
+        with self._handle() as h:
+            return lifecycle.collect(h, lifecycle.collect_options(h, collect_max, collect_exclude))
+
+    def stacks(self) -> StacksReport:
+        """``fleetctl stacks``: every process's Python stack on every node of the live job
+        (it goes on running), folded by innermost frame and saved in the run folder."""
+        from fleetctl.api import lifecycle
+
+        with self._handle() as h:
+            return lifecycle.stacks(h)
+
+    def logs(
+        self,
+        show: Callable[[LogLine], None],
+        *,
+        node: str | None = None,
+        follow: bool = False,
+        lines: int | None = None,
+    ) -> LogsProblem:
+        """``fleetctl logs``: each node's lines into ``show`` (``node``: one, by rank or host),
+        the collected ones or, while the job may run (and with ``follow``), live from the
+        nodes; ``lines``: the last N only. Returns which nodes had none and follow errors."""
+        from fleetctl.api import lifecycle
+
+        with self._handle() as h:
+            return lifecycle.logs(
+                h,
+                node,
+                lambda r, host, text: show(LogLine(r, host, text)),
+                follow=follow,
+                lines=lines,
+            )
+
+    @property
+    def record(self) -> JobRecord:
+        """job.json as it is now (``JobRecord``)."""
+        with self._handle() as h:
+            return h.job
 
     def _stop_running(self, grace: float) -> None:
         """The run here stops at its launch, or — launched — every node is told to stop

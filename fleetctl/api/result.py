@@ -4,9 +4,13 @@ again by id (``Job.attach``) read the same."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.job.jobrecord import FailureRecord, JobRecord
 
 
 @dataclass(frozen=True)
@@ -68,57 +72,62 @@ class RunResult:
 
     @classmethod
     def from_record(
-        cls, doc: dict[str, Any], folder: str | Path, *, exit_code: int | None = None
+        cls,
+        record: JobRecord | Mapping[str, Any],
+        folder: str | Path,
+        *,
+        exit_code: int | None = None,
     ) -> RunResult:
-        """From job.json's shape (``JobResult.to_dict()`` or the file)."""
-        status = str(doc.get("status") or "error")
+        """From job.json's record (``JobResult.to_record()``, the file, or its dict shape)."""
+        from fleetctl.job.jobrecord import JobRecord
+
+        if not isinstance(record, JobRecord):
+            record = JobRecord.from_dict(record, source=str(Path(folder) / "job.json"))
         return cls(
-            job_id=str(doc.get("job_id") or Path(folder).name),
-            status=status,
-            exit_code=_exit_code(doc) if exit_code is None else exit_code,
-            run_folder=Path(doc.get("folder") or folder),
-            first_failure=_first_failure(doc.get("first_failure")),
-            verdict=doc.get("verdict"),
-            failed_ranks=list(doc.get("failed_ranks") or []),
-            nodes=[dict(n) for n in doc.get("nodes") or []],
-            errors=[str(e) for e in doc.get("errors") or []],
-            detached=bool(doc.get("detached")) and status in ("running", "starting", "detached"),
+            job_id=record.job_id or Path(folder).name,
+            status=record.status,
+            exit_code=_exit_code(record) if exit_code is None else exit_code,
+            run_folder=Path(record.folder or folder),
+            first_failure=_first_failure(record.first_failure),
+            verdict=record.verdict,
+            failed_ranks=list(record.failed_ranks or []),
+            nodes=[n.to_dict() for n in record.nodes],
+            errors=list(record.errors),
+            detached=record.detached and record.live,
         )
 
 
-def _exit_code(doc: dict[str, Any]) -> int:
-    status = str(doc.get("status"))
-    if status == "interrupted":
+def _exit_code(record: JobRecord) -> int:
+    if record.status == "interrupted":
         return 130
-    if status == "succeeded":
-        teardown = doc.get("teardown") or {}
-        left = any(n.get("remaining") for n in teardown.get("nodes") or [])
-        return 3 if left else 0
-    if status in ("running", "starting", "detached"):
+    if record.status == "succeeded":
+        nodes = (record.teardown or {}).get("nodes") or []
+        return 3 if any(n.get("remaining") for n in nodes) else 0
+    if record.live:
         return 0  # not ended: no verdict yet
     return 3
 
 
-def _first_failure(ff: Any) -> FirstFailure | None:
-    if not isinstance(ff, dict) or ff.get("rank") is None:
+def _first_failure(ff: FailureRecord | None) -> FirstFailure | None:
+    if ff is None:
         return None
     from fleetctl.job.result import NodeOutcome
 
     how = NodeOutcome(
-        int(ff["rank"]),
-        str(ff.get("host")),
-        str(ff.get("address") or ""),
-        state=ff.get("state") or "failed",
-        exit_code=ff.get("exit_code"),
-        signal=ff.get("signal"),
-        reason=ff.get("reason"),
+        ff.rank,
+        str(ff.host),
+        ff.address or "",
+        state=ff.state or "failed",
+        exit_code=ff.exit_code,
+        signal=ff.signal,
+        reason=ff.reason,
     ).how()
     return FirstFailure(
-        host=str(ff.get("host")),
-        node_rank=int(ff["rank"]),
+        host=str(ff.host),
+        node_rank=ff.rank,
         reason=how,
-        state=str(ff.get("state") or "failed"),
-        exit_code=ff.get("exit_code"),
-        signal=ff.get("signal"),
-        after=ff.get("after"),
+        state=ff.state or "failed",
+        exit_code=ff.exit_code,
+        signal=ff.signal,
+        after=ff.after,
     )

@@ -25,6 +25,7 @@ class ExitStatus(enum.IntEnum):
     ERROR = 1
     USAGE = 2
     REMOTE_FAILURE = 3
+    LOGS_INCOMPLETE = 4
     INTERRUPTED = 130
 
 

@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from fleetctl.api.names import BACKENDS, DEFAULT_MASTER_PORT, LAUNCHERS
 from fleetctl.cli import cli
 from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
@@ -20,10 +21,9 @@ from fleetctl.cli.options import (
     SSHOptions,
     inventory_option,
     limit_option,
-    load_selected,
+    open_fleet,
     ssh_options,
 )
-from fleetctl.plan.launchers import LAUNCHER_NAMES
 
 
 @cli.command("check")
@@ -34,7 +34,7 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
 @click.option(
     "--master-port",
     type=click.IntRange(1, 65535),
-    default=29500,
+    default=DEFAULT_MASTER_PORT,
     show_default=True,
     help="Port that must be free on node 0; the mesh test listens just above it.",
 )
@@ -46,14 +46,14 @@ from fleetctl.plan.launchers import LAUNCHER_NAMES
 )
 @click.option(
     "--launcher",
-    type=click.Choice(LAUNCHER_NAMES),
+    type=click.Choice(LAUNCHERS),
     default=None,
     help="Check what this launcher needs: its module imports with each node's python, and the "
     "same GPU count everywhere.",
 )
 @click.option(
     "--backend",
-    type=click.Choice(["nccl", "gloo"]),
+    type=click.Choice(BACKENDS),
     default=None,
     help="nccl: a host without GPUs (no nvidia-smi) is an error.",
 )
@@ -99,28 +99,20 @@ def check_command(
     """
     from fleetctl.cli import render
     from fleetctl.errors import CheckError
-    from fleetctl.job.prepare import launcher_module
-    from fleetctl.phases.check import CheckOptions, GiB, check_fleet
-    from fleetctl.ssh.fleet import Fleet
 
-    selected = load_selected(inventory, limit)
-    nodes = list(getattr(selected, "nodes", selected))
-    options = CheckOptions(
+    fleet = open_fleet(inventory, limit, ssh)
+    report = fleet.check(
         master_port=master_port,
+        launcher=launcher,
         backend=backend,
-        uniform_gpus=_needs_uniform_gpus(launcher),
-        launcher_module=launcher_module(launcher) if launcher else None,
-        min_free_bytes=int(min_free * GiB),
         recheck=recheck,
         allow_busy_gpus=allow_busy_gpus,
-        mesh=mesh != "off",
-        mesh_mode=mesh if mesh != "off" else "auto",
+        mesh=mesh,
+        min_free_gib=min_free,
         collective=collective_settings(
             collective, collective_size, collective_min, collective_floor, collective_timeout
         ),
     )
-    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
-        report = check_fleet(fleet, options)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
         sys.stdout.flush()
@@ -128,12 +120,3 @@ def check_command(
         render.print_check_report(report)
     if not report.ok:
         raise CheckError(f"check failed: {report.summary()}", report)  # type: ignore[arg-type]
-
-
-def _needs_uniform_gpus(launcher: str | None) -> bool:
-    """Launchers that start one process per GPU need the same count on every node."""
-    if launcher is None:
-        return False
-    from fleetctl.plan.launchers import get_launcher
-
-    return not get_launcher(launcher).one_process_per_node

@@ -1,13 +1,13 @@
 """Coming back to jobs: ``fleetctl runs``, ``status``, ``logs``, ``stop``, ``collect``.
 
 All of them find a job by id (a unique prefix is enough) in ``--runs-dir`` and reach its nodes
-through the run folder's ``connect.json``; the work is in ``fleetctl.job.lifecycle``.
+through the run folder's ``connect.json``; the work is the library's (``fleetctl.api``:
+``runs()``, ``Job.attach(...).status()/logs()/stop()/collect()/stacks()``,
+``api.lifecycle.monitor``), and this module only renders it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -19,8 +19,8 @@ from fleetctl.cli.options import (
     Count,
     Seconds,
     SSHOptions,
+    collect_max_bytes,
     collect_options,
-    collect_settings,
     ssh_options,
 )
 from fleetctl.errors import FleetctlError, JobFailed
@@ -49,9 +49,9 @@ def _fmt_duration(seconds: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def runs_command(runs_dir: str, as_json: bool) -> None:
     """List jobs from the run folders, oldest first."""
-    from fleetctl.job.records import list_records
+    from fleetctl.api import runs
 
-    records = list_records(runs_dir)
+    records = runs(runs_dir)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in records], indent=2))
         return
@@ -84,43 +84,15 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
 @click.argument("job")
 def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Per-node state of JOB (asks the node supervisors while it may be running)."""
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.api import Job
+    from fleetctl.cli.slurm_jobs import status_hook
 
-    with JobHandle(runs_dir, job) as h:
-        states = h.status()
-        data: dict[str, Any] = {
-            "job_id": h.job_id,
-            "status": h.job.get("status"),
-            "detached": bool(h.job.get("detached")),
-            "live": h.live,
-            "folder": str(h.folder.path),
-            "attempt": h.job.get("attempt") or 1,
-            "nodes": [s.to_dict() for s in states],
-            "left_out": h.job.get("left_out") or {},
-        }
-        if h.live:
-            running = [s for s in states if s.state == "running" or s.processes]
-            data["running_nodes"] = len(running)
-            # an attached run whose controller died (SIGKILL, a reboot) never wrote its end
-            ctl = None if data["detached"] else h.controller()
-            data["controller"] = ctl
-            if ctl is not None and ctl["alive"] is False and running:
-                data["hint"] = (
-                    f"its controller is gone; {len(running)} node(s) still run the job: "
-                    f"`fleetctl stop {h.job_id}` ends it, `fleetctl collect {h.job_id}` "
-                    "records how it ended"
-                )
-            elif ctl is not None and ctl["alive"] is False:
-                data["hint"] = (
-                    "its controller is gone and no node runs the job (their dead-man switch "
-                    f"stopped it): `fleetctl collect {h.job_id}` brings the logs home and "
-                    "records how it ended"
-                )
-            elif not running:
-                data["hint"] = f"job ended on every node; `fleetctl collect {h.job_id}`"
-        from fleetctl.job.monitor_process import monitor_status
+    if status_hook(runs_dir, job, as_json):  # submitted to Slurm, never ran inside yet
+        return
 
-        data["monitor"] = monitor_status(h.job)
+    report = Job.attach(job, runs_dir).status()
+    states = report.nodes
+    data = report.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -188,41 +160,24 @@ def logs_command(
     runs_dir: str, node: str | None, follow: bool, lines: int | None, raw_output: bool, job: str
 ):
     """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
+    from fleetctl import JobEvent, LogLine
+    from fleetctl.api import Job
     from fleetctl.cli import render
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.logs import follow_logs
-    from fleetctl.job.result import JobEvent
+    from fleetctl.cli.slurm_jobs import logs_follow_hook
 
+    if follow and node is None and logs_follow_hook(runs_dir, job):  # a `run --slurm` job
+        return
     live = render.LiveLog(tail="all", raw=raw_output)
 
-    def show(rank: int, host: str, text: str) -> None:
-        live(JobEvent("line", text, rank, host))
+    def show(line: LogLine) -> None:
+        live(JobEvent("line", line.text, line.node_rank, line.host))
 
-    with JobHandle(runs_dir, job) as h:
-        chosen = h.select(node)
-        missing = []
-        if not follow:
-            for rank, host in chosen:
-                path = h.collected_log(rank, host)
-                if path is None:
-                    missing.append((rank, host))
-                    continue
-                text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-                for line in text[-lines:] if lines is not None else text:
-                    show(rank, host, line)
-            if not missing:
-                return
-            if not h.live:
-                names = ", ".join(f"{r} {hh}" for r, hh in missing)
-                click.echo(f"fleetctl: no collected logs for node(s) {names}", err=True)
-                return
-        try:
-            errors = follow_logs(h, missing or chosen, show, follow=follow, lines=lines)
-        except KeyboardInterrupt:
-            return
-        for rank, err in sorted(errors.items()):
-            if err:
-                click.echo(f"fleetctl: [{rank}] logs: {err}", err=True)
+    problem = Job.attach(job, runs_dir).logs(show, node=node, follow=follow, lines=lines)
+    if problem.missing:
+        names = ", ".join(f"{r} {hh}" for r, hh in problem.missing)
+        click.echo(f"fleetctl: no collected logs for node(s) {names}", err=True)
+    for rank, err in sorted(problem.errors.items()):
+        click.echo(f"fleetctl: [{rank}] logs: {err}", err=True)
 
 
 @cli.command("stop")
@@ -248,26 +203,23 @@ def stop_command(
     job: str,
 ) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.monitor_process import stop_monitor
+    from fleetctl.api import Job
+    from fleetctl.cli.slurm_jobs import stop_hook
 
-    with JobHandle(runs_dir, job) as h:
-        said = stop_monitor(h.folder)  # never two of us tearing down / collecting at once
-        if said:
-            click.echo(f"fleetctl: {said}", err=True)
-            with contextlib.suppress(OSError):
-                h.folder.event(f"stop: {said}")
-        click.echo(f"fleetctl: stopping job {h.job_id} on {len(h.nodes)} node(s)", err=True)
-        options = collect_settings(collect_max, collect_exclude, h.collect_options())
-        report = h.stop(grace)
-        results = [] if no_collect else h.collect(stopped=True, options=options)
-        h.mark_stopped(report, results)
-        data = {
-            "job_id": h.job_id,
-            "teardown": report.to_dict(),
-            "status": h.job.get("status"),
-            "monitor": said,
-        }
+    if stop_hook(runs_dir, job):  # a `run --slurm` job still queued: scancel, verified
+        return
+
+    stopped = Job.attach(job, runs_dir).stop(
+        grace,
+        collect=not no_collect,
+        collect_max=collect_max_bytes(collect_max),
+        collect_exclude=collect_exclude,
+        ended_too=True,
+        check=False,
+        on_note=lambda text: click.echo(f"fleetctl: {text}", err=True),
+    )
+    assert stopped is not None  # a job attached by id is never running in this process
+    report, data = stopped.teardown, stopped.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
@@ -290,25 +242,17 @@ def stop_command(
 @click.argument("job")
 def stacks_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Dump the Python stack of every process of live JOB on every node, folded by frame."""
+    from fleetctl.api import Job
     from fleetctl.cli import render
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.stacks import fold
 
-    with JobHandle(runs_dir, job) as h:
-        report, saved = h.stacks()
-    groups = fold(report.stacks())
+    dumped = Job.attach(job, runs_dir).stacks()
+    report, saved, groups = dumped.report, dumped.saved, dumped.groups
     nothing = FleetctlError(
-        f"job {h.job_id}: no stack dumped on any of {len(report.nodes)} node(s)"
+        f"job {dumped.job_id}: no stack dumped on any of {len(report.nodes)} node(s)"
         + ("" if as_json else " (see the lines above)")
     )
     if as_json:
-        data = {
-            "job_id": h.job_id,
-            "stacks": [dataclasses.asdict(g) for g in groups],
-            "nodes": [n.to_dict() for n in report.nodes],
-            "saved": str(saved),
-        }
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(dumped.to_dict(), indent=2))
         if not groups:
             raise nothing
         return
@@ -342,25 +286,28 @@ def collect_command(
 
     Files already home (same size and mtime) are not copied again; the cap and excludes are
     the run's unless given here (e.g. a larger --collect-max fetches what was over the cap)."""
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.api import Job
 
-    with JobHandle(runs_dir, job) as h:
-        options = collect_settings(collect_max, collect_exclude, h.collect_options())
-        results = h.collect(options=options)
-        data = {
-            "job_id": h.job_id,
-            "status": h.job.get("status"),
-            "collected": [c.to_dict() for c in results],
-        }
+    collected = Job.attach(job, runs_dir).collect(
+        collect_max=collect_max_bytes(collect_max), collect_exclude=collect_exclude
+    )
+    results, data = collected.collected, collected.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2))
-        return
-    from fleetctl.cli.render_collect import collect_lines
+    else:
+        from fleetctl.cli.render_collect import collect_lines
 
-    for line in collect_lines(results):
-        click.echo(line, err=True)
-    click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
+        for line in collect_lines(results):
+            click.echo(line, err=True)
+        click.echo(f"fleetctl: job {data['job_id']}: {data['status']}", err=True)
     sys.stdout.flush()
+    missing = [c.host for c in results if c.incomplete]
+    if missing:
+        from fleetctl.errors import LogsIncomplete
+
+        raise LogsIncomplete(
+            f"job {data['job_id']}: logs still incomplete from {', '.join(missing)}"
+        )
 
 
 @cli.command("monitor")
@@ -420,8 +367,7 @@ def monitor_command(
     import threading
     from datetime import datetime, timezone
 
-    from fleetctl.job import monitor as mon
-    from fleetctl.job.runfolder import load_run
+    from fleetctl.api import lifecycle
 
     stop = threading.Event()
 
@@ -430,31 +376,25 @@ def monitor_command(
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    last: Any = {}
-    with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used
-        last = load_run(runs_dir, job).load_job().get("monitor") or {}
-    last = last if isinstance(last, dict) else {}
-    if grace is None:
-        grace = float(last["grace"]) if last.get("grace") is not None else mon.DEFAULT_GRACE
 
     def note(text: str) -> None:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         click.echo(f"{stamp} fleetctl monitor: {text}", err=True)
 
-    result = mon.monitor_job(
+    outcome = lifecycle.monitor(
         runs_dir,
         job,
         ssh.settings,
-        poll=poll or float(last.get("poll") or mon.DEFAULT_POLL),
-        lost_timeout=lost_timeout or float(last.get("lost_timeout") or mon.DEFAULT_LOST_TIMEOUT),
+        poll=poll,
+        lost_timeout=lost_timeout,
         grace=grace,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
+        chase_lost=chase_lost,
         stop_event=stop,
         on_note=note,
-        chase_lost=chase_lost,
-        timeout=timeout if timeout is not None else last.get("timeout"),
-        stall_timeout=stall_timeout if stall_timeout is not None else last.get("stall_timeout"),
     )
-    note(f"done: {result.outcome}")
+    note(f"done: {outcome}")
 
 
 # ------------------------------------------------------- `fleetctl run` lifecycle options

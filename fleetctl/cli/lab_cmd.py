@@ -383,3 +383,8 @@ def fault_reset(ctx: click.Context) -> None:
     n = len(lab.faults)
     lab.reset_faults()
     _done(f"lab {lab.name}: {n} fault(s) undone")
+
+
+from fleetctl.cli.lab_containers_cmd import containers_group  # noqa: E402
+
+lab_group.add_command(containers_group)

@@ -14,20 +14,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from fleetctl.errors import UsageError
 from fleetctl.plan.inventory import Inventory, load_inventory, local_inventory
+from fleetctl.plan.userinput import MAX_COUNT, MAX_SECONDS
 from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fleet import DEFAULT_FANOUT
 
+if TYPE_CHECKING:
+    from fleetctl.api import Fleet as ApiFleet
+
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-MAX_SECONDS = 366 * 86400.0  # a year: every wait fleetctl has is shorter; bigger overflows
-MAX_COUNT = 1_000_000  # hosts, processes, lines, snapshots: past any real fleet
 
 
 class Number(click.FloatRange):
@@ -234,3 +234,36 @@ def collect_settings(
         raise click.BadParameter(str(e), param_hint="--collect-max") from e
     exclude = tuple(collect_exclude) if collect_exclude else base.exclude
     return CollectOptions(max_bytes=cap, exclude=exclude)
+
+
+def open_fleet(
+    inventory: str | None, limit: str | None, ssh: SSHOptions, **options: Any
+) -> ApiFleet:
+    """The library's ``Fleet`` of the command's selection (``-i``/``--limit``, or this machine),
+    reached with the command's SSH options; ``options``: more ``Fleet`` arguments."""
+    from fleetctl.api import Fleet
+
+    selected = load_selected(inventory, limit)
+    s = ssh.settings
+    return Fleet(
+        list(selected.nodes),
+        known_hosts=s.known_hosts,
+        accept_new=s.accept_new,
+        connect_timeout=s.connect_timeout,
+        fanout=ssh.fanout,
+        inventory=selected.path,
+        limit=limit,
+        **options,
+    )
+
+
+def collect_max_bytes(collect_max: str | None) -> int | None:
+    """``--collect-max`` in bytes (None: not given, the run's cap stands)."""
+    if collect_max is None:
+        return None
+    from fleetctl.phases.collect import parse_size
+
+    try:
+        return parse_size(collect_max)
+    except UsageError as e:
+        raise click.BadParameter(str(e), param_hint="--collect-max") from e

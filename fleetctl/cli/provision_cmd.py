@@ -1,7 +1,7 @@
 """``fleetctl provision PLAYBOOK -i hosts.yml [--limit P] [-- ansible-playbook args…]``.
 
 Runs the real ``ansible-playbook`` with the same inventory and host-key settings fleetctl uses
-(see ``fleetctl.provision``), its output streamed as it comes. PLAYBOOK is a file or the short
+(``fleetctl.api.provision``), its output streamed as it comes. PLAYBOOK is a file or the short
 name of a shipped playbook: ``bootstrap``, ``conda-env``, ``gpu-facts``.
 
 Exit status: 0 success; 3 a host failed or was unreachable (the error line names them); 2 bad
@@ -72,35 +72,37 @@ def provision_command(
       fleetctl provision gpu-facts -i hosts.yml --limit 'gpu0*'
       fleetctl provision bootstrap -i hosts.yml -- --check --diff -e fleetctl_sshd_manage=false
     """
+    from fleetctl.api.provision import Playbook, provision
     from fleetctl.errors import UsageError
-    from fleetctl.provision import DEFAULT_TIMEOUT, exit_error, playbook_command, run_playbook
-    from fleetctl.ssh.connection import SSHSettings
 
     if not inventory:
         raise UsageError("provision needs an inventory: -i hosts.yml")
-    settings = SSHSettings(known_hosts=known_hosts, accept_new=accept_new)
-    with playbook_command(
-        playbook, inventory, limit=limit, extra_args=ansible_args, settings=settings
-    ) as cmd:
-        for warning in cmd.warnings:
+    out = sys.stdout.buffer
+
+    def write(chunk: bytes) -> None:
+        out.write(chunk)
+        out.flush()
+
+    def planned(pb: Playbook) -> None:
+        for warning in pb.warnings:
             click.echo(f"fleetctl: warning: {warning}", err=True)
         if print_command:
-            if cmd.overlay is not None:
-                click.echo(f"# {cmd.overlay} (temporary):\n{cmd.overlay.read_text()}", err=True)
-            click.echo(cmd.display())
+            if pb.overlay is not None:
+                click.echo(f"# {pb.overlay} (temporary):\n{pb.overlay_text}", err=True)
+            click.echo(pb.command)
             return
-        click.echo(
-            f"fleetctl: ansible-playbook {cmd.playbook.name} on {len(cmd.hosts)} host(s)", err=True
-        )
-        out = sys.stdout.buffer
+        click.echo(f"fleetctl: ansible-playbook {pb.name} on {len(pb.hosts)} host(s)", err=True)
 
-        def write(chunk: bytes) -> None:
-            out.write(chunk)
-            out.flush()
-
-        run = run_playbook(
-            cmd, write, timeout=timeout or DEFAULT_TIMEOUT, color=sys.stdout.isatty()
-        )
-    error = exit_error(run.returncode, run.recap)
-    if error is not None:
-        raise error
+    provision(
+        playbook,
+        inventory,
+        limit=limit,
+        ansible_args=ansible_args,
+        known_hosts=known_hosts,
+        accept_new=accept_new,
+        timeout=timeout,
+        output=write,
+        color=sys.stdout.isatty(),
+        on_plan=planned,
+        dry_run=print_command,
+    )

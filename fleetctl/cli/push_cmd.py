@@ -72,6 +72,18 @@ from fleetctl.cli.options import (
     show_default=True,
     help="Code snapshots kept per host.",
 )
+@click.option(
+    "--image",
+    default=None,
+    help="Ship this machine's container image to the hosts that lack it (alone: no code, no env).",
+)
+@click.option(
+    "--container-runtime",
+    type=click.Choice(["podman", "docker"]),
+    default=None,
+    help="With --image: the runtime here and on the hosts (default: podman here; "
+    "fleetctl_container_runtime, else the first found there).",
+)
 def push_command(
     inventory: str | None,
     limit: str | None,
@@ -85,6 +97,8 @@ def push_command(
     peer: bool | None,
     peer_min: int,
     keep: int,
+    image: str | None,
+    container_runtime: str | None,
     ssh: SSHOptions,
 ) -> None:
     """Ship code and the conda-pack env to every host; verify python and NCCL there."""
@@ -94,6 +108,13 @@ def push_command(
     from fleetctl.phases.push import PushOptions, push
     from fleetctl.ssh.fleet import Fleet
 
+    if image is not None or container_runtime is not None:
+        from fleetctl.cli.push_image_cmd import push_image_main
+        from fleetctl.errors import UsageError
+
+        if image is None or code_dir or env_archive:
+            raise UsageError("--image pushes the image alone: no --code, --env; give --image")
+        return push_image_main(inventory, limit, image, container_runtime, peer, as_json, ssh)
     selected = load_selected(inventory, limit)
     nodes = list(getattr(selected, "nodes", selected))
     code = None if no_code else (code_dir or default_code_dir("."))

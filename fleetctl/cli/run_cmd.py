@@ -33,7 +33,8 @@ from fleetctl.cli.options import (
     load_selected,
     ssh_options,
 )
-from fleetctl.errors import Interrupted, JobFailed, UsageError
+from fleetctl.cli.slurm_run import slurm_options
+from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete, UsageError
 from fleetctl.plan.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
 from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
 from fleetctl.ssh.connection import SSHSettings
@@ -47,6 +48,13 @@ if TYPE_CHECKING:
 def new_job_id(now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<6 hex>`` in UTC: sorts by start time, random suffix avoids clashes."""
     return format_job_id(now or datetime.now(timezone.utc), secrets.token_hex(3))
+
+
+def _adopted_job_id() -> str | None:
+    """Inside the batch job ``run --slurm`` submitted: its job id (and run folder)."""
+    from fleetctl.slurm.batch import adopted_job_id
+
+    return adopted_job_id(os.environ)
 
 
 MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
@@ -264,6 +272,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @lifecycle_options
 @collect_options
 @collective_options
+@slurm_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -297,14 +306,16 @@ def run_command(
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
     or the roles of a job file (--job)."""
+    from fleetctl.cli.slurm_run import check_flags, run_slurm
     from fleetctl.job.submit import RetryRequest
 
+    check_flags(lifecycle)
+    if lifecycle["slurm"]:  # submitted: the same run happens inside the allocation
+        return run_slurm(click.get_current_context())
     if container_runtime is not None:
         from fleetctl.plan.runtimes import runtime
 
         runtime(container_runtime)  # a usage error before anything is read
-    if (image or container_runtime) is not None and lifecycle["job_file"] is not None:
-        raise UsageError("--image: role jobs (--job) do not run in containers yet")
     env = parse_env_vars(env_vars)
     if full and not (dry_run and as_json):
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
@@ -332,7 +343,7 @@ def run_command(
     if job_file is None:
         if script is None:
             raise UsageError("missing SCRIPT (or --job FILE)")
-        from fleetctl.cli.script_arg import resolve
+        from fleetctl.plan.script_arg import resolve
 
         # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
         prog = resolve(script, script_args, code_dir, launcher, lifecycle["launcher_args"])
@@ -349,7 +360,8 @@ def run_command(
 
         before = load_task(lifecycle["before"])
     inv = load_selected(inventory, limit)
-    if os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"):
+    in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+    if in_slurm and not lifecycle["no_slurm"]:
         from fleetctl.slurm import allocation  # inside an allocation: its nodes, via srun
 
         inv = allocation.apply(inv, has_inventory=inventory is not None)
@@ -359,7 +371,7 @@ def run_command(
     now = datetime.now(timezone.utc)
     spec = JobSpec(
         script=script or "",
-        job_id=new_job_id(now),
+        job_id=_adopted_job_id() or new_job_id(now),
         args=script_args,
         launcher=launcher,
         nproc_per_node=nproc,
@@ -546,6 +558,12 @@ def _run_for_real(
         raise Interrupted(
             f"job {result.job_id} {result.status}, but LOGS INCOMPLETE: log collection "
             f"interrupted; `fleetctl collect {result.job_id}` fetches the rest"
+        )
+    if result.exit_code == LogsIncomplete.exit_code:
+        raise LogsIncomplete(
+            f"job {result.job_id} succeeded, but LOGS INCOMPLETE from "
+            f"{', '.join(result.logs_incomplete)}: `fleetctl collect {result.job_id}` fetches "
+            "the rest"
         )
     if result.exit_code:
         ff = result.failed_node

@@ -59,6 +59,11 @@ class JobContext:
             detached=options.detach,
             left_out=options.left_out,
         )
+        slurm_job = next(
+            (n.vars["fleetctl_slurm_job"] for n in nodes if "fleetctl_slurm_job" in n.vars), None
+        )
+        if slurm_job is not None:  # run inside an allocation: `status`/`stop` find it by this
+            self.result.slurm = {"job_id": str(slurm_job)}
         self.result.nodes = [
             NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)
         ]
@@ -72,6 +77,11 @@ class JobContext:
         # node -> its probe, held on its channel by the check for the launch (release_held)
         self.held: dict[str, HeldProbe] = {}
         self.state = JobState(len(self.nodes), options.completion)
+        # the live FAILED FIRST line, held until the first failure is settled (failure_line)
+        self._failure_lock = threading.Lock()
+        self._failure_due: float | None = None  # monotonic; None: no line held
+        self._failure_timer: threading.Timer | None = None
+        self._failure_said: int | None = None  # the rank the last line named
         self.progress = time.monotonic()  # last output line or start on any node
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
 
@@ -151,6 +161,33 @@ class JobContext:
                 self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
         self._emit_cb(ev)
 
+    def failure_line(self, *, hold: bool = False, now: bool = False) -> None:
+        """The live ``failure`` event (FAILED FIRST), once per first-failure rank. ``hold``: a
+        first failure just came: its line waits until a loss is declared (``now``), every node
+        ended, or ``lost_timeout`` passed (a timer says it then) — a peer whose collective
+        broke first is otherwise named, then the node lost before it, and the summary says
+        the second. Without ``hold``/``now`` it says a held line whose time has come."""
+        with self._failure_lock:
+            if hold and self._failure_due is None:
+                wait = max(0.0, self.options.lost_timeout)
+                self._failure_due = time.monotonic() + wait
+                self._failure_timer = threading.Timer(wait, self.failure_line, kwargs={"now": True})
+                self._failure_timer.daemon = True
+                self._failure_timer.start()
+            if self._failure_due is not None and not now:
+                settled = all(n.state.ended for n in self.result.nodes)
+                if not settled and time.monotonic() < self._failure_due:
+                    return
+            self._failure_due = None
+            if self._failure_timer is not None:
+                self._failure_timer.cancel()
+                self._failure_timer = None
+            node = self.result.failed_node
+            if node is None or node.rank == self._failure_said:
+                return
+            self._failure_said = node.rank
+            self.emit("failure", node.how(), rank=node.rank)
+
     def save(self, *, soon: bool = False) -> None:
         """Write job.json. ``soon``: a routine node start or exit, written at most every
         SAVE_EVERY seconds (``flush`` writes what is pending): one write per event made a
@@ -159,8 +196,9 @@ class JobContext:
             self._dirty = True
             return
         self._dirty, self._saved_at = False, time.monotonic()
+        record = self.result.to_record()  # a value of the wrong type is a bug: never hidden
         with contextlib.suppress(OSError, RunFolderError), self.folder.locked():
-            self.folder.write_job(self.result.to_dict())
+            self.folder.write_job(record)
 
     def flush(self) -> None:
         """Write job.json if a throttled save is pending and its time has come."""
@@ -225,8 +263,7 @@ def on_event(job: JobContext, ev: Event) -> None:
     job.sync()
     if change.completed is not None:
         job.emit("notice", f"job complete: {change.completed}; stopping the other nodes")
-    if change.first_failure:
-        job.emit("failure", node.how(), rank=ev.rank, ts=ev.time)
+    job.failure_line(hold=change.first_failure, now=ev.kind == "lost")
     job.save(soon=change.first_failure is None and change.completed is None)
 
 

@@ -73,6 +73,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
             node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
     job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
     job.sync()
+    job.failure_line(now=True)  # the watch is over: a held first failure is settled
     if job.result.status == JobStatus.FAILED and job.result.first_failure is not None:
         _post_mortem(job, fleet)
     try:
@@ -240,7 +241,7 @@ def _blame_first_rank(job: JobContext) -> None:
         f"rank {first['rank']} on node {node.rank} ({node.host}) failed before {why}: "
         f"node {node.rank} is the first failure",
     )
-    job.emit("failure", node.how(), rank=node.rank)  # the live line names who the summary does
+    job.failure_line(now=True)  # the live line names who the summary does
 
 
 def _post_mortem(job: JobContext, fleet: Fleet) -> None:

@@ -10,14 +10,18 @@ code: raises ``FleetctlError`` subclasses, never prints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.job.jobrecord import FailureRecord, NodeRecord
 from fleetctl.job.runfolder import iso, read_json
-from fleetctl.job.state import LIVE_STATES, JobState, JobStatus, NodeState, exit_state, node_state
+from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state, node_state
+from fleetctl.remote.records import RecordError, SupervisorState
+from fleetctl.remote.wire import STATE_FILE
 
 if TYPE_CHECKING:
     from fleetctl.phases.collect import CollectOptions, NodeCollect
@@ -54,7 +58,7 @@ class JobHandle:
 
     @property
     def job_id(self) -> str:
-        return str(self.job.get("job_id") or self.folder.job_id)
+        return self.job.job_id or self.folder.job_id
 
     @property
     def plan(self) -> Plan:
@@ -70,7 +74,7 @@ class JobHandle:
     @property
     def live(self) -> bool:
         """job.json says the job may still run (a crashed controller leaves 'running')."""
-        return str(self.job.get("status")) in LIVE_STATES
+        return self.job.live
 
     @property
     def fleet(self) -> Fleet:
@@ -99,7 +103,7 @@ class JobHandle:
 
     def select(self, node: str | None) -> list[tuple[int, str]]:
         """(rank, host) of the job's nodes, or of the one named by rank or host name."""
-        ranks = [(int(n["rank"]), str(n["host"])) for n in self.job.get("nodes") or []]
+        ranks = [(n.rank, n.host) for n in self.job.nodes]
         if not ranks:
             ranks = [(np.node_rank, np.host) for np in self.plan.nodes]
         if node is None:
@@ -134,17 +138,17 @@ class JobHandle:
         if self.live:
             return node_states(self.fleet, self.plan, self.nodes)
         out = []
-        for n in self.job.get("nodes") or []:
+        for n in self.job.nodes:
             out.append(
                 NodeReport(
-                    rank=int(n["rank"]),
-                    host=str(n["host"]),
-                    state=str(n.get("state")),
-                    exit_code=n.get("exit_code"),
-                    signal=n.get("signal"),
-                    start_time=_parse_iso(n.get("start_time")),
-                    end_time=_parse_iso(n.get("end_time")),
-                    error=n.get("reason"),
+                    rank=n.rank,
+                    host=n.host,
+                    state=n.state,
+                    exit_code=n.exit_code,
+                    signal=n.signal,
+                    start_time=_parse_iso(n.start_time),
+                    end_time=_parse_iso(n.end_time),
+                    error=n.reason,
                 )
             )
         return out
@@ -169,7 +173,7 @@ class JobHandle:
         from fleetctl.phases.stacks import dump_stacks
 
         if not self.live:
-            raise UsageError(f"job {self.job_id} is {self.job.get('status')}: nothing runs")
+            raise UsageError(f"job {self.job_id} is {self.job.status}: nothing runs")
         report = dump_stacks(self.fleet, self.plan, pythons=self.pythons(), abort=False)
         parts = []
         for n in report.nodes:
@@ -210,7 +214,7 @@ class JobHandle:
             pythons=self.pythons(),
             options=options or self.collect_options(),
         )
-        started = {int(n["rank"]) for n in self.job.get("nodes") or [] if n.get("start_time")}
+        started = {n.rank for n in self.job.nodes if n.start_time}
         for c in results:  # a started job's console.log must come home
             if c.rank in started:
                 check_console(c)
@@ -229,7 +233,7 @@ class JobHandle:
         stopped: bool = False,
         *,
         status: str | None = None,
-        failed_first: dict[str, Any] | None = None,
+        failed_first: FailureRecord | None = None,
         verified: Iterable[str] | None = None,
         tore_down: bool = False,
     ) -> bool:
@@ -247,101 +251,105 @@ class JobHandle:
         """
         with contextlib.suppress(RunFolderError):
             self.job = self.folder.load_job()
-        job = dict(self.job)
-        nodes = [dict(n) for n in job.get("nodes") or []]
-        by_rank = {int(n["rank"]): n for n in nodes}
+        job = dataclasses.replace(self.job)
+        nodes = [dataclasses.replace(n) for n in job.nodes]
+        by_rank = {n.rank: n for n in nodes}
         collected = {c.rank: c for c in results}
-        first_rank = None if failed_first is None else failed_first.get("rank")
+        first_rank = None if failed_first is None else failed_first.rank
         still = False
         for rank, c in collected.items():
             node = by_rank.get(rank)
             if node is None:
                 continue
-            node["folder"] = c.folder
-            node["collected"] = c.error is None and c.skipped is None
+            node.folder = c.folder
+            node.collected = c.error is None and c.skipped is None
             try:
-                sup = read_json(Path(c.folder) / "supervisor.json")
-            except RunFolderError:  # not (or not whole) home: the node's end stays unknown
+                sup = SupervisorState.from_dict(read_json(Path(c.folder) / STATE_FILE))
+            except (RunFolderError, RecordError):  # not (whole) home, or not a record of one:
+                continue  # the node's end stays unknown
+            st = sup.state
+            if st is None:
                 continue
-            if not sup:
-                continue
-            st = sup.get("state")
             if st == NodeState.RUNNING:
                 still = True
                 continue
-            node["exit_code"], node["signal"] = sup.get("exit_code"), sup.get("signal")
-            node["end_time"] = iso(sup.get("end_time"))
-            node["start_time"] = node.get("start_time") or iso(sup.get("start_time"))
-            ended = sup.get("end_time")
+            node.exit_code, node.signal = sup.exit_code, sup.signal
+            node.end_time = iso(sup.end_time)
+            node.start_time = node.start_time or iso(sup.start_time)
+            ended = sup.end_time
             by_stop = (
                 (stopped or tore_down or failed_first is not None)  # ended by our teardown
                 and self.stop_time is not None
-                and isinstance(ended, (int, float))
+                and ended is not None
                 and ended >= self.stop_time - 1.0
             )
             if rank == first_rank:
                 continue  # set from the monitor's record below
             if st == NodeState.STOPPED or by_stop:
-                node["state"] = str(NodeState.STOPPED)
-                node["reason"] = sup.get("stop_reason")
+                node.state = str(NodeState.STOPPED)
+                node.reason = sup.stop_reason
             else:
-                node["state"] = str(
-                    exit_state(0 if sup.get("exit_code") == 0 else 1, stopping=False)
-                )
+                node.state = str(exit_state(0 if sup.exit_code == 0 else 1, stopping=False))
         if failed_first is not None and first_rank in by_rank:
             node = by_rank[first_rank]
-            node["state"] = failed_first.get("state") or str(NodeState.FAILED)
-            for k in ("exit_code", "signal", "reason"):
-                if failed_first.get(k) is not None or k == "reason":
-                    node[k] = failed_first.get(k)
-            node["end_time"] = node.get("end_time") or failed_first.get("time")
+            node.state = failed_first.state or str(NodeState.FAILED)
+            if failed_first.exit_code is not None:
+                node.exit_code = failed_first.exit_code
+            if failed_first.signal is not None:
+                node.signal = failed_first.signal
+            node.reason = failed_first.reason
+            node.end_time = node.end_time or failed_first.time
         if stopped:  # nodes whose record did not come back were stopped all the same
             for node in nodes:
-                if not node_state(node.get("state")).ended:
-                    node["state"] = str(NodeState.STOPPED)
+                if not node_state(node.state).ended:
+                    node.state = str(NodeState.STOPPED)
         elif status is not None:
             clean = set(verified or ())
             for node in nodes:
-                if not node_state(node.get("state")).ended:
-                    if node.get("host") in clean:
-                        node["state"] = str(NodeState.STOPPED)
+                if not node_state(node.state).ended:
+                    if node.host in clean:
+                        node.state = str(NodeState.STOPPED)
                     else:
-                        node["state"] = str(NodeState.LOST)
-                        node["reason"] = "not reachable: the teardown could not verify it"
+                        node.state = str(NodeState.LOST)
+                        node.reason = "not reachable: the teardown could not verify it"
         # A node whose record did not come back (unreachable) may still run: the job stays live.
-        still = still or any(not node_state(n.get("state")).ended for n in nodes)
-        job["nodes"] = nodes
-        job["collected"] = [c.to_dict() for c in collected.values()]
+        still = still or any(not node_state(n.state).ended for n in nodes)
+        job.nodes = nodes
+        job.collected = [c.to_dict() for c in collected.values()]
         final = False
-        if str(job.get("status")) in LIVE_STATES and (not still or status is not None):
+        if job.live and (not still or status is not None):
             final = True
             machine = _replay(nodes)
             if status is not None:
-                job["status"] = status
+                job.status = status
                 if failed_first is not None:
-                    ff = dict(failed_first)
-                    where = by_rank.get(first_rank) or {}
-                    ff.setdefault("address", where.get("train_addr") or where.get("address"))
-                    job["first_failure"] = _with_after(ff, job.get("started"))
+                    ff = dataclasses.replace(failed_first)
+                    where = by_rank.get(ff.rank)
+                    if ff.address is None and where is not None:
+                        ff.address = where.train_addr or where.address
+                    job.first_failure = _with_after(ff, job.started)
             else:
-                job["status"] = str(JobStatus.STOPPED if stopped else machine.outcome())
+                job.status = str(JobStatus.STOPPED if stopped else machine.outcome())
             if (
-                job["status"] == JobStatus.FAILED
+                job.status == JobStatus.FAILED
                 and machine.first_failure is not None
-                and not job.get("first_failure")
+                and not job.first_failure
             ):
                 first = nodes[machine.first_failure]
-                job["first_failure"] = {
-                    k: first.get(k)
-                    for k in ("rank", "host", "state", "exit_code", "signal", "reason")
-                } | {
-                    "address": first.get("train_addr") or first.get("address"),
-                    "time": first.get("end_time"),
-                }
-            ends = [n.get("end_time") for n in nodes if n.get("end_time")]
-            job["ended"] = max(ends) if ends and status is None else iso(time.time())
-            if job.get("started") and job.get("ended"):
-                job["duration"] = _duration(job["started"], job["ended"])
+                job.first_failure = FailureRecord(
+                    rank=first.rank,
+                    host=first.host,
+                    state=first.state,
+                    exit_code=first.exit_code,
+                    signal=first.signal,
+                    reason=first.reason,
+                    address=first.train_addr or first.address,
+                    time=first.end_time,
+                )
+            ends = [n.end_time for n in nodes if n.end_time]
+            job.ended = max(ends) if ends and status is None else iso(time.time())
+            if job.started and job.ended:
+                job.duration = _duration(job.started, job.ended)
         self.folder.write_job(job)
         self.job = job
         return final
@@ -352,7 +360,7 @@ class JobHandle:
         report: TeardownReport,
         results: Iterable[NodeCollect],
         *,
-        failed_first: dict[str, Any] | None = None,
+        failed_first: FailureRecord | None = None,
         extra: dict[str, Any] | None = None,
         tore_down: bool = False,
     ) -> bool:
@@ -370,10 +378,11 @@ class JobHandle:
                 verified={n.host for n in report.nodes if n.clean},
                 tore_down=tore_down,
             )
-            job = dict(self.job)
+            job = dataclasses.replace(self.job)
             if final:
-                job["teardown"] = report.to_dict()
-                job.update(extra or {})
+                job.teardown = report.to_dict()
+                for key, value in (extra or {}).items():
+                    setattr(job, key, value)
             self.folder.write_job(job)
             self.job = job
         return final
@@ -384,28 +393,28 @@ class JobHandle:
         with self.folder.locked():
             with contextlib.suppress(RunFolderError):
                 self.job = self.folder.load_job()
-            job = dict(self.job)
-            td = dict(job.get("teardown") or {"nodes": []})
+            job = dataclasses.replace(self.job)
+            td = dict(job.teardown or {"nodes": []})
             td_nodes = [n for n in td.get("nodes") or [] if n.get("host") != stop.host]
             td["nodes"] = sorted([*td_nodes, stop.to_dict()], key=lambda n: n.get("rank", 0))
             td["verified"] = all(
                 not n.get("remaining") and not n.get("error") and not n.get("skipped")
                 for n in td["nodes"]
             )
-            job["teardown"] = td
-            nodes = [dict(n) for n in job.get("nodes") or []]
-            collected = [dict(c) for c in job.get("collected") or []]
+            job.teardown = td
+            nodes = [dataclasses.replace(n) for n in job.nodes]
+            collected = [dict(c) for c in job.collected]
             for c in results:
                 collected = [x for x in collected if x.get("rank") != c.rank] + [c.to_dict()]
                 for n in nodes:
-                    if n.get("rank") == c.rank:
-                        n["folder"] = c.folder
-                        n["collected"] = c.error is None and c.skipped is None
+                    if n.rank == c.rank:
+                        n.folder = c.folder
+                        n.collected = c.error is None and c.skipped is None
             for n in nodes:
-                if n.get("host") == stop.host and stop.clean:
-                    n["reason"] = f"{n.get('reason') or 'lost'}; stopped when it answered again"
-            job["nodes"] = nodes
-            job["collected"] = sorted(collected, key=lambda c: c.get("rank", 0))
+                if n.host == stop.host and stop.clean:
+                    n.reason = f"{n.reason or 'lost'}; stopped when it answered again"
+            job.nodes = nodes
+            job.collected = sorted(collected, key=lambda c: c.get("rank", 0))
             self.folder.write_job(job)
             self.job = job
 
@@ -416,11 +425,11 @@ class JobHandle:
         """
         with self.folder.locked():
             self._finalise(results, stopped=report.verified)
-            job = dict(self.job)
-            job["teardown"] = report.to_dict()
-            if report.verified and str(job.get("status")) in LIVE_STATES:
-                job["status"] = str(JobStatus.STOPPED)
-                job["ended"] = iso(time.time())
+            job = dataclasses.replace(self.job)
+            job.teardown = report.to_dict()
+            if report.verified and job.live:
+                job.status = str(JobStatus.STOPPED)
+                job.ended = iso(time.time())
             self.folder.write_job(job)
             self.job = job
 
@@ -433,23 +442,23 @@ class JobHandle:
         return None
 
 
-def _replay(nodes: Sequence[dict[str, Any]]) -> JobState:
+def _replay(nodes: Sequence[NodeRecord]) -> JobState:
     """job.json's node records through the state machine: successes and stops as they stand,
     the bad ends in the order they happened (ISO times sort as text), so the first failure
     is the state machine's."""
-    states = [node_state(n.get("state")) for n in nodes]
+    states = [node_state(n.state) for n in nodes]
     machine = JobState(len(nodes), None, [NodeState.RUNNING if s.bad else s for s in states])
     for i in sorted(
         (i for i, s in enumerate(states) if s.bad),
-        key=lambda i: (nodes[i].get("end_time") or "", i),
+        key=lambda i: (nodes[i].end_time or "", i),
     ):
         machine.end(i, states[i])
     return machine
 
 
-def _with_after(ff: dict[str, Any], started: str | None) -> dict[str, Any]:
+def _with_after(ff: FailureRecord, started: str | None) -> FailureRecord:
     """``after``: seconds from the job's start to the failure (as an attached run records)."""
-    if ff.get("after") is None:
-        a, b = _parse_iso(started), _parse_iso(ff.get("time"))
-        ff["after"] = None if a is None or b is None else round(max(0.0, b - a), 3)
+    if ff.after is None:
+        a, b = _parse_iso(started), _parse_iso(ff.time)
+        ff.after = None if a is None or b is None else round(max(0.0, b - a), 3)
     return ff

@@ -52,9 +52,9 @@ from fleetctl.job.monitor_decide import (
 )
 from fleetctl.job.monitor_process import identity, monitor_alive
 from fleetctl.job.runfolder import iso
-from fleetctl.job.state import LIVE_STATES
 
 if TYPE_CHECKING:
+    from fleetctl.job.jobrecord import JobRecord
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
 
@@ -77,9 +77,9 @@ class MonitorResult:
     final: bool = False  # this monitor wrote the job's final record
 
 
-def _policy(job: dict[str, Any]) -> CompletionPolicy | None:
+def _policy(job: JobRecord) -> CompletionPolicy | None:
     """The role job's completion policy as ``fleetctl run`` recorded it (None: plain job)."""
-    data = job.get("completion")
+    data = job.completion
     if not isinstance(data, dict) or not data.get("roles"):
         return None
     from fleetctl.plan.roles import CompletionPolicy
@@ -107,17 +107,15 @@ def _register(h: JobHandle, info: dict[str, Any]) -> None:
     under the folder lock, so two monitors never both watch)."""
     with h.folder.locked():
         job = h.folder.load_job()
-        old = job.get("monitor")
-        if monitor_alive(old) and old.get("pid") != info["pid"]:
+        old = job.monitor
+        if old is not None and monitor_alive(old) and old.get("pid") != info["pid"]:
             raise UsageError(
                 f"job {h.job_id} is already watched by monitor pid {old.get('pid')} "
                 f"(log: {old.get('log')})"
             )
-        if str(job.get("status")) not in LIVE_STATES:
-            raise UsageError(
-                f"job {h.job_id} already ended ({job.get('status')}): nothing to watch"
-            )
-        job["monitor"] = info
+        if not job.live:
+            raise UsageError(f"job {h.job_id} already ended ({job.status}): nothing to watch")
+        job.monitor = info
         h.folder.write_job(job)
         h.job = job
 
@@ -126,10 +124,10 @@ def _update_monitor(h: JobHandle, pid: int, **changes: Any) -> bool:
     """Change this monitor's entry in job.json (not if another monitor replaced it)."""
     with h.folder.locked():
         job = h.folder.load_job()
-        info = job.get("monitor")
-        if not isinstance(info, dict) or info.get("pid") != pid:
+        info = job.monitor
+        if info is None or info.get("pid") != pid:
             return False
-        job["monitor"] = {**info, **changes}
+        job.monitor = {**info, **changes}
         h.folder.write_job(job)
         h.job = job
     return True
@@ -250,7 +248,7 @@ def _watch(
     from fleetctl.job.supervisors import ensure_supervisor, node_states
 
     policy = _policy(h.job)
-    started = _parse_iso(h.job.get("started"))
+    started = _parse_iso(h.job.started)
     watch = WatchState()
     by_name = {n.name: n for n in h.nodes}
     # One answer may take this long; a longer silence is the lost_timeout's business.
@@ -267,9 +265,9 @@ def _watch(
             job = h.folder.load_job()
         except RunFolderError:
             job = h.job  # mid-rewrite elsewhere: atomic replace makes that rare; next poll
-        if str(job.get("status")) not in LIVE_STATES:
+        if not job.live:
             result.outcome = "gone"
-            event(f"job {h.job_id} is {job.get('status')} now (ended elsewhere); leaving")
+            event(f"job {h.job_id} is {job.status} now (ended elsewhere); leaving")
             return None, watch
         # Reconnect nodes that stopped answering (a broken transport is not reused).
         down = [by_name[np.host] for np in h.plan.nodes if np.node_rank in watch.unreachable_since]
@@ -316,13 +314,13 @@ def _finish(
 
     with h.folder.locked():  # still ours to end? `fleetctl stop` may have been faster
         job = h.folder.load_job()
-        if str(job.get("status")) not in LIVE_STATES:
+        if not job.live:
             result.outcome = "gone"
-            event(f"job {h.job_id} is {job.get('status')} now (ended elsewhere); leaving")
+            event(f"job {h.job_id} is {job.status} now (ended elsewhere); leaving")
             return
-        info = job.get("monitor")
-        if isinstance(info, dict) and info.get("pid") == pid:
-            job["monitor"] = {**info, "phase": "finishing", "verdict": decision.describe()}
+        info = job.monitor
+        if info is not None and info.get("pid") == pid:
+            job.monitor = {**info, "phase": "finishing", "verdict": decision.describe()}
             h.folder.write_job(job)
     result.decision = decision
     extra: dict[str, Any] = {"verdict": decision.reason} if decision.action == "give_up" else {}
@@ -383,7 +381,7 @@ def _finish(
     event(
         f"job {h.job_id} {status}; logs in {h.folder.path}"
         if result.final
-        else f"job {h.job_id} ended elsewhere meanwhile ({h.job.get('status')}); its record stands"
+        else f"job {h.job_id} ended elsewhere meanwhile ({h.job.status}); its record stands"
     )
 
 

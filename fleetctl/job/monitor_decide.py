@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fleetctl.job.jobrecord import FailureRecord
 from fleetctl.job.runfolder import iso
 from fleetctl.job.state import JobState, NodeState
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
@@ -52,20 +53,20 @@ class Decision:
     time: float | None = None
     unreachable: bool = False  # lost because it did not answer: do not wait on it again
 
-    def first_failure(self) -> dict[str, Any] | None:
+    def first_failure(self) -> FailureRecord | None:
         """job.json's ``first_failure`` entry (None unless ``fail``)."""
-        if self.action != "fail":
+        if self.action != "fail" or self.rank is None:
             return None
-        return {
-            "rank": self.rank,
-            "host": self.host,
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "reason": self.reason,
-            "time": iso(self.time),
-            "found_by": "monitor",
-        }
+        return FailureRecord(
+            rank=self.rank,
+            host=self.host,
+            state=self.state,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            reason=self.reason,
+            time=iso(self.time),
+            extra={"found_by": "monitor"},
+        )
 
     def describe(self) -> str:
         if self.action == "fail":

@@ -20,6 +20,7 @@ from fleetctl.job.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
 if TYPE_CHECKING:
+    from fleetctl.job.jobrecord import JobRecord
     from fleetctl.ssh.connection import SSHSettings
 
 REGISTER_WAIT = 20.0  # s for a spawned monitor to record itself in job.json
@@ -61,10 +62,10 @@ def monitor_alive(info: Any) -> bool:
     return proc_start_time(pid) == start
 
 
-def monitor_status(job: dict[str, Any]) -> dict[str, Any] | None:
+def monitor_status(job: JobRecord) -> dict[str, Any] | None:
     """``fleetctl status``'s view of the job's monitor (None: it never had one)."""
-    info = job.get("monitor")
-    if not isinstance(info, dict):
+    info = job.monitor
+    if info is None:
         return None
     return {
         "pid": info.get("pid"),
@@ -143,8 +144,8 @@ def spawn_monitor(
     end = time.monotonic() + wait
     while True:
         with contextlib.suppress(RunFolderError):
-            info = run.load_job().get("monitor")
-            if isinstance(info, dict) and info.get("pid") == proc.pid:
+            info = run.load_job().monitor
+            if info is not None and info.get("pid") == proc.pid:
                 return SpawnedMonitor(proc.pid, str(log), True, proc.poll())
         code = proc.poll()
         if code is not None or time.monotonic() > end:
@@ -166,10 +167,10 @@ def stop_monitor(
     line saying what happened, None when no live monitor watches the job.
     """
     try:
-        info = folder.load_job().get("monitor")
+        info = folder.load_job().monitor
     except RunFolderError:
         return None
-    if not monitor_alive(info):
+    if info is None or not monitor_alive(info):
         return None
     pid = int(info["pid"])
     if not _signal_verified(info, signal.SIGTERM):
@@ -192,10 +193,8 @@ def _finishing(folder: RunFolder, pid: int, in_time: bool) -> bool:
     if not in_time:
         return False
     with contextlib.suppress(RunFolderError):
-        info = folder.load_job().get("monitor")
-        return (
-            isinstance(info, dict) and info.get("pid") == pid and info.get("phase") == "finishing"
-        )
+        info = folder.load_job().monitor
+        return info is not None and info.get("pid") == pid and info.get("phase") == "finishing"
     return False
 
 

@@ -94,7 +94,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             ) from first
     from fleetctl.phases.check_containers import check_images, wanted, with_runtimes
 
-    images = wanted(job.nodes, spec.image, spec.container_runtime)
+    images = wanted(job.nodes, spec.image, spec.container_runtime, facts, spec.backend)
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
         job.emit("phase", "checking images")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError
+from fleetctl.job.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.runfolder import RunFolder, list_runs, load_run
-from fleetctl.job.state import LIVE_STATES
 from fleetctl.node import Node
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def write_connect(
         "collect": collect,
         "nodes": [
             {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
+            | _slurm_fields(n)
             for n in nodes
         ],
     }
@@ -79,6 +80,13 @@ def _node_fields(n: Node) -> dict[str, Any]:
     return {k: getattr(n, k) for k in _NODE_FIELDS}
 
 
+def _slurm_fields(n: Node) -> dict[str, Any]:
+    """A node of a Slurm allocation is reached again by an srun step of that job."""
+    from fleetctl.slurm.allocation import JOB_VAR, is_srun
+
+    return {"slurm_job": n.vars[JOB_VAR]} if is_srun(n) and JOB_VAR in n.vars else {}
+
+
 def load_nodes(folder: RunFolder) -> list[Node]:
     """The job's nodes in rank order: ``connect.json``, else what ``plan.json`` knows."""
     if folder.has_connect:
@@ -86,8 +94,13 @@ def load_nodes(folder: RunFolder) -> list[Node]:
         try:
             nodes = []
             for d in data["nodes"]:
+                job = d.get("slurm_job")
                 d = {k: v for k, v in d.items() if k in _NODE_FIELDS}
                 d["groups"] = tuple(d.get("groups") or ())
+                if job is not None:  # an srun step of that Slurm job, not SSH
+                    from fleetctl.slurm.allocation import CONNECTION_VAR, JOB_VAR
+
+                    d["vars"] = {CONNECTION_VAR: "srun", JOB_VAR: str(job)}
                 nodes.append(Node(**d))
             return nodes
         except (KeyError, TypeError, AttributeError) as e:
@@ -149,40 +162,38 @@ class RunRecord:
         }
 
 
-def describe_failure(ff: dict[str, Any] | None) -> str | None:
+def describe_failure(ff: FailureRecord | dict[str, Any] | None) -> str | None:
     """``node 1 (node2): exit code 1 after 3.2 s`` from job.json's ``first_failure``."""
     if not ff:
         return None
-    if ff.get("state") == "lost":
-        how = "lost" + (f" ({ff['reason']})" if ff.get("reason") else "")
-    elif ff.get("state") == "start_failed":
-        how = "could not start" + (f" ({ff['reason']})" if ff.get("reason") else "")
-    elif ff.get("signal") is not None:
+    if isinstance(ff, dict):
+        ff = FailureRecord.from_dict(ff)
+    if ff.state == "lost":
+        how = "lost" + (f" ({ff.reason})" if ff.reason else "")
+    elif ff.state == "start_failed":
+        how = "could not start" + (f" ({ff.reason})" if ff.reason else "")
+    elif ff.signal is not None:
         from fleetctl.job.retry import signal_name
 
-        how = f"signal {ff['signal']} ({signal_name(int(ff['signal']))})"
+        how = f"signal {ff.signal} ({signal_name(ff.signal)})"
     else:
-        how = f"exit code {ff.get('exit_code')}"
-    after = f" after {ff['after']:.1f} s" if isinstance(ff.get("after"), (int, float)) else ""
-    return f"node {ff.get('rank')} ({ff.get('host')}): {how}{after}"
+        how = f"exit code {ff.exit_code}"
+    after = f" after {ff.after:.1f} s" if ff.after is not None else ""
+    return f"node {ff.rank} ({ff.host}): {how}{after}"
 
 
 def list_records(runs_dir: str | Path) -> list[RunRecord]:
     """Every job under ``runs_dir``, oldest first; retry attempts fold into their job."""
     jobs = list_runs(runs_dir)
-    by_id = {j.get("job_id"): j for j in jobs if j.get("job_id")}
-    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    by_id = {j.job_id: j for j in jobs if j.job_id}
+    latest: dict[str, tuple[int, JobRecord]] = {}
     order: list[str] = []
     for j in jobs:
-        jid = str(j.get("job_id") or "")
-        m = ATTEMPT_RE.match(jid)
+        m = ATTEMPT_RE.match(j.job_id)
         base, k = (
             (m.group("base"), int(m.group("k")))
             if m and m.group("base") in by_id
-            else (
-                jid,
-                int(j.get("attempt") or 1),
-            )
+            else (j.job_id, j.attempt)
         )
         if base not in latest:
             order.append(base)
@@ -192,30 +203,25 @@ def list_records(runs_dir: str | Path) -> list[RunRecord]:
     for base in order:
         k, j = latest[base]
         first = by_id.get(base, j)
-        status = str(j.get("status") or "?")
-        if j.get("detached") and status in LIVE_STATES:
+        status = j.status or "?"
+        if j.detached and j.live:
             status = "detached"
         out.append(
             RunRecord(
                 job_id=base,
-                launcher=j.get("launcher"),
-                nodes=len(j.get("nodes") or []),
+                launcher=j.launcher,
+                nodes=len(j.nodes),
                 status=status,
-                started=first.get("started"),
-                duration=_duration(first.get("started"), j.get("ended")),
-                first_failure=describe_failure(j.get("first_failure")),
+                started=first.started,
+                duration=_duration(first.started, j.ended),
+                first_failure=describe_failure(j.first_failure),
                 attempts=k,
-                detached=bool(j.get("detached")),
-                folder=str(j.get("folder") or Path(runs_dir) / base),
-                left_out=_left_out(j),
+                detached=j.detached,
+                folder=j.folder or str(Path(runs_dir) / base),
+                left_out=dict(j.left_out or {}),
             )
         )
     return out
-
-
-def _left_out(job: dict[str, Any]) -> dict[str, str]:
-    data = job.get("left_out")
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def _parse_iso(text: str | None) -> float | None:

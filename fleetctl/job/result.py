@@ -14,6 +14,7 @@ from fleetctl.job.runfolder import iso
 from fleetctl.job.state import JobStatus, NodeState, node_state
 
 if TYPE_CHECKING:
+    from fleetctl.job.jobrecord import JobRecord
     from fleetctl.phases.collect import NodeCollect
     from fleetctl.phases.teardown import TeardownReport
     from fleetctl.plan.rankplan import Plan
@@ -129,6 +130,8 @@ class JobResult:
     culprits: list[str] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
+    # Inside a Slurm allocation: {"job_id": …} of the allocation (fleetctl.slurm)
+    slurm: dict[str, Any] | None = None
     # Where the controller's time went: each phase's start (wall clock) and this process's CPU
     # seconds so far, its own threads and its waited-for children (rsync, ssh) apart.
     phases: list[dict[str, Any]] = field(default_factory=list)
@@ -153,10 +156,17 @@ class JobResult:
     @property
     def exit_code(self) -> int:
         if self.status == JobStatus.SUCCEEDED:  # processes left after teardown are a remote failure
-            return 3 if self.teardown is not None and self.teardown.leftovers else 0
+            if self.teardown is not None and self.teardown.leftovers:
+                return 3
+            return 4 if self.logs_incomplete else 0
         if self.status == JobStatus.INTERRUPTED:
             return 130
         return 3 if self.status == JobStatus.FAILED else 1
+
+    @property
+    def logs_incomplete(self) -> list[str]:
+        """Hosts whose logs should be home and are not (skipped, a failed or cut transfer)."""
+        return [c.host for c in self.collected if c.incomplete]
 
     def node(self, rank: int) -> NodeOutcome:
         return self.nodes[rank]
@@ -199,6 +209,12 @@ class JobResult:
                 return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
         return list(node.tail)[-n:]
 
+    def to_record(self) -> JobRecord:
+        """job.json's record of this result (its types checked as a file's would be)."""
+        from fleetctl.job.jobrecord import JobRecord
+
+        return JobRecord.from_dict(self.to_dict(), source=str(self.folder / "job.json"))
+
     def to_dict(self) -> dict[str, Any]:
         ff = self.failed_node
         return (
@@ -239,6 +255,7 @@ class JobResult:
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | ({} if self.culprits is None else {"culprits": self.culprits})
             | ({} if self.left_out is None else {"left_out": self.left_out})
+            | ({} if self.slurm is None else {"slurm": self.slurm})
             | (
                 {}
                 if self.stacks is None

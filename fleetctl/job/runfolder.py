@@ -16,6 +16,9 @@ lock. The files:
 * ``controller.json`` — who created the folder (the ``fleetctl run`` process: pid, start time,
   boot, host), so ``fleetctl status`` can tell a job whose controller is gone;
 * ``stacks-<time>.txt`` — every process's stack, dumped on demand (``fleetctl stacks``);
+* ``slurm.json``, ``sbatch.sh`` — ``run --slurm``: the Slurm job id and state, the batch script
+  as submitted; ``slurm.out`` (the script's output) is written by Slurm itself. The run inside
+  the allocation adopts the folder its submitter made (:meth:`RunFolder.create`);
 * ``<rank>-<host>/`` — one folder per node with its collected logs (written by collect, into
   the path :meth:`RunFolder.node_folder` gives), and ``console.streamed.log`` there when the
   node's own log could not be collected.
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.job.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 
 DEFAULT_RUNS_DIR = "fleet-runs"
@@ -52,6 +56,8 @@ COLLECTIVE_FILE = "collective.json"
 RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = "controller.json"
+SLURM_FILE = "slurm.json"
+SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -107,7 +113,9 @@ class RunFolder:
             path.mkdir(mode=0o700)
             os.chmod(path, 0o700)
         except FileExistsError as e:
-            raise RunFolderError(f"{path}: run folder already exists") from e
+            # `run --slurm` made it for this batch job: adopted (this process is its controller)
+            if not _submitted_for_this_job(path):
+                raise RunFolderError(f"{path}: run folder already exists") from e
         except OSError as e:
             raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
         folder = cls(path)
@@ -123,13 +131,13 @@ class RunFolder:
     def write_plan(self, plan: dict[str, Any]) -> None:
         self._write_json(PLAN_FILE, plan)
 
-    def write_job(self, job: dict[str, Any]) -> None:
+    def write_job(self, job: JobRecord) -> None:
         """Replace job.json (callers that read it first hold :meth:`locked`, or use
         :meth:`editing_job`)."""
-        self._write_json(JOB_FILE, job)
+        _write_atomic(self.path / JOB_FILE, job.to_json())
 
     @contextlib.contextmanager
-    def editing_job(self) -> Iterator[dict[str, Any]]:
+    def editing_job(self) -> Iterator[JobRecord]:
         """job.json to change in place, under the folder lock; written back unless the
         ``with`` body raises."""
         with self.locked():
@@ -141,6 +149,19 @@ class RunFolder:
         """The process that created the folder (None: not recorded, e.g. an older run)."""
         try:
             return read_json(self.path / CONTROLLER_FILE)
+        except RunFolderError:
+            return None
+
+    def write_slurm(self, data: dict[str, Any], script: str | None = None) -> None:
+        """``run --slurm``: the submitted job's record (and the batch script, once)."""
+        if script is not None:
+            _write_atomic(self.path / SBATCH_FILE, script)
+        self._write_json(SLURM_FILE, data)
+
+    def load_slurm(self) -> dict[str, Any] | None:
+        """The Slurm job this folder was submitted as (None: not a ``run --slurm`` job)."""
+        try:
+            return read_json(self.path / SLURM_FILE)
         except RunFolderError:
             return None
 
@@ -263,14 +284,27 @@ class RunFolder:
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(line)
 
-    def load_job(self) -> dict[str, Any]:
-        return read_json(self.path / JOB_FILE)
+    def load_job(self) -> JobRecord:
+        return read_job(self.path / JOB_FILE)
 
     def load_plan(self) -> dict[str, Any]:
         return read_json(self.path / PLAN_FILE)
 
     def node_folder(self, rank: int, host: str) -> Path:
         return self.path / node_folder_name(rank, host)
+
+
+def _submitted_for_this_job(path: Path) -> bool:
+    """``path`` was made by ``run --slurm`` for the Slurm job this process runs in (its
+    record is written before sbatch, so the job id may not be in it yet)."""
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+    if not job or os.environ.get("FLEETCTL_RUN_ID") != path.name:
+        return False
+    try:
+        recorded = read_json(path / SLURM_FILE).get("job_id")
+    except RunFolderError:
+        return False
+    return recorded is None or str(recorded) == job
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -286,6 +320,11 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunFolderError(f"{path}: not a JSON object")
     return data
+
+
+def read_job(path: Path) -> JobRecord:
+    """A job.json as its record (``read_json``'s policy, then :class:`JobRecord`'s types)."""
+    return JobRecord.from_dict(read_json(path), source=str(path))
 
 
 def load_run(runs_dir: str | Path, job_id: str) -> RunFolder:
@@ -305,7 +344,7 @@ def load_run(runs_dir: str | Path, job_id: str) -> RunFolder:
     )
 
 
-def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
+def list_runs(runs_dir: str | Path) -> list[JobRecord]:
     """job.json of every run folder, oldest first (ids sort by start time); unreadable skipped."""
     root = Path(runs_dir)
     if not root.is_dir():
@@ -314,7 +353,7 @@ def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
     for p in sorted(root.iterdir()):
         if p.is_dir() and (p / JOB_FILE).is_file():
             try:
-                out.append(read_json(p / JOB_FILE))
+                out.append(read_job(p / JOB_FILE))
             except RunFolderError:
                 continue
     return out

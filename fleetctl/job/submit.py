@@ -133,7 +133,7 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
     record = completion_record(options.completion)
     if record is not None:  # the role job's min_failed, for the monitor to apply
         with folder.editing_job() as job:
-            job["completion"] = record
+            job.completion = record
     return spawn_monitor(
         folder.path,
         settings=options.settings,

@@ -15,6 +15,7 @@ from fleetctl.errors import FleetctlError, one_line
 from fleetctl.job.runfolder import iso
 from fleetctl.node import Node
 from fleetctl.phases.frames import last_data
+from fleetctl.remote.records import RecordError, SupervisorState
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
@@ -153,22 +154,27 @@ def node_states(
         if not isinstance(r, dict):
             out.append(NodeReport(np.node_rank, np.host, "unreachable", error=one_line(r)))
             continue
-        state = r.get("state") or "absent"
-        if not r.get("job_id") and not r.get("processes"):
+        try:  # supervisor.json as the status mode answers it, and what it adds
+            sup = SupervisorState.from_dict(r)
+        except RecordError as e:
+            out.append(NodeReport(np.node_rank, np.host, "unreachable", error=str(e)))
+            continue
+        state = sup.state or "absent"
+        if not sup.job_id and not r.get("processes"):
             state = "absent"
         out.append(
             NodeReport(
                 rank=np.node_rank,
                 host=np.host,
                 state=state,
-                pid=r.get("pid"),
-                exit_code=r.get("exit_code"),
-                signal=r.get("signal"),
+                pid=sup.pid,
+                exit_code=sup.exit_code,
+                signal=sup.signal,
                 processes=list(r.get("processes") or []),
-                detached=bool(r.get("detached")),
-                start_time=r.get("start_time"),
-                end_time=r.get("end_time"),
-                stop_reason=r.get("stop_reason"),
+                detached=sup.detached,
+                start_time=sup.start_time,
+                end_time=sup.end_time,
+                stop_reason=sup.stop_reason,
                 progress=r.get("progress"),
             )
         )

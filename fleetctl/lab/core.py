@@ -23,12 +23,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,12 @@ from fleetctl.lab.constants import (
     USER_RE,
     WORKDIR,
 )
-from fleetctl.lab.faults import _LabFaults
-from fleetctl.lab.files import _LabFiles, _write
-from fleetctl.lab.hosts import LabHost, _LabHosts
+from fleetctl.lab.faults import LabFaults
+from fleetctl.lab.files import LabFiles, _write
+from fleetctl.lab.hosts import LabHost, LabHosts
 from fleetctl.lab.registry import _entry_live, _locked, _name_in_use, _registry_entries
+from fleetctl.lab.store import LabStore, plan_state
+from fleetctl.lab.users import ensure_user, remove_user
 
 
 def _real_python() -> str:
@@ -117,106 +118,178 @@ def _check_dir(d: Path) -> Path:
     return d
 
 
-class Lab(_LabFiles, _LabHosts, _LabFaults):
-    """A running (or half-built, or torn-down) lab, backed by ``DIR/lab.json``."""
+class Lab:
+    """A running (or half-built, or torn-down) lab, backed by ``DIR/lab.json``.
+
+    Composed of parts with explicit state: ``store`` (lab.json: names, addresses, PIDs, faults,
+    and the lock), ``files`` (keys, configs, inventory), ``runner`` (the hosts' network, PID 1s
+    and sshds, exec, status; it holds the processes it started) and ``injector`` (faults).
+    ``Lab`` creates and removes a lab and forwards the parts' public methods."""
 
     def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-        self.dir = Path(state["dir"])
-        self.name: str = state["name"]
-        self.hosts: list[LabHost] = [LabHost(**h) for h in state["hosts"]]
-        self._popens: dict[str, subprocess.Popen[bytes]] = {}
-        self._lock_depth = 0
-        self._rlock = threading.RLock()
+        self.store = LabStore(state)
+        self.files = LabFiles(self.store)
+        self.runner = LabHosts(self.store, self.files)
+        self.injector = LabFaults(self.store, self.runner, self.files)
 
-    @contextlib.contextmanager
-    def _dirlock(self) -> Iterator[None]:
-        """Inter-process lock on DIR/.lock, re-entrant per thread (flock alone is not)."""
-        with self._rlock:
-            if self._lock_depth:
-                self._lock_depth += 1
-                try:
-                    yield
-                finally:
-                    self._lock_depth -= 1
-                return
-            with _locked(self.dir / ".lock"):
-                self._lock_depth = 1
-                try:
-                    yield
-                finally:
-                    self._lock_depth = 0
+    # ------------------------------------------------------------------ the store's
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.store.state
 
-    # ------------------------------------------------------------------ paths
+    @property
+    def dir(self) -> Path:
+        return self.store.dir
+
+    @property
+    def name(self) -> str:
+        return self.store.name
+
+    @property
+    def hosts(self) -> list[LabHost]:
+        return self.store.hosts
+
     @property
     def inventory_path(self) -> Path:
-        return self.dir / "hosts.yml"
+        return self.store.inventory_path
 
     @property
     def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
+        return self.store.known_hosts
 
     @property
     def key_path(self) -> Path:
-        return self.dir / "id_ed25519"
+        return self.store.key_path
 
     @property
     def ssh_config(self) -> Path:
-        return self.dir / "ssh_config"
+        return self.store.ssh_config
 
     @property
     def networks(self) -> int:
-        return 2 if self.state.get("data") else 1
+        return self.store.networks
 
     @property
     def mgmt_bridge(self) -> str:
-        return self.state["mgmt"]["bridge"]
+        return self.store.mgmt_bridge
 
     @property
     def data_bridge(self) -> str | None:
-        return (self.state.get("data") or {}).get("bridge")
+        return self.store.data_bridge
 
     @property
     def faults(self) -> list[dict[str, Any]]:
-        return list(self.state.get("faults", []))
+        return self.store.faults
+
+    @property
+    def user(self) -> str | None:
+        """The non-root user fleetctl logs in as (None: root)."""
+        return self.store.user
+
+    @property
+    def home(self) -> str:
+        """The login user's home on every host."""
+        return self.store.home
+
+    @property
+    def workdir(self) -> str:
+        """fleetctl's default workdir on the hosts, as an absolute path."""
+        return self.store.workdir
 
     def host(self, name: str) -> LabHost:
-        for h in self.hosts:
-            if h.name == name or h.ns == name:
-                return h
-        raise LabInputError(
-            f"lab {self.name}: no host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})"
-        )
+        return self.store.host(name)
 
     def host_dir(self, host: LabHost | str) -> Path:
-        name = host if isinstance(host, str) else host.name
-        return self.dir / "hosts" / name
+        return self.store.host_dir(host)
 
     def __repr__(self) -> str:
         return f"Lab({self.name!r}, dir={str(self.dir)!r}, hosts={len(self.hosts)})"
 
-    # ------------------------------------------------------------------ state
-    def _save(self) -> None:
-        self.state["hosts"] = [asdict(h) for h in self.hosts]
-        _write(self.dir / "lab.json", json.dumps(self.state, indent=2) + "\n", 0o600)
+    # ------------------------------------------------------------------ the runner's
+    def host_env(self, h: LabHost | str) -> dict[str, str]:
+        return self.runner.host_env(h)
 
-    @contextlib.contextmanager
-    def _mutate(self) -> Iterator[None]:
-        """Serialize changes with other processes (CLI faults) and persist them."""
-        with self._dirlock():
-            try:
-                fresh = json.loads((self.dir / "lab.json").read_text())
-                self.state["faults"] = fresh.get("faults", [])
-                by = {h["name"]: h for h in fresh.get("hosts", [])}
-                for h in self.hosts:
-                    if h.name in by:
-                        h.pids, h.starts = by[h.name]["pids"], by[h.name]["starts"]
-                        h.gpus = by[h.name].get("gpus", h.gpus)
-                        h.fake_smi = by[h.name].get("fake_smi", h.fake_smi)
-            except (OSError, ValueError):
-                pass
-            yield
-            self._save()
+    def nsenter_argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        return self.runner.nsenter_argv(host, argv)
+
+    def exec(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        input: str | None = None,
+        timeout: float = 30.0,
+        check: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return self.runner.exec(host, argv, input=input, timeout=timeout, check=check, env=env)
+
+    def sshd_pid(self, host: str) -> int | None:
+        return self.runner.sshd_pid(host)
+
+    def status(self, probe: bool = True) -> dict[str, Any]:
+        return self.runner.status(probe)
+
+    # ------------------------------------------------------------------ the injector's
+    def cut_link(self, host: str, network: str = "mgmt") -> None:
+        self.injector.cut_link(host, network)
+
+    def heal_link(self, host: str, network: str = "mgmt") -> None:
+        self.injector.heal_link(host, network)
+
+    def netem(
+        self,
+        host: str,
+        network: str = "mgmt",
+        *,
+        delay_ms: float = 0,
+        jitter_ms: float = 0,
+        loss_pct: float = 0,
+    ) -> None:
+        self.injector.netem(
+            host, network, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct
+        )
+
+    def netem_supported(self) -> bool:
+        return self.injector.netem_supported()
+
+    def clear_netem(self, host: str, network: str = "mgmt") -> None:
+        self.injector.clear_netem(host, network)
+
+    def slow_link(self, host: str, network: str = "data", rate: str = "50mbit") -> None:
+        self.injector.slow_link(host, network, rate)
+
+    def clear_slow(self, host: str, network: str = "data") -> None:
+        self.injector.clear_slow(host, network)
+
+    def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> int:
+        return self.injector.kill_sshd(host, sig)
+
+    def start_sshd(self, host: str, timeout: float = READY_TIMEOUT) -> None:
+        self.injector.start_sshd(host, timeout)
+
+    def crash_host(self, host: str) -> None:
+        self.injector.crash_host(host)
+
+    def boot_host(self, host: str, timeout: float = READY_TIMEOUT) -> None:
+        self.injector.boot_host(host, timeout)
+
+    def disk_full(self, host: str, path: str | None = None, size: str = "1m") -> None:
+        self.injector.disk_full(host, path, size)
+
+    def disk_ok(self, host: str, path: str | None = None) -> None:
+        self.injector.disk_ok(host, path)
+
+    def set_gpus(self, host: str, count: int | None) -> None:
+        self.injector.set_gpus(host, count)
+
+    def set_gpu_busy(
+        self, host: str, index: int, *, pid: int = 4242, mib: int = 2048, name: str = "python"
+    ) -> None:
+        self.injector.set_gpu_busy(host, index, pid=pid, mib=mib, name=name)
+
+    def reset_faults(self) -> None:
+        self.injector.reset_faults()
 
     @classmethod
     def load(cls, dir: str | os.PathLike[str]) -> Lab:
@@ -368,7 +441,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             state["user"] = user
             state["shared_home"] = bool(shared_home)
             lab = cls(state)
-            lab._save()
+            lab.store.save()
             entry = {
                 "name": name,
                 "dir": str(d),
@@ -397,78 +470,26 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
             raise
         return lab
 
-    @staticmethod
-    def _plan(
-        name: str,
-        d: Path,
-        n: int,
-        networks: int,
-        gpus: int,
-        mgmt_net: ipaddress.IPv4Network,
-        data_net: ipaddress.IPv4Network,
-        python: str,
-        sshd: str,
-    ) -> dict[str, Any]:
-        """Every name and address the lab will create, decided before creating anything."""
-        hosts = []
-        for i in range(1, n + 1):
-            data_nic = None
-            if networks == 2:
-                data_nic = "ib0" if (i == n and n > 1) else "data0"
-            h = LabHost(
-                name=f"node{i}",
-                index=i,
-                ns=f"{name}-node{i}",
-                mgmt_addr=str(net.host_addr(mgmt_net, i, n)),
-                mgmt_veth=f"{name}-m{i}",
-                nic=data_nic or "eth0",
-                data_addr=str(net.host_addr(data_net, i, n)) if networks == 2 else None,
-                data_veth=f"{name}-d{i}" if networks == 2 else None,
-                data_nic=data_nic,
-                gpus=gpus,
-                fake_smi=gpus > 0,
-            )
-            for ifname in (h.mgmt_veth, h.data_veth):
-                if ifname and not net.ifname_ok(ifname):
-                    raise LabInputError(f"interface name {ifname!r} too long")
-            hosts.append(asdict(h))
-        return {
-            "version": STATE_VERSION,
-            "name": name,
-            "dir": str(d),
-            "phase": "creating",
-            "created": time.time(),
-            "python": python,
-            "sshd": sshd,
-            "gpus": gpus,
-            "mgmt": {
-                "subnet": str(mgmt_net),
-                "bridge": f"{name}-m",
-                "gateway": str(mgmt_net.network_address + 1),
-            },
-            "data": {"subnet": str(data_net), "bridge": f"{name}-d"} if networks == 2 else None,
-            "hosts": hosts,
-            "faults": [],
-        }
+    _plan = staticmethod(plan_state)  # every name and address, before creating anything
 
     def _build(self, ready_timeout: float) -> None:
         t0 = time.monotonic()
         if self.user is None:
             os.makedirs(WORKDIR, exist_ok=True)  # the mountpoint must exist in the real tree
         else:
-            self._ensure_user()
-        self._write_keys_and_configs()
-        self._create_network()
+            ensure_user(self.store)
+        self.files.write_keys_and_configs()
+        self.runner.create_network()
         for h in self.hosts:
-            self._spawn(h)
-        self._record_pids()
+            self.runner.spawn(h)
+        self.runner.record_pids()
         deadline = time.monotonic() + ready_timeout
         for h in self.hosts:
-            net.wait_banner(h.mgmt_addr, 22, deadline, alive=lambda h=h: self._why_dead(h))
+            net.wait_banner(h.mgmt_addr, 22, deadline, alive=lambda h=h: self.runner.why_dead(h))
         self.state["phase"] = "up"
         self.state["up_seconds"] = round(time.monotonic() - t0, 3)
-        with self._dirlock():
-            self._save()
+        with self.store.dirlock():
+            self.store.save()
 
     # ------------------------------------------------------------------ down
     def down(self, keep_dir: bool = False) -> list[str]:
@@ -479,7 +500,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         """
         require_root()
         if (self.dir / "lab.json").exists():  # PIDs may have changed in another process
-            with contextlib.suppress(OSError, ValueError), self._mutate():
+            with contextlib.suppress(OSError, ValueError), self.store.mutate():
                 pass
         removed: list[str] = []
         # 0. Slurm's daemons (`lab up --slurm`), by PID: munged and slurmctld live out here
@@ -497,7 +518,7 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
                     pending.append((pid, st))
                     removed.append(f"{h.name} {key} pid {pid}")
         for h in self.hosts:
-            self._reap_popen(h)
+            self.runner.reap_popen(h)
         stuck = procs.wait_gone(pending, STOP_TIMEOUT)
         deadline = time.monotonic() + STOP_TIMEOUT
         for h in self.hosts:
@@ -531,85 +552,15 @@ class Lab(_LabFiles, _LabHosts, _LabFaults):
         last = not _registry_entries()
         if last and net.restore_neighbour_table(REGISTRY / NEIGH_SAVED) is not None:
             removed.append("neighbour table limits raised for the labs")
-        removed += self._remove_user()
+        removed += remove_user(self.store)
         self.state["phase"] = "down"
         for h in self.hosts:
             h.pids, h.starts = {}, {}
         self.state["faults"] = []
         if keep_dir:
             if self.dir.is_dir():
-                with self._dirlock():
-                    self._save()
+                with self.store.dirlock():
+                    self.store.save()
         else:
-            self._remove_dir()
+            self.store.remove_files()
         return removed
-
-    # ------------------------------------------------------------------ a login user
-    @property
-    def user(self) -> str | None:
-        """The non-root user fleetctl logs in as (None: root)."""
-        return self.state.get("user")
-
-    @property
-    def home(self) -> str:
-        """The login user's home on every host."""
-        return "/root" if self.user is None else f"/home/{self.user}"
-
-    @property
-    def workdir(self) -> str:
-        """fleetctl's default workdir on the hosts, as an absolute path."""
-        return WORKDIR if self.user is None else f"{self.home}/.fleetctl"
-
-    def _ensure_user(self) -> None:
-        """The login user exists on this machine (the hosts share /etc/passwd); made here if
-        missing, and then removed by ``down`` once no other lab uses it."""
-        import pwd
-
-        assert self.user is not None
-        try:
-            pwd.getpwnam(self.user)
-        except KeyError:
-            # "*": no password, but not locked (sshd refuses a locked account even with a key)
-            net.run(["useradd", "-M", "-d", self.home, "-s", "/bin/sh", "-U", "-p", "*", self.user])
-            self.state["created_user"] = True
-        if not os.path.isdir(self.home):  # the mountpoint of each host's home
-            os.makedirs(self.home, mode=0o755)
-            self.state["created_home"] = True
-        with self._dirlock():
-            self._save()
-
-    def _remove_user(self) -> list[str]:
-        if not self.state.get("created_user") or self.user is None:
-            return []
-        others = [e for e in _registry_entries() if e.get("user") == self.user and _entry_live(e)]
-        if others:  # another lab still logs in as this user
-            return []
-        net.run(["userdel", self.user], check=False)
-        if self.state.pop("created_home", False):
-            with contextlib.suppress(OSError):
-                os.rmdir(self.home)
-        self.state["created_user"] = False
-        return [f"user {self.user}"]
-
-    def _remove_dir(self) -> None:
-        """Delete what the lab wrote in DIR (and DIR itself if the lab created it)."""
-        d = self.dir
-        if not (d / "lab.json").exists():
-            return
-        for sub in ("hosts", "shared-home"):
-            shutil.rmtree(d / sub, ignore_errors=True)
-        for f in (
-            "id_ed25519",
-            "id_ed25519.pub",
-            "authorized_keys",
-            "known_hosts",
-            "ssh_config",
-            "hosts.yml",
-            ".lock",
-            "lab.json",
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                (d / f).unlink()
-        if self.state.get("created_dir"):
-            with contextlib.suppress(OSError):
-                d.rmdir()

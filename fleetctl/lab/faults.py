@@ -8,52 +8,53 @@ import os
 import re
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import net, procs
 from fleetctl.lab.constants import LINK_TIMEOUT, READY_TIMEOUT, SSH_PORT, STOP_TIMEOUT
 
 if TYPE_CHECKING:
-    from fleetctl.lab.hosts import LabHost
+    from fleetctl.lab.files import LabFiles
+    from fleetctl.lab.hosts import LabHost, LabHosts
+    from fleetctl.lab.store import LabStore
 
 
-class _LabFaults:
-    """The fault-injection part of :class:`~fleetctl.lab.core.Lab` (a mixin)."""
+class LabFaults:
+    """Faults injected into a running lab, each recorded in the store's state so that
+    ``reset_faults`` undoes it. Works through the hosts (``runner``) and the files."""
 
-    # ------------------------------------------------------------------ faults
-    def _record(self, fault: dict[str, Any], present: bool) -> None:
-        faults = [f for f in self.state.get("faults", []) if f != fault]
-        if present:
-            faults.append(fault)
-        self.state["faults"] = faults
+    def __init__(self, store: LabStore, runner: LabHosts, files: LabFiles) -> None:
+        self.store = store
+        self.runner = runner
+        self.files = files
 
     def _veth(self, host: str, network: str) -> tuple[LabHost, str, str]:
-        h = self.host(host)
+        h = self.store.host(host)
         if network == "mgmt":
             return h, h.mgmt_veth, "eth0"
         if network == "data":
             if not h.data_veth or not h.data_nic:
-                raise LabInputError(f"lab {self.name} has no data network (--networks 2)")
+                raise LabInputError(f"lab {self.store.name} has no data network (--networks 2)")
             return h, h.data_veth, h.data_nic
         raise LabInputError(f"network must be 'mgmt' or 'data', got {network!r}")
 
     def cut_link(self, host: str, network: str = "mgmt") -> None:
         """Unplug the host's cable on ``network``; returns once the host's NIC reads as down."""
         h, veth, nic = self._veth(host, network)
-        with self._mutate():
+        with self.store.mutate():
             net.run(["ip", "link", "set", veth, "down"])
             self._wait_link(h, veth, nic, up=False)
-            self._record({"kind": "link", "host": h.name, "net": network}, True)
+            self.store.record_fault({"kind": "link", "host": h.name, "net": network}, True)
 
     def heal_link(self, host: str, network: str = "mgmt") -> None:
         """Plug the cable back in; returns once the link forwards and nobody's ARP is stale."""
         h, veth, nic = self._veth(host, network)
-        with self._mutate():
+        with self.store.mutate():
             net.run(["ip", "link", "set", veth, "up"])
             self._wait_link(h, veth, nic, up=True)
             self._flush_neighbours(h, network, nic)
-            self._record({"kind": "link", "host": h.name, "net": network}, False)
+            self.store.record_fault({"kind": "link", "host": h.name, "net": network}, False)
 
     def _link_pending(self, h: LabHost, veth: str, nic: str, up: bool) -> str | None:
         """What still differs from a fully cut (``up=False``) or healed link; None when done."""
@@ -101,12 +102,12 @@ class _LabFaults:
         """
         addr = h.mgmt_addr if network == "mgmt" else h.data_addr
         cmds = [["ip", "-n", h.ns, "neigh", "flush", "dev", nic]]
-        for o in self.hosts:
+        for o in self.store.hosts:
             dev = "eth0" if network == "mgmt" else o.data_nic
             if o is not h and dev and net.netns_exists(o.ns):
                 cmds.append(["ip", "-n", o.ns, "neigh", "flush", "to", str(addr), "dev", dev])
         if network == "mgmt":  # this machine reaches the hosts through the management bridge
-            cmds.append(["ip", "neigh", "flush", "to", str(addr), "dev", self.mgmt_bridge])
+            cmds.append(["ip", "neigh", "flush", "to", str(addr), "dev", self.store.mgmt_bridge])
         errors = net.run_parallel(cmds)
         if errors:
             raise LabError(f"{h.name}: flushing neighbour entries failed: {'; '.join(errors)}")
@@ -134,15 +135,15 @@ class _LabFaults:
                 "this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM / sch_netem "
                 "module): delay and loss faults are unavailable here"
             )
-        with self._mutate():
+        with self.store.mutate():
             net.run(["tc", "qdisc", "replace", "dev", veth, "root", *spec])
             net.run(["tc", "-n", h.ns, "qdisc", "replace", "dev", nic, "root", *spec])
-            self.state["faults"] = [
+            self.store.state["faults"] = [
                 f
-                for f in self.state.get("faults", [])
+                for f in self.store.state.get("faults", [])
                 if not (f["kind"] == "netem" and f["host"] == h.name and f["net"] == network)
             ]
-            self._record(
+            self.store.record_fault(
                 {
                     "kind": "netem",
                     "host": h.name,
@@ -156,7 +157,7 @@ class _LabFaults:
 
     def netem_supported(self) -> bool:
         """Can this kernel do netem? Probed on a lab host's loopback (harmless, undone)."""
-        ns = self.hosts[0].ns
+        ns = self.store.hosts[0].ns
         cp = net.run(
             ["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms"],
             check=False,
@@ -167,12 +168,12 @@ class _LabFaults:
 
     def clear_netem(self, host: str, network: str = "mgmt") -> None:
         h, veth, nic = self._veth(host, network)
-        with self._mutate():
+        with self.store.mutate():
             net.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
             net.run(["tc", "-n", h.ns, "qdisc", "del", "dev", nic, "root"], check=False)
-            self.state["faults"] = [
+            self.store.state["faults"] = [
                 f
-                for f in self.state.get("faults", [])
+                for f in self.store.state.get("faults", [])
                 if not (f["kind"] == "netem" and f["host"] == h.name and f["net"] == network)
             ]
 
@@ -183,22 +184,24 @@ class _LabFaults:
         if not re.fullmatch(r"\d+(\.\d+)?[kmg]?bit", rate):
             raise LabInputError(f"slow: rate must look like 50mbit, got {rate!r}")
         spec = ["tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
-        with self._mutate():
+        with self.store.mutate():
             net.run(["tc", "qdisc", "replace", "dev", veth, "root", *spec])
-            self.state["faults"] = [
+            self.store.state["faults"] = [
                 f
-                for f in self.state.get("faults", [])
+                for f in self.store.state.get("faults", [])
                 if not (f["kind"] == "slow" and f["host"] == h.name and f["net"] == network)
             ]
-            self._record({"kind": "slow", "host": h.name, "net": network, "rate": rate}, True)
+            self.store.record_fault(
+                {"kind": "slow", "host": h.name, "net": network, "rate": rate}, True
+            )
 
     def clear_slow(self, host: str, network: str = "data") -> None:
         h, veth, _nic = self._veth(host, network)
-        with self._mutate():
+        with self.store.mutate():
             net.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
-            self.state["faults"] = [
+            self.store.state["faults"] = [
                 f
-                for f in self.state.get("faults", [])
+                for f in self.store.state.get("faults", [])
                 if not (f["kind"] == "slow" and f["host"] == h.name and f["net"] == network)
             ]
 
@@ -207,10 +210,10 @@ class _LabFaults:
 
         Returns once the listening socket is closed, so a connection attempt is refused.
         """
-        h = self.host(host)
-        with self._mutate():
+        h = self.store.host(host)
+        with self.store.mutate():
             init = h.init_pid
-            pid = self.sshd_pid(h.name)
+            pid = self.runner.sshd_pid(h.name)
             if pid is None or init is None:
                 raise LabError(f"{h.name}: sshd is not running")
             st = procs.start_time(pid)
@@ -224,13 +227,13 @@ class _LabFaults:
                 if time.monotonic() >= deadline:
                     raise LabError(f"{h.name}: sshd's listening socket stayed open")
                 time.sleep(0.01)
-            self._record({"kind": "sshd", "host": h.name}, True)
+            self.store.record_fault({"kind": "sshd", "host": h.name}, True)
         return pid
 
     def start_sshd(self, host: str, timeout: float = READY_TIMEOUT) -> None:
         """(Re)start the host's sshd in its namespaces (PID 1 does it) and wait for the banner."""
-        h = self.host(host)
-        with self._mutate():
+        h = self.store.host(host)
+        with self.store.mutate():
             init = h.init_pid
             if init is None:
                 raise LabError(f"{h.name}: host is not running (use boot_host)")
@@ -241,34 +244,34 @@ class _LabFaults:
                 time.monotonic() + timeout,
                 alive=lambda: None if h.init_pid else "host PID 1 is gone",
             )
-            self._record({"kind": "sshd", "host": h.name}, False)
+            self.store.record_fault({"kind": "sshd", "host": h.name}, False)
 
     def crash_host(self, host: str) -> None:
         """Kill the host's PID 1: the kernel kills every process on the host at once."""
-        h = self.host(host)
-        with self._mutate():
+        h = self.store.host(host)
+        with self.store.mutate():
             init = h.init_pid
             if init is not None:
                 procs.kill(init)
-                self._reap_popen(h)
+                self.runner.reap_popen(h)
                 if procs.wait_gone([(init, h.starts.get("init"))], STOP_TIMEOUT):
                     raise LabError(f"{h.name}: PID 1 ({init}) did not exit")
-            self._record({"kind": "crash", "host": h.name}, True)
+            self.store.record_fault({"kind": "crash", "host": h.name}, True)
 
     def boot_host(self, host: str, timeout: float = READY_TIMEOUT) -> None:
         """Start a crashed host again (same disk area, network and keys) and wait for sshd."""
-        h = self.host(host)
-        with self._mutate():
+        h = self.store.host(host)
+        with self.store.mutate():
             if h.init_pid is not None:
                 raise LabError(f"{h.name}: host is already running")
-            self._spawn(h)
-            self._record_pids([h])
+            self.runner.spawn(h)
+            self.runner.record_pids([h])
             net.wait_banner(
-                h.mgmt_addr, 22, time.monotonic() + timeout, alive=lambda: self._why_dead(h)
+                h.mgmt_addr, 22, time.monotonic() + timeout, alive=lambda: self.runner.why_dead(h)
             )
-            self.state["faults"] = [
+            self.store.state["faults"] = [
                 f
-                for f in self.state.get("faults", [])
+                for f in self.store.state.get("faults", [])
                 if f["host"] != h.name or f["kind"] not in ("crash", "sshd", "disk")
             ]
 
@@ -279,27 +282,29 @@ class _LabFaults:
         Files under ``path`` are hidden until ``disk_ok``; pick a subdirectory (e.g.
         ``/root/.fleetctl/runs``) to keep the rest of the workdir visible.
         """
-        h = self.host(host)
-        path = path or self.workdir
+        h = self.store.host(host)
+        path = path or self.store.workdir
         if not path.startswith("/") or not re.match(r"^[0-9]+[kmg]?$", size):
             raise LabInputError("disk_full: path must be absolute and size like 1m/512k")
-        with self._mutate():
+        with self.store.mutate():
             self._make_dirs(h.name, path)
             # owned by the login user (uid/gid of the home), so it is the disk, not the
             # permissions, that fails the job's writes
-            owner = self.exec(h.name, ["stat", "-c", "uid=%u,gid=%g", self.home], check=True)
+            owner = self.runner.exec(
+                h.name, ["stat", "-c", "uid=%u,gid=%g", self.store.home], check=True
+            )
             opts = f"size={size},mode=0755,{owner.stdout.strip()}"
-            self.exec(
+            self.runner.exec(
                 h.name, ["mount", "-t", "tmpfs", "-o", opts, "fleetctl-lab-full", path], check=True
             )
-            self._record({"kind": "disk", "host": h.name, "path": path}, True)
+            self.store.record_fault({"kind": "disk", "host": h.name, "path": path}, True)
 
     def _make_dirs(self, host: str, path: str) -> None:
         """``mkdir -p path``; the folders it makes under the login's home are the login's, as
         the login would have made them (a plain user's job can still write beside them)."""
-        home = self.home.rstrip("/")
+        home = self.store.home.rstrip("/")
         if not path.startswith(home + "/"):
-            self.exec(host, ["mkdir", "-p", path], check=True)
+            self.runner.exec(host, ["mkdir", "-p", path], check=True)
             return
         parts = path[len(home) + 1 :].strip("/").split("/")
         chain = [f"{home}/{'/'.join(parts[: i + 1])}" for i in range(len(parts))]
@@ -307,15 +312,15 @@ class _LabFaults:
             'h=$1; shift; for d; do [ -d "$d" ] || '
             '{ mkdir "$d" && chown --reference="$h" "$d"; } || exit 1; done'
         )
-        self.exec(host, ["sh", "-c", script, "sh", home, *chain], check=True)
+        self.runner.exec(host, ["sh", "-c", script, "sh", home, *chain], check=True)
 
     def disk_ok(self, host: str, path: str | None = None) -> None:
         """Undo ``disk_full`` at ``path`` (default: the workdir). A full disk elsewhere on the
         host is an error, not a silent success: the caller named the wrong path."""
-        h = self.host(host)
-        path = path or self.workdir
-        with self._mutate():
-            mounts = self.exec(h.name, ["cat", "/proc/self/mounts"], check=True).stdout
+        h = self.store.host(host)
+        path = path or self.store.workdir
+        with self.store.mutate():
+            mounts = self.runner.exec(h.name, ["cat", "/proc/self/mounts"], check=True).stdout
             full = [
                 ln.split()[1] for ln in mounts.splitlines() if ln.startswith("fleetctl-lab-full ")
             ]
@@ -324,8 +329,8 @@ class _LabFaults:
                 filled = ", ".join(sorted(set(full)))
                 raise LabInputError(f"{h.name}: no full disk at {path}; the lab filled {filled}")
             for _ in ours:
-                self.exec(h.name, ["umount", path], check=True)
-            self._record({"kind": "disk", "host": h.name, "path": path}, False)
+                self.runner.exec(h.name, ["umount", path], check=True)
+            self.store.record_fault({"kind": "disk", "host": h.name, "path": path}, False)
 
     def set_gpus(self, host: str, count: int | None) -> None:
         """Change what one host's fake nvidia-smi reports (declared ≠ real GPU tests).
@@ -333,43 +338,45 @@ class _LabFaults:
         ``0`` keeps the tool but it finds no devices (exit 6, like a broken driver); ``None``
         removes it from the host (``nvidia-smi: command not found``).
         """
-        h = self.host(host)
+        h = self.store.host(host)
         if count is not None and not 0 <= int(count) <= 64:
             raise LabInputError(f"gpus must be 0..64 or None, got {count!r}")
-        with self._mutate():
+        with self.store.mutate():
             prior = next(
-                (f for f in self.faults if f["kind"] == "gpus" and f["host"] == h.name), None
+                (f for f in self.store.faults if f["kind"] == "gpus" and f["host"] == h.name), None
             )
             before = prior["before"] if prior else [h.fake_smi, h.gpus]
             if prior is not None:
-                self._record(prior, False)
+                self.store.record_fault(prior, False)
             h.fake_smi = count is not None
             h.gpus = int(count or 0)
-            self._write_gpu_files(h)
+            self.files.write_gpu_files(h)
             # a changed GPU count is a fault like any other: reset_faults puts it back
             changed = [h.fake_smi, h.gpus] != list(before)
-            self._record({"kind": "gpus", "host": h.name, "before": list(before)}, changed)
+            self.store.record_fault(
+                {"kind": "gpus", "host": h.name, "before": list(before)}, changed
+            )
 
     def set_gpu_busy(
         self, host: str, index: int, *, pid: int = 4242, mib: int = 2048, name: str = "python"
     ) -> None:
         """Another job on one of the host's fake GPUs: its compute process and memory show in
         ``nvidia-smi`` (``--query-compute-apps``, ``memory.used``) until ``reset_faults``."""
-        h = self.host(host)
+        h = self.store.host(host)
         if not h.fake_smi or not 0 <= index < h.gpus:
             raise LabInputError(f"{h.name} has no fake GPU {index}")
-        with self._mutate():
-            path = self.host_dir(h) / "bin" / "nvidia-smi.json"
+        with self.store.mutate():
+            path = self.store.host_dir(h) / "bin" / "nvidia-smi.json"
             cfg = json.loads(path.read_text())
             cfg.setdefault("apps", []).append(
                 {"gpu": index, "pid": pid, "used_memory": mib, "name": name}
             )
             path.write_text(json.dumps(cfg) + "\n")
-            self._record({"kind": "gpu_busy", "host": h.name}, True)
+            self.store.record_fault({"kind": "gpu_busy", "host": h.name}, True)
 
     def reset_faults(self) -> None:
         """Undo every recorded fault (newest first): the fixture's way back to a clean lab."""
-        for f in reversed(self.faults):
+        for f in reversed(self.store.faults):
             kind, host = f["kind"], f["host"]
             if kind == "link":
                 self.heal_link(host, f["net"])
@@ -378,19 +385,19 @@ class _LabFaults:
             elif kind == "slow":
                 self.clear_slow(host, f["net"])
             elif kind == "disk":
-                if self.host(host).init_pid is not None:
+                if self.store.host(host).init_pid is not None:
                     self.disk_ok(host, f["path"])
                 else:
-                    with self._mutate():
-                        self._record(f, False)
+                    with self.store.mutate():
+                        self.store.record_fault(f, False)
             elif kind == "crash":
                 self.boot_host(host)
             elif kind == "gpus":
                 fake, count = f["before"]
                 self.set_gpus(host, count if fake else None)
             elif kind == "gpu_busy":
-                with self._mutate():
-                    self._write_gpu_files(self.host(host))  # the GPUs idle again
-                    self._record(f, False)
-            elif kind == "sshd" and self.host(host).init_pid is not None:
+                with self.store.mutate():
+                    self.files.write_gpu_files(self.store.host(host))  # the GPUs idle again
+                    self.store.record_fault(f, False)
+            elif kind == "sshd" and self.store.host(host).init_pid is not None:
                 self.start_sshd(host)

@@ -14,6 +14,7 @@ from fleetctl.lab.constants import _HERE, MINIMAL_BASHRC, ROOT_BASHRC, SSHD_PATH
 
 if TYPE_CHECKING:
     from fleetctl.lab.hosts import LabHost
+    from fleetctl.lab.store import LabStore
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -75,21 +76,25 @@ def _root_paths_needed(python: str) -> list[str]:
     return out
 
 
-class _LabFiles:
-    """The file-writing part of :class:`~fleetctl.lab.core.Lab` (a mixin)."""
+class LabFiles:
+    """The files a lab writes (in DIR and each host's folder): keys, sshd and client configs,
+    the inventory, each PID 1's config, the fake nvidia-smi. Its state is the store's."""
+
+    def __init__(self, store: LabStore) -> None:
+        self.store = store
 
     # files -------------------------------------------------------------
-    def _write_keys_and_configs(self) -> None:
-        d = self.dir
-        priv, pub = _gen_keypair(f"fleetctl-lab-{self.name}")
+    def write_keys_and_configs(self) -> None:
+        d = self.store.dir
+        priv, pub = _gen_keypair(f"fleetctl-lab-{self.store.name}")
         _write(d / "id_ed25519", priv, 0o600)
         _write(d / "id_ed25519.pub", pub + "\n", 0o644)
         _write(d / "authorized_keys", pub + "\n", 0o600)
         known = []
         etc_hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        etc_hosts += [f"{h.mgmt_addr}\t{h.name}" for h in self.hosts]
-        for h in self.hosts:
-            hd = self.host_dir(h)
+        etc_hosts += [f"{h.mgmt_addr}\t{h.name}" for h in self.store.hosts]
+        for h in self.store.hosts:
+            hd = self.store.host_dir(h)
             for sub in ("ssh", "fleetctl", "bin"):
                 (hd / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
             (hd / "tmp").mkdir(exist_ok=True)
@@ -99,28 +104,28 @@ class _LabFiles:
             _write(hd / "ssh" / "ssh_host_ed25519_key.pub", hpub + "\n", 0o644)
             names = ",".join(a for a in (h.name, h.mgmt_addr, h.data_addr) if a)
             known.append(f"{names} {' '.join(hpub.split()[:2])}")
-            _write(hd / "ssh" / "sshd_config", self._sshd_config(h), 0o600)
+            _write(hd / "ssh" / "sshd_config", self.sshd_config(h), 0o600)
             _write(hd / "hosts", "\n".join(etc_hosts) + "\n", 0o644)
-            self._write_gpu_files(h)
+            self.write_gpu_files(h)
             keep_root: list[str] = []
-            if self.user is None:
+            if self.store.user is None:
                 binds = [[str(hd / "fleetctl"), WORKDIR], [str(hd / "hosts"), "/etc/hosts"]]
-                if not self.state.get("machine_bashrc") and os.path.isfile(ROOT_BASHRC):
+                if not self.store.state.get("machine_bashrc") and os.path.isfile(ROOT_BASHRC):
                     _write(hd / "bashrc", MINIMAL_BASHRC, 0o644)
                     binds.append([str(hd / "bashrc"), ROOT_BASHRC])
             else:  # a login user: its own home (or the shared one); root's home hidden
                 os.chmod(hd, 0o711)
                 os.chmod(hd / "bin", 0o755)
-                home = self._user_home(h, pub)
-                binds = [[str(home), self.home], [str(hd / "hosts"), "/etc/hosts"]]
-                keep_root = _root_paths_needed(self.state["python"])
+                home = self.user_home(h, pub)
+                binds = [[str(home), self.store.home], [str(hd / "hosts"), "/etc/hosts"]]
+                keep_root = _root_paths_needed(self.store.state["python"])
             binds.append([str(hd / "tmp"), "/tmp"])  # last: it hides /tmp for later binds
             init_cfg = {
                 "hostname": h.name,
                 "binds": binds,
                 "keep_root": keep_root,
                 "sshd_argv": [
-                    self.state["sshd"],
+                    self.store.state["sshd"],
                     "-D",
                     "-e",
                     "-f",
@@ -130,20 +135,19 @@ class _LabFiles:
                 "sshd_log": str(hd / "sshd.log"),
             }
             _write(hd / "host.json", json.dumps(init_cfg, indent=2) + "\n", 0o600)
-        _write(self.known_hosts, "\n".join(known) + "\n", 0o644)
-        _write(self.ssh_config, self._ssh_client_config(), 0o644)
-        _write(self.inventory_path, self._inventory(), 0o644)
+        _write(self.store.known_hosts, "\n".join(known) + "\n", 0o644)
+        _write(self.store.ssh_config, self.ssh_client_config(), 0o644)
+        _write(self.store.inventory_path, self.inventory(), 0o644)
 
-    def _user_home(self, h: LabHost, pub: str) -> Path:
+    def user_home(self, h: LabHost, pub: str) -> Path:
         """The login user's home for host ``h`` (one for all hosts with a shared home): the
         lab's key in ``.ssh/authorized_keys`` and a minimal ``.bashrc``, owned by the user."""
         import pwd
 
-        assert self.user is not None
-        pw = pwd.getpwnam(self.user)
-        home = (
-            self.dir / "shared-home" if self.state.get("shared_home") else self.host_dir(h) / "home"
-        )
+        assert self.store.user is not None
+        pw = pwd.getpwnam(self.store.user)
+        st = self.store
+        home = st.dir / "shared-home" if st.state.get("shared_home") else st.host_dir(h) / "home"
         if not (home / ".ssh" / "authorized_keys").exists():
             (home / ".ssh").mkdir(parents=True, exist_ok=True)
             _write(home / ".ssh" / "authorized_keys", pub + "\n", 0o600)
@@ -154,22 +158,23 @@ class _LabFiles:
             os.chmod(home / ".ssh", 0o700)
         return home
 
-    def _host_path(self, h: LabHost) -> str:
+    def host_path(self, h: LabHost) -> str:
         """This host's bin dir (fake nvidia-smi), the lab's Python, then Debian's root PATH."""
-        pybin = os.path.dirname(self.state["python"])
-        return f"{self.host_dir(h) / 'bin'}:{pybin}:{SSHD_PATH_ENV}"
+        pybin = os.path.dirname(self.store.state["python"])
+        return f"{self.store.host_dir(h) / 'bin'}:{pybin}:{SSHD_PATH_ENV}"
 
-    def _sshd_config(self, h: LabHost) -> str:
-        hd = self.host_dir(h)
+    def sshd_config(self, h: LabHost) -> str:
+        st = self.store
+        hd = st.host_dir(h)
         listen = [h.mgmt_addr] + ([h.data_addr] if h.data_addr else [])
         lines = [
-            f"# fleetctl lab {self.name} host {h.name} (generated; removed by `fleetctl lab down`)",
+            f"# fleetctl lab {st.name} host {h.name} (generated; removed by `fleetctl lab down`)",
             *[f"ListenAddress {a}:22" for a in listen],
             f"HostKey {hd / 'ssh' / 'ssh_host_ed25519_key'}",
             f"PidFile {hd / 'sshd.pid'}",
             # sshd reads a user's keys with the user's rights: a login user's are in its home
             "AuthorizedKeysFile "
-            + (".ssh/authorized_keys" if self.user else str(self.dir / "authorized_keys")),
+            + (".ssh/authorized_keys" if st.user else str(st.dir / "authorized_keys")),
             # StrictModes would reject DIR under world-writable /var/tmp; the lab owns DIR (0700).
             "StrictModes no",
             "PubkeyAuthentication yes",
@@ -193,27 +198,27 @@ class _LabFiles:
             "LogLevel INFO",
             # First on PATH: this host's bin dir (fake nvidia-smi), the lab's Python, then
             # Debian's root PATH. SetEnv overrides sshd's default PATH (sshd_config(5)).
-            f"SetEnv PATH={self._host_path(h)}",
+            f"SetEnv PATH={self.host_path(h)}",
             "Subsystem sftp internal-sftp",
         ]
         return "\n".join(lines) + "\n"
 
-    def _ssh_client_config(self) -> str:
+    def ssh_client_config(self) -> str:
         pats = " ".join(
-            [h.name for h in self.hosts]
-            + [h.mgmt_addr for h in self.hosts]
-            + [h.data_addr for h in self.hosts if h.data_addr]
+            [h.name for h in self.store.hosts]
+            + [h.mgmt_addr for h in self.store.hosts]
+            + [h.data_addr for h in self.store.hosts if h.data_addr]
         )
-        out = [f"# fleetctl lab {self.name}: ssh -F {self.ssh_config} node1", ""]
-        for h in self.hosts:
+        out = [f"# fleetctl lab {self.store.name}: ssh -F {self.store.ssh_config} node1", ""]
+        for h in self.store.hosts:
             out += [f"Host {h.name}", f"  HostName {h.mgmt_addr}", ""]
         out += [
             f"Host {pats}",
-            f"  User {self.user or 'root'}",
+            f"  User {self.store.user or 'root'}",
             "  Port 22",
-            f"  IdentityFile {self.key_path}",
+            f"  IdentityFile {self.store.key_path}",
             "  IdentitiesOnly yes",
-            f"  UserKnownHostsFile {self.known_hosts}",
+            f"  UserKnownHostsFile {self.store.known_hosts}",
             "  GlobalKnownHostsFile /dev/null",
             "  StrictHostKeyChecking yes",
             "  BatchMode yes",
@@ -224,24 +229,25 @@ class _LabFiles:
         ]
         return "\n".join(out)
 
-    def _inventory(self) -> str:
+    def inventory(self) -> str:
         import yaml
 
+        st = self.store
         common = (
-            f"-F /dev/null -o UserKnownHostsFile={self.known_hosts} "
+            f"-F /dev/null -o UserKnownHostsFile={self.store.known_hosts} "
             "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
         )
         hosts: dict[str, Any] = {}
-        for h in self.hosts:
+        for h in self.store.hosts:
             v: dict[str, Any] = {
                 "ansible_host": h.mgmt_addr,
                 "ansible_port": 22,
-                "ansible_user": self.user or "root",
-                "ansible_ssh_private_key_file": str(self.key_path),
+                "ansible_user": self.store.user or "root",
+                "ansible_ssh_private_key_file": str(self.store.key_path),
                 "ansible_ssh_common_args": common,
-                "ansible_python_interpreter": self.state["python"],
-                "fleetctl_known_hosts": str(self.known_hosts),
-                "fleetctl_python": self.state["python"],
+                "ansible_python_interpreter": self.store.state["python"],
+                "fleetctl_known_hosts": str(self.store.known_hosts),
+                "fleetctl_python": self.store.state["python"],
                 "fleetctl_nic": h.nic,
             }
             if h.gpus:
@@ -249,13 +255,13 @@ class _LabFiles:
             hosts[h.name] = v
         doc = {"all": {"children": {"nodes": {"hosts": hosts}}}}
         head = (
-            f"# fleetctl lab {self.name} ({len(self.hosts)} hosts, {self.networks} "
-            f"network{'s' if self.networks == 2 else ''}); generated by `fleetctl lab up`\n"
+            f"# fleetctl lab {st.name} ({len(st.hosts)} hosts, {st.networks} "
+            f"network{'s' if st.networks == 2 else ''}); generated by `fleetctl lab up`\n"
         )
         return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
-    def _write_gpu_files(self, h: LabHost) -> None:
-        bindir = self.host_dir(h) / "bin"
+    def write_gpu_files(self, h: LabHost) -> None:
+        bindir = self.store.host_dir(h) / "bin"
         smi = bindir / "nvidia-smi"
         if not h.fake_smi:
             for p in (smi, bindir / "nvidia-smi.json"):
@@ -263,6 +269,6 @@ class _LabFiles:
                     p.unlink()
             return
         src = (_HERE / "fake_nvidia_smi.py").read_text()
-        _write(smi, f"#!{self.state['python']} -IS\n" + src, 0o755)
-        cfg = {"count": h.gpus, "seed": f"{self.name}/{h.name}"}
+        _write(smi, f"#!{self.store.state['python']} -IS\n" + src, 0o755)
+        cfg = {"count": h.gpus, "seed": f"{self.store.name}/{h.name}"}
         _write(bindir / "nvidia-smi.json", json.dumps(cfg) + "\n", 0o644)

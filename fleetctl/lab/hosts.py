@@ -13,12 +13,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import LabError
 from fleetctl.lab import net, procs
 from fleetctl.lab.constants import _HERE, SSH_PORT, STOP_TIMEOUT
 from fleetctl.lab.files import _write
+
+if TYPE_CHECKING:
+    from fleetctl.lab.files import LabFiles
+    from fleetctl.lab.store import LabStore
 
 
 @dataclass
@@ -46,19 +50,25 @@ class LabHost:
         return pid if procs.same_process(pid, self.starts.get("init")) else None
 
 
-class _LabHosts:
-    """The per-host part of :class:`~fleetctl.lab.core.Lab` (a mixin): network, processes,
-    exec, status."""
+class LabHosts:
+    """The hosts of a lab as a machine sees them: their network, each one's PID 1 and sshd,
+    commands run inside them, their status. Its own state: the processes it started
+    (``popens``); the rest is the store's."""
+
+    def __init__(self, store: LabStore, files: LabFiles) -> None:
+        self.store = store
+        self.files = files
+        self.popens: dict[str, subprocess.Popen[bytes]] = {}
 
     # network -----------------------------------------------------------
-    def _create_network(self) -> None:
-        mg, dt = self.state["mgmt"], self.state.get("data")
+    def create_network(self) -> None:
+        mg, dt = self.store.state["mgmt"], self.store.state.get("data")
         plen = ipaddress.IPv4Network(mg["subnet"]).prefixlen
         dlen = ipaddress.IPv4Network(dt["subnet"]).prefixlen if dt else 0
         create = [f"link add {mg['bridge']} type bridge"]
         if dt:
             create.append(f"link add {dt['bridge']} type bridge")
-        for h in self.hosts:
+        for h in self.store.hosts:
             create.append(f"netns add {h.ns}")
             create.append(f"link add {h.mgmt_veth} type veth peer name eth0 netns {h.ns}")
             if h.data_veth:
@@ -67,7 +77,7 @@ class _LabHosts:
                 )
         net.ip_batch(create)
         roots = [mg["bridge"]] + ([dt["bridge"]] if dt else [])
-        roots += [x for h in self.hosts for x in (h.mgmt_veth, h.data_veth) if x]
+        roots += [x for h in self.store.hosts for x in (h.mgmt_veth, h.data_veth) if x]
         for ifname in roots:  # no IPv6 chatter (RS/MLD) from the lab's root-side links
             with contextlib.suppress(OSError):
                 Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
@@ -78,13 +88,13 @@ class _LabHosts:
             # a data address would follow the default route off the machine. Unreachable here,
             # as on a real cluster's private fabric (hosts behind a bastion are tested so).
             up.append(f"route add unreachable {dt['subnet']}")
-        for h in self.hosts:
+        for h in self.store.hosts:
             up.append(f"link set {h.mgmt_veth} master {mg['bridge']} up")
             if h.data_veth:
                 up.append(f"link set {h.data_veth} master {dt['bridge']} up")
         net.ip_batch(up)
         procs_: list[subprocess.Popen[str]] = []
-        for h in self.hosts:  # inside each namespace, in parallel
+        for h in self.store.hosts:  # inside each namespace, in parallel
             lines = [
                 "link set lo up",
                 f"addr add {h.mgmt_addr}/{plen} dev eth0",
@@ -95,7 +105,7 @@ class _LabHosts:
                     f"addr add {h.data_addr}/{dlen} dev {h.data_nic}",
                     f"link set {h.data_nic} up",
                 ]
-            batch = self.host_dir(h) / "net.batch"
+            batch = self.store.host_dir(h) / "net.batch"
             _write(batch, "\n".join(lines) + "\n", 0o600)
             procs_.append(
                 subprocess.Popen(
@@ -107,7 +117,7 @@ class _LabHosts:
                 )
             )
         errors = []
-        for h, p in zip(self.hosts, procs_, strict=True):
+        for h, p in zip(self.store.hosts, procs_, strict=True):
             try:
                 _, err = p.communicate(timeout=net.CMD_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -120,9 +130,9 @@ class _LabHosts:
             raise LabError("configuring host addresses failed: " + "; ".join(errors))
 
     # processes -----------------------------------------------------------
-    def _spawn(self, h: LabHost) -> None:
+    def spawn(self, h: LabHost) -> None:
         """Start the host's PID 1 in its netns + fresh mount/UTS/PID namespaces."""
-        hd = self.host_dir(h)
+        hd = self.store.host_dir(h)
         logf = open(hd / "init.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             p = subprocess.Popen(
@@ -139,7 +149,7 @@ class _LabHosts:
                     "--propagation",
                     "private",
                     "--",
-                    self.state["python"],
+                    self.store.state["python"],
                     "-I",
                     "-S",
                     str(_HERE / "hostinit.py"),
@@ -154,17 +164,17 @@ class _LabHosts:
             )
         finally:
             logf.close()
-        self._popens[h.name] = p
+        self.popens[h.name] = p
         h.pids = {"unshare": p.pid}
         h.starts = {}
         st = procs.start_time(p.pid)
         if st is not None:
             h.starts["unshare"] = st
 
-    def _record_pids(self, hosts: Sequence[LabHost] | None = None) -> None:
+    def record_pids(self, hosts: Sequence[LabHost] | None = None) -> None:
         """Find each host's PID 1 (the child unshare forks) and persist all PIDs."""
         deadline = time.monotonic() + 5.0
-        for h in hosts or self.hosts:
+        for h in hosts or self.store.hosts:
             upid = h.pids["unshare"]
             while True:
                 kids = procs.children(upid)
@@ -173,28 +183,30 @@ class _LabHosts:
                     if st is not None:
                         h.pids["init"], h.starts["init"] = kids[0], st
                         break
-                why = self._why_dead(h)
+                why = self.why_dead(h)
                 if why:
                     raise LabError(f"{h.name}: host did not start: {why}")
                 if time.monotonic() > deadline:
                     raise LabError(f"{h.name}: host PID 1 did not appear within 5 s")
                 time.sleep(0.002)
-        with self._dirlock():
-            self._save()
+        with self.store.dirlock():
+            self.store.save()
 
-    def _why_dead(self, h: LabHost) -> str | None:
-        p = self._popens.get(h.name)
+    def why_dead(self, h: LabHost) -> str | None:
+        p = self.popens.get(h.name)
         if p is not None and p.poll() is not None:
-            return f"exited with {p.returncode}; {self._log_tail(h)}"
+            return f"exited with {p.returncode}; {self.log_tail(h)}"
         if p is None and "init" in h.pids and h.init_pid is None:
-            return f"PID 1 is gone; {self._log_tail(h)}"
+            return f"PID 1 is gone; {self.log_tail(h)}"
         return None
 
-    def _log_tail(self, h: LabHost) -> str:
+    def log_tail(self, h: LabHost) -> str:
         tails = []
         for f in ("init.log", "sshd.log"):
             with contextlib.suppress(OSError):
-                lines = (self.host_dir(h) / f).read_text(errors="replace").strip().splitlines()
+                lines = (
+                    (self.store.host_dir(h) / f).read_text(errors="replace").strip().splitlines()
+                )
                 if lines:
                     tails.append(f"{f}: {lines[-1]}")
         return " | ".join(tails) or "no log output"
@@ -202,9 +214,9 @@ class _LabHosts:
     # ------------------------------------------------------------------ exec
     def host_env(self, h: LabHost | str) -> dict[str, str]:
         """The environment ``exec`` gives commands: like an SSH session on that host."""
-        host = self.host(h) if isinstance(h, str) else h
+        host = self.store.host(h) if isinstance(h, str) else h
         return {
-            "PATH": self._host_path(host),
+            "PATH": self.files.host_path(host),
             "HOME": "/root",
             "USER": "root",
             "LOGNAME": "root",
@@ -214,7 +226,7 @@ class _LabHosts:
 
     def nsenter_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """``nsenter`` into every namespace of ``host`` (net, mount, UTS, PID) running argv."""
-        h = self.host(host)
+        h = self.store.host(host)
         pid = h.init_pid
         if pid is None:
             raise LabError(f"{h.name}: host is not running (crashed or lab down)")
@@ -279,14 +291,14 @@ class _LabHosts:
         re-executed sshd, and sessions that outlived a killed listener are re-parented to PID
         1, so they look the same (killing one of those instead left sshd answering).
         """
-        h = self.host(host)
+        h = self.store.host(host)
         init = h.init_pid
         if init is None:
             return None
         listening = net.listen_inodes(init, SSH_PORT)
         if not listening:
             return None
-        sshd = os.path.realpath(self.state["sshd"])
+        sshd = os.path.realpath(self.store.state["sshd"])
         for pid in procs.children(init):
             if (
                 procs.exe_of(pid) == sshd
@@ -299,7 +311,7 @@ class _LabHosts:
     def status(self, probe: bool = True) -> dict[str, Any]:
         """A JSON-able snapshot: per host its PIDs, whether sshd runs and answers, faults."""
         hosts = []
-        for h in self.hosts:
+        for h in self.store.hosts:
             ok = None
             if probe and h.init_pid is not None:
                 try:
@@ -321,19 +333,19 @@ class _LabHosts:
                 }
             )
         return {
-            "name": self.name,
-            "dir": str(self.dir),
-            "phase": self.state.get("phase"),
-            "mgmt": self.state["mgmt"],
-            "data": self.state.get("data"),
-            "inventory": str(self.inventory_path),
-            "ssh_config": str(self.ssh_config),
+            "name": self.store.name,
+            "dir": str(self.store.dir),
+            "phase": self.store.state.get("phase"),
+            "mgmt": self.store.state["mgmt"],
+            "data": self.store.state.get("data"),
+            "inventory": str(self.store.inventory_path),
+            "ssh_config": str(self.store.ssh_config),
             "hosts": hosts,
-            "faults": self.faults,
+            "faults": self.store.faults,
         }
 
-    def _reap_popen(self, h: LabHost) -> None:
-        p = self._popens.pop(h.name, None)
+    def reap_popen(self, h: LabHost) -> None:
+        p = self.popens.pop(h.name, None)
         if p is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=STOP_TIMEOUT)

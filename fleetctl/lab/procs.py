@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from fleetctl.remote.procfs import proc_start_time, proc_stat
+from fleetctl.remote.procfs import pids, proc_start_time, proc_stat
 
 
 def start_time(pid: int) -> int | None:
@@ -46,7 +46,7 @@ def children(pid: int) -> list[int]:
 
 
 def all_pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    return pids()
 
 
 def exe_of(pid: int) -> str | None:

@@ -2,7 +2,8 @@
 
 Why: fleetctl's Slurm mode (``fleetctl.slurm``) must be held to a real ``srun``/``salloc``,
 not a fake. Everything lives under ``DIR/slurm/`` (config, munge key and socket, spools, logs);
-the daemons are started by PID and stopped by PID (``stop``; ``Lab.down`` calls it too).
+the daemons are started by PID and stopped by PID (``stop``; ``Lab.down`` calls it too),
+then ``DIR/slurm/`` is removed.
 No cgroups: ``proctrack/linuxproc``, ``task/none``, ``jobacct_gather/none``. slurmctld listens
 on the management bridge's gateway; each slurmd runs inside its host's namespaces, so the
 tasks it starts are that host's processes (its PID table, its network).
@@ -10,7 +11,6 @@ tasks it starts are that host's processes (its PID table, its network).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -267,6 +267,5 @@ def stop(lab: Lab) -> list[str]:
     except (OSError, ValueError):
         return []
     stopped = _stop_pids(state)
-    with contextlib.suppress(OSError):
-        path.unlink()
+    shutil.rmtree(slurm_dir(lab), ignore_errors=True)  # config, key, spools, logs: all of it
     return stopped

@@ -438,6 +438,7 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     pool = cf.ThreadPoolExecutor(
         max_workers=min(fleet.fanout, max(1, len(nodes))), thread_name_prefix="ping"
     )
+    ahead = None
     try:
         ping_futs = {
             n.name: pool.submit(ping_host, n, fleet.settings) for n in nodes if options.ping
@@ -447,6 +448,7 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
         for name in connected.cancelled:
             connect_errors[name] = ConnectError(name, "connect did not finish")
         reachable = [n for n in nodes if n.name not in connect_errors]
+        ahead = _start_collective(fleet, reachable, options)
         outcomes = _run_sessions(fleet, reachable, options) if reachable else {}
         pings = {}
         deadline = time.monotonic() + 10
@@ -457,6 +459,10 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
                 pings[name] = PingResult("noreply", "ping did not finish in time")
             except Exception as e:  # a broken ping is data, not a crash
                 pings[name] = PingResult("noreply", f"ping failed: {e}")
+    except BaseException:
+        if ahead is not None:
+            ahead.close()
+        raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     held = {k: o.held for k, o in outcomes.items() if isinstance(o, ProbeOutcome) and o.held}
@@ -471,14 +477,19 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
         )
     except BaseException:
         release_probes(held.values())
+        if ahead is not None:
+            ahead.close()
         raise
     report.held = held
     if options.collective is not None:
         try:
-            report.collective = _collective(fleet, nodes, report, options)
+            report.collective = _collective(fleet, nodes, report, options, ahead)
         except BaseException:
             report.release()
             raise
+        finally:
+            if ahead is not None:
+                ahead.close()
     if not report.ok:  # nothing to launch: the probes may go
         report.release()
     report.elapsed = time.monotonic() - started
@@ -487,8 +498,24 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     return report
 
 
+def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions) -> Any:
+    """``--collective``: the node programs started now, so torch imports while the check runs
+    (the slow part on small nodes); None without it."""
+    if options.collective is None or len(nodes) < 2:
+        return None
+    from fleetctl.phases.collective import start_programs
+
+    mesh = options.mesh and len(nodes) > 1
+    wait = options.probe_timeout + 20 + (_mesh_wait(options, len(nodes)) if mesh else 0)
+    return start_programs(fleet, nodes, wait)
+
+
 def _collective(
-    fleet: Fleet, nodes: Sequence[Node], report: CheckReport, options: CheckOptions
+    fleet: Fleet,
+    nodes: Sequence[Node],
+    report: CheckReport,
+    options: CheckOptions,
+    started: Any = None,
 ) -> Any:
     """``--collective`` over the hosts that passed (a failed host is named already; spares
     need the rest measured), when two or more did."""
@@ -500,7 +527,7 @@ def _collective(
     # a cut link already failed the check, and would only stall the collective
     if len(good) < 2 or options.collective is None or report.mesh_failures:
         return CollectiveReport(order=[n.name for n in good])
-    return run_collective(fleet, good, report.facts, options.collective)
+    return run_collective(fleet, good, report.facts, options.collective, started)
 
 
 def _mesh_wait(options: CheckOptions, n: int) -> float:

@@ -1,7 +1,7 @@
 """``--image``: before launch, on every node that runs in a container, the runtime (named, or
 the first of podman, docker, apptainer found), the image present, a trivial container started,
-and the same image (by id) on every node that names it. Anything else stops the run (exit 3)
-with one line naming the hosts and the image.
+NCCL inside the image where the job uses GPUs, and the same image (by id) on every node that
+names it. Anything else stops the run (exit 3) with one line naming the hosts and the image.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from fleetctl import remote
 from fleetctl.errors import CheckError
 from fleetctl.node import Node
-from fleetctl.plan.rankplan import Plan
+from fleetctl.plan.rankplan import NodeFacts, Plan, container_python
 from fleetctl.plan.runtimes import ORDER, runtime
 from fleetctl.results import FleetResult
 from fleetctl.ssh.fleet import Fleet
@@ -29,26 +30,58 @@ class ImageFacts:
     problem: str | None = None
 
 
-def wanted(nodes: Sequence[Node], image: str | None, rt: str | None) -> dict[str, tuple]:
-    """host -> (image, runtime or None) for the nodes that run in a container."""
+def wanted(
+    nodes: Sequence[Node],
+    image: str | None,
+    rt: str | None,
+    facts: Mapping[str, NodeFacts] | None = None,
+    backend: str | None = None,
+) -> dict[str, tuple]:
+    """host -> (image, runtime or None, the image's python where NCCL must be in it, else
+    None) for the nodes that run in a container."""
     out = {}
     for n in nodes:
         img = image or n.vars.get("fleetctl_image")
         if img:
             named = rt or n.vars.get("fleetctl_container_runtime")
-            out[n.name] = (str(img), None if named is None else str(named))
+            gpus = uses_gpus(n, (facts or {}).get(n.name), backend)
+            py = container_python(n) if gpus else None
+            out[n.name] = (str(img), None if named is None else str(named), py)
     return out
 
 
-def script(image: str, named: str | None) -> str:
-    """The node's side, in POSIX sh: one ``key value`` line per fact."""
+def uses_gpus(node: Node, facts: NodeFacts | None, backend: str | None) -> bool:
+    """The job uses GPUs on ``node``, so its image needs NCCL: ``fleetctl_gpus`` lists some,
+    or the check found some (without a check, the inventory's count). A gloo job never."""
+    if backend == "gloo":
+        return False
+    if node.gpu_ids:
+        return True
+    count = facts.gpu_count if facts is not None and facts.gpu_count is not None else node.gpus
+    return int(count or 0) > 0
+
+
+def script(image: str, named: str | None, nccl_python: str | None = None) -> str:
+    """The node's side, in POSIX sh: one ``key value`` line per fact. ``nccl_python``: look
+    for NCCL inside the image with that python (``remote/image_nccl.py``)."""
     cases = []
     for name in ORDER:
         r = runtime(name)
+        nccl = ""
+        if nccl_python:
+            argv = r.exec_argv(image, [nccl_python, "-c", remote.inline("image_nccl.py")])
+            nccl = f"; nccl() {{ {shlex.join(argv)}; }}"
         cases.append(
             f"  {name}) id=$({shlex.join(r.image_id_argv(image))} 2>/dev/null | cut -d' ' -f1)"
-            f"; probe() {{ {shlex.join(r.probe_argv(image))}; }} ;;"
+            f"; probe() {{ {shlex.join(r.probe_argv(image))}; }}{nccl} ;;"
         )
+    look = []
+    if nccl_python:
+        look = [
+            '[ "$rc" = 0 ] || exit 0',
+            "out=$(nccl 2>&1 </dev/null); rc=$?",
+            'echo "nccl $rc $(printf "%s" "$out" | tail -n 1)"',
+        ]
     pick = " ".join(ORDER)
     return "\n".join(
         [
@@ -65,11 +98,12 @@ def script(image: str, named: str | None) -> str:
             'echo "image $id"',
             "out=$(probe 2>&1 </dev/null); rc=$?",
             'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
+            *look,
         ]
     )
 
 
-def parse(stdout: str, image: str) -> ImageFacts:
+def parse(stdout: str, image: str, nccl_python: str | None = None) -> ImageFacts:
     facts = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
     if "missing" in facts:
         which = facts["missing"]
@@ -83,6 +117,20 @@ def parse(stdout: str, image: str) -> ImageFacts:
     if code != "0":
         why = f": {last.strip()}" if last.strip() else ""
         return ImageFacts(rt, facts["image"], f"{rt} cannot start a container of {image}{why}")
+    if nccl_python:
+        code, _, found = facts.get("nccl", "? ").partition(" ")
+        found = found.strip()
+        if code != "0" or not found:
+            why = f": {found}" if found else ""
+            return ImageFacts(
+                rt, facts["image"], f"cannot look for NCCL in image {image} ({nccl_python}){why}"
+            )
+        if found == "-":
+            return ImageFacts(
+                rt,
+                facts["image"],
+                f"image {image} has no NCCL (no libnccl in it; the job uses GPUs)",
+            )
     return ImageFacts(rt, facts["image"])
 
 
@@ -91,9 +139,9 @@ def check_images(fleet: Fleet, want: Mapping[str, tuple]) -> dict[str, str]:
     nodes = [n for n in fleet.nodes if n.name in want]
 
     def one(node: Node, conn) -> ImageFacts:
-        image, named = want[node.name]
-        res = conn.run(["sh", "-c", script(image, named)], timeout=TIMEOUT)
-        return parse(res.stdout, image)
+        image, named, py = (*want[node.name], None)[:3]
+        res = conn.run(["sh", "-c", script(image, named, py)], timeout=TIMEOUT)
+        return parse(res.stdout, image, py)
 
     result: FleetResult[ImageFacts] = fleet.map(one, timeout=TIMEOUT + 30.0, nodes=nodes)
     problems = []
@@ -112,7 +160,7 @@ def check_images(fleet: Fleet, want: Mapping[str, tuple]) -> dict[str, str]:
 def mismatches(want: Mapping[str, tuple], ids: Mapping[str, str | None]) -> list[str]:
     """Nodes whose build of an image is not the one most nodes have, each named with both ids."""
     out = []
-    for image in sorted({img for img, _ in want.values()}):
+    for image in sorted({w[0] for w in want.values()}):
         hosts = [h for h in want if want[h][0] == image]
         counts: dict[str | None, int] = {}
         for h in hosts:

@@ -2,7 +2,10 @@
 
 Each node runs ``fleetctl/remote/collective.py`` with its own python (the check's facts: the
 pushed env's where there is one), shipped inline like the port probe: one streamed remote
-command per node, all started at once on the fleet's open connections. A direct start rather
+command per node, all started at once on the fleet's open connections — by ``check_fleet`` as
+soon as the fleet is connected (:func:`start_programs`), so each node imports torch while the
+probe and the mesh run, and handed its part (rank, peers) once the check's verdict says which
+hosts take part; a host that failed the check gets EOF instead. A direct start rather
 than the supervisor + plain launcher: the benchmark is a bounded program with no run folder,
 no rank logs and no job id to stop, and its channel is all the lifeline it needs — the program
 exits on EOF, at its own deadline (after sending its stacks) and, as a last resort, by a C-level
@@ -27,15 +30,17 @@ from fleetctl.phases.frames import FrameStream
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import NodeFacts
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.connection import Connection, Stream
     from fleetctl.ssh.fleet import Fleet
 
-KINDS = frozenset("RPDK")
+KINDS = frozenset("IRPDK")
 START_WAIT = 60.0  # s for rank 0 to import torch and open the store
 # a link below this many times the verdict's fraction of the median is measured again (the
 # node program's best-of-N grows), within this many seconds of more rounds
 REMEASURE_MARGIN = 1.25
 REMEASURE_BUDGET = 10.0
+ABORT_WAIT = 5.0  # s for a silent node's faulthandler dump after SIGABRT
+MAX_STACKS = 64 << 10  # bytes of it kept
 
 
 class _Port:
@@ -59,6 +64,57 @@ class _Port:
                     return None
                 self.cond.wait(left)
             return self.port
+
+
+class Started:
+    """Node programs started ahead (importing torch, then waiting for their part): host →
+    (python, stream). ``take`` hands one over; ``close`` ends the rest (EOF: they exit)."""
+
+    def __init__(self, streams: Mapping[str, tuple[str, Stream]] | None = None) -> None:
+        self._streams = dict(streams or {})
+        self._lock = threading.Lock()
+
+    def take(self, host: str, python: str) -> Stream | None:
+        """The stream started on ``host`` with ``python``; None (and that one closed) else."""
+        with self._lock:
+            got = self._streams.pop(host, None)
+        if got is None:
+            return None
+        if got[0] == python:
+            return got[1]
+        _end(got[1])
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            rest, self._streams = list(self._streams.values()), {}
+        for _, stream in rest:
+            _end(stream)
+
+
+def _end(stream: Stream) -> None:
+    with contextlib.suppress(Exception):
+        stream.close_stdin()  # EOF: the node program exits at once
+        stream.exit_code(3.0)
+    with contextlib.suppress(Exception):
+        stream.close()
+
+
+def _argv(python: str, wait: float) -> list[str]:
+    return [python, "-c", remote.inline("collective.py"), json.dumps({"wait": wait})]
+
+
+def start_programs(fleet: Fleet, nodes: Sequence[Node], wait: float) -> Started:
+    """Start the node program on every node of ``nodes`` with its own python, to import torch
+    while the caller still checks the fleet; each waits ``wait`` s for its part at most. A node
+    where it did not start is started again by :func:`run_collective`."""
+
+    def work(node: Node, conn: Connection) -> tuple[str, Stream]:
+        python = conn.expand(node.python)
+        return python, conn.start(_argv(python, wait + START_WAIT))
+
+    res = fleet.map(work, timeout=30.0, nodes=list(nodes), width=max(1, len(nodes)))
+    return Started({h: v for h, v in res.outcomes.items() if isinstance(v, tuple)})
 
 
 def node_args(
@@ -85,31 +141,48 @@ def run_collective(
     nodes: Sequence[Node],
     facts: Mapping[str, NodeFacts],
     options: CollectiveOptions,
+    ahead: Started | None = None,
 ) -> CollectiveReport:
-    """Benchmark ``nodes`` (≥ 2, in rank order) and judge it; never raises for a slow or
-    failing node: the report names it."""
+    """Benchmark ``nodes`` (≥ 2, in rank order) and judge it, on the programs started
+    ``ahead`` where there are; never raises for a slow or failing node: the report names it."""
     started = time.monotonic()
     names = [n.name for n in nodes]
     master = facts[names[0]].train_addr or nodes[0].address
     port = _Port()
     results: dict[str, dict[str, Any]] = {}
     hung: dict[str, str] = {}
+    silent: set[str] = set()  # hung without a word: not even its own watchdog's stacks
     errors: dict[str, str] = {}
     lock = threading.Lock()
-    deadline = started + options.timeout + START_WAIT + 10  # the node's own limit + slack
+    # rank 0's store, a node's own limit from its part + its watchdog's word, a SIGABRT's
+    # command and dump, the channel's close, slack
+    limit = START_WAIT + 5 + options.timeout + 10 + 2 * ABORT_WAIT + 3 + 5
 
     def work(node: Node, conn: Connection) -> None:
         rank = names.index(node.name)
         f = facts.get(node.name)
         python = conn.expand((f.python if f else None) or node.python)
         args = node_args(rank, len(names), master, f.nic if f else None, options, names)
-        argv = [python, "-c", remote.inline("collective.py"), json.dumps(args)]
-        stream = conn.start(argv)
-        lines = FrameStream(stream, KINDS, json_kinds="PDK")
+        stream = ahead.take(node.name, python) if ahead is not None else None
+        if stream is None:
+            stream = conn.start(_argv(python, 2 * START_WAIT + 10))
+        lines = FrameStream(stream, KINDS, json_kinds="IPDK")
         step = "start"
+        pid: list[int] = []  # the node program's, from its first frame
+
+        def next_frame(wanted: str, until: float) -> Any:
+            while True:
+                got = lines.next(wanted + "I", until)
+                if got is None or got.kind != "I":
+                    return got
+                with contextlib.suppress(AttributeError, TypeError, ValueError):
+                    pid.append(int(got.data().get("pid")))
+
         try:
             if rank == 0:
-                got = lines.next("RD", time.monotonic() + START_WAIT)
+                stream.send((json.dumps(args) + "\n").encode())
+                deadline = time.monotonic() + options.timeout + 10
+                got = next_frame("RD", time.monotonic() + START_WAIT)
                 if got is not None and got.kind == "R":
                     port.set(int(got.payload))
                 else:
@@ -122,25 +195,32 @@ def run_collective(
                     with lock:
                         errors[node.name] = "rank 0 did not start the collective"
                     return
-                stream.send((json.dumps({"port": p}) + "\n").encode())
+                stream.send((json.dumps({**args, "port": p}) + "\n").encode())
+                deadline = time.monotonic() + options.timeout + 10
             while True:
-                got = lines.next("PDK", deadline)
+                got = next_frame("PDK", deadline)
                 if got is not None and got.kind == "P":
                     step = str(got.data().get("step"))
                     continue
+                if got is None and not lines.eof and pid:
+                    # stuck so hard its own watchdog said nothing (stopped, GIL held):
+                    # SIGABRT makes its faulthandler write every thread's stack
+                    stacks = _abort_stacks(conn, stream, pid[0])
+                    with lock:
+                        silent.add(node.name)
+                        hung[node.name] = f"(silent after step {step}; stacks by SIGABRT)\n{stacks}"
+                    return
                 _record(got, node.name, lines, step)
                 return
         finally:
             if rank == 0 and not port.done:
                 port.set(None)
-            with contextlib.suppress(Exception):
-                stream.close_stdin()  # EOF: the node program exits at once
-                stream.exit_code(3.0)
-            stream.close()
+            _end(stream)
 
     def _record(got: Any, host: str, lines: FrameStream, step: str) -> None:
         with lock:
             if got is None:
+                silent.add(host)
                 hung[host] = f"(no answer after step {step}; no stacks came back)\n{lines.tail}"
             elif got.kind == "K":
                 data = got.data()
@@ -150,28 +230,42 @@ def run_collective(
             else:
                 errors[host] = f"collective program ended: {lines.tail or 'no answer'}"
 
-    res = fleet.map(
-        work, timeout=deadline - time.monotonic() + 15, nodes=list(nodes), width=len(nodes)
-    )
+    res = fleet.map(work, timeout=limit, nodes=list(nodes), width=len(nodes))
     for host, e in res.failed.items():
         errors.setdefault(host, f"collective did not run: {_one_line(e)}")
     for host in res.cancelled:
+        silent.add(host)
         hung.setdefault(host, "(the controller gave up waiting)")
-    hung = _narrow_hung(names, hung, results)
+    hung = _narrow_hung(hung, silent)
     rep = judge(names, results, options, hung=hung, errors=errors)
     rep.elapsed = time.monotonic() - started
     return rep
 
 
-def _narrow_hung(
-    names: list[str], hung: dict[str, str], results: Mapping[str, Any]
-) -> dict[str, str]:
+def _narrow_hung(hung: dict[str, str], silent: set[str]) -> dict[str, str]:
     """Everyone waits on a hung peer, so every rank of a stalled collective times out; the
-    ranks that said nothing at all (not even their stacks) are the hung ones when some did."""
-    silent = {h: s for h, s in hung.items() if s.startswith("(no answer")}
-    if silent and len(silent) < len(hung):
-        return silent
+    ranks that said nothing at all (not even their own watchdog's stacks) are the hung ones
+    when some did."""
+    quiet = {h: s for h, s in hung.items() if h in silent}
+    if quiet and len(quiet) < len(hung):
+        return quiet
     return hung
+
+
+def _abort_stacks(conn: Connection, stream: Stream, pid: int) -> str:
+    """SIGABRT (and SIGCONT, should it be stopped) to the node program: its faulthandler
+    writes every thread's stack to the channel as it dies; what came within ABORT_WAIT s."""
+    with contextlib.suppress(Exception):
+        conn.run(["sh", "-c", f"kill -ABRT {pid}; kill -CONT {pid}"], timeout=ABORT_WAIT)
+    got = b""
+    until = time.monotonic() + ABORT_WAIT
+    while len(got) < MAX_STACKS and (left := until - time.monotonic()) > 0:
+        chunk = stream.recv(min(left, 0.5))
+        if chunk == b"":
+            break
+        got += chunk or b""
+    text = got.decode("utf-8", errors="replace")
+    return text[text.find("Fatal Python error") :] if "Fatal Python error" in text else text
 
 
 def _one_line(e: object) -> str:

@@ -27,6 +27,7 @@ from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
 from fleetctl.plan.launchers import launcher_for
+from fleetctl.remote.records import RecordError, SupervisorSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -148,10 +149,10 @@ def node_spec(
     detach: bool = False,
     path_prepend: Sequence[str] = (),
     collect: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node).
+) -> SupervisorSpec:
+    """The spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node).
     ``collect``: what the supervisor sends when asked for its run folder after the exit."""
-    spec = {
+    spec: dict[str, Any] = {
         "job_id": job_id,
         "node_rank": np.node_rank,
         "argv": list(np.argv),
@@ -185,7 +186,7 @@ def node_spec(
         spec["one_process"] = True
     if np.container:
         _in_container(spec, np, conn, grace)
-    return spec
+    return SupervisorSpec(**spec)
 
 
 def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: float) -> None:
@@ -208,9 +209,10 @@ def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: f
     spec["argv"] = rt.run_argv(cs, spec["argv"])
     if rt.labels:
         spec["container"] = {
-            "list": rt.list_argv(cs.job_id),
+            "list": rt.list_argv(cs.job_id, cs.node_rank),
             "stop": rt.stop_argv([], grace),
             "remove": rt.remove_argv([]),
+            "pid": rt.pid_argv(cs.name),
         }
 
 
@@ -245,7 +247,7 @@ def install_program(conn: Connection, python: str, path: str, *, timeout: float)
 def start_node(
     node: Node,
     conn: Connection,
-    spec: Mapping[str, Any],
+    spec: SupervisorSpec | Mapping[str, Any],
     *,
     python: str,
     timeout: float = START_TIMEOUT,
@@ -255,7 +257,14 @@ def start_node(
 
     ``held``: this node's probe, still on its channel after the check: it runs the supervisor
     in its own process (no new remote command). Closed and not used when it no longer may be.
+    A spec given as a mapping is read as the supervisor would read it (``SupervisorSpec``).
     """
+    if not isinstance(spec, SupervisorSpec):
+        try:
+            spec = SupervisorSpec.from_dict(dict(spec))
+        except RecordError as e:
+            raise LaunchError(f"{node.label}: {e}") from None
+    line = json.dumps(spec.to_dict()).encode() + b"\n"
     workdir = conn.expand(node.workdir)
     sup = supervisor_path(workdir)
     py = conn.expand(python)
@@ -292,7 +301,7 @@ def start_node(
                     upload_on_request(stream)
                     uploaded = True
                 elif fr.kind == "R":
-                    stream.send(json.dumps(dict(spec)).encode() + b"\n")
+                    stream.send(line)
                 elif fr.kind == "S":
                     try:
                         info = json.loads(fr.payload)
@@ -300,13 +309,13 @@ def start_node(
                         info = {}
                     return NodeRun(
                         node=node,
-                        rank=int(spec["node_rank"]),
+                        rank=spec.node_rank,
                         conn=conn,
                         stream=stream,
                         reader=reader,
                         python=py,
                         sup_path=sup,
-                        run_dir=str(spec["run_dir"]),
+                        run_dir=spec.run_dir,
                         info=info,
                         started=time.time(),
                         pending=frames[i + 1 :],

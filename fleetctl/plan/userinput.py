@@ -13,6 +13,12 @@ from typing import Any
 MAX_INPUT_BYTES = 32 << 20  # 32 MiB: a 10,000-host inventory with vars is well under 5 MiB
 MAX_YAML_VALUES = 1_000_000  # values a document stands for once its aliases are expanded
 MAX_YAML_DEPTH = 200
+# Numbers the user gives, on the command line or in a job file, are held to the same bounds
+MAX_SECONDS = 366 * 86400.0  # a year: every wait fleetctl has is shorter; bigger overflows
+MAX_COUNT = 1_000_000  # hosts, processes, lines, snapshots: past any real fleet
+MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
+MAX_RETRIES = 100
+MAX_BACKOFF = 300.0  # s between attempts
 
 
 def read_user_file(

@@ -3,7 +3,8 @@
 A node program and the node modules it imports ship as one bundle, installed once per content
 hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two entrances: argv and stdin), or run
 from memory with ``python -c`` (:func:`inline`). The controller imports only this module, the
-wire format (``wire``) and the /proc reader (``procfs``); never a program.
+wire format (``wire``, and the supervisor's records: ``records``) and the /proc reader
+(``procfs``); never a program.
 """
 
 from __future__ import annotations
@@ -78,6 +79,29 @@ def guarded(code: str) -> str:
 
 # --------------------------------------------------------------------------- the installer
 #
+# Run by INSTALLER right after it installed a new hash of ``main`` into ``d``: the program's
+# folders of other hashes are removed once they are older than PRUNE_DAYS, except the newest
+# PRUNE_KEEP of them (going back a version finds its bytecode). Nothing else would ever remove
+# them, and every upgrade of fleetctl leaves one per program. A folder's mtime is when it was
+# installed; a supervisor still running from a removed one has imported its modules already
+# (its later imports are stdlib). Never fatal: the program runs whatever happens here.
+PRUNE_DAYS = 7
+PRUNE_KEEP = 2
+_PRUNE = (
+    "try:\n"
+    "    import time\n"
+    "    old = []\n"
+    "    for x in os.listdir(d):\n"
+    "        q, h = os.path.join(d, x), x[len(main) + 1 :]\n"
+    "        if x[: len(main) + 1] == main + '_' and len(h) == 12 and h.isalnum() and q != p:\n"
+    "            old.append((os.path.getmtime(q), q))\n"
+    f"    for m, q in sorted(old)[:-{PRUNE_KEEP}]:\n"
+    f"        if m < time.time() - {PRUNE_DAYS * 86400}:\n"
+    "            __import__('shutil').rmtree(q, True)\n"
+    "except OSError:\n"
+    "    pass\n"
+)
+
 # A node program and the node modules it imports (``from .x import …``, flat ``import x`` on a
 # node) travel as one bundle: zlib of ``{"main": stem, "modules": {stem: source}}``, named by
 # its sha256 (12 hex). INSTALLER puts the bundle's files into ``W/bin/<stem>_<sha12>/`` once
@@ -115,7 +139,7 @@ INSTALLER = (
     "            if not os.path.isdir(p):\n"
     "                raise\n"
     "            __import__('shutil').rmtree(t, True)\n"
-    "        mods = None\n"
+    "        else:\n" + textwrap.indent(_PRUNE, " " * 12) + "        mods = None\n"
     "    except OSError:\n"
     "        __import__('shutil').rmtree(t, True)\n"
     "        mods = [[k, mods[k]] for k in b['order']]\n"

@@ -1,11 +1,14 @@
 """The collective preflight's node side: real torch.distributed traffic over the training NIC.
 
-``python -c SOURCE '<json args>'``, one process per node, started by the controller on every
-node at once (``fleetctl.phases.collective``). Stdlib at module level (it imports on Python 3.8
-without torch); torch is imported inside :func:`main`, on the node, with the node's python.
+``python -c SOURCE '{"wait": S}'``, one process per node, started by the controller on every
+node at once (``fleetctl.phases.collective``), while the check still runs: torch's import, the
+slow part on a small node, overlaps the probe and the mesh. Stdlib at module level (it imports
+on Python 3.8 without torch); torch is imported inside :func:`main`, on the node, with the
+node's python, then the program waits (up to ``wait`` s) for its part: one JSON line on stdin
+(rank, world, master, NIC, sizes, its own ``deadline``; the store's port for ranks > 0).
 
 Rank 0 opens the rendezvous store on a free port of its training address and says ``R <port>``;
-the controller passes the port to the others as one JSON line on their stdin. Then, with
+the controller passes the port on in the others' lines. Then, with
 ``nccl`` on GPUs and ``gloo`` otherwise (the NIC pinned by ``GLOO_SOCKET_IFNAME`` /
 ``NCCL_SOCKET_IFNAME``): an all-reduce of ``size`` bytes across all nodes, then one round of
 send/recv per ring shift ``k`` (rank r sends to r+k and receives from r-k, every node at once,
@@ -13,9 +16,12 @@ each timed by its receiver), best of ``iters``. ``P <json>`` after each step, ``
 figures at the end. With several GPUs the node's own all-reduce across them is its own figure
 (``intra``); InfiniBand ports are read from sysfs (``ib``).
 
-Bounded: past ``deadline`` s a watchdog thread dumps every thread's stack as ``K <json>`` and
-exits; a C-level faulthandler timer a little later exits even when the interpreter is stuck.
-EOF on stdin (the controller gone or done) ends the process at once.
+Bounded: past ``wait`` s without a part, or ``deadline`` s after it, a watchdog thread dumps
+every thread's stack as ``K <json>`` and exits; a C-level faulthandler timer a little later
+exits even when the interpreter is stuck. ``I <json>`` (first) gives the pid: a node silent
+past its deadline (stopped, the GIL held) gets SIGABRT, and faulthandler, enabled on stdout,
+writes every thread's stack as it dies. EOF on stdin (the controller gone or done) ends the
+process at once.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import time
 
 IB_ROOT = "/sys/class/infiniband"
 REMEASURE_PASSES = 2
+IMPORT_NICE = 10
+STORE_GRACE = 2.0  # s rank 0's watchdog waits after the others'
 _out_lock = threading.Lock()
 
 
@@ -82,8 +90,9 @@ def ib_ports(root: str = IB_ROOT) -> list:
     return out
 
 
-def _watch_stdin(got_port: list, ready: threading.Event) -> None:
-    """The first line (ranks > 0): the store's port; EOF: the controller is gone, exit now."""
+def _watch_stdin(part: list, ready: threading.Event) -> None:
+    """The first line: this node's part (a JSON object); EOF: the controller is gone (or done
+    with this node), exit now."""
     stream = sys.stdin.buffer
     while True:
         line = stream.readline()
@@ -91,17 +100,21 @@ def _watch_stdin(got_port: list, ready: threading.Event) -> None:
             os._exit(3)
         if not ready.is_set():
             try:
-                got_port.append(json.loads(line.decode()).get("port"))
-            except (ValueError, AttributeError):
-                got_port.append(None)
+                got = json.loads(line.decode())
+            except ValueError:
+                got = None
+            part.append(got if isinstance(got, dict) else None)
             ready.set()
 
 
-def _watchdog(deadline: float, progress: dict) -> None:
-    """At the deadline: every thread's stack as one ``K`` frame, then exit."""
-    left = deadline - time.monotonic()
-    if left > 0:
-        time.sleep(left)
+def _watchdog(progress: dict) -> None:
+    """At the deadline (``progress["deadline"]``, moved once the part came): every thread's
+    stack as one ``K`` frame, then exit."""
+    while True:
+        left = progress["deadline"] - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(left, 1.0))
     import faulthandler
 
     with tempfile.TemporaryFile(mode="w+") as f:
@@ -110,6 +123,30 @@ def _watchdog(deadline: float, progress: dict) -> None:
         stacks = f.read()
     say("K", {"step": progress.get("step"), "stacks": stacks})
     os._exit(4)
+
+
+def _import_torch(wait: float) -> object:
+    """torch and torch.distributed imported in a thread at nice 10 (on Linux a thread's own):
+    started while the check's probe and mesh still run on this node, the import yields the
+    CPU to them, while the benchmark, in the main thread, keeps the node's priority. The
+    module, or the exception the import raised."""
+    got: list = []
+
+    def work() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+        try:
+            import torch
+            import torch.distributed
+
+            got.append(torch)
+        except BaseException as e:  # any import failure is the answer
+            got.append(e)
+
+    t = threading.Thread(target=work, name="import-torch", daemon=True)
+    t.start()
+    t.join(wait)
+    return got[0] if got else TimeoutError(f"import torch took over {wait:.0f} s")
 
 
 def _best(times: list) -> float:
@@ -158,47 +195,62 @@ def _intra(torch, size: int, iters: int) -> dict | None:
     return {"gpus": g, "bytes": n * 4, "seconds": t, "busbw": algbw * 2 * (g - 1) / g}
 
 
-def main(args: dict) -> int:
-    rank, world = int(args["rank"]), int(args["world"])
-    deadline = time.monotonic() + float(args["deadline"])
-    progress = {"step": "start"}
+def main(start: dict) -> int:
+    wait = float(start["wait"])
+    progress = {"step": "import", "deadline": time.monotonic() + wait}
     import faulthandler
 
+    say("I", {"pid": os.getpid()})  # for the controller's SIGABRT, should we go silent
+    faulthandler.enable(file=sys.stdout, all_threads=True)  # SIGABRT: every stack, on stdout
     # the backstop: even an interpreter stuck without the GIL leaves, stacks on stdout
-    faulthandler.dump_traceback_later(float(args["deadline"]) + 5, exit=True, file=sys.stdout)
-    threading.Thread(target=_watchdog, args=(deadline, progress), daemon=True).start()
-    got_port: list = []
+    faulthandler.dump_traceback_later(wait + 5, exit=True, file=sys.stdout)
+    threading.Thread(target=_watchdog, args=(progress,), daemon=True).start()
+    part: list = []
     ready = threading.Event()
-    threading.Thread(target=_watch_stdin, args=(got_port, ready), daemon=True).start()
+    threading.Thread(target=_watch_stdin, args=(part, ready), daemon=True).start()
+    ib = ib_ports(start.get("ib_root") or IB_ROOT)
+    import datetime
+
+    torch = _import_torch(wait)
+    if isinstance(torch, BaseException):
+        say("D", {"error": f"cannot import torch with {sys.executable}: {torch}", "ib": ib})
+        return 0
+    dist = torch.distributed
+    progress["step"] = "waiting for its part"
+    if not ready.wait(max(0.0, progress["deadline"] - time.monotonic())) or not part[0]:
+        say("D", {"error": "no part from the controller", "ib": ib})
+        return 0
+    args = part[0]
+    rank, world = int(args["rank"]), int(args["world"])
+    # rank 0 serves the store: it speaks last, so its exit does not cut a peer's store
+    # connection (an error) before that peer's own watchdog said its stacks
+    limit = float(args["deadline"]) + (STORE_GRACE if rank == 0 else 0.0)
+    progress["deadline"] = time.monotonic() + limit
+    faulthandler.cancel_dump_traceback_later()
+    faulthandler.dump_traceback_later(limit + 5, exit=True, file=sys.stdout)
+    progress["step"] = "rendezvous"
     nic = args.get("nic")
-    if nic:
+    if nic:  # read by the process group's creation, below
         os.environ["GLOO_SOCKET_IFNAME"] = nic
         os.environ.setdefault("NCCL_SOCKET_IFNAME", nic)
-    ib = ib_ports(args.get("ib_root") or IB_ROOT)
-    try:
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-    except Exception as e:  # any import failure is the answer
-        say("D", {"error": f"cannot import torch with {sys.executable}: {e}", "ib": ib})
-        return 0
     cuda = torch.cuda.is_available()
     backend = args.get("backend") or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         say("D", {"error": "backend nccl but torch sees no GPU", "ib": ib})
         return 0
     device = "cuda:0" if backend == "nccl" else "cpu"
-    op_timeout = datetime.timedelta(seconds=max(1.0, float(args["op_timeout"])))
+    # past the watchdog's deadline: a peer stuck in a collective says its stacks (``K``), not
+    # gloo's timeout error, so the silent node stays the one named
+    op_timeout = datetime.timedelta(seconds=max(1.0, float(args["op_timeout"])) + 5)
     master = args["master_addr"]
     if rank == 0:
         store = dist.TCPStore(master, 0, world, True, timeout=op_timeout, wait_for_workers=False)
         say("R", str(store.port))
     else:
-        if not ready.wait(max(0.0, deadline - time.monotonic())) or not got_port[0]:
+        if not args.get("port"):
             say("D", {"error": "no rendezvous port from the controller", "ib": ib})
             return 0
-        store = dist.TCPStore(master, int(got_port[0]), world, False, timeout=op_timeout)
+        store = dist.TCPStore(master, int(args["port"]), world, False, timeout=op_timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=op_timeout)
     iters = max(1, int(args.get("iters", 3)))
     n = max(1, int(args["size"]) // 4)

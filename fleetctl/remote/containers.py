@@ -2,7 +2,7 @@
 removed, listed again. The argv come from the controller (``fleetctl/plan/runtimes/``) in
 the spec's ``container`` entry; this module only runs them, each with a timeout.
 
-Not wired yet: the supervisor does not start containers (issue 25, docs/containers.md).
+Also where the ranks are: the host pid of the container's main process (``main_pid``).
 Node module: stdlib only, Python >= 3.8.
 """
 
@@ -37,6 +37,16 @@ def listed(cfg: dict, timeout: float = CALL_TIMEOUT) -> tuple:
     if code != 0:
         return [], err or f"{cfg['list'][0]} ps exited {code}", code
     return [line.strip() for line in out.splitlines() if line.strip()], None, code
+
+
+def main_pid(cfg: dict, timeout: float = 5.0) -> int | None:
+    """The host pid of the container's main process (``cfg["pid"]`` prints it), None until
+    it runs or where the runtime cannot say."""
+    if not cfg.get("pid"):
+        return None
+    code, out, _ = _run(cfg["pid"], timeout)
+    text = out.strip()
+    return int(text) if code == 0 and text.isdigit() and int(text) > 0 else None
 
 
 def end_containers(cfg: dict, grace: float, timeout: float = CALL_TIMEOUT) -> dict:

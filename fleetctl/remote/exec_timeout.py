@@ -29,8 +29,10 @@ except ImportError:  # an interpreter without it: the public module
     import signal  # type: ignore[no-redef]
 
 try:  # as fleetctl.remote.exec_timeout (tests); flat on a node
+    from .procfs import ended, environ_has, pids
     from .wire import EXEC_TIMEOUT_MARK as MARK
 except ImportError:
+    from procfs import ended, environ_has, pids
     from wire import EXEC_TIMEOUT_MARK as MARK
 TIMED_OUT = 124
 SETTLE = 5.0  # s to wait for killed processes to be gone
@@ -38,32 +40,13 @@ SETTLE = 5.0  # s to wait for killed processes to be gone
 
 def tagged(tag: str) -> list[int]:
     """Pids (not ours) whose environment holds ``FLEET_EXEC_ID=<tag>`` exactly."""
-    want = ("FLEET_EXEC_ID=" + tag).encode()
+    want = [("FLEET_EXEC_ID=" + tag).encode()]
     me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open("/proc/" + name + "/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if want in env.split(b"\0"):
-            found.append(int(name))
-    return found
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
+    return [pid for pid in pids() if pid != me and environ_has(pid, want)]
 
 
 def alive(tag: str) -> list[int]:
-    return [p for p in tagged(tag) if not _zombie(p)]
+    return [p for p in tagged(tag) if not ended(p)]
 
 
 def signal_all(pgid: int, tag: str, sig: int) -> None:

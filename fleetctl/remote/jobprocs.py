@@ -13,9 +13,9 @@ import signal
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .procfs import PF_KTHREAD, cmdline, environ_has, proc_start_time, proc_stat_flags
+    from .procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
 except ImportError:
-    from procfs import PF_KTHREAD, cmdline, environ_has, proc_start_time, proc_stat_flags
+    from procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
 
 
 # port_probe.py's CLAIMS: host-local, one private folder per user
@@ -113,10 +113,7 @@ def scan_job(
     group: list[int] = []
     children: dict[int, list[int]] = {}
     group_ours = False
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in pids():
         if pid == me:
             continue
         st = proc_stat_flags(pid)

@@ -10,21 +10,24 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import read_json, write_json
+    from .atomic import write_json
+    from .framing import frame
+    from .framing import line as framed
     from .jobprocs import find_job_processes, stop_processes
-    from .procfs import cmdline, proc_stat
-    from .supervision import pid_alive
+    from .procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
+    from .records import RecordError, SupervisorState, read_state
     from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
 except ImportError:
-    from atomic import read_json, write_json
+    from atomic import write_json
+    from framing import frame
+    from framing import line as framed
     from jobprocs import find_job_processes, stop_processes
-    from procfs import cmdline, proc_stat
-    from supervision import pid_alive
+    from procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
+    from records import RecordError, SupervisorState, read_state
     from wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
 
 
@@ -42,8 +45,18 @@ def parse_opts(argv: list[str]) -> dict:
 
 def answer(kind: str, payload: object) -> None:
     """One frame of a one-shot mode on stdout: ``<kind> <json>``."""
-    sys.stdout.write(kind + " " + json.dumps(payload) + "\n")
-    sys.stdout.flush()
+    frame(kind, payload)
+
+
+def state_at(run_dir: str) -> SupervisorState | None:
+    """A run folder's supervisor.json; None when there is none, or when it is not a record (a
+    file of the wrong shape is not trusted to say which processes are the job's)."""
+    if not run_dir:
+        return None
+    try:
+        return read_state(os.path.join(run_dir, STATE_FILE))
+    except RecordError:
+        return None
 
 
 def cmd_stop(argv: list[str]) -> int:
@@ -52,29 +65,27 @@ def cmd_stop(argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     opts = parse_opts(argv)
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
-    state = read_json(os.path.join(run_dir, STATE_FILE)) if run_dir else {}
-    job_id = opts.get("job_id") or state.get("job_id")
+    state = state_at(run_dir) or SupervisorState()
+    job_id = opts.get("job_id") or state.job_id
     if not job_id:
         answer("D", {"error": "no job id"})
         return 2
-    if state and state.get("job_id") not in (None, job_id):
-        state = {}  # a folder of another job: trust only the env tag
-    rank = opts.get("rank", state.get("node_rank"))
-    sup_pid = state.get("supervisor_pid")
-    sup_alive = pid_alive(sup_pid, state.get("supervisor_start"))
+    if state.job_id not in (None, job_id):
+        state = SupervisorState()  # a folder of another job: trust only the env tag
+    rank = opts.get("rank", state.node_rank)
+    sup_pid = state.supervisor_pid
+    sup_alive = pid_alive(sup_pid, state.supervisor_start)
     result = stop_processes(
         job_id,
         int(rank) if rank is not None else None,
-        state.get("pgid"),
-        state.get("leader_start"),
+        state.pgid,
+        state.leader_start,
         float(opts.get("grace", 5.0)),
         # a live subreaper supervisor: every descendant of it is the job's
-        root=sup_pid if sup_alive and state.get("subreaper") else None,
+        root=sup_pid if sup_alive and state.subreaper else None,
     )
     result["job_id"] = job_id
-    result["supervisor_alive"] = pid_alive(
-        state.get("supervisor_pid"), state.get("supervisor_start")
-    )
+    result["supervisor_alive"] = pid_alive(state.supervisor_pid, state.supervisor_start)
     answer("D", result)
     return 0
 
@@ -83,17 +94,19 @@ def cmd_status(argv: list[str]) -> int:
     """State of a job on this node (for ``fleetctl status``): ``D <json>``."""
     opts = parse_opts(argv)
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
-    state = read_json(os.path.join(run_dir, STATE_FILE))
-    job_id = opts.get("job_id") or state.get("job_id")
+    problem = None
+    try:
+        record = read_state(os.path.join(run_dir, STATE_FILE)) or SupervisorState()
+    except RecordError as e:  # said, and the job's processes still found by their env tag
+        record, problem = SupervisorState(), str(e)
+    job_id = opts.get("job_id") or record.job_id
     live = []
     if job_id:
-        live = find_job_processes(
-            job_id, state.get("node_rank"), state.get("pgid"), state.get("leader_start")
-        )
+        live = find_job_processes(job_id, record.node_rank, record.pgid, record.leader_start)
+    state = record.to_dict()
+    state["problem"] = state["problem"] or problem
     state["processes"] = live
-    state["supervisor_alive"] = pid_alive(
-        state.get("supervisor_pid"), state.get("supervisor_start")
-    )
+    state["supervisor_alive"] = pid_alive(record.supervisor_pid, record.supervisor_start)
     marks = []  # the job moved on: it printed, or touched FLEET_PROGRESS_FILE
     for name in ("console.log", PROGRESS_FILE):
         with contextlib.suppress(OSError):
@@ -127,24 +140,22 @@ def cmd_follow(argv: list[str]) -> int:
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
     follow = opts.get("follow", "0") == "1"
     last = int(opts.get("last", "-1"))
-    log, state_file = os.path.join(run_dir, CONSOLE_LOG), os.path.join(run_dir, STATE_FILE)
+    log = os.path.join(run_dir, CONSOLE_LOG)
     out = os.fdopen(1, "wb", 0)
 
     def running() -> bool:
-        state = read_json(state_file)
-        if not state:
+        state = state_at(run_dir)
+        if state is None:
             return os.path.isdir(run_dir) and not os.path.exists(log)
-        return state.get("state") == "running" and pid_alive(
-            state.get("supervisor_pid"), state.get("supervisor_start")
-        )
+        return state.state == "running" and pid_alive(state.supervisor_pid, state.supervisor_start)
 
     def emit(line: bytes) -> None:
-        out.write(b"L " + line.rstrip(b"\n") + b"\n")
+        out.write(framed("L", line.rstrip(b"\n")))
 
     deadline = time.time() + 30
     while not os.path.exists(log):
         if not follow or time.time() > deadline or not running():
-            out.write(b"E no console.log on this node (the job never started here)\n")
+            out.write(framed("E", b"no console.log on this node (the job never started here)"))
             return 0
         time.sleep(0.2)
     import select
@@ -195,17 +206,16 @@ def cmd_reattach(argv: list[str]) -> int:
     opts = parse_opts(argv)
     run_dir = os.path.expanduser(opts.get("run_dir", ""))
     skip = int(opts.get("skip", "0"))
-    state_file, log = os.path.join(run_dir, STATE_FILE), os.path.join(run_dir, CONSOLE_LOG)
-    hb = os.path.join(run_dir, HEARTBEAT_FILE)
-    state = read_json(state_file)
-    pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
+    log, hb = os.path.join(run_dir, CONSOLE_LOG), os.path.join(run_dir, HEARTBEAT_FILE)
+    state = state_at(run_dir) or SupervisorState()
+    pid, start = state.supervisor_pid, state.supervisor_start
     out = os.fdopen(1, "wb", 0)
     lock = threading.Lock()
     gone = threading.Event()
 
     def frame(kind: str, payload: bytes = b"") -> None:
         with lock:
-            out.write(kind.encode() + (b" " + payload if payload else b"") + b"\n")
+            out.write(framed(kind, payload))
 
     def beat() -> None:
         with contextlib.suppress(OSError):
@@ -230,8 +240,8 @@ def cmd_reattach(argv: list[str]) -> int:
 
     alive = pid_alive(pid, start)
     beat()
-    frame("S", json.dumps({"alive": alive, "state": state.get("state")}).encode())
-    if not alive and state.get("state") == "running":
+    frame("S", json.dumps({"alive": alive, "state": state.state}).encode())
+    if not alive and state.state == "running":
         return 0  # the supervisor died without a word: nothing to reattach to
     threading.Thread(target=relay, daemon=True).start()
     seen = 0
@@ -241,7 +251,8 @@ def cmd_reattach(argv: list[str]) -> int:
     except OSError:
         f = None
     while not gone.is_set():
-        ended = read_json(state_file).get("state") != "running" or not pid_alive(pid, start)
+        now_state = (state_at(run_dir) or SupervisorState()).state
+        ended = now_state != "running" or not pid_alive(pid, start)
         chunk = f.read(65536) if f is not None else b""
         if chunk:
             buf += chunk
@@ -258,10 +269,9 @@ def cmd_reattach(argv: list[str]) -> int:
         return 0
     if buf and seen + 1 > skip:
         frame("L", buf)
-    final = read_json(state_file)
-    code = final.get("exit_code")
-    code = code if code is not None else -int(final.get("signal") or 0) or 255
-    report = final.get("exit_report")
+    final = state_at(run_dir) or SupervisorState()
+    code = final.exit_code if final.exit_code is not None else -(final.signal or 0) or 255
+    report = final.exit_report
     frame("X", str(code).encode() + (b" " + json.dumps(report).encode() if report else b""))
     return 0
 
@@ -283,16 +293,15 @@ def cmd_clean(argv: list[str]) -> int:
         job_dir = os.path.join(workdir, "runs", job)
         with contextlib.suppress(OSError):
             for path in [job_dir] + [os.path.join(job_dir, n) for n in os.listdir(job_dir)]:
-                state = read_json(os.path.join(path, STATE_FILE))
-                if state.get("pgid"):
-                    groups[int(state["pgid"])] = state.get("leader_start")
+                state = state_at(path)
+                if state is not None and state.pgid:
+                    groups[state.pgid] = state.leader_start
     me = os.getpid()
     seen = []
     alive_groups = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in pids():
+        if pid == me:
             continue
-        pid = int(name)
         st = proc_stat(pid)
         if st is None:
             continue
@@ -301,12 +310,7 @@ def cmd_clean(argv: list[str]) -> int:
         if st[0] in ("Z", "X"):
             continue
         tag = None
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            env = []
-        for entry in env:
+        for entry in environ_entries(pid) or ():
             if entry.startswith(b"FLEET_JOB_ID=") and (want is None or entry == want):
                 tag = entry[13:].decode("utf-8", "replace")
         seen.append((pid, st[2], tag))

@@ -6,9 +6,15 @@ Node module: stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import threading
+
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .framing import line
+except ImportError:
+    from framing import line
 
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)
@@ -30,7 +36,7 @@ class Out:
     def frame(self, kind: str, payload: bytes = b"", *, must: bool = False) -> None:
         if self.broken:
             return
-        data = kind.encode() + (b" " + payload if payload else b"") + b"\n"
+        data = line(kind, payload)
         try:
             if must:
                 self.q.put(data, timeout=2.0)
@@ -43,7 +49,7 @@ class Out:
         """Like :meth:`frame`, but wait for room instead of dropping: used while console.log
         cannot be written (disk full), when the controller's copy is the only one left. The
         job then waits on its pipe rather than lose lines; only a gone controller drops them."""
-        data = kind.encode() + (b" " + payload if payload else b"") + b"\n"
+        data = line(kind, payload)
         while not self.broken:
             try:
                 self.q.put(data, timeout=1.0)
@@ -92,3 +98,29 @@ class Out:
         except queue.Full:
             return
         self.thread.join(timeout)
+
+
+# console.log (the supervisor's copy of the job's output, written as it comes)
+def write_all(f, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        if not n:
+            raise OSError(errno.ENOSPC, "no space left on device")
+        view = view[n:]
+
+
+def write_problem(e: OSError, run_dir: str) -> str:
+    """What a failed console.log write says about the node."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full on {run_dir}"
+    return f"cannot write console.log in {run_dir}: {e.strerror or e}"
+
+
+def gap_note(lost: int, problem: str | None) -> bytes:
+    """The line console.log gets where output is missing (writes work again)."""
+    return (
+        f"\n[fleetctl supervisor] {lost} bytes of output are missing here ({problem}); "
+        "fleetctl's streamed copy has them\n"
+    ).encode()

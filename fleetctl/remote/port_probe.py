@@ -27,6 +27,13 @@ import stat
 import sys
 import time
 
+try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
+    from .framing import frame
+    from .procfs import proc_start_time
+except ImportError:
+    from framing import frame
+    from procfs import proc_start_time
+
 # Host-local (not the maybe-shared home), one per user; the variable is for tests and odd hosts.
 # The supervisor (adopt_port_claims) names the same folder.
 CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or f"/tmp/fleetctl-ports-{os.getuid()}"
@@ -35,16 +42,6 @@ CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, 
 
 class ClaimsUnusable(Exception):
     """The claim folder is not a private folder of this user: nothing is claimed."""
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2 :].split()
-        return None if fields[0] in (b"Z", b"X") else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def claim_owner(path: str, now: float) -> str | None:
@@ -60,7 +57,7 @@ def claim_owner(path: str, now: float) -> str | None:
         data = {}
     pid, start = data.get("pid"), data.get("start")
     if isinstance(pid, int) and pid > 0:
-        alive = _start_time(pid)
+        alive = proc_start_time(pid)
         if alive is None or (isinstance(start, int) and alive != start):
             return None  # its claimant is gone (or the pid names another process now)
         if isinstance(start, int):
@@ -197,14 +194,14 @@ def main() -> None:
         gone = args["unclaim"]
         for port in gone["ports"]:
             unclaim(int(port), str(gone["job"]))
-        sys.stdout.write("D " + json.dumps({"unclaimed": len(gone["ports"])}) + "\n")
+        frame("D", {"unclaimed": len(gone["ports"])})
         return
     job = (args.get("claim") or {}).get("job")
     if job is not None:
         try:
             claims_dir()
         except ClaimsUnusable as e:
-            sys.stdout.write("D " + json.dumps({"error": str(e)}) + "\n")
+            frame("D", {"error": str(e)})
             return
     busy: dict = {}
     cands = [int(p) for p in args["candidates"]]
@@ -213,7 +210,7 @@ def main() -> None:
         free = free_ranges(cands, span, job, busy)
     else:
         free = free_ports(cands, int(args["need"]), job, busy)
-    sys.stdout.write("D " + json.dumps({"free": free, "busy": busy}) + "\n")
+    frame("D", {"free": free, "busy": busy})
     sys.stdout.flush()
 
 

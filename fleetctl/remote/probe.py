@@ -45,9 +45,11 @@ import time
 
 try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
     from .facts import gather
+    from .framing import frame
     from .waits import Task, pmap, run, which
 except ImportError:
     from facts import gather
+    from framing import frame
     from waits import Task, pmap, run, which
 
 # subprocess is imported where a program is run: a node without GPUs runs one (rsync), and the
@@ -56,8 +58,7 @@ except ImportError:
 
 def emit(kind: str, payload: object) -> None:
     """One frame: ``<kind> <json>``."""
-    sys.stdout.write(f"{kind} {json.dumps(payload, sort_keys=True)}\n")
-    sys.stdout.flush()
+    frame(kind, payload, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------------- mesh

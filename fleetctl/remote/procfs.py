@@ -1,12 +1,32 @@
-"""The one reader of /proc: a process's stat fields, start time, environment and command line.
+"""The one reader of /proc: the processes there, a process's stat fields, start time, exit
+status, environment, executable and command line.
 
-Node programs import it, and so do the controller's job monitor and the lab (their own
-machine's processes). Node module: stdlib only, Python >= 3.8.
+Node programs import it (``tests/remote/test_one_reader.py`` fails on a second parser), and so
+do the controller's job monitor and the lab (their own machine's processes). Imports nothing
+new: a node program's start pays only its compile. Node module: stdlib only, Python >= 3.8.
 """
 
 from __future__ import annotations
 
+import os
+
 PF_KTHREAD = 0x00200000
+
+
+def pids() -> list[int]:
+    """Every process's pid, this one's included (a snapshot: any may be gone by its read)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after ``(comm)``: ``[0]`` is field 3 (state)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: split after the last ')'.
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
@@ -17,15 +37,17 @@ def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
 
 def proc_stat_flags(pid: int) -> tuple[str, int, int, int, int] | None:
     """(state, ppid, pgid, starttime, flags): :func:`proc_stat` and the kernel's flags."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
+    rest = _stat_fields(pid)
+    if rest is None:
         return None
-    # comm may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(")") + 2 :].split()
     try:
-        return rest[0], int(rest[1]), int(rest[2]), int(rest[19]), int(rest[6])
+        return (
+            rest[0].decode("ascii", "replace"),
+            int(rest[1]),
+            int(rest[2]),
+            int(rest[19]),
+            int(rest[6]),
+        )
     except (IndexError, ValueError):
         return None
 
@@ -39,6 +61,30 @@ def proc_start_time(pid: int) -> int | None:
     return None if st is None or st[0] in ("Z", "X") else st[3]
 
 
+def ended(pid: int) -> bool:
+    """Whether ``pid`` has ended: gone, or a zombie nobody reaped yet."""
+    st = proc_stat(pid)
+    return st is None or st[0] in ("Z", "X")
+
+
+def zombie_exit(pid: int) -> int | None:
+    """A process that ended and waits for its parent to reap it: its exit code, or -signal
+    (field 52, Linux >= 3.5). None while it runs, once reaped, or when the kernel does not say."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else status >> 8
+
+
+def pid_alive(pid: object, start: object) -> bool:
+    """Whether ``pid`` is the live process that started at ``start`` (any, when None)."""
+    if not isinstance(pid, int):
+        return False
+    st = proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (start is None or st[3] == start)
+
+
 def environ_entries(pid: int) -> set[bytes] | None:
     """The ``NAME=value`` entries of a process's environment; None when unreadable."""
     try:
@@ -48,10 +94,28 @@ def environ_entries(pid: int) -> set[bytes] | None:
         return None
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment as a dict (empty when unreadable or gone)."""
+    out = {}
+    for item in environ_entries(pid) or ():
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
 def environ_has(pid: int, tags: list[bytes]) -> bool:
     """Whether a process's environment holds every one of ``tags`` exactly."""
     entries = environ_entries(pid)
     return entries is not None and all(t in entries for t in tags)
+
+
+def exe_name(pid: int) -> str | None:
+    """The file name of a process's executable; None when unreadable (not ours) or gone."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return None
 
 
 def cmdline(pid: int, limit: int = 200) -> str:

@@ -7,7 +7,11 @@ Node module: stdlib only, Python >= 3.8; imports nothing a no-op push's probe do
 from __future__ import annotations
 
 import os
-import sys
+
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .framing import dumps, frame
+except ImportError:
+    from framing import dumps, frame
 
 # shutil, subprocess, tarfile, hashlib and contextlib are imported where used: a no-op push's
 # probe needs none of them, and their imports were a third of its CPU on every node. Nor json:
@@ -35,20 +39,6 @@ def loads(text: str) -> object:
         return json.loads(text)
 
 
-def dumps(obj: object) -> str:
-    """``json.dumps`` (its defaults: ASCII, ``", "``/``": "``) by json's C encoder."""
-    try:
-        import _json
-
-        make = _json.make_encoder
-        enc = make(None, None, _json.encode_basestring_ascii, None, ": ", ", ", False, False, True)
-        return "".join(enc(obj, 0))
-    except Exception:
-        import json
-
-        return json.dumps(obj)
-
-
 class Failed(Exception):
     """A step failed; ``stage`` says which, ``enospc`` whether the disk was full."""
 
@@ -59,8 +49,7 @@ class Failed(Exception):
 
 def emit(obj: dict, kind: str = "D") -> None:
     """One frame: ``D <json>`` (the answer) or ``A <json>`` (where ``serve`` listens)."""
-    sys.stdout.write(kind + " " + dumps(obj) + "\n")
-    sys.stdout.flush()
+    frame(kind, obj)
 
 
 def free_bytes(path: str) -> int:

@@ -10,19 +10,18 @@ import os
 import re
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .procfs import proc_stat
+    from .procfs import environ_entries, pids, proc_stat
 except ImportError:
-    from procfs import proc_stat
+    from procfs import environ_entries, pids, proc_stat
 
 
 def rank_processes(leader: int) -> list:
     """(local rank, pid) of the topmost process of each local rank under ``leader``."""
     children: dict = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = proc_stat(int(name))
-            if st is not None and st[0] not in ("Z", "X"):
-                children.setdefault(st[1], []).append(int(name))
+    for pid in pids():
+        st = proc_stat(pid)
+        if st is not None and st[0] not in ("Z", "X"):
+            children.setdefault(st[1], []).append(pid)
     out = []
     todo = [(leader, None)]
     while todo:  # depth first; a rank's own children (data loaders) share its LOCAL_RANK
@@ -50,30 +49,10 @@ def pidfd_open(pid: int) -> int | None:
         return None
 
 
-def zombie_exit(pid: int) -> int | None:
-    """A process that ended and waits for its parent to reap it: its exit code, or -signal
-    (``/proc/PID/stat`` field 52, Linux >= 3.5). None while it runs, once reaped, or when
-    the kernel does not say."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    if not fields or fields[0] != b"Z" or len(fields) < 50:
-        return None
-    status = int(fields[49])
-    return -(status & 0x7F) if status & 0x7F else status >> 8
-
-
 def _local_rank(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
-    except OSError:
-        return None
-    for e in entries:
-        for key in (b"PADDLE_LOCAL_RANK=", b"LOCAL_RANK="):
+    entries = environ_entries(pid) or set()
+    for key in (b"PADDLE_LOCAL_RANK=", b"LOCAL_RANK="):  # paddle's first: it may set both
+        for e in entries:
             if e.startswith(key) and e[len(key) :].isdigit():
                 return int(e[len(key) :])
     return None

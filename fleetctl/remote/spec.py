@@ -9,9 +9,15 @@ import json
 import os
 import time
 
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .records import SupervisorSpec
+except ImportError:
+    from records import SupervisorSpec
 
-def read_spec(fd: int, timeout: float) -> tuple[dict, bytes]:
-    """The JSON spec line from stdin; returns (spec, bytes read past it)."""
+
+def read_spec(fd: int, timeout: float) -> tuple[SupervisorSpec, bytes]:
+    """The JSON spec line from stdin; returns (spec, bytes read past it). A spec of the wrong
+    shape is a ``RecordError`` (a ValueError) naming the key."""
     import select
 
     buf = b""
@@ -28,10 +34,7 @@ def read_spec(fd: int, timeout: float) -> tuple[dict, bytes]:
             raise ValueError("stdin closed before the spec")
         buf += chunk
     line, rest = buf.split(b"\n", 1)
-    spec = json.loads(line.decode("utf-8"))
-    if not isinstance(spec, dict) or not spec.get("argv") or not spec.get("job_id"):
-        raise ValueError("spec needs argv and job_id")
-    return spec, rest
+    return SupervisorSpec.from_dict(json.loads(line.decode("utf-8"))), rest
 
 
 def seed_work_folder(cwd: str | None, seed: str | None) -> None:

@@ -22,51 +22,32 @@ import subprocess
 import sys
 import time
 
+try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
+    from .framing import frame
+    from .procfs import ended, environ, exe_name, pids
+except ImportError:
+    from framing import frame
+    from procfs import ended, environ, exe_name, pids
+
 PY_SPY_TIMEOUT = 20
 ABORT_WAIT = 5.0  # s for aborted processes to end and their dumps to reach console.log
 SETTLE = 0.3  # s without console.log growing: the supervisor's rank tailers (0.1 s) are done
 MAX_CONSOLE = 1 << 20  # bytes of console.log sent back
 
 
-def environ(pid):
-    """The process's environment as a dict (empty when unreadable or gone)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return out
-
-
 def is_python(pid):
-    try:
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        return False
-    return exe.startswith("python")
+    return (exe_name(pid) or "").startswith("python")
 
 
 def job_processes(job_id):
     """(pid, env) of every process tagged with this job id, launchers and ranks alike."""
     me = os.getpid()
     out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        env = environ(int(name))
+    for pid in pids():
+        env = environ(pid) if pid != me else {}
         if env.get("FLEET_JOB_ID") == job_id:
-            out.append((int(name), env))
+            out.append((pid, env))
     return sorted(out, key=lambda p: p[0])
-
-
-def frame(kind, data):
-    sys.stdout.write(kind + " " + json.dumps(data) + "\n")
-    sys.stdout.flush()
 
 
 def dump(pid, py_spy, folder):
@@ -100,22 +81,11 @@ def _size(path):
         return 0
 
 
-def _gone(pid):
-    """Whether ``pid`` has ended (gone, or a zombie nobody reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    state = stat[stat.rfind(b")") + 2 :][:1]  # after "pid (comm) "
-    return state in (b"Z", b"X")
-
-
 def console_since(path, offset, aborted):
     """What ``path`` gained from ``offset`` once the ``aborted`` pids ended and it stopped
     growing: both bounded by ABORT_WAIT; the last MAX_CONSOLE bytes at most."""
     deadline = time.monotonic() + ABORT_WAIT
-    while time.monotonic() < deadline and not all(_gone(p) for p in aborted):
+    while time.monotonic() < deadline and not all(ended(p) for p in aborted):
         time.sleep(0.05)
     size, still = _size(path), time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - still < SETTLE:

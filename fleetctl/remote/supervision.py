@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
 import select
 import subprocess
@@ -16,11 +15,13 @@ import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
     from .atomic import now, read_json, write_json
-    from .containers import end_containers
+    from .container_guard import start_guard
+    from .containers import end_containers, main_pid
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
-    from .output import Out
-    from .procfs import proc_stat
-    from .ranks import pidfd_open, rank_log_files, rank_processes, zombie_exit
+    from .output import Out, gap_note, write_all, write_problem
+    from .procfs import pid_alive, proc_stat, zombie_exit
+    from .ranks import pidfd_open, rank_log_files, rank_processes
+    from .records import RecordError, SupervisorSpec, SupervisorState, read_state
     from .spec import seed_work_folder
     from .wire import (
         CONSOLE_LOG,
@@ -34,11 +35,13 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
     )
 except ImportError:
     from atomic import now, read_json, write_json
-    from containers import end_containers
+    from container_guard import start_guard
+    from containers import end_containers, main_pid
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
-    from output import Out
-    from procfs import proc_stat
-    from ranks import pidfd_open, rank_log_files, rank_processes, zombie_exit
+    from output import Out, gap_note, write_all, write_problem
+    from procfs import pid_alive, proc_stat, zombie_exit
+    from ranks import pidfd_open, rank_log_files, rank_processes
+    from records import RecordError, SupervisorSpec, SupervisorState, read_state
     from spec import seed_work_folder
     from wire import (
         CONSOLE_LOG,
@@ -60,21 +63,26 @@ MAX_DEADMAN = 10.0
 class Supervisor:
     """One job on this node: start it, copy its output, watch the controller, stop it."""
 
-    def __init__(self, spec: dict, out: Out, stdin_fd: int | None, early: bytes = b"") -> None:
+    def __init__(
+        self, spec: SupervisorSpec, out: Out, stdin_fd: int | None, early: bytes = b""
+    ) -> None:
         self.spec = spec
         self.out = out
         self.stdin_fd = stdin_fd
         self.early = early
-        self.job_id = str(spec["job_id"])
-        self.rank = int(spec.get("node_rank", 0))
-        self.run_dir = os.path.abspath(os.path.expanduser(spec["run_dir"]))
-        self.grace = float(spec.get("grace", 5.0))
-        self.deadman = min(float(spec.get("deadman", MAX_DEADMAN)), MAX_DEADMAN)
-        self.hb_every = float(spec.get("heartbeat", 1.0))
-        self.detach = bool(spec.get("detach", False))
+        self.job_id = spec.job_id
+        self.rank = spec.node_rank
+        self.run_dir = os.path.abspath(os.path.expanduser(spec.run_dir))
+        self.grace = spec.grace
+        self.deadman = min(spec.deadman, MAX_DEADMAN)
+        self.hb_every = spec.heartbeat
+        self.detach = spec.detach
         self.proc: subprocess.Popen | None = None
         self.leader_start: int | None = None
         self.subreaper = False  # set in start(): orphans of the job come back to us
+        self.guard = None  # --image: the container guard (container_guard.py), started in start()
+        self.guard_problem: str | None = None  # why there is none
+        self.container_pid: int | None = None  # --image: its main process, found by the scan
         self.last_hb = time.monotonic()
         self.stop_request: tuple[float, str] | None = None  # (grace, reason)
         self.stop_reason: str | None = None
@@ -86,7 +94,7 @@ class Supervisor:
         self.log = None
         self.log_problem: str | None = None  # e.g. "disk full on <run dir>": console.log has gaps
         self.log_lost = 0  # bytes of output console.log could not take since the last write
-        self.state: dict = {}
+        self.state = SupervisorState()
         self.listening = False
         self.collect_req = threading.Event()  # ``c``: send the run folder, then exit
         self.released = threading.Event()  # ``c`` or EOF: nothing more to wait for
@@ -107,21 +115,21 @@ class Supervisor:
         os.makedirs(runs, mode=0o700, exist_ok=True)
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
-        old = read_json(os.path.join(self.run_dir, STATE_FILE))
-        if old.get("state") == "running" and pid_alive(
-            old.get("supervisor_pid"), old.get("supervisor_start")
-        ):
+        try:
+            old = read_state(os.path.join(self.run_dir, STATE_FILE)) or SupervisorState()
+        except RecordError:  # not a record of a running job: this job's replaces it
+            old = SupervisorState()
+        if old.state == "running" and pid_alive(old.supervisor_pid, old.supervisor_start):
             raise RuntimeError(
-                f"job {self.job_id} is already running here "
-                f"(supervisor pid {old.get('supervisor_pid')})"
+                f"job {self.job_id} is already running here (supervisor pid {old.supervisor_pid})"
             )
-        for rel, content in (self.spec.get("files") or {}).items():
+        for rel, content in self.spec.files.items():
             path = rel if os.path.isabs(rel) else os.path.join(self.run_dir, rel)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(content)
         # the work folder is seeded whole; cwd may be the script's folder inside it
-        seed_work_folder(self.spec.get("work") or self.spec.get("cwd"), self.spec.get("work_seed"))
+        seed_work_folder(self.spec.work or self.spec.cwd, self.spec.work_seed)
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
         self.port_claims = adopt_port_claims(self.job_id)
@@ -130,8 +138,8 @@ class Supervisor:
         env = dict(os.environ)
         for key in ("FLEET_SUPERVISOR",):
             env.pop(key, None)
-        env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
-        prepend = [os.path.expanduser(p) for p in self.spec.get("path_prepend") or []]
+        env.update(self.spec.env)
+        prepend = [os.path.expanduser(p) for p in self.spec.path_prepend]
         if prepend:
             env["PATH"] = os.pathsep.join([*prepend, env.get("PATH", "/usr/bin:/bin")])
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -142,10 +150,14 @@ class Supervisor:
         return env
 
     def start(self) -> None:
-        cwd = os.path.expanduser(self.spec.get("cwd") or self.run_dir)
+        cwd = os.path.expanduser(self.spec.cwd or self.run_dir)
+        if self.spec.container:  # before the subreaper: the guard must not end up under us
+            self.guard, self.guard_problem = start_guard(
+                self.spec.container, self.job_id, self.rank, self.run_dir, self.grace
+            )
         self.subreaper = become_subreaper()  # before the job: its orphans come back here
         self.proc = subprocess.Popen(
-            [str(a) for a in self.spec["argv"]],
+            list(self.spec.argv),
             cwd=cwd,
             env=self.child_env(),
             stdin=subprocess.DEVNULL,
@@ -157,26 +169,26 @@ class Supervisor:
         st = proc_stat(self.proc.pid)
         self.leader_start = st[3] if st else None
         me = proc_stat(os.getpid())
-        self.state = {
-            "protocol": PROTOCOL,
-            "job_id": self.job_id,
-            "node_rank": self.rank,
-            "run_dir": self.run_dir,
-            "cwd": cwd,
-            "argv": [str(a) for a in self.spec["argv"]],
-            "pid": self.proc.pid,
-            "pgid": self.proc.pid,
-            "leader_start": self.leader_start,
-            "supervisor_pid": os.getpid(),
-            "supervisor_start": me[3] if me else None,
-            "subreaper": self.subreaper,
-            "start_time": now(),
-            "detached": self.detach,
-            "deadman": None if self.detach else self.deadman,
-            "grace": self.grace,
-            "state": "running",
-        }
-        write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+        self.state = SupervisorState(
+            protocol=PROTOCOL,
+            job_id=self.job_id,
+            node_rank=self.rank,
+            run_dir=self.run_dir,
+            cwd=cwd,
+            argv=list(self.spec.argv),
+            pid=self.proc.pid,
+            pgid=self.proc.pid,
+            leader_start=self.leader_start,
+            supervisor_pid=os.getpid(),
+            supervisor_start=me[3] if me else None,
+            subreaper=self.subreaper,
+            start_time=now(),
+            detached=self.detach,
+            deadman=None if self.detach else self.deadman,
+            grace=self.grace,
+            state="running",
+        )
+        write_json(os.path.join(self.run_dir, STATE_FILE), self.state.to_dict())
 
     # -- threads ------------------------------------------------------------------------
     def pump(self) -> None:
@@ -229,7 +241,7 @@ class Supervisor:
         """Each local rank's own output files (torchrun ``--redirects``), line by line, as
         ``[rank G] line``: whole lines per rank in the stream and console.log, whatever mix of
         partial writes the ranks make. A partial line waits for its end (or the job's end)."""
-        cfg = self.spec.get("rank_logs") or {}
+        cfg = self.spec.rank_logs or {}
         root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
         base = int(cfg.get("base") or 0)
         while True:
@@ -247,7 +259,7 @@ class Supervisor:
         with self.tail_lock:
             st = self.rank_files.get(path)
             if st is None and path == self.echo_path and os.path.exists(path):
-                base = int((self.spec.get("rank_logs") or {}).get("base") or 0)
+                base = int((self.spec.rank_logs or {}).get("base") or 0)
                 st = self.rank_files[path] = [0, b"", b"[rank %d] " % base]
             if st is not None:
                 self._tail_one(path, st, final=final)
@@ -287,13 +299,13 @@ class Supervisor:
             return
         try:
             if self.log_lost:
-                _write_all(self.log, _gap_note(self.log_lost, self.log_problem))
+                write_all(self.log, gap_note(self.log_lost, self.log_problem))
                 self.log_lost = 0
-            _write_all(self.log, data)
+            write_all(self.log, data)
         except OSError as e:
             self.log_lost += len(data)
             if self.log_problem is None:
-                self.log_problem = _write_problem(e, self.run_dir)
+                self.log_problem = write_problem(e, self.run_dir)
                 self.out.frame(
                     "E",
                     f"{self.log_problem}: console.log on the node misses output from here "
@@ -308,7 +320,7 @@ class Supervisor:
         Often at first, then every few seconds: ranks start once, restarts are rare (a rank
         that ends within a fraction of a second may go unseen: its pid stays unknown)."""
         assert self.proc is not None
-        if self.spec.get("one_process"):  # no launcher between: our child is local rank 0
+        if self.spec.one_process:  # no launcher between: our child is local rank 0
             self.rank_pids = {"0": [self.proc.pid]}
             write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
             return
@@ -359,7 +371,8 @@ class Supervisor:
                     continue
                 next_scan = age + (0.2 if age < 10 else 1.0 if age < 60 else 5.0)
                 changed = False
-                for local, pid in rank_processes(self.proc.pid):
+                root = self.rank_root()
+                for local, pid in rank_processes(root) if root is not None else ():
                     pids = self.rank_pids.setdefault(str(local), [])
                     if pid not in pids:
                         pids.append(pid)
@@ -371,6 +384,18 @@ class Supervisor:
             for fd in pidfds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def rank_root(self) -> int | None:
+        """Where the ranks are: under the launcher, or (``--image``) under the container's
+        main process, a host pid whose parent is the runtime's conmon, not the supervisor
+        (None until it runs: the runtime's client carries the job's env, no rank's pid)."""
+        assert self.proc is not None
+        cfg = self.spec.container
+        if not cfg or not cfg.get("pid"):
+            return self.proc.pid
+        if self.container_pid is None:
+            self.container_pid = main_pid(cfg)
+        return self.container_pid
 
     def heartbeats(self, done: threading.Event) -> None:
         """``H`` every heartbeat; ``P`` when the job touched its progress file since the last
@@ -397,7 +422,7 @@ class Supervisor:
             except OSError:
                 data = b""
             if not data:
-                if not self.spec.get("reattach"):
+                if not self.spec.reattach:
                     self.request_stop(self.grace, "controller connection closed (dead-man switch)")
                 # else the controller may come back over a new connection (``reattach``): the
                 # job runs on while its heartbeats come, and the dead-man window stays the bound
@@ -410,7 +435,7 @@ class Supervisor:
         """Seconds since the controller was last heard: on this channel, or through a
         ``reattach`` over a new connection (the heartbeat file)."""
         quiet = time.monotonic() - self.last_hb
-        if quiet > self.deadman and self.spec.get("reattach"):
+        if quiet > self.deadman and self.spec.reattach:
             with contextlib.suppress(OSError):
                 age = time.time() - os.stat(os.path.join(self.run_dir, HEARTBEAT_FILE)).st_mtime
                 quiet = min(quiet, max(0.0, age))
@@ -441,7 +466,7 @@ class Supervisor:
         pump.start()
         ranks_done = threading.Event()
         tailer = None
-        cfg = self.spec.get("rank_logs") or {}
+        cfg = self.spec.rank_logs or {}
         if cfg.get("echo") is not None:
             root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
             self.echo_path = os.path.join(root, str(cfg["echo"]))
@@ -509,21 +534,14 @@ class Supervisor:
             ranks_done.set()
             tailer.join(10.0)
         done.set()
-        self.state.update(
-            {
-                "state": "stopped" if self.stop_reason else "exited",
-                "exit_code": code if code >= 0 else None,
-                "signal": -code if code < 0 else None,
-                "end_time": now(),
-                "stop_reason": self.stop_reason,
-                "remaining": left["remaining"],
-                "dropped_frames": self.out.dropped,
-                "problem": self.log_problem,
-                "exit_report": self.exit_report(),
-            }
-        )
+        st = self.state
+        st.state = "stopped" if self.stop_reason else "exited"
+        st.exit_code, st.signal = (code, None) if code >= 0 else (None, -code)
+        st.end_time, st.stop_reason, st.remaining = now(), self.stop_reason, left["remaining"]
+        st.dropped_frames, st.problem = self.out.dropped, self.log_problem
+        st.exit_report = self.exit_report()
         with contextlib.suppress(OSError):
-            write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+            write_json(os.path.join(self.run_dir, STATE_FILE), st.to_dict())
         if self.log is not None:
             with contextlib.suppress(OSError):
                 self.log.close()
@@ -532,13 +550,17 @@ class Supervisor:
     def end_containers(self) -> None:
         """``--image``: every container labelled with the job stopped, removed, listed again;
         what is still there (or could not be listed) is said, never hidden."""
-        cfg = self.spec.get("container")
+        cfg = self.spec.container
         if not cfg:
             return
         ended = end_containers(cfg, self.grace)
-        self.state["containers"] = ended
+        self.state.containers = ended
         if ended["problem"]:
             self.out.frame("E", f"containers of the job: {ended['problem']}".encode(), must=True)
+        if self.guard is not None:  # verified: the guard may go; else it tries the end too
+            self.guard.release(ended["problem"] is None)
+        if self.guard_problem:
+            self.out.frame("E", self.guard_problem.encode(), must=True)
 
     def exit_report(self) -> dict | None:
         """What the ``X`` frame says after the code: the after-exit scan, when the launcher
@@ -564,36 +586,6 @@ class Supervisor:
             reap=self.proc,
             root=os.getpid() if self.subreaper else None,
         )
-
-
-def _write_all(f, data: bytes) -> None:
-    """All of ``data`` to an unbuffered file (a raw write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        n = f.write(view)
-        if not n:
-            raise OSError(errno.ENOSPC, "no space left on device")
-        view = view[n:]
-
-
-def _write_problem(e: OSError, run_dir: str) -> str:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"disk full on {run_dir}"
-    return f"cannot write console.log in {run_dir}: {e.strerror or e}"
-
-
-def _gap_note(lost: int, problem: str | None) -> bytes:
-    return (
-        f"\n[fleetctl supervisor] {lost} bytes of output are missing here ({problem}); "
-        "fleetctl's streamed copy has them\n"
-    ).encode()
-
-
-def pid_alive(pid: object, start: object) -> bool:
-    if not isinstance(pid, int):
-        return False
-    st = proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X") and (start is None or st[3] == start)
 
 
 def ignore_signal(signum: int, frame: object) -> None:

@@ -30,8 +30,8 @@ Other modes, each one remote command answering in the same framing (``D <json>``
 ``stop-request.json`` before a stop from another terminal), ``clean [--job-id J] --workdir W``
 (leftover processes and temp files, for tests), ``follow --run-dir D --follow 0|1 --last N``
 (``L`` lines of console.log), ``pack --run-dir D`` (a ``T`` frame, then a tar of the run
-folder: regular files and folders only). This file holds the one /proc/PID/stat parser
-(:func:`proc_stat`), imported by the controller too.
+folder: regular files and folders only). The spec and ``supervisor.json`` are typed records
+(``records.py``); /proc is read by ``procfs.py``.
 """
 
 from __future__ import annotations
@@ -44,20 +44,24 @@ import signal
 import sys
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .framing import line
     from .jobprocs import find_job_processes, release_port_claims, stop_processes
     from .modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
     from .output import Out
     from .pack import cmd_pack, pack_dir
     from .procfs import proc_start_time, proc_stat
+    from .records import SupervisorSpec
     from .spec import read_spec
     from .supervision import Supervisor, ignore_signal
     from .wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
 except ImportError:
+    from framing import line
     from jobprocs import find_job_processes, release_port_claims, stop_processes
     from modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
     from output import Out
     from pack import cmd_pack, pack_dir
     from procfs import proc_start_time, proc_stat
+    from records import SupervisorSpec
     from spec import read_spec
     from supervision import Supervisor, ignore_signal
     from wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
@@ -91,7 +95,7 @@ def cmd_run() -> int:
         out.frame("X", b"127", must=True)
         out.close(2.0)
         return 2
-    if spec.get("detach"):
+    if spec.detach:
         return _run_detached(spec, out)
     sup = Supervisor(spec, out, 0, early)
     signal.signal(
@@ -118,7 +122,7 @@ def cmd_run() -> int:
     if released and sup.collect_req.is_set():
         with contextlib.suppress(OSError):
             os.write(out_fd, TAR_MARKER)
-            pack_dir(sup.run_dir, out_fd, sup.spec.get("collect"))
+            pack_dir(sup.run_dir, out_fd, sup.spec.collect)
     return 0
 
 
@@ -144,17 +148,19 @@ def _start_and_supervise_job(sup: Supervisor) -> int:
                 sup.log.write(f"[fleetctl supervisor] {msg}\n".encode())
                 sup.log.close()
         return 127
-    sup.out.frame(
-        "S",
-        json.dumps(
-            {k: sup.state[k] for k in ("pid", "pgid", "supervisor_pid", "start_time", "run_dir")}
-        ).encode(),
-        must=True,
-    )
+    st = sup.state
+    said = {
+        "pid": st.pid,
+        "pgid": st.pgid,
+        "supervisor_pid": st.supervisor_pid,
+        "start_time": st.start_time,
+        "run_dir": st.run_dir,
+    }
+    sup.out.frame("S", json.dumps(said).encode(), must=True)
     return sup.supervise()
 
 
-def _run_detached(spec: dict, out: Out) -> int:
+def _run_detached(spec: SupervisorSpec, out: Out) -> int:
     """Double-fork: the job keeps running under a supervisor that outlives the SSH channel."""
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -173,9 +179,9 @@ def _run_detached(spec: dict, out: Out) -> int:
         try:
             sup.prepare()
             sup.start()
-            os.write(wfd, ("S " + json.dumps(sup.state) + "\n").encode())
+            os.write(wfd, line("S", json.dumps(sup.state.to_dict()).encode()))
         except Exception as e:
-            os.write(wfd, f"F cannot start job on this node: {e}\n".encode())
+            os.write(wfd, line("F", f"cannot start job on this node: {e}".encode()))
             os._exit(1)
         os.close(wfd)
         try:
@@ -191,8 +197,8 @@ def _run_detached(spec: dict, out: Out) -> int:
         if not chunk:
             break
         data += chunk
-    line = data.strip() or b"F detached supervisor died before starting the job"
-    kind, _, payload = line.partition(b" ")
+    said = data.strip() or b"F detached supervisor died before starting the job"
+    kind, _, payload = said.partition(b" ")
     out.frame(kind.decode(), payload, must=True)
     if kind == b"S":
         out.frame("Q", must=True)

@@ -166,10 +166,18 @@ def load(path: str | None, label: str) -> paramiko.SSHConfig:
         raise SSHConfigError(label, path, str(e) or type(e).__name__) from e
 
 
+def _read(path: str) -> str:
+    """The file's text through the bounded user-file reader: a regular file of at most 32 MiB
+    (a FIFO would hang the read, ``/dev/zero`` eat memory); ``ValueError`` naming why not."""
+    from fleetctl.plan.userinput import read_user_file
+
+    return read_user_file(path, "the file", ValueError).decode("utf-8")
+
+
 def _parse(path: str) -> paramiko.SSHConfig:
     import paramiko
 
-    return paramiko.SSHConfig.from_path(path)
+    return paramiko.SSHConfig.from_text(_read(path))
 
 
 _CONFIGS: FileCache[paramiko.SSHConfig] = FileCache(_parse)
@@ -199,9 +207,8 @@ def config_for(node: Node, settings: SSHSettings) -> paramiko.SSHConfig:
     text = ""
     if path is not None:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
+            text = _read(path)
+        except ValueError as e:  # UnicodeDecodeError is one
             raise SSHConfigError(node.label, path, str(e)) from e
     # the inventory's block first: paramiko, like ssh, takes the first value of each option
     first = f"Host {node.address}\n  ProxyJump {node.proxy_jump}\n"

@@ -5,6 +5,8 @@ process is left on any host."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -58,6 +60,50 @@ def test_collective_names_the_throttled_host(make_lab) -> None:
     ((host, why),) = report.failures
     assert host == slow and "slow node (recv side)" in why
     assert report.nodes[slow]["recv"] < 0.01  # GB/s: 50 Mbit/s is 0.00625
+    _no_rank_left(lab)
+
+
+def _collective_pid(lab: Lab, host: str, within: float) -> int:
+    """The pid of the collective program on ``host`` once it is loading torch (it said its
+    pid before: the controller knows whom to SIGABRT)."""
+    cmd = (
+        "for f in $(grep -l '[f]leetctl-collective' /proc/[0-9]*/cmdline 2>/dev/null); do "
+        'd=${f%/cmdline}; grep -q libtorch "$d/maps" 2>/dev/null && echo "${d#/proc/}"; '
+        "done; true"
+    )
+    until = time.monotonic() + within
+    while time.monotonic() < until:
+        found = lab.exec(host, ["sh", "-c", cmd]).stdout.split()
+        if found:
+            return int(found[0])
+    raise AssertionError(f"no collective program loading torch on {host} within {within} s")
+
+
+def test_a_hung_node_is_named_alone_with_its_stacks(make_lab) -> None:
+    """Item 2 of issue 29: node3's program stopped (SIGSTOP: not even its own watchdog can
+    speak) is named hung — alone, though its peers' collectives stall on it and time out too —
+    with every thread's stack (SIGABRT to its faulthandler); nothing is left behind."""
+    lab = make_lab(3, networks=2)
+    stuck = lab.hosts[2].name
+    nodes = load_inventory(lab.inventory_path).nodes
+    facts = {h.name: NodeFacts(train_addr=h.data_addr, nic=h.data_nic) for h in lab.hosts}
+    opts = CollectiveOptions(size=2 * MiB, timeout=8.0)
+    got: list[CollectiveReport] = []
+    with Fleet(nodes, SSHSettings(connect_timeout=5)) as fleet:
+        bench = threading.Thread(
+            target=lambda: got.append(run_collective(fleet, nodes, facts, opts)), daemon=True
+        )
+        bench.start()
+        pid = _collective_pid(lab, stuck, within=30.0)
+        lab.exec(stuck, ["kill", "-STOP", str(pid)])
+        bench.join(90.0)
+    assert got, "the benchmark did not return in time"
+    (report,) = got
+    assert list(report.hung) == [stuck], report.failures
+    assert report.failed_hosts == [stuck], report.failures
+    stacks = report.hung[stuck]
+    assert "Fatal Python error: Aborted" in stacks and "Thread 0x" in stacks, stacks
+    assert "most recent call first" in stacks, stacks
     _no_rank_left(lab)
 
 

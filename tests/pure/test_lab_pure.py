@@ -104,7 +104,7 @@ def test_plan_names_fit_ifnamsiz_and_nics_differ() -> None:
 
 def test_generated_sshd_and_client_configs_are_strict() -> None:
     lab = _planned()
-    cfg = lab._sshd_config(lab.hosts[0])
+    cfg = lab.files.sshd_config(lab.hosts[0])
     for line in (
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
@@ -118,7 +118,7 @@ def test_generated_sshd_and_client_configs_are_strict() -> None:
     ):
         assert line in cfg.splitlines()
     assert "AcceptEnv" not in cfg
-    client = lab._ssh_client_config()
+    client = lab.files.ssh_client_config()
     assert "StrictHostKeyChecking yes" in client
     assert "StrictHostKeyChecking no" not in client + cfg
     assert "UserKnownHostsFile /var/tmp/fleetctl-lab/flab/known_hosts" in client
@@ -126,13 +126,13 @@ def test_generated_sshd_and_client_configs_are_strict() -> None:
 
 def test_inventory_is_ansible_shaped() -> None:
     lab = _planned()
-    inv = yaml.safe_load(lab._inventory())
+    inv = yaml.safe_load(lab.files.inventory())
     hosts = inv["all"]["children"]["nodes"]["hosts"]
     assert hosts["node3"]["fleetctl_nic"] == "ib0"
     assert hosts["node1"]["fleetctl_gpus"] == 2
     assert hosts["node1"]["ansible_python_interpreter"] == "/opt/py/bin/python3.11"
     assert "-o StrictHostKeyChecking=yes" in hosts["node2"]["ansible_ssh_common_args"]
-    no_gpu = yaml.safe_load(_planned(gpus=0)._inventory())
+    no_gpu = yaml.safe_load(_planned(gpus=0).files.inventory())
     assert "fleetctl_gpus" not in no_gpu["all"]["children"]["nodes"]["hosts"]["node1"]
 
 

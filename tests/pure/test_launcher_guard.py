@@ -116,7 +116,10 @@ RANK_TREES = {
     ),
     "deepspeed": (
         [("deepspeed/20260101_rank2.log", 2), ("deepspeed/20260101_rank3.log", 3)],
-        ["deepspeed/a_rank2.txt", "deepspeed/a_rankx.log", "deepspeed/sub/a_rank2.log"],
+        [
+            *["deepspeed/a_rank2.txt", "deepspeed/a_rankx.log", "deepspeed/sub/a_rank2.log"],
+            *["deepspeed/_rank2.log", "deepspeed/_rank3.log"],  # no time stamp: not deepspeed's
+        ],
     ),
 }
 
@@ -199,7 +202,7 @@ def test_the_node_spec_carries_the_launchers_rules(
         env={"FLEET_LAUNCHER": launcher, "FLEET_NPROC_PER_NODE": "2"},
     )
     spec = node_spec(np, Conn(), job_id="j", deadman=10, grace=1)  # type: ignore[arg-type]
-    assert bool(spec.get("one_process")) is one_process
-    assert ("rank_logs" in spec) is rank_logs
-    if rank_logs:
-        assert spec["rank_logs"]["base"] == 2 and spec["rank_logs"]["files"]
+    assert spec.one_process is one_process
+    assert (spec.rank_logs is not None) is rank_logs
+    if spec.rank_logs is not None:
+        assert spec.rank_logs["base"] == 2 and spec.rank_logs["files"]

@@ -10,6 +10,7 @@ import pytest
 
 from fleetctl.errors import UsageError
 from fleetctl.job.handle import JobHandle
+from fleetctl.job.jobrecord import JobRecord
 from fleetctl.job.records import (
     describe_failure,
     latest_attempt,
@@ -37,7 +38,7 @@ def _job(runs: Path, job_id: str, **kw) -> RunFolder:
         "folder": str(folder.path),
     }
     data.update(kw)
-    folder.write_job(data)
+    folder.write_job(JobRecord.from_dict(data))
     return folder
 
 
@@ -137,7 +138,7 @@ def test_stop_keeps_the_final_record_an_attached_run_wrote_meanwhile(tmp_path: P
     final = json.loads((folder.path / "job.json").read_text())
     final.update(status="interrupted", ended="2026-01-01T00:02:00.000Z")
     final["nodes"][0]["state"] = "stopped"
-    folder.write_job(final)  # the attached run ends first
+    folder.write_job(JobRecord.from_dict(final))  # the attached run ends first
     report = TeardownReport([NodeStop("a", 0, found=[42])], grace=1.0)
     h.mark_stopped(report, [])
     job = json.loads((folder.path / "job.json").read_text())

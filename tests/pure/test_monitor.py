@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.job.handle import JobHandle
+from fleetctl.job.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.monitor import monitor_job
 from fleetctl.job.monitor_decide import MONITOR_REASON, WatchState, decide
 from fleetctl.job.monitor_process import identity, monitor_alive, monitor_status, stop_monitor
@@ -47,7 +48,7 @@ def test_the_node_that_ended_badly_first_is_the_first_failure() -> None:
     assert d is not None and d.action == "fail"
     assert (d.rank, d.host, d.state, d.exit_code, d.signal) == (2, "n2", "failed", 1, None)
     ff = d.first_failure()
-    assert ff is not None and ff["rank"] == 2 and ff["time"] == "2026-01-01T00:00:02.000Z"
+    assert ff is not None and ff.rank == 2 and ff.time == "2026-01-01T00:00:02.000Z"
     d, _ = decide([running(0), exited(1, None, T0 + 2.4, sig=9)], WatchState(), T0 + 3,
                   lost_timeout=60)  # fmt: skip
     assert d is not None and (d.rank, d.signal, d.exit_code) == (1, 9, None)
@@ -155,7 +156,7 @@ def _detached_job(runs: Path, job_id: str, n: int = 3, **kw: object) -> RunFolde
         "nodes": nodes,
         **kw,
     }
-    folder.write_job(job)
+    folder.write_job(JobRecord.from_dict(job))
     write_connect(folder.path, [Node(f"n{r}", f"10.0.0.{r + 1}") for r in range(n)])
     return folder
 
@@ -171,7 +172,7 @@ def test_stop_monitor_signals_only_the_verified_process_and_waits_for_it(
         mon = {**identity(sleeper.pid), "phase": "chasing", "log": "/r/monitor.log"}
         folder = _detached_job(tmp_path, "j1", monitor=mon)
         job = folder.load_job()
-        job["status"] = "failed"
+        job.status = "failed"
         folder.write_job(job)
         assert monitor_status(folder.load_job())["alive"] is True  # type: ignore[index]
         with pytest.raises(SystemExit):
@@ -180,10 +181,11 @@ def test_stop_monitor_signals_only_the_verified_process_and_waits_for_it(
         assert f"  monitor: pid {sleeper.pid} chasing (log /r/monitor.log)" in out.splitlines()
         # A recorded start time that does not match: never signalled, whatever the pid.
         job = folder.load_job()
-        job["monitor"]["start_time"] += 1
+        assert job.monitor is not None
+        job.monitor["start_time"] += 1
         folder.write_job(job)
         assert stop_monitor(folder, wait=1) is None and sleeper.poll() is None
-        job["monitor"]["start_time"] -= 1
+        job.monitor["start_time"] -= 1
         folder.write_job(job)
         assert stop_monitor(folder, wait=10) == f"monitor pid {sleeper.pid} exited"
         assert sleeper.wait(5) == -15  # SIGTERM
@@ -209,7 +211,7 @@ def test_a_second_monitor_is_refused_while_one_is_alive(tmp_path: Path) -> None:
         sleeper.wait(5)
     ended = _detached_job(tmp_path, "j3")
     job = ended.load_job()
-    job["status"] = "stopped"
+    job.status = "stopped"
     ended.write_job(job)
     with pytest.raises(Exception, match=r"already ended \(stopped\)"):
         monitor_job(tmp_path, "j3", deadline=0.0)
@@ -243,20 +245,21 @@ def test_a_failure_found_by_the_monitor_makes_a_failed_job_with_stopped_peers(
     ff = {"rank": 1, "host": "n1", "state": "failed", "exit_code": 1, "signal": None,
           "reason": None, "time": "2026-01-01T00:00:02.000Z", "found_by": "monitor"}  # fmt: skip
     report = TeardownReport([NodeStop(f"n{r}", r, found=[1]) for r in range(3)], grace=2.0)
-    assert h.mark_ended("failed", report, results, failed_first=ff) is True
+    assert h.mark_ended("failed", report, results, failed_first=FailureRecord.from_dict(ff))
     job = folder.load_job()
-    assert job["status"] == "failed" and job["teardown"]["verified"] is True
-    assert job["first_failure"]["rank"] == 1 and job["first_failure"]["after"] == 2.0
-    assert job["first_failure"]["address"] == "10.0.0.2"
-    assert [(n["state"], n["exit_code"]) for n in job["nodes"]] == [
+    assert job.status == "failed" and job.teardown and job.teardown["verified"] is True
+    assert job.first_failure and job.first_failure.rank == 1 and job.first_failure.after == 2.0
+    assert job.first_failure.address == "10.0.0.2"
+    assert job.first_failure.extra == {"found_by": "monitor"}
+    assert [(n.state, n.exit_code) for n in job.nodes] == [
         ("stopped", None),
         ("failed", 1),
         ("failed", 1),
     ]
-    assert job["nodes"][0]["reason"] == why
+    assert job.nodes[0].reason == why
     # A second verdict (a stop racing with it) never rewrites the final record.
     assert h.mark_ended("succeeded", report, results) is False
-    assert folder.load_job()["status"] == "failed"
+    assert folder.load_job().status == "failed"
 
 
 def test_a_lost_node_that_cannot_be_verified_stays_lost(tmp_path: Path) -> None:
@@ -273,12 +276,12 @@ def test_a_lost_node_that_cannot_be_verified_stays_lost(tmp_path: Path) -> None:
     )
     ff = {"rank": 1, "host": "n1", "state": "lost", "reason": "unreachable for 61s",
           "time": "2026-01-01T00:00:09.000Z"}  # fmt: skip
-    h.mark_ended("failed", report, results, failed_first=ff)
+    h.mark_ended("failed", report, results, failed_first=FailureRecord.from_dict(ff))
     job = folder.load_job()
-    assert job["status"] == "failed" and job["teardown"]["verified"] is False
-    assert [n["state"] for n in job["nodes"]] == ["stopped", "lost"]
-    assert job["nodes"][1]["reason"] == "unreachable for 61s"
-    assert job["first_failure"]["state"] == "lost"
+    assert job.status == "failed" and job.teardown and job.teardown["verified"] is False
+    assert [n.state for n in job.nodes] == ["stopped", "lost"]
+    assert job.nodes[1].reason == "unreachable for 61s"
+    assert job.first_failure and job.first_failure.state == "lost"
 
 
 def test_collect_after_a_monitor_died_mid_teardown_still_says_failed(tmp_path: Path) -> None:
@@ -294,7 +297,7 @@ def test_collect_after_a_monitor_died_mid_teardown_still_says_failed(tmp_path: P
     with folder.locked():
         h._finalise(results)
     job = folder.load_job()
-    assert job["status"] == "failed" and job["first_failure"]["rank"] == 1
+    assert job.status == "failed" and job.first_failure and job.first_failure.rank == 1
 
 
 def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.job.jobrecord import JobRecord
 from fleetctl.job.runfolder import RunFolder, RunFolderError, iso, list_runs, load_run
 
 
@@ -43,10 +44,10 @@ def test_two_runs_starting_together_both_get_their_folder(
 def test_job_plan_and_events_are_written_and_read_back(tmp_path: Path) -> None:
     f = RunFolder.create(tmp_path, "j1")
     f.write_plan({"job_id": "j1", "nodes": []})
-    f.write_job({"job_id": "j1", "status": "running"})
-    f.write_job({"job_id": "j1", "status": "failed"})
+    f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "running"}))
+    f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "failed"}))
     f.event("exit [1 node2] exit code 1\nsecond line", ts=0.5)
-    assert f.load_job()["status"] == "failed" and f.load_plan()["job_id"] == "j1"
+    assert f.load_job().status == "failed" and f.load_plan()["job_id"] == "j1"
     assert (f.path / "events.log").read_text() == (
         "1970-01-01T00:00:00.500Z exit [1 node2] exit code 1 second line\n"
     )
@@ -60,11 +61,13 @@ def test_runs_are_listed_oldest_first_and_found_by_unique_prefix(tmp_path: Path)
         ("20260102-000000-bbbbbb", "failed"),
         ("20260101-000000-aaaaaa", "succeeded"),
     ):
-        RunFolder.create(tmp_path, job_id).write_job({"job_id": job_id, "status": status})
+        RunFolder.create(tmp_path, job_id).write_job(
+            JobRecord.from_dict({"job_id": job_id, "status": status})
+        )
     (tmp_path / "not-a-run").mkdir()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "job.json").write_text("{")
-    assert [r["status"] for r in list_runs(tmp_path)] == ["succeeded", "failed"]
+    assert [r.status for r in list_runs(tmp_path)] == ["succeeded", "failed"]
     assert load_run(tmp_path, "20260102").job_id == "20260102-000000-bbbbbb"
     with pytest.raises(RunFolderError, match="ambiguous"):
         load_run(tmp_path, "2026")
@@ -117,12 +120,12 @@ def test_a_job_id_that_is_not_an_id_is_refused_before_any_path_is_read(
 
 def test_one_broken_job_json_never_hides_the_other_runs(tmp_path: Path) -> None:
     good = RunFolder.create(tmp_path, "20260101-000000-aaaa")
-    good.write_job({"job_id": good.job_id, "status": "succeeded"})
+    good.write_job(JobRecord.from_dict({"job_id": good.job_id, "status": "succeeded"}))
     deep = RunFolder.create(tmp_path, "20260101-000001-bbbb")
     (deep.path / "job.json").write_text("[" * 100_000 + "]" * 100_000)
     bad = RunFolder.create(tmp_path, "20260101-000002-cccc")
     (bad.path / "job.json").write_text("{not json")
-    assert [j["job_id"] for j in list_runs(tmp_path)] == [good.job_id]
+    assert [j.job_id for j in list_runs(tmp_path)] == [good.job_id]
     with pytest.raises(RunFolderError, match="unreadable"):
         deep.load_job()
 
@@ -132,14 +135,14 @@ def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
 ) -> None:
     folder = RunFolder.create(tmp_path, "j")
     folder.write_plan({"job_id": "j"})
-    folder.write_job({"job_id": "j", "status": "running"})
+    folder.write_job(JobRecord.from_dict({"job_id": "j", "status": "running"}))
     folder.write_connect({"nodes": []})
     folder.write_attempts([{"attempt": 1}])
     folder.write_roles({"roles": []})
     folder.write_streamed_console(1, "node/2", ["a", "b"])
     with folder.editing_job() as job:
-        job["status"] = "failed"
-    assert folder.load_job()["status"] == "failed"
+        job.status = "failed"
+    assert folder.load_job().status == "failed"
     files = sorted(p.relative_to(folder.path).as_posix() for p in folder.path.rglob("*"))
     assert files == [
         "1-node_2",
@@ -158,8 +161,8 @@ def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
 
 def test_a_failed_edit_leaves_job_json_as_it_was(tmp_path: Path) -> None:
     folder = RunFolder.create(tmp_path, "j")
-    folder.write_job({"job_id": "j", "status": "running"})
+    folder.write_job(JobRecord.from_dict({"job_id": "j", "status": "running"}))
     with pytest.raises(KeyError), folder.editing_job() as job:
-        job["status"] = "failed"
+        job.status = "failed"
         raise KeyError("boom")
-    assert folder.load_job()["status"] == "running"
+    assert folder.load_job().status == "running"

@@ -16,8 +16,9 @@ import pytest
 
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
-from fleetctl.phases.check_containers import mismatches, parse, script
-from fleetctl.plan.rankplan import JobSpec, NodePlan, make_plan
+from fleetctl.phases.check_containers import mismatches, parse, script, uses_gpus, wanted
+from fleetctl.plan.rankplan import JobSpec, NodeFacts, NodePlan, make_plan
+from fleetctl.plan.roles.jobfile import parse_job_file
 from fleetctl.plan.runtimes import ORDER, ContainerSpec, runtime
 from fleetctl.plan.runtimes.base import grace_seconds
 from fleetctl.testing.cli_runner import run_cli
@@ -41,9 +42,10 @@ def test_golden_argv(path: Path) -> None:
         "run": rt.run_argv(spec, case["argv"]),
         "probe": rt.probe_argv(spec.image),
         "image_id": rt.image_id_argv(spec.image),
-        "list": rt.list_argv(spec.job_id),
+        "list": rt.list_argv(spec.job_id, spec.node_rank),
         "stop": rt.stop_argv(case["ids"], case["grace"]),
         "remove": rt.remove_argv(case["ids"]),
+        "pid": rt.pid_argv(spec.name),
     }
     assert got == case["expected"]
 
@@ -153,3 +155,103 @@ def test_run_refuses_an_unknown_runtime_before_anything() -> None:
     assert r.stderr.strip().splitlines() == [
         "fleetctl: error: unknown container runtime 'lxc' (known: podman, docker, apptainer)"
     ]
+
+
+ROLE_JOB = (
+    "image: reg.example/train:a\ncontainer_runtime: docker\n"
+    "roles:\n  server: {command: python3 s.py, instances: 1}\n  worker: {script: w.py}\n"
+)
+
+
+def _role_dry_run(tmp_path: Path, text: str, *extra: str) -> list[dict]:
+    """The containers of a role job's dry-run plan, node by node."""
+    (tmp_path / "w.py").write_text("")
+    (tmp_path / "job.yml").write_text(text)
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[all]\nn1 ansible_host=10.0.0.1\nn2 ansible_host=10.0.0.2\n")
+    r = run_cli(
+        "run", "-i", str(inv), "--job", "job.yml", "--dry-run", "--json", "--full", *extra,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    return [n.get("container") for n in json.loads(r.stdout)["nodes"]]
+
+
+def test_a_role_job_runs_in_its_job_files_image(tmp_path: Path) -> None:
+    """``image:`` and ``container_runtime:`` of the job file: every role's nodes in it."""
+    want = {"image": "reg.example/train:a", "runtime": "docker", "gpus": False}
+    assert _role_dry_run(tmp_path, ROLE_JOB) == [want, want]
+
+
+def test_the_command_line_wins_over_the_job_files_image(tmp_path: Path) -> None:
+    got = _role_dry_run(tmp_path, ROLE_JOB, "--image", "mine:b", "--container-runtime", "podman")
+    assert got == [{"image": "mine:b", "runtime": "podman", "gpus": False}] * 2
+
+
+def test_a_role_job_without_an_image_runs_on_the_hosts(tmp_path: Path) -> None:
+    text = "roles:\n  server: {command: python3 s.py, instances: 1}\n  worker: {script: w.py}\n"
+    assert _role_dry_run(tmp_path, text) == [None, None]
+
+
+def test_an_unknown_runtime_in_the_job_file_is_named_with_its_line() -> None:
+    with pytest.raises(UsageError, match=r"^job.yml:2: unknown container runtime 'lxc' \(known: "):
+        parse_job_file("image: x\ncontainer_runtime: lxc\nroles:\n  w: {script: w.py}\n")
+
+
+@pytest.mark.parametrize(
+    ("gpu_ids", "facts", "backend", "want"),
+    [
+        ((), None, None, False),  # no GPU anywhere
+        (("0", "1"), None, None, True),  # the inventory lists GPUs (fleetctl_gpus)
+        ((), NodeFacts(gpu_count=8), None, True),  # the check found some
+        ((), NodeFacts(gpu_count=0), "nccl", False),
+        (("0",), None, "gloo", False),  # a gloo job needs no NCCL
+    ],
+)
+def test_nccl_is_looked_for_in_the_image_only_where_the_job_uses_gpus(
+    gpu_ids: tuple, facts: NodeFacts | None, backend: str | None, want: bool
+) -> None:
+    n = replace(
+        _node("n1", fleetctl_image="img:1", fleetctl_image_python="/opt/py/bin/python3"),
+        gpu_ids=gpu_ids,
+    )
+    assert uses_gpus(n, facts, backend) is want
+    got = wanted([n], None, None, {"n1": facts} if facts else None, backend)
+    assert got == {"n1": ("img:1", None, "/opt/py/bin/python3" if want else None)}
+
+
+@pytest.mark.parametrize(
+    ("nccl", "problem"),
+    [
+        ("nccl 0 /usr/lib/x86_64-linux-gnu/libnccl.so.2\n", None),
+        ("nccl 0 -\n", "image img:1 has no NCCL (no libnccl in it; the job uses GPUs)"),
+        (
+            "nccl 127 exec: python3: not found\n",
+            "cannot look for NCCL in image img:1 (python3): exec: python3: not found",
+        ),
+    ],
+)
+def test_what_a_node_says_about_nccl_in_its_image(nccl: str, problem: str | None) -> None:
+    got = parse("runtime podman\nimage sha256:aa\nprobe 0 \n" + nccl, "img:1", "python3")
+    assert (got.image_id, got.problem) == ("sha256:aa", problem)
+
+
+def test_the_nccl_probe_runs_in_the_image_after_the_start_probe(tmp_path: Path) -> None:
+    """The node's side with a fake podman: the NCCL probe is one more container of the image,
+    run by the image's python, only once a trivial container started."""
+    fake = tmp_path / "podman"
+    fake.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = image ] && { echo sha256:ff; exit 0; }\n'
+        'case "$*" in *" -c "*) echo "$7 $8"; echo -;; esac\n'
+        "exit 0\n"
+    )
+    fake.chmod(0o755)
+    out = subprocess.run(
+        ["sh", "-c", script("img:1", "podman", "/opt/py/bin/python3")],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        timeout=30,
+    )
+    assert out.stdout.splitlines() == ["runtime podman", "image sha256:ff", "probe 0 ", "nccl 0 -"]

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 from fleetctl import remote
 from fleetctl.plan.runtimes import runtime
+from fleetctl.testing.pytest_plugin import skip_or_fail
+from fleetctl.testing.wait import wait_for
 
 #: podman's ps/stop/rm over a JSON file of containers (id -> {"job", "state"}); ``stuck``
 #: containers survive rm, as one whose runtime cannot kill it.
@@ -124,3 +127,96 @@ def test_a_runtime_command_killed_by_a_concurrent_stop_is_tried_again(
     assert said == {"found": ["a1"], "remaining": [], "problem": None}
     assert left == {}
     assert log[:2] == ["ps -a -q --filter label=fleetctl.job=j1"] * 2
+
+
+# the supervisor's side of the guard, in a process of its own: start it, then either release
+# it (the end verified: ``release``) or die without a word (SIGKILL: ``die``)
+GUARD_CALL = (
+    "import json, os, sys; sys.path.insert(0, sys.argv[1]); import container_guard as g; "
+    "guard, why = g.start_guard(json.loads(sys.argv[2]), 'j1', 0, sys.argv[3], 1.5); "
+    "print(json.dumps({'pid': guard and guard.pid, 'why': why}), flush=True); "
+    "guard.release(True) if sys.argv[4] == 'release' else os.kill(os.getpid(), 9)"
+)
+
+
+def _guard(py38: str, tmp_path: Path, how: str) -> tuple[dict, Path, Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "podman"
+    fake.write_text(f"#!{py38}\n{FAKE}")
+    fake.chmod(0o755)
+    db = tmp_path / "containers.json"
+    db.write_text(json.dumps({"a1": {"job": "j1", "state": "running"}}))
+    pod = runtime("podman")
+    cfg = {"list": pod.list_argv("j1"), "stop": pod.stop_argv([], 1.5)}
+    cfg["remove"] = pod.remove_argv([])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_PODMAN_DB": str(db)}
+    out = subprocess.run(
+        [py38, "-c", GUARD_CALL, str(remote.HERE), json.dumps(cfg), str(run_dir), how],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    said = json.loads(out.stdout.splitlines()[0])
+    assert said["why"] is None and said["pid"], (said, out.stderr)
+    return said, db, run_dir
+
+
+def test_the_container_guard_ends_the_containers_when_its_supervisor_dies(
+    py38: str, tmp_path: Path
+) -> None:
+    said, db, run_dir = _guard(py38, tmp_path, "die")
+    record = wait_for(
+        lambda: (
+            (run_dir / "container-guard.json").is_file()
+            and json.loads((run_dir / "container-guard.json").read_text())
+        ),
+        30,
+        what="the guard's record",
+    )
+    assert record["containers"] == {"found": ["a1"], "remaining": [], "problem": None}
+    assert json.loads(db.read_text()) == {}
+    wait_for(lambda: not Path(f"/proc/{said['pid']}").exists(), 10, what="the guard gone")
+
+
+def test_a_released_container_guard_leaves_without_a_runtime_command(
+    py38: str, tmp_path: Path
+) -> None:
+    said, db, run_dir = _guard(py38, tmp_path, "release")
+    wait_for(lambda: not Path(f"/proc/{said['pid']}").exists(), 10, what="the guard gone")
+    assert not (run_dir / "container-guard.json").exists()
+    assert not Path(f"{db}.log").exists()  # not one podman command
+
+
+def test_the_image_nccl_probe_finds_pips_nccl_first(py38: str, tmp_path: Path) -> None:
+    """The probe as the image's python runs it: NCCL from a python package (pip's
+    ``nvidia/nccl/lib``) is found before the loader's cache is asked."""
+    lib = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnccl.so.2").write_bytes(b"")
+    out = subprocess.run(
+        [py38, "-c", remote.inline("image_nccl.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [str(lib / "libnccl.so.2")]
+
+
+def test_the_image_nccl_probe_finds_none_in_the_test_image() -> None:
+    """The probe in a container of the lab's test image (Debian's python3, no NCCL): ``-``,
+    which the check turns into "image … has no NCCL" on a node whose job uses GPUs."""
+    image = "fleetctl-test:py3"
+    if shutil.which("podman") is None:
+        skip_or_fail("podman is not installed (apt-get install podman runc)")
+    if subprocess.run(["podman", "image", "exists", image], timeout=60).returncode != 0:
+        skip_or_fail(f"{image} is not imported (tests/lab/test_containers.py builds it)")
+    argv = runtime("podman").exec_argv(image, ["python3", "-c", remote.inline("image_nccl.py")])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["-"]

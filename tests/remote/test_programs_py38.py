@@ -69,11 +69,15 @@ EXERCISED = {
     "atomic.py": ENTRY,
     "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
+    "container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_dies",
     "containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
     "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
+    "image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
+    "image_nccl.py": "test_the_image_nccl_probe_finds_pips_nccl_first",
     "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
     "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "framing.py": "test_python_3_8_writes_frames_as_json_would",
     "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
     "the_stop",
@@ -85,6 +89,7 @@ EXERCISED = {
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
     "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "spec.py": ENTRY,
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
@@ -887,7 +892,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
     """A rank that ended is a zombie until its launcher reaps it (deepspeed looks once a
     second): its exit status is still in /proc, which is how a failed rank is named."""
     code = (
-        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import ranks\n"
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import procfs, ranks\n"
         "kids = []\n"
         "for how in ('exit', 'kill'):\n"
         "    pid = os.fork()\n"
@@ -895,7 +900,8 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
         "        os._exit(3) if how == 'exit' else os.kill(os.getpid(), signal.SIGKILL)\n"
         "    kids.append(pid)\n"
         "time.sleep(0.5)\n"
-        "print([ranks.zombie_exit(p) for p in kids], ranks.zombie_exit(os.getpid()))\n"
+        "assert ranks.rank_processes(os.getpid()) == []\n"
+        "print([procfs.zombie_exit(p) for p in kids], procfs.zombie_exit(os.getpid()))\n"
     )
     out = subprocess.run(
         [py38, "-c", code, str(Path(remote.path("supervisor.py")).parent)],

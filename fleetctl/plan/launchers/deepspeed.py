@@ -75,14 +75,22 @@ def _hostfile(ctx: LaunchContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+RANK_LOG = r".+_rank([0-9]+)\.log"  # the node's rule and rank_files' alike
+
+
 def rank_logs(node_rank: int, nproc: int) -> dict[str, Any]:
     """``<dir>/<time>_rank<G>.log``: named by global rank (base 0)."""
-    return {"dir": LOG_DIR, "base": 0, "files": [r".+_rank([0-9]+)\.log"]}
+    return {"dir": LOG_DIR, "base": 0, "files": [RANK_LOG]}
 
 
 def rank_files(node_dir: Path, local: int, rank: int) -> list[Path]:
-    """Named by global rank; one per launch (sorted by its time stamp)."""
-    return sorted(node_dir.glob(f"{LOG_DIR}/*_rank{rank}.log"))
+    """Named by global rank; one per launch (sorted by its time stamp). The glob's ``*`` also
+    takes an empty stamp (a bare ``_rank2.log``): the node's rule decides, exactly."""
+    import re
+
+    rule = re.compile(RANK_LOG)
+    found = sorted(node_dir.glob(f"{LOG_DIR}/*_rank{rank}.log"))
+    return [p for p in found if (m := rule.fullmatch(p.name)) and int(m.group(1)) == rank]
 
 
 def validate(ctx: LaunchContext, addrs: Mapping[str, str]) -> None:

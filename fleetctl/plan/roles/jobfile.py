@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import UsageError
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
 from fleetctl.plan.rankplan import ENV_KEY_RE
+from fleetctl.plan.userinput import MAX_BACKOFF, MAX_COUNT, MAX_NPROC, MAX_RETRIES, MAX_SECONDS
 
 if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions
@@ -62,6 +63,8 @@ _JOB_KEYS = frozenset(
         "timeout",
         "stall_timeout",
         "collective",
+        "image",
+        "container_runtime",
     }
 )
 _COLLECTIVE_KEYS = frozenset({"size_mib", "min", "floor", "timeout"})
@@ -117,6 +120,8 @@ class JobFile:
     timeout: float | None = None  # like `run --timeout` (the command line wins)
     stall_timeout: float | None = None  # like `run --stall-timeout`
     collective: CollectiveOptions | None = None  # like `run --collective`
+    image: str | None = None  # like `run --image` (the command line wins)
+    container_runtime: str | None = None  # like `run --container-runtime`
 
     def role(self, name: str) -> RoleSpec:
         for r in self.roles:
@@ -276,7 +281,22 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
         timeout=_seconds(data, "timeout", at),
         stall_timeout=_seconds(data, "stall_timeout", at),
         collective=_collective(data, at),
+        image=_str(data, "image", at, default=None),
+        container_runtime=_runtime(data, at),
     )
+
+
+def _runtime(data: _Map, at: Any) -> str | None:
+    """The ``container_runtime:`` key: one of the runtimes fleetctl knows, or absent."""
+    from fleetctl.plan.runtimes import ORDER
+
+    name = _str(data, "container_runtime", at, default=None)
+    if name is not None and name not in ORDER:
+        raise UsageError(
+            f"{at(data, 'container_runtime')}: unknown container runtime {name!r} "
+            f"(known: {', '.join(ORDER)})"
+        )
+    return name
 
 
 def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
@@ -317,15 +337,20 @@ def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
     )
 
 
-def _seconds(data: _Map, key: str, at: Any) -> float | None:
-    """A duration key: a finite number of seconds >= 1, or absent."""
+def _seconds(
+    data: _Map, key: str, at: Any, *, low: float = 1.0, high: float = MAX_SECONDS
+) -> float | None:
+    """A duration key: a finite number of seconds in ``low..high`` (the command line's
+    bounds: ``--timeout``'s a year), or absent."""
     import math
 
     v = data.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
-        raise UsageError(f"{at(data, key)}: {key} must be a number of seconds >= 1")
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or not low <= v <= high:
+        bounds = f"{low:.10g}..{high:.10g}"
+        raise UsageError(f"{at(data, key)}: {key} must be a number of seconds {bounds}")
     return float(v)
 
 
@@ -342,7 +367,16 @@ def _str(m: _Map, key: str, at: Any, *, default: str | None) -> Any:
     return v.strip()
 
 
-def _int(m: _Map, key: str, at: Any, *, default: int | None, low: int, null_ok: bool) -> Any:
+def _int(
+    m: _Map,
+    key: str,
+    at: Any,
+    *,
+    default: int | None,
+    low: int,
+    null_ok: bool,
+    high: int = MAX_COUNT,
+) -> Any:
     if key not in m:
         return default
     v = m[key]
@@ -350,8 +384,8 @@ def _int(m: _Map, key: str, at: Any, *, default: int | None, low: int, null_ok: 
         if null_ok:
             return None
         raise UsageError(f"{at(m, key)}: {key} must be an integer")
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise UsageError(f"{at(m, key)}: {key} must be an integer >= {low}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise UsageError(f"{at(m, key)}: {key} must be an integer {low}..{high}, got {v!r}")
     return v
 
 
@@ -441,7 +475,9 @@ def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
         if v == "auto":
             nproc = "auto"
         else:
-            nproc = _int(m, "nproc_per_node", at, default=None, low=1, null_ok=False)
+            nproc = _int(
+                m, "nproc_per_node", at, default=None, low=1, null_ok=False, high=MAX_NPROC
+            )
     min_failed = _int(m, "min_failed", at, default=1, low=1, null_ok=True)
     min_succeeded = _int(m, "min_succeeded", at, default=None, low=1, null_ok=True)
     instances = _int(m, "instances", at, default=None, low=1, null_ok=False)
@@ -523,15 +559,12 @@ def _parse_retry(data: _Map, path: str, at: Any) -> RetrySpec:
         return tuple(str(x) for x in v)
 
     def number(key: str) -> float | None:
-        v = r.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise UsageError(f"{at(r, key)}: {key} must be a number of seconds >= 0")
-        return float(v)
+        return _seconds(r, key, at, low=0.0, high=MAX_BACKOFF)  # --retry-backoff's bounds
 
     return RetrySpec(
-        max_retries=_int(r, "max_retries", at, default=None, low=0, null_ok=False),
+        max_retries=_int(
+            r, "max_retries", at, default=None, low=0, null_ok=False, high=MAX_RETRIES
+        ),
         retry_on=rules("retry_on"),
         no_retry_on=rules("no_retry_on"),
         backoff=number("backoff"),

@@ -160,6 +160,8 @@ def _role_plans(
             backend=role.backend or job.backend or base.backend,
             created=base.created,
             work_id=base.work_id,
+            image=base.image,
+            container_runtime=base.container_runtime,
         )
         try:
             plan = make_plan([t.node for t in rtasks], spec, facts or None, code_digest=code_digest)
@@ -218,6 +220,8 @@ def _paddle_ps_plans(
         backend=job.backend or base.backend,
         created=base.created,
         work_id=base.work_id,
+        image=base.image,
+        container_runtime=base.container_runtime,
     )
     plan = make_plan([t.node for t in tasks], spec, facts or None, code_digest=code_digest)
     nodes = []

@@ -29,8 +29,8 @@ class Apptainer(Runtime):
             *argv,
         ]
 
-    def probe_argv(self, image: str) -> list[str]:
-        return [self.name, "exec", image, "true"]
+    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
+        return [self.name, "exec", image, *argv]
 
     def image_id_argv(self, image: str) -> list[str]:
         # a SIF image is one file: its content hash is its id

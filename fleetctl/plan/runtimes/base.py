@@ -59,16 +59,29 @@ class Runtime:
         """The launcher's ``argv`` run inside the container ``spec`` describes."""
         raise NotImplementedError
 
+    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` in a throwaway container of ``image`` (the check's probes)."""
+        raise NotImplementedError
+
     def probe_argv(self, image: str) -> list[str]:
         """A trivial container of ``image``: the runtime works on this node (the check)."""
-        raise NotImplementedError
+        return self.exec_argv(image, ["true"])
 
     def image_id_argv(self, image: str) -> list[str]:
         """Prints the image's id: compared across the nodes by the check."""
         raise NotImplementedError
 
-    def list_argv(self, job_id: str) -> list[str] | None:
-        """Prints the ids of every container of the job, running or not (None: no labels)."""
+    def list_argv(self, job_id: str, rank: int | None = None) -> list[str] | None:
+        """Prints the ids of every container of the job (of its node ``rank`` only, when
+        given), running or not (None: no labels). By rank, because nodes that share one
+        image store (the lab's hosts; any shared ``graphroot``) see each other's containers
+        and each node ends its own."""
+        return None
+
+    def pid_argv(self, name: str) -> list[str] | None:
+        """Prints the host pid of the container's main process (0 until it runs): the
+        supervisor finds the ranks under it, not under the runtime's client (None: the
+        container is the supervisor's own child)."""
         return None
 
     def stop_argv(self, ids: Sequence[str], grace: float) -> list[str] | None:

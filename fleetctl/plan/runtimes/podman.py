@@ -46,14 +46,18 @@ class Podman(Runtime):
             *argv,
         ]
 
-    def probe_argv(self, image: str) -> list[str]:
-        return [self.name, "run", "--rm", "--network", "host", image, "true"]
+    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
+        return [self.name, "run", "--rm", "--network", "host", image, *argv]
 
     def image_id_argv(self, image: str) -> list[str]:
         return [self.name, "image", "inspect", "--format", "{{.Id}}", image]
 
-    def list_argv(self, job_id: str) -> list[str] | None:
-        return [self.name, "ps", "-a", "-q", "--filter", f"label={LABEL_JOB}={job_id}"]
+    def list_argv(self, job_id: str, rank: int | None = None) -> list[str] | None:
+        by_rank = () if rank is None else ("--filter", f"label={LABEL_RANK}={rank}")
+        return [self.name, "ps", "-a", "-q", "--filter", f"label={LABEL_JOB}={job_id}", *by_rank]
+
+    def pid_argv(self, name: str) -> list[str] | None:
+        return [self.name, "inspect", "--format", "{{.State.Pid}}", name]
 
     def stop_argv(self, ids: Sequence[str], grace: float) -> list[str] | None:
         return [self.name, "stop", "--time", grace_seconds(grace), *ids]

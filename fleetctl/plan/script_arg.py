@@ -46,7 +46,7 @@ def resolve(
 ) -> Program:
     """SCRIPT ARGS (or ``-m MODULE ARGS``) as the plan takes them; UsageError (exit 2) for
     anything that could not run on any node, --launcher-arg values the plan would refuse too."""
-    from fleetctl.phases.codesync import default_code_dir
+    from fleetctl.phases.codesync import default_code_dir  # only where no code dir is given
     from fleetctl.plan.rankplan import check_launcher_args
 
     try:

@@ -1,0 +1,308 @@
+"""Coming back to a job by id: what ``fleetctl status``, ``logs``, ``stop``, ``collect``,
+``stacks`` and ``monitor`` do, as calls that return reports (``Job.status()`` and friends).
+
+Each works from the run folder alone (``JobHandle``: plan, connect.json, job.json) and reaches
+the nodes only when the job may still run there. Nothing prints: progress a command shows
+between steps comes through ``on_note`` (one line of text each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import threading
+
+    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.stacks import StackGroup
+    from fleetctl.job.supervisors import NodeReport
+    from fleetctl.phases.collect import CollectOptions, NodeCollect
+    from fleetctl.phases.stacks import StackReport
+    from fleetctl.phases.teardown import TeardownReport
+    from fleetctl.ssh.connection import SSHSettings
+
+Note = Callable[[str], None]
+
+
+@dataclass
+class StatusReport:
+    """``fleetctl status``: the job's record and every node's state (asked of the
+    supervisors while the job may run); ``to_dict()`` is ``--json``."""
+
+    job_id: str
+    status: str
+    detached: bool
+    live: bool
+    folder: str
+    attempt: int
+    nodes: list[NodeReport]
+    left_out: dict[str, str]
+    monitor: dict[str, Any] | None = None  # the detached job's monitor: pid, alive, phase, log
+    running_nodes: int | None = None  # live only
+    controller: dict[str, Any] | None = None  # live, attached: pid, host, alive
+    hint: str | None = None  # what to do next, one line
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "job_id": self.job_id,
+            "status": self.status,
+            "detached": self.detached,
+            "live": self.live,
+            "folder": self.folder,
+            "attempt": self.attempt,
+            "nodes": [s.to_dict() for s in self.nodes],
+            "left_out": self.left_out,
+        }
+        if self.live:
+            data["running_nodes"] = self.running_nodes
+            data["controller"] = self.controller
+        if self.hint is not None:
+            data["hint"] = self.hint
+        data["monitor"] = self.monitor
+        return data
+
+
+@dataclass
+class StopReport:
+    """``fleetctl stop``: the teardown (``verified``: nothing of the job left anywhere), what
+    was collected, the job's status after it, and what became of its monitor."""
+
+    job_id: str
+    teardown: TeardownReport
+    status: str
+    monitor: str | None = None  # "monitor pid N exited", None: no live monitor
+    collected: list[NodeCollect] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.teardown.verified)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "teardown": self.teardown.to_dict(),
+            "status": self.status,
+            "monitor": self.monitor,
+        }
+
+
+@dataclass
+class CollectReport:
+    """``fleetctl collect``: each node's collection and the job's status after it."""
+
+    job_id: str
+    status: str
+    collected: list[NodeCollect]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "collected": [c.to_dict() for c in self.collected],
+        }
+
+
+@dataclass
+class StacksReport:
+    """``fleetctl stacks``: every process's stack, folded by innermost frame (``groups``),
+    each node's dump, and the file in the run folder holding them all."""
+
+    job_id: str
+    groups: list[StackGroup]
+    report: StackReport
+    saved: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "stacks": [dataclasses.asdict(g) for g in self.groups],
+            "nodes": [n.to_dict() for n in self.report.nodes],
+            "saved": str(self.saved),
+        }
+
+
+def status(h: JobHandle) -> StatusReport:
+    from fleetctl.job.monitor_process import monitor_status
+
+    states = h.status()
+    report = StatusReport(
+        job_id=h.job_id,
+        status=h.job.status,
+        detached=h.job.detached,
+        live=h.live,
+        folder=str(h.folder.path),
+        attempt=h.job.attempt,
+        nodes=states,
+        left_out=dict(h.job.left_out or {}),
+    )
+    if h.live:
+        running = [s for s in states if s.state == "running" or s.processes]
+        report.running_nodes = len(running)
+        # an attached run whose controller died (SIGKILL, a reboot) never wrote its end
+        ctl = None if report.detached else h.controller()
+        report.controller = ctl
+        if ctl is not None and ctl["alive"] is False and running:
+            report.hint = (
+                f"its controller is gone; {len(running)} node(s) still run the job: "
+                f"`fleetctl stop {h.job_id}` ends it, `fleetctl collect {h.job_id}` "
+                "records how it ended"
+            )
+        elif ctl is not None and ctl["alive"] is False:
+            report.hint = (
+                "its controller is gone and no node runs the job (their dead-man switch "
+                f"stopped it): `fleetctl collect {h.job_id}` brings the logs home and "
+                "records how it ended"
+            )
+        elif not running:
+            report.hint = f"job ended on every node; `fleetctl collect {h.job_id}`"
+    report.monitor = monitor_status(h.job)
+    return report
+
+
+def collect_options(
+    h: JobHandle, max_bytes: int | None, exclude: Sequence[str] | None
+) -> CollectOptions:
+    """The run's cap and excludes (connect.json), each replaced where given."""
+    from fleetctl.phases.collect import CollectOptions
+
+    base = h.collect_options()
+    return CollectOptions(
+        max_bytes=base.max_bytes if max_bytes is None else max_bytes,
+        exclude=tuple(exclude) if exclude else base.exclude,
+    )
+
+
+def stop(
+    h: JobHandle,
+    grace: float,
+    *,
+    collect: bool = True,
+    options: CollectOptions | None = None,
+    on_note: Note | None = None,
+) -> StopReport:
+    """Its monitor asked to exit first (never two of us tearing down at once), then the
+    teardown and verification on every node, the logs collected, job.json says stopped."""
+    from fleetctl.job.monitor_process import stop_monitor
+
+    note = on_note or (lambda text: None)
+    said = stop_monitor(h.folder)
+    if said:
+        note(said)
+        with contextlib.suppress(OSError):
+            h.folder.event(f"stop: {said}")
+    note(f"stopping job {h.job_id} on {len(h.nodes)} node(s)")
+    options = options or h.collect_options()
+    report = h.stop(grace)
+    results = h.collect(stopped=True, options=options) if collect else []
+    h.mark_stopped(report, results)
+    return StopReport(h.job_id, report, h.job.status, said, results)
+
+
+def collect(h: JobHandle, options: CollectOptions | None = None) -> CollectReport:
+    results = h.collect(options=options)
+    return CollectReport(h.job_id, h.job.status, results)
+
+
+def stacks(h: JobHandle) -> StacksReport:
+    from fleetctl.job.stacks import fold
+
+    report, saved = h.stacks()
+    return StacksReport(h.job_id, fold(report.stacks()), report, saved)
+
+
+@dataclass
+class LogsProblem:
+    """Why some node's lines are not all there: ``missing`` nodes with no collected log of
+    an ended job, or a node's follow error (``rank``: ``error``)."""
+
+    missing: list[tuple[int, str]] = field(default_factory=list)
+    errors: dict[int, str] = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C ended following the live lines (the job goes on)
+
+
+def logs(
+    h: JobHandle,
+    node: str | None,
+    show: Callable[[int, str, str], None],
+    *,
+    follow: bool = False,
+    lines: int | None = None,
+) -> LogsProblem:
+    """Each chosen node's log into ``show(rank, host, text)``: the collected console.log, else
+    (or with ``follow``) live from the nodes while the job may run."""
+    from fleetctl.job.logs import follow_logs
+
+    chosen = h.select(node)
+    missing = []
+    if not follow:
+        for rank, host in chosen:
+            path = h.collected_log(rank, host)
+            if path is None:
+                missing.append((rank, host))
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            for line in text[-lines:] if lines is not None else text:
+                show(rank, host, line)
+        if not missing:
+            return LogsProblem()
+        if not h.live:
+            return LogsProblem(missing=missing)
+    try:
+        errors = follow_logs(h, missing or chosen, show, follow=follow, lines=lines)
+    except KeyboardInterrupt:  # stops the reading, never the job
+        return LogsProblem(interrupted=True)
+    return LogsProblem(errors={r: e for r, e in errors.items() if e})
+
+
+def last_monitor(runs_dir: str | Path, job_id: str) -> dict[str, Any]:
+    """The settings the job's last monitor recorded (grace, poll, timeouts), else {}."""
+    from fleetctl.job.runfolder import load_run
+
+    record: JobRecord | None = None
+    with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used
+        record = load_run(runs_dir, job_id).load_job()
+    return dict(record.monitor or {}) if record is not None else {}
+
+
+def monitor(
+    runs_dir: str | Path,
+    job_id: str,
+    settings: SSHSettings | None,
+    *,
+    poll: float | None,
+    lost_timeout: float | None,
+    grace: float | None,
+    timeout: float | None,
+    stall_timeout: float | None,
+    chase_lost: float,
+    stop_event: threading.Event,
+    on_note: Note,
+) -> str:
+    """``fleetctl monitor``: watch the detached job until it ends (first failure: stop it
+    everywhere, then collect). Unset values: what its last monitor used, else the defaults.
+    Returns the outcome in a word."""
+    from fleetctl.job import monitor as mon
+
+    last = last_monitor(runs_dir, job_id)
+    if grace is None:
+        grace = float(last["grace"]) if last.get("grace") is not None else mon.DEFAULT_GRACE
+    result = mon.monitor_job(
+        runs_dir,
+        job_id,
+        settings,
+        poll=poll or float(last.get("poll") or mon.DEFAULT_POLL),
+        lost_timeout=lost_timeout or float(last.get("lost_timeout") or mon.DEFAULT_LOST_TIMEOUT),
+        grace=grace,
+        stop_event=stop_event,
+        on_note=on_note,
+        chase_lost=chase_lost,
+        timeout=timeout if timeout is not None else last.get("timeout"),
+        stall_timeout=stall_timeout if stall_timeout is not None else last.get("stall_timeout"),
+    )
+    return str(result.outcome)

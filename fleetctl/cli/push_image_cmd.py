@@ -1,0 +1,89 @@
+"""``fleetctl push --image IMAGE``: the image alone, to the nodes that lack it (see
+:mod:`fleetctl.phases.push_image`); a table per node on stdout, or ``--json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from fleetctl.cli.options import SSHOptions
+
+
+def push_image_main(
+    inventory: str | None,
+    limit: str | None,
+    image: str,
+    container_runtime: str | None,
+    peer: bool | None,
+    as_json: bool,
+    ssh: SSHOptions,
+) -> None:
+    """Run the image push and print its report; raise its error (exit 2 or 3) after."""
+    from fleetctl.cli.options import open_fleet
+    from fleetctl.errors import PushError
+
+    fleet = open_fleet(inventory, limit, ssh)
+    error: PushError | None = None
+    try:
+        report = fleet.push_image(image, container_runtime=container_runtime, peer=peer)
+    except PushError as e:
+        if not hasattr(e, "report"):
+            raise
+        error, report = e, e.report  # type: ignore[attr-defined]
+    failures = (
+        {}
+        if error is None
+        else {
+            k: (v.one_line() if hasattr(v, "one_line") else str(v))
+            for k, v in error.result.failed.items()
+        }
+    )
+    if as_json:
+        doc = report.to_dict()
+        doc["ok"] = error is None
+        doc["failures"] = failures
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        rows = [("node", "image", "how", "sent", "time")]
+        for name, n in report.nodes.items():
+            how = n.status
+            if n.status == "replaced":
+                how += f" (was {(n.previous_id or '')[:12]})"
+            if n.via:
+                how += f", {n.via}" + (f" from {n.source}" if n.source else "")
+            rows.append(
+                (
+                    name,
+                    n.image_id[:12] if n.image_id else "–",
+                    how,
+                    _bytes(n.bytes_sent),
+                    f"{n.seconds:.1f}s",
+                )
+            )
+        for name, why in failures.items():
+            rows.append((name, "–", f"failed: {why}", "–", "–"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            click.echo(
+                "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            )
+        click.echo(
+            f"\nimage {report.image} ({report.image_id[:12]}, {_bytes(report.archive_bytes)}"
+            f" saved): controller sent {_bytes(report.controller_bytes)}"
+            f" in {report.seconds:.1f}s"
+        )
+    sys.stdout.flush()
+    if error is not None:
+        raise error
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

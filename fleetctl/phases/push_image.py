@@ -1,0 +1,424 @@
+"""``fleetctl push --image``: ship an image this machine has to the nodes that lack it, for
+fleets with no registry.
+
+One fan-out asks every node for the image's id (``remote/image_load.py query``); nodes with
+this machine's id are skipped, the others get it: ``save`` once here into a private temp
+folder, SFTP to one node (the seed), which serves it to the others over the training network
+through push's token-protected ``serve`` (the controller sends the image about once); each node
+``load``s it and answers the id, checked against this machine's. A fetch that fails falls back
+to an SFTP upload from here. Temp archives are removed here and on every node whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl import remote
+from fleetctl.errors import NodePushError, PushError, UsageError, one_line
+from fleetctl.phases.frames import PUSH_KINDS, FrameStream, last_data
+from fleetctl.plan.runtimes import runtime
+from fleetctl.results import FleetResult
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.fleet import Fleet
+
+SAVABLE = ("podman", "docker")  # apptainer's image is a SIF file: copy it like any file
+QUERY_TIMEOUT = 120.0
+RATE = 10e6  # bytes/s assumed for a transfer's or a load's timeout (plus a fixed 2 minutes)
+PEER_MIN = 2  # nodes needing the image from which they fetch it from the seed
+
+
+@dataclass
+class NodeImage:
+    """One node's outcome: ``present`` (same id already), ``loaded``, ``replaced`` (another
+    build was under the tag: ``previous_id``); ``via`` sftp or peer (``source``)."""
+
+    status: str
+    runtime: str | None = None
+    image_id: str | None = None
+    previous_id: str | None = None
+    via: str | None = None
+    source: str | None = None
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class ImagePushReport:
+    image: str
+    image_id: str
+    runtime: str
+    archive_bytes: int = 0
+    controller_bytes: int = 0
+    peer_fetches: int = 0
+    seconds: float = 0.0
+    nodes: dict[str, NodeImage] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def local_image_id(image: str, rt: str = "podman") -> str:
+    """This machine's id of ``image``; UsageError (exit 2) when it has none."""
+    if rt not in SAVABLE:
+        raise UsageError(
+            f"--image push: {rt} images cannot be saved and loaded (use podman or docker)"
+        )
+    if shutil.which(rt) is None:
+        raise UsageError(f"--image {image}: {rt} is not installed on this machine")
+    try:
+        p = subprocess.run(
+            runtime(rt).image_id_argv(image), capture_output=True, text=True, timeout=QUERY_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as e:
+        raise UsageError(f"--image {image}: {rt} image inspect did not answer in time") from e
+    words = p.stdout.split()
+    if p.returncode != 0 or not words:
+        raise UsageError(f"image {image} is not present on this machine ({rt})")
+    return _bare(words[0])
+
+
+def push_image(
+    fleet: Fleet,
+    image: str,
+    *,
+    container_runtime: str | None = None,
+    peer: bool | None = None,
+    image_id: str | None = None,
+) -> ImagePushReport:
+    """Make ``image`` (this machine's build, ``image_id`` when already looked up) present on
+    every node of ``fleet``.
+
+    Raises UsageError (nothing sent) when this machine lacks the image, PushError (``.result``:
+    every node's NodeImage or error, ``.report``) when a node cannot get it.
+    """
+    return _ImagePush(fleet, image, container_runtime, peer, image_id).run()
+
+
+class _ImagePush:
+    def __init__(
+        self, fleet: Fleet, image: str, rt: str | None, peer: bool | None, image_id: str | None
+    ) -> None:
+        self.fleet, self.image, self.peer = fleet, image, peer
+        self.local_rt = rt or "podman"
+        self.named = rt
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, NodeImage | BaseException] = {}
+        self.info: dict[str, dict[str, Any]] = {}
+        self.report = ImagePushReport(
+            image, image_id or local_image_id(image, self.local_rt), self.local_rt
+        )
+
+    def run(self) -> ImagePushReport:
+        res = self.fleet.map(self._query, timeout=QUERY_TIMEOUT + 30)
+        need: list[Node] = []
+        for node in self.fleet.nodes:
+            got = res[node.name]
+            if isinstance(got, BaseException):
+                self.outcomes[node.name] = got
+            elif got["image_id"] == self.report.image_id:
+                self.outcomes[node.name] = NodeImage("present", got["runtime"], got["image_id"])
+            else:
+                self.info[node.name] = got
+                need.append(node)
+        if need:
+            with tempfile.TemporaryDirectory(prefix="fleetctl-image-") as tmp:  # 0700
+                archive = Path(tmp) / "image.tar"
+                self._save(archive)
+                self._ship(need, archive)
+        self.report.seconds = round(time.monotonic() - self.t0, 3)
+        return self._conclude()
+
+    # -- the steps ------------------------------------------------------------------------
+    def _query(self, node: Node, conn: Connection) -> dict[str, Any]:
+        named = self.named or node.vars.get("fleetctl_container_runtime")
+        names = [str(named)] if named else list(SAVABLE)
+        for name in names:
+            if name not in SAVABLE:
+                raise NodePushError(node.label, f"{name} images cannot be loaded by push --image")
+        cfg = {
+            "workdir": node.workdir,
+            "runtimes": names,
+            "id_argv": {n: runtime(n).image_id_argv(self.image) for n in names},
+            "timeout": QUERY_TIMEOUT,
+        }
+        out = _helper(node, conn, "query", cfg, QUERY_TIMEOUT + 30)
+        if not out.get("runtime"):
+            raise NodePushError(node.label, f"no container runtime found ({', '.join(names)})")
+        if out.get("image_id"):
+            out["image_id"] = _bare(out["image_id"])
+        return out
+
+    def _save(self, archive: Path) -> None:
+        argv = [self.local_rt, "save", "-o", str(archive), self.image]
+        if self.local_rt == "podman":
+            argv[2:2] = ["--format", "docker-archive"]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        except subprocess.TimeoutExpired as e:
+            raise PushError(
+                f"{self.local_rt} save {self.image} took over an hour", FleetResult({})
+            ) from e
+        if p.returncode != 0:
+            tail = p.stderr.strip().splitlines()
+            raise PushError(
+                f"{self.local_rt} save {self.image} failed (exit {p.returncode})"
+                + (f": {tail[-1]}" if tail else ""),
+                FleetResult({}),
+            )
+        h = hashlib.sha256()
+        with open(archive, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        self.sha, self.size = h.hexdigest(), archive.stat().st_size
+        self.report.archive_bytes = self.size
+
+    def _ship(self, need: list[Node], archive: Path) -> None:
+        use_peer = self.peer if self.peer is not None else len(need) >= PEER_MIN
+        if not use_peer or len(need) < 2:
+            self._map(lambda n, c: self._direct(n, c, archive), need)
+            return
+        seed, rest = need[0], need[1:]
+        name = _archive_name()
+        conn = None
+        stream = None
+        try:
+            conn = self.fleet.connection(seed)
+            sent = self._upload(seed, conn, archive, name)
+        except BaseException as e:  # the seed cannot take it: everyone gets it from here
+            self._fail(seed, e)
+            self._map(lambda n, c: self._direct(n, c, archive), rest)
+            return
+        try:
+            try:
+                stream, peer = self._serve(seed, conn, name)
+            except Exception:  # no server on the seed: the controller sends it to each
+                peer = None
+            fallback: list[Node] = []
+
+            def work(node: Node, c: Connection) -> None:
+                if node is seed:
+                    self._load(node, c, {"archive": name, "keep_archive": True}, "sftp", sent)
+                elif peer is None:
+                    with self.lock:
+                        fallback.append(node)
+                else:
+                    cfg = {"archive": _archive_name(), "fetch": {"peers": [peer]}}
+                    try:
+                        self._load(node, c, cfg, "peer", 0, source=seed.name)
+                    except _FetchFailed:
+                        with self.lock:
+                            fallback.append(node)
+
+            self._map(work, need)
+        finally:
+            if stream is not None:
+                _close(stream)
+            with contextlib.suppress(Exception):
+                _helper(seed, conn, "cleanup", {"workdir": seed.workdir, "archive": name}, 60)
+        self._map(lambda n, c: self._direct(n, c, archive), fallback)
+
+    def _direct(self, node: Node, conn: Connection, archive: Path) -> None:
+        name = _archive_name()
+        sent = self._upload(node, conn, archive, name)
+        self._load(node, conn, {"archive": name}, "sftp", sent)
+
+    def _upload(self, node: Node, conn: Connection, archive: Path, name: str) -> int:
+        envs = f"{self.info[node.name]['workdir']}/envs"
+        need = 2 * self.size  # the archive and the loaded layers
+        free = int(self.info[node.name].get("free") or 0)
+        if free < need:
+            raise NodePushError(
+                node.label,
+                f"not enough disk in {envs} for image {self.image}: {_mib(free)} free, "
+                f"need {_mib(need)}",
+                stage="disk",
+                enospc=True,
+            )
+        conn.put(archive, f"{envs}/{name}", mode=0o600)
+        with self.lock:
+            self.report.controller_bytes += self.size
+        return self.size
+
+    def _load(
+        self,
+        node: Node,
+        conn: Connection,
+        cfg: dict[str, Any],
+        via: str,
+        sent: int,
+        source: str | None = None,
+    ) -> None:
+        t0 = time.monotonic()
+        rt = self.info[node.name]["runtime"]
+        full = {
+            "workdir": node.workdir,
+            "sha": self.sha,
+            "size": self.size,
+            "load_argv": [rt, "load", "-i"],
+            "id_argv": runtime(rt).image_id_argv(self.image),
+            "timeout": _timeout(self.size),
+            "fetch_timeout": 60,
+            **cfg,
+        }
+        out = _helper(node, conn, "load", full, 2 * _timeout(self.size))
+        if via == "peer":
+            with self.lock:
+                self.report.peer_fetches += 1
+        got = _bare(out.get("image_id") or "")
+        if got != self.report.image_id:
+            raise NodePushError(
+                node.label,
+                f"image {self.image} loaded, but its id there is {got or 'none'}, "
+                f"not {self.report.image_id}",
+                stage="verify",
+            )
+        prev = self.info[node.name].get("image_id")
+        with self.lock:
+            self.outcomes[node.name] = NodeImage(
+                "replaced" if prev else "loaded",
+                rt,
+                got,
+                previous_id=prev,
+                via=via,
+                source=source,
+                bytes_sent=sent,
+                seconds=round(time.monotonic() - t0, 3),
+            )
+
+    def _serve(self, seed: Node, conn: Connection, name: str) -> tuple[Any, dict[str, Any]]:
+        from fleetctl.phases.push.state import REMOTE_SRC
+
+        token = secrets.token_hex(32)
+        bind = seed.train_addr or ("127.0.0.1" if seed.local else seed.address)
+        stream = conn.start([seed.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
+        cfg = {
+            "path": f"{self.info[seed.name]['workdir']}/envs/{name}",
+            "sha": self.sha,
+            "token": token,
+            "bind": bind,
+            "timeout": 2 * _timeout(self.size),
+            "remove": True,
+        }
+        try:
+            stream.send(json.dumps(cfg).encode() + b"\n")
+            got = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS).next(
+                "AD", time.monotonic() + 30
+            )
+            info = got.data() if got is not None else None
+            if not isinstance(info, dict) or "port" not in info:
+                raise NodePushError(seed.label, f"peer server did not start: {info}", stage="serve")
+        except BaseException:
+            _close(stream)
+            raise
+        peer = {"name": seed.name, "host": info["host"], "port": info["port"], "token": token}
+        return stream, peer
+
+    # -- outcomes -------------------------------------------------------------------------
+    def _map(self, fn: Any, nodes: list[Node]) -> None:
+        if not nodes:
+            return
+        res = self.fleet.map(fn, nodes=nodes, timeout=3 * _timeout(self.size) + 60)
+        for name, value in res.outcomes.items():
+            if isinstance(value, BaseException) and not isinstance(value, _FetchFailed):
+                node = next(n for n in nodes if n.name == name)
+                self._fail(node, value)
+
+    def _fail(self, node: Node, e: BaseException) -> None:
+        if not isinstance(e, NodePushError):
+            e = NodePushError(node.label, one_line(e, typed=True), stage="push")
+        with self.lock:
+            self.outcomes[node.name] = e
+
+    def _conclude(self) -> ImagePushReport:
+        order = [n.name for n in self.fleet.nodes]
+        self.report.nodes = {k: v for k, v in self.outcomes.items() if isinstance(v, NodeImage)}
+        self.report.nodes = {k: self.report.nodes[k] for k in order if k in self.report.nodes}
+        failed = [k for k in order if not isinstance(self.outcomes.get(k), NodeImage)]
+        if failed:
+            for k in failed:
+                self.outcomes.setdefault(k, NodePushError(k, "not reached", stage="push"))
+            first = self.outcomes[failed[0]]
+            why = first.reason if isinstance(first, NodePushError) else one_line(first)
+            named = "" if len(failed) == 1 else f"{failed[0]}: "
+            err = PushError(
+                f"image {self.image} did not reach {', '.join(failed)}: {named}{why}",
+                FleetResult({k: self.outcomes[k] for k in order}),
+            )
+            err.report = self.report  # type: ignore[attr-defined]
+            raise err
+        return self.report
+
+
+class _FetchFailed(Exception):
+    """The node could not fetch from the seed: the controller sends it instead."""
+
+
+def _helper(
+    node: Node, conn: Connection, mode: str, cfg: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    """One ``image_load.py`` command; its answer. Raises NodePushError with the node's reason
+    (``_FetchFailed`` for a failed peer fetch)."""
+    res = conn.run(
+        remote.cached_argv(node.python, node.workdir, "image_load.py", mode),
+        timeout=timeout,
+        stdin=json.dumps(cfg).encode() + b"\n",
+    )
+    payload = last_data(res.stdout)
+    if not isinstance(payload, dict):
+        tail = (res.stderr or res.stdout or "").strip().splitlines()
+        if res.exit_code == 127:
+            raise NodePushError(node.label, f"python {node.python!r} not found on the node")
+        raise NodePushError(
+            node.label,
+            f"image {mode}: no answer (exit {res.exit_code})" + (f": {tail[-1]}" if tail else ""),
+            stage=mode,
+        )
+    if "error" in payload:
+        if payload.get("stage") == "fetch" and not payload.get("enospc"):
+            raise _FetchFailed(payload["error"])
+        raise NodePushError(
+            node.label,
+            str(payload["error"]),
+            stage=payload.get("stage", mode),
+            enospc=bool(payload.get("enospc")),
+        )
+    return payload
+
+
+def _close(stream: Any) -> None:
+    with contextlib.suppress(Exception):
+        stream.close_stdin()  # the server exits, removing the seed's archive
+        stream.exit_code(15)
+    with contextlib.suppress(Exception):
+        stream.close()
+
+
+def _archive_name() -> str:
+    return f".tmp-image-{secrets.token_hex(6)}.tar"
+
+
+def _bare(image_id: str) -> str:
+    return image_id.strip().split(":", 1)[-1]
+
+
+def _timeout(size: int) -> float:
+    return 120.0 + size / RATE
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

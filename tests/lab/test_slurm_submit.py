@@ -1,0 +1,240 @@
+"""``fleetctl run --slurm`` against a real Slurm (lab: munged + slurmctld + one slurmd per host).
+
+The submitter runs here; sbatch starts the batch script on node1, whose fleetctl runs the job
+inside the allocation (srun steps). The lab's folders under ``/var/tmp/fleetctl-lab`` are seen
+by every lab host, as a cluster's shared home is: the code and the run folder live there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.lab.core import Lab
+from fleetctl.lab.slurm import SlurmLab, installed
+from fleetctl.testing.cli_runner import run_cli_process, start_cli_process
+from fleetctl.testing.pytest_plugin import skip_or_fail
+from fleetctl.testing.wait import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+FAIL_SCRIPT = """\
+import os, sys, time
+print("started", os.environ["RANK"], flush=True)
+if os.environ["RANK"] == "1":
+    time.sleep(1)
+    sys.exit(7)
+time.sleep(600)  # fleetctl_slurm_sleeper
+"""
+SLEEP_SCRIPT = """\
+import os, time
+print("started", os.environ["RANK"], flush=True)
+time.sleep(600)  # fleetctl_slurm_sleeper
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(make_lab_module: Callable[..., Lab]) -> Iterator[dict[str, Any]]:
+    why = installed()
+    if why:
+        skip_or_fail(f"Slurm {why} (.ci/run installs slurm-wlm and munge)")
+    lab = make_lab_module(3, user=None, shared_home=False)
+    s = SlurmLab.start(lab)  # stopped by lab.down (the factory's finally) by PID
+    code = lab.dir / "submit-code"
+    code.mkdir()
+    shutil.copy(ROOT / "examples" / "ddp_train.py", code / "ddp_train.py")
+    (code / "fail.py").write_text(FAIL_SCRIPT)
+    (code / "sleep.py").write_text(SLEEP_SCRIPT)
+    env = {"SLURM_CONF": str(s.conf), "PYTHONPATH": str(ROOT)}
+    try:
+        yield {"lab": lab, "slurm": s, "code": code, "env": env}
+    finally:  # lab.down removes only the lab's own files
+        shutil.rmtree(code, ignore_errors=True)
+        for runs in lab.dir.glob("runs-*"):
+            shutil.rmtree(runs, ignore_errors=True)
+
+
+@pytest.fixture
+def runs(slurm: dict[str, Any], request: pytest.FixtureRequest) -> Path:
+    d = slurm["lab"].dir / f"runs-{request.node.name[:40]}"
+    d.mkdir()
+    return d
+
+
+def _squeue(slurm: dict[str, Any], *args: str) -> str:
+    p = subprocess.run(
+        ["squeue", "-h", *args], capture_output=True, text=True, env=slurm["slurm"].env(),
+        timeout=10,
+    )  # fmt: skip
+    return p.stdout.strip()
+
+
+def _submit(slurm: dict[str, Any], runs: Path, *args: str, timeout: float = 180) -> Any:
+    return run_cli_process(
+        "run", "--slurm", "--runs-dir", str(runs), *args,
+        env=slurm["env"], cwd=slurm["code"], timeout=timeout,
+    )  # fmt: skip
+
+
+def _folder(runs: Path) -> Path:
+    folders = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def _slurm_job(folder: Path) -> str:
+    return str(json.loads((folder / "slurm.json").read_text())["job_id"])
+
+
+def _nothing_left(slurm: dict[str, Any], slurm_job: str) -> None:
+    """The job and every step gone from the queue; no process of it on any host."""
+    assert _squeue(slurm, "-j", slurm_job) == ""
+    assert _squeue(slurm, "-s", "-j", slurm_job) == ""
+    lab: Lab = slurm["lab"]
+    for h in lab.hosts:
+        ps = lab.exec(h.name, ["ps", "-eo", "args"], check=True).stdout
+        assert "fleetctl_slurm_sleeper" not in ps and "sleep.py" not in ps, (h.name, ps)
+        assert "fail.py" not in ps and "ddp_train.py" not in ps, (h.name, ps)
+
+
+def test_a_torchrun_ddp_job_submitted_with_sbatch_trains_and_every_log_comes_home(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    res = _submit(
+        slurm, runs, "--nodes", "3", "--launcher", "torchrun",
+        "ddp_train.py", "--epochs", "1", "--steps", "3",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "submitted as Slurm job" in res.stderr and "running on node[1-3]" in res.stderr
+    for rank in range(3):  # the inside run's live lines, streamed here
+        assert f"done rank={rank} world=3" in res.stdout, res.stdout
+    folder = _folder(runs)
+    job = json.loads((folder / "job.json").read_text())
+    sj = _slurm_job(folder)
+    assert job["status"] == "succeeded" and job["slurm"] == {"job_id": sj}
+    assert "#SBATCH --nodes=3" in (folder / "sbatch.sh").read_text()
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        node = folder / f"{rank}-{host}"
+        assert f"done rank={rank} world=3" in (node / "console.log").read_text()
+        assert (node / "torchrun").is_dir()  # the rank logs
+    assert json.loads((folder / "slurm.json").read_text())["state"] == "COMPLETED"
+    _nothing_left(slurm, sj)
+
+
+def test_a_failing_rank_exits_3_naming_its_host_and_leaves_nothing(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    res = _submit(slurm, runs, "--nodes", "3", "--launcher", "plain", "fail.py")
+    out = res.stdout + res.stderr
+    assert res.exit_code == 3, out
+    assert "node 1 (node2) failed first" in res.stderr, out
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("fleetctl: error: job ") and "node 1 (node2): exit code 7" in last
+    folder = _folder(runs)
+    job = json.loads((folder / "job.json").read_text())
+    assert (job["first_failure"]["host"], job["first_failure"]["exit_code"]) == ("node2", 7)
+    for i, h in enumerate(("node1", "node2", "node3")):
+        assert (folder / f"{i}-{h}" / "console.log").is_file()
+    sj = _slurm_job(folder)
+    wait_for(lambda: _squeue(slurm, "-s", "-j", sj) == "", 15, what="the job's steps gone")
+    _nothing_left(slurm, sj)
+
+
+def test_ctrl_c_cancels_the_slurm_job_verified_and_exits_130(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    proc = start_cli_process(
+        "run", "--slurm", "--nodes", "3", "--runs-dir", str(runs), "--launcher", "plain",
+        "sleep.py", env=slurm["env"], cwd=slurm["code"], start_new_session=True,
+    )  # fmt: skip
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        wait_for(lambda: sum("started" in ln for ln in out) == 3, 120, what="3 ranks started")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert "cancelled: gone from the queue, no step left" in err, err
+    folder = _folder(runs)
+    _nothing_left(slurm, _slurm_job(folder))  # verified before the submitter returned
+    job = json.loads((folder / "job.json").read_text())
+    assert job["status"] == "interrupted"  # the fleetctl inside tore the job down itself
+    for i, h in enumerate(("node1", "node2", "node3")):
+        assert (folder / f"{i}-{h}" / "console.log").is_file()
+
+
+def test_a_partition_slurm_lacks_is_one_line_exit_2_and_nothing_queued(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    res = _submit(slurm, runs, "--nodes", "2", "--partition", "nope", "fail.py")
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "fleetctl: error: Slurm refused the job: invalid partition specified: nope; "
+        "Invalid partition name specified"
+    ]
+    assert _squeue(slurm) == "" and list(runs.iterdir()) == []
+
+
+def test_more_nodes_than_the_partition_has_is_cancelled_exit_2(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    res = _submit(slurm, runs, "--nodes", "5", "fail.py")
+    assert res.exit_code == 2, res.stderr
+    assert "can never start as asked (PartitionConfig); cancelled" in res.stderr
+    assert _squeue(slurm) == ""
+
+
+def test_a_job_that_waits_past_queue_timeout_is_cancelled_exit_5(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    s: SlurmLab = slurm["slurm"]
+    held, _ = s.allocate(3)  # every node busy: the submitted job must wait
+    try:
+        t0 = time.monotonic()
+        res = _submit(slurm, runs, "--nodes", "3", "--queue-timeout", "3", "fail.py")
+        assert res.exit_code == 5, res.stderr
+        assert "PENDING (Resources)" in res.stderr or "PENDING (Priority)" in res.stderr
+        assert "did not start within --queue-timeout 3s" in res.stderr
+        assert time.monotonic() - t0 < 60
+        sj = _slurm_job(_folder(runs))
+        assert _squeue(slurm, "-j", sj) == ""
+        job = json.loads((_folder(runs) / "job.json").read_text())
+        assert job["status"] == "cancelled"
+    finally:
+        s.cancel(held)
+
+
+def test_detach_then_status_logs_and_stop_reach_the_slurm_job(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    res = _submit(slurm, runs, "--nodes", "3", "--detach", "--launcher", "plain", "sleep.py")
+    assert res.exit_code == 0, res.stderr
+    sj, job_id = res.stdout.split()
+    env, code = slurm["env"], slurm["code"]
+
+    def started() -> bool:
+        r = run_cli_process("status", "--runs-dir", str(runs), job_id, env=env, cwd=code)
+        return "3 of 3 node(s) running" in r.stdout
+
+    wait_for(started, 120, what="the detached Slurm job running on 3 nodes")
+    st = run_cli_process("status", "--runs-dir", str(runs), job_id, env=env, cwd=code)
+    assert f"Slurm job {sj}: RUNNING" in st.stdout, st.stdout + st.stderr
+    stop = run_cli_process("stop", "--runs-dir", str(runs), job_id, env=env, cwd=code)
+    assert stop.exit_code == 0, stop.stderr
+    assert "gone from the queue, no step left" in stop.stderr
+    _nothing_left(slurm, sj)
+    logs = run_cli_process("logs", "-f", "--runs-dir", str(runs), job_id, env=env, cwd=code)
+    assert logs.exit_code == 0 and logs.stdout.count("started") == 3, logs.stdout

@@ -1,0 +1,355 @@
+"""``fleetctl run --slurm`` without a cluster: the batch script (golden), sbatch/scontrol/squeue
+answers (captured from slurm-wlm 22.05.8), the options forwarded inside, the run folder the
+batch job adopts, and the submitter's wait/cancel logic against a scripted Slurm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+
+from fleetctl.errors import FleetctlError, RunFolderError, UsageError
+from fleetctl.job.runfolder import RunFolder
+from fleetctl.slurm.batch import (
+    BatchRequest,
+    QueueTimeout,
+    SlurmError,
+    adopted_job_id,
+    check_gres,
+    check_time,
+    inside_command,
+    parse_job_id,
+    render,
+    submit_error,
+)
+from fleetctl.slurm.queue import JobInfo, describe, in_queue, parse_show_job, queue_position
+from fleetctl.slurm.submit import OutputTail, SlurmEvent, run_submitted
+from fleetctl.testing.cli_runner import run_cli
+
+CASES = Path(__file__).parent / "slurm_cases"
+
+
+def test_batch_script_with_every_option_matches_golden() -> None:
+    req = BatchRequest(
+        nodes=2,
+        job_id="20261126-120000-abcdef",
+        folder="/shared/runs/20261126-120000-abcdef",
+        chdir="/shared/code",
+        command=inside_command(
+            "/opt/conda/bin/python",
+            ["--launcher=torchrun", "--env-var=A=x y", "--runs-dir=/shared/runs"],
+            "train.py",
+            ["--epochs", "2", "$HOME"],
+        ),
+        partition="gpu",
+        gres="gpu:1",
+        time="1:00:00",
+        account="ml",
+        extra=("--qos=high", "--exclusive"),
+        env={"FLEETCTL_RUN_ID": "20261126-120000-abcdef", "PYTHONPATH": "/opt/fleetctl lib"},
+    )
+    assert render(req) == (CASES / "sbatch_full.sh").read_text()
+
+
+def test_batch_script_minimal_matches_golden() -> None:
+    req = BatchRequest(
+        nodes=3,
+        job_id="j1",
+        folder="/r/j1",
+        chdir="/c",
+        command=("python3", "-m", "fleetctl", "run", "job.py"),
+    )
+    assert render(req) == (CASES / "sbatch_minimal.sh").read_text()
+
+
+@pytest.mark.parametrize(("out", "job"), [("42\n", "42"), ("42;cluster1\n", "42"), ("  7\n", "7")])
+def test_parsable_job_id(out: str, job: str) -> None:
+    assert parse_job_id(out) == job
+
+
+def test_parsable_without_a_job_id_is_an_error() -> None:
+    with pytest.raises(FleetctlError, match="no job id"):
+        parse_job_id("sbatch: warning: something\n")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "line", "code"),
+    [
+        (
+            "sbatch: error: invalid partition specified: nope\n"
+            "sbatch: error: Batch job submission failed: Invalid partition name specified\n",
+            "Slurm refused the job: invalid partition specified: nope; "
+            "Invalid partition name specified",
+            2,
+        ),
+        (
+            "sbatch: error: Invalid generic resource (gres) specification\n",
+            "Slurm refused the job: Invalid generic resource (gres) specification",
+            2,
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Node count specification invalid\n",
+            "Slurm refused the job: Node count specification invalid",
+            2,
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Requested time limit is invalid "
+            "(missing or exceeds some limit)\n",
+            "Slurm refused the job: Requested time limit is invalid (missing or exceeds some "
+            "limit)",
+            2,
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+            "(connect failure)\n",
+            "sbatch failed: Unable to contact slurm controller (connect failure)",
+            3,
+        ),
+        ("", "Slurm refused the job: exit code 1", 2),
+    ],
+)
+def test_sbatch_refusal_is_one_line_quoting_slurm(stderr: str, line: str, code: int) -> None:
+    err = submit_error(stderr, 1)
+    assert (err.one_line(), err.exit_code) == (line, code)
+
+
+def test_gres_and_time_are_checked_before_submitting() -> None:
+    for ok in ("gpu:1", "gpu:a100:2", "shard:4", "gpu:1,shard:2", "gpu"):
+        assert check_gres(ok) == ok
+    for bad in ("gpu:", ":1", "gpu 1", ""):
+        with pytest.raises(UsageError, match="--gres"):
+            check_gres(bad)
+    for ok in ("30", "1:00:00", "2-00:00:00", "1-12", "UNLIMITED"):
+        assert check_time(ok) == ok
+    for bad in ("1h", "tomorrow", "1:2:3:4"):
+        with pytest.raises(UsageError, match="--time"):
+            check_time(bad)
+
+
+def test_show_job_running() -> None:
+    info = parse_show_job((CASES / "show_job_running.txt").read_text())
+    assert info == JobInfo("1", "RUNNING", None, 0, None, "node[1-2]", "node1")
+    assert not info.pending and not info.done and not info.hopeless
+
+
+def test_show_job_failed_carries_the_scripts_exit_code() -> None:
+    info = parse_show_job((CASES / "show_job_failed.txt").read_text())
+    assert info is not None
+    assert (info.state, info.exit_code, info.done) == ("FAILED", 3, True)
+
+
+def test_show_job_that_can_never_start_is_hopeless() -> None:
+    info = parse_show_job((CASES / "show_job_hopeless.txt").read_text())
+    assert info is not None
+    assert (info.state, info.reason, info.hopeless) == ("PENDING", "PartitionConfig", True)
+    assert describe(info, 3) == "PENDING (PartitionConfig), position 3 in queue"
+
+
+def test_show_job_unknown_is_none() -> None:
+    assert parse_show_job("slurm_load_jobs error: Invalid job id specified\n") is None
+
+
+def test_queue_position_and_presence() -> None:
+    assert queue_position("12\n7\n9\n", "7") == 2
+    assert queue_position("12\n", "7") is None
+    assert in_queue("7 RUNNING\n") and not in_queue("") and not in_queue("\n")
+
+
+def test_adopted_job_id_only_inside_an_allocation() -> None:
+    assert adopted_job_id({"FLEETCTL_RUN_ID": "j"}) is None
+    assert adopted_job_id({"FLEETCTL_RUN_ID": "j", "SLURM_JOB_ID": "4"}) == "j"
+    assert adopted_job_id({"SLURM_JOB_ID": "4"}) is None
+
+
+def test_batch_job_adopts_the_folder_its_submitter_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outer = RunFolder.create(tmp_path, "j1")
+    outer.write_slurm({"job_id": None}, "#!/bin/sh\n")  # written before sbatch answers
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("FLEETCTL_RUN_ID", "j1")
+    assert RunFolder.create(tmp_path, "j1").path == outer.path  # started before the record
+    outer.write_slurm({"job_id": "42"})
+    inner = RunFolder.create(tmp_path, "j1")
+    assert inner.path == outer.path and inner.load_slurm() == {"job_id": "42"}
+    assert (outer.path / "sbatch.sh").read_text() == "#!/bin/sh\n"
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    with pytest.raises(RunFolderError, match="already exists"):
+        RunFolder.create(tmp_path, "j1")  # another Slurm job: not its folder
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("FLEETCTL_RUN_ID", "j2")
+    with pytest.raises(RunFolderError, match="already exists"):
+        RunFolder.create(tmp_path, "j1")  # another run's id
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("FLEETCTL_RUN_ID", "j1")
+    with pytest.raises(RunFolderError, match="already exists"):
+        RunFolder.create(tmp_path, "j1")  # outside Slurm: never
+
+
+def _ctx(*args: str) -> click.Context:
+    from fleetctl.cli.run_cmd import run_command
+
+    return run_command.make_context("run", list(args))
+
+
+def test_forwarded_options_are_the_job_options_the_user_set() -> None:
+    from fleetctl.cli.slurm_run import forwarded_options
+
+    ctx = _ctx(
+        "--slurm", "--nodes", "3", "--partition", "gpu", "--gres", "gpu:1", "--time", "10",
+        "--queue-timeout", "60", "--runs-dir", "/r", "--launcher", "torchrun",
+        "--env-var", "A=1", "--env-var", "B=2", "--no-check", "--grace", "2",
+        "--launcher-arg=--max-restarts=1", "train.py", "--epochs", "2",
+    )  # fmt: skip
+    assert forwarded_options(ctx) == [
+        "--launcher=torchrun",
+        "--launcher-arg=--max-restarts=1",
+        "--env-var=A=1",
+        "--env-var=B=2",
+        "--no-check",
+        "--grace=2.0",
+    ]
+    assert ctx.params["script"] == "train.py" and ctx.params["script_args"] == ("--epochs", "2")
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("print(1)\n")
+    res = run_cli(
+        "run", "--slurm", "--nodes", "2", "--gres", "shard:2", "--dry-run",
+        "--runs-dir", str(tmp_path / "runs"), "--launcher", "plain", "job.py", "x",
+        cwd=tmp_path, env={"PATH": "/nonexistent"},  # no sbatch: nothing can be submitted
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert "#SBATCH --nodes=2\n" in res.stdout and "#SBATCH --gres=shard:2\n" in res.stdout
+    assert res.stdout.rstrip().endswith(f"--launcher=plain --runs-dir={tmp_path}/runs job.py x")
+    assert "would submit" in res.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--partition", "gpu"], "--partition: only with --slurm"),
+        (["--slurm"], "--slurm needs --nodes N"),
+        (["--slurm", "--no-slurm", "--nodes", "2"], "contradict"),
+        (["--slurm", "--nodes", "2", "--gres", "gpu 1"], "--gres"),
+        (["--slurm", "--nodes", "2", "--time", "1h"], "--time"),
+        (["--slurm", "--nodes", "2", "--json"], "no --json yet"),
+    ],
+)
+def test_slurm_usage_errors_exit_2(tmp_path: Path, args: list[str], msg: str) -> None:
+    (tmp_path / "job.py").write_text("print(1)\n")
+    res = run_cli("run", *args, "--dry-run", "job.py", cwd=tmp_path)
+    assert res.exit_code == 2, res.stderr
+    assert msg in res.stderr
+
+
+class FakeSlurm:
+    """A Slurm whose job has the scripted states, one per ``show``; records cancels."""
+
+    def __init__(self, states: list[JobInfo]) -> None:
+        self.states = states
+        self.cancels: list[bool] = []
+
+    def show(self, job: str) -> JobInfo | None:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def position(self, job: str) -> int | None:
+        return 1
+
+    def cancel(self, job: str, *, graceful: bool = False, timeout: float = 0) -> None:
+        self.cancels.append(graceful)
+
+
+def test_queue_timeout_cancels_and_exits_5(tmp_path: Path) -> None:
+    slurm = FakeSlurm([JobInfo("5", "PENDING", "Resources")])
+    events: list[SlurmEvent] = []
+    with pytest.raises(QueueTimeout, match="did not start within --queue-timeout 0s") as e:
+        run_submitted(slurm, "5", tmp_path / "out", events.append, queue_timeout=0)  # type: ignore[arg-type]
+    assert e.value.exit_code == 5 and slurm.cancels == [False]
+    assert [ev.kind for ev in events] == ["waiting", "cancelling"]
+    assert events[0].text == "PENDING (Resources), position 1 in queue"
+
+
+def test_a_job_that_can_never_start_is_cancelled_exit_2(tmp_path: Path) -> None:
+    slurm = FakeSlurm([JobInfo("5", "PENDING", "PartitionNodeLimit")])
+    with pytest.raises(UsageError, match="can never start as asked \\(PartitionNodeLimit\\)"):
+        run_submitted(slurm, "5", tmp_path / "out", lambda ev: None, queue_timeout=None)  # type: ignore[arg-type]
+    assert slurm.cancels == [False]
+
+
+def test_ctrl_c_while_following_cancels_gracefully_then_propagates(tmp_path: Path) -> None:
+    out = tmp_path / "slurm.out"
+    out.write_text("[0 node1] hello\n")
+    slurm = FakeSlurm([JobInfo("5", "RUNNING", nodes="node[1-2]")])
+    seen: list[str] = []
+
+    def emit(ev: SlurmEvent) -> None:
+        seen.append(ev.kind)
+        if ev.kind == "line":
+            raise KeyboardInterrupt  # Ctrl-C arrives while a line is shown
+
+    with pytest.raises(KeyboardInterrupt):
+        run_submitted(slurm, "5", out, emit, queue_timeout=None)  # type: ignore[arg-type]
+    assert slurm.cancels == [True]
+    assert seen == ["started", "line", "cancelling", "cancelled"]
+
+
+def test_following_streams_both_files_to_the_end(tmp_path: Path) -> None:
+    out, err = tmp_path / "slurm.out", tmp_path / "slurm.err"
+    out.write_text("[0 node1] a\n[1 node2] b")  # the last line not ended yet
+    err.write_text("fleetctl: job succeeded\n")
+    slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED", exit_code=0)])
+    events: list[SlurmEvent] = []
+    info = run_submitted(slurm, "5", out, events.append, queue_timeout=None, error=err)  # type: ignore[arg-type]
+    assert info.state == "COMPLETED" and slurm.cancels == []
+    got = [(e.kind, e.text) for e in events if e.kind in ("line", "errline")]
+    assert got == [
+        ("line", "[0 node1] a"),
+        ("errline", "fleetctl: job succeeded"),
+        ("line", "[1 node2] b"),
+    ]
+
+
+def test_output_tail_reads_only_new_whole_lines(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    tail = OutputTail(p)
+    assert tail.lines() == []  # not created yet
+    p.write_bytes(b"a\nb")
+    assert tail.lines() == ["a"]
+    with p.open("ab") as f:
+        f.write(b"c\nd\n")
+    assert tail.lines() == ["bc", "d"]
+    assert tail.lines(final=True) == []
+
+
+def test_slurm_error_is_exit_3() -> None:
+    assert SlurmError("x").exit_code == 3
+
+
+def test_connect_json_keeps_the_slurm_job_of_srun_nodes(tmp_path: Path) -> None:
+    """So `status`/`stop`/`logs` of an inside run reach its nodes by srun steps, not SSH."""
+    from fleetctl.job.records import load_nodes, write_connect
+    from fleetctl.node import Node
+    from fleetctl.slurm.allocation import is_srun
+
+    folder = RunFolder.create(tmp_path, "j1")
+    srun_node = Node(name="gpu01", address="gpu01", vars={"fleetctl_connection": "srun",
+                     "fleetctl_slurm_job": "42"})  # fmt: skip
+    ssh_node = Node(name="gpu02", address="10.0.0.2", vars={"fleetctl_nic": "ib0"})
+    write_connect(folder.path, [srun_node, ssh_node])
+    back = load_nodes(folder)
+    assert is_srun(back[0]) and back[0].vars["fleetctl_slurm_job"] == "42"
+    assert not is_srun(back[1]) and back[1].vars == {}
+
+
+def test_no_slurm_ignores_the_allocation_it_runs_in(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("print(1)\n")
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "localhost"}
+    args = ("run", "--dry-run", "--json", "--launcher", "plain", "job.py")
+    inside = run_cli(*args, env=env, cwd=tmp_path)
+    assert inside.exit_code == 0, inside.stderr
+    assert [n["host"] for n in inside.json["nodes"]] == ["localhost"]  # the allocation
+    opted_out = run_cli(args[0], "--no-slurm", *args[1:], env=env, cwd=tmp_path)
+    assert opted_out.exit_code == 0, opted_out.stderr
+    assert [n["address"] for n in opted_out.json["nodes"]] == ["127.0.0.1"]  # this machine
