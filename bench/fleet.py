@@ -131,7 +131,7 @@ class FleetBench:
             r = bench.run_job(n, NOOP_SCRIPT, [], name="fleet", timeout=600)
             if r["rc"] != 0:
                 raise SampleFailed(f"exit {r['rc']}: {r['why']}")
-            phases = (r.get("job") or {}).get("phases") or []
+            phases = r["job"].phases
             return r["wall"], {
                 **split_phases(phases, n),
                 "controller CPU s (with children)": r["cpu"],

@@ -27,6 +27,10 @@ from typing import Any
 import yaml
 from common import Result, SampleFailed, finish_row, fleetctl_argv, repeat, run_timed, tail
 
+from fleetctl.errors import FleetctlError
+from fleetctl.job.jobrecord import JobRecord
+from fleetctl.job.runfolder import read_job
+
 FAIL_SCRIPT = """
 import os, subprocess, sys, time
 rank = int(os.environ["FLEET_NODE_RANK"])
@@ -213,7 +217,7 @@ class PhaseBench:
             "rc": proc.returncode,
             "folder": folder,
             "events": events(folder),
-            "job": json.loads((folder / "job.json").read_text()),
+            "job": read_job(folder / "job.json"),
             "wall": wall,
             "t0": t0,
             "cpu": rusage.ru_utime + rusage.ru_stime,
@@ -238,13 +242,16 @@ class PhaseBench:
             if m is None:
                 raise SampleFailed("rank 1's FAIL_AT line not in its collected console.log")
             fail_at = float(m.group(1))
-            seen = parse_iso(r["job"]["first_failure"]["time"])
+            job: JobRecord = r["job"]
+            if job.first_failure is None or job.first_failure.time is None:
+                raise SampleFailed(f"exit 3 with no first failure in job.json: {r['why']}")
+            seen = parse_iso(job.first_failure.time)
             verified = [
                 t for t, k, text in r["events"] if k == "teardown" and text.startswith("verified")
             ]
             if not verified:
                 raise SampleFailed("teardown not verified: " + r["why"])
-            td = r["job"]["teardown"] or {}
+            td = job.teardown or {}
             return verified[0] - fail_at, {
                 "exit → failure seen s": seen - fail_at,
                 "teardown call s": td.get("seconds"),
@@ -271,9 +278,9 @@ class PhaseBench:
             while time.time() < deadline and proc.poll() is None:
                 folders = [p for p in runs.iterdir() if p not in before] if runs.exists() else []
                 if folders and (folders[0] / "job.json").exists():
-                    with contextlib.suppress(ValueError, OSError):
-                        job = json.loads((folders[0] / "job.json").read_text())
-                        if all(x["state"] == "running" for x in job["nodes"]):
+                    with contextlib.suppress(FleetctlError):
+                        job = read_job(folders[0] / "job.json")
+                        if job.nodes and all(x.state == "running" for x in job.nodes):
                             break
                 time.sleep(0.05)
             else:
@@ -295,7 +302,7 @@ class PhaseBench:
             stopping = [
                 t for t, k, text in r["events"] if k == "teardown" and text.startswith("stopping")
             ]
-            td = r["job"]["teardown"] or {}
+            td = r["job"].teardown or {}
             if not lost or not stopping or not td:
                 raise SampleFailed(f"no lost/teardown events (exit {r['rc']}): {r['why']}")
             finished = stopping[0] + float(td["seconds"])
@@ -321,7 +328,7 @@ class PhaseBench:
             r = self.run_job(
                 n, STALL_SCRIPT, [], name="stall", extra=["--stall-timeout", f"{stall:g}"]
             )
-            if r["rc"] != 3 or not str(r["job"].get("verdict") or "").startswith("stalled"):
+            if r["rc"] != 3 or not str(r["job"].verdict or "").startswith("stalled"):
                 raise SampleFailed(f"expected a stalled exit 3, got {r['rc']}: {r['why']}")
             quiet = [
                 float(m.group(1))
@@ -336,7 +343,7 @@ class PhaseBench:
             dumped = [t for t, text in notices if "stacks:" in text]
             if dump_start is None or not dumped:
                 raise SampleFailed("no stack dump events: " + r["why"])
-            methods = [x.get("methods") or {} for x in r["job"].get("stack_nodes") or []]
+            methods = [x.get("methods") or {} for x in r["job"].stack_nodes or []]
             return r["t0"] + r["wall"] - threshold, {
                 "threshold → stalled seen s": next(
                     t for t, k, text in r["events"] if k == "failure"

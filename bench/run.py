@@ -157,7 +157,7 @@ def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "push": lambda: phases.push(args.repeat),
         "logs": lambda: phases.logs(args.repeat),
         "pipeline": lambda: phases.pipeline(args.repeat),
-        "containers": lambda: ContainerBench(phases).start_overhead(args.repeat),
+        "containers": lambda: ContainerBench(phases).all(args.repeat),
         "slurm": lambda: SlurmBench(lab, phases.fl).run(args.repeat),
     }
 

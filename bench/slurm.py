@@ -8,7 +8,9 @@ slurmd per host) and a no-op job on 3 nodes:
   against ``fleetctl run --slurm --nodes 3 --launcher plain noop.py`` (submit, queue wait,
   the run inside with its check, push and teardown, the output followed); goal ≤ 1.5 s more;
 * inside an allocation (``salloc -N3 --no-shell``): a bare ``srun -N3 python3 -c pass``
-  against ``fleetctl run --launcher plain noop.py`` with that allocation's variables.
+  against ``fleetctl run --launcher plain noop.py`` with that allocation's variables, and the
+  job steps such a run starts with no cached check (4: a probe per node, handed the
+  supervisor, and node 0's port claim).
 
 Code and run folders live in the lab's folder, which every lab host sees (a shared home).
 """
@@ -58,8 +60,10 @@ class SlurmBench:
         self.env, self.work = env, work
         bare = Result("slurm", f"bare `sbatch -W --nodes={NODES}` (srun python3 -c pass)", NODES)
         sub = Result("slurm", f"fleetctl run --slurm --nodes {NODES}: no-op script", NODES)
-        for _ in range(repeats):
+        for _ in range(repeats):  # each from idle nodes (not timed): see SlurmLab.wait_idle
+            slurm.wait_idle()
             repeat(bare, 1, self._bare_sbatch, finish=False)
+            slurm.wait_idle()
             repeat(sub, 1, self._submitted, finish=False)
         if bare.samples and sub.samples:
             more = sub.stats()[0] - bare.stats()[0]  # type: ignore[index]
@@ -75,6 +79,7 @@ class SlurmBench:
             if srun.samples and inside.samples:
                 more = inside.stats()[0] - srun.stats()[0]  # type: ignore[index]
                 inside.extra["over bare srun s"] = [round(more, 3)]
+            inside.extra["srun steps (fresh check)"] = [self._steps(alloc)]
         finally:
             slurm.cancel(job)
         sub.note = "the run inside checks, pushes, launches and tears down as any fleetctl run"
@@ -109,6 +114,21 @@ class SlurmBench:
         if t.proc.returncode != 0:
             raise SampleFailed(f"srun exit {t.proc.returncode}: {tail(t.proc.stderr)}")
         return t.seconds
+
+    def _steps(self, env: dict[str, str]) -> int:
+        """Job steps one run starts with no cached check (as in every new batch job): each
+        costs slurmctld round trips. Counted by an ``srun`` in front of the real one."""
+        real = shutil.which("srun") or "srun"
+        bin_, log = self.work / "count-bin", self.work / "steps.log"
+        bin_.mkdir(exist_ok=True)
+        (bin_ / "srun").write_text(f'#!/bin/sh\necho step >> {log}\nexec {real} "$@"\n')
+        (bin_ / "srun").chmod(0o755)
+        cache = self.work / "fresh-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        log.unlink(missing_ok=True)
+        path = f"{bin_}:{env.get('PATH') or os.environ.get('PATH', '')}"
+        self._inside({**env, "PATH": path, "FLEETCTL_CACHE_DIR": str(cache)})
+        return len(log.read_text().splitlines())
 
     def _inside(self, env: dict[str, str]) -> float:
         t = run_timed(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from fleetctl.errors import UsageError
 
@@ -22,10 +22,13 @@ if TYPE_CHECKING:
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check_report import CheckReport
+    from fleetctl.phases.collect import CollectOptions
     from fleetctl.phases.collective_judge import CollectiveOptions
-    from fleetctl.phases.push.report import PushReport
+    from fleetctl.phases.push.report import PushEvent, PushReport
     from fleetctl.phases.push_image import ImagePushReport
+    from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.ssh.execute import ExecResult, NodeRun
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SSH code yet)
@@ -46,6 +49,7 @@ class Fleet:
         runs_dir: str | Path = DEFAULT_RUNS_DIR,
         inventory: str | None = None,
         limit: str | None = None,
+        groups: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if not nodes:
             raise UsageError("a fleet needs at least one host")
@@ -57,6 +61,13 @@ class Fleet:
         self.fanout = fanout
         self.runs_dir = Path(runs_dir)
         self.inventory, self.limit = inventory, limit
+        names = tuple(n.name for n in self._nodes)
+        # the inventory's groups, its selected members (a role job's ``hosts:`` name them)
+        self.groups: dict[str, tuple[str, ...]] = (
+            {g: tuple(m) for g, m in groups.items()}
+            if groups is not None
+            else {"all": names, "ungrouped": names}
+        )
 
     @classmethod
     def from_inventory(
@@ -69,14 +80,44 @@ class Fleet:
         from fleetctl.plan.inventory import load_inventory
 
         inv = load_inventory(os.fspath(path), limit=limit)
-        return cls(inv.nodes, inventory=inv.path, limit=limit, **options)
+        return cls(inv.nodes, inventory=inv.path, limit=limit, groups=inv.groups, **options)
 
     @classmethod
     def local(cls, **options: Any) -> Fleet:
         """This machine alone, without SSH (the commands' default without ``-i``)."""
         from fleetctl.plan.inventory import local_inventory
 
-        return cls(local_inventory().nodes, **options)
+        inv = local_inventory()
+        return cls(inv.nodes, groups=inv.groups, **options)
+
+    @classmethod
+    def slurm(
+        cls,
+        inventory: str | os.PathLike[str] | None = None,
+        limit: str | None = None,
+        **options: Any,
+    ) -> Fleet:
+        """The Slurm allocation this process runs in (``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``)
+        as a fleet: every command an ``srun`` step on its node, as ``fleetctl run`` does
+        inside ``salloc``/``sbatch``. With ``inventory``: its hosts of the allocation (their
+        vars kept). UsageError outside an allocation. Submitting from outside one:
+        ``fleetctl.api.slurm.submit``."""
+        from fleetctl.plan.inventory import load_inventory, local_inventory
+        from fleetctl.slurm import allocation
+
+        if allocation.from_env(os.environ) is None:
+            raise UsageError("not inside a Slurm allocation (SLURM_JOB_ID is not set)")
+        if inventory is None and limit:
+            raise UsageError(
+                "--limit needs an inventory (-i FILE); without one the fleet is this machine alone"
+            )
+        inv = (
+            local_inventory()
+            if inventory is None
+            else load_inventory(os.fspath(inventory), limit=limit)
+        )
+        inv = allocation.apply(inv, has_inventory=inventory is not None)
+        return cls(inv.nodes, inventory=inv.path, limit=limit, groups=inv.groups, **options)
 
     @property
     def nodes(self) -> list[Node]:
@@ -145,26 +186,40 @@ class Fleet:
         backend: str | None = None,
         check_torch: bool = False,
         keep: int = 5,
+        code: str | os.PathLike[str] | None = None,
+        peer: bool | None = None,
+        peer_min: int = 4,
+        on_event: Callable[[PushEvent], None] | None = None,
     ) -> PushReport:
         """``fleetctl push``: the code snapshot of ``path`` (the git work tree holding it,
         else the folder; None: no code) and conda-pack archive ``env`` to every host,
-        verified there. PushError (``.result`` per host, ``.report``) if any host failed."""
+        verified there. ``code``: this folder as it is instead (``push --code``). ``peer``:
+        hosts fetch the archive from each other (None: from ``peer_min`` hosts on).
+        ``on_event`` gets each host's ``PushEvent`` (``node``, ``stage``, bytes, ``message``)
+        from the worker threads. PushError (``.result`` per host, ``.report``) if any host
+        failed."""
         from fleetctl.phases.codesync import default_code_dir
         from fleetctl.phases.push import PushOptions, push
 
-        code = None if path is None else default_code_dir(os.fspath(path))
+        if code is not None:
+            shipped: str | os.PathLike[str] | None = os.fspath(code)
+        else:
+            shipped = None if path is None else default_code_dir(os.fspath(path))
         options = PushOptions(
             keep_snapshots=keep,
             require_nccl=backend == "nccl",
             check_torch=check_torch,
+            peer=peer,
+            peer_min_nodes=peer_min,
             allow_secrets=tuple(allow_secrets),
         )
         with self._ssh() as fleet:
             return push(
                 fleet,
-                code=code,
+                code=shipped,
                 env_archive=None if env is None else os.fspath(env),
                 options=options,
+                progress=on_event,
             )
 
     def push_image(
@@ -181,10 +236,41 @@ class Fleet:
                 fleet, image, container_runtime=container_runtime, peer=peer, image_id=image_id
             )
 
-    # -- run ----------------------------------------------------------------------------------
-    def run(
+    # -- exec ---------------------------------------------------------------------------------
+    def exec(
         self,
-        script: str,
+        command: str | Sequence[str],
+        *,
+        timeout: float = 60.0,
+        on_result: Callable[[NodeRun], None] | None = None,
+    ) -> ExecResult:
+        """``fleetctl exec``: ``command`` on every host at once (a string: a remote shell line;
+        a sequence: quoted one by one, reaching the program literally), stopped there with
+        everything it started after ``timeout`` s. Never raises for a failing host: the
+        result's ``runs`` (rank order: ``node``, ``stdout``, ``stderr``, ``exit_code``,
+        ``status``), ``ok``, ``failed``, ``exit_code()``, ``gathered()`` (clush ``-b``).
+        ``on_result`` gets each host's run as it finishes, in a worker thread. Loads only the
+        SSH layer (``fleetctl exec`` starts fast)."""
+        from fleetctl.ssh.execute import command_line, execute
+
+        line = command_line((command,) if isinstance(command, str) else tuple(command))
+        with self._ssh() as fleet:
+            return execute(fleet, line, timeout=timeout, on_result=on_result)
+
+    # -- run ----------------------------------------------------------------------------------
+    # what a type checker sees: a dry run is the plan, every other run the job (the options are
+    # those of the implementation below)
+    @overload
+    def run(
+        self, script: str | None = None, *args: str, dry_run: Literal[True], **options: Any
+    ) -> Plan: ...
+    @overload
+    def run(
+        self, script: str | None = None, *args: str, dry_run: Literal[False] = False, **options: Any
+    ) -> Job: ...
+    def run(  # type: ignore[misc]  # the overloads name the options as **options
+        self,
+        script: str | None = None,
         *args: str,
         launcher: str = "torchrun",
         nproc_per_node: int | str = "auto",
@@ -200,91 +286,107 @@ class Fleet:
         backend: str | None = None,
         grace: float = 5.0,
         lost_timeout: float = 5.0,
-        max_retries: int = 0,
+        deadman: float = 10.0,
+        max_retries: int | None = None,
+        retry_on: Sequence[str] = (),
+        no_retry_on: Sequence[str] = (),
+        retry_backoff: float | None = None,
         allow_secrets: Sequence[str] = (),
         allow_busy_gpus: bool = False,
         before: str | Callable[[Sequence[Node], SSHSettings | None], None] | None = None,
+        job_file: str | os.PathLike[str] | None = None,
+        env_style: str | None = None,
+        nodes: int | None = None,
+        checkpoint_dir: str | None = None,
+        image: str | None = None,
+        container_runtime: str | None = None,
+        collective: CollectiveOptions | None = None,
+        collect: CollectOptions | None = None,
+        monitor: bool = True,
+        monitor_lost_timeout: float | None = None,
+        dry_run: bool = False,
+        foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
-    ) -> Job:
+    ) -> Job | Plan:
         """``fleetctl run SCRIPT ARGS…``: check → push → launch → watch → first-failure
         teardown → collect, into ``runs_dir/<job id>/``. Returns at once with the
         :class:`Job` (its ``lines()``, ``wait()``, ``stop()``); ``detach=True`` returns once
-        the job runs on every node under its supervisors and a monitor.
+        the job runs on every node under its supervisors and a monitor (``monitor=False``:
+        none). ``foreground=True`` runs it in the calling thread (Ctrl-C stops it there, as
+        the command's) and returns the ended job (``job.details``: the full result).
 
         ``script`` as the command takes it (``-m`` then a module in ``args``); ``code``: the
-        folder shipped (default: the git work tree holding the script). ``before``: a Fabric
-        task as ``"fabfile.py:prepare"``, or a callable ``(nodes, settings)``, run after the
-        check and push, before the launch. ``on_event`` gets every ``JobEvent`` (phases,
-        output lines, node ends, the failure), in the job's thread. Bad arguments raise
-        UsageError here; what blocks the launch (CheckError, PushError, …) is raised by
-        ``wait()`` (``detach=True``: here)."""
-        from datetime import datetime, timezone
-
+        folder shipped (default: the git work tree holding the script). ``job_file``: a
+        role job instead of ``script`` (``--job``; ``env_style``: its variables' names).
+        ``nodes``: run on that many hosts that pass the check, the others spares for retries
+        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``before``: a
+        Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
+        ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
+        each node's launcher in a container (``container_runtime``). ``collective``: the
+        collective benchmark in the check. ``dry_run=True``: no host reached; returns the
+        ``Plan`` (``plan.to_json()`` is ``--dry-run --json``). ``on_event`` gets every
+        ``JobEvent`` (phases, output lines, node ends, the failure), in the job's thread.
+        Bad arguments raise UsageError here; what blocks the launch (CheckError, PushError,
+        …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here)."""
         from fleetctl.api.job import Job
-        from fleetctl.job.run import RunOptions
-        from fleetctl.job.submit import JobRequest, RetryRequest, submit
-        from fleetctl.plan.launchers import LAUNCHER_NAMES
-        from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec
-        from fleetctl.plan.script_arg import resolve
+        from fleetctl.api.runrequest import RunArgs, prepare
 
-        if launcher not in LAUNCHER_NAMES:
-            raise UsageError(f"launcher {launcher!r}: one of {', '.join(LAUNCHER_NAMES)}")
-        if nproc_per_node != "auto" and not (
-            isinstance(nproc_per_node, int)
-            and not isinstance(nproc_per_node, bool)
-            and nproc_per_node > 0
-        ):
-            raise UsageError(f"nproc_per_node {nproc_per_node!r}: a positive integer or 'auto'")
-        env = dict(env or {})
-        bad = [k for k in env if not ENV_KEY_RE.match(k)]
-        if bad:
-            raise UsageError(f"env: {bad[0]!r} is not a valid variable name")
-        prog = resolve(
-            script,
-            tuple(args),
-            None if code is None else os.fspath(code),
-            launcher,
-            tuple(launcher_args),
-        )
-        now = datetime.now(timezone.utc)
-        spec = JobSpec(
-            script=prog.script,
-            job_id=_new_job_id(now),
-            args=prog.args,
+        a = RunArgs(
             launcher=launcher,
             nproc_per_node=nproc_per_node,
-            master_port=master_port or DEFAULT_MASTER_PORT,
-            master_port_fixed=master_port is not None,
-            launcher_args=tuple(launcher_args),
             env=env,
-            backend=backend,
-            created=now.isoformat(timespec="seconds"),
-            kind=prog.kind,
-            folder=prog.folder,
-        )
-        hook = _before_hook(before)
-        options = RunOptions(
-            runs_dir=self.runs_dir,
+            stall_timeout=stall_timeout,
+            timeout=timeout,
+            detach=detach,
+            code=code,
+            env_archive=env_archive,
             check=check,
+            master_port=master_port,
+            launcher_args=tuple(launcher_args),
+            backend=backend,
             grace=grace,
             lost_timeout=lost_timeout,
-            timeout=timeout,
-            stall_timeout=stall_timeout,
-            code=os.path.abspath(prog.code_dir),
-            env_archive=None if env_archive is None else os.fspath(env_archive),
-            settings=self.settings,
-            detach=detach,
-            inventory=self.inventory,
-            limit=self.limit,
+            deadman=deadman,
+            max_retries=max_retries,
+            retry_on=tuple(retry_on),
+            no_retry_on=tuple(no_retry_on),
+            retry_backoff=retry_backoff,
             allow_secrets=tuple(allow_secrets),
             allow_busy_gpus=allow_busy_gpus,
-            before_launch=hook,
+            before=before,
+            job_file=job_file,
+            env_style=env_style,
+            nodes=nodes,
+            checkpoint_dir=checkpoint_dir,
+            image=image,
+            container_runtime=container_runtime,
+            collective=collective,
+            collect=collect,
+            monitor=monitor,
+            monitor_lost_timeout=monitor_lost_timeout,
         )
-        retry = RetryRequest(max_retries=max_retries or None).policy()
-        request = JobRequest(spec, self.nodes, options, retry=retry)
+        ready = prepare(
+            script,
+            args,
+            a,
+            nodes=self._nodes,
+            groups=self.groups,
+            settings=self.settings,
+            runs_dir=self.runs_dir,
+            inventory=self.inventory,
+            limit=self.limit,
+            dry_run=dry_run,
+        )
+        if ready.plan is not None:
+            return ready.plan
+        assert ready.request is not None
+        if foreground:
+            return Job._run_here(ready.request, on_event=on_event)
         if not detach:
-            return Job._start(request, on_event=on_event, before=hook)
-        done = submit(request, on_event=on_event or (lambda ev: None))
+            return Job._start(ready.request, on_event=on_event, before=ready.before)
+        from fleetctl.job.submit import submit
+
+        done = submit(ready.request, on_event=on_event or (lambda ev: None))
         return Job._found(done.result.job_id, self.runs_dir, self.settings)
 
     # -- fabric -------------------------------------------------------------------------------
@@ -302,22 +404,3 @@ class Fleet:
         from fleetctl.ssh.fleet import Fleet as SSHFleet
 
         return SSHFleet(self._nodes, self.settings, fanout=self.fanout)
-
-
-def _new_job_id(now: Any) -> str:
-    """As ``fleetctl run``'s: ``YYYYmmdd-HHMMSS-<6 hex>`` in UTC."""
-    import secrets
-
-    from fleetctl.plan.rankplan import format_job_id
-
-    return format_job_id(now, secrets.token_hex(3))
-
-
-def _before_hook(
-    before: str | Callable[[Sequence[Node], SSHSettings | None], None] | None,
-) -> Callable[[Sequence[Node], SSHSettings | None], None] | None:
-    if before is None or callable(before):
-        return before
-    from fleetctl.api.before import load_task
-
-    return load_task(before)

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     )
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.jobrecord import JobRecord
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.ssh.connection import SSHSettings
@@ -107,6 +108,8 @@ class Job:
         self._stop_asked = threading.Event()
         self._callback_errors: list[str] = []
         self._following = False
+        self._details: JobResult | None = None
+        self._monitor: SpawnedMonitor | None = None
 
     # -- starting ---------------------------------------------------------------------------
     @classmethod
@@ -169,21 +172,54 @@ class Job:
         job._thread.start()
         return job
 
-    def _run(self, request: JobRequest) -> None:
-        from fleetctl.job.state import JobStatus
+    @classmethod
+    def _run_here(cls, request: JobRequest, *, on_event: Callable[[JobEvent], None] | None) -> Job:
+        """Run ``request`` in the calling thread (``Fleet.run(foreground=True)``, the
+        command's way: Ctrl-C interrupts it there); the ended (or detached) job."""
         from fleetctl.job.submit import submit
+
+        options = request.options
+        job = cls(request.spec.job_id, options.runs_dir, options.settings)
+        try:
+            done = submit(request, on_event=on_event or (lambda ev: None))
+            job._details, job._monitor = done.result, done.monitor
+            job._result = job._verdict(done.result)
+        finally:
+            job._lines.close()
+            job._ended.set()
+        return job
+
+    @property
+    def details(self) -> JobResult | None:
+        """A job run here: the job core's whole result (every node's outcome, the phases,
+        teardown, collection, attempts; ``to_dict()`` is ``fleetctl run --json``); None
+        before it ended and for a job found by id (its record: ``status()``)."""
+        return self._details
+
+    @property
+    def monitor(self) -> SpawnedMonitor | None:
+        """``Fleet.run(detach=True, foreground=True)``: the job monitor started for it."""
+        return self._monitor
+
+    def _verdict(self, r: JobResult) -> RunResult:
+        from fleetctl.job.state import JobStatus
         from fleetctl.phases.collect import interrupted
+
+        if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):
+            code = 130
+        else:
+            code = r.exit_code if r.exit_code in (0, 4) else 3  # 4: logs incomplete
+        record = r.to_record()
+        record.errors = [*record.errors, *self._callback_errors]
+        return RunResult.from_record(record, r.folder, exit_code=code)
+
+    def _run(self, request: JobRequest) -> None:
+        from fleetctl.job.submit import submit
 
         try:
             done = submit(request, on_event=self._event)
-            r = done.result
-            if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):
-                code = 130
-            else:
-                code = r.exit_code if r.exit_code in (0, 4) else 3  # 4: logs incomplete
-            record = r.to_record()
-            record.errors = [*record.errors, *self._callback_errors]
-            self._result = RunResult.from_record(record, r.folder, exit_code=code)
+            self._details = done.result
+            self._result = self._verdict(done.result)
         except BaseException as e:  # raised again by wait(), in the caller's thread
             self._error = e
         finally:
@@ -285,6 +321,9 @@ class Job:
         launch (CheckError, PushError, …), WaitTimeout after ``timeout`` (the job runs on).
         Ctrl-C while waiting stops the job on every node, then raises KeyboardInterrupt."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        ran_here = self._thread is None and self._details is not None
+        if ran_here and self._result is not None and not self._result.detached:
+            return self._result  # ended in this thread (``foreground=True``)
         try:
             if self._thread is not None:
                 while not self._ended.wait(0.2):

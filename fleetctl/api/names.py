@@ -4,8 +4,8 @@ Cheap to import (the launcher table and the rank plan's constants), for option p
 from __future__ import annotations
 
 from fleetctl.plan.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
-from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT
+from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE
 
 LAUNCHERS = LAUNCHER_NAMES  # torchrun, paddle, deepspeed, plain, accelerate, …
 
-__all__ = ["BACKENDS", "DEFAULT_LAUNCHER", "DEFAULT_MASTER_PORT", "LAUNCHERS"]
+__all__ = ["BACKENDS", "DEFAULT_LAUNCHER", "DEFAULT_MASTER_PORT", "ENV_KEY_RE", "LAUNCHERS"]

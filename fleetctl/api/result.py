@@ -42,8 +42,9 @@ class FirstFailure:
 @dataclass(frozen=True)
 class RunResult:
     """How the job ended. ``exit_code`` is the CLI's: 0 every node succeeded, 3 a node
-    failed, was lost or the job was stopped or timed out, 130 interrupted (or its logs only
-    partly collected)."""
+    failed, was lost or the job was stopped or timed out, 4 it succeeded but a node's logs
+    did not all come home (``logs_incomplete``), 130 interrupted (or its logs only partly
+    collected)."""
 
     job_id: str
     status: str
@@ -55,6 +56,7 @@ class RunResult:
     nodes: list[dict[str, Any]] = field(default_factory=list)  # job.json's node records
     errors: list[str] = field(default_factory=list)
     detached: bool = False  # still running under its supervisors (``run(detach=True)``)
+    logs_incomplete: list[str] = field(default_factory=list)  # hosts whose logs are not home
 
     @property
     def ok(self) -> bool:
@@ -68,6 +70,12 @@ class RunResult:
         ff = self.first_failure
         if ff is not None:
             return f"node {ff.node_rank} ({ff.host}) failed first: {ff.reason}"
+        if self.exit_code == 4:
+            hosts = ", ".join(self.logs_incomplete) or "a node"
+            return (
+                f"{self.status}, but logs incomplete from {hosts}: "
+                "`fleetctl collect` fetches the rest"
+            )
         return self.verdict or self.status
 
     @classmethod
@@ -94,6 +102,9 @@ class RunResult:
             nodes=[n.to_dict() for n in record.nodes],
             errors=list(record.errors),
             detached=record.detached and record.live,
+            logs_incomplete=[
+                str(c.get("host")) for c in record.collected if c.get("complete") is False
+            ],
         )
 
 

@@ -10,7 +10,7 @@ import click
 from fleetctl.cli.options import Number, Seconds
 
 if TYPE_CHECKING:
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.api.types import CollectiveOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,7 +66,8 @@ def collective_settings(
 ) -> CollectiveOptions | None:
     if not enabled:
         return None
-    from fleetctl.phases.collective_judge import CollectiveOptions, MiB
+    from fleetctl.api.helpers import MiB
+    from fleetctl.api.types import CollectiveOptions
 
     return CollectiveOptions(
         size=max(4, int(size_mib * MiB)), min_fraction=min_fraction, floor=floor, timeout=timeout

@@ -26,12 +26,12 @@ from fleetctl.cli.options import (
     SSHOptions,
     inventory_option,
     limit_option,
-    load_selected,
+    open_fleet,
     ssh_options,
 )
 
 if TYPE_CHECKING:
-    from fleetctl.ssh.execute import ExecResult, NodeRun
+    from fleetctl.api.types import ExecResult, NodeRun
 
 
 def _prefixed(name: str, text: str) -> str:
@@ -55,10 +55,9 @@ def _print_run(run: NodeRun) -> None:
 def _print_gathered(result: ExecResult) -> None:
     """clush -b: identical output printed once under the folded set of nodes that produced it."""
     from fleetctl.cli.nodeset import fold
-    from fleetctl.ssh.execute import group_identical
 
     out = []
-    for names, run in group_identical(result.runs):
+    for names, run in result.gathered():
         header = fold(names)
         if run.status != "ok":
             header += f" ({run.status})"
@@ -130,14 +129,10 @@ def exec_command(
     Exit status 0 if every node succeeded, 3 if any failed or was unreachable (see -S).
     """
     from fleetctl.errors import ExecFailed
-    from fleetctl.ssh.execute import command_line, execute
-    from fleetctl.ssh.fleet import Fleet
 
-    line = command_line(command)
-    nodes = list(load_selected(inventory, limit).nodes)
     stream = not (as_json or gather)
-    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet:
-        result = execute(fleet, line, timeout=timeout, on_result=_print_run if stream else None)
+    fleet = open_fleet(inventory, limit, ssh)
+    result = fleet.exec(command, timeout=timeout, on_result=_print_run if stream else None)
     if as_json:
         data = result.to_dict()
         data["exit_code"] = result.exit_code(max_rc=max_rc)

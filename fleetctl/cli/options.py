@@ -18,14 +18,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from fleetctl.api.helpers import (
+    DEFAULT_FANOUT,
+    MAX_COUNT,
+    MAX_SECONDS,
+    load_inventory,
+    local_inventory,
+)
+from fleetctl.api.types import SSHSettings
 from fleetctl.errors import UsageError
-from fleetctl.plan.inventory import Inventory, load_inventory, local_inventory
-from fleetctl.plan.userinput import MAX_COUNT, MAX_SECONDS
-from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.fleet import DEFAULT_FANOUT
 
 if TYPE_CHECKING:
     from fleetctl.api import Fleet as ApiFleet
+    from fleetctl.api.types import Inventory
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -225,7 +230,8 @@ def collect_settings(
     collect_max: str | None, collect_exclude: tuple[str, ...], base: Any = None
 ) -> Any:
     """``CollectOptions`` from the options, over ``base`` (a run's recorded ones) or defaults."""
-    from fleetctl.phases.collect import CollectOptions, parse_size
+    from fleetctl.api.helpers import parse_size
+    from fleetctl.api.types import CollectOptions
 
     base = base or CollectOptions()
     try:
@@ -261,7 +267,7 @@ def collect_max_bytes(collect_max: str | None) -> int | None:
     """``--collect-max`` in bytes (None: not given, the run's cap stands)."""
     if collect_max is None:
         return None
-    from fleetctl.phases.collect import parse_size
+    from fleetctl.api.helpers import parse_size
 
     try:
         return parse_size(collect_max)

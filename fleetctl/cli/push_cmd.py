@@ -20,7 +20,7 @@ from fleetctl.cli.options import (
     allow_secret_option,
     inventory_option,
     limit_option,
-    load_selected,
+    open_fleet,
     ssh_options,
 )
 
@@ -104,9 +104,6 @@ def push_command(
     """Ship code and the conda-pack env to every host; verify python and NCCL there."""
     from fleetctl.cli import render
     from fleetctl.errors import PushError
-    from fleetctl.phases.codesync import default_code_dir
-    from fleetctl.phases.push import PushOptions, push
-    from fleetctl.ssh.fleet import Fleet
 
     if image is not None or container_runtime is not None:
         from fleetctl.cli.push_image_cmd import push_image_main
@@ -115,25 +112,24 @@ def push_command(
         if image is None or code_dir or env_archive:
             raise UsageError("--image pushes the image alone: no --code, --env; give --image")
         return push_image_main(inventory, limit, image, container_runtime, peer, as_json, ssh)
-    selected = load_selected(inventory, limit)
-    nodes = list(getattr(selected, "nodes", selected))
-    code = None if no_code else (code_dir or default_code_dir("."))
-    options = PushOptions(
-        keep_snapshots=keep,
-        require_nccl=backend == "nccl",
-        check_torch=check_torch,
-        peer=peer,
-        peer_min_nodes=peer_min,
-        allow_secrets=allow_secrets,
-    )
+    fleet = open_fleet(inventory, limit, ssh)
     display = render.PushProgress(
-        [n.name for n in nodes], enabled=not as_json and sys.stderr.isatty()
+        [n.name for n in fleet.nodes], enabled=not as_json and sys.stderr.isatty()
     )
     error: PushError | None = None
-    with Fleet(nodes, ssh.settings, fanout=ssh.fanout) as fleet, display:
+    with display:
         try:
-            report = push(
-                fleet, code=code, env_archive=env_archive, options=options, progress=display
+            report = fleet.push(
+                None if no_code else ".",
+                env_archive,
+                code=None if no_code else code_dir,
+                allow_secrets=allow_secrets,
+                backend=backend,
+                check_torch=check_torch,
+                keep=keep,
+                peer=peer,
+                peer_min=peer_min,
+                on_event=display,
             )
         except PushError as e:
             error, report = e, e.report  # type: ignore[attr-defined]

@@ -13,13 +13,16 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from fleetctl.api.types import (
+        CheckReport,
+        Inventory,
+        JobEvent,
+        JobResult,
+        Plan,
+        SpawnedMonitor,
+        StackGroup,
+    )
     from fleetctl.cli.columns import Column
-    from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobEvent, JobResult
-    from fleetctl.job.stacks import StackGroup
-    from fleetctl.phases.check import CheckReport
-    from fleetctl.plan.inventory import Inventory
-    from fleetctl.plan.rankplan import Plan
 
 
 # ------------------------------------------------------------------------------------ check
@@ -49,8 +52,8 @@ def print_check_report(report: CheckReport, console: Console | None = None) -> N
     from rich.markup import escape
     from rich.table import Table
 
+    from fleetctl.api.helpers import CHECKS
     from fleetctl.cli.console import stdout_console
-    from fleetctl.phases.check import CHECKS
 
     console = console or stdout_console()
     # Narrow terminals get symbols only (+ the training address); reasons follow the table.
@@ -317,7 +320,7 @@ class PushProgress:
         }
 
     def __call__(self, event: Any) -> None:
-        from fleetctl.phases.envpack import human_bytes
+        from fleetctl.api.helpers import human_bytes
 
         task = self.tasks.get(event.node)
         if task is None:
@@ -374,7 +377,7 @@ def print_push_report(
     from rich.markup import escape
     from rich.table import Table
 
-    from fleetctl.phases.envpack import human_bytes
+    from fleetctl.api.helpers import human_bytes
 
     console = console or Console()
     table = Table(box=box.SIMPLE, show_header=True, header_style="bold")
@@ -428,9 +431,9 @@ def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | N
     from rich.markup import escape
     from rich.text import Text
 
+    from fleetctl.api.helpers import shared_positions
     from fleetctl.cli.columns import Column, print_table
     from fleetctl.cli.console import stdout_console
-    from fleetctl.plan.shared import shared_positions
 
     console = console or stdout_console()
     where = inventory or "this machine (no inventory)"

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleetctl.job.result import NodeOutcome
-    from fleetctl.phases.collect import NodeCollect
+    from fleetctl.api.types import NodeCollect, NodeOutcome
 
 
 def node_problem_lines(nodes: Sequence[NodeOutcome]) -> list[str]:
     """Nodes that said something went wrong besides the job (``disk full on <run dir>``):
     their console.log has gaps, fleetctl's streamed copy does not."""
-    from fleetctl.job.runfolder import STREAMED_CONSOLE
+    from fleetctl.api.helpers import STREAMED_CONSOLE
 
     lines = []
     for n in nodes:
@@ -35,8 +34,7 @@ def collect_summary_lines(collected: Sequence[NodeCollect], job_id: str) -> list
     it means the run folder does not hold everything the job wrote. Files left on purpose
     (over the cap, excluded) follow, with how to fetch them.
     """
-    from fleetctl.job.runfolder import STREAMED_CONSOLE
-    from fleetctl.phases.collect import INCOMPLETE_REASONS, not_collected_line
+    from fleetctl.api.helpers import INCOMPLETE_REASONS, STREAMED_CONSOLE, not_collected_line
 
     lines: list[str] = []
     for c in collected:
@@ -71,7 +69,7 @@ def collect_summary_lines(collected: Sequence[NodeCollect], job_id: str) -> list
 
 def collect_lines(results: Sequence[NodeCollect]) -> list[str]:
     """``fleetctl collect``: one line per node, then what was not collected and why."""
-    from fleetctl.phases.collect import format_size, not_collected_line
+    from fleetctl.api.helpers import format_size, not_collected_line
 
     lines = []
     for c in results:

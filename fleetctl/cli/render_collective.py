@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from fleetctl.phases.collective_judge import CollectiveReport
+    from fleetctl.api.types import CollectiveReport
 
 STACK_LINES = 40  # per hung host; the whole dump is in --json
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.cli.render import fold_ranks, stack_lines
 
 if TYPE_CHECKING:
-    from fleetctl.job.result import JobResult
+    from fleetctl.api.types import JobResult
 
 
 def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
@@ -66,7 +66,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         for cause in result.culprits or []:
             lines.append(f"  likely cause: {cause}")
         if result.failed_ranks:
-            from fleetctl.job.ranks import describe
+            from fleetctl.api.helpers import describe_rank as describe
 
             lines.extend("  " + describe(f, result.folder) for f in result.failed_ranks)
         tail = result.log_tail(ff.rank, tail_lines)
@@ -83,7 +83,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
         )
         if result.stacks is not None:
-            from fleetctl.job.stacks import StackGroup
+            from fleetctl.api.types import StackGroup
 
             groups = [
                 StackGroup(g["frame"], tuple(g["ranks"]), tuple(g["launcher_nodes"]))

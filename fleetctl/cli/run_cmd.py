@@ -4,19 +4,25 @@ Everything after SCRIPT goes to the script untouched (fleetctl's own options com
 torchrun. ``--dry-run`` stops after planning: no network, nothing started; ``--json`` prints the
 plan in the contract shape ``{"job_id", "nodes": [{"host", "address", "node_rank", "nic",
 "argv", "env"}…]}``, long fleet-wide values once under ``shared`` (``--full``: on every node).
-Without ``--dry-run`` the JobSpec is handed to ``fleetctl.job.run.run_job`` (check → push →
-launch → watch → teardown → collect).
+Without ``--dry-run`` the options go to ``Fleet.run`` (docs/api.md: check → push → launch →
+watch → teardown → collect), run in this thread; the result is rendered here.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from fleetctl.api.names import (
+    BACKENDS,
+    DEFAULT_LAUNCHER,
+    DEFAULT_MASTER_PORT,
+    ENV_KEY_RE,
+    LAUNCHERS,
+)
 from fleetctl.cli import cli
 from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.jobs_cmd import lifecycle_options
@@ -30,31 +36,21 @@ from fleetctl.cli.options import (
     collect_settings,
     inventory_option,
     limit_option,
-    load_selected,
+    open_fleet,
     ssh_options,
 )
 from fleetctl.cli.slurm_run import slurm_options
 from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete, UsageError
-from fleetctl.plan.launchers import DEFAULT_LAUNCHER, LAUNCHER_NAMES
-from fleetctl.plan.rankplan import BACKENDS, DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec, format_job_id
-from fleetctl.ssh.connection import SSHSettings
 
 if TYPE_CHECKING:
-    from fleetctl.job.retry import RetryPolicy
-    from fleetctl.job.rolejob import RolePlanner
-    from fleetctl.phases.collect import CollectOptions
+    from fleetctl.api import Job
 
 
 def new_job_id(now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<6 hex>`` in UTC: sorts by start time, random suffix avoids clashes."""
-    return format_job_id(now or datetime.now(timezone.utc), secrets.token_hex(3))
+    from fleetctl.api.runrequest import new_job_id as new
 
-
-def _adopted_job_id() -> str | None:
-    """Inside the batch job ``run --slurm`` submitted: its job id (and run folder)."""
-    from fleetctl.slurm.batch import adopted_job_id
-
-    return adopted_job_id(os.environ)
+    return new(now)
 
 
 MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
@@ -104,7 +100,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @ssh_options(fanout_help=None)  # a job needs every node at once
 @click.option(
     "--launcher",
-    type=click.Choice(LAUNCHER_NAMES),
+    type=click.Choice(LAUNCHERS),
     default=DEFAULT_LAUNCHER,
     show_default=True,
     help="How each node starts its processes.",
@@ -307,241 +303,109 @@ def run_command(
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
     or the roles of a job file (--job)."""
     from fleetctl.cli.slurm_run import check_flags, run_slurm
-    from fleetctl.job.submit import RetryRequest
 
     check_flags(lifecycle)
     if lifecycle["slurm"]:  # submitted: the same run happens inside the allocation
         return run_slurm(click.get_current_context())
-    if container_runtime is not None:
-        from fleetctl.plan.runtimes import runtime
-
-        runtime(container_runtime)  # a usage error before anything is read
     env = parse_env_vars(env_vars)
     if full and not (dry_run and as_json):
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
-    job_file: str | None = lifecycle["job_file"]
-    env_style: str | None = lifecycle["env_style"]
-    detach: bool = lifecycle["detach"]
-    retry = RetryRequest(
-        max_retries=lifecycle["max_retries"],
-        retry_on=tuple(lifecycle["retry_on"]),
-        no_retry_on=tuple(lifecycle["no_retry_on"]),
-        backoff=lifecycle["retry_backoff"],
-    )
-    if env_style is not None and job_file is None:
-        raise UsageError("--env-style names role env variables: it needs a role job (--job FILE)")
-    if job_file is not None and lifecycle["launcher_args"]:
-        raise UsageError(
-            "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
-            "each role's command in the job file"
-        )
-    if job_file is not None and script is not None:
-        raise UsageError(f"--job {job_file} replaces SCRIPT; got {script!r} too")
-    kind, folder = None, ""
-    if job_file is None:
-        if script is None:
-            raise UsageError("missing SCRIPT (or --job FILE)")
-        from fleetctl.plan.script_arg import resolve
-
-        # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
-        prog = resolve(script, script_args, code_dir, launcher, lifecycle["launcher_args"])
-        script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
-        code_dir = prog.code_dir
-    from fleetctl.phases.checkpoints import checkpoint_dir_arg
-
-    checkpoint_dir = checkpoint_dir_arg(lifecycle["checkpoint_dir"])
-    before = None
-    if lifecycle["before"] is not None:  # loaded now: a bad FILE:TASK fails before the check
-        if inventory is None:
-            raise UsageError("--before runs a Fabric task over SSH: it needs an inventory (-i)")
-        from fleetctl.api.before import load_task
-
-        before = load_task(lifecycle["before"])
-    inv = load_selected(inventory, limit)
     in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-    if in_slurm and not lifecycle["no_slurm"]:
-        from fleetctl.slurm import allocation  # inside an allocation: its nodes, via srun
+    if in_slurm and not lifecycle["no_slurm"]:  # inside an allocation: its nodes, via srun
+        from fleetctl.api import Fleet
 
-        inv = allocation.apply(inv, has_inventory=inventory is not None)
-    want = lifecycle["nodes_wanted"]
-    if want is not None and want > len(inv.nodes):
-        raise UsageError(f"--nodes {want}: the selection has only {len(inv.nodes)} host(s)")
-    now = datetime.now(timezone.utc)
-    spec = JobSpec(
-        script=script or "",
-        job_id=_adopted_job_id() or new_job_id(now),
-        args=script_args,
-        launcher=launcher,
-        nproc_per_node=nproc,
-        master_port=master_port or DEFAULT_MASTER_PORT,
-        master_port_fixed=master_port is not None,
-        launcher_args=tuple(lifecycle["launcher_args"]),
-        env=env,
-        backend=backend,
-        created=now.isoformat(timespec="seconds"),
-        kind=kind,
-        folder=folder,
-        image=image,
-        container_runtime=container_runtime,
-    )
-    planner = None
-    job_retry = None
-    if job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
-        from fleetctl.job.rolejob import load_role_job
-
-        role_job = load_role_job(
-            job_file,
-            inv.nodes,
-            inv.groups,
-            spec,
-            code_dir=code_dir,
-            env_style=env_style,
-            detach=detach,
+        s = ssh.settings
+        fleet = Fleet.slurm(
+            inventory,
+            limit,
+            known_hosts=s.known_hosts,
+            accept_new=s.accept_new,
+            connect_timeout=s.connect_timeout,
+            runs_dir=runs_dir,
         )
-        spec, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner
-        job_retry = planner.job.retry
-        timeout = timeout if timeout is not None else planner.job.timeout
-        stall_timeout = stall_timeout if stall_timeout is not None else planner.job.stall_timeout
-        nodes = planner.nodes
-        plan_now = planner.dry_plan if dry_run else None
     else:
-        nodes = inv.nodes
-        plan_now = None
-        if dry_run:
-            from fleetctl.plan.rankplan import make_plan
-
-            def plan_now(spec: JobSpec) -> Any:
-                return make_plan(inv.nodes, spec)
-
-    # what the real run would refuse, a dry run refuses too
-    retry_policy = retry.policy(job_retry)
+        fleet = open_fleet(inventory, limit, ssh, runs_dir=runs_dir)
     collect = collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"])
-    if plan_now is not None:
-        plan = plan_now(spec)
-        if as_json:
-            click.echo(plan.to_json(compact=not full))
-        else:
-            from fleetctl.cli import render
-
-            render.print_plan(plan, inventory=inv.path)
-        return
-    _run_for_real(
-        spec,
-        nodes,
-        code_dir=code_dir,
-        env_archive=env_archive,
-        check=not no_check,
-        grace=grace,
-        lost_timeout=lost_timeout,
-        deadman=deadman,
-        timeout=timeout,
-        stall_timeout=stall_timeout,
-        runs_dir=runs_dir,
-        tail=tail,
-        raw_output=raw_output,
-        as_json=as_json,
-        inventory=inv.path,
-        limit=limit,
-        settings=ssh.settings,
-        detach=detach,
-        planner=planner,
-        retry=retry_policy,
-        monitor=not lifecycle["no_monitor"],
-        monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
-        allow_secrets=tuple(lifecycle["allow_secrets"]),
-        allow_busy_gpus=lifecycle["allow_busy_gpus"],
-        nodes_wanted=lifecycle["nodes_wanted"],
-        checkpoint_dir=checkpoint_dir,
-        collect=collect,
-        before=before,
-        collective=collective_settings(
+    collective = (
+        None
+        if dry_run
+        else collective_settings(
             lifecycle["collective"],
             lifecycle["collective_size"],
             lifecycle["collective_min"],
             lifecycle["collective_floor"],
             lifecycle["collective_timeout"],
         )
-        or (planner.job.collective if planner is not None else None),  # the job file's key
     )
+    live = None
+    if not dry_run:
+        from fleetctl.cli import render
 
-
-def _run_for_real(
-    spec: JobSpec,
-    nodes: Any,
-    *,
-    code_dir: str,
-    env_archive: str | None,
-    check: bool,
-    grace: float,
-    lost_timeout: float,
-    deadman: float,
-    timeout: float | None,
-    stall_timeout: float | None,
-    runs_dir: str,
-    tail: str,
-    raw_output: bool,
-    as_json: bool,
-    inventory: str | None,
-    limit: str | None,
-    settings: SSHSettings | None,
-    detach: bool,
-    planner: RolePlanner | None,
-    retry: RetryPolicy,
-    monitor: bool,
-    monitor_lost_timeout: float | None,
-    allow_secrets: tuple[str, ...] = (),
-    collect: CollectOptions | None = None,
-    allow_busy_gpus: bool = False,
-    nodes_wanted: int | None = None,
-    checkpoint_dir: str | None = None,
-    before: Any = None,
-    collective: Any = None,
-) -> None:
-    """check → push → launch → watch → teardown → collect, with live logs; exit 0/3/130."""
-    import json
-
-    from fleetctl.cli import render, render_summary
-    from fleetctl.job.run import RunOptions
-    from fleetctl.job.submit import JobRequest, submit
-
-    options = RunOptions(
-        runs_dir=runs_dir,
-        check=check,
+        live = render.LiveLog(tail="none" if as_json else tail, raw=raw_output)
+    ran = fleet.run(
+        script,
+        *script_args,
+        launcher=launcher,
+        nproc_per_node=nproc,
+        env=env,
+        stall_timeout=stall_timeout,
+        timeout=timeout,
+        detach=lifecycle["detach"],
+        code=code_dir,
+        env_archive=env_archive,
+        check=not no_check,
+        master_port=master_port,
+        launcher_args=tuple(lifecycle["launcher_args"]),
+        backend=backend,
         grace=grace,
         lost_timeout=lost_timeout,
         deadman=deadman,
-        timeout=timeout,
-        stall_timeout=stall_timeout,
-        code=os.path.abspath(code_dir),
-        env_archive=env_archive,
-        settings=settings,
-        detach=detach,
-        planner=planner,
-        inventory=inventory,
-        limit=limit,
-        allow_secrets=allow_secrets,
-        allow_busy_gpus=allow_busy_gpus,
-        collect=collect,
-        nodes_wanted=nodes_wanted,
-        checkpoint_dir=checkpoint_dir,
-        before_launch=before,
+        max_retries=lifecycle["max_retries"],
+        retry_on=tuple(lifecycle["retry_on"]),
+        no_retry_on=tuple(lifecycle["no_retry_on"]),
+        retry_backoff=lifecycle["retry_backoff"],
+        allow_secrets=tuple(lifecycle["allow_secrets"]),
+        allow_busy_gpus=lifecycle["allow_busy_gpus"],
+        before=lifecycle["before"],
+        job_file=lifecycle["job_file"],
+        env_style=lifecycle["env_style"],
+        nodes=lifecycle["nodes_wanted"],
+        checkpoint_dir=lifecycle["checkpoint_dir"],
+        image=image,
+        container_runtime=container_runtime,
         collective=collective,
+        collect=collect,
+        monitor=not lifecycle["no_monitor"],
+        monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
+        dry_run=dry_run,
+        foreground=True,
+        on_event=live,
     )
-    request = JobRequest(
-        spec,
-        nodes,
-        options,
-        retry=retry,
-        monitor=monitor,
-        monitor_lost_timeout=monitor_lost_timeout,
-    )
-    live = render.LiveLog(tail="none" if as_json else tail, raw=raw_output)
-    done = submit(request, on_event=live)
-    result = done.result
-    if done.detached:
-        for line in render.detached_lines(result, done.monitor, monitor_wanted=monitor):
+    from fleetctl.api import Job
+
+    if not isinstance(ran, Job):  # --dry-run: the plan
+        if as_json:
+            click.echo(ran.to_json(compact=not full))
+        else:
+            from fleetctl.cli import render
+
+            render.print_plan(ran, inventory=fleet.inventory)
+        return
+    _render_run(ran, as_json=as_json, monitor_wanted=not lifecycle["no_monitor"])
+
+
+def _render_run(job: Job, *, as_json: bool, monitor_wanted: bool) -> None:
+    """The ended (or detached) job: its summary or JSON, and the exit status 0/3/4/130."""
+    import json
+
+    from fleetctl.cli import render, render_summary
+
+    result = job.details
+    assert result is not None
+    if result.detached and result.status == "running":  # runs on under its supervisors
+        for line in render.detached_lines(result, job.monitor, monitor_wanted=monitor_wanted):
             click.echo(line, err=True)
         click.echo(result.job_id)
         return
@@ -550,11 +414,10 @@ def _run_for_real(
     else:
         for line in render_summary.run_summary_lines(result):
             click.echo(line, err=True)
+    verdict = job.wait()
     if result.status == "interrupted":
         raise Interrupted(f"job {result.job_id} interrupted; stopped on every node")
-    from fleetctl.phases.collect import interrupted
-
-    if interrupted(result.collected):
+    if verdict.exit_code == Interrupted.exit_code:  # the logs' collection was interrupted
         raise Interrupted(
             f"job {result.job_id} {result.status}, but LOGS INCOMPLETE: log collection "
             f"interrupted; `fleetctl collect {result.job_id}` fetches the rest"

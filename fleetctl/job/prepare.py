@@ -98,7 +98,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
         job.emit("phase", "checking images")
-        runtimes = check_images(fleet, images)
+        runtimes = check_images(fleet, images, recheck=options.recheck)
     code_digest = None
     if options.code is not None or options.env_archive is not None:
         from fleetctl.phases import push as push_mod

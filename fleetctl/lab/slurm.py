@@ -18,6 +18,7 @@ import secrets
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 READY_TIMEOUT = 30.0
 STATE_FILE = "slurm.json"
 DAEMONS = ("munged", "slurmctld", "slurmd")
+NVIDIA_MAJOR = 195  # the lab's fake GPU device nodes (gres/gpu File=)
 #: slurmd refuses to start without cgroup hierarchies ("Unable to initialize cgroup plugin")
 #: even with proctrack/linuxproc; a lab host has its own /sys, so mount v1 ones there.
 _CGROUP_V1 = (
@@ -69,8 +71,17 @@ def _conf(lab: Lab, d: Path, ctld_port: int, d_port: int) -> str:
     gateway = lab.state["mgmt"]["gateway"]
     nodes = "\n".join(
         f"NodeName={h.name} NodeAddr={h.mgmt_addr} CPUs={os.cpu_count() or 1} State=UNKNOWN"
+        + (f" Gres=gpu:{h.gpus}" if h.gpus else "")
         for h in lab.hosts
     )
+    gpus = any(h.gpus for h in lab.hosts)
+    gres = "GresTypes=gpu\n" if gpus else ""
+    # 22.05's select/linear refuses every step of a job with gres ("cpu:1 is not a gres"):
+    # cons_tres then, each job still given whole nodes (OverSubscribe=EXCLUSIVE)
+    select = "select/cons_tres" if gpus else "select/linear"
+    exclusive = " OverSubscribe=EXCLUSIVE" if gpus else ""
+    # each task finds its host's fake nvidia-smi as an SSH session does (its bin dir on PATH)
+    prolog = f"TaskProlog={d}/task_prolog.sh\n" if gpus else ""
     names = ",".join(h.name for h in lab.hosts)
     return f"""# fleetctl lab {lab.name}: written by fleetctl.lab.slurm
 ClusterName={lab.name}
@@ -95,15 +106,33 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
-SelectType=select/linear
+SelectType={select}
 SchedulerType=sched/builtin
 ReturnToService=2
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=2
-{nodes}
-PartitionName=lab Nodes={names} Default=YES MaxTime=INFINITE State=UP
+{gres}{prolog}{nodes}
+PartitionName=lab Nodes={names} Default=YES MaxTime=INFINITE State=UP{exclusive}
 """
+
+
+def _gres_conf(lab: Lab, d: Path) -> str:
+    """The fake GPUs as ``gres/gpu``, each a device node the lab makes (``DIR/slurm/dev``):
+    gres without ``File=`` registers 0 GPUs, and ``File=`` gives each its index, which
+    slurmstepd puts in ``CUDA_VISIBLE_DEVICES``/``SLURM_JOB_GPUS`` of the job's steps."""
+    lines = []
+    for h in lab.hosts:
+        if not h.gpus:
+            continue
+        dev = d / "dev" / h.name
+        dev.mkdir(parents=True, exist_ok=True)
+        for i in range(h.gpus):  # slurmd takes only a device node ("not a valid character
+            f = dev / f"nvidia{i}"  # or block device"): nvidia's major, never opened
+            if not f.exists():
+                os.mknod(f, stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, i))
+        lines.append(f"NodeName={h.name} Name=gpu File={dev}/nvidia[0-{h.gpus - 1}]")
+    return "".join(ln + "\n" for ln in lines)
 
 
 class SlurmLab:
@@ -131,11 +160,16 @@ class SlurmLab:
         self = cls(lab)
         if self.dir.exists():
             stop(lab)
-            shutil.rmtree(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)  # stop removed it already
         for sub in ("munge", "ctld", *(f"nodes/{h.name}" for h in lab.hosts)):
             (self.dir / sub).mkdir(parents=True, mode=0o700)
         gateway = lab.state["mgmt"]["gateway"]
         self.conf.write_text(_conf(lab, self.dir, _free_port(gateway), _free_port(gateway)))
+        (self.dir / "gres.conf").write_text(_gres_conf(lab, self.dir))
+        prolog = self.dir / "task_prolog.sh"
+        bins = lab.dir / "hosts"  # a lab folder: no quoting needed
+        prolog.write_text(f'#!/bin/sh\necho "export PATH={bins}/$SLURMD_NODENAME/bin:$PATH"\n')
+        prolog.chmod(0o755)
         key = self.dir / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o600)
@@ -193,6 +227,11 @@ class SlurmLab:
         states = re.findall(r"\bState=(\S+)", out)
         return len(states) == len(self.lab.hosts) and all(s.startswith("IDLE") for s in states)
 
+    def wait_idle(self, timeout: float = READY_TIMEOUT) -> None:
+        """Until every node is idle again (a job just ended leaves them COMPLETING a moment;
+        one submitted then waits for slurmctld's next scheduling pass, seconds later)."""
+        _wait(self._all_idle, timeout, "every node idle", self)
+
     def scontrol(self, *args: str, check: bool = True) -> str:
         p = subprocess.run(
             ["scontrol", *args], capture_output=True, text=True, env=self.env(), timeout=10
@@ -220,6 +259,20 @@ class SlurmLab:
         if not nodes:
             raise LabError(f"scontrol show job {job}: no NodeList in {out!r}")
         return job, nodes.group(1)
+
+    def kill_slurmd(self, host: str) -> None:
+        """SIGKILL ``host``'s slurmd (by its recorded PID; the job steps' slurmstepd live on,
+        as on a node whose daemon died): a fault for lost-node tests."""
+        state = json.loads((self.dir / STATE_FILE).read_text())
+        pid, started = state["pids"][f"slurmd:{host}"]
+        if not procs.same_process(pid, started):
+            raise LabError(f"lab {self.lab.name}: slurmd of {host} is not running")
+        pending = [(c, procs.start_time(c)) for c in procs.children(pid)]
+        for c, _ in pending:
+            procs.kill(c)
+        stuck = procs.wait_gone(pending, STOP_TIMEOUT)
+        if stuck:
+            raise LabError(f"lab {self.lab.name}: slurmd of {host} still running: {stuck}")
 
     def cancel(self, job: str) -> None:
         subprocess.run(["scancel", job], capture_output=True, env=self.env(), timeout=10)

@@ -2,6 +2,10 @@
 the first of podman, docker, apptainer found), the image present, a trivial container started,
 NCCL inside the image where the job uses GPUs, and the same image (by id) on every node that
 names it. Anything else stops the run (exit 3) with one line naming the hosts and the image.
+
+The trivial container costs a whole container start (about what the job's own costs), so a
+node remembers that one of this image id started with this runtime (a marker under
+``W/containers/started/``) and later checks skip it (``--recheck``: never skipped).
 """
 
 from __future__ import annotations
@@ -61,9 +65,13 @@ def uses_gpus(node: Node, facts: NodeFacts | None, backend: str | None) -> bool:
     return int(count or 0) > 0
 
 
-def script(image: str, named: str | None, nccl_python: str | None = None) -> str:
+def script(
+    image: str, named: str | None, nccl_python: str | None = None, marks: str | None = None
+) -> str:
     """The node's side, in POSIX sh: one ``key value`` line per fact. ``nccl_python``: look
-    for NCCL inside the image with that python (``remote/image_nccl.py``)."""
+    for NCCL inside the image with that python (``remote/image_nccl.py``). ``marks``: the
+    node's folder (a shell word) of markers of image ids that started: the probe is skipped
+    for those (``probe 0 cached``) and a marker written after one starts."""
     cases = []
     for name in ORDER:
         r = runtime(name)
@@ -96,11 +104,33 @@ def script(image: str, named: str | None, nccl_python: str | None = None) -> str
             "esac",
             '[ -n "$id" ] || { echo "image -"; exit 0; }',
             'echo "image $id"',
-            "out=$(probe 2>&1 </dev/null); rc=$?",
-            'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
+            *(_probe_once(marks) if marks else _PROBE),
             *look,
         ]
     )
+
+
+_PROBE = [
+    "out=$(probe 2>&1 </dev/null); rc=$?",
+    'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
+]
+
+
+def _probe_once(marks: str) -> list[str]:
+    return [
+        f'm={marks}/"$rt-$(printf %s "$id" | tr -c "A-Za-z0-9._-" _)"',
+        'if [ -f "$m" ]; then rc=0; echo "probe 0 cached"; else',
+        *_PROBE,
+        '[ "$rc" != 0 ] || { mkdir -p "${m%/*}" && : >"$m"; } 2>/dev/null',
+        "fi",
+    ]
+
+
+def shell_dir(path: str) -> str:
+    """``path`` as one shell word, a leading ``~`` still the login's home."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
 
 
 def parse(stdout: str, image: str, nccl_python: str | None = None) -> ImageFacts:
@@ -134,13 +164,17 @@ def parse(stdout: str, image: str, nccl_python: str | None = None) -> ImageFacts
     return ImageFacts(rt, facts["image"])
 
 
-def check_images(fleet: Fleet, want: Mapping[str, tuple]) -> dict[str, str]:
-    """host -> the runtime it uses; raises CheckError naming every host that cannot run."""
+def check_images(
+    fleet: Fleet, want: Mapping[str, tuple], *, recheck: bool = False
+) -> dict[str, str]:
+    """host -> the runtime it uses; raises CheckError naming every host that cannot run.
+    ``recheck``: start the trivial container even where one of the image id started."""
     nodes = [n for n in fleet.nodes if n.name in want]
 
     def one(node: Node, conn) -> ImageFacts:
         image, named, py = (*want[node.name], None)[:3]
-        res = conn.run(["sh", "-c", script(image, named, py)], timeout=TIMEOUT)
+        marks = None if recheck else shell_dir(f"{node.workdir.rstrip('/')}/containers/started")
+        res = conn.run(["sh", "-c", script(image, named, py, marks)], timeout=TIMEOUT)
         return parse(res.stdout, image, py)
 
     result: FleetResult[ImageFacts] = fleet.map(one, timeout=TIMEOUT + 30.0, nodes=nodes)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, FleetctlError
+from fleetctl.phases.check_mesh_judge import judge_mesh, listing, route_warnings
 from fleetctl.phases.check_report import (
     CHECKS,
     FAIL,
@@ -19,7 +20,6 @@ from fleetctl.phases.check_report import (
     CheckReport,
     CheckResult,
     HostReport,
-    MeshFailure,
     ProbeOutcome,
 )
 from fleetctl.ssh.loginshell import declared_type
@@ -114,7 +114,7 @@ def build_report(
     _judge_mtu(rows, facts_by, report.warnings)
     _judge_shared_workdirs(nodes, facts_by, report)
     if mesh_ran:
-        _judge_mesh(report, nodes, outcomes)
+        judge_mesh(report, nodes, outcomes)
     elif options.mesh and len(nodes) > 1:
         for row in rows.values():
             if row.checks["mesh"].status == SKIP and row.checks["ssh"].status == OK:
@@ -123,7 +123,7 @@ def build_report(
         only = rows[nodes[0].name].checks
         if only["ssh"].status == OK and not only["mesh"].detail:
             only["mesh"] = CheckResult(SKIP, "single host")
-    _route_warnings(report, nodes, outcomes)
+    route_warnings(report, nodes, outcomes)
     for row in rows.values():
         for k, cell in row.checks.items():
             if cell.status == WARN:
@@ -439,14 +439,9 @@ def _judge_shared_workdirs(
         report.shared_workdirs.append(names)
         where = (facts.get(names[0]) or {}).get("workdir") or "the workdir"
         report.warnings.append(
-            f"{_listing(names)} share {where} (one filesystem, e.g. an NFS home): each keeps "
+            f"{listing(names)} share {where} (one filesystem, e.g. an NFS home): each keeps "
             "its own run folder; the code, env and the job's work folder are shared"
         )
-
-
-def _listing(names: Sequence[str], limit: int = 8) -> str:
-    more = len(names) - limit
-    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def _judge_mtu(
@@ -487,127 +482,3 @@ def _node_facts(f: Mapping[str, Any]) -> NodeFacts:
         gpu_names=tuple(str(x.get("name")) for x in gpus),
         torch=torch,
     )
-
-
-def _judge_mesh(
-    report: CheckReport, nodes: Sequence[Node], outcomes: Mapping[str, ProbeOutcome | BaseException]
-) -> None:
-    """Directed pair failures, then blame: a host failing with every peer is the culprit."""
-    rows = report.hosts
-    members: dict[str, ProbeOutcome] = {}
-    for node in nodes:
-        row = rows[node.name]
-        out = outcomes.get(node.name)
-        if row.checks["ssh"].status != OK:
-            report.mesh_skipped.append(f"{node.name}: no SSH")
-            continue
-        if not isinstance(out, ProbeOutcome) or out.facts is None:
-            report.mesh_skipped.append(f"{node.name}: probe failed")
-            row.checks["mesh"] = CheckResult(SKIP, "probe failed")
-            continue
-        if out.listener is None:
-            nic_failed = row.checks["nic"].status == FAIL
-            reason = out.noready or out.mesh_error or "no listener"
-            report.mesh_skipped.append(f"{node.name}: {reason}")
-            row.checks["mesh"] = (
-                CheckResult(SKIP, "no training NIC") if nic_failed else CheckResult(FAIL, reason)
-            )
-            continue
-        members[node.name] = out
-        report.mesh_ports[node.name] = out.listener[1]
-    if len(members) < 2:
-        for name in members:
-            rows[name].checks["mesh"] = CheckResult(SKIP, "no peer to test")
-        return
-    bad_pairs: dict[frozenset[str], list[MeshFailure]] = {}
-    paired: dict[str, set[str]] = {n: set() for n in members}  # who tested whom, both ways
-    ping_only: list[str] = []
-    icmp_na: set[str] = set()
-    silent: set[str] = set()
-    for src, out in members.items():
-        if out.mesh is None or out.mesh_error:
-            silent.add(src)
-            continue
-        results = out.mesh.get("peers") or {}
-        planned = out.mesh_peers if out.mesh_peers is not None else list(members)
-        for dst in planned:
-            dst_out = members.get(dst)
-            if dst == src or dst_out is None:
-                continue
-            paired[src].add(dst)
-            paired[dst].add(src)
-            res = results.get(dst)
-            port = dst_out.listener[1] if dst_out.listener else "?"
-            if res is None:
-                problems: tuple[str, ...] = ("not tested",)
-            else:
-                problems = ()
-                ping = str(res.get("ping", ""))
-                tcp = str(res.get("tcp", ""))
-                if ping.startswith("n/a"):
-                    icmp_na.add(src)
-                elif ping != "ok":
-                    problems += (f"ping {ping}",)
-                if tcp != "ok":
-                    problems += (f"TCP {port} {tcp}",)
-                elif problems:
-                    ping_only.append(f"{src} → {dst}: {', '.join(problems)} (TCP {port} ok)")
-                    continue
-            if problems:
-                fail = MeshFailure(src, dst, problems)
-                report.mesh_failures.append(fail)
-                bad_pairs.setdefault(frozenset((src, dst)), []).append(fail)
-    for src in silent:
-        out = members[src]
-        rows[src].checks["mesh"] = CheckResult(FAIL, out.mesh_error or "no mesh result")
-    report.warnings.extend(ping_only)
-    # Blame: with 3+ hosts, one failing with every peer it was paired with (all others in a
-    # full mesh) is the culprit and the others are fine; a failing pair not explained that
-    # way blames both ends.
-    tested = [n for n in members if n not in silent]
-    partners: dict[str, set[str]] = {n: set() for n in tested}
-    for pair in bad_pairs:
-        a, b = tuple(pair)
-        if a in partners and b in partners:
-            partners[a].add(b)
-            partners[b].add(a)
-    peers_of = {n: paired[n] & set(tested) for n in tested}
-    blamed = (
-        {n for n, p in partners.items() if p and p >= peers_of[n] and len(peers_of[n]) > 1}
-        if len(tested) > 2
-        else {n for n, p in partners.items() if p}
-    )
-    for n in tested:
-        others = partners[n] - blamed
-        if n in blamed or others:
-            bad_with = sorted(partners[n]) if n in blamed else sorted(others)
-            rows[n].checks["mesh"] = CheckResult(
-                FAIL, f"cannot talk to {_listing(bad_with)} over the training network"
-            )
-        else:
-            note = f" (except {', '.join(sorted(partners[n]))})" if partners[n] else ""
-            na = " ICMP n/a, TCP only" if n in icmp_na else ""
-            total = len(peers_of[n])
-            rows[n].checks["mesh"] = CheckResult(
-                OK, f"{total - len(partners[n])}/{total} peers{na}{note}"
-            )
-
-
-def _route_warnings(
-    report: CheckReport, nodes: Sequence[Node], outcomes: Mapping[str, ProbeOutcome | BaseException]
-) -> None:
-    """Self address: traffic to the master's training address must leave from our own."""
-    if not nodes:
-        return
-    master = nodes[0].name
-    for node in nodes[1:]:
-        out = outcomes.get(node.name)
-        if not isinstance(out, ProbeOutcome) or out.mesh is None or out.listener is None:
-            continue
-        res = (out.mesh.get("peers") or {}).get(master) or {}
-        src = res.get("route_src")
-        cell = report.hosts[node.name].checks["addr"]
-        if src and src != out.listener[0] and cell.status == OK:
-            report.hosts[node.name].checks["addr"] = CheckResult(
-                WARN, f"{out.listener[0]}, but traffic to {master} would leave from {src}"
-            )

@@ -15,20 +15,16 @@ already see its files: nothing is copied to them.
 from __future__ import annotations
 
 import contextlib
-import json
 import posixpath
 import secrets
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleetctl import remote
 from fleetctl.errors import FleetctlError, NodePushError, PushError, UsageError
-from fleetctl.phases.frames import PUSH_KINDS, FrameStream, last_data
 from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
@@ -94,6 +90,7 @@ class RelayReport:
     bytes: int = 0
     method: str | None = None  # controller | peer
     nodes: dict[str, str] = field(default_factory=dict)  # host -> what happened there
+    sent: dict[str, int] = field(default_factory=dict)  # host -> bytes of files sent to it
     skipped: str | None = None  # why nothing was copied
     secrets: list[str] = field(default_factory=list)  # left out: look like private keys
 
@@ -107,6 +104,7 @@ class RelayReport:
             "bytes": self.bytes,
             "method": self.method,
             "nodes": self.nodes,
+            "sent": self.sent,
             "skipped": self.skipped,
             "secrets": self.secrets,
         }
@@ -116,10 +114,12 @@ class RelayReport:
         if self.skipped:
             return f"checkpoints not relayed from {where}: {self.skipped}"
         copied = [h for h, what in self.nodes.items() if what.startswith("copied")]
-        text = (
-            f"checkpoints: {self.count} file(s), {self.bytes} bytes from {where} to "
-            f"{', '.join(copied) or 'no node'} ({self.method})"
+        text = f"checkpoints: {self.count} file(s), {self.bytes} bytes from {where} to " + (
+            f"{', '.join(copied)} ({self.method})" if copied else "no node"
         )
+        held = [h for h, what in self.nodes.items() if what.startswith("up to date")]
+        if held:
+            text += f"; {', '.join(held)} already hold them, nothing sent"
         shared = [h for h, what in self.nodes.items() if what.startswith("shares")]
         if shared:
             text += f"; {', '.join(shared)} share a workdir, nothing copied"
@@ -179,33 +179,16 @@ def relay_checkpoints(
     conn, own = _source_connection(fleet, source, report)
     if conn is None:
         return report
-    tar = f".tmp-relay-{secrets.token_hex(6)}.tar"
-    packed: dict[str, Any] = {}
     try:
         try:
-            packed = _helper(
-                source.node,
-                conn,
-                "relay-pack",
-                {
-                    "workdir": source.node.workdir,
-                    "work": source.work_dir,
-                    "cwd": source.cwd,
-                    "seed": source.code_dir,
-                    "dir": checkpoint_dir,
-                    "tar": tar,
-                    "max_bytes": max_bytes,
-                    "allow_secrets": sorted(allow_secrets),
-                },
-                600,
-            )
+            listed = _pack(source, conn, checkpoint_dir, allow_secrets, max_bytes, pack=False)
         except FleetctlError as e:
             report.skipped = f"cannot read its work folder: {e.one_line()}"
             return report
-        report.files, report.count = list(packed.get("files") or []), int(packed.get("count", 0))
-        report.bytes, report.secrets = int(packed.get("bytes", 0)), packed.get("secrets") or []
+        report.files, report.count = list(listed.get("files") or []), int(listed.get("count", 0))
+        report.bytes, report.secrets = int(listed.get("bytes", 0)), listed.get("secrets") or []
         if not report.count:
-            report.skipped = "no new files in " + str(packed.get("root") or source.work_dir)
+            report.skipped = "no new files in " + str(listed.get("root") or source.work_dir)
             return report
         if report.bytes > max_bytes:
             report.skipped = f"{report.bytes} bytes, over the relay cap of {max_bytes}"
@@ -213,24 +196,23 @@ def relay_checkpoints(
         names, notes = plan_targets(source.node.name, [t.node.name for t in targets], shared_groups)
         report.nodes.update(notes)
         todo = [t for t in targets if t.node.name in names]
-        if not todo:
-            return report
-        report.method = relay_method(len(targets) + 1, int(packed["size"]), source.train_addr)
-        base = {
-            "dir": checkpoint_dir,
-            "sha": packed["sha"],
-            "size": int(packed["size"]),
-            "source_id": packed.get("workdir_id"),
-        }
+        manifest: dict[str, list[Any]] = listed.get("manifest") or {}
+        base = {"dir": checkpoint_dir, "source_id": listed.get("workdir_id")}
         failed: dict[str, BaseException] = {}
-        left = todo
-        if report.method == "peer":
-            try:
-                left = _by_peer(fleet, source, conn, packed, base, todo, report)
-            except Exception:  # no server on the source: the controller sends it instead
-                left = todo
-        if left:
-            _by_controller(fleet, source, conn, packed, base, left, report, failed)
+        for missing, group in _missing_sets(fleet, todo, manifest, base, report).items():
+            if missing:
+                _send_set(
+                    fleet,
+                    source,
+                    conn,
+                    sorted(missing),
+                    group,
+                    base,
+                    report,
+                    failed,
+                    pack=(checkpoint_dir, allow_secrets, max_bytes),
+                    hosts=len(targets) + 1,
+                )
         if failed:
             for name, e in failed.items():
                 why = e.one_line() if isinstance(e, FleetctlError) else f"{type(e).__name__}: {e}"
@@ -243,6 +225,129 @@ def relay_checkpoints(
             )
         return report
     finally:
+        if own:
+            conn.close()
+
+
+def _pack(
+    source: RelaySource,
+    conn: Connection,
+    checkpoint_dir: str | None,
+    allow_secrets: Iterable[str],
+    max_bytes: int,
+    *,
+    pack: bool,
+    only: Sequence[str] | None = None,
+    tar: str | None = None,
+) -> dict[str, Any]:
+    """``relay-pack`` on the source: the list with sizes and sha256 (``pack=False``), or the
+    tar of ``only`` those files."""
+    return _helper(
+        source.node,
+        conn,
+        "relay-pack",
+        {
+            "workdir": source.node.workdir,
+            "work": source.work_dir,
+            "cwd": source.cwd,
+            "seed": source.code_dir,
+            "dir": checkpoint_dir,
+            "tar": tar or f".tmp-relay-{secrets.token_hex(6)}.tar",
+            "max_bytes": max_bytes,
+            "allow_secrets": sorted(allow_secrets),
+            "manifest": not pack,
+            "pack": pack,
+            "only": None if only is None else list(only),
+        },
+        600,
+    )
+
+
+def _missing_sets(
+    fleet: Fleet,
+    todo: Sequence[RelayTarget],
+    manifest: dict[str, list[Any]],
+    base: dict[str, Any],
+    report: RelayReport,
+) -> dict[frozenset[str], list[RelayTarget]]:
+    """Ask every target at once which of the source's files it already holds (same size and
+    sha256: what the last retry relayed to it); the targets grouped by what they lack. A node
+    that holds them all is noted and sent nothing; one that cannot answer is sent everything
+    (its ``relay-apply`` then says what is wrong)."""
+    everything = frozenset(manifest)
+    if not todo:
+        return {}
+
+    def ask(node: Node, c: Connection) -> dict[str, Any]:
+        t = _target(todo, node)
+        cfg = {"workdir": node.workdir, "work": t.work_dir, "cwd": t.cwd, "seed": t.code_dir}
+        return _helper(
+            node,
+            c,
+            "relay-have",
+            {**cfg, **base, "manifest": manifest},
+            _timeout(sum(int(v[0]) for v in manifest.values())),
+        )
+
+    res = fleet.map(ask, nodes=[t.node for t in todo], timeout=_timeout(report.bytes) + 60)
+    groups: dict[frozenset[str], list[RelayTarget]] = {}
+    for t in todo:
+        out = res[t.node.name]
+        if isinstance(out, BaseException) or not isinstance(out, dict):
+            groups.setdefault(everything, []).append(t)
+        elif out.get("shared"):
+            report.nodes[t.node.name] = "shares its workdir with the source"
+        else:
+            missing = everything - set(out.get("have") or ())
+            if not missing:
+                report.nodes[t.node.name] = f"up to date ({len(everything)} file(s) there)"
+                report.sent[t.node.name] = 0
+            groups.setdefault(missing, []).append(t)
+    return groups
+
+
+def _send_set(
+    fleet: Fleet,
+    source: RelaySource,
+    conn: Connection,
+    files: Sequence[str],
+    todo: list[RelayTarget],
+    base: dict[str, Any],
+    report: RelayReport,
+    failed: dict[str, BaseException],
+    *,
+    pack: tuple[str | None, Iterable[str], int],
+    hosts: int,
+) -> None:
+    """Tar ``files`` on the source and get the tar to ``todo`` (by peer, else the controller)."""
+    tar = f".tmp-relay-{secrets.token_hex(6)}.tar"
+    packed: dict[str, Any] = {}
+    try:
+        try:
+            packed = _pack(source, conn, *pack, pack=True, only=files, tar=tar)
+        except FleetctlError as e:
+            for t in todo:
+                failed[t.node.name] = e
+            return
+        size = int(packed["size"])
+        method = relay_method(hosts, size, source.train_addr)
+        report.method = "peer" if "peer" in (report.method, method) else method
+        sent = {**base, "sha": packed["sha"], "size": size}
+        left = todo
+        if method == "peer":
+            try:
+                left = _by_peer(fleet, source, conn, packed, sent, todo, report)
+            except Exception:  # no server on the source: the controller sends it instead
+                left = todo
+        if left:
+            _by_controller(fleet, source, conn, packed, sent, left, report, failed)
+        of = "" if len(files) == report.count else f" {len(files)} of {report.count} file(s)"
+        for t in todo:
+            name = t.node.name
+            if name not in failed and report.nodes.get(name, "").startswith("copied"):
+                report.nodes[name] += of
+                report.sent[name] = int(packed.get("bytes", 0))
+    finally:
         if packed.get("tar"):
             with contextlib.suppress(Exception):
                 _helper(
@@ -252,8 +357,6 @@ def relay_checkpoints(
                     {"workdir": source.node.workdir, "env_paths": [tar]},
                     60,
                 )
-        if own:
-            conn.close()
 
 
 def _source_connection(
@@ -282,43 +385,30 @@ def _by_peer(
 ) -> list[RelayTarget]:
     """Every node fetches the tar from the source's training address; returns those whose
     fetch failed (the controller sends them the tar)."""
-    from fleetctl.phases.push.state import REMOTE_SRC  # not at import: the CLI checks args here
+    # not at import: the CLI checks --checkpoint-dir here
+    from fleetctl.phases.push.serving import start_serve, stop_serve
 
-    token = secrets.token_hex(32)
-    stream = conn.start([source.node.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
-    cfg = {
-        "path": packed["tar"],
-        "sha": packed["sha"],
-        "token": token,
-        "bind": source.train_addr,
-        "timeout": _timeout(int(packed["size"])),
-        "remove": False,
-    }
     try:
-        stream.send(json.dumps(cfg).encode() + b"\n")
-        got = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS).next(
-            "AD", time.monotonic() + 30
+        srv = start_serve(
+            source.node,
+            conn,
+            path=packed["tar"],
+            sha=packed["sha"],
+            bind=source.train_addr,
+            timeout=_timeout(int(packed["size"])),
+            remove=False,
         )
-        info = got.data() if got is not None else None
-        if not isinstance(info, dict) or "port" not in info:
-            return todo
-        peer = {"name": source.node.name, "host": info["host"], "port": info["port"]}
+    except NodePushError:
+        return todo
 
-        def fetch(node: Node, c: Connection) -> dict[str, Any]:
-            return _apply(
-                node,
-                c,
-                _target(todo, node),
-                {**base, "fetch": {"peers": [{**peer, "token": token}]}, "fetch_timeout": 60},
-            )
+    def fetch(node: Node, c: Connection) -> dict[str, Any]:
+        peers = {"peers": [srv.peer()]}
+        return _apply(node, c, _target(todo, node), {**base, "fetch": peers, "fetch_timeout": 60})
 
+    try:
         res = fleet.map(fetch, nodes=[t.node for t in todo], timeout=_timeout(int(packed["size"])))
     finally:
-        with contextlib.suppress(Exception):
-            stream.close_stdin()
-            stream.exit_code(15)
-        with contextlib.suppress(Exception):
-            stream.close()
+        stop_serve(srv.stream)
     left = []
     for t in todo:
         out = res[t.node.name]
@@ -390,18 +480,11 @@ def _helper(
     node: Node, conn: Connection, mode: str, cfg: dict[str, Any], timeout: float
 ) -> dict[str, Any]:
     """One push helper command; its answer. Raises NodePushError with the node's reason."""
-    res = conn.run(
-        remote.cached_argv(node.python, node.workdir, "push_helper.py", mode),
-        timeout=timeout,
-        stdin=json.dumps(cfg).encode() + b"\n",
+    from fleetctl.phases.push.nodecall import call_mode  # not at import: see _by_peer
+
+    payload = call_mode(
+        node, conn, "push_helper.py", mode, cfg, timeout, failed=f"{mode}: no answer"
     )
-    payload = last_data(res.stdout)
-    if not isinstance(payload, dict):
-        tail = (res.stderr or res.stdout or "").strip().splitlines()
-        raise NodePushError(
-            node.label,
-            f"{mode}: no answer (exit {res.exit_code})" + (f": {tail[-1]}" if tail else ""),
-        )
     if "error" in payload:
         raise NodePushError(
             node.label,

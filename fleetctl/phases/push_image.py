@@ -3,17 +3,18 @@ fleets with no registry.
 
 One fan-out asks every node for the image's id (``remote/image_load.py query``); nodes with
 this machine's id are skipped, the others get it: ``save`` once here into a private temp
-folder, SFTP to one node (the seed), which serves it to the others over the training network
-through push's token-protected ``serve`` (the controller sends the image about once); each node
-``load``s it and answers the id, checked against this machine's. A fetch that fails falls back
-to an SFTP upload from here. Temp archives are removed here and on every node whatever happens.
+folder, SFTP to one node (the seed), which serves it over the training network through push's
+token-protected ``serve``; in waves, as env archives: a node that fetched it serves the next
+wave, so the controller sends the image about once and no one uplink carries the whole fleet.
+Each node ``load``s it and answers the id, checked against this machine's. A fetch that fails
+falls back to an SFTP upload from here. Temp archives are removed here and on every node
+whatever happens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import secrets
 import shutil
 import subprocess
@@ -24,9 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl import remote
 from fleetctl.errors import NodePushError, PushError, UsageError, one_line
-from fleetctl.phases.frames import PUSH_KINDS, FrameStream, last_data
 from fleetctl.plan.runtimes import runtime
 from fleetctl.results import FleetResult
 
@@ -38,7 +37,8 @@ if TYPE_CHECKING:
 SAVABLE = ("podman", "docker")  # apptainer's image is a SIF file: copy it like any file
 QUERY_TIMEOUT = 120.0
 RATE = 10e6  # bytes/s assumed for a transfer's or a load's timeout (plus a fixed 2 minutes)
-PEER_MIN = 2  # nodes needing the image from which they fetch it from the seed
+PEER_MIN = 2  # nodes needing the image from which they fetch it from each other
+PEER_FANOUT = 2  # fetchers each node holding the image serves per wave (as env archives)
 
 
 @dataclass
@@ -98,6 +98,7 @@ def push_image(
     container_runtime: str | None = None,
     peer: bool | None = None,
     image_id: str | None = None,
+    peer_fanout: int = PEER_FANOUT,
 ) -> ImagePushReport:
     """Make ``image`` (this machine's build, ``image_id`` when already looked up) present on
     every node of ``fleet``.
@@ -105,7 +106,9 @@ def push_image(
     Raises UsageError (nothing sent) when this machine lacks the image, PushError (``.result``:
     every node's NodeImage or error, ``.report``) when a node cannot get it.
     """
-    return _ImagePush(fleet, image, container_runtime, peer, image_id).run()
+    push = _ImagePush(fleet, image, container_runtime, peer, image_id)
+    push.fanout = max(1, peer_fanout)
+    return push.run()
 
 
 class _ImagePush:
@@ -113,6 +116,7 @@ class _ImagePush:
         self, fleet: Fleet, image: str, rt: str | None, peer: bool | None, image_id: str | None
     ) -> None:
         self.fleet, self.image, self.peer = fleet, image, peer
+        self.fanout = PEER_FANOUT
         self.local_rt = rt or "podman"
         self.named = rt
         self.t0 = time.monotonic()
@@ -194,8 +198,6 @@ class _ImagePush:
             return
         seed, rest = need[0], need[1:]
         name = _archive_name()
-        conn = None
-        stream = None
         try:
             conn = self.fleet.connection(seed)
             sent = self._upload(seed, conn, archive, name)
@@ -203,34 +205,101 @@ class _ImagePush:
             self._fail(seed, e)
             self._map(lambda n, c: self._direct(n, c, archive), rest)
             return
-        try:
-            try:
-                stream, peer = self._serve(seed, conn, name)
-            except Exception:  # no server on the seed: the controller sends it to each
-                peer = None
-            fallback: list[Node] = []
+        fallback = self._waves(seed, name, sent, rest)
+        self._map(lambda n, c: self._direct(n, c, archive), fallback)
 
-            def work(node: Node, c: Connection) -> None:
-                if node is seed:
-                    self._load(node, c, {"archive": name, "keep_archive": True}, "sftp", sent)
-                elif peer is None:
-                    with self.lock:
-                        fallback.append(node)
-                else:
-                    cfg = {"archive": _archive_name(), "fetch": {"peers": [peer]}}
+    def _waves(self, seed: Node, name: str, sent: int, pending: list[Node]) -> list[Node]:
+        """Every node holding the archive serves up to ``fanout`` fetchers a wave (newest
+        holders first, so the seed's uplink is not the one every wave leans on); a node that
+        fetched it keeps it to serve the next wave. The seed loads its upload alongside the
+        first wave. Returns the nodes to upload to from here (no server, a failed fetch)."""
+        holders: list[tuple[Node, str]] = [(seed, name)]
+        servers: dict[str, tuple[Any, dict[str, Any]]] = {}
+        fallback: list[Node] = []
+        failed: list[tuple[Node, str]] = []  # kept an archive, then failed: no server
+        server_timeout = _waves_needed(len(pending), self.fanout) * 2 * _timeout(self.size) + 60
+        first = True
+        try:
+            while pending or first:
+                new = [h for h in holders if h[0].name not in servers]
+                self._map(
+                    lambda n, c: self._start_server(n, c, holders, servers, server_timeout),
+                    [h[0] for h in new],
+                    wait=60,
+                )
+                live = [servers[h[0].name][1] for h in reversed(holders) if h[0].name in servers]
+                slots = [p for p in live for _ in range(self.fanout)]
+                if not live:  # nobody can serve: this machine sends it to each
+                    fallback.extend(pending)
+                batch, pending = pending[: len(slots)], pending[len(slots) :] if live else []
+                keep = bool(pending)
+                fetched: list[tuple[Node, str]] = []
+
+                def work(
+                    node: Node,
+                    c: Connection,
+                    _batch: list = batch,
+                    _slots: list = slots,
+                    _live: list = live,
+                    _keep: bool = keep,
+                    _fetched: list = fetched,
+                ) -> None:
+                    if node is seed:
+                        self._load(node, c, {"archive": name, "keep_archive": True}, "sftp", sent)
+                        return
+                    mine = _slots[_batch.index(node)]
+                    cfg = {
+                        "archive": _archive_name(),
+                        "fetch": {"peers": [mine] + [p for p in _live if p is not mine]},
+                        "keep_archive": _keep,
+                    }
                     try:
-                        self._load(node, c, cfg, "peer", 0, source=seed.name)
+                        self._load(node, c, cfg, "peer", 0)
                     except _FetchFailed:
                         with self.lock:
                             fallback.append(node)
+                        return
+                    except BaseException:  # fetched, kept, not loaded: its archive goes too
+                        if _keep:
+                            with self.lock:
+                                failed.append((node, cfg["archive"]))
+                        raise
+                    if _keep:
+                        with self.lock:
+                            _fetched.append((node, cfg["archive"]))
 
-            self._map(work, need)
+                self._map(work, ([seed] if first else []) + batch)
+                first = False
+                holders.extend(fetched)
         finally:
-            if stream is not None:
-                _close(stream)
-            with contextlib.suppress(Exception):
-                _helper(seed, conn, "cleanup", {"workdir": seed.workdir, "archive": name}, 60)
-        self._map(lambda n, c: self._direct(n, c, archive), fallback)
+            for stream, _peer in servers.values():
+                _close(stream)  # each server removes its node's archive as it exits
+            self._drop_kept([h for h in holders if h[0].name not in servers] + failed)
+        return fallback
+
+    def _start_server(
+        self,
+        node: Node,
+        conn: Connection,
+        holders: list[tuple[Node, str]],
+        servers: dict[str, tuple[Any, dict[str, Any]]],
+        timeout: float,
+    ) -> None:
+        name = next(a for n, a in holders if n is node)
+        with contextlib.suppress(Exception):  # no server there: the others serve, or we do
+            got = self._serve(node, conn, name, timeout)
+            with self.lock:
+                servers[node.name] = got
+
+    def _drop_kept(self, holders: list[tuple[Node, str]]) -> None:
+        """Archives kept for a server that never started: remove them."""
+
+        def drop(node: Node, c: Connection) -> None:
+            archive = next(a for n, a in holders if n is node)
+            with contextlib.suppress(Exception):  # the node's outcome stands either way
+                _helper(node, c, "cleanup", {"workdir": node.workdir, "archive": archive}, 60)
+
+        self._map(drop, [n for n, _ in holders], wait=120)
 
     def _direct(self, node: Node, conn: Connection, archive: Path) -> None:
         name = _archive_name()
@@ -276,6 +345,7 @@ class _ImagePush:
             **cfg,
         }
         out = _helper(node, conn, "load", full, 2 * _timeout(self.size))
+        source = out.get("peer") or source
         if via == "peer":
             with self.lock:
                 self.report.peer_fetches += 1
@@ -300,39 +370,28 @@ class _ImagePush:
                 seconds=round(time.monotonic() - t0, 3),
             )
 
-    def _serve(self, seed: Node, conn: Connection, name: str) -> tuple[Any, dict[str, Any]]:
-        from fleetctl.phases.push.state import REMOTE_SRC
+    def _serve(
+        self, seed: Node, conn: Connection, name: str, timeout: float
+    ) -> tuple[Any, dict[str, Any]]:
+        from fleetctl.phases.push.serving import start_serve
 
-        token = secrets.token_hex(32)
-        bind = seed.train_addr or ("127.0.0.1" if seed.local else seed.address)
-        stream = conn.start([seed.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
-        cfg = {
-            "path": f"{self.info[seed.name]['workdir']}/envs/{name}",
-            "sha": self.sha,
-            "token": token,
-            "bind": bind,
-            "timeout": 2 * _timeout(self.size),
-            "remove": True,
-        }
-        try:
-            stream.send(json.dumps(cfg).encode() + b"\n")
-            got = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS).next(
-                "AD", time.monotonic() + 30
-            )
-            info = got.data() if got is not None else None
-            if not isinstance(info, dict) or "port" not in info:
-                raise NodePushError(seed.label, f"peer server did not start: {info}", stage="serve")
-        except BaseException:
-            _close(stream)
-            raise
-        peer = {"name": seed.name, "host": info["host"], "port": info["port"], "token": token}
-        return stream, peer
+        srv = start_serve(
+            seed,
+            conn,
+            path=f"{self.info[seed.name]['workdir']}/envs/{name}",
+            sha=self.sha,
+            bind=seed.train_addr or ("127.0.0.1" if seed.local else seed.address),
+            timeout=timeout,
+            remove=True,
+        )
+        return srv.stream, srv.peer()
 
     # -- outcomes -------------------------------------------------------------------------
-    def _map(self, fn: Any, nodes: list[Node]) -> None:
+    def _map(self, fn: Any, nodes: list[Node], wait: float | None = None) -> None:
         if not nodes:
             return
-        res = self.fleet.map(fn, nodes=nodes, timeout=3 * _timeout(self.size) + 60)
+        timeout = wait if wait is not None else 3 * _timeout(self.size) + 60
+        res = self.fleet.map(fn, nodes=nodes, timeout=timeout)
         for name, value in res.outcomes.items():
             if isinstance(value, BaseException) and not isinstance(value, _FetchFailed):
                 node = next(n for n in nodes if n.name == name)
@@ -373,21 +432,11 @@ def _helper(
 ) -> dict[str, Any]:
     """One ``image_load.py`` command; its answer. Raises NodePushError with the node's reason
     (``_FetchFailed`` for a failed peer fetch)."""
-    res = conn.run(
-        remote.cached_argv(node.python, node.workdir, "image_load.py", mode),
-        timeout=timeout,
-        stdin=json.dumps(cfg).encode() + b"\n",
+    from fleetctl.phases.push.nodecall import call_mode
+
+    payload = call_mode(
+        node, conn, "image_load.py", mode, cfg, timeout, failed=f"image {mode}: no answer"
     )
-    payload = last_data(res.stdout)
-    if not isinstance(payload, dict):
-        tail = (res.stderr or res.stdout or "").strip().splitlines()
-        if res.exit_code == 127:
-            raise NodePushError(node.label, f"python {node.python!r} not found on the node")
-        raise NodePushError(
-            node.label,
-            f"image {mode}: no answer (exit {res.exit_code})" + (f": {tail[-1]}" if tail else ""),
-            stage=mode,
-        )
     if "error" in payload:
         if payload.get("stage") == "fetch" and not payload.get("enospc"):
             raise _FetchFailed(payload["error"])
@@ -414,6 +463,16 @@ def _archive_name() -> str:
 
 def _bare(image_id: str) -> str:
     return image_id.strip().split(":", 1)[-1]
+
+
+def _waves_needed(pending: int, fanout: int) -> int:
+    """How many waves serve ``pending`` nodes from one seed (a server's lifetime)."""
+    holders, waves = 1, 1
+    while pending > holders * fanout:
+        pending -= holders * fanout
+        holders += holders * fanout
+        waves += 1
+    return waves
 
 
 def _timeout(size: int) -> float:

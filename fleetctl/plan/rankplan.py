@@ -9,6 +9,8 @@ Per-node env precedence (later wins): fleetctl's own variables, the launcher's (
 ``FLEET_JOB_ID`` and ``FLEET_NODE_RANK`` cannot be overridden: teardown finds a job's
 processes by them.
 
+What it refuses before building anything is in :mod:`fleetctl.plan.plan_checks`.
+
 ``WORLD_SIZE`` in the node env is the job's total process count (``nnodes * nproc_per_node``).
 Under torchrun/paddle/deepspeed the launcher sets each worker's own ``RANK``/``WORLD_SIZE``;
 under ``plain`` (one process per node) the script is rank ``NODE_RANK`` of ``NNODES``.
@@ -25,20 +27,27 @@ from datetime import datetime
 from typing import Any
 
 from fleetctl.errors import PlanError, UsageError
-from fleetctl.node import DEFAULT_PYTHON, LOCAL_ADDRESSES, Node
+from fleetctl.node import DEFAULT_PYTHON, Node
 from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, check_program, get_launcher
-from fleetctl.plan.launchers.base import MODULE, PYTHON, Launcher, kind_of, option_name, path_from
+from fleetctl.plan.launchers.base import MODULE, PYTHON, kind_of, path_from
 from fleetctl.plan.nproc import processes_per_node
+from fleetctl.plan.plan_checks import (
+    BACKENDS,
+    ENV_KEY_RE,
+    check_launcher_args,
+    check_loopback_mix,
+    check_relpath,
+    check_spec,
+    check_unique_names,
+    checked_env,
+    where,
+)
 from fleetctl.plan.shared import expand_shared, share_values
 
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
 PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = frozenset({"FLEET_JOB_ID", "FLEET_NODE_RANK"})
-BACKENDS = ("nccl", "gloo")
 
 
 def format_job_id(now: datetime, suffix: str) -> str:
@@ -210,7 +219,7 @@ def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
         try:
             runtime(str(rt))
         except UsageError as e:
-            raise PlanError(f"{_where(n)}{e}") from None
+            raise PlanError(f"{where(n)}{e}") from None
     return {"image": str(image), "runtime": None if rt is None else str(rt), "gpus": gpus}
 
 
@@ -383,8 +392,8 @@ def make_plan(
     if not nodes:
         raise PlanError("no nodes to run on")
     launcher = get_launcher(spec.launcher)
-    _check_spec(spec)
-    _check_unique_names(nodes)
+    check_spec(spec)
+    check_unique_names(nodes)
     kind = spec.kind or kind_of(spec.script)
     check_program(launcher.name, kind, spec.script)
     folder = "" if spec.folder in ("", ".") else posixpath.normpath(spec.folder)
@@ -402,7 +411,7 @@ def make_plan(
         visible[n.name] = _visible_gpus(n, spec)
         count = f.gpu_count if f.gpu_count is not None else n.gpus
         gpus[n.name] = len(visible[n.name]) if visible[n.name] else int(count or 0)
-    _check_loopback_mix(addrs)
+    check_loopback_mix(addrs)
 
     nproc, gpus_per_node = processes_per_node(
         spec, gpus, one_per_node=launcher.one_process_per_node
@@ -455,7 +464,7 @@ def make_plan(
         if slot.gpus and not launcher.sets_visible_devices:  # deepspeed: from --include
             env[CUDA_VISIBLE] = ",".join(slot.gpus)
         env.update(launcher.env(ctx, slot))
-        own = _checked_env(n.env, f"{_where(n)}fleetctl_env")
+        own = checked_env(n.env, f"{where(n)}fleetctl_env")
         env.update(own)
         env.update(spec.env)
         job_set = own.keys() | spec.env.keys()
@@ -464,7 +473,7 @@ def make_plan(
                 env.pop(name, None)
         files = launcher.files(ctx, slot)
         for rel in files:
-            _check_relpath(rel, f"{launcher.name} file")
+            check_relpath(rel, f"{launcher.name} file")
         plans.append(replace(slot, argv=tuple(launcher.argv(ctx, slot)), env=env, files=files))
 
     return Plan(
@@ -510,7 +519,7 @@ def _visible_gpus(node: Node, spec: JobSpec) -> tuple[str, ...]:
     said = tuple(x.strip() for x in str(user).split(",") if x.strip()) if user else ()
     if node.gpu_ids and said and said != node.gpu_ids:
         raise PlanError(
-            f"{_where(node)}fleetctl_gpus lists {','.join(node.gpu_ids)} but "
+            f"{where(node)}fleetctl_gpus lists {','.join(node.gpu_ids)} but "
             f"{CUDA_VISIBLE}={user} is set too; say the GPUs once (fleetctl_gpus)"
         )
     return node.gpu_ids or said
@@ -545,101 +554,16 @@ def _node_env(
     return env
 
 
-def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
-    """PlanError (exit 2) naming a --launcher-arg that fleetctl sets itself, or any for plain."""
-    if args and not launcher.takes_args:
-        raise PlanError(
-            f"--launcher-arg {args[0]}: the {launcher.name} launcher runs the script directly; "
-            "pass options to the script after SCRIPT"
-        )
-    for arg in args:
-        name = option_name(arg)
-        if name is not None and name in launcher.kind_options:
-            raise PlanError(
-                f"--launcher-arg {arg}: fleetctl sets {launcher.name}'s {name} from how SCRIPT "
-                "is given (run -m MODULE for a module, a .sh file for a shell script); leave it out"
-            )
-        if name is not None and name in launcher.owned:
-            raise PlanError(
-                f"--launcher-arg {arg}: {launcher.name}'s {name} is set by fleetctl from the "
-                "inventory and the rank plan (the same on every node); leave it out"
-            )
-
-
-def _check_spec(spec: JobSpec) -> None:
-    if not JOB_ID_RE.match(spec.job_id or ""):
-        raise PlanError(f"invalid job id {spec.job_id!r} (letters, digits, '.', '_', '-')")
-    if spec.kind == MODULE:
-        if not all(p.isidentifier() for p in spec.script.split(".")):
-            raise PlanError(f"-m {spec.script!r} is not a module name (dotted identifiers)")
-    else:
-        _check_relpath(spec.script, "script")
-    if spec.folder not in ("", "."):
-        _check_relpath(spec.folder, "folder")
-    if not isinstance(spec.master_port, int) or not 1 <= spec.master_port <= 65535:
-        raise PlanError(f"master port must be 1-65535, got {spec.master_port!r}")
-    n = spec.nproc_per_node
-    if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise PlanError(f"--nproc-per-node must be a positive integer or 'auto', got {n!r}")
-    if spec.backend is not None and spec.backend not in BACKENDS:
-        raise PlanError(f"unknown backend {spec.backend!r} (known: {', '.join(BACKENDS)})")
-    _checked_env(spec.env, "--env-var")
-
-
-def _check_relpath(path: str, what: str) -> None:
-    """Paths that land on a node must stay inside the folder they are relative to."""
-    norm = posixpath.normpath(path) if path else ""
-    if not path or path.startswith("/") or norm == "." or norm.split("/")[0] == "..":
-        raise PlanError(f"{what} {path!r} must be a relative path inside the code dir")
-
-
-def _checked_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
-            raise PlanError(f"{where}: invalid environment variable name {key!r}")
-        if key in RESERVED_ENV:
-            raise PlanError(f"{where}: {key} is set by fleetctl and cannot be overridden")
-        text = "" if value is None else str(value)
-        if "\0" in text:
-            raise PlanError(f"{where}: value of {key} contains a NUL byte")
-        out[key] = text
-    return out
-
-
-def _where(n: Node) -> str:
-    return f"{n.source}: {n.name}: " if n.source else f"{n.name}: "
-
-
-def _check_unique_names(nodes: Sequence[Node]) -> None:
-    seen: set[str] = set()
-    for n in nodes:
-        if n.name in seen:
-            raise PlanError(f"host {n.name} appears twice in the node list")
-        seen.add(n.name)
-
-
-def _is_loopback(addr: str) -> bool:
-    return addr in LOCAL_ADDRESSES or addr.startswith("127.")
-
-
-def _check_loopback_mix(addrs: Mapping[str, str]) -> None:
-    """A loopback training address next to real ones cannot be reached by the other nodes."""
-    loop = [h for h, a in addrs.items() if _is_loopback(a)]
-    if loop and len(loop) < len(addrs):
-        raise PlanError(
-            f"{', '.join(loop)}: training address is loopback but other nodes are remote; "
-            "they could not reach it (set fleetctl_addr or fleetctl_nic)"
-        )
-
-
 __all__ = [
+    "BACKENDS",
     "DEFAULT_MASTER_PORT",
+    "ENV_KEY_RE",
     "LAUNCHER_NAMES",
     "JobSpec",
     "NodeFacts",
     "NodePlan",
     "Plan",
+    "check_launcher_args",
     "format_job_id",
     "make_plan",
 ]

@@ -12,6 +12,10 @@ import subprocess
 import time
 
 CALL_TIMEOUT = 30.0  # one runtime command; a hung daemon never holds the teardown longer
+# a removal the runtime still has under way: docker's ``run --rm`` starts removing a stopped
+# container on its own, and our ``rm --force`` then fails ("removal ... already in progress")
+# while the container is still listed for a moment; asked again until then
+SETTLE = 10.0
 
 
 def _run(argv: list, timeout: float) -> tuple:
@@ -81,6 +85,11 @@ def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
         if code != 0:
             problem = err or f"{cfg['remove'][0]} rm exited {code}"
     remaining, again, code = listed(cfg, timeout)
+    settle = time.monotonic() + min(SETTLE, timeout)
+    while found and remaining and again is None and time.monotonic() < settle:
+        time.sleep(0.2)
+        _run([*cfg["remove"], *remaining], timeout)
+        remaining, again, code = listed(cfg, timeout)
     killed = killed or (code is not None and code < 0)
     if again is not None:
         problem = again

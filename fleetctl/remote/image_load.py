@@ -22,10 +22,10 @@ import sys
 
 try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
     from .finalize import fetch, sha256_file
-    from .pushbase import Failed, emit, free_bytes, loads, rmtree, workdirs
+    from .pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
 except ImportError:
     from finalize import fetch, sha256_file
-    from pushbase import Failed, emit, free_bytes, loads, rmtree, workdirs
+    from pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
 
 
 def _which(name: str) -> str | None:
@@ -118,20 +118,7 @@ def cleanup(cfg: dict) -> dict:
 
 
 def main() -> int:
-    mode = sys.argv[1]
-    cfg = loads(sys.stdin.readline())
-    try:
-        result = {"query": query, "load": load, "cleanup": cleanup}[mode](cfg)
-    except Failed as e:
-        emit({"error": str(e), "stage": e.stage, "enospc": e.enospc})
-        return 3
-    except OSError as e:
-        emit(
-            {"error": f"{type(e).__name__}: {e}", "stage": mode, "enospc": e.errno == errno.ENOSPC}
-        )
-        return 3
-    emit(result)
-    return 0
+    return run_mode({"query": query, "load": load, "cleanup": cleanup}.__getitem__)
 
 
 def program() -> None:

@@ -20,23 +20,23 @@ Modes:
   serve     short-lived HTTP server for one archive: one-time bearer token, bound to the training
             address, serves only that file, exits when stdin closes or after a timeout
   cleanup   remove this push's partial files, report free space
-  relay-pack / relay-apply
-            a retry's checkpoints: tar what the job wrote into its work folder on the node of
-            rank 0; seed another node's work folder and unpack it there (``relay.py``)
+  relay-pack / relay-have / relay-apply
+            a retry's checkpoints: list (size, sha256) and tar what the job wrote into its work
+            folder on the node of rank 0; on another node, say which of those files it already
+            holds, then seed its work folder and unpack the rest there (``relay.py``)
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import time
 
 try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .pushbase import Failed, emit, free_bytes, loads, rmtree, verify_env, workdirs
+    from .pushbase import emit, free_bytes, loads, rmtree, run_mode, verify_env, workdirs
     from .workdirs import workdir_id
 except ImportError:
-    from pushbase import Failed, emit, free_bytes, loads, rmtree, verify_env, workdirs
+    from pushbase import emit, free_bytes, loads, rmtree, run_mode, verify_env, workdirs
     from workdirs import workdir_id
 
 # shutil, subprocess, tarfile, hashlib and contextlib are imported where used: a no-op push's
@@ -215,30 +215,19 @@ def mode_function(mode: str):  # type: ignore[no-untyped-def]
         except ImportError:
             from finalize import finalize
         return finalize
-    if mode in ("relay-pack", "relay-apply"):
+    if mode in ("relay-pack", "relay-have", "relay-apply"):
         try:
-            from .relay import relay_apply, relay_pack
+            from .relay import relay_apply, relay_have, relay_pack
         except ImportError:
-            from relay import relay_apply, relay_pack
-        return relay_pack if mode == "relay-pack" else relay_apply
+            from relay import relay_apply, relay_have, relay_pack
+        return {"relay-pack": relay_pack, "relay-have": relay_have, "relay-apply": relay_apply}[
+            mode
+        ]
     return {"probe": probe, "serve": serve, "cleanup": cleanup}[mode]
 
 
 def main() -> int:
-    mode = sys.argv[1]
-    cfg = loads(sys.stdin.readline())
-    try:
-        result = mode_function(mode)(cfg)
-    except Failed as e:
-        emit({"error": str(e), "stage": e.stage, "enospc": e.enospc})
-        return 3
-    except OSError as e:
-        emit(
-            {"error": f"{type(e).__name__}: {e}", "stage": mode, "enospc": e.errno == errno.ENOSPC}
-        )
-        return 3
-    emit(result)
-    return 0
+    return run_mode(mode_function)
 
 
 def program() -> None:

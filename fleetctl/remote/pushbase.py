@@ -52,6 +52,28 @@ def emit(obj: dict, kind: str = "D") -> None:
     frame(kind, obj)
 
 
+def run_mode(pick) -> int:  # type: ignore[no-untyped-def]
+    """A push program's ``main``: the mode from argv, its config as one JSON line on stdin, the
+    answer as one ``D`` frame; a failure as ``{"error", "stage", "enospc"}`` and exit 3."""
+    import errno
+    import sys
+
+    mode = sys.argv[1]
+    cfg = loads(sys.stdin.readline())
+    try:
+        result = pick(mode)(cfg)
+    except Failed as e:
+        emit({"error": str(e), "stage": e.stage, "enospc": e.enospc})
+        return 3
+    except OSError as e:
+        emit(
+            {"error": f"{type(e).__name__}: {e}", "stage": mode, "enospc": e.errno == errno.ENOSPC}
+        )
+        return 3
+    emit(result)
+    return 0
+
+
 def free_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize

@@ -21,11 +21,14 @@ except ImportError:
 # A retry's nodes get what the job wrote into its work folder on the node of rank 0
 # (pytorch/examples' snapshot.pt, Lightning's and HF Trainer's checkpoint folders): ``relay-pack``
 # there lists the regular files that differ from the code snapshot the folder was seeded from
-# (``__pycache__`` and private-key look-alikes left out) and tars them into
-# ``W/envs/.tmp-relay-*.tar``; ``relay-apply`` on each node of the retry seeds its work folder
-# as the supervisor would, takes the tar (uploaded, or fetched from a peer and sha-checked) and
-# writes each file under a temp name and renames it, so nodes of one shared home may do it at
-# once. A node reading the source's workdir id shares its folder: nothing to do.
+# (``__pycache__`` and private-key look-alikes left out), with their sizes and sha256 when asked
+# (``manifest``), and tars them (or the ``only`` ones) into ``W/envs/.tmp-relay-*.tar``;
+# ``relay-have`` on a node of the retry answers which of the listed files it already holds (same
+# size and sha256: a node the last retry relayed to needs nothing again); ``relay-apply`` on
+# each node of the retry seeds its work folder as the supervisor would, takes the tar (uploaded,
+# or fetched from a peer and sha-checked) and writes each file under a temp name and renames it,
+# so nodes of one shared home may do it at once. A node reading the source's workdir id shares
+# its folder: nothing to do.
 
 RELAY_SKIP_DIRS = ("__pycache__",)
 RELAY_KEY_NAMES = ("id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk")
@@ -109,10 +112,17 @@ def relay_pack(cfg: dict) -> dict:
     if not os.path.isdir(root):
         return out
     files, secrets = relay_files(work, root, seed, set(cfg.get("allow_secrets") or ()))
+    if cfg.get("only") is not None:
+        only = set(cfg["only"])
+        files = [(rel, size) for rel, size in files if rel in only]
     total = sum(size for _rel, size in files)
     out.update(files=[rel for rel, _s in files[:RELAY_LISTED]], count=len(files), bytes=total)
     out["secrets"] = secrets
     if not files or total > int(cfg["max_bytes"]):
+        return out
+    if cfg.get("manifest"):
+        out["manifest"] = {rel: [size, sha256_file(os.path.join(root, rel))] for rel, size in files}
+    if not cfg.get("pack", True):
         return out
     envs_root = workdirs(cfg)[2]
     tar = os.path.join(envs_root, cfg["tar"])
@@ -125,6 +135,31 @@ def relay_pack(cfg: dict) -> dict:
         raise Failed("relay", f"cannot pack {root}: {e}", e.errno == errno.ENOSPC) from e
     out.update(tar=tar, size=os.path.getsize(tar), sha=sha256_file(tar))
     return out
+
+
+def relay_have(cfg: dict) -> dict:
+    """Which of the source's files (``manifest``: name -> [size, sha256]) this node's folder
+    already holds, byte for byte; the sha256 is read only where the size matches."""
+    import stat
+
+    w, _work, root = relay_paths(cfg)
+    if cfg.get("source_id") and workdir_id(w) == cfg["source_id"]:
+        return {"shared": True}
+    real = os.path.realpath(root)
+    have = []
+    for rel, (size, sha) in sorted((cfg.get("manifest") or {}).items()):
+        path = os.path.join(root, rel)
+        if rel.startswith("/") or ".." in rel.split("/"):
+            continue
+        if not os.path.realpath(path).startswith(real + os.sep):
+            continue
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == size and sha256_file(path) == sha:
+                have.append(rel)
+        except OSError:
+            continue
+    return {"have": have}
 
 
 def seed_work(work: str, seed: str | None) -> None:

@@ -139,5 +139,11 @@ class SrunConnection(Connection):
                 self._home = res.stdout
             return self._home
 
+    def set_home(self, home: str) -> None:
+        """Record the home the check's probe reported: each ``$HOME`` lookup is a job step
+        (slurmctld round trips), and ``expand`` asks it per node before the launch."""
+        with self._lock:
+            self._home = home
+
     def close(self) -> None:
         pass

@@ -9,6 +9,7 @@ Slurm command and every wait is bounded; progress is reported as ``SlurmEvent``s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -23,8 +24,12 @@ from fleetctl.slurm.queue import JobInfo, describe, in_queue, parse_show_job, qu
 COMMAND_TIMEOUT = 30.0  # one sbatch/squeue/scontrol/scancel call
 CANCEL_TIMEOUT = 90.0  # scancel → the job and every step of it gone from the queue
 GRACEFUL_TIMEOUT = 30.0  # SIGTERM to the fleetctl inside → its teardown and collect done
-POLL = 0.2  # s between reads of the output file
-STATE_EVERY = 0.5  # s between asks of slurmctld while running
+POLL = 0.2  # s between reads of the output file (and the run folder's job.json)
+#: s between asks of slurmctld while the run inside is live: every ask is an RPC that a busy
+#: slurmctld serves late, and the run inside says itself when it has ended (its job.json)
+STATE_EVERY = 2.0
+STATE_EVERY_ENDED = 0.1  # ... once it has: the batch script exits right after
+ENDED = frozenset({"succeeded", "failed", "stopped", "interrupted", "error"})
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,15 @@ class OutputTail:
         return [ln.decode("utf-8", "replace") for ln in done]
 
 
+def inside_ended(folder: Path) -> bool:
+    """The run inside has written its end to the run folder's job.json."""
+    try:
+        status = json.loads((folder / "job.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status in ENDED
+
+
 def follow(
     slurm: SlurmClient, job: str, output: Path, emit: Emit, error: Path | None = None
 ) -> JobInfo:
@@ -197,7 +211,8 @@ def follow(
         for kind, tail in tails:
             for ln in tail.lines():
                 emit(SlurmEvent(kind, job, ln))
-        if time.monotonic() - asked >= STATE_EVERY:
+        every = STATE_EVERY_ENDED if inside_ended(output.parent) else STATE_EVERY
+        if time.monotonic() - asked >= every:
             asked = time.monotonic()
             info = slurm.show(job)
             if info is None or info.done:

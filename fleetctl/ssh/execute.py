@@ -100,6 +100,10 @@ class ExecResult:
             return TIMED_OUT_RC if any(r.timed_out for r in self.runs) else REMOTE_FAILURE
         return max(_rc(r) for r in self.runs)
 
+    def gathered(self) -> list[tuple[list[str], NodeRun]]:
+        """Nodes with identical output and status grouped (clush ``-b``), first-seen order."""
+        return group_identical(self.runs)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "command": self.command,

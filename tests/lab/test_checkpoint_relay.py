@@ -64,10 +64,48 @@ time.sleep(600)
 """
 
 
+# Rank 0 saves the snapshot once (when it has none), tells the others, and is done; node rank 1
+# dies on its first two tries (a count kept in its own work folder, which is not relayed).
+TWICE = """\
+import os, socket, sys, time
+rank = int(os.environ["RANK"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+print(f"resume rank={rank} snapshot={os.path.exists('snapshot.pt')}", flush=True)
+if rank == 0:
+    if not os.path.exists("snapshot.pt"):
+        with open("snapshot.pt.tmp", "wb") as f:
+            f.write(b"epoch=12")
+        os.replace("snapshot.pt.tmp", "snapshot.pt")
+    srv = socket.create_server(("", port))
+    for _ in range(int(os.environ["NNODES"]) - 1):
+        c, _ = srv.accept()
+        c.sendall(b"saved")
+        c.close()
+    sys.exit(0)
+deadline = time.time() + 30
+while True:
+    try:
+        socket.create_connection((addr, port), timeout=5).recv(8)
+        break
+    except OSError:
+        if time.time() > deadline:
+            raise
+        time.sleep(0.2)
+if rank == 1:
+    tries = int(open("tries").read()) + 1 if os.path.exists("tries") else 1
+    with open("tries", "w") as f:
+        f.write(str(tries))
+    if tries <= 2:
+        print(f"rank 1 dies on try {tries}", flush=True)
+        sys.exit(137)
+"""
+
+
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("ckpt-code")
     (d / "multinode.py").write_text(CKPT)
+    (d / "twice.py").write_text(TWICE)
     return d
 
 
@@ -161,3 +199,29 @@ def test_a_spare_replacing_a_crashed_host_resumes_from_rank_0s_snapshot(
     assert "resume rank=1 epoch=12" in console(runs, second["job_id"], 1, "node3")
     assert "resume rank=0 epoch=12" in console(runs, second["job_id"], 0, "node1")
     assert second["checkpoints"]["nodes"] == {"node1": "the source", "node3": "copied"}
+
+
+def test_the_second_retry_sends_nothing_to_nodes_that_hold_the_snapshot(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """Attempt 2 copies rank 0's snapshot to node2 and node3; rank 1 fails again, and attempt
+    3's relay asks them first: both hold it byte for byte, so 0 bytes go to either."""
+    runs = tmp_path / "runs"
+    p = run_cli(*run_args(lab3, runs, code, "--max-retries", "2", str(code / "twice.py")), cwd=ROOT)
+    assert p.exit_code == 0, p.stdout + p.stderr
+    first, second, third = attempts(runs)
+    assert first["retried"] and second["retried"] and third["status"] == "succeeded"
+    relayed, again = second["checkpoints"], third["checkpoints"]
+    assert (relayed["files"], relayed["bytes"], relayed["attempt"]) == (["snapshot.pt"], 8, 1)
+    assert relayed["nodes"] == {"node1": "the source", "node2": "copied", "node3": "copied"}
+    assert relayed["sent"] == {"node2": 8, "node3": 8}
+    assert (again["files"], again["bytes"], again["attempt"]) == (["snapshot.pt"], 8, 2)
+    assert again["sent"] == {"node2": 0, "node3": 0} and again["method"] is None
+    assert again["nodes"] == {
+        "node1": "the source",
+        "node2": "up to date (1 file(s) there)",
+        "node3": "up to date (1 file(s) there)",
+    }
+    assert "node2, node3 already hold them, nothing sent" in p.stderr
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        assert f"resume rank={rank} snapshot=True" in console(runs, third["job_id"], rank, host)

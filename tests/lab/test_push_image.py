@@ -168,3 +168,41 @@ def test_a_node_whose_load_fails_is_named_exit_3_and_no_archive_is_left(lab: Lab
     ours = _podman("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     assert image_ids(lab)["node2"] == ours
     assert temp_archives(lab) == ""
+
+
+def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> None:
+    """All 3 hosts lack it (node1 too gets a store of its own); one fetcher per holder a wave
+    (``peer_fanout=1``): node1 is the seed (SFTP), node2 fetches from node1, then node3 from
+    node2 (the newest holder serves first), so the controller sends the image once and node2
+    relays it. No archive is left on any node."""
+    from fleetctl.api.fleet import Fleet as ApiFleet
+    from fleetctl.phases.push_image import push_image
+    from fleetctl.ssh.fleet import Fleet as SSHFleet
+
+    hd = lab.host_dir("node1")
+    bashrc = hd / "bashrc"
+    original = bashrc.read_text()
+    (hd / "tmp" / "own-storage.conf").write_text(OWN)
+    bashrc.write_text(original + f"export CONTAINERS_STORAGE_CONF={CONF}\n")
+    try:
+        for host in ("node2", "node3"):
+            on_node(lab, host, f"podman rmi -f {IMAGE} >/dev/null 2>&1 || true")
+        assert image_ids(lab) == {"node1": "", "node2": "", "node3": ""}
+        api = ApiFleet.from_inventory(str(lab.inventory_path))
+        with SSHFleet(api.nodes, api.settings) as fleet:
+            report = push_image(fleet, IMAGE, peer_fanout=1)
+        nodes = report.nodes
+        got = {h: (nodes[h].status, nodes[h].via, nodes[h].source) for h in nodes}
+        assert got == {
+            "node1": ("loaded", "sftp", None),
+            "node2": ("loaded", "peer", "node1"),
+            "node3": ("loaded", "peer", "node2"),
+        }, got
+        assert report.controller_bytes == report.archive_bytes > 0, report
+        assert report.peer_fetches == 2
+        ours = _podman("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+        assert image_ids(lab) == {"node1": ours, "node2": ours, "node3": ours}
+        assert temp_archives(lab) == ""
+    finally:
+        bashrc.write_text(original)
+        shutil.rmtree(hd / "tmp" / "own-store", ignore_errors=True)

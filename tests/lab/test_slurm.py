@@ -8,7 +8,10 @@ allocation, supervisors started as srun steps, the same job core after launch.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,11 @@ import pytest
 
 from fleetctl.lab.core import Lab
 from fleetctl.lab.slurm import SlurmLab, installed
-from fleetctl.testing.cli_runner import run_cli_process
+from fleetctl.testing.cli_runner import run_cli_process, start_cli_process
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 OK_SCRIPT = """\
 import os, socket
 e = os.environ
@@ -143,3 +147,86 @@ def test_inventory_hosts_selected_and_ordered_by_the_allocation(
         ("0", "node3", "node3", master, "2"),
         ("1", "node1", "node1", master, "2"),
     ]
+
+
+def test_a_stall_inside_the_allocation_dumps_every_ranks_stack(
+    slurm: dict[str, Any], tmp_path: Path
+) -> None:
+    """Rank 1 blocks in a function while its peers wait in gloo's all-reduce: --stall-timeout
+    reaches the nodes through srun steps, dumps every rank's stack (py-spy on the node), stops
+    the job everywhere and brings the dumps home."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(ROOT / "examples" / "ddp_train.py", code / "ddp_train.py")
+    runs = tmp_path / "runs"
+    res = run_cli_process(
+        "run", "--launcher", "torchrun", "--backend", "gloo", "--grace", "3",
+        "--stall-timeout", "6", "--runs-dir", str(runs), "ddp_train.py",
+        "--epochs", "1", "--steps", "50", "--hang-rank", "1", "--hang-step", "2",
+        env=slurm["env"], cwd=code, timeout=120,
+    )  # fmt: skip
+    err = res.stderr.splitlines()
+    assert res.exit_code == 3, res.stdout + res.stderr
+    folded = err[err.index("where every rank was (innermost Python frame):") + 1 :]
+    assert any(re.match(r"  rank 1: stuck_loading_batch \(ddp_train\.py:\d+\)$", x) for x in folded)
+    folder = next(p for p in runs.iterdir() if p.is_dir())
+    job = json.loads((folder / "job.json").read_text())
+    assert job["verdict"].startswith("stalled: no progress on any node for "), job["verdict"]
+    assert {n["host"]: n["methods"] for n in job["stack_nodes"]} == {
+        f"node{i}": {"py-spy": 2}
+        for i in (1, 2, 3)  # torchrun's agent and its worker
+    }
+    lab: Lab = slurm["lab"]
+    for rank, h in enumerate(lab.hosts):  # the dumps came home; nothing left on the node
+        assert list((folder / f"{rank}-{h.name}" / "stacks").glob("*.txt")), rank
+        ps = lab.exec(h.name, ["ps", "-eo", "args"], check=True).stdout
+        assert "ddp_train.py" not in ps, (h.name, ps)
+
+
+def test_a_node_whose_slurmd_dies_and_link_is_cut_is_lost(
+    slurm: dict[str, Any], tmp_path: Path
+) -> None:
+    """node3's slurmd is killed and its cable pulled mid-DDP (gloo): fleetctl names node3 lost
+    as the first failure, stops the rest (no process, no step of theirs left), brings their
+    logs home, exit 3. Last in the module: the allocation does not survive it."""
+    lab: Lab = slurm["lab"]
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(ROOT / "examples" / "ddp_train.py", code / "ddp_train.py")
+    runs = tmp_path / "runs"
+    proc = start_cli_process(
+        "run", "--launcher", "torchrun", "--backend", "gloo", "--lost-timeout", "3",
+        "--runs-dir", str(runs), "ddp_train.py", "--epochs", "1", "--steps", "2000",
+        "--sleep-per-step", "0.1",
+        env=slurm["env"], cwd=code,
+    )  # fmt: skip
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        wait_for(lambda: sum("start rank=" in ln for ln in out) == 3, 120, what="3 ranks")
+        slurm["slurm"].kill_slurmd("node3")
+        lab.cut_link("node3")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 3, "".join(out) + err
+    folder = next(p for p in runs.iterdir() if p.is_dir())
+    job = json.loads((folder / "job.json").read_text())
+    ff = job["first_failure"]
+    assert (ff["host"], ff["state"]) == ("node3", "lost"), ff
+    for i, h in enumerate(lab.hosts[:2]):  # the rest: stopped, nothing left, logs home
+        ps = lab.exec(h.name, ["ps", "-eo", "args"], check=True).stdout
+        assert "ddp_train.py" not in ps and "torchrun" not in ps, (h.name, ps)
+        assert (folder / f"{i}-{h.name}" / "console.log").stat().st_size > 0
+
+    def no_steps_on_the_rest() -> bool:
+        p = subprocess.run(
+            ["squeue", "-h", "-s", "-j", slurm["job"], "-o", "%N"],
+            capture_output=True, text=True, env=slurm["slurm"].env(), timeout=10,
+        )  # fmt: skip
+        return p.returncode == 0 and not ({"node1", "node2"} & set(p.stdout.split()))
+
+    wait_for(no_steps_on_the_rest, 15, what="node1's and node2's srun steps gone")

@@ -260,3 +260,101 @@ def test_the_run_task_exits_with_the_jobs_verdict(tmp_path: Path, code: Path) ->
     host = Fleet.local().nodes[0].name
     assert p.stdout.splitlines()[:3] == [f"[0 {host}] line {i}" for i in range(3)]
     assert "failed first: exit code 4" in p.stderr
+
+
+def test_exit_4_says_the_logs_are_incomplete_not_succeeded() -> None:
+    """A job that succeeded with a node's logs not home (exit 4) is not ``ok``, and its reason
+    says why instead of the bare status."""
+    doc = {
+        "job_id": "j",
+        "status": "succeeded",
+        "collected": [
+            {"host": "gpu01", "rank": 0, "complete": True},
+            {"host": "gpu02", "rank": 1, "complete": False},
+        ],
+    }
+    r = RunResult.from_record(doc, "/runs/j", exit_code=4)
+    assert not r.ok and r.logs_incomplete == ["gpu02"]
+    assert r.reason == (
+        "succeeded, but logs incomplete from gpu02: `fleetctl collect` fetches the rest"
+    )
+
+
+def test_fleetctl_api_loads_each_name_on_first_use() -> None:
+    """``exec`` pays for ``Fleet`` alone: the job core, results and SSH load when used, and
+    ``runs`` stays the function even after its module is imported by name."""
+    probe = (
+        "import json, sys\n"
+        "from fleetctl.api import Fleet\n"
+        "after_fleet = sorted(m for m in sys.modules if m.startswith('fleetctl'))\n"
+        "import fleetctl.api.runs, fleetctl.api\n"
+        "print(json.dumps([after_fleet, callable(fleetctl.api.runs)]))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    after_fleet, runs_is_function = json.loads(p.stdout)
+    assert after_fleet == [
+        "fleetctl",
+        "fleetctl.api",
+        "fleetctl.api.fleet",
+        "fleetctl.api.runs",
+        "fleetctl.errors",
+    ]
+    assert runs_is_function
+
+
+def test_exec_on_this_machine_keeps_every_hosts_outcome(tmp_path: Path) -> None:
+    fleet = local(tmp_path)
+    seen: list[str] = []
+    r = fleet.exec(["echo", "a b;c"], timeout=30, on_result=lambda run: seen.append(run.node))
+    assert r.ok and r.exit_code() == 0 and [x.stdout for x in r.runs] == ["a b;c\n"]
+    assert seen == [r.runs[0].node] and len(r.gathered()) == 1
+    bad = fleet.exec("echo out; exit 7", timeout=30)
+    assert not bad.ok and bad.exit_code() == 3 and bad.runs[0].exit_code == 7
+
+
+def test_a_dry_run_returns_the_plan_and_starts_nothing(tmp_path: Path, code: Path) -> None:
+    plan = local(tmp_path).run(
+        str(code / "job.py"), "--x", launcher="plain", env={"K": "V"}, dry_run=True
+    )
+    assert not isinstance(plan, Job)
+    doc = json.loads(plan.to_json())
+    assert doc["nodes"][0]["node_rank"] == 0 and "--x" in json.dumps(doc)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_run_refuses_a_job_file_with_a_script_and_a_fabric_task_without_ssh(
+    tmp_path: Path, code: Path
+) -> None:
+    fleet = local(tmp_path)
+    with pytest.raises(UsageError, match="replaces SCRIPT"):
+        fleet.run(str(code / "job.py"), job_file=tmp_path / "job.yml")
+    with pytest.raises(UsageError, match="needs an inventory"):
+        fleet.run(str(code / "job.py"), before=f"{tmp_path}/fabfile.py:prepare")
+    with pytest.raises(UsageError, match="--nodes 2: the selection has only 1 host"):
+        fleet.run(str(code / "job.py"), launcher="plain", nodes=2)
+
+
+def test_a_foreground_run_ends_in_the_calling_thread_with_its_details(
+    tmp_path: Path, code: Path
+) -> None:
+    kinds: list[str] = []
+    job = local(tmp_path).run(
+        str(code / "job.py"),
+        launcher="plain",
+        env={"EXIT": "3"},
+        foreground=True,
+        on_event=lambda ev: kinds.append(ev.kind),
+    )
+    assert isinstance(job, Job) and job.done and job.details is not None
+    assert job.details.status == "failed" and "lines" in kinds
+    r = job.wait(timeout=0)
+    assert (r.exit_code, r.first_failure.reason if r.first_failure else None) == (3, "exit code 3")
+
+
+def test_slurm_outside_an_allocation_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with pytest.raises(UsageError, match="not inside a Slurm allocation"):
+        Fleet.slurm()

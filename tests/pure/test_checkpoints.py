@@ -151,6 +151,7 @@ def test_rank_0s_snapshot_reaches_a_fresh_node_and_not_one_sharing_its_workdir(
         "bytes": 8,
         "method": "controller",
         "nodes": {"n1": "the source", "n2": "copied", "n3": "shares its workdir with the source"},
+        "sent": {"n2": 8},
         "skipped": None,
         "secrets": [],
     }
@@ -160,6 +161,40 @@ def test_rank_0s_snapshot_reaches_a_fresh_node_and_not_one_sharing_its_workdir(
     )
     leftover = [p for p in tmp_path.rglob("*") if ".tmp-relay" in p.name or ".relay-" in p.name]
     assert leftover == []
+
+
+def test_a_second_relay_sends_a_node_only_the_files_it_does_not_hold(tmp_path: Path) -> None:
+    """The retry after a retry: n2 got the snapshot last time (same size and sha256: nothing
+    sent), n3 holds a stale one of the same size (sent again), n4 holds one of two files."""
+    n1, snap1, work1 = folders(tmp_path, "n1")
+    shutil.copytree(snap1, work1)
+    (work1 / "snapshot.pt").write_bytes(b"epoch=12")
+    (work1 / "opt.pt").write_bytes(b"adam-state")
+    others = {name: folders(tmp_path, name) for name in ("n2", "n3", "n4")}
+    for name, (_node, snap, work) in others.items():
+        shutil.copytree(snap, work)
+        (work / "snapshot.pt").write_bytes(b"epoch=12" if name != "n3" else b"epoch=11")
+        if name == "n2":
+            (work / "opt.pt").write_bytes(b"adam-state")
+    before = {n: (w / "snapshot.pt").stat().st_mtime_ns for n, (_, _, w) in others.items()}
+    source = RelaySource(n1, str(work1), str(snap1), attempt=2)
+    targets = [RelayTarget(node, str(work), str(snap)) for node, snap, work in others.values()]
+    with Fleet([n1, *(node for node, _s, _w in others.values())]) as fleet:
+        report = relay_checkpoints(fleet, source, targets)
+    assert report.nodes == {
+        "n2": "up to date (2 file(s) there)",
+        "n3": "copied",
+        "n4": "copied 1 of 2 file(s)",
+    }
+    assert report.sent == {"n2": 0, "n3": 18, "n4": 10}
+    for name, (_node, _snap, work) in others.items():
+        assert (work / "snapshot.pt").read_bytes() == b"epoch=12", name
+        assert (work / "opt.pt").read_bytes() == b"adam-state", name
+    # n2's and n4's snapshot were never rewritten: only what a node lacked reached it
+    assert (others["n2"][2] / "snapshot.pt").stat().st_mtime_ns == before["n2"]
+    assert (others["n4"][2] / "snapshot.pt").stat().st_mtime_ns == before["n4"]
+    assert "n2 already hold them, nothing sent" in report.summary()
+    assert [p for p in tmp_path.rglob("*") if ".tmp-relay" in p.name] == []
 
 
 def test_over_the_cap_nothing_is_copied_and_the_report_says_why(tmp_path: Path) -> None:

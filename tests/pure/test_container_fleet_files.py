@@ -4,6 +4,7 @@ build's argv and tag, and the inventory written from what the hosts announce."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -160,3 +161,68 @@ def test_down_finds_containers_and_networks_by_label_only(monkeypatch, runtime, 
     calls.clear()
     cf.remove_by_label("demo", runtime)
     assert not any(c[1] == "rm" or c[1:3] == ["network", "rm"] for c in calls)
+
+
+class _FakePodman:
+    """podman as ``reap_orphans`` sees it: containers with labels, answered and removed by
+    label; every argv recorded."""
+
+    def __init__(self, fleets: dict[str, dict[str, str]]) -> None:
+        self.containers = {
+            f"id-{name}": {cf.LABEL: name, **labels} for name, labels in fleets.items()
+        }
+        self.argvs: list[list[str]] = []
+
+    def run(self, argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        self.argvs.append(list(argv))
+        out = ""
+        if argv[1:3] == ["network", "ls"]:
+            out = ""  # the fleets' networks are gone already; their containers are left
+        elif argv[1] == "ps" and "--format" in argv:
+            out = "".join(f"{json.dumps(lb)}\n" for lb in self.containers.values())
+        elif argv[1] == "ps":
+            want = argv[argv.index("--filter") + 1].removeprefix(f"label={cf.LABEL}=")
+            out = " ".join(c for c, lb in self.containers.items() if lb[cf.LABEL] == want)
+        elif argv[1] == "rm":
+            for c in argv[2:]:
+                self.containers.pop(c, None)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def test_reap_orphans_removes_only_the_owners_fleets_whose_creator_is_gone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    from fleetctl.lab import procs
+
+    me = os.getpid()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    started = procs.start_time(me)
+    fake = _FakePodman(
+        {
+            "alive": {cf.OWNER_LABEL: "pytest", cf.CREATOR_LABEL: f"{me}-{started}"},
+            "dead": {cf.OWNER_LABEL: "pytest", cf.CREATOR_LABEL: f"{gone.pid}-{started}"},
+            "reused": {cf.OWNER_LABEL: "pytest", cf.CREATOR_LABEL: f"{me}-{started + 1}"},
+            "nocreator": {cf.OWNER_LABEL: "pytest"},
+            "theirs": {cf.OWNER_LABEL: "someone-else", cf.CREATOR_LABEL: f"{gone.pid}-1"},
+        }
+    )
+    monkeypatch.setattr(cf.net, "run", fake.run)
+    monkeypatch.setattr(cf.shutil, "which", lambda _: "/usr/bin/podman")
+    monkeypatch.setattr(cf, "BASE", tmp_path)
+    for name in ("alive", "dead", "reused", "nocreator", "theirs"):
+        (tmp_path / name).mkdir()
+
+    reaped = cf.reap_orphans("pytest")
+
+    assert sorted(reaped) == ["dead", "nocreator", "reused"]
+    assert sorted(lb[cf.LABEL] for lb in fake.containers.values()) == ["alive", "theirs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alive", "theirs"]
+    removals = [a for a in fake.argvs if a[1] == "rm"]
+    assert sorted(a[-1] for a in removals) == ["id-dead", "id-nocreator", "id-reused"]
+    assert all(a[:4] == ["podman", "rm", "--force", "--time"] for a in removals)
+    # found and removed by label, never by a name pattern
+    finds = [a for a in fake.argvs if a[1] == "ps" and "--quiet" in a]
+    assert all(a[a.index("--filter") + 1].startswith(f"label={cf.LABEL}=") for a in finds)

@@ -140,6 +140,43 @@ def test_the_check_script_runs_in_sh(tmp_path: Path) -> None:
     assert out.stdout.splitlines() == ["runtime podman", "image sha256:ff", "probe 0 "]
 
 
+def test_an_image_id_that_started_here_is_not_probed_again(tmp_path: Path) -> None:
+    """The trivial container costs a whole start: once one of this id started with this
+    runtime, the node's marker skips it (a failed start leaves none; another id is probed)."""
+    from fleetctl.phases.check_containers import shell_dir
+
+    fake = tmp_path / "bin" / "podman"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = image ] && { cat "$FAKE_ID"; exit 0; }\n'
+        'echo run >>"$FAKE_LOG"; exit "$(cat "$FAKE_RC")"\n'
+    )
+    fake.chmod(0o755)
+    home, log, rc, fid = tmp_path / "home", tmp_path / "log", tmp_path / "rc", tmp_path / "id"
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "HOME": str(home), "FAKE_LOG": str(log)}
+    env |= {"FAKE_RC": str(rc), "FAKE_ID": str(fid)}
+    marks = shell_dir("~/.fleetctl/containers/started")
+
+    def check(image_id: str, code: int) -> list[str]:
+        fid.write_text(image_id + "\n")
+        rc.write_text(str(code))
+        out = subprocess.run(
+            ["sh", "-c", script("img:1", "podman", None, marks)],
+            capture_output=True, text=True, env=env, timeout=30,
+        )  # fmt: skip
+        return out.stdout.splitlines()[2:]
+
+    assert check("sha256:aa", 125) == ["probe 125 "]  # failed: no marker
+    assert check("sha256:aa", 0) == ["probe 0 "]
+    assert check("sha256:aa", 125) == ["probe 0 cached"]  # not started again
+    assert check("sha256:bb", 0) == ["probe 0 "]  # another build: probed
+    assert log.read_text().splitlines() == ["run"] * 3  # the start probes, no more
+    started = home / ".fleetctl" / "containers" / "started"
+    assert sorted(p.name for p in started.iterdir()) == ["podman-sha256_aa", "podman-sha256_bb"]
+    assert parse("runtime podman\nimage sha256:aa\nprobe 0 cached\n", "img:1").problem is None
+
+
 def test_another_build_is_named_with_both_ids() -> None:
     want = {h: ("img:1", None) for h in ("n1", "n2", "n3")} | {"n4": ("other", None)}
     ids = {"n1": "sha256:aa", "n2": "sha256:bb", "n3": "sha256:aa", "n4": "sha256:cc"}

@@ -97,3 +97,26 @@ def test_srun_argv() -> None:
     for opt in ("--jobid=12", "--nodelist=gpu03", "--nodes=1", "--ntasks=1", "--overlap"):
         assert opt in argv
     assert "--kill-on-bad-exit=1" in argv
+
+
+def test_probe_home_saves_the_srun_home_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's reported home is primed into an srun connection: no ``$HOME`` job step
+    (each one is slurmctld round trips) before the launch."""
+    from fleetctl.phases.check_report import CheckReport
+
+    node = fleet_nodes(Allocation("5", ("n1",)), None, resolves=lambda h: True)[0]
+    conn = connect(node)
+
+    def no_step(*a: object, **k: object) -> None:
+        raise AssertionError("a job step was started")
+
+    monkeypatch.setattr(conn, "run", no_step)
+
+    class FakeFleet:
+        connected = (node,)
+
+        def connection(self, n: object) -> object:
+            return conn
+
+    CheckReport(hosts={}, homes={"n1": "/home/u"}).prime(FakeFleet())  # type: ignore[arg-type]
+    assert conn.expand("~/.fleetctl/x") == "/home/u/.fleetctl/x"

@@ -311,6 +311,27 @@ def test_following_streams_both_files_to_the_end(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(("status", "at_least", "under"), [("running", 4.0, 99), ("failed", 0, 1)])
+def test_follower_asks_slurmctld_seldom_until_the_run_inside_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, at_least: float, under: float
+) -> None:
+    """Every ask is a slurmctld RPC: every 2 s while the run inside is live, every 0.1 s
+    once its job.json says it ended (the batch script's end is then a moment away)."""
+    from types import SimpleNamespace
+
+    from fleetctl.slurm import submit
+
+    clock = [0.0]
+    fake_time = SimpleNamespace(
+        monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)
+    )
+    monkeypatch.setattr(submit, "time", fake_time)
+    (tmp_path / "job.json").write_text(f'{{"status": "{status}"}}')
+    slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED")])
+    submit.follow(slurm, "5", tmp_path / "slurm.out", lambda ev: None)  # type: ignore[arg-type]
+    assert at_least <= clock[0] < under, clock[0]
+
+
 def test_output_tail_reads_only_new_whole_lines(tmp_path: Path) -> None:
     p = tmp_path / "f"
     tail = OutputTail(p)

@@ -158,3 +158,32 @@ def test_a_node_fetches_the_checkpoints_from_the_sources_server(
     finally:
         serve.stdin.close()  # type: ignore[union-attr]
         serve.wait(30)
+
+
+def test_relay_have_names_the_files_a_node_holds_byte_for_byte_and_pack_takes_only_the_rest(
+    run38: Run, tmp_path: Path
+) -> None:
+    w, snap, work = node(tmp_path, "node1")
+    shutil.copytree(snap, work)
+    (work / "snapshot.pt").write_bytes(b"epoch=12")
+    (work / "opt.pt").write_bytes(b"adam")
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-t3.tar"}
+    cfg = {**cfg, "max_bytes": 1 << 20, "allow_secrets": []}
+    code, listed = helper(run38, "relay-pack", {**cfg, "manifest": True, "pack": False})
+    assert code == 0 and "tar" not in listed, listed
+    assert sorted(listed["manifest"]) == ["opt.pt", "snapshot.pt"]
+    assert listed["manifest"]["snapshot.pt"][0] == 8
+    w2, snap2, work2 = node(tmp_path, "node2")
+    shutil.copytree(snap2, work2)
+    (work2 / "snapshot.pt").write_bytes(b"epoch=12")  # the last relay's copy
+    (work2 / "opt.pt").write_bytes(b"adaX")  # same size, other bytes
+    manifest = {**listed["manifest"], "../../outside": [1, "0" * 64]}
+    ask = {"workdir": str(w2), "work": str(work2), "seed": str(snap2), "manifest": manifest}
+    code, out = helper(run38, "relay-have", ask)
+    assert code == 0 and out == {"have": ["snapshot.pt"]}, out
+    code, out = helper(run38, "relay-have", {**ask, "source_id": listed["workdir_id"]})
+    assert code == 0 and out == {"have": ["snapshot.pt"]}  # another workdir: not shared
+    code, packed = helper(run38, "relay-pack", {**cfg, "only": ["opt.pt"]})
+    assert code == 0 and packed["count"] == 1 and packed["bytes"] == 4, packed
+    with tarfile.open(packed["tar"]) as tf:
+        assert tf.getnames() == ["opt.pt"]

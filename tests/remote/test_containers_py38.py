@@ -17,7 +17,9 @@ from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
 #: podman's ps/stop/rm over a JSON file of containers (id -> {"job", "state"}); ``stuck``
-#: containers survive rm, as one whose runtime cannot kill it.
+#: containers survive rm, as one whose runtime cannot kill it; ``autoremove`` ones are docker's
+#: ``run --rm``: stopped, the daemon removes them itself, our rm fails meanwhile ("already in
+#: progress") and ps lists them ``gone_after`` more times.
 FAKE = """\
 import json, os, sys
 db = os.environ["FAKE_PODMAN_DB"]
@@ -28,18 +30,30 @@ with open(db + ".log", "a") as log:
 if args[0] == "ps" and os.environ.get("FAKE_PODMAN_KILLED") and not os.path.exists(db + ".k"):
     open(db + ".k", "w").close()  # the first ps is killed, as a concurrent `fleetctl stop` does
     os.kill(os.getpid(), 9)
+code = 0
 if args[0] == "ps":
     want = args[args.index("--filter") + 1].split("=", 2)[2]
+    for i, c in list(cs.items()):
+        if c["state"] == "removing":
+            c["gone_after"] -= 1
+            if c["gone_after"] < 0:
+                del cs[i]
     print("\\n".join(i for i, c in sorted(cs.items()) if c["job"] == want))
 elif args[0] == "stop":
     for i in args[3:]:
+        if cs[i]["state"] == "autoremove":
+            cs[i]["state"] = "removing"
         if cs[i]["state"] == "running":
             cs[i]["state"] = "exited"
 elif args[0] == "rm":
     for i in args[2:]:
-        if cs[i]["state"] != "stuck":
+        if i in cs and cs[i]["state"] == "removing":
+            print(f"removal of container {i} is already in progress", file=sys.stderr)
+            code = 1
+        elif i in cs and cs[i]["state"] != "stuck":
             del cs[i]
 json.dump(cs, open(db, "w"))
+sys.exit(code)
 """
 
 CALL = (
@@ -96,6 +110,20 @@ def test_the_node_ends_every_container_of_the_job_by_label(py38: str, tmp_path: 
         "stop --time 2 a1 a2",
         "rm --force a1 a2",
         "ps -a -q --filter label=fleetctl.job=j1",
+    ]
+
+
+def test_a_removal_already_in_progress_is_waited_for(py38: str, tmp_path: Path) -> None:
+    """docker's ``run --rm`` removes the stopped container itself; our rm fails meanwhile and
+    the container is listed a moment longer: asked again, verified, no problem reported."""
+    cs = {"a1": {"job": "j1", "state": "autoremove", "gone_after": 2}}
+    said, left, log = _end(py38, tmp_path, cs, "j1")
+    assert said == {"found": ["a1"], "remaining": [], "problem": None}, said
+    assert left == {}
+    assert log[:3] == [
+        "ps -a -q --filter label=fleetctl.job=j1",
+        "stop --time 2 a1",
+        "rm --force a1",
     ]
 
 

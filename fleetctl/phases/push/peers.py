@@ -5,28 +5,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import secrets
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fleetctl import remote
-from fleetctl.errors import NodePushError
-from fleetctl.phases.frames import PUSH_KINDS, FrameStream
-from fleetctl.phases.push.state import REMOTE_SRC, _State
+from fleetctl.phases.push.serving import Serving, start_serve
+from fleetctl.phases.push.state import _State
 
 if TYPE_CHECKING:
-    from fleetctl.ssh.connection import Connection, Stream
-
-
-@dataclass
-class _Server:
-    node: str
-    stream: Stream
-    host: str
-    port: int
-    token: str
+    from fleetctl.ssh.connection import Connection
 
 
 class _FetchFailed(Exception):
@@ -49,7 +35,7 @@ class _PeerDistribution:
             holders = [
                 s for s in self._seeds.get(sha, []) if s.node.name in self.states and s.kept_archive
             ]
-            servers: dict[str, _Server] = {}
+            servers: dict[str, Serving] = {}
             fallback: list[tuple[_State, str]] = []
             try:
                 while pending:
@@ -95,12 +81,12 @@ class _PeerDistribution:
             )
 
     def _fetch(
-        self, st: _State, conn: Connection, order: list[_Server], keep: bool, failed: dict[str, str]
+        self, st: _State, conn: Connection, order: list[Serving], keep: bool, failed: dict[str, str]
     ) -> None:
         arch = st.archive
         assert arch is not None
         name = f".tmp-{arch.sha256[:16]}-{secrets.token_hex(4)}.archive"
-        peers = [{"name": s.node, "host": s.host, "port": s.port, "token": s.token} for s in order]
+        peers = [s.peer() for s in order]
         env = {
             "sha": arch.sha256,
             "archive": name,
@@ -131,7 +117,7 @@ class _PeerDistribution:
         st.result.env_method = "sftp"
         self._finalize(st, conn, {"sha": arch.sha256, "archive": name, "size": arch.size})
 
-    def _start_server(self, st: _State, conn: Connection, servers: dict[str, _Server]) -> None:
+    def _start_server(self, st: _State, conn: Connection, servers: dict[str, Serving]) -> None:
         node, arch = st.node, st.archive
         assert arch is not None and st.kept_archive
         bind = (
@@ -139,40 +125,19 @@ class _PeerDistribution:
             or node.train_addr
             or ("127.0.0.1" if node.local else node.address)
         )
-        token = secrets.token_hex(32)
-        stream = conn.start([node.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
-        cfg = {
-            "path": f"{st.workdir}/envs/{st.kept_archive}",
-            "sha": arch.sha256,
-            "token": token,
-            "bind": bind,
-            "timeout": self.options.server_timeout,
-            "remove": True,
-        }
-        try:
-            stream.send(json.dumps(cfg).encode() + b"\n")
-            frames = FrameStream(stream, PUSH_KINDS, json_kinds=PUSH_KINDS)
-            got = frames.next("AD", time.monotonic() + 30)
-            if got is None and not frames.eof:
-                raise NodePushError(node.label, "peer server did not start in 30s", stage="serve")
-            if got is None:
-                raise NodePushError(
-                    node.label, "peer server exited: " + frames.tail[-200:], stage="serve"
-                )
-            info = got.data()
-            if not isinstance(info, dict) or "port" not in info:
-                error = info.get("error") if isinstance(info, dict) else info
-                raise NodePushError(node.label, f"peer server: {error}", stage="serve")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                stream.close_stdin()
-                stream.exit_code(5)
-                stream.close()
-            raise
+        srv = start_serve(
+            node,
+            conn,
+            path=f"{st.workdir}/envs/{st.kept_archive}",
+            sha=arch.sha256,
+            bind=bind,
+            timeout=self.options.server_timeout,
+            remove=True,
+        )
         with self._lock:
-            servers[node.name] = _Server(node.name, stream, info["host"], int(info["port"]), token)
+            servers[node.name] = srv
 
-    def _stop_servers(self, servers: dict[str, _Server]) -> None:
+    def _stop_servers(self, servers: dict[str, Serving]) -> None:
         for srv in servers.values():  # closing stdin tells each server to exit and clean up
             with contextlib.suppress(Exception):
                 srv.stream.close_stdin()
@@ -185,7 +150,7 @@ class _PeerDistribution:
             if st is not None:
                 st.kept_archive = None
 
-    def _drop_unserved(self, holders: list[_State], servers: dict[str, _Server]) -> None:
+    def _drop_unserved(self, holders: list[_State], servers: dict[str, Serving]) -> None:
         """Archives kept for a wave that never came: remove them."""
         left = [h for h in holders if h.kept_archive and h.node.name not in servers]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import shutil
 import threading
 import time
@@ -13,11 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl import remote
 from fleetctl.errors import NodePushError, PushError, UsageError
 from fleetctl.phases import codesync
 from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_version
-from fleetctl.phases.frames import last_data
+from fleetctl.phases.push.nodecall import call_mode
 from fleetctl.phases.push.peers import _PeerDistribution
 from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOptions, PushReport
 from fleetctl.phases.push.state import ENVINFO_SRC, _node_error, _one_line, _State
@@ -385,29 +383,16 @@ class _Push(_Transfer, _PeerDistribution):
         """One node-side command; its JSON answer. Raises NodePushError with the reason."""
         if mode in ("probe", "finalize"):  # these may verify an env
             cfg = {**cfg, "envinfo": ENVINFO_SRC}
-        res = conn.run(
-            remote.cached_argv(node.python, node.workdir, "push_helper.py", mode),
-            timeout=timeout,
-            stdin=json.dumps(cfg).encode() + b"\n",
+        payload = call_mode(
+            node,
+            conn,
+            "push_helper.py",
+            mode,
+            cfg,
+            timeout,
+            failed=f"push {mode} failed",
+            missing_python=" (set fleetctl_python in the inventory)",
         )
-        payload = last_data(res.stdout)
-        if not isinstance(payload, dict):
-            payload = None
-        if payload is None:
-            tail = (res.stderr.strip() or res.stdout.strip()).splitlines()
-            last = tail[-1] if tail else ""
-            if res.exit_code == 127:
-                raise NodePushError(
-                    node.label,
-                    f"python {node.python!r} not found on the node "
-                    "(set fleetctl_python in the inventory)",
-                    stage=mode,
-                )
-            raise NodePushError(
-                node.label,
-                f"push {mode} failed (exit {res.exit_code})" + (f": {last}" if last else ""),
-                stage=mode,
-            )
         if "error" in payload and mode != "finalize":
             raise NodePushError(
                 node.label,

@@ -16,8 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import UsageError
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
-from fleetctl.plan.rankplan import ENV_KEY_RE
-from fleetctl.plan.userinput import MAX_BACKOFF, MAX_COUNT, MAX_NPROC, MAX_RETRIES, MAX_SECONDS
+from fleetctl.plan.roles.yamlfields import (
+    LocatedList,
+    LocatedMap,
+    get_args,
+    get_env,
+    get_int,
+    get_seconds,
+    get_str,
+    known,
+    load_located,
+)
+from fleetctl.plan.userinput import MAX_BACKOFF, MAX_NPROC, MAX_RETRIES
 
 if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions
@@ -155,65 +165,6 @@ class JobFile:
         }
 
 
-class _Map(dict):
-    """A YAML mapping that remembers its line and each key's line (1-based)."""
-
-    line: int = 0
-    key_lines: dict[Any, int]
-
-
-class _List(list):
-    line: int = 0
-    item_lines: list[int]
-
-
-def _load_located(text: str, path: str) -> Any:
-    """YAML → Python values whose mappings/lists know their source lines. Raises UsageError."""
-    import yaml
-
-    from fleetctl.plan.userinput import YamlTooBig, check_yaml_size
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        check_yaml_size(root)  # the inventory's alias-bomb guard: conv() below expands aliases
-    except YamlTooBig as e:
-        raise UsageError(f"{path}:{e.line}: {e}") from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UsageError(f"{path}:{line}: invalid YAML: {problem}") from e
-    if root is None:
-        raise UsageError(f"{path}:1: job file is empty")
-    constructor = yaml.SafeLoader("")
-
-    def conv(node: Any) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            out = _Map()
-            out.line = node.start_mark.line + 1
-            out.key_lines = {}
-            for k, v in node.value:
-                key = conv(k)
-                if isinstance(key, (dict, list)):
-                    raise UsageError(f"{path}:{k.start_mark.line + 1}: keys must be plain")
-                if key in out:
-                    raise UsageError(f"{path}:{k.start_mark.line + 1}: duplicate key {key!r}")
-                out[key] = conv(v)
-                out.key_lines[key] = k.start_mark.line + 1
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            lst = _List(conv(v) for v in node.value)
-            lst.line = node.start_mark.line + 1
-            lst.item_lines = [v.start_mark.line + 1 for v in node.value]
-            return lst
-        try:
-            return constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as e:
-            raise UsageError(f"{path}:{node.start_mark.line + 1}: {e}") from e
-
-    return conv(root)
-
-
 def load_job_file(path: str, text: str | None = None) -> JobFile:
     """Read and validate a job file. Every error is one line naming ``path:line``."""
     if text is None:
@@ -229,33 +180,33 @@ def load_job_file(path: str, text: str | None = None) -> JobFile:
 
 def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
     """Validate job-file text (see the module doc). Raises UsageError naming ``path:line``."""
-    data = _load_located(text, path)
-    if not isinstance(data, _Map):
+    data = load_located(text, path)
+    if not isinstance(data, LocatedMap):
         raise UsageError(f"{path}:1: a job file is a mapping with a 'roles:' key")
 
-    def at(m: _Map, key: Any = None) -> str:
+    def at(m: LocatedMap, key: Any = None) -> str:
         return f"{path}:{m.key_lines.get(key, m.line) if key is not None else m.line}"
 
     for key in data:
         if key not in _JOB_KEYS:
-            raise UsageError(f"{at(data, key)}: unknown key {key!r} (known: {_known(_JOB_KEYS)})")
-    env_style = _str(data, "env_style", at, default="fleet")
+            raise UsageError(f"{at(data, key)}: unknown key {key!r} (known: {known(_JOB_KEYS)})")
+    env_style = get_str(data, "env_style", at, default="fleet")
     if env_style not in ENV_STYLES:
         raise UsageError(f"{at(data, 'env_style')}: env_style must be one of {ENV_STYLES}")
-    launcher = _str(data, "launcher", at, default="roles")
+    launcher = get_str(data, "launcher", at, default="roles")
     if launcher not in JOB_LAUNCHERS:
         raise UsageError(
             f"{at(data, 'launcher')}: job launcher must be one of {', '.join(JOB_LAUNCHERS)} "
             "(a role's own launcher goes under the role)"
         )
     roles_raw = data.get("roles")
-    if not isinstance(roles_raw, _Map) or not roles_raw:
+    if not isinstance(roles_raw, LocatedMap) or not roles_raw:
         raise UsageError(f"{at(data, 'roles')}: 'roles:' must map role names to their settings")
     roles = tuple(_parse_role(name, roles_raw, path) for name in roles_raw)
-    job_env = _env(data, "env", at)
+    job_env = get_env(data, "env", at)
     retry = _parse_retry(data, path, at)
-    script = _str(data, "script", at, default=None)
-    args = _args(data, "args", at)
+    script = get_str(data, "script", at, default=None)
+    args = get_args(data, "args", at)
     if launcher == "paddle-ps":
         _check_paddle_ps(roles, script, at(data, "launcher"), at(data, "roles"))
     elif script is not None or args:
@@ -270,27 +221,27 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
     return JobFile(
         path=path,
         roles=roles,
-        name=_str(data, "name", at, default=None),
+        name=get_str(data, "name", at, default=None),
         env_style=env_style,
         launcher=launcher,
         script=script,
         args=args,
         env=job_env,
         retry=retry,
-        backend=_str(data, "backend", at, default=None),
-        timeout=_seconds(data, "timeout", at),
-        stall_timeout=_seconds(data, "stall_timeout", at),
+        backend=get_str(data, "backend", at, default=None),
+        timeout=get_seconds(data, "timeout", at),
+        stall_timeout=get_seconds(data, "stall_timeout", at),
         collective=_collective(data, at),
-        image=_str(data, "image", at, default=None),
+        image=get_str(data, "image", at, default=None),
         container_runtime=_runtime(data, at),
     )
 
 
-def _runtime(data: _Map, at: Any) -> str | None:
+def _runtime(data: LocatedMap, at: Any) -> str | None:
     """The ``container_runtime:`` key: one of the runtimes fleetctl knows, or absent."""
     from fleetctl.plan.runtimes import ORDER
 
-    name = _str(data, "container_runtime", at, default=None)
+    name = get_str(data, "container_runtime", at, default=None)
     if name is not None and name not in ORDER:
         raise UsageError(
             f"{at(data, 'container_runtime')}: unknown container runtime {name!r} "
@@ -299,7 +250,7 @@ def _runtime(data: _Map, at: Any) -> str | None:
     return name
 
 
-def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
+def _collective(data: LocatedMap, at: Any) -> CollectiveOptions | None:
     """The ``collective:`` key: true, false, or a mapping of its knobs (see the module doc)."""
     import math
 
@@ -310,10 +261,10 @@ def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
         return None
     if v is True:
         return CollectiveOptions()
-    if not isinstance(v, _Map):
+    if not isinstance(v, LocatedMap):
         raise UsageError(
             f"{at(data, 'collective')}: collective must be true, false or a mapping of "
-            f"{_known(_COLLECTIVE_KEYS)}"
+            f"{known(_COLLECTIVE_KEYS)}"
         )
     limits = {"size_mib": (0.001, 65536.0), "min": (0.0, 1.0), "floor": (0.0, 1e6)}
     limits["timeout"] = (1.0, 3600.0)
@@ -321,7 +272,7 @@ def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
     for key, val in v.items():
         if key not in _COLLECTIVE_KEYS:
             raise UsageError(
-                f"{at(v, key)}: unknown key {key!r} (known: {_known(_COLLECTIVE_KEYS)})"
+                f"{at(v, key)}: unknown key {key!r} (known: {known(_COLLECTIVE_KEYS)})"
             )
         low, high = limits[key]
         ok = isinstance(val, (int, float)) and not isinstance(val, bool)
@@ -337,90 +288,7 @@ def _collective(data: _Map, at: Any) -> CollectiveOptions | None:
     )
 
 
-def _seconds(
-    data: _Map, key: str, at: Any, *, low: float = 1.0, high: float = MAX_SECONDS
-) -> float | None:
-    """A duration key: a finite number of seconds in ``low..high`` (the command line's
-    bounds: ``--timeout``'s a year), or absent."""
-    import math
-
-    v = data.get(key)
-    if v is None:
-        return None
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or not low <= v <= high:
-        bounds = f"{low:.10g}..{high:.10g}"
-        raise UsageError(f"{at(data, key)}: {key} must be a number of seconds {bounds}")
-    return float(v)
-
-
-def _known(keys: frozenset[str]) -> str:
-    return ", ".join(sorted(keys))
-
-
-def _str(m: _Map, key: str, at: Any, *, default: str | None) -> Any:
-    if key not in m or m[key] is None:
-        return default
-    v = m[key]
-    if not isinstance(v, str) or not v.strip():
-        raise UsageError(f"{at(m, key)}: {key} must be a non-empty string")
-    return v.strip()
-
-
-def _int(
-    m: _Map,
-    key: str,
-    at: Any,
-    *,
-    default: int | None,
-    low: int,
-    null_ok: bool,
-    high: int = MAX_COUNT,
-) -> Any:
-    if key not in m:
-        return default
-    v = m[key]
-    if v is None or (null_ok and v == -1):
-        if null_ok:
-            return None
-        raise UsageError(f"{at(m, key)}: {key} must be an integer")
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise UsageError(f"{at(m, key)}: {key} must be an integer {low}..{high}, got {v!r}")
-    return v
-
-
-def _args(m: _Map, key: str, at: Any) -> tuple[str, ...]:
-    v = m.get(key)
-    if v is None:
-        return ()
-    if not isinstance(v, list):
-        raise UsageError(f"{at(m, key)}: {key} must be a list (each item one argument)")
-    for item in v:
-        if isinstance(item, (dict, list)):
-            raise UsageError(f"{at(m, key)}: {key} items must be plain values")
-    return tuple("" if a is None else str(a).lower() if isinstance(a, bool) else str(a) for a in v)
-
-
-def _env(m: _Map, key: str, at: Any) -> dict[str, str]:
-    v = m.get(key)
-    if v is None:
-        return {}
-    if not isinstance(v, _Map):
-        raise UsageError(f"{at(m, key)}: {key} must map NAME: value")
-    out: dict[str, str] = {}
-    for k, val in v.items():
-        where = f"{at(v, k)}"
-        if not isinstance(k, str) or not ENV_KEY_RE.match(k):
-            raise UsageError(f"{where}: invalid environment variable name {k!r}")
-        if k.startswith(("FLEET_", "PAI_")):
-            raise UsageError(f"{where}: {k}: FLEET_* and PAI_* are set by fleetctl")
-        if isinstance(val, (dict, list)):
-            raise UsageError(f"{where}: value of {k} must be a plain value")
-        out[k] = "" if val is None else str(val)
-    return out
-
-
-def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
+def _parse_role(name: Any, roles: LocatedMap, path: str) -> RoleSpec:
     line = roles.key_lines.get(name, roles.line)
     where = f"{path}:{line}"
     if not isinstance(name, str) or not NAME_RE.match(name):
@@ -429,17 +297,15 @@ def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
             "variable names)"
         )
     m = roles[name]
-    if not isinstance(m, _Map):
+    if not isinstance(m, LocatedMap):
         raise UsageError(f"{where}: role {name!r} must be a mapping of settings")
 
-    def at(mm: _Map, key: Any = None) -> str:
+    def at(mm: LocatedMap, key: Any = None) -> str:
         return f"{path}:{mm.key_lines.get(key, mm.line) if key is not None else mm.line}"
 
     for key in m:
         if key not in _ROLE_KEYS:
-            raise UsageError(
-                f"{at(m, key)}: unknown role key {key!r} (known: {_known(_ROLE_KEYS)})"
-            )
+            raise UsageError(f"{at(m, key)}: unknown role key {key!r} (known: {known(_ROLE_KEYS)})")
     command: tuple[str, ...] = ()
     if "command" in m and m["command"] is not None:
         c = m["command"]
@@ -451,8 +317,8 @@ def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
             raise UsageError(
                 f"{at(m, 'command')}: command must be a shell string or a non-empty argv list"
             )
-    script = _str(m, "script", at, default=None)
-    launcher = _str(m, "launcher", at, default=None)
+    script = get_str(m, "script", at, default=None)
+    launcher = get_str(m, "launcher", at, default=None)
     if command and (script or launcher not in (None, "command")):
         raise UsageError(f"{at(m, 'command')}: role {name!r}: give command or script+launcher")
     if command:
@@ -475,42 +341,42 @@ def _parse_role(name: Any, roles: _Map, path: str) -> RoleSpec:
         if v == "auto":
             nproc = "auto"
         else:
-            nproc = _int(
+            nproc = get_int(
                 m, "nproc_per_node", at, default=None, low=1, null_ok=False, high=MAX_NPROC
             )
-    min_failed = _int(m, "min_failed", at, default=1, low=1, null_ok=True)
-    min_succeeded = _int(m, "min_succeeded", at, default=None, low=1, null_ok=True)
-    instances = _int(m, "instances", at, default=None, low=1, null_ok=False)
+    min_failed = get_int(m, "min_failed", at, default=1, low=1, null_ok=True)
+    min_succeeded = get_int(m, "min_succeeded", at, default=None, low=1, null_ok=True)
+    instances = get_int(m, "instances", at, default=None, low=1, null_ok=False)
     if min_succeeded is not None and instances is not None and min_succeeded > instances:
         raise UsageError(
             f"{at(m, 'min_succeeded')}: min_succeeded {min_succeeded} > instances {instances}"
         )
     return RoleSpec(
         name=name,
-        group=_str(m, "group", at, default=None),
+        group=get_str(m, "group", at, default=None),
         instances=instances,
         launcher=launcher,
         script=script,
-        args=_args(m, "args", at),
+        args=get_args(m, "args", at),
         command=command,
         ports=ports,
-        env=_env(m, "env", at),
+        env=get_env(m, "env", at),
         nproc_per_node=nproc,
         min_failed=min_failed,
         min_succeeded=min_succeeded,
-        backend=_str(m, "backend", at, default=None),
+        backend=get_str(m, "backend", at, default=None),
         where=where,
     )
 
 
-def _ports(m: _Map, at: Any) -> tuple[tuple[str, int], ...]:
+def _ports(m: LocatedMap, at: Any) -> tuple[tuple[str, int], ...]:
     v = m.get("ports")
     if v is None:
         return ()
     items: list[tuple[Any, Any, str]] = []
-    if isinstance(v, _List):
+    if isinstance(v, LocatedList):
         items = [(label, 1, f"{at(m, 'ports')}") for label in v]
-    elif isinstance(v, _Map):
+    elif isinstance(v, LocatedMap):
         items = [(label, n, at(v, label)) for label, n in v.items()]
     else:
         raise UsageError(f"{at(m, 'ports')}: ports must be a list of labels or label: count")
@@ -526,16 +392,16 @@ def _ports(m: _Map, at: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _parse_retry(data: _Map, path: str, at: Any) -> RetrySpec:
+def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
     r = data.get("retry")
     if r is None:
         return RetrySpec()
-    if not isinstance(r, _Map):
+    if not isinstance(r, LocatedMap):
         raise UsageError(f"{at(data, 'retry')}: retry must be a mapping")
     for key in r:
         if key not in _RETRY_KEYS:
             raise UsageError(
-                f"{at(r, key)}: unknown retry key {key!r} (known: {_known(_RETRY_KEYS)})"
+                f"{at(r, key)}: unknown retry key {key!r} (known: {known(_RETRY_KEYS)})"
             )
 
     def rules(key: str) -> tuple[str, ...]:
@@ -550,7 +416,7 @@ def _parse_retry(data: _Map, path: str, at: Any) -> RetrySpec:
 
         for i, x in enumerate(v):
             line = r.key_lines.get(key, r.line)
-            if isinstance(v, _List) and i < len(v.item_lines):
+            if isinstance(v, LocatedList) and i < len(v.item_lines):
                 line = v.item_lines[i]
             try:
                 parse_rule(str(x), "retry", source=f"{path}:{line}")
@@ -559,10 +425,10 @@ def _parse_retry(data: _Map, path: str, at: Any) -> RetrySpec:
         return tuple(str(x) for x in v)
 
     def number(key: str) -> float | None:
-        return _seconds(r, key, at, low=0.0, high=MAX_BACKOFF)  # --retry-backoff's bounds
+        return get_seconds(r, key, at, low=0.0, high=MAX_BACKOFF)  # --retry-backoff's bounds
 
     return RetrySpec(
-        max_retries=_int(
+        max_retries=get_int(
             r, "max_retries", at, default=None, low=0, null_ok=False, high=MAX_RETRIES
         ),
         retry_on=rules("retry_on"),

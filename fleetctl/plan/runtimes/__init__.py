@@ -3,8 +3,8 @@ that finds, stops and removes the job's containers by label (one module per runt
 
 Pure: nothing here touches the network. The launch puts these argv in the supervisor's spec;
 the supervisor runs them as given (node code is stdlib only and cannot import this package).
-podman is tested end to end (tests/lab/test_containers.py); docker and apptainer only as golden
-argv (``tests/pure/test_runtimes.py``).
+podman and docker are tested end to end (tests/lab/test_containers*.py); apptainer only as
+golden argv (``tests/pure/test_runtimes.py``).
 """
 
 from __future__ import annotations

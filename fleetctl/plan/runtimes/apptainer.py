@@ -3,7 +3,8 @@
 apptainer shares the host's network, IPC and pid namespaces and passes the environment through
 by default, so the plan's env needs no flags. There are no labels: the container is the
 supervisor's child process, and the supervisor's ordinary stop of the job's processes ends it.
-Untested here: apptainer is not installed on the CI machines; only the golden argv is checked.
+Untested: apptainer is not installable here (not in Debian bookworm nor on PyPI); only the
+golden argv is checked.
 """
 
 from __future__ import annotations

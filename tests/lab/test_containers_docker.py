@@ -1,0 +1,324 @@
+"""``fleetctl run --image --container-runtime docker`` on 3 lab hosts, with real dockerds.
+
+A lab host is namespaces of this machine, so each host gets a dockerd of its own, started in
+that host's network, mount and pid namespaces (``nsenter``): ``--network host`` and ``--pid
+host`` containers then share the host's addresses and process table, as on a real node. Its
+state lives in the host's private /tmp (socket ``/tmp/d/docker.sock``, ``DOCKER_HOST`` in the
+host's shell); no bridge, no iptables, cgroupfs. The image is imported once (node1's daemon)
+and ``docker save``/``load``ed into the others, so every node has the same image id.
+The tests: a job in the image; a failing rank and a SIGKILLed supervisor (the container
+guard) leave no container and no process; ``push --image`` with docker.
+
+Needs docker.io (Debian's dockerd 20.10); every dockerd started here is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.errors import LabError
+from fleetctl.lab import Lab
+from fleetctl.plan.inventory import load_inventory
+from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
+from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.pytest_plugin import skip_or_fail
+from fleetctl.testing.wait import wait_for
+
+pytestmark = pytest.mark.lab
+
+IMAGE = "fleetctl-test:py3"
+TARBALL = Path("/var/cache/fleetctl-ci/fleetctl-test-py3.tar")  # tests/lab/test_containers.py
+HOSTS = ("node1", "node2", "node3")
+SOCK = "/tmp/d/docker.sock"  # in each host's private /tmp
+DOCKERD = (
+    "mkdir -p /tmp/d && exec dockerd --data-root /tmp/d/root --exec-root /tmp/d/exec "
+    f"--pidfile /tmp/d/dockerd.pid -H unix://{SOCK} --iptables=false --ip6tables=false "
+    "--ip-masq=false --bridge=none --exec-opt native.cgroupdriver=cgroupfs "
+    "--storage-driver overlay2 >/tmp/d/dockerd.log 2>&1"
+)
+
+SHOW = """\
+import os, sys
+print("in-image", os.environ["FLEET_NODE_RANK"], sys.executable,
+      open("/etc/os-release").read().split("PRETTY_NAME=")[1].splitlines()[0], flush=True)
+"""
+# rank 1 (node2) fails; the others ignore SIGTERM: only a kill, or the runtime, ends them
+FAIL_ON_1 = """\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.environ["FLEET_NODE_RANK"] == "1":
+    time.sleep(1.0)
+    sys.exit(3)
+time.sleep(120)
+"""
+SLEEP = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(120)
+"""
+
+
+def _docker(lab: Lab, host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The docker client here, talking to ``host``'s daemon through its socket."""
+    sock = lab.host_dir(host) / SOCK.lstrip("/")
+    argv = ["docker", "-H", f"unix://{sock}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _stop_dockerd(lab: Lab, host: str, proc: subprocess.Popen) -> None:
+    """SIGTERM by the pid dockerd wrote (its containers and containerd end with it)."""
+    stop = "test -s /tmp/d/dockerd.pid && kill -TERM $(cat /tmp/d/dockerd.pid)"
+    lab.exec(host, ["sh", "-c", stop], timeout=30)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        lab.exec(host, ["sh", "-c", stop.replace("TERM", "KILL")], timeout=30)
+        proc.wait(30)
+
+
+def _build_tarball() -> None:
+    """The test image's root file system from Debian packages, no registry (once per machine,
+    shared with tests/lab/test_containers.py)."""
+    if TARBALL.exists():
+        return
+    if shutil.which("mmdebstrap") is None:
+        skip_or_fail("mmdebstrap is not installed (apt-get install mmdebstrap)")
+    TARBALL.parent.mkdir(parents=True, exist_ok=True)
+    part = TARBALL.with_suffix(".part.tar")
+    built = subprocess.run(
+        ["mmdebstrap", "--variant=apt", "--include=python3", "bookworm", str(part)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if built.returncode != 0:
+        skip_or_fail(f"mmdebstrap could not build the image: {built.stderr.strip()[-300:]}")
+    part.rename(TARBALL)
+
+
+@pytest.fixture(scope="module")
+def lab(make_lab_module: Callable[..., Lab]) -> Iterator[Lab]:
+    for tool in ("dockerd", "docker", "containerd", "runc"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"{tool} is not installed (apt-get install docker.io)")
+    _build_tarball()
+    lab = make_lab_module(3)
+    daemons: dict[str, subprocess.Popen] = {}
+    saved: dict[str, str] = {}
+    try:
+        for host in HOSTS:
+            hd = lab.host_dir(host)
+            if not (hd / "bashrc").is_file():
+                skip_or_fail(f"{host} has no .bashrc of its own (the lab keeps the machine's)")
+            daemons[host] = subprocess.Popen(
+                lab.nsenter_argv(host, ["sh", "-c", DOCKERD]),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        for host in HOSTS:
+            wait_for(
+                lambda h=host: (
+                    _docker(lab, h, "info", timeout=10).returncode == 0
+                    or daemons[h].poll() is not None
+                ),
+                60,
+                what=f"{host}'s dockerd answering",
+                interval=0.3,
+            )
+            log = lab.host_dir(host) / "tmp" / "d" / "dockerd.log"
+            assert daemons[host].poll() is None, log.read_text()[-2000:]
+        got = _docker(lab, "node1", "import", str(TARBALL), IMAGE)
+        assert got.returncode == 0, got.stderr
+        archive = lab.dir / "docker-image.tar"
+        got = _docker(lab, "node1", "save", "-o", str(archive), IMAGE)
+        assert got.returncode == 0, got.stderr
+        for host in HOSTS[1:]:
+            got = _docker(lab, host, "load", "-i", str(archive))
+            assert got.returncode == 0, got.stderr
+        archive.unlink()
+        for host in HOSTS:
+            bashrc = lab.host_dir(host) / "bashrc"
+            saved[host] = bashrc.read_text()
+            bashrc.write_text(saved[host] + f"export DOCKER_HOST=unix://{SOCK}\n")
+        yield lab
+    finally:
+        for host, text in saved.items():
+            (lab.host_dir(host) / "bashrc").write_text(text)
+        for host, proc in daemons.items():  # a host that is gone took its dockerd with it
+            with contextlib.suppress(LabError):
+                _stop_dockerd(lab, host, proc)
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("code")
+    (d / "show.py").write_text(SHOW)
+    (d / "fail_on_1.py").write_text(FAIL_ON_1)
+    (d / "sleep.py").write_text(SLEEP)
+    return d
+
+
+def run_args(lab: Lab, runs: Path, code: Path, *extra: str) -> list[str]:
+    return [
+        "run", "-i", str(lab.inventory_path), "--launcher", "plain", "--grace", "2",
+        "--runs-dir", str(runs), "--code-dir", str(code), "--image", IMAGE,
+        "--container-runtime", "docker", *extra,
+    ]  # fmt: skip
+
+
+def run(lab: Lab, runs: Path, code: Path, script: str) -> CliResult:
+    return run_cli(*run_args(lab, runs, code, script), cwd=code)
+
+
+def only_job(runs: Path) -> tuple[str, dict]:
+    (folder,) = [p for p in runs.iterdir() if p.is_dir()]
+    return folder.name, json.loads((folder / "job.json").read_text())
+
+
+def containers_left(lab: Lab, job_id: str) -> dict[str, list[str]]:
+    """Every container labelled with the job, as each node's own daemon lists it."""
+    left = {}
+    for host in HOSTS:
+        got = _docker(lab, host, "ps", "-a", "-q", "--filter", f"label=fleetctl.job={job_id}")
+        assert got.returncode == 0, got.stderr
+        if got.stdout.split():
+            left[host] = got.stdout.split()
+    return left
+
+
+def job_processes_left(lab: Lab, job_id: str) -> dict:
+    out = {}
+    for node in load_inventory(str(lab.inventory_path)).nodes:
+        found = node_leftovers(node_host(node), job_id, workdir=node.workdir, python=node.python)
+        if found.processes:
+            out[node.name] = found.processes
+    return out
+
+
+def test_ranks_run_in_the_image_with_docker(lab: Lab, code: Path, tmp_path: Path) -> None:
+    r = run(lab, tmp_path, code, "show.py")
+    assert r.exit_code == 0, r.stderr
+    job_id, job = only_job(tmp_path)
+    assert job["status"] == "succeeded", job
+    for rank, host in enumerate(HOSTS):
+        console = (tmp_path / job_id / f"{rank}-{host}" / "console.log").read_text()
+        assert f'in-image {rank} /usr/bin/python3 "Debian GNU/Linux 12' in console, console
+    plan = json.loads((tmp_path / job_id / "plan.json").read_text())
+    assert {n["container"]["runtime"] for n in plan["nodes"]} == {"docker"}, plan
+    assert containers_left(lab, job_id) == {}
+
+
+def test_a_failing_rank_leaves_no_docker_container(lab: Lab, code: Path, tmp_path: Path) -> None:
+    """Ranks that ignore SIGTERM on node1 and node3; node2's fails: every node's own daemon
+    lists no container of the job after, and no process of it is left."""
+    r = run(lab, tmp_path, code, "fail_on_1.py")
+    assert r.exit_code != 0
+    job_id, job = only_job(tmp_path)
+    ff = job["first_failure"]
+    assert (ff["rank"], ff["host"], ff["state"], ff["exit_code"]) == (1, "node2", "failed", 3)
+    assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"], job["nodes"]
+    assert job["teardown"]["verified"] is True, job["teardown"]
+    for rank, host in enumerate(HOSTS):
+        sup = json.loads((tmp_path / job_id / f"{rank}-{host}" / "supervisor.json").read_text())
+        assert sup["containers"]["problem"] is None, (host, sup["containers"])
+    assert containers_left(lab, job_id) == {}
+    assert job_processes_left(lab, job_id) == {}
+
+
+def node_record(lab: Lab, job_id: str, rank: int, host: str, name: str) -> dict:
+    """A JSON file of the job's node run folder on ``host`` ({} while there is none)."""
+    (node,) = [n for n in load_inventory(str(lab.inventory_path)).nodes if n.name == host]
+    path = f"{node.workdir.rstrip('/')}/runs/{job_id}/{rank}-{host}/{name}"
+    got = run_cli(
+        "exec", "-i", str(lab.inventory_path), "--limit", host, "--",
+        "sh", "-c", f"cat {path} 2>/dev/null || echo '{{}}'",
+    )  # fmt: skip
+    assert got.exit_code == 0, got.stdout + got.stderr
+    return json.loads("\n".join(ln.partition(": ")[2] for ln in got.stdout.splitlines()))
+
+
+def running_everywhere(runs: Path) -> str | None:
+    for d in runs.glob("*") if runs.is_dir() else []:
+        j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
+        if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
+            return d.name
+    return None
+
+
+def test_a_killed_supervisor_leaves_no_docker_container(
+    lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    """node2's supervisor SIGKILLed (its container's main process ignores SIGTERM): the
+    container guard ends the job's container through node2's dockerd (``DOCKER_HOST`` passed
+    on to it); nothing of the job is left anywhere."""
+    runs = tmp_path / "runs"
+    argv = run_args(lab, runs, code, "--lost-timeout", "4", "sleep.py")
+    proc = start_cli_process(*argv, cwd=code, start_new_session=True)
+    try:
+        job_id = wait_for(
+            lambda: running_everywhere(runs) or proc.poll() is not None,
+            60,
+            what="job running on all 3 nodes",
+            interval=0.3,
+        )
+        assert proc.poll() is None, proc.communicate()
+        pid = node_record(lab, job_id, 1, "node2", "supervisor.json")["supervisor_pid"]
+        killed = run_cli(
+            "exec", "-i", str(lab.inventory_path), "--limit", "node2", "--",
+            "kill", "-KILL", str(int(pid)),
+        )  # fmt: skip
+        assert killed.exit_code == 0, killed.stderr
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    assert proc.returncode != 0, err
+    guard = wait_for(
+        lambda: node_record(lab, job_id, 1, "node2", "container-guard.json"),
+        30,
+        what="node2's container guard ended the job's container",
+    )
+    assert len(guard["containers"]["found"]) == 1, guard
+    assert guard["containers"]["problem"] is None, guard
+    assert containers_left(lab, job_id) == {}
+    assert job_processes_left(lab, job_id) == {}
+
+
+def test_push_image_with_docker(
+    lab: Lab, code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``push --image --container-runtime docker``: this machine's docker (here node1's daemon,
+    through its socket) saves it once; node2 and node3, whose daemons lost it, load it (one by
+    SFTP, one from that seed); the same id everywhere after, and a run in it works."""
+    for host in HOSTS[1:]:
+        got = _docker(lab, host, "rmi", "-f", IMAGE)
+        assert got.returncode == 0, got.stderr
+    ours = _docker(lab, "node1", "image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{lab.host_dir('node1') / SOCK.lstrip('/')}")
+    inv = str(lab.inventory_path)
+    r = run_cli("push", "-i", inv, "--image", IMAGE, "--container-runtime", "docker", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    nodes = doc["nodes"]
+    assert nodes["node1"]["status"] == "present", nodes
+    assert sorted((nodes[h]["status"], nodes[h]["via"]) for h in HOSTS[1:]) == [
+        ("loaded", "peer"),
+        ("loaded", "sftp"),
+    ], nodes
+    assert doc["controller_bytes"] == doc["archive_bytes"] > 0, doc
+    ids = {h: _docker(lab, h, "image", "inspect", "--format", "{{.Id}}", IMAGE) for h in HOSTS}
+    assert {h: p.stdout.strip() for h, p in ids.items()} == {h: ours for h in HOSTS}
+    r = run(lab, tmp_path, code, "show.py")
+    assert r.exit_code == 0, r.stderr
