@@ -197,14 +197,37 @@ class SlurmLab:
                 [_which("slurmctld") or "slurmctld", "-D", "-c", "-i", "-f", str(self.conf)],
             )
             slurmd = shlex.join([_which("slurmd") or "slurmd", "-D", "-f", str(self.conf)])
+            expose = self._expose_source()
             for h in lab.hosts:
-                line = f"{_CGROUP_V1} exec {slurmd} -N {h.name}"
+                line = f"{_CGROUP_V1} {expose}exec {slurmd} -N {h.name}"
                 self._spawn(state, f"slurmd:{h.name}", lab.nsenter_argv(h.name, ["sh", "-c", line]))
             _wait(self._all_idle, timeout, "every slurmd idle", self)
         except BaseException:
             _stop_pids(state)
             raise
         return self
+
+    def _expose_source(self) -> str:
+        """A shell prefix for each slurmd: ``run --slurm``'s batch script runs this fleetctl on
+        a lab host, whose private ``/tmp`` hides a checkout there (a clone under /tmp, or an
+        editable install pointing into one). Such a tree is copied into the lab's Slurm folder
+        and shown at its own path by a symlink in each host's private folder, as a shared home
+        shows it on a cluster. Nothing to do for a tree the hosts already see."""
+        from fleetctl.lab.core import HOST_PRIVATE  # core imports this module's users
+
+        root = Path(__file__).resolve().parents[2]
+        where = str(root)
+        if not any(where == h or where.startswith(h + "/") for h in HOST_PRIVATE):
+            return ""
+        copy = self.dir / "source"
+        shutil.copytree(
+            root / "fleetctl",
+            copy / "fleetctl",
+            ignore=shutil.ignore_patterns("__pycache__"),
+            symlinks=True,
+        )
+        link = f"mkdir -p {shlex.quote(str(root.parent))} && "
+        return link + f"ln -sfn {shlex.quote(str(copy))} {shlex.quote(where)} && "
 
     def _spawn(self, state: dict[str, Any], key: str, argv: list[str]) -> None:
         log = open(self.dir / f"{key.replace(':', '-')}.out", "ab")  # noqa: SIM115
