@@ -133,21 +133,27 @@ def push_command(
             )
         except PushError as e:
             error, report = e, e.report  # type: ignore[attr-defined]
-    failures = (
-        {}
-        if error is None
-        else {
-            k: (v.one_line() if hasattr(v, "one_line") else str(v))
-            for k, v in error.result.failed.items()
-        }
-    )
+    failures = failures_of(error)
     if as_json:
-        doc = report.to_dict()
-        doc["ok"] = error is None
-        doc["failures"] = failures
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        sys.stdout.flush()
+        write_json(report, error, failures)
     else:
         render.print_push_report(report, failures)
     if error is not None:
         raise error
+
+
+def failures_of(error: Exception | None) -> dict[str, str]:
+    """Each failed host's one-line reason, from a push error's fan-out result."""
+    if error is None:
+        return {}
+    failed = error.result.failed  # type: ignore[attr-defined]
+    return {k: (v.one_line() if hasattr(v, "one_line") else str(v)) for k, v in failed.items()}
+
+
+def write_json(report: object, error: Exception | None, failures: dict[str, str]) -> None:
+    """``--json``: the report, whether it all worked, and what failed where."""
+    doc = report.to_dict()  # type: ignore[attr-defined]
+    doc["ok"] = error is None
+    doc["failures"] = failures
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()

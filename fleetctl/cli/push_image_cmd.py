@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ def push_image_main(
 ) -> None:
     """Run the image push and print its report; raise its error (exit 2 or 3) after."""
     from fleetctl.cli.options import open_fleet
+    from fleetctl.cli.push_cmd import failures_of, write_json
     from fleetctl.errors import PushError
 
     fleet = open_fleet(inventory, limit, ssh)
@@ -34,19 +34,9 @@ def push_image_main(
         if not hasattr(e, "report"):
             raise
         error, report = e, e.report  # type: ignore[attr-defined]
-    failures = (
-        {}
-        if error is None
-        else {
-            k: (v.one_line() if hasattr(v, "one_line") else str(v))
-            for k, v in error.result.failed.items()
-        }
-    )
+    failures = failures_of(error)
     if as_json:
-        doc = report.to_dict()
-        doc["ok"] = error is None
-        doc["failures"] = failures
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(report, error, failures)
     else:
         rows = [("node", "image", "how", "sent", "time")]
         for name, n in report.nodes.items():
