@@ -62,3 +62,74 @@ def test_no_torch_installed_is_an_empty_version_not_a_failure(py38: str, tmp_pat
 def test_the_launcher_import_reports_the_torch_it_brought(py38: str, tmp_path: Path) -> None:
     facts = probe(py38, tmp_path, site(tmp_path, dist=False), launcher_module="fakeds.runner")
     assert facts["launcher"] == {"module": "fakeds.runner", "version": "0.19.8", "torch": "2.11.0"}
+
+
+# The version from the dist-info folder's name, in the job python's own search order, with no
+# second interpreter (~60 ms of CPU on every node, every run, before this): a venv (under the
+# probe's -S, sys.prefix is still the base's), PYTHONPATH first, and two dist-infos in one
+# folder left to importlib.metadata.
+FOLDERS = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import facts
+facts.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("second interpreter"))
+print(json.dumps({"dirs": facts.site_dirs(), "torch": facts.torch_facts()}))
+"""
+
+
+def folders(python: str, remote_dir: Path, env: dict | None = None) -> dict:
+    out = subprocess.run(
+        [python, "-S", "-c", FOLDERS, str(remote_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})},
+    )
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return json.loads(out.stdout)
+
+
+def dist(folder: Path, version: str) -> None:
+    (folder / f"torch-{version}.dist-info").mkdir(parents=True)
+
+
+def test_a_venvs_torch_is_read_from_its_folder_with_no_second_interpreter(
+    py38: str, tmp_path: Path
+) -> None:
+    import fleetctl.remote as remote_pkg
+
+    remote_dir = Path(remote_pkg.__file__).parent
+    venv = tmp_path / "venv"
+    subprocess.run([py38, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site_pkgs = venv / "lib" / "python3.8" / "site-packages"
+    dist(site_pkgs, "2.9.1")
+    got = folders(str(venv / "bin" / "python"), remote_dir)
+    assert got["torch"] == {"version": "2.9.1"}
+    assert got["dirs"][0] == str(site_pkgs)  # no system site: the venv's folder alone
+    assert len(got["dirs"]) == 1
+
+    # PYTHONPATH comes first, as it does for the job
+    first = tmp_path / "pp"
+    dist(first, "2.13.0")
+    got = folders(str(venv / "bin" / "python"), remote_dir, {"PYTHONPATH": str(first)})
+    assert got["torch"] == {"version": "2.13.0"}
+
+
+def test_two_dist_infos_in_one_folder_go_to_importlib(py38: str, tmp_path: Path) -> None:
+    """A broken install (two versions side by side) is not guessed at: the full lookup runs."""
+    import fleetctl.remote as remote_pkg
+
+    remote_dir = Path(remote_pkg.__file__).parent
+    pp = tmp_path / "pp"
+    dist(pp, "2.9.1")
+    dist(pp, "2.13.0")
+    out = subprocess.run(
+        [py38, "-S", "-c", FOLDERS, str(remote_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(pp)},
+    )
+    assert out.returncode != 0 and "second interpreter" in out.stderr
