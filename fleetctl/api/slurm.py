@@ -37,6 +37,10 @@ class Submission:
     request: BatchRequest
     script: str
     launcher: str | None = None
+    #: ``--job``: (the file given, its copy in the run folder that the run inside reads);
+    #: copied at submit, so an edit while the job is queued does not change it (as sbatch
+    #: keeps its script)
+    job_file: tuple[str, str] | None = None
 
     @property
     def job_id(self) -> str:
@@ -67,6 +71,19 @@ class Submission:
             "error": ERROR_FILE,
             "detached": detach,
         }
+        if req.private:  # where the batch host keeps them until they are pulled home
+            record.update(
+                private=True,
+                output=req.output,
+                error=req.error,
+                inside_folder=req.inside_folder,
+            )
+        if self.job_file is not None:
+            src, dest = self.job_file
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+            if dest != src:  # private: the run inside reads it where it is
+                shutil.copyfile(src, dest)
+            record["job_file"] = os.path.relpath(dest, run.path) if dest != src else src
         run.write_slurm(record, self.script)  # before sbatch: the batch job adopts the folder
         # job.json before the job starts: runs/status/stop see it while queued; the run
         # inside the allocation replaces it (with the Slurm job id again)
@@ -92,10 +109,10 @@ class Submission:
 
 
 def submission(
-    script: str,
+    script: str | None,
     args: Sequence[str] = (),
     *,
-    nodes: int,
+    nodes: int | None,
     options: Sequence[str] = (),
     runs_dir: str | os.PathLike[str] = "fleet-runs",
     partition: str | None = None,
@@ -105,24 +122,68 @@ def submission(
     sbatch_args: Sequence[str] = (),
     launcher: str | None = None,
     job_id: str | None = None,
+    job_file: str | os.PathLike[str] | None = None,
+    code: str | os.PathLike[str] | None = None,
+    shared_fs: bool = True,
 ) -> Submission:
     """The batch job that runs ``fleetctl run OPTIONS SCRIPT ARGS…`` on ``nodes`` nodes of an
     allocation (``options``: ``run``'s own, as argv). Nothing is submitted (a dry run prints
-    ``.script``); a bad ``gres``/``time`` is a UsageError here."""
+    ``.script``); a bad ``gres``/``time`` is a UsageError here.
+
+    ``job_file`` (a role job, instead of ``script``): read here, so a bad file is exit 2
+    before anything is queued; ``nodes`` defaults to the sum of its roles' ``instances``; the
+    run inside reads the copy :meth:`Submission.submit` puts in the run folder, with the code
+    folder it would have had here (``code``, else the git work tree holding the file) given
+    as ``--code``.
+
+    ``shared_fs=False`` (``--slurm-no-shared-fs``): the batch host cannot see ``runs_dir``;
+    the run inside writes its folder and output under the batch host's /tmp, the submitter
+    follows them through srun steps and pulls the folder home before the script exits
+    (``fleetctl.slurm.private``); ``job_file`` is then read where it is (with the code, on a
+    filesystem the batch host sees)."""
     from fleetctl.api.runrequest import new_job_id
+    from fleetctl.errors import UsageError
     from fleetctl.slurm.batch import (
+        JOB_FILE_DIR,
+        PRIVATE_ROOT,
         RUN_ID_VAR,
         BatchRequest,
         check_gres,
         check_time,
         inside_command,
         render,
+        role_nodes,
     )
 
     job_id = job_id or new_job_id()
     runs = os.path.abspath(runs_dir)
     folder = os.path.join(runs, job_id)
-    inner = [*options, f"--runs-dir={runs}"]
+    copy: tuple[str, str] | None = None
+    inner = list(options)
+    if job_file is not None:
+        from fleetctl.phases.codesync import default_code_dir
+        from fleetctl.plan.roles import load_job_file
+
+        src = os.fspath(job_file)
+        if script is not None:
+            raise UsageError(f"--job {src} replaces SCRIPT; got {script!r} too")
+        jf = load_job_file(src)
+        launcher = jf.launcher  # roles | paddle-ps: what the run inside will record
+        if nodes is None:
+            nodes = role_nodes([(r.name, r.instances) for r in jf.roles], src)
+        dest = (
+            os.path.join(folder, JOB_FILE_DIR, os.path.basename(src))
+            if shared_fs
+            else os.path.abspath(src)
+        )
+        code_dir = os.path.abspath(code) if code is not None else str(default_code_dir(src))
+        copy = (os.path.abspath(src), dest)
+        inner += [f"--job={dest}", f"--code={code_dir}"]
+    elif script is None:
+        raise UsageError("missing SCRIPT (or --job FILE)")
+    if nodes is None:
+        raise UsageError("--slurm needs --nodes N (the nodes to ask Slurm for)")
+    inner.append(f"--runs-dir={runs if shared_fs else PRIVATE_ROOT.format(job=job_id)}")
     command = inside_command(sys.executable, inner, script, tuple(args))
     paths = [_python_path(), *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
     env = {RUN_ID_VAR: job_id, "PYTHONPATH": os.pathsep.join(dict.fromkeys(x for x in paths if x))}
@@ -138,15 +199,16 @@ def submission(
         account=account,
         extra=tuple(sbatch_args),
         env=env,
+        private=not shared_fs,
     )
-    return Submission(req, render(req), launcher)
+    return Submission(req, render(req), launcher, copy)
 
 
 def submit(
-    script: str,
+    script: str | None,
     args: Sequence[str] = (),
     *,
-    nodes: int,
+    nodes: int | None = None,
     detach: bool = False,
     **options: Any,
 ) -> SlurmJob:
@@ -218,6 +280,24 @@ class SlurmJob:
         pos = self._client.position(sj) if info.state == "PENDING" else None
         return describe(info, pos)
 
+    def document(self) -> dict[str, Any] | None:
+        """``run --slurm --json``: the document ``fleetctl run --json`` prints (the run
+        inside wrote it as job.json: the same keys and values), its ``slurm`` naming the Slurm
+        job and its last state; None while the run inside has not written it (queued, or it
+        never ran)."""
+        from fleetctl.errors import RunFolderError
+
+        try:
+            job = self._run.load_job()
+        except RunFolderError:
+            return None
+        if job.status in ("queued", "cancelled") and not job.nodes:
+            return None
+        doc = job.to_dict()
+        slurm = doc.get("slurm") if isinstance(doc.get("slurm"), dict) else {}
+        doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.get("state")}
+        return doc
+
     def queued(self) -> bool:
         """Still in Slurm's queue (pending or running, or a step left)."""
         sj = self.slurm_job_id
@@ -259,6 +339,18 @@ class SlurmJob:
             self.record.update(state=info.state, reason=info.reason, nodelist=info.nodes)
             self._run.write_slurm(self.record)
 
+        private = None
+        if self.record.get("private"):  # no shared filesystem: through the batch host
+            from fleetctl.slurm.private import PrivateFollower
+
+            private = PrivateFollower(
+                self._client,
+                self.slurm_job_id,
+                self.run_folder,
+                output=str(self.record["output"]),
+                error=str(self.record["error"]),
+                inside_folder=str(self.record["inside_folder"]),
+            )
         try:
             info = run_submitted(
                 self._client,
@@ -268,6 +360,7 @@ class SlurmJob:
                 queue_timeout=queue_timeout,
                 on_state=on_state,
                 error=self.run_folder / ERROR_FILE,
+                private=private,
             )
         except KeyboardInterrupt:
             self._mark("interrupted", "the submitter was stopped: scancel")
@@ -354,9 +447,16 @@ class SlurmJob:
         code = info.exit_code if info.exit_code else None
         if status in (None, "queued"):
             self._mark("failed", f"Slurm job {slurm_job} ended {info.state} before the run")
+            err = run.path / "slurm.err"
+            see = (
+                f"see {err}"
+                if err.exists() or self.record.get("private")
+                else f"no {err.name} was written here: if the batch host cannot see "
+                f"{run.path.parent}, submit with --slurm-no-shared-fs"
+            )
             raise JobFailed(
                 f"job {job_id}: Slurm job {slurm_job} ended {info.state} before fleetctl ran "
-                f"inside it; see {run.path / 'slurm.err'}"
+                f"inside it; {see}"
             )
         assert job is not None
         if status == "interrupted":

@@ -8,6 +8,7 @@ queue, streams the script's output and ends with the inside run's exit code.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -40,6 +41,8 @@ _NOT_FORWARDED = frozenset(
         "full",
         "script",
         "script_args",
+        "job_file",  # --job: the submission passes its copy in the run folder, and --code
+        "slurm_no_shared_fs",
     }
 )
 
@@ -79,6 +82,12 @@ def slurm_options(f: Any) -> Any:
             help="--slurm: not started this long → scancel, exit 5 (default: wait).",
         ),
         click.option(
+            "--slurm-no-shared-fs",
+            is_flag=True,
+            help="--slurm: the batch host cannot see --runs-dir; follow and pull the run "
+            "folder home through srun steps (the code must still be on a shared filesystem).",
+        ),
+        click.option(
             "--no-slurm",
             is_flag=True,
             help="Inside a Slurm allocation, ignore it: run on the inventory (or this machine) "
@@ -105,6 +114,7 @@ def check_flags(params: dict[str, Any]) -> None:
             ("account", "--account"),
             ("sbatch_args", "--sbatch-arg"),
             ("queue_timeout", "--queue-timeout"),
+            ("slurm_no_shared_fs", "--slurm-no-shared-fs"),
         )
         if params.get(name)
     ]
@@ -116,9 +126,10 @@ def forwarded_options(ctx: click.Context) -> list[str]:
     """The options the user set, as argv for the run inside the allocation."""
     from click.core import ParameterSource
 
+    skip = _NOT_FORWARDED | ({"code_dir"} if ctx.params.get("job_file") else set())
     out: list[str] = []
     for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name in _NOT_FORWARDED or p.name is None:
+        if not isinstance(p, click.Option) or p.name in skip or p.name is None:
             continue
         source = ctx.get_parameter_source(p.name)
         if source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
@@ -143,18 +154,19 @@ def run_slurm(ctx: click.Context) -> None:
     from fleetctl.api import slurm
 
     p = ctx.params
-    if p.get("job_file") is not None:
-        raise UsageError("--slurm: role jobs (--job) are not submitted to Slurm yet")
-    if p.get("script") is None:
-        raise UsageError("missing SCRIPT")
-    if p.get("nodes_wanted") is None:
-        raise UsageError("--slurm needs --nodes N (the nodes to ask Slurm for)")
-    if p.get("as_json"):
-        raise UsageError("--slurm: no --json yet (the run folder's job.json has the result)")
+    if p.get("full"):
+        raise UsageError("--full applies to --dry-run --json without --slurm (the plan)")
+    if p.get("slurm_no_shared_fs") and p.get("detach"):
+        raise UsageError(
+            "--slurm-no-shared-fs needs this side to pull the run folder home: no --detach"
+        )
     sub = slurm.submission(
         p["script"],
         p["script_args"],
         nodes=p["nodes_wanted"],
+        job_file=p.get("job_file"),
+        code=p.get("code_dir") if p.get("job_file") else None,
+        shared_fs=not p.get("slurm_no_shared_fs"),
         options=forwarded_options(ctx),
         runs_dir=p["runs_dir"],
         partition=p.get("partition"),
@@ -165,25 +177,50 @@ def run_slurm(ctx: click.Context) -> None:
         launcher=p.get("launcher"),
     )
     if p.get("dry_run"):
-        click.echo(sub.script, nl=False)
-        for line in _plan_lines(sub.request, p):
+        if p.get("as_json"):
+            click.echo(json.dumps(_dry_run_document(sub), indent=2))
+        else:
+            click.echo(sub.script, nl=False)
+        for line in _plan_lines(sub, p):
             click.echo(line, err=True)
         return
     _submit_and_follow(sub, detach=bool(p.get("detach")), p=p)
 
 
-def _plan_lines(req: Any, p: dict[str, Any]) -> list[str]:
+def _dry_run_document(sub: Submission) -> dict[str, Any]:
+    req = sub.request
+    return {
+        "dry_run": True,
+        "job_id": req.job_id,
+        "nodes": req.nodes,
+        "folder": req.folder,
+        "sbatch_script": sub.script,
+        "command": list(req.command),
+        "job_file": None
+        if sub.job_file is None
+        else {"from": sub.job_file[0], "copy": sub.job_file[1]},
+    }
+
+
+def _plan_lines(sub: Submission, p: dict[str, Any]) -> list[str]:
+    req = sub.request
+    what = (
+        f"the role job {sub.job_file[0]} (copied to {sub.job_file[1]} at submit)"
+        if sub.job_file
+        else f"launcher {p.get('launcher')}, SCRIPT {p['script']}"
+    )
     return [
         f"fleetctl: dry run: would submit the script above with `sbatch --parsable` "
         f"({req.nodes} node(s){', partition ' + req.partition if req.partition else ''})",
         f"fleetctl: inside the allocation: `fleetctl run` on its {req.nodes} node(s), one "
-        f"supervisor per node by srun, launcher {p.get('launcher')}, SCRIPT {p['script']}",
+        f"supervisor per node by srun, {what}",
         f"fleetctl: run folder {req.folder} (the job's output: {req.output}, "
         f"{req.folder}/slurm.err)",
     ]
 
 
 def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> None:
+    as_json = bool(p.get("as_json"))
     job = sub.submit(detach=detach)
     slurm_job = job.slurm_job_id
     click.echo(f"fleetctl: job {job.job_id} submitted as Slurm job {slurm_job}", err=True)
@@ -193,9 +230,27 @@ def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> N
             f"`fleetctl stop {job.job_id}` (scancel {slurm_job})",
             err=True,
         )
-        click.echo(f"{slurm_job} {job.job_id}")
+        if as_json:
+            click.echo(json.dumps({"job_id": job.job_id, "slurm": {"job_id": slurm_job}}))
+        else:
+            click.echo(f"{slurm_job} {job.job_id}")
         return
-    job.wait(emit, queue_timeout=p.get("queue_timeout"))
+    if not as_json:
+        job.wait(emit, queue_timeout=p.get("queue_timeout"))
+        return
+    # --json: stdout is the run's document alone (as `run --json`: no live lines), printed
+    # whatever the verdict, before its error (if any) ends the command
+    try:
+        job.wait(_emit_json, queue_timeout=p.get("queue_timeout"))
+    finally:
+        doc = job.document()
+        if doc is not None:
+            click.echo(json.dumps(doc, indent=2))
+
+
+def _emit_json(ev: SlurmEvent) -> None:
+    if ev.kind != "line":  # the job's stdout lines are in slurm.out; the rest as without --json
+        emit(ev)
 
 
 def emit(ev: SlurmEvent) -> None:
@@ -208,5 +263,7 @@ def emit(ev: SlurmEvent) -> None:
         click.echo(f"fleetctl: Slurm job {ev.job_id}: {ev.text}", err=True)
     elif ev.kind == "started":
         click.echo(f"fleetctl: Slurm job {ev.job_id} running on {ev.text}", err=True)
+    elif ev.kind == "pulled":
+        click.echo(f"fleetctl: Slurm job {ev.job_id}: run folder pulled from {ev.text}", err=True)
     elif ev.kind in ("cancelling", "cancelled", "cancel_failed"):
         click.echo(f"fleetctl: Slurm job {ev.job_id}: {ev.kind}: {ev.text}", err=True)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
+    from fleetctl.slurm.nodestate import NodeStateWatch
     from fleetctl.ssh.connection import Connection, SSHSettings
     from fleetctl.ssh.fleet import Fleet
 
@@ -252,9 +253,35 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
     job.launched = {np.node_rank for np in plan.nodes}
     job.launch_thread = threading.Thread(target=launch_all, daemon=True, name="launch")
     job.launch_thread.start()
+    slurm_nodes = _slurm_node_state(job, watch)
+    try:
+        _watch_until_done(job, fleet, watch, limit=options.timeout)
+    finally:
+        if slurm_nodes is not None:
+            slurm_nodes.stop()
+
+
+def _slurm_node_state(job: JobContext, watch: Watch) -> NodeStateWatch | None:
+    """Inside a Slurm allocation: a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in
+    Slurm's words (``fleetctl.slurm.nodestate``); None for SSH nodes."""
+    from fleetctl.slurm.allocation import is_srun
+
+    assert job.plan is not None
+    srun = {n.name for n in job.nodes if is_srun(n)}
+    ranks = {np.host: np.node_rank for np in job.plan.nodes if np.host in srun}
+    if not ranks:
+        return None
+    from fleetctl.slurm.nodestate import NodeStateWatch
+
+    return NodeStateWatch(list(ranks), lambda name, why: watch.lose(ranks[name], why)).start()
+
+
+def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: float | None) -> None:
+    """Feed the watcher's events to the job until every node ended or the first failure."""
     pending = set(job.launched)
     job.progress = time.monotonic()
-    deadline = None if options.timeout is None else job.progress + options.timeout
+    deadline = None if limit is None else job.progress + limit
+    options = job.options
     while pending:
         ev = watch.get(0.2)
         if ev is not None:

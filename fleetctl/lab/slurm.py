@@ -67,7 +67,7 @@ def slurm_dir(lab: Lab) -> Path:
     return lab.dir / "slurm"
 
 
-def _conf(lab: Lab, d: Path, ctld_port: int, d_port: int) -> str:
+def _conf(lab: Lab, d: Path, ctld_port: int, d_port: int, slurmd_timeout: int = 30) -> str:
     gateway = lab.state["mgmt"]["gateway"]
     nodes = "\n".join(
         f"NodeName={h.name} NodeAddr={h.mgmt_addr} CPUs={os.cpu_count() or 1} State=UNKNOWN"
@@ -109,7 +109,7 @@ MpiDefault=none
 SelectType={select}
 SchedulerType=sched/builtin
 ReturnToService=2
-SlurmdTimeout=30
+SlurmdTimeout={slurmd_timeout}
 InactiveLimit=0
 KillWait=2
 {gres}{prolog}{nodes}
@@ -152,8 +152,12 @@ class SlurmLab:
 
     # ------------------------------------------------------------------ up
     @classmethod
-    def start(cls, lab: Lab, timeout: float = READY_TIMEOUT) -> SlurmLab:
-        """Start munged, slurmctld and every host's slurmd; wait until all nodes are idle."""
+    def start(
+        cls, lab: Lab, timeout: float = READY_TIMEOUT, *, slurmd_timeout: int = 30
+    ) -> SlurmLab:
+        """Start munged, slurmctld and every host's slurmd; wait until all nodes are idle.
+        ``slurmd_timeout``: slurm.conf's ``SlurmdTimeout`` (a dead node's ``NOT_RESPONDING``
+        comes ~15 s after it stops answering with 10, ``DOWN`` ~30 s)."""
         why = installed()
         if why:
             raise LabError(f"lab {lab.name}: Slurm {why} (apt-get install slurm-wlm munge)")
@@ -164,7 +168,8 @@ class SlurmLab:
         for sub in ("munge", "ctld", *(f"nodes/{h.name}" for h in lab.hosts)):
             (self.dir / sub).mkdir(parents=True, mode=0o700)
         gateway = lab.state["mgmt"]["gateway"]
-        self.conf.write_text(_conf(lab, self.dir, _free_port(gateway), _free_port(gateway)))
+        ports = (_free_port(gateway), _free_port(gateway))
+        self.conf.write_text(_conf(lab, self.dir, *ports, slurmd_timeout=slurmd_timeout))
         (self.dir / "gres.conf").write_text(_gres_conf(lab, self.dir))
         prolog = self.dir / "task_prolog.sh"
         bins = lab.dir / "hosts"  # a lab folder: no quoting needed
@@ -264,10 +269,10 @@ class SlurmLab:
         return p.stdout
 
     # ------------------------------------------------------------------ jobs
-    def allocate(self, n: int, timeout: float = 30.0) -> tuple[str, str]:
-        """``salloc -N n --no-shell``: the allocation's (job id, node list)."""
+    def allocate(self, n: int, *extra: str, timeout: float = 30.0) -> tuple[str, str]:
+        """``salloc -N n --no-shell [EXTRA…]``: the allocation's (job id, node list)."""
         p = subprocess.run(
-            ["salloc", f"--nodes={n}", "--no-shell", f"--immediate={int(timeout)}"],
+            ["salloc", f"--nodes={n}", "--no-shell", f"--immediate={int(timeout)}", *extra],
             capture_output=True,
             text=True,
             env=self.env(),

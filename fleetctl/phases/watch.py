@@ -112,6 +112,16 @@ class Watch:
         except queue.Empty:
             return None
 
+    def lose(self, rank: int, why: str) -> bool:
+        """Declare a running node lost on outside word (Slurm marked it DOWN), now rather than
+        after the lost-node timeout: the same ``lost`` event a silence gives, its ``heard``
+        the last time the node spoke. False when it had ended (or never started)."""
+        run = self.runs.get(rank)
+        if run is None or rank in self.ended:
+            return False
+        self._emit(run, "lost", why)
+        return True
+
     def running(self) -> list[int]:
         """Ranks attached and not yet ended."""
         with self._lock:
@@ -190,6 +200,7 @@ class Watch:
             self.reattach is not None
             and not self._closing.is_set()
             and run.reattached < MAX_REATTACH
+            and run.rank not in self.ended  # lost already (``lose``): no new connection
         )
 
     def _silent_too_long(self, run: NodeRun, silent: float) -> bool:

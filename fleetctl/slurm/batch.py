@@ -22,6 +22,13 @@ RUN_ID_VAR = "FLEETCTL_RUN_ID"
 OUTPUT_FILE = "slurm.out"  # in the run folder: the batch script's stdout
 ERROR_FILE = "slurm.err"  # and its stderr (fleetctl's own lines, the summary)
 SCRIPT_FILE = "sbatch.sh"  # in the run folder: the script as submitted
+JOB_FILE_DIR = "job-file"  # in the run folder: --job's file as submitted (its own name kept)
+#: --slurm-no-shared-fs: where the batch host keeps the job's output and run folder (its /tmp
+#: exists everywhere, slurmstepd opens the output before the script can make a folder)
+PRIVATE_ROOT = "/tmp/fleetctl-slurm-{job}"
+FETCHED = ".fetched"  # the submitter has pulled the private run folder home
+ENDED_MARK = "fleetctl-slurm: ended "  # + exit code: the batch script's last stderr line
+FETCH_WAIT = 300  # s the batch script waits for the pull before it exits anyway
 _GRES_ITEM = re.compile(r"^[A-Za-z][\w.-]*(?::[\w.-]+)?(?::\d+)?$")
 _TIME = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^\d+-\d+$|^(?:UNLIMITED|INFINITE)$", re.I)
 #: sbatch errors that say Slurm could not be asked, not that the request is wrong (exit 3)
@@ -72,14 +79,26 @@ class BatchRequest:
     account: str | None = None
     extra: tuple[str, ...] = ()  # --sbatch-arg, verbatim
     env: Mapping[str, str] = field(default_factory=dict)  # exported before the command
+    #: --slurm-no-shared-fs: the batch host cannot see ``folder``; output and the run
+    #: folder stay under ``private_root`` there until the submitter pulls them
+    private: bool = False
+
+    @property
+    def private_root(self) -> str:
+        return PRIVATE_ROOT.format(job=self.job_id)
+
+    @property
+    def inside_folder(self) -> str:
+        """The run folder as the run inside writes it."""
+        return f"{self.private_root}/{self.job_id}" if self.private else self.folder
 
     @property
     def output(self) -> str:
-        return f"{self.folder}/{OUTPUT_FILE}"
+        return f"{self.private_root}.out" if self.private else f"{self.folder}/{OUTPUT_FILE}"
 
     @property
     def error(self) -> str:
-        return f"{self.folder}/{ERROR_FILE}"
+        return f"{self.private_root}.err" if self.private else f"{self.folder}/{ERROR_FILE}"
 
 
 def check_gres(value: str) -> str:
@@ -106,6 +125,10 @@ def render(req: BatchRequest) -> str:
         f"#SBATCH --nodes={req.nodes}",
     ]
     lines.append("#SBATCH --ntasks-per-node=1")
+    # a node failing is fleetctl's to handle (lost node: teardown of the rest, logs home),
+    # not Slurm's: without this Slurm kills the whole job when it marks a node DOWN, racing
+    # that teardown and collection
+    lines.append("#SBATCH --no-kill")
     for flag, value in (
         ("partition", req.partition),
         ("gres", req.gres),
@@ -119,7 +142,25 @@ def render(req: BatchRequest) -> str:
     lines += [f"#SBATCH {arg}" for arg in req.extra]
     lines.append("# written by fleetctl run --slurm: the same job run inside the allocation")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in req.env.items()]
-    lines.append(f"exec {shlex.join(req.command)}")
+    if not req.private:
+        lines.append(f"exec {shlex.join(req.command)}")
+        return "\n".join(lines) + "\n"
+    root, folder = shlex.quote(req.private_root), shlex.quote(req.inside_folder)
+    lines += [
+        "# no shared filesystem: fleetctl runs as a child (TERM passed on: scancel --batch);",
+        "# once it has ended the submitter pulls the run folder by an srun step and says so",
+        f"{shlex.join(req.command)} &",
+        "pid=$!",
+        "trap 'kill -TERM $pid 2>/dev/null' TERM INT",
+        "while :; do wait $pid; code=$?; kill -0 $pid 2>/dev/null || break; done",
+        f'echo "{ENDED_MARK}$code" >&2',
+        "i=0",
+        f"while [ ! -e {folder}/{FETCHED} ] && [ $i -lt {FETCH_WAIT * 2} ]; do",
+        "  sleep 0.5; i=$((i+1))",
+        "done",
+        f"rm -rf {root} {shlex.quote(req.output)} {shlex.quote(req.error)}",
+        "exit $code",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +194,24 @@ def adopted_job_id(env: Mapping[str, str]) -> str | None:
 
 
 def inside_command(
-    python: str, options: Sequence[str], script: str, script_args: Sequence[str]
+    python: str, options: Sequence[str], script: str | None, script_args: Sequence[str]
 ) -> tuple[str, ...]:
-    """``python -m fleetctl run OPTIONS SCRIPT ARGS…``: the job run inside the allocation."""
-    return (python, "-m", "fleetctl", "run", *options, script, *script_args)
+    """``python -m fleetctl run OPTIONS SCRIPT ARGS…``: the job run inside the allocation
+    (no SCRIPT for a role job: ``--job`` is among the options)."""
+    return (python, "-m", "fleetctl", "run", *options, *([script] if script else []), *script_args)
+
+
+def role_nodes(instances: Sequence[tuple[str, int | None]], where: str) -> int:
+    """The nodes a role job needs: one per task, the sum of its roles' ``instances``. A role
+    without ``instances`` takes every free host of its group, which only the allocation knows:
+    then ``--nodes`` must say it (UsageError)."""
+    open_ended = [name for name, n in instances if n is None]
+    if open_ended:
+        raise UsageError(
+            f"--slurm --job {where}: role {open_ended[0]!r} has no 'instances' (every free "
+            "host of its group): give --nodes N, the nodes to ask Slurm for"
+        )
+    total = sum(n or 0 for _, n in instances)
+    if total < 1:
+        raise UsageError(f"--slurm --job {where}: no task to run")
+    return total

@@ -16,10 +16,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
 from fleetctl.slurm.batch import QueueTimeout, SlurmError, parse_job_id, submit_error
 from fleetctl.slurm.queue import JobInfo, describe, in_queue, parse_show_job, queue_position
+
+if TYPE_CHECKING:
+    from fleetctl.slurm.private import PrivateFollower
 
 COMMAND_TIMEOUT = 30.0  # one sbatch/squeue/scontrol/scancel call
 CANCEL_TIMEOUT = 90.0  # scancel → the job and every step of it gone from the queue
@@ -224,6 +228,27 @@ def follow(
         time.sleep(POLL)
 
 
+def _stop_and_pull(
+    slurm: SlurmClient, job: str, info: JobInfo, private: PrivateFollower, emit: Emit
+) -> None:
+    """No shared filesystem: SIGTERM to the fleetctl inside (it stops the ranks and collects
+    on the batch host), then follow on until its folder is pulled home, within
+    ``GRACEFUL_TIMEOUT``; the caller's scancel ends what is left."""
+    from fleetctl.errors import FleetctlError
+    from fleetctl.slurm.private import follow_private
+
+    if info.done or info.pending:
+        return
+    p = slurm._run(["scancel", "--batch", "--signal=TERM", job], timeout=10.0)
+    if p.returncode != 0:
+        return
+    deadline = time.monotonic() + GRACEFUL_TIMEOUT
+    try:
+        follow_private(slurm, job, info, private, emit, deadline=deadline)
+    except FleetctlError as e:
+        emit(SlurmEvent("cancel_failed", job, e.one_line()))
+
+
 def run_submitted(
     slurm: SlurmClient,
     job: str,
@@ -233,16 +258,42 @@ def run_submitted(
     queue_timeout: float | None,
     on_state: Callable[[JobInfo], None] | None = None,
     error: Path | None = None,
+    private: PrivateFollower | None = None,
 ) -> JobInfo:
     """Wait for the job, follow it to its end. Whatever stops this side first (Ctrl-C, an
-    error) cancels the job, verified gone with every step, before it propagates."""
+    error) cancels the job, verified gone with every step, before it propagates.
+    ``private`` (no shared filesystem): the output comes through the batch host, whose run
+    folder is pulled home once the run inside has ended (``fleetctl.slurm.private``)."""
+    try:
+        return _run_submitted(slurm, job, output, emit, queue_timeout, on_state, error, private)
+    finally:
+        if private is not None:
+            private.stop()
+
+
+def _run_submitted(
+    slurm: SlurmClient,
+    job: str,
+    output: Path,
+    emit: Emit,
+    queue_timeout: float | None,
+    on_state: Callable[[JobInfo], None] | None,
+    error: Path | None,
+    private: PrivateFollower | None,
+) -> JobInfo:
+    from fleetctl.slurm.private import follow_private
+
+    info: JobInfo | None = None
     try:
         info = wait_started(slurm, job, emit, queue_timeout=queue_timeout)
         if on_state is not None:
             on_state(info)
         if not info.done:
             emit(SlurmEvent("started", job, info.nodes or "", info))
-            info = follow(slurm, job, output, emit, error)
+            if private is not None:
+                info = follow_private(slurm, job, info, private, emit)
+            else:
+                info = follow(slurm, job, output, emit, error)
         if on_state is not None:
             on_state(info)
         emit(SlurmEvent("ended", job, describe(info), info))
@@ -253,7 +304,9 @@ def run_submitted(
         emit(SlurmEvent("cancelling", job, "SIGTERM to the fleetctl inside, then scancel"))
         try:
             try:
-                slurm.cancel(job, graceful=True)
+                if private is not None and info is not None and not private.pulled:
+                    _stop_and_pull(slurm, job, info, private, emit)
+                slurm.cancel(job, graceful=private is None)
             except KeyboardInterrupt:  # a second Ctrl-C: no more waiting for the inside
                 slurm.cancel(job)
         except SlurmError as e:  # reported beside the original error, never instead of it

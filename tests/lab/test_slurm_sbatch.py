@@ -176,6 +176,80 @@ def test_ctrl_c_cancels_the_slurm_job_verified_and_exits_130(
         assert (folder / f"{i}-{h}" / "console.log").is_file()
 
 
+ROLE_SCRIPT = """\
+import os
+print("ROLE", os.environ["FLEET_ROLE"], os.environ["FLEET_NODE_RANK"], flush=True)
+"""
+ROLE_JOB = """\
+name: two-roles
+roles:
+  server:
+    instances: 1
+    script: role.py
+  worker:
+    instances: 1
+    script: role.py
+"""
+
+
+def test_a_role_job_submitted_with_json_prints_the_run_document(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    """--job without --nodes: two nodes from the roles' instances; --json: stdout is the run's
+    document alone (as `run --json` over SSH), naming the Slurm job."""
+    code: Path = slurm["code"]
+    (code / "role.py").write_text(ROLE_SCRIPT)
+    (code / "roles.yml").write_text(ROLE_JOB)
+    res = _submit(slurm, runs, "--json", "--job", "roles.yml")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)  # nothing else on stdout
+    folder = _folder(runs)
+    assert doc["slurm"]["job_id"] == _slurm_job(folder) and doc["slurm"]["state"] == "COMPLETED"
+    assert (doc["status"], doc["launcher"], doc["job_id"]) == ("succeeded", "roles", folder.name)
+    assert [(n["rank"], n["host"], n["exit_code"]) for n in doc["nodes"]] == [
+        (0, "node1", 0),
+        (1, "node2", 0),
+    ]
+    assert "#SBATCH --nodes=2" in (folder / "sbatch.sh").read_text()
+    assert (folder / "job-file" / "roles.yml").read_text() == ROLE_JOB
+    for rank, (host, role) in enumerate((("node1", "server"), ("node2", "worker"))):
+        log = (folder / f"{rank}-{host}" / "console.log").read_text()
+        assert f"ROLE {role} {rank}" in log, log
+    _nothing_left(slurm, _slurm_job(folder))
+
+
+def test_without_a_shared_filesystem_the_run_folder_is_pulled_home(
+    slurm: dict[str, Any], tmp_path: Path
+) -> None:
+    """--slurm-no-shared-fs with the runs folder under this machine's /tmp, which no lab host
+    sees: the output is followed and the run folder pulled through srun steps on the batch
+    host, which keeps nothing afterwards."""
+    lab: Lab = slurm["lab"]
+    (slurm["code"] / "hello.py").write_text(
+        "import os\nprint('hello', os.environ['RANK'], flush=True)\n"
+    )
+    runs = tmp_path / "runs"
+    res = run_cli_process(
+        "run", "--slurm", "--slurm-no-shared-fs", "--nodes", "3", "--runs-dir", str(runs),
+        "--launcher", "plain", "hello.py",
+        env=slurm["env"], cwd=slurm["code"], timeout=120,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stdout + res.stderr
+    for rank in range(3):  # followed live through the batch host
+        assert f"hello {rank}" in res.stdout, res.stdout
+    assert "run folder pulled from node1" in res.stderr, res.stderr
+    folder = _folder(runs)
+    job = json.loads((folder / "job.json").read_text())
+    assert job["status"] == "succeeded" and job["folder"] == str(folder), job["folder"]
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        assert f"hello {rank}" in (folder / f"{rank}-{host}" / "console.log").read_text()
+    assert "hello 2" in (folder / "slurm.out").read_text()
+    assert "job succeeded" in (folder / "slurm.err").read_text()
+    left = lab.exec("node1", ["sh", "-c", "ls -d /tmp/fleetctl-slurm-* 2>/dev/null; true"])
+    assert left.stdout.strip() == "", left.stdout  # the batch host keeps nothing
+    _nothing_left(slurm, _slurm_job(folder))
+
+
 def test_a_partition_slurm_lacks_is_one_line_exit_2_and_nothing_queued(
     slurm: dict[str, Any], runs: Path
 ) -> None:

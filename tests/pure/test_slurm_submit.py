@@ -234,7 +234,9 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
         (["--slurm", "--no-slurm", "--nodes", "2"], "contradict"),
         (["--slurm", "--nodes", "2", "--gres", "gpu 1"], "--gres"),
         (["--slurm", "--nodes", "2", "--time", "1h"], "--time"),
-        (["--slurm", "--nodes", "2", "--json"], "no --json yet"),
+        (["--slurm", "--nodes", "2", "--json", "--full"], "--full applies"),
+        (["--slurm-no-shared-fs"], "--slurm-no-shared-fs: only with --slurm"),
+        (["--slurm", "--nodes", "2", "--slurm-no-shared-fs", "--detach"], "no --detach"),
     ],
 )
 def test_slurm_usage_errors_exit_2(tmp_path: Path, args: list[str], msg: str) -> None:
@@ -242,6 +244,220 @@ def test_slurm_usage_errors_exit_2(tmp_path: Path, args: list[str], msg: str) ->
     res = run_cli("run", *args, "--dry-run", "job.py", cwd=tmp_path)
     assert res.exit_code == 2, res.stderr
     assert msg in res.stderr
+
+
+ROLE_JOB = """\
+name: two-roles
+roles:
+  server:
+    instances: 1
+    script: server.py
+  worker:
+    instances: 2
+    script: worker.py
+"""
+
+
+def _role_code(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.yml").write_text(ROLE_JOB)
+    for name in ("server.py", "worker.py"):
+        (code / name).write_text("print(1)\n")
+    return code
+
+
+def test_batch_script_for_a_role_job_matches_golden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--job: nodes from the roles' instances (1 + 2), the run inside reads the file's copy in
+    the run folder, with the code folder it had here."""
+    import sys
+
+    from fleetctl.api import slurm
+
+    code = _role_code(tmp_path)
+    monkeypatch.chdir(code)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setattr(slurm, "_python_path", lambda: "/LIB")
+    sub = slurm.submission(
+        None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs", job_id="j1",
+        options=["--grace=2.0"], partition="gpu",
+    )  # fmt: skip
+    text = sub.script.replace(sys.executable, "PY").replace(str(tmp_path), "/T")
+    assert text == (CASES / "sbatch_role_job.sh").read_text()
+    assert sub.request.nodes == 3
+    assert sub.job_file == (str(code / "job.yml"), str(tmp_path / "runs/j1/job-file/job.yml"))
+
+
+def test_a_role_job_is_copied_into_the_run_folder_at_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.api import slurm
+    from fleetctl.slurm.submit import SlurmClient
+
+    code = _role_code(tmp_path)
+    monkeypatch.chdir(code)
+    monkeypatch.setattr(SlurmClient, "sbatch", lambda self, script: "42")
+    sub = slurm.submission(None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs")
+    job = sub.submit()
+    (code / "job.yml").write_text("edited after submit\n")  # the queued job keeps its copy
+    assert (job.run_folder / "job-file" / "job.yml").read_text() == ROLE_JOB
+    assert job.record["job_file"] == "job-file/job.yml"
+    assert f"--job={job.run_folder}/job-file/job.yml" in (job.run_folder / "sbatch.sh").read_text()
+    assert job.document() is None  # queued: the run inside has not written its record
+
+
+def test_a_role_without_instances_needs_nodes(tmp_path: Path) -> None:
+    from fleetctl.api import slurm
+
+    code = _role_code(tmp_path)
+    (code / "job.yml").write_text(ROLE_JOB.replace("    instances: 2\n", ""))
+    with pytest.raises(UsageError, match=r"role 'worker' has no 'instances'.*give --nodes N"):
+        slurm.submission(None, nodes=None, job_file=code / "job.yml", runs_dir=tmp_path)
+    sub = slurm.submission(None, nodes=4, job_file=code / "job.yml", runs_dir=tmp_path)
+    assert "#SBATCH --nodes=4\n" in sub.script
+
+
+def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> None:
+    import json
+
+    code = _role_code(tmp_path)
+    res = run_cli(
+        "run", "--slurm", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--job", "job.yml",
+        cwd=code, env={"PATH": "/nonexistent"},
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert "#SBATCH --nodes=3\n" in res.stdout and f"--code={code} " in res.stdout
+    assert "--job=" in res.stdout and "the role job" in res.stderr
+    js = run_cli(
+        "run", "--slurm", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"),
+        "--job", "job.yml", cwd=code, env={"PATH": "/nonexistent"},
+    )  # fmt: skip
+    doc = json.loads(js.stdout)
+    assert doc["dry_run"] is True and doc["nodes"] == 3
+    assert doc["job_file"]["from"] == str(code / "job.yml")
+    assert doc["sbatch_script"].startswith("#!/bin/sh\n") and not (tmp_path / "runs").exists()
+
+
+def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Path) -> None:
+    """--json prints what `run --json` would (the inside run's job.json), naming the Slurm job."""
+    from fleetctl.api.slurm import SlurmJob
+    from fleetctl.job.jobrecord import JobRecord
+
+    run = RunFolder.create(tmp_path, "j1")
+    doc = {
+        "job_id": "j1", "status": "failed", "attempt": 1, "detached": False, "verdict": None,
+        "launcher": "roles", "nodes": [{"rank": 0, "host": "node1", "state": "exited"}],
+        "first_failure": None, "slurm": {"job_id": "42"}, "folder": str(run.path),
+    }  # fmt: skip
+    run.write_job(JobRecord.from_dict(doc, source="job.json"))
+    job = SlurmJob(run, "42", {"job_id": "42", "state": "FAILED"}, client=object())  # type: ignore[arg-type]
+    got = job.document()
+    assert got is not None
+    assert got["slurm"] == {"job_id": "42", "state": "FAILED"}
+    assert (got["status"], got["nodes"][0]["host"]) == ("failed", "node1")
+
+
+def test_batch_script_without_a_shared_filesystem_matches_golden() -> None:
+    req = BatchRequest(
+        nodes=2,
+        job_id="j1",
+        folder="/home/u/runs/j1",
+        chdir="/shared/code",
+        command=("python3", "-m", "fleetctl", "run", "--runs-dir=/tmp/fleetctl-slurm-j1", "job.py"),
+        env={"FLEETCTL_RUN_ID": "j1"},
+        private=True,
+    )
+    assert render(req) == (CASES / "sbatch_private.sh").read_text()
+    assert (req.output, req.inside_folder) == (
+        "/tmp/fleetctl-slurm-j1.out",
+        "/tmp/fleetctl-slurm-j1/j1",
+    )
+
+
+def test_private_batch_script_keeps_the_exit_code_and_its_files_until_the_pull() -> None:
+    """The script's own shell: the inside run's exit code survives the wait for the pull,
+    the end is said on stderr, and the batch host's files go once the pull is done."""
+    import secrets
+    import subprocess
+
+    job = f"t{secrets.token_hex(4)}"
+    root = f"/tmp/fleetctl-slurm-{job}"
+    inside = f"mkdir -p {root}/{job} && echo out > {root}/{job}/x; sleep 0.3; exit 7"
+    req = BatchRequest(
+        nodes=1, job_id=job, folder="/nowhere", chdir="/", command=("sh", "-c", inside),
+        private=True,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        ["sh", "-c", render(req)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        from fleetctl.testing.wait import wait_for
+
+        wait_for(lambda: Path(f"{root}/{job}/x").exists(), 10, what="the run inside's folder")
+        assert proc.poll() is None
+        Path(f"{root}/{job}/.fetched").touch()  # what the submitter's srun step does
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["rm", "-rf", root], check=False)
+    assert proc.returncode == 7 and "fleetctl-slurm: ended 7" in err
+    assert not Path(root).exists()
+
+
+def test_submission_without_a_shared_filesystem_runs_inside_under_the_batch_hosts_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.api import slurm
+
+    code = _role_code(tmp_path)
+    monkeypatch.chdir(code)
+    sub = slurm.submission(
+        None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs", job_id="j1",
+        shared_fs=False,
+    )  # fmt: skip
+    assert sub.request.private and "--runs-dir=/tmp/fleetctl-slurm-j1" in sub.request.command
+    assert f"--job={code}/job.yml" in sub.request.command  # read where it is, with the code
+    assert "#SBATCH --output=/tmp/fleetctl-slurm-j1.out\n" in sub.script
+
+
+def test_a_pulled_job_json_names_the_local_folder(tmp_path: Path) -> None:
+    import json
+
+    from fleetctl.slurm.private import PrivateFollower
+
+    inside = "/tmp/fleetctl-slurm-j1/j1"
+    local = tmp_path / 'runs "x"' / "j1"
+    local.mkdir(parents=True)
+    doc = {"folder": inside, "nodes": [{"folder": f"{inside}/0-node1"}], "other": inside + "x"}
+    (local / "job.json").write_text(json.dumps(doc))
+    f = PrivateFollower(object(), "42", local, output="o", error="e", inside_folder=inside)  # type: ignore[arg-type]
+    f._relocate()
+    got = json.loads((local / "job.json").read_text())
+    assert got["folder"] == str(local) and got["nodes"][0]["folder"] == f"{local}/0-node1"
+    assert got["other"] == inside + "x"  # only the folder itself and paths inside it
+
+
+def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
+    tmp_path: Path,
+) -> None:
+    """Without a shared filesystem slurmstepd cannot open the output in the run folder: the job
+    fails at once and no slurm.err comes; the error says what to do."""
+    from fleetctl.api.slurm import SlurmJob
+    from fleetctl.errors import JobFailed
+    from fleetctl.job.jobrecord import JobRecord
+
+    run = RunFolder.create(tmp_path, "j1")
+    run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
+    job = SlurmJob(run, "5", {"job_id": "5"}, client=object())  # type: ignore[arg-type]
+    with pytest.raises(JobFailed, match="submit with --slurm-no-shared-fs"):
+        job._verdict(JobInfo("5", "FAILED", exit_code=1))
+    (run.path / "slurm.err").write_text("python: not found\n")
+    run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
+    with pytest.raises(JobFailed, match=r"before fleetctl ran inside it; see .*slurm\.err$"):
+        job._verdict(JobInfo("5", "FAILED", exit_code=1))
 
 
 class FakeSlurm:

@@ -2,6 +2,7 @@
 #SBATCH --job-name=fleetctl-20261126-120000-abcdef
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
+#SBATCH --no-kill
 #SBATCH --partition=gpu
 #SBATCH --gres=gpu:1
 #SBATCH --time=1:00:00

@@ -2,6 +2,7 @@
 #SBATCH --job-name=fleetctl-j1
 #SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
+#SBATCH --no-kill
 #SBATCH --output=/r/j1/slurm.out
 #SBATCH --error=/r/j1/slurm.err
 #SBATCH --chdir=/c

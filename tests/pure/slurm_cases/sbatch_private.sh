@@ -1,0 +1,23 @@
+#!/bin/sh
+#SBATCH --job-name=fleetctl-j1
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --no-kill
+#SBATCH --output=/tmp/fleetctl-slurm-j1.out
+#SBATCH --error=/tmp/fleetctl-slurm-j1.err
+#SBATCH --chdir=/shared/code
+# written by fleetctl run --slurm: the same job run inside the allocation
+export FLEETCTL_RUN_ID=j1
+# no shared filesystem: fleetctl runs as a child (TERM passed on: scancel --batch);
+# once it has ended the submitter pulls the run folder by an srun step and says so
+python3 -m fleetctl run --runs-dir=/tmp/fleetctl-slurm-j1 job.py &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null' TERM INT
+while :; do wait $pid; code=$?; kill -0 $pid 2>/dev/null || break; done
+echo "fleetctl-slurm: ended $code" >&2
+i=0
+while [ ! -e /tmp/fleetctl-slurm-j1/j1/.fetched ] && [ $i -lt 600 ]; do
+  sleep 0.5; i=$((i+1))
+done
+rm -rf /tmp/fleetctl-slurm-j1 /tmp/fleetctl-slurm-j1.out /tmp/fleetctl-slurm-j1.err
+exit $code
