@@ -5,13 +5,17 @@
 ``python bench/collective.py [--hosts 4,16,64] [--size-mib 32]`` (root: it starts namespace
 labs, downed in ``finally``). Prints one markdown row per fleet size; nothing is judged. The
 plain script is started on every host at once and imports torch as the benchmark's node
-program does; both use gloo over the data NIC, the same bytes, best of 3.
+program does; both use gloo over the data NIC, the same bytes, best of 3. CPU seconds of
+``check --collective``: the lab hosts' (every process their sshd and init reaped, summed over
+hosts: the node programs' torch import and traffic, the probe) and this controller's; robust
+to load where the wall time is not, as every lab host shares this machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,6 +67,8 @@ def main() -> int:
     p.add_argument("--hosts", default="4,16,64")
     p.add_argument("--size-mib", type=float, default=32.0)
     args = p.parse_args()
+    from fleet import remote_cpu
+
     from fleetctl.lab import Lab
     from fleetctl.phases.check import CheckOptions, check_fleet
     from fleetctl.phases.collective_judge import CollectiveOptions, MiB
@@ -71,11 +77,13 @@ def main() -> int:
     from fleetctl.ssh.fleet import Fleet
 
     size = int(args.size_mib * MiB)
+    print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(
-        "| hosts | check | check --collective | collective part | all-reduce busbw "
-        "(fleetctl) | plain torch.distributed all-reduce busbw | median link busbw |"
+        "| hosts | check | check --collective | collective part | lab hosts CPU | controller "
+        "CPU | all-reduce busbw (fleetctl) | plain torch.distributed all-reduce busbw | "
+        "median link busbw |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.hosts.split(",")):
         lab = Lab.up(n, networks=2)
         try:
@@ -86,10 +94,13 @@ def main() -> int:
                 plain = check_fleet(fleet, CheckOptions(cache_ttl=0))
                 t_plain = time.monotonic() - t
             coll_opts = CollectiveOptions(size=size)
+            r0 = remote_cpu(lab)
             with Fleet(nodes, settings) as fleet:
-                t = time.monotonic()
+                t, c0 = time.monotonic(), time.process_time()
                 rep = check_fleet(fleet, CheckOptions(cache_ttl=0, collective=coll_opts))
                 t_coll = time.monotonic() - t
+            cpu_here = time.process_time() - c0
+            cpu_lab = remote_cpu(lab) - r0
             c = rep.collective
             assert plain.ok and c is not None, (plain.failures, rep.failures)
             bw = plain_allreduce(lab, size)
@@ -98,6 +109,7 @@ def main() -> int:
             )
             print(
                 f"| {n} | {t_plain:.2f} s | {t_coll:.2f} s{verdict} | {c.elapsed:.2f} s | "
+                f"{cpu_lab:.1f} s | {cpu_here:.2f} s | "
                 f"{c.allreduce.get('busbw', 0):.3f} GB/s | {bw:.3f} GB/s | {c.median:.3f} GB/s |",
                 flush=True,
             )

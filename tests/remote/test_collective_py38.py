@@ -57,3 +57,89 @@ def test_the_shipped_program_says_its_pid_then_its_finding_under_38(py38: str) -
     assert [k for k, _ in frames] == ["I", "D"], out.stdout + out.stderr
     assert isinstance(json.loads(frames[0][1])["pid"], int)
     assert json.loads(frames[1][1])["error"].startswith("cannot import torch with ")
+
+
+# A stand-in torch: records what its import saw (numpy reachable? the collector on?) and warns
+# as a numpy-less torch does. A stand-in numpy: importing it is recorded too.
+FAKE_TORCH = (
+    "import gc, sys, warnings\n"
+    "try:\n"
+    "    import numpy\n"
+    "    SAW_NUMPY = True\n"
+    "except ImportError:\n"
+    "    SAW_NUMPY = False\n"
+    "    warnings.warn('Failed to initialize NumPy: No module named numpy', UserWarning)\n"
+    "GC_ON = gc.isenabled()\n"
+)
+LOAD = (
+    "import gc, json, sys, warnings; sys.path[:0] = sys.argv[1:3]; import collective as c\n"
+    "with warnings.catch_warnings(record=True) as seen:\n"
+    "    warnings.simplefilter('always')\n"
+    "    torch = c.load_torch()\n"
+    "import numpy\n"  # kept out of torch's import only: the node's numpy still imports after
+    "print(json.dumps({'numpy': torch.SAW_NUMPY, 'gc_during': torch.GC_ON,\n"
+    "    'gc_after': gc.isenabled(), 'frozen': gc.get_freeze_count() > 0,\n"
+    "    'dist': 'torch.distributed' in sys.modules, 'warned': [str(w.message) for w in seen]}))\n"
+)
+
+
+def test_torch_is_imported_without_numpy_and_the_collector(py38: str, tmp_path: Path) -> None:
+    """numpy kept out and the collector off while torch imports (a fifth of the import's CPU
+    on the lab), both back after; torch's numpy warning silenced."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (tmp_path / "torch" / "distributed.py").write_text("")
+    (tmp_path / "numpy.py").write_text("")
+    out = subprocess.run(
+        [py38, "-S", "-c", LOAD, str(remote.HERE), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "numpy": False,
+        "gc_during": False,
+        "gc_after": True,
+        "frozen": True,
+        "dist": True,
+        "warned": [],
+    }
+
+
+def _rounds(times: list, others_settled: bool = True) -> int:
+    from fleetctl.remote.collective import best_rounds
+
+    it = iter(times)
+    return len(best_rounds(lambda: next(it), 3, lambda mine: mine and others_settled))
+
+
+def test_the_all_reduce_stops_at_two_rounds_once_every_rank_agrees() -> None:
+    assert _rounds([1.0, 1.1, 9.0]) == 2  # within 15%: a third round would not move the best
+    assert _rounds([1.0, 1.5, 1.2]) == 3  # apart: a third
+    assert _rounds([1.5, 1.0, 1.2]) == 3
+    assert _rounds([1.0, 1.1, 1.2], others_settled=False) == 3  # another rank's two disagree
+    from fleetctl.remote.collective import best_rounds
+
+    assert len(best_rounds(lambda: 1.0, 1, lambda mine: True)) == 1
+    assert len(best_rounds(lambda: 1.0, 2, lambda mine: False)) == 2
+
+
+def test_a_torch_that_needs_numpy_says_numpy_was_kept_out(py38: str, tmp_path: Path) -> None:
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("import numpy\n")
+    (tmp_path / "numpy.py").write_text("")
+    code = (
+        "import sys; sys.path[:0] = sys.argv[1:3]; import collective as c\n"
+        "try:\n"
+        "    c.load_torch()\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [py38, "-S", "-c", code, str(remote.HERE), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "numpy is kept out of the collective's torch import" in out.stdout, out
