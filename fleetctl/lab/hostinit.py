@@ -98,7 +98,19 @@ def setup(cfg: dict) -> None:
         mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     except OSError as e:
         log(f"warning: {e}")
+    mount_mqueue()
     os.chdir("/")
+
+
+def mount_mqueue() -> None:
+    """/dev/mqueue, as systemd mounts it on real hosts: rootless podman's ``--ipc host`` binds
+    it into the container and fails without it (best effort: the mountpoint is made on this
+    machine's /dev, which every host shares; the mount is this host's)."""
+    try:
+        os.makedirs("/dev/mqueue", exist_ok=True)
+        mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as e:
+        log(f"warning: {e}")
 
 
 def cgroup_mounts() -> list:

@@ -8,8 +8,15 @@ Node module: stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
+
+try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .procfs import pids, proc_stat
+except ImportError:
+    from procfs import pids, proc_stat
 
 CALL_TIMEOUT = 30.0  # one runtime command; a hung daemon never holds the teardown longer
 # a removal the runtime still has under way: docker's ``run --rm`` starts removing a stopped
@@ -51,6 +58,65 @@ def main_pid(cfg: dict, timeout: float = 5.0) -> int | None:
     code, out, _ = _run(cfg["pid"], timeout)
     text = out.strip()
     return int(text) if code == 0 and text.isdigit() and int(text) > 0 else None
+
+
+def client_half(pgid: int) -> int | None:
+    """The half of the runtime's client left after the client (the supervisor's child, leader
+    of the job's process group ``pgid``) ended: rootless podman's client is two processes, the
+    parent re-executing podman inside the user namespace and waiting for it, and SIGTERM ends
+    that parent with exit code 0 while the child still waits for its container. The parent's 0
+    then says nothing of the job; the child's status does (the container's code, or the signal
+    that ended it). Found as a process of that group left to this supervisor (the subreaper)
+    by its parent, running or a zombie (not yet reaped: its status is still to be read); the
+    container's own processes are in conmon's session, never in that group. None: no such."""
+    me = os.getpid()
+    for pid in pids():
+        st = proc_stat(pid)
+        if st is not None and pid != pgid and st[1] == me and st[2] == pgid:
+            return pid
+    return None
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    """A child's exit code (-N: signal N) once it ends, None if it runs ``timeout`` s more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if got:
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def stopped_code(
+    code: int,
+    half: int | None,
+    cfg: dict | None,
+    stop: bool,
+    seen: int | None,
+    ended: dict | None,
+    leftovers: dict | None,
+) -> int:
+    """``--image``: the node's code where the runtime's client ended 0 on a stop's SIGTERM, a
+    0 that says nothing of the job (podman's client, rootless or caught early, exits 0 and
+    leaves its container to the stop). ``half``: rootless podman's other half
+    (``client_half``), which still waited for the container: its status. Else, with a ``stop``
+    asked, a container never ``seen`` running (its main pid) or one the client's ``--rm`` did
+    not remove (``ended["found"]``: the teardown's) was ended by the stop: SIGKILL where the
+    sweep had to kill (``leftovers["killed"]``), else SIGTERM. Any other code is the
+    container's, as the client relayed it."""
+    if half is not None:
+        got = wait_child(half, 5.0)
+        return -signal.SIGKILL if got is None else got  # None: the sweep killed it
+    if code != 0 or not cfg or not cfg.get("pid") or not stop:
+        return code
+    if seen is None or (ended or {}).get("found"):
+        return -(signal.SIGKILL if (leftovers or {}).get("killed") else signal.SIGTERM)
+    return code
 
 
 def end_containers(cfg: dict, grace: float, timeout: float = CALL_TIMEOUT) -> dict:

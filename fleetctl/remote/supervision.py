@@ -16,7 +16,7 @@ import time
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
     from .atomic import now, read_json, write_json
     from .container_guard import start_guard
-    from .containers import end_containers, main_pid
+    from .containers import client_half, end_containers, main_pid, stopped_code
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from .output import Out, gap_note, write_all, write_problem
     from .procfs import pid_alive, proc_stat, zombie_exit
@@ -36,7 +36,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
 except ImportError:
     from atomic import now, read_json, write_json
     from container_guard import start_guard
-    from containers import end_containers, main_pid
+    from containers import client_half, end_containers, main_pid, stopped_code
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from output import Out, gap_note, write_all, write_problem
     from procfs import pid_alive, proc_stat, zombie_exit
@@ -496,6 +496,10 @@ class Supervisor:
                 stopper.start()
             time.sleep(0.05)
         code = self.proc.returncode
+        # --image: rootless podman's client may end 0 on SIGTERM while its other half waits
+        half = None
+        if code == 0 and self.spec.container and self.subreaper:
+            half = client_half(self.proc.pid)
         # What only this node knows for sure: when its launcher ended, and whether it had been
         # told to stop by then (ended by the teardown) or ended on its own (failed first?).
         self.ended_at = now()
@@ -529,6 +533,10 @@ class Supervisor:
                 "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
             )
         self.end_containers()
+        sweep = (self.state.containers, self.leftovers)
+        code = stopped_code(
+            code, half, self.spec.container, self.stop_asked, self.container_pid, *sweep
+        )
         pump.join(5.0)
         if tailer is not None:  # the ranks' last words, partial lines included
             ranks_done.set()

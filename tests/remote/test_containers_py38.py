@@ -248,3 +248,50 @@ def test_the_image_nccl_probe_finds_none_in_the_test_image() -> None:
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["-"]
+
+
+# A runtime client in two processes, as rootless podman's: the parent (leader of its own
+# group) forks the half that waits for the container; SIGTERM ends the parent with 0 while the
+# half ignores it. ``one`` is a client of one process (root podman, docker): no half.
+TWO_HALVES = """\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1] == "two" and os.fork() == 0:
+    time.sleep(60)
+    os._exit(5)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+print("ready", flush=True)
+time.sleep(60)
+"""
+# as the supervisor: a subreaper, the client its child in a session of its own; SIGTERM to
+# the client's group once it is ready (every stop's first step), the client's code, the half
+# found, SIGKILL to it (the stop's last step), the half's status
+HALF_CALL = (
+    "import json, os, signal, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); "
+    "import containers, jobprocs; jobprocs.become_subreaper(); "
+    "p = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[3]], "
+    "start_new_session=True, stdout=subprocess.PIPE); p.stdout.readline(); "
+    "os.killpg(p.pid, signal.SIGTERM); "
+    "code = p.wait(10); half = containers.client_half(p.pid); "
+    "half and os.kill(half, signal.SIGKILL); "
+    "print(json.dumps({'code': code, 'half': bool(half), "
+    "'status': half and containers.wait_child(half, 10)}))"
+)
+
+
+def test_the_half_of_a_two_process_client_says_how_the_job_ended(py38: str) -> None:
+    """Rootless podman's client ends 0 on SIGTERM while its other half still waits for the
+    container: the supervisor finds that half (its child now: the subreaper's) in the client's
+    process group and takes its status; a one-process client leaves no half."""
+    said = {}
+    for kind in ("two", "one"):
+        out = subprocess.run(
+            [py38, "-c", HALF_CALL, str(remote.HERE), TWO_HALVES, kind],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        said[kind] = json.loads(out.stdout)
+    assert said["two"] == {"code": 0, "half": True, "status": -9}, said
+    assert said["one"] == {"code": 0, "half": False, "status": None}, said

@@ -263,6 +263,42 @@ def test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job(jobs: 
     assert drain(run)[-1][0] == "X"
 
 
+# --image's runtime client, faked: ``two`` is rootless podman's (a parent that SIGTERM ends with
+# 0, a half that ignores it and waits for the container), ``one`` a client that SIGTERM ends
+# with 0 before its container ran (podman caught early). It says it is ready in the run folder.
+FAKE_CLIENT = """\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1] == "two" and os.fork() == 0:
+    time.sleep(60)
+    os._exit(5)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+open(os.path.join(os.environ["FLEET_RUN_DIR"], "ready"), "w").close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("kind", "code"), [("two", "-9"), ("one", "-15")])
+def test_a_runtime_client_that_a_stop_ends_with_0_is_no_success(
+    jobs: Jobs, tmp_path: Path, py38: str, kind: str, code: str
+) -> None:
+    """A stop's SIGTERM ends the client with 0: the node's code is the half's that still waited
+    for the container (killed by the stop after the grace), or SIGTERM's where no container ran
+    (its main pid never found) — never a 0 that would count the node as succeeded."""
+    job = jid(f"p-client-{kind}")
+    fake = tmp_path / "client.py"
+    fake.write_text(FAKE_CLIENT)
+    container = {"list": ["true"], "stop": ["true"], "remove": ["true"], "pid": ["echo", "0"]}
+    run = jobs.start(job, [py38, str(fake), kind], container=container)
+    ready = Path(jobs.run_dir(job)) / "ready"
+    wait_for("the client ready", ready.exists)
+    where = ("--job-id", job, "--run-dir", jobs.run_dir(job))
+    jobs.mode("mark-stop", *where, "--reason", "stopped by fleetctl stop")  # as `fleetctl stop`
+    jobs.mode("stop", *where, "--grace", "0.5")
+    frames = drain(run)
+    assert frames[-1][0] == "X" and frames[-1][1].split(" ", 1)[0] == code, frames[-3:]
+
+
 def _alive_with_cmdline(cmdline: bytes) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
