@@ -8,13 +8,16 @@ job's rendezvous. So the port is not just probed but claimed for this job id on 
 frees it when the job ends. Without ``--master-port`` the first claimable port from 29500 on is
 taken (recorded in plan.json); a port in TIME_WAIT from the last job is free, so jobs keep
 29500 (what firewalls open); with it, a port another fleetctl job holds is refused, naming that
-job.
+job. Where the check left node 0's probe held for the launch, the probe runs the claim in its
+own process (``remote/probe.py``'s ``handoff``): no remote command of its own, which under
+Slurm is a whole srun step (slurmctld round trips), over SSH a channel and an interpreter.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 from fleetctl import remote
@@ -23,6 +26,7 @@ from fleetctl.phases.frames import last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.phases.check_report import HeldProbe
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fleet import Fleet
 
@@ -36,20 +40,28 @@ class ClaimFolderError(LaunchError):
 
 
 def reserve_master_port(
-    fleet: Fleet, node0: Node, spec: JobSpec, *, span: int = 1, others: Sequence[Node] = ()
+    fleet: Fleet,
+    node0: Node,
+    spec: JobSpec,
+    *,
+    span: int = 1,
+    others: Sequence[Node] = (),
+    held: MutableMapping[str, HeldProbe] | None = None,
 ) -> int:
     """Claim the rendezvous port on ``node0`` for ``spec.job_id``; the port, or LaunchError.
 
     ``span`` > 1 (paddle: its endpoints are start_port + local rank on every node): the ports
-    base..base+span-1 are claimed on node 0, then the same ones on each of ``others``."""
+    base..base+span-1 are claimed on node 0, then the same ones on each of ``others``.
+    ``held``: the check's probes held for the launch, which claim in place of a new command
+    (one that does not answer is let go and dropped from it)."""
     base = spec.master_port
     cands = [base] if spec.master_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
     for attempt in range(MAX_SPAN_TRIES):
-        free, busy = _claim(fleet, node0, cands, spec.job_id, span)
+        free, busy = _claim(fleet, node0, cands, spec.job_id, span, held)
         if not free:
             break
         try:
-            _claim_everywhere(fleet, others, free[0], spec.job_id, span)
+            _claim_everywhere(fleet, others, free[0], spec.job_id, span, held)
         except ClaimFolderError:
             _unclaim(fleet, [node0], free[0], spec.job_id, span)
             raise
@@ -75,27 +87,59 @@ def reserve_master_port(
 
 
 def _claim(
-    fleet: Fleet, node: Node, cands: list[int], job: str, span: int
+    fleet: Fleet,
+    node: Node,
+    cands: list[int],
+    job: str,
+    span: int,
+    held: MutableMapping[str, HeldProbe] | None = None,
 ) -> tuple[list[int], dict[str, str]]:
     args: dict = {"candidates": cands, "need": 1, "claim": {"job": job}}
     if span > 1:
         args["span"] = span
-    conn = fleet.connection(node)
     source = remote.inline("port_probe.py")
-    res = conn.run(
-        [conn.expand(node.python), remote.NO_SITE, "-c", source, json.dumps(args)],
-        timeout=CLAIM_TIMEOUT,
-    )
-    try:
+    data, detail = _held_call(held, node, source, json.dumps(args)), "(held probe)"
+    if data is None:
+        conn = fleet.connection(node)
+        res = conn.run(
+            [conn.expand(node.python), remote.NO_SITE, "-c", source, json.dumps(args)],
+            timeout=CLAIM_TIMEOUT,
+        )
         data = last_data(res.stdout)
+        tail = " ".join((res.stderr or res.stdout).split())[-200:]
+        detail = f"(exit {res.exit_code}): {tail}"
+    try:
         if isinstance(data, dict) and data.get("error"):
             raise ClaimFolderError(f"{node.label}: {data['error']}")
         return [int(p) for p in data["free"]], dict(data.get("busy") or {})
     except (ValueError, KeyError, TypeError) as e:
-        tail = " ".join((res.stderr or res.stdout).split())[-200:]
-        raise LaunchError(
-            f"{node.label}: could not claim the job's ports (exit {res.exit_code}): {tail}"
-        ) from e
+        raise LaunchError(f"{node.label}: could not claim the job's ports {detail}") from e
+
+
+def _held_call(
+    held: MutableMapping[str, HeldProbe] | None, node: Node, source: str, arg: str
+) -> object | None:
+    """``source`` run with ``arg`` by the node's held probe; its ``D`` payload, or None when
+    there is no usable probe or it did not answer (then it is let go: the launch starts the
+    supervisor by a command of its own)."""
+    probe = held.get(node.name) if held is not None else None
+    if probe is None or not probe.usable(node.python, time.monotonic()):
+        return None
+    from fleetctl.phases.frames import FrameStream
+
+    msg = json.dumps({"code": source, "argv": [arg], "call": True}).encode() + b"\n"
+    try:
+        probe.stream.send(msg)
+        frames = FrameStream(probe.stream, "DN", json_kinds="DN")
+        got = frames.next("DN", time.monotonic() + CLAIM_TIMEOUT)
+    except OSError:
+        got = None
+    if got is not None and got.kind == "D":
+        return got.data()
+    if held is not None:
+        held.pop(node.name, None)
+    probe.close()
+    return None
 
 
 def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
@@ -112,14 +156,21 @@ def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int
             continue
 
 
-def _claim_everywhere(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
+def _claim_everywhere(
+    fleet: Fleet,
+    nodes: Sequence[Node],
+    base: int,
+    job: str,
+    span: int,
+    held: MutableMapping[str, HeldProbe] | None = None,
+) -> None:
     """The same ports on every other node (all at once); LaunchError naming each that cannot."""
     if not nodes:
         return
     from concurrent.futures import ThreadPoolExecutor
 
     def one(node: Node) -> str | None:
-        free, busy = _claim(fleet, node, [base], job, span)
+        free, busy = _claim(fleet, node, [base], job, span, held)
         if free:
             return None
         bad = next((p for p in range(base, base + span) if str(p) in busy), base)

@@ -138,7 +138,9 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         per_rank = _launcher(spec.launcher).port_per_local_rank
         span = _local_ranks(spec, facts, job.nodes) if per_rank else 1
         others = job.nodes[1:] if per_rank else ()
-        port = reserve_master_port(fleet, job.nodes[0], spec, span=span, others=others)
+        port = reserve_master_port(
+            fleet, job.nodes[0], spec, span=span, others=others, held=job.held
+        )
         if port != spec.master_port:
             job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
             spec = job.spec = dataclasses.replace(spec, master_port=port)

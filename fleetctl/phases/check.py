@@ -322,6 +322,10 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
     """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port."""
     if node.local:
         return PingResult("skip", "local")
+    if node.vars.get("fleetctl_connection") == "srun":  # a Slurm node: reached by slurmd
+        # no SSH port to try, and its ssh_config resolution would import paramiko (~40 ms
+        # CPU) for a run inside an allocation that never opens an SSH connection
+        return PingResult("skip", "reached by srun")
     from fleetctl.ssh import sshconfig
 
     target = sshconfig.resolve(node, settings)  # the connection's own answer, ssh_config aliases

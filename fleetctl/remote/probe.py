@@ -21,7 +21,8 @@ optionally takes part in the N×N mesh test on the same channel. Every message i
    says the mesh is over (an empty line), then wait up to ``hold`` seconds for one JSON line
    ``{"code", "argv"}`` and run that code in this process with that argv: the node supervisor,
    which then owns this channel. The launch then costs no second remote command, shell and
-   interpreter start on the node. EOF or the time limit: exit 0.
+   interpreter start on the node. A line with ``"call": true`` (node 0's port claim) is run
+   the same way before it, and the wait goes on. EOF or the time limit: exit 0.
 
 Arguments come as one JSON object in ``sys.argv[1]`` (installed as ``W/bin/probe_<sha12>.py``
 and run from there, else shipped packed: see ``bootstrap.py`` and
@@ -322,15 +323,30 @@ def mesh(
 
 def handoff(stdin: StdinLines, hold: float) -> int:
     """Stay for the launch: run the controller's next line's code (the supervisor's start) in
-    this process. The controller sends nothing after it until the code speaks first."""
-    line = stdin.readline(hold)
-    if not line:
-        return 0
-    msg = json.loads(line.decode())
-    sys.argv[1:] = [str(a) for a in msg["argv"]]
-    code = compile(msg["code"], "fleetctl-handoff", "exec")
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-    return 0
+    this process. The controller sends nothing after it until the code speaks first.
+
+    A line with ``"call": true`` (node 0's port claim before the launch) is run the same way,
+    and then the probe waits on for the rest of ``hold``: the claim costs no remote command of
+    its own (an srun step is slurmctld round trips). A call that fails says ``N <why>``."""
+    deadline = time.monotonic() + hold
+    while True:
+        line = stdin.readline(max(0.0, deadline - time.monotonic()))
+        if not line:
+            return 0
+        msg = json.loads(line.decode())
+        sys.argv[1:] = [str(a) for a in msg["argv"]]
+        code = compile(msg["code"], "fleetctl-handoff", "exec")
+        if not msg.get("call"):
+            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+            return 0
+        try:
+            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        except SystemExit as e:  # the probe stays for the launch
+            if e.code not in (None, 0):
+                emit("N", f"call exited {e.code}")
+        except Exception as e:
+            emit("N", f"call failed: {type(e).__name__}: {e}")
+        sys.stdout.flush()
 
 
 def main() -> int:
@@ -369,8 +385,14 @@ def main() -> int:
             return 0
     finally:
         stop.set()
-        sock.close()
+        # wakes its accept() now (Linux), not at its next 0.2 s timeout: node 0's port claim
+        # comes right after the mesh (no contextlib here: its import is probe CPU)
+        try:  # noqa: SIM105
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         server.join(2.0)  # no thread of ours left running under the supervisor
+        sock.close()
     return handoff(stdin, hold)
 
 

@@ -120,3 +120,20 @@ def test_probe_home_saves_the_srun_home_step(monkeypatch: pytest.MonkeyPatch) ->
 
     CheckReport(hosts={}, homes={"n1": "/home/u"}).prime(FakeFleet())  # type: ignore[arg-type]
     assert conn.expand("~/.fleetctl/x") == "/home/u/.fleetctl/x"
+
+
+def test_an_allocations_node_is_not_pinged_through_ssh_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """srun reaches it (no SSH port to try), and resolving its ssh_config would import
+    paramiko in a run that never opens an SSH connection."""
+    from fleetctl.phases.check import ping_host
+    from fleetctl.ssh import sshconfig
+    from fleetctl.ssh.connection import SSHSettings
+
+    def resolve(*_: object) -> None:
+        raise AssertionError("ssh_config resolved for an srun node")
+
+    monkeypatch.setattr(sshconfig, "resolve", resolve)
+    node = fleet_nodes(Allocation("5", ("n1",)), None, resolves=lambda h: True)[0]
+    assert ping_host(node, SSHSettings()).state == "skip"

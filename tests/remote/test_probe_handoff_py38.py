@@ -179,3 +179,47 @@ def test_the_handoff_line_is_one_json_line_that_starts_or_installs_the_superviso
         [py38, "-c", f"compile({msg['code']!r}, 'h', 'exec')"], capture_output=True
     )
     assert res.returncode == 0, res.stderr
+
+
+class _NoCommands:
+    """A fleet that starts no command: the claim must go through the held probe."""
+
+    def connection(self, node: Any) -> Any:
+        raise AssertionError(f"a new command on {node.name}: the held probe was not used")
+
+
+def test_node_0s_held_probe_claims_the_port_in_place_then_its_supervisor_adopts_it(
+    probes: Probes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetctl.job.ports import reserve_master_port
+    from fleetctl.plan.rankplan import JobSpec
+
+    claims = tmp_path / "claims"
+    monkeypatch.setenv("FLEETCTL_PORT_CLAIMS", str(claims))  # the probe's and supervisor's
+    stream, _, facts = probes.start(hold=60)
+    held = {probes.jobs.node.name: HeldProbe(stream, probes.python, time.monotonic() + 30)}
+    port0 = 45000 + os.getpid() % 2000
+    spec = JobSpec(script="x.py", job_id=jid("claim"), master_port=port0)
+    # no srun step, no SSH channel: the probe's own process claims, and stays held
+    port = reserve_master_port(_NoCommands(), probes.jobs.node, spec, held=held)  # type: ignore[arg-type]
+    assert port0 <= port < port0 + 64 and probes.jobs.node.name in held
+    claim = json.loads((claims / str(port)).read_text())
+    assert claim["job"] == spec.job_id and claim["pid"] is None
+    run = probes.launch("claim", ["true"], held[probes.jobs.node.name])
+    assert run.stream is stream and run.info["supervisor_pid"] == facts["pid"]
+    last = drain(run)[-1]
+    assert last[0] == "X" and last[1].split(" ", 1)[0] == "0"
+    assert not (claims / str(port)).exists()  # adopted by that process, freed at its end
+
+
+def test_a_held_probe_whose_call_fails_says_so_and_still_becomes_the_supervisor(
+    probes: Probes,
+) -> None:
+    stream, lines, facts = probes.start(hold=60)
+    bad = {"code": "raise RuntimeError('boom')", "argv": [], "call": True}
+    stream.send(json.dumps(bad).encode() + b"\n")
+    got = lines.next("N", time.monotonic() + 20)
+    assert got is not None and "RuntimeError: boom" in str(got.data())
+    held = HeldProbe(stream, probes.python, time.monotonic() + 30, facts["pid"])
+    run = probes.launch("after-call", ["true"], held)
+    assert run.stream is stream and run.info["supervisor_pid"] == facts["pid"]
