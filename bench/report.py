@@ -105,7 +105,8 @@ SECTIONS: list[tuple[str, str, str]] = [
         "containers",
         "6b. Containers: start overhead per node, image push",
         "`fleetctl run` (8 hosts) of a no-op script with `--image fleetctl-test:py3` (podman) "
-        "vs without an image, and a bare `podman run --rm` of the same image timed on a node: "
+        "vs without an image, and a bare `podman run --rm` of the same image on every node at "
+        "once, each timed by its node (the slowest; the lab's hosts share two cores): "
         "the image's cost to a job minus the bare start is the overhead (goal ≤ 0.5 s). "
         "`fleetctl push --image` to 16 hosts lacking it (peer waves) vs a parallel `podman "
         "save | ssh HOST podman load`: the controller's egress per image (goal ≤ 1.2).",
