@@ -92,7 +92,7 @@ def torch_image() -> str:
     try:
         copy = f"cp -a /src/. {IMAGE_SITE}/"
         got = podman(
-            "run", "--name", name, "--network", "none", "--label", "fleetctl.test=image-build",
+            "run", "--name", name, "--network", "none",  # no label: commit would keep it
             "-v", f"{site}:/src:ro", base, "sh", "-c", copy, timeout=BUILD_TIMEOUT,
         )  # fmt: skip
         if got.returncode != 0:
