@@ -214,6 +214,7 @@ class JobHandle:
             pythons=self.pythons(),
             options=options or self.collect_options(),
         )
+        results = [self._home_already(c) for c in results]
         started = {n.rank for n in self.job.nodes if n.start_time}
         for c in results:  # a started job's console.log must come home
             if c.rank in started:
@@ -222,6 +223,21 @@ class JobHandle:
             with self.folder.locked():
                 self._finalise(results)
         return results
+
+    def _home_already(self, c: NodeCollect) -> NodeCollect:
+        """A node this collection could not reach, whose logs the job's own collection brought
+        home whole after it ended: that record stands. An ended Slurm allocation (its srun
+        steps refused) or a node powered off since is no reason to call them incomplete."""
+        node = next((n for n in self.job.nodes if n.rank == c.rank), None)
+        before = next((d for d in self.job.collected if d.get("rank") == c.rank), None)
+        if c.error is None or node is None or before is None or not node.collected:
+            return c
+        if not node_state(node.state).ended or before.get("complete") is not True:
+            return c
+        if before.get("not_collected") or not (Path(c.folder) / "console.log").is_file():
+            return c
+        files, size = list(before.get("files") or []), int(before.get("bytes") or 0)
+        return dataclasses.replace(c, error=None, files=files, bytes=size)
 
     def _event(self, text: str) -> None:
         with contextlib.suppress(OSError):

@@ -127,6 +127,16 @@ def test_a_torchrun_ddp_job_submitted_with_sbatch_trains_and_every_log_comes_hom
         assert (node / "torchrun").is_dir()  # the rank logs
     assert json.loads((folder / "slurm.json").read_text())["state"] == "COMPLETED"
     _nothing_left(slurm, sj)
+    # `collect` after the allocation ended: its srun steps are refused ("job has expired"),
+    # and the logs the run brought home whole stay recorded as complete (exit 0, not 4)
+    got = run_cli_process(
+        "collect", "--runs-dir", str(runs), folder.name,
+        env=slurm["env"], cwd=slurm["code"], timeout=120,
+    )  # fmt: skip
+    assert got.exit_code == 0, got.stdout + got.stderr
+    after = json.loads((folder / "job.json").read_text())
+    assert [n["collected"] for n in after["nodes"]] == [True] * 3, after["nodes"]
+    assert all(c["complete"] for c in after["collected"]), after["collected"]
 
 
 def test_a_failing_rank_exits_3_naming_its_host_and_leaves_nothing(
