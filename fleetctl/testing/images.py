@@ -42,20 +42,28 @@ def _need(*tools: str) -> None:
             raise ImageUnavailable(f"{tool} is not installed (apt-get install {tool})")
 
 
+def base_tarball() -> Path:
+    """Debian bookworm with python3 as a root file system tarball (``mmdebstrap``, no registry),
+    built once per machine: what podman and docker import."""
+    if BASE_TARBALL.exists():
+        return BASE_TARBALL
+    _need("mmdebstrap")
+    BASE_TARBALL.parent.mkdir(parents=True, exist_ok=True)
+    part = BASE_TARBALL.with_suffix(".part.tar")
+    argv = ["mmdebstrap", "--variant=apt", "--include=python3", "bookworm", str(part)]
+    built = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    if built.returncode != 0:
+        raise ImageUnavailable(f"mmdebstrap could not build the image: {built.stderr[-300:]}")
+    part.rename(BASE_TARBALL)
+    return BASE_TARBALL
+
+
 def base_image() -> str:
-    """Debian bookworm with python3: imported from the cached tarball, built first when none."""
-    _need("podman", "runc", "mmdebstrap")
+    """:func:`base_tarball` in this machine's podman store, imported when missing."""
+    _need("podman", "runc")
     if podman("image", "exists", BASE_IMAGE).returncode == 0:
         return BASE_IMAGE
-    if not BASE_TARBALL.exists():
-        BASE_TARBALL.parent.mkdir(parents=True, exist_ok=True)
-        part = BASE_TARBALL.with_suffix(".part.tar")
-        argv = ["mmdebstrap", "--variant=apt", "--include=python3", "bookworm", str(part)]
-        built = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-        if built.returncode != 0:
-            raise ImageUnavailable(f"mmdebstrap could not build the image: {built.stderr[-300:]}")
-        part.rename(BASE_TARBALL)
-    got = podman("import", str(BASE_TARBALL), BASE_IMAGE)
+    got = podman("import", str(base_tarball()), BASE_IMAGE)
     if got.returncode != 0:
         raise RuntimeError(f"podman import: {got.stderr.strip()}")
     return BASE_IMAGE

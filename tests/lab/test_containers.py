@@ -23,14 +23,15 @@ import yaml
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
+from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, ImageUnavailable, base_image
 from fleetctl.testing.infra import node_host, node_leftovers
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
-IMAGE = "fleetctl-test:py3"
-TARBALL = Path("/var/cache/fleetctl-ci/fleetctl-test-py3.tar")
+IMAGE = BASE_IMAGE
+TARBALL = BASE_TARBALL
 
 SHOW = """\
 import os, sys
@@ -70,26 +71,10 @@ def _podman(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
 def image() -> str:
     """The test image in this machine's store: imported from the cached tarball, built first
     when there is none (mmdebstrap from the Debian mirror)."""
-    for tool in ("podman", "runc", "mmdebstrap"):
-        if shutil.which(tool) is None:
-            skip_or_fail(f"{tool} is not installed (apt-get install podman runc mmdebstrap)")
-    if _podman("image", "exists", IMAGE).returncode == 0:
-        return IMAGE
-    if not TARBALL.exists():
-        TARBALL.parent.mkdir(parents=True, exist_ok=True)
-        part = TARBALL.with_suffix(".part.tar")
-        built = subprocess.run(
-            ["mmdebstrap", "--variant=apt", "--include=python3", "bookworm", str(part)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if built.returncode != 0:
-            skip_or_fail(f"mmdebstrap could not build the image: {built.stderr.strip()[-300:]}")
-        part.rename(TARBALL)
-    got = _podman("import", str(TARBALL), IMAGE)
-    assert got.returncode == 0, got.stderr
-    return IMAGE
+    try:
+        return base_image()
+    except ImageUnavailable as e:
+        skip_or_fail(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -29,14 +29,15 @@ from fleetctl.errors import LabError
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
+from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, ImageUnavailable, base_tarball
 from fleetctl.testing.infra import node_host, node_leftovers
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
-IMAGE = "fleetctl-test:py3"
-TARBALL = Path("/var/cache/fleetctl-ci/fleetctl-test-py3.tar")  # tests/lab/test_containers.py
+IMAGE = BASE_IMAGE
+TARBALL = BASE_TARBALL
 HOSTS = ("node1", "node2", "node3")
 SOCK = "/tmp/d/docker.sock"  # in each host's private /tmp
 DOCKERD = (
@@ -86,23 +87,12 @@ def _stop_dockerd(lab: Lab, host: str, proc: subprocess.Popen) -> None:
 
 
 def _build_tarball() -> None:
-    """The test image's root file system from Debian packages, no registry (once per machine,
-    shared with tests/lab/test_containers.py)."""
-    if TARBALL.exists():
-        return
-    if shutil.which("mmdebstrap") is None:
-        skip_or_fail("mmdebstrap is not installed (apt-get install mmdebstrap)")
-    TARBALL.parent.mkdir(parents=True, exist_ok=True)
-    part = TARBALL.with_suffix(".part.tar")
-    built = subprocess.run(
-        ["mmdebstrap", "--variant=apt", "--include=python3", "bookworm", str(part)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if built.returncode != 0:
-        skip_or_fail(f"mmdebstrap could not build the image: {built.stderr.strip()[-300:]}")
-    part.rename(TARBALL)
+    """The test image's root file system from Debian packages (once per machine, shared with
+    the podman tests: ``fleetctl.testing.images``)."""
+    try:
+        base_tarball()
+    except ImageUnavailable as e:
+        skip_or_fail(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,14 +26,14 @@ import pytest
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
+from fleetctl.testing.images import BASE_IMAGE, ImageUnavailable, base_image
 from fleetctl.testing.infra import node_host, node_leftovers
 from fleetctl.testing.pytest_plugin import lab_login, skip_or_fail
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
-IMAGE = "fleetctl-test:py3"
-TARBALL = Path("/var/cache/fleetctl-ci/fleetctl-test-py3.tar")  # tests/lab/test_containers.py
+IMAGE = BASE_IMAGE
 HOSTS = ("node1", "node2")
 
 SHOW = """\
@@ -82,11 +81,10 @@ def lab(make_lab_module: Callable[..., Lab]) -> Lab:
     for tool in ("podman", "runc", "newuidmap", "newgidmap"):
         if shutil.which(tool) is None:
             skip_or_fail(f"{tool} is not installed (apt-get install podman runc uidmap)")
-    if not TARBALL.exists() and not _root_has_image():
-        skip_or_fail(f"no test image: {TARBALL} (built by tests/lab/test_containers.py)")
-    if not _root_has_image():
-        got = subprocess.run(["podman", "import", str(TARBALL), IMAGE], capture_output=True)
-        assert got.returncode == 0, got.stderr
+    try:
+        base_image()  # root's store: the tests push it to the user from there
+    except ImageUnavailable as e:
+        skip_or_fail(str(e))
     lab = make_lab_module(2)
     store = '[storage]\ndriver = "overlay"\n'
     if login.get("shared_home"):  # one home for all hosts: each host's store on its own /tmp
@@ -97,10 +95,6 @@ def lab(make_lab_module: Callable[..., Lab]) -> Lab:
         f"mkdir -p ~/.config/containers && printf '{store}' > ~/.config/containers/storage.conf",
     )
     return lab
-
-
-def _root_has_image() -> bool:
-    return subprocess.run(["podman", "image", "exists", IMAGE]).returncode == 0
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ import pytest
 
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.images import BASE_IMAGE, ImageUnavailable, base_image
 from fleetctl.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.lab
 
-IMAGE = "fleetctl-test:py3"
-TARBALL = Path("/var/cache/fleetctl-ci/fleetctl-test-py3.tar")
+IMAGE = BASE_IMAGE
 CONF = "/tmp/own-storage.conf"  # each lab host's private /tmp is its host dir's tmp/
 OWN = (
     '[storage]\ndriver = "vfs"\n'
@@ -38,17 +38,12 @@ def _podman(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    """The test image in this machine's store (tests/lab/test_containers.py builds the
-    tarball from Debian packages; imported here when the store lacks it)."""
-    for tool in ("podman", "runc"):
-        if shutil.which(tool) is None:
-            skip_or_fail(f"{tool} is not installed (apt-get install podman runc mmdebstrap)")
-    if _podman("image", "exists", IMAGE).returncode != 0:
-        if not TARBALL.exists():
-            skip_or_fail(f"{TARBALL} is missing: run tests/lab/test_containers.py first")
-        got = _podman("import", str(TARBALL), IMAGE)
-        assert got.returncode == 0, got.stderr
-    return IMAGE
+    """The test image in this machine's store (``fleetctl.testing.images``: built from Debian
+    packages once per machine, imported when the store lacks it)."""
+    try:
+        return base_image()
+    except ImageUnavailable as e:
+        skip_or_fail(str(e))
 
 
 @pytest.fixture(scope="module")
