@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl import remote
 from fleetctl.errors import LaunchError
-from fleetctl.phases.frames import last_data
+from fleetctl.phases.frames import FrameStream, last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -125,8 +125,6 @@ def _held_call(
     probe = held.get(node.name) if held is not None else None
     if probe is None or not probe.usable(node.python, time.monotonic()):
         return None
-    from fleetctl.phases.frames import FrameStream
-
     msg = json.dumps({"code": source, "argv": [arg], "call": True}).encode() + b"\n"
     try:
         probe.stream.send(msg)
