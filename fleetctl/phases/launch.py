@@ -197,6 +197,7 @@ def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: f
     c = np.container or {}
     rt = runtime(c.get("runtime") or "podman")
     paths = (np.code_dir, np.work_dir or np.cwd, np.run_dir)
+    run_dir = conn.expand(np.run_dir)
     cs = ContainerSpec(
         image=c["image"],
         job_id=spec["job_id"],
@@ -205,6 +206,7 @@ def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: f
         mounts=tuple(conn.expand(p) for p in paths),
         env_names=(*spec["env"], *CONTAINER_ENV),
         gpus=bool(c.get("gpus")),
+        pidfile=f"{run_dir}/{CONTAINER_PID}" if rt.pidfile else None,
     )
     spec["argv"] = rt.run_argv(cs, spec["argv"])
     if rt.labels:
@@ -213,8 +215,11 @@ def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: f
             "stop": rt.stop_argv([], grace),
             "remove": rt.remove_argv([]),
             "pid": rt.pid_argv(cs.name),
+            "pidfile": cs.pidfile,
         }
 
+
+CONTAINER_PID = "container.pid"  # in the node run folder: the container's main pid (podman)
 
 #: what the supervisor adds to the job's env (``Supervisor.child_env``): passed in by name too
 CONTAINER_ENV = (

@@ -50,14 +50,28 @@ def listed(cfg: dict, timeout: float = CALL_TIMEOUT) -> tuple:
     return [line.strip() for line in out.splitlines() if line.strip()], None, code
 
 
+def tells_pid(cfg: dict | None) -> bool:
+    """The runtime says where the container's main process is (a pid file or an argv)."""
+    return bool(cfg and (cfg.get("pidfile") or cfg.get("pid")))
+
+
 def main_pid(cfg: dict, timeout: float = 5.0) -> int | None:
-    """The host pid of the container's main process (``cfg["pid"]`` prints it), None until
-    it runs or where the runtime cannot say."""
-    if not cfg.get("pid"):
+    """The host pid of the container's main process, None until it runs or where the runtime
+    cannot say. ``cfg["pidfile"]``: the file the runtime writes it to (podman's
+    ``--pidfile``), read without starting anything; else ``cfg["pid"]`` prints it (docker's
+    ``inspect``: a whole client start per question, many while the container starts)."""
+    if cfg.get("pidfile"):
+        try:
+            with open(cfg["pidfile"], "rb") as f:
+                text = f.read(32).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+    elif cfg.get("pid"):
+        code, out, _ = _run(cfg["pid"], timeout)
+        text = out.strip() if code == 0 else ""
+    else:
         return None
-    code, out, _ = _run(cfg["pid"], timeout)
-    text = out.strip()
-    return int(text) if code == 0 and text.isdigit() and int(text) > 0 else None
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def client_half(pgid: int) -> int | None:
@@ -112,7 +126,7 @@ def stopped_code(
     if half is not None:
         got = wait_child(half, 5.0)
         return -signal.SIGKILL if got is None else got  # None: the sweep killed it
-    if code != 0 or not cfg or not cfg.get("pid") or not stop:
+    if code != 0 or not tells_pid(cfg) or not stop:
         return code
     if seen is None or (ended or {}).get("found"):
         return -(signal.SIGKILL if (leftovers or {}).get("killed") else signal.SIGTERM)
@@ -141,6 +155,8 @@ def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
     killed = False
     found, problem, code = listed(cfg, timeout)
     killed = killed or (code is not None and code < 0)
+    if not found and problem is None:  # verified: nothing to end (no second listing to pay)
+        return {"found": [], "remaining": [], "problem": None, "killed": False}
     if found:
         code, _, err = _run([*cfg["stop"], *found], grace + timeout)
         killed = killed or (code is not None and code < 0)

@@ -16,7 +16,7 @@ import time
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
     from .atomic import now, read_json, write_json
     from .container_guard import start_guard
-    from .containers import client_half, end_containers, main_pid, stopped_code
+    from .containers import client_half, end_containers, main_pid, stopped_code, tells_pid
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from .output import Out, gap_note, write_all, write_problem
     from .procfs import pid_alive, proc_stat, zombie_exit
@@ -36,7 +36,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
 except ImportError:
     from atomic import now, read_json, write_json
     from container_guard import start_guard
-    from containers import client_half, end_containers, main_pid, stopped_code
+    from containers import client_half, end_containers, main_pid, stopped_code, tells_pid
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from output import Out, gap_note, write_all, write_problem
     from procfs import pid_alive, proc_stat, zombie_exit
@@ -391,7 +391,7 @@ class Supervisor:
         (None until it runs: the runtime's client carries the job's env, no rank's pid)."""
         assert self.proc is not None
         cfg = self.spec.container
-        if not cfg or not cfg.get("pid"):
+        if not tells_pid(cfg):
             return self.proc.pid
         if self.container_pid is None:
             self.container_pid = main_pid(cfg)

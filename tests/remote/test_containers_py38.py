@@ -113,6 +113,49 @@ def test_the_node_ends_every_container_of_the_job_by_label(py38: str, tmp_path: 
     ]
 
 
+def test_nothing_of_the_job_is_one_listing(py38: str, tmp_path: Path) -> None:
+    """The client ran its ``--rm``: an empty listing verifies the end, no second one asked
+    (each is a whole runtime client start, every node's at once at the end of a job)."""
+    said, left, log = _end(py38, tmp_path, {"b1": {"job": "j10", "state": "running"}}, "j1")
+    assert said == {"found": [], "remaining": [], "problem": None}
+    assert left == {"b1": {"job": "j10", "state": "running"}}
+    assert log == ["ps -a -q --filter label=fleetctl.job=j1"]
+
+
+PID = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]); import containers; "
+    "print(json.dumps(containers.main_pid(json.loads(sys.argv[2]))))"
+)
+
+
+def test_the_main_pid_is_read_from_the_runtimes_pid_file(py38: str, tmp_path: Path) -> None:
+    """podman's ``--pidfile``: read, never a runtime command (the ``pid`` argv is not run);
+    None until the runtime wrote it, and for what is not a pid."""
+    marker = tmp_path / "ran"
+    cfg = {"pidfile": str(tmp_path / "container.pid"), "pid": ["touch", str(marker)]}
+
+    def ask() -> object:
+        out = subprocess.run(
+            [py38, "-c", PID, str(remote.HERE), json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert ask() is None
+    (tmp_path / "container.pid").write_text("")
+    assert ask() is None
+    (tmp_path / "container.pid").write_text("4321")
+    assert ask() == 4321
+    (tmp_path / "container.pid").write_text("-1\n")
+    assert ask() is None
+    assert not marker.exists()
+    del cfg["pidfile"]  # docker: the runtime is asked
+    assert ask() is None and marker.exists()
+
+
 def test_a_removal_already_in_progress_is_waited_for(py38: str, tmp_path: Path) -> None:
     """docker's ``run --rm`` removes the stopped container itself; our rm fails meanwhile and
     the container is listed a moment longer: asked again, verified, no problem reported."""

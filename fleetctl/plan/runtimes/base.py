@@ -37,6 +37,9 @@ class ContainerSpec:
     mounts: tuple[str, ...] = ()  # absolute host paths, each mounted at the same path
     env_names: tuple[str, ...] = ()  # passed by name; values come from the runtime's env
     gpus: bool = False  # the node has GPUs for this job: pass them in
+    # absolute host path where the runtime writes the main process's host pid (podman's
+    # ``--pidfile``): the supervisor reads a file instead of asking the runtime again and again
+    pidfile: str | None = None
 
     @property
     def name(self) -> str:
@@ -54,6 +57,7 @@ class Runtime:
 
     name = ""
     labels = True
+    pidfile = False  # ``ContainerSpec.pidfile`` is written by this runtime (podman)
 
     def run_argv(self, spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
         """The launcher's ``argv`` run inside the container ``spec`` describes."""

@@ -11,6 +11,7 @@ from fleetctl.plan.runtimes.podman import Podman
 class Docker(Podman):
     name = "docker"
     gpu_flags = ("--gpus", "all")
+    pidfile = False  # no ``run --pidfile``: the pid is asked with ``inspect``
 
 
 DOCKER = Docker()

@@ -19,6 +19,7 @@ from fleetctl.plan.runtimes.base import (
 class Podman(Runtime):
     name = "podman"
     gpu_flags: tuple[str, ...] = ("--device", "nvidia.com/gpu=all")
+    pidfile = True  # ``run --pidfile``: conmon writes the main process's host pid there
 
     def run_argv(self, spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
         return [
@@ -41,6 +42,7 @@ class Podman(Runtime):
             "-w",
             spec.cwd,
             *env_flags(spec.env_names),
+            *(("--pidfile", spec.pidfile) if self.pidfile and spec.pidfile else ()),
             *(self.gpu_flags if spec.gpus else ()),
             spec.image,
             *argv,
