@@ -39,6 +39,10 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     facts: dict[str, NodeFacts] = {}
     known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
     shared: list[list[str]] = []  # groups of nodes that share one workdir (an NFS home)
+    from fleetctl.phases import check_containers as cc
+
+    # --image: the launcher runs on the image's python, asked by the image check, not the host's
+    in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
     if options.check:
         from fleetctl.phases.check import CheckOptions, check_fleet
 
@@ -56,6 +60,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             launcher_module=None if options.env_archive else launcher_module(spec.launcher),
             # no launcher import tells torch's version (plain): the probe looks it up
             torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
+            container_hosts=in_image,
         )
         if options.check_options is None and options.code is not None:
             from fleetctl.phases import codesync
@@ -92,13 +97,15 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             raise FleetError(
                 f"cannot connect to {len(res.failed)} node(s): {first}", res
             ) from first
-    from fleetctl.phases.check_containers import check_images, wanted, with_runtimes
-
-    images = wanted(job.nodes, spec.image, spec.container_runtime, facts, spec.backend)
+    module, python = cc.entry(spec)
+    rt, backend = spec.container_runtime, spec.backend
+    images = cc.wanted(job.nodes, spec.image, rt, facts, backend, module=module, python=python)
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
         job.emit("phase", "checking images")
-        runtimes = check_images(fleet, images, recheck=options.recheck)
+        found = cc.check_images(fleet, images, recheck=options.recheck)
+        runtimes = {h: f.runtime for h, f in found.items() if f.runtime}
+        facts = cc.with_image_torch(facts, found)
     code_digest = None
     if options.code is not None or options.env_archive is not None:
         from fleetctl.phases import push as push_mod
@@ -146,7 +153,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             spec = job.spec = dataclasses.replace(spec, master_port=port)
         job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     if runtimes:
-        job.plan = with_runtimes(job.plan, runtimes)
+        job.plan = cc.with_runtimes(job.plan, runtimes)
     job.result.plan = job.plan
     for np in job.plan.nodes:
         job.result.nodes[np.node_rank].train_addr = np.train_addr

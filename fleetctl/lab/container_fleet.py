@@ -30,6 +30,7 @@ from typing import Any
 
 from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import net, procs
+from fleetctl.lab.files import LabFolder
 
 LABEL = "fleetctl.lab"
 OWNER_LABEL = "fleetctl.lab.owner"
@@ -194,7 +195,7 @@ def give_gateway_for(addrs: Sequence[str]) -> list[str]:
 
 
 @dataclass
-class ContainerFleet:
+class ContainerFleet(LabFolder):
     """A running podman fleet; ``dir`` holds ``fleet.json``, the key, known_hosts, hosts.yml."""
 
     name: str
@@ -202,18 +203,6 @@ class ContainerFleet:
     hosts: list[FleetHost]
     python: str
     network: str
-
-    @property
-    def inventory_path(self) -> Path:
-        return self.dir / "hosts.yml"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def key_path(self) -> Path:
-        return self.dir / "id_ed25519"
 
     @classmethod
     def up(

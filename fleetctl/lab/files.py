@@ -17,6 +17,25 @@ if TYPE_CHECKING:
     from fleetctl.lab.store import LabStore
 
 
+class LabFolder:
+    """A lab's folder as its users see it, the namespace lab's and the container fleet's
+    alike: the inventory, the known_hosts it trusts and the key it logs in with."""
+
+    dir: Path
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.dir / "hosts.yml"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def key_path(self) -> Path:
+        return self.dir / "id_ed25519"
+
+
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
     """Atomic write: readers (another `fleetctl lab` process) never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

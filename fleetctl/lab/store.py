@@ -23,12 +23,12 @@ from typing import Any
 from fleetctl.errors import LabInputError
 from fleetctl.lab import net
 from fleetctl.lab.constants import STATE_VERSION, WORKDIR
-from fleetctl.lab.files import _write
+from fleetctl.lab.files import LabFolder, _write
 from fleetctl.lab.hosts import LabHost
 from fleetctl.lab.registry import _locked
 
 
-class LabStore:
+class LabStore(LabFolder):
     """``DIR/lab.json`` in memory: the state document and its hosts, saved under a lock."""
 
     def __init__(self, state: dict[str, Any]) -> None:
@@ -40,18 +40,7 @@ class LabStore:
         self._rlock = threading.RLock()
 
     # ------------------------------------------------------------------ names and paths
-    @property
-    def inventory_path(self) -> Path:
-        return self.dir / "hosts.yml"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def key_path(self) -> Path:
-        return self.dir / "id_ed25519"
-
+    # inventory_path, known_hosts, key_path: LabFolder's
     @property
     def ssh_config(self) -> Path:
         return self.dir / "ssh_config"

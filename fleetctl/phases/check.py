@@ -118,6 +118,7 @@ def probe_args(
 ) -> dict[str, Any]:
     master = {options.master_port} if is_master and options.check_master_port else set()
     ports = sorted(_reserved_ports(node, options) | master)
+    on_host = node.name not in options.container_hosts  # else the image check asks
     return {
         "address": node.address,
         "nic": node.nic,
@@ -127,8 +128,8 @@ def probe_args(
         "allow_loopback": allow_loopback,
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
-        "launcher_module": options.launcher_module,
-        "torch_version": options.torch_version,
+        "launcher_module": options.launcher_module if on_host else None,
+        "torch_version": options.torch_version and on_host,
         "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,

@@ -1,37 +1,87 @@
 """``--image``: before launch, on every node that runs in a container, the runtime (named, or
-the first of podman, docker, apptainer found), the image present, a trivial container started,
-NCCL inside the image where the job uses GPUs, and the same image (by id) on every node that
-names it. Anything else stops the run (exit 3) with one line naming the hosts and the image.
+the first of podman, docker, apptainer found), the image present, and ONE throwaway container
+that runs the job's python of the image with ``remote/image_probe.py``: the launcher's module
+imported for real (the host check leaves it to this: the host's python only runs the
+supervisor), torch's version (the plan's facts) and NCCL where the job uses GPUs. A job that
+needs no python in the image (a plain shell script) starts ``true`` instead. Every node naming
+the same image must have the same build (by id). Anything else stops the run (exit 3) with one
+line naming the hosts and the image.
 
-The trivial container costs a whole container start (about what the job's own costs), so a
-node remembers that one of this image id started with this runtime (a marker under
-``W/containers/started/``) and later checks skip it (``--recheck``: never skipped).
+The container costs a whole start (about what the job's own costs), so a node keeps the answer
+of one that passed under ``W/containers/started/``, keyed by the runtime, the image id (which
+pins the image's content) and what was asked (python, module, NCCL, the program's hash); later
+checks read it instead (``--recheck``: never). A failure is never kept.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from fleetctl import remote
 from fleetctl.errors import CheckError
 from fleetctl.node import Node
+from fleetctl.plan.launchers.base import SHELL, kind_of
 from fleetctl.plan.rankplan import NodeFacts, Plan, container_python
 from fleetctl.plan.runtimes import ORDER, runtime
 from fleetctl.results import FleetResult
 from fleetctl.ssh.fleet import Fleet
 
+if TYPE_CHECKING:
+    from fleetctl.plan.rankplan import JobSpec
+
 TIMEOUT = 120.0  # a runtime's first start on a node may set up its storage
+PROGRAM = "image_probe.py"
+_SRC_WORD = "__fleetctl_image_probe_source__"  # a shell-safe word: shlex leaves it bare
+
+
+@dataclass(frozen=True)
+class ImageWant:
+    """What one node's check asks of its image: ``python`` (the image's, None: run ``true``)
+    imports ``module`` (None: nothing) and looks for NCCL when ``nccl``."""
+
+    image: str
+    runtime: str | None = None
+    python: str | None = None
+    module: str | None = None
+    nccl: bool = False
+
+    def key(self) -> str:
+        """What the answer depends on besides the runtime and the image id: the marker's."""
+        blob = json.dumps([self.python, self.module, self.nccl, remote.digest(PROGRAM)])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
 class ImageFacts:
-    """One node's answer: the runtime it will use, the image's id there, a failure."""
+    """One node's answer: the runtime it will use, the image's id there, the image's torch
+    version ('' none, None: not asked), a failure."""
 
     runtime: str | None
     image_id: str | None = None
     problem: str | None = None
+    torch: str | None = None
+
+
+def image_of(node: Node, image: str | None) -> str | None:
+    """The image ``node`` runs its launcher in: ``image`` (the command line's or the job
+    file's), else its ``fleetctl_image``; None: on the host."""
+    img = image or node.vars.get("fleetctl_image")
+    return str(img) if img else None
+
+
+def entry(spec: JobSpec) -> tuple[str | None, bool]:
+    """(the launcher's module, whether the image's python must run) for ``spec``: a launcher
+    module needs its import; a plain job needs the python, unless its entry is a shell
+    script (``bash SCRIPT``: no python in the image at all)."""
+    from fleetctl.plan.launchers import launcher_for
+
+    module = launcher_for(spec.launcher).module
+    return module, module is not None or (spec.kind or kind_of(spec.script)) != SHELL
 
 
 def wanted(
@@ -40,17 +90,27 @@ def wanted(
     rt: str | None,
     facts: Mapping[str, NodeFacts] | None = None,
     backend: str | None = None,
-) -> dict[str, tuple]:
-    """host -> (image, runtime or None, the image's python where NCCL must be in it, else
-    None) for the nodes that run in a container."""
+    *,
+    module: str | None = None,
+    python: bool = False,
+) -> dict[str, ImageWant]:
+    """host -> what its check asks, for the nodes that run in a container. ``module``: the
+    launcher's, imported in the image; ``python``: the image's python must run (``entry``);
+    NCCL is looked for where the job uses GPUs."""
     out = {}
     for n in nodes:
-        img = image or n.vars.get("fleetctl_image")
+        img = image_of(n, image)
         if img:
             named = rt or n.vars.get("fleetctl_container_runtime")
             gpus = uses_gpus(n, (facts or {}).get(n.name), backend)
-            py = container_python(n) if gpus else None
-            out[n.name] = (str(img), None if named is None else str(named), py)
+            run_py = python or module is not None or gpus
+            out[n.name] = ImageWant(
+                img,
+                None if named is None else str(named),
+                container_python(n) if run_py else None,
+                module,
+                gpus,
+            )
     return out
 
 
@@ -65,47 +125,44 @@ def uses_gpus(node: Node, facts: NodeFacts | None, backend: str | None) -> bool:
     return int(count or 0) > 0
 
 
-def script(
-    image: str, named: str | None, nccl_python: str | None = None, marks: str | None = None
-) -> str:
-    """The node's side, in POSIX sh: one ``key value`` line per fact. ``nccl_python``: look
-    for NCCL inside the image with that python (``remote/image_nccl.py``). ``marks``: the
-    node's folder (a shell word) of markers of image ids that started: the probe is skipped
-    for those (``probe 0 cached``) and a marker written after one starts."""
+def script(want: ImageWant, marks: str | None = None) -> str:
+    """The node's side, in POSIX sh: one ``key value`` line per fact, the probe's answer last
+    (``probe <rc> <its D frame or last line>``). ``marks``: the node's folder (a shell word) of
+    markers: an answer kept there is said again (``probe 0 …``) without a container, and a
+    passing one is kept."""
     cases = []
     for name in ORDER:
         r = runtime(name)
-        nccl = ""
-        if nccl_python:
-            argv = r.exec_argv(image, [nccl_python, "-c", remote.inline("image_nccl.py")])
-            nccl = f"; nccl() {{ {shlex.join(argv)}; }}"
+        if want.python:  # the program once, in $src, whichever runtime runs it
+            args = json.dumps({"module": want.module, "nccl": want.nccl}, sort_keys=True)
+            inner = [want.python, "-c", _SRC_WORD, args]
+            probe = shlex.join(r.exec_argv(want.image, inner)).replace(_SRC_WORD, '"$src"')
+        else:
+            probe = shlex.join(r.probe_argv(want.image))
         cases.append(
-            f"  {name}) id=$({shlex.join(r.image_id_argv(image))} 2>/dev/null | cut -d' ' -f1)"
-            f"; probe() {{ {shlex.join(r.probe_argv(image))}; }}{nccl} ;;"
+            f"  {name}) id=$({shlex.join(r.image_id_argv(want.image))} 2>/dev/null"
+            f" | cut -d' ' -f1); probe() {{ {probe}; }} ;;"
         )
-    look = []
-    if nccl_python:
-        look = [
-            '[ "$rc" = 0 ] || exit 0',
-            "out=$(nccl 2>&1 </dev/null); rc=$?",
-            'echo "nccl $rc $(printf "%s" "$out" | tail -n 1)"',
-        ]
     pick = " ".join(ORDER)
+    if want.python:
+        run = _answer_once(marks, want.key()) if marks else _ANSWER
+    else:
+        run = _probe_once(marks) if marks else _PROBE
     return "\n".join(
         [
-            f"rt={shlex.quote(named or '')}",
+            f"rt={shlex.quote(want.runtime or '')}",
             'if [ -z "$rt" ]; then',
             f'  for c in {pick}; do command -v "$c" >/dev/null 2>&1 && {{ rt=$c; break; }}; done',
             'elif ! command -v "$rt" >/dev/null 2>&1; then echo "missing $rt"; exit 0; fi',
             '[ -n "$rt" ] || { echo "missing -"; exit 0; }',
             'echo "runtime $rt"',
+            *([f"src={shlex.quote(remote.inline(PROGRAM))}"] if want.python else []),
             'case "$rt" in',
             *cases,
             "esac",
             '[ -n "$id" ] || { echo "image -"; exit 0; }',
             'echo "image $id"',
-            *(_probe_once(marks) if marks else _PROBE),
-            *look,
+            *run,
         ]
     )
 
@@ -114,15 +171,38 @@ _PROBE = [
     "out=$(probe 2>&1 </dev/null); rc=$?",
     'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
 ]
+# the program's frame, else (the runtime or the python failed) the output's last line
+_ANSWER = [
+    "out=$(probe 2>&1 </dev/null); rc=$?",
+    """d=$(printf '%s\\n' "$out" | grep '^D {' | tail -n 1)""",
+    """[ -n "$d" ] || d=$(printf '%s' "$out" | tail -n 1)""",
+    'printf \'probe %s %s\\n\' "$rc" "$d"',  # not echo: dash's reads the JSON's backslashes
+]
+
+
+def _marker(marks: str, suffix: str = "") -> str:
+    return f'm={marks}/"$rt-$(printf %s "$id" | tr -c "A-Za-z0-9._-" _){suffix}"'
 
 
 def _probe_once(marks: str) -> list[str]:
     return [
-        f'm={marks}/"$rt-$(printf %s "$id" | tr -c "A-Za-z0-9._-" _)"',
+        _marker(marks),
         'if [ -f "$m" ]; then rc=0; echo "probe 0 cached"; else',
         *_PROBE,
         '[ "$rc" != 0 ] || { mkdir -p "${m%/*}" && : >"$m"; } 2>/dev/null',
         "fi",
+    ]
+
+
+def _answer_once(marks: str, key: str) -> list[str]:
+    return [
+        _marker(marks, "-" + key),
+        'd=$(cat "$m" 2>/dev/null)',
+        'case "$d" in "D {"*) printf \'probe 0 %s\\n\' "$d" ;; *)',
+        *_ANSWER,
+        '[ "$rc" != 0 ] || case "$d" in "D {"*) { mkdir -p "${m%/*}" &&'
+        ' printf \'%s\\n\' "$d" >"$m.$$" && mv -f "$m.$$" "$m"; } 2>/dev/null ;; esac',
+        ";; esac",
     ]
 
 
@@ -133,7 +213,8 @@ def shell_dir(path: str) -> str:
     return shlex.quote(path)
 
 
-def parse(stdout: str, image: str, nccl_python: str | None = None) -> ImageFacts:
+def parse(stdout: str, want: ImageWant) -> ImageFacts:
+    image = want.image
     facts = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
     if "missing" in facts:
         which = facts["missing"]
@@ -143,39 +224,52 @@ def parse(stdout: str, image: str, nccl_python: str | None = None) -> ImageFacts
     rt = facts.get("runtime")
     if facts.get("image", "-") == "-":
         return ImageFacts(rt, problem=f"image {image} is not present ({rt})")
+    image_id = facts["image"]
     code, _, last = facts.get("probe", "? ").partition(" ")
-    if code != "0":
-        why = f": {last.strip()}" if last.strip() else ""
-        return ImageFacts(rt, facts["image"], f"{rt} cannot start a container of {image}{why}")
-    if nccl_python:
-        code, _, found = facts.get("nccl", "? ").partition(" ")
-        found = found.strip()
-        if code != "0" or not found:
-            why = f": {found}" if found else ""
-            return ImageFacts(
-                rt, facts["image"], f"cannot look for NCCL in image {image} ({nccl_python}){why}"
-            )
-        if found == "-":
-            return ImageFacts(
-                rt,
-                facts["image"],
-                f"image {image} has no NCCL (no libnccl in it; the job uses GPUs)",
-            )
-    return ImageFacts(rt, facts["image"])
+    last = last.strip()
+    data = _data(last) if want.python else None
+    if data is None:
+        if code != "0" or want.python:
+            what = f" ({want.python})" if want.python else ""
+            why = f": {last}" if last else ""
+            return ImageFacts(rt, image_id, f"{rt} cannot start a container of {image}{what}{why}")
+        return ImageFacts(rt, image_id)
+    return ImageFacts(rt, image_id, _problem(data, want), str(data.get("torch") or ""))
+
+
+def _data(line: str) -> dict | None:
+    if not line.startswith("D {"):
+        return None
+    try:
+        data = json.loads(line[2:])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _problem(data: Mapping, want: ImageWant) -> str | None:
+    if data.get("error"):
+        return f"cannot import {want.module} in image {want.image} ({want.python}): {data['error']}"
+    if want.nccl and data.get("nccl") == "-":
+        return f"image {want.image} has no NCCL (no libnccl in it; the job uses GPUs)"
+    if want.nccl and not data.get("nccl"):
+        return f"cannot look for NCCL in image {want.image} ({want.python})"
+    return None
 
 
 def check_images(
-    fleet: Fleet, want: Mapping[str, tuple], *, recheck: bool = False
-) -> dict[str, str]:
-    """host -> the runtime it uses; raises CheckError naming every host that cannot run.
-    ``recheck``: start the trivial container even where one of the image id started."""
+    fleet: Fleet, want: Mapping[str, ImageWant], *, recheck: bool = False
+) -> dict[str, ImageFacts]:
+    """host -> what its image check found (the runtime it uses, the image's torch); raises
+    CheckError naming every host that cannot run. ``recheck``: run the probe's container even
+    where an answer for the image id is kept."""
     nodes = [n for n in fleet.nodes if n.name in want]
 
     def one(node: Node, conn) -> ImageFacts:
-        image, named, py = (*want[node.name], None)[:3]
+        w = want[node.name]
         marks = None if recheck else shell_dir(f"{node.workdir.rstrip('/')}/containers/started")
-        res = conn.run(["sh", "-c", script(image, named, py, marks)], timeout=TIMEOUT)
-        return parse(res.stdout, image, py)
+        res = conn.run(["sh", "-c", script(w, marks)], timeout=TIMEOUT)
+        return parse(res.stdout, w)
 
     result: FleetResult[ImageFacts] = fleet.map(one, timeout=TIMEOUT + 30.0, nodes=nodes)
     problems = []
@@ -188,14 +282,26 @@ def check_images(
         problems = mismatches(want, {h: f.image_id for h, f in result.items()})  # type: ignore[union-attr]
     if problems:
         raise CheckError("; ".join(problems), result)
-    return {h: f.runtime for h, f in result.items()}  # type: ignore[union-attr]
+    return result.succeeded
 
 
-def mismatches(want: Mapping[str, tuple], ids: Mapping[str, str | None]) -> list[str]:
+def with_image_torch(
+    facts: Mapping[str, NodeFacts], found: Mapping[str, ImageFacts]
+) -> dict[str, NodeFacts]:
+    """The plan's facts with each image node's torch version the image's (the host's python
+    is not the job's there); nodes whose probe asked no python keep theirs."""
+    out = dict(facts)
+    for host, f in found.items():
+        if f.torch is not None:
+            out[host] = replace(out.get(host) or NodeFacts(), torch=f.torch or None)
+    return out
+
+
+def mismatches(want: Mapping[str, ImageWant], ids: Mapping[str, str | None]) -> list[str]:
     """Nodes whose build of an image is not the one most nodes have, each named with both ids."""
     out = []
-    for image in sorted({w[0] for w in want.values()}):
-        hosts = [h for h in want if want[h][0] == image]
+    for image in sorted({w.image for w in want.values()}):
+        hosts = [h for h in want if want[h].image == image]
         counts: dict[str | None, int] = {}
         for h in hosts:
             counts[ids[h]] = counts.get(ids[h], 0) + 1

@@ -64,6 +64,9 @@ class CheckOptions:
     # Learn the node python's torch version without a launcher importing it (plain): the
     # flight recorder's variable is named by it (fleetctl.plan.flight_recorder).
     torch_version: bool = False
+    # Hosts whose launcher runs in an image (--image): their python only runs the supervisor,
+    # so neither of the two above is asked of it (the image check asks the image's python).
+    container_hosts: tuple[str, ...] = ()
     code_dir: str | None = None
     mesh: bool = True
     mesh_mode: str = "auto"  # which pairs (fleetctl.phases.mesh_plan): auto, full, sparse

@@ -8,7 +8,9 @@ Node module: stdlib only, Python >= 3.8.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -25,21 +27,41 @@ CALL_TIMEOUT = 30.0  # one runtime command; a hung daemon never holds the teardo
 SETTLE = 10.0
 
 
+# Each runtime command runs under ``sh``, which stays its parent: a concurrent stop (``fleetctl
+# stop`` kills every process under the supervisor) then shows as the shell's death by the
+# signal. podman's client itself, SIGTERMed, may exit 0 having printed nothing: a listing of
+# no containers that lies (seen here: 8 of 80 ``podman ps`` SIGTERMed as they ran).
+SHELL = '"$@"; exit $?'  # not the command alone: bash would exec it and be gone
+
+
 def _run(argv: list, timeout: float) -> tuple:
-    """(exit code, stdout, stderr's last line); code None when it did not run or timed out."""
+    """(exit code, stdout, stderr's last line); code None when it did not run or timed out,
+    negative when a signal ended it (or its shell)."""
+    words = [str(a) for a in argv]
+    if shutil.which(words[0]) is None:
+        return None, "", f"{words[0]}: No such file or directory"
     try:
-        p = subprocess.run(
-            [str(a) for a in argv],
+        p = subprocess.Popen(
+            ["sh", "-c", SHELL, "sh", *words],
             stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: a timeout ends the shell and the command
         )
-    except subprocess.TimeoutExpired:
-        return None, "", f"{' '.join(map(str, argv[:2]))}: no answer within {timeout:g}s"
     except OSError as e:
-        return None, "", f"{argv[0]}: {e.strerror or e}"
-    err = p.stderr.decode("utf-8", "replace").strip().splitlines()
-    return p.returncode, p.stdout.decode("utf-8", "replace"), err[-1] if err else ""
+        return None, "", f"{words[0]}: {e.strerror or e}"
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        return None, "", f"{' '.join(words[:2])}: no answer within {timeout:g}s"
+    lines = err.decode("utf-8", "replace").strip().splitlines()
+    code = p.returncode
+    if code > 128:  # the shell's 128 + N: the command was ended by signal N
+        code = 128 - code
+    return code, out.decode("utf-8", "replace"), lines[-1] if lines else ""
 
 
 def listed(cfg: dict, timeout: float = CALL_TIMEOUT) -> tuple:
@@ -114,23 +136,28 @@ def stopped_code(
     seen: int | None,
     ended: dict | None,
     leftovers: dict | None,
+    stopped: dict | None = None,
 ) -> int:
     """``--image``: the node's code where the runtime's client ended 0 on a stop's SIGTERM, a
-    0 that says nothing of the job (podman's client, rootless or caught early, exits 0 and
-    leaves its container to the stop). ``half``: rootless podman's other half
-    (``client_half``), which still waited for the container: its status. Else, with a ``stop``
-    asked, a container never ``seen`` running (its main pid) or one the client's ``--rm`` did
-    not remove (``ended["found"]``: the teardown's) was ended by the stop: SIGKILL where the
-    sweep had to kill (``leftovers["killed"]``), else SIGTERM. Any other code is the
-    container's, as the client relayed it."""
+    0 that says nothing of the job (podman's client, rootless, caught early or racing its
+    signal proxy, exits 0 and leaves its container to the stop). ``half``: rootless podman's
+    other half (``client_half``), which still waited for the container: its status. Else,
+    with a ``stop`` asked, the 0 is the container's only where this supervisor's own stop
+    (``stopped``: what its scan found running when the stop began) proves the container's main
+    process (``seen``) had ended before, and the client's ``--rm`` left nothing for the
+    teardown (``ended["found"]``). Otherwise the stop ended it: SIGKILL where the sweep had
+    to kill (``leftovers["killed"]``), else SIGTERM. Any other code is the container's, as
+    the client relayed it."""
     if half is not None:
         got = wait_child(half, 5.0)
         return -signal.SIGKILL if got is None else got  # None: the sweep killed it
     if code != 0 or not tells_pid(cfg) or not stop:
         return code
-    if seen is None or (ended or {}).get("found"):
-        return -(signal.SIGKILL if (leftovers or {}).get("killed") else signal.SIGTERM)
-    return code
+    scanned = (stopped or {}).get("found")
+    ended_first = seen is not None and scanned is not None and seen not in scanned
+    if ended_first and not (ended or {}).get("found"):
+        return code  # it had ended on its own before the stop: its 0 stands
+    return -(signal.SIGKILL if (leftovers or {}).get("killed") else signal.SIGTERM)
 
 
 def end_containers(cfg: dict, grace: float, timeout: float = CALL_TIMEOUT) -> dict:

@@ -533,7 +533,7 @@ class Supervisor:
                 "E", f"stopped {len(left['found'])} leftover process(es) of the job".encode()
             )
         self.end_containers()
-        sweep = (self.state.containers, self.leftovers)
+        sweep = (self.state.containers, self.leftovers, self.stopped)
         code = stopped_code(
             code, half, self.spec.container, self.stop_asked, self.container_pid, *sweep
         )

@@ -12,6 +12,7 @@ import pytest
 
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import CliResult, run_cli
+from fleetctl.testing.files import tree
 
 pytestmark = pytest.mark.lab
 
@@ -38,6 +39,15 @@ def fleetctl(*args: str) -> CliResult:
     return run_cli(*args, cwd=ROOT)
 
 
+def run_args(lab: Lab, runs: Path, code: Path, script: str, *extra: str) -> list[str]:
+    """``fleetctl run`` of ``code/script``: plain launcher, no check, no live tail."""
+    return [
+        "run", "-i", str(lab.inventory_path), "--launcher", "plain", "--no-check",
+        "--runs-dir", str(runs), "--code-dir", str(code), "--tail", "none", *extra,
+        str(code / script),
+    ]  # fmt: skip
+
+
 def job_json(runs: Path, job_id: str) -> dict[str, Any]:
     return json.loads((runs / job_id / "job.json").read_text())
 
@@ -45,27 +55,9 @@ def job_json(runs: Path, job_id: str) -> dict[str, Any]:
 def test_a_file_over_the_cap_is_listed_not_copied_and_collect_fetches_only_it_later(
     lab3: Lab, tmp_path: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "write_big.py").write_text(WRITE_BIG)
+    code = tree(tmp_path / "code", {"write_big.py": WRITE_BIG})
     runs = tmp_path / "runs"
-    p = fleetctl(
-        "run",
-        "-i",
-        str(lab3.inventory_path),
-        "--launcher",
-        "plain",
-        "--no-check",
-        "--runs-dir",
-        str(runs),
-        "--code-dir",
-        str(code),
-        "--collect-max",
-        "1M",
-        "--tail",
-        "none",
-        str(code / "write_big.py"),
-    )
+    p = fleetctl(*run_args(lab3, runs, code, "write_big.py", "--collect-max", "1M"))
     assert p.exit_code == 0, p.stderr  # the job's status: a cap is not a failure
     job_id = next(d.name for d in runs.iterdir())
     job = job_json(runs, job_id)
@@ -116,26 +108,10 @@ for i in range(20000):
 def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is_kept(
     lab3: Lab, tmp_path: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "chatty.py").write_text(CHATTY)
+    code = tree(tmp_path / "code", {"chatty.py": CHATTY})
     runs = tmp_path / "runs"
     lab3.disk_full("node2", f"{lab3.workdir}/runs", "256k")  # undone after the test (lab3)
-    p = fleetctl(
-        "run",
-        "-i",
-        str(lab3.inventory_path),
-        "--launcher",
-        "plain",
-        "--no-check",
-        "--runs-dir",
-        str(runs),
-        "--code-dir",
-        str(code),
-        "--tail",
-        "none",
-        str(code / "chatty.py"),
-    )
+    p = fleetctl(*run_args(lab3, runs, code, "chatty.py"))
     job_id = next(d.name for d in runs.iterdir())
     full = f"disk full on {lab3.workdir}/runs/{job_id}/1-node2"
     # the job itself went on and succeeded; its logs did not all come home: exit 4
@@ -160,28 +136,12 @@ def test_a_node_whose_run_folder_fills_says_disk_full_and_every_streamed_line_is
 def test_a_node_whose_run_folders_are_full_before_the_start_says_disk_full(
     lab3: Lab, tmp_path: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "chatty.py").write_text(CHATTY)
+    code = tree(tmp_path / "code", {"chatty.py": CHATTY})
     runs = tmp_path / "runs"
     runs_dir = f"{lab3.workdir}/runs"
     lab3.disk_full("node3", runs_dir, "4k")
     lab3.exec("node3", ["sh", "-c", f"head -c 8192 /dev/zero > {runs_dir}/fill || true"])
-    p = fleetctl(
-        "run",
-        "-i",
-        str(lab3.inventory_path),
-        "--launcher",
-        "plain",
-        "--no-check",
-        "--runs-dir",
-        str(runs),
-        "--code-dir",
-        str(code),
-        "--tail",
-        "none",
-        str(code / "chatty.py"),
-    )
+    p = fleetctl(*run_args(lab3, runs, code, "chatty.py"))
     job_id = next(d.name for d in runs.iterdir())
     assert p.exit_code == 3, p.stderr
     node = job_json(runs, job_id)["nodes"][2]
@@ -233,14 +193,10 @@ def test_ctrl_c_while_collecting_exits_130_says_logs_incomplete_and_collect_resu
 
         return real(Half(), part, target, mtime, offset)
 
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "big.py").write_text(WRITE_BIG_FILE)
+    code = tree(tmp_path / "code", {"big.py": WRITE_BIG_FILE})
     runs = tmp_path / "runs"
     monkeypatch.setattr(unpack, "_receive_file", cut_at_2_mib)
-    p = fleetctl("run", "-i", str(lab3.inventory_path), "--launcher", "plain", "--no-check",
-                 "--runs-dir", str(runs), "--code-dir", str(code), "--tail", "none",
-                 str(code / "big.py"))  # fmt: skip
+    p = fleetctl(*run_args(lab3, runs, code, "big.py"))
     monkeypatch.undo()
     job_id = next(d.name for d in runs.iterdir())
     assert p.exit_code == 130, p.stderr
@@ -286,16 +242,12 @@ def test_a_run_folder_hidden_mid_run_keeps_the_streamed_log_and_says_logs_incomp
     from fleetctl.testing.cli_runner import start_cli_process
     from fleetctl.testing.wait import wait_for
 
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "paused.py").write_text(PAUSED)
+    code = tree(tmp_path / "code", {"paused.py": PAUSED})
     runs = tmp_path / "runs"
     for host in HOSTS:
         lab3.exec(host, ["rm", "-f", "/tmp/fleetctl-test-go"], check=True)
-    proc = start_cli_process("run", "-i", str(lab3.inventory_path), "--launcher", "plain",
-                             "--no-check", "--runs-dir", str(runs), "--code-dir", str(code),
-                             "--tail", "none", str(code / "paused.py"),
-                             cwd=ROOT, start_new_session=True)  # fmt: skip
+    argv = run_args(lab3, runs, code, "paused.py")
+    proc = start_cli_process(*argv, cwd=ROOT, start_new_session=True)
     try:
 
         def paused_on_node2() -> str | None:

@@ -21,10 +21,26 @@ import pytest
 import yaml
 
 from fleetctl.lab import Lab
-from fleetctl.plan.inventory import load_inventory
-from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
-from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, ImageUnavailable, base_image
-from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.cli_runner import CliResult, run_cli
+from fleetctl.testing.containers import (
+    JOB_SCRIPTS,
+    assert_nothing_left,
+    built_or_skip,
+    containers_left,
+    kill_supervisor_for_its_guard,
+    run_argv,
+)
+from fleetctl.testing.files import tree
+from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, base_image
+from fleetctl.testing.jobs import (
+    job_processes_left,
+    killed_at_exit,
+    node_record,
+    on_node,
+    only_job,
+    start_running,
+    stop_job,
+)
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
@@ -33,26 +49,7 @@ pytestmark = pytest.mark.lab
 IMAGE = BASE_IMAGE
 TARBALL = BASE_TARBALL
 
-SHOW = """\
-import os, sys
-print("in-image", os.environ["FLEET_NODE_RANK"], sys.executable,
-      open("/etc/os-release").read().split("PRETTY_NAME=")[1].splitlines()[0], flush=True)
-"""
-# rank 1 (node2) fails; the others ignore SIGTERM: only a kill, or the runtime, ends them
-FAIL_ON_1 = """\
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if os.environ["FLEET_NODE_RANK"] == "1":
-    time.sleep(1.0)
-    sys.exit(3)
-time.sleep(120)
-"""
-SLEEP = """\
-import signal, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(120)
-"""
-
+# show.py, fail_on_1.py, sleep.py: fleetctl.testing.containers.JOB_SCRIPTS (docker's too);
 # hangs where a stack dump must find it; a handler, not SIG_IGN (a job that ignores the stop)
 HANG = """\
 import os, signal, time
@@ -71,10 +68,7 @@ def _podman(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
 def image() -> str:
     """The test image in this machine's store: imported from the cached tarball, built first
     when there is none (mmdebstrap from the Debian mirror)."""
-    try:
-        return base_image()
-    except ImageUnavailable as e:
-        skip_or_fail(str(e))
+    return built_or_skip(base_image)
 
 
 @pytest.fixture(scope="module")
@@ -84,61 +78,11 @@ def lab(make_lab_module: Callable[..., Lab], image: str) -> Lab:
 
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("code")
-    (d / "show.py").write_text(SHOW)
-    (d / "fail_on_1.py").write_text(FAIL_ON_1)
-    (d / "sleep.py").write_text(SLEEP)
-    (d / "hang.py").write_text(HANG)
-    return d
-
-
-def run_args(inventory: Path, runs: Path, code: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "-i",
-        str(inventory),
-        "--launcher",
-        "plain",
-        "--grace",
-        "2",
-        "--runs-dir",
-        str(runs),
-        "--code-dir",
-        str(code),
-        *extra,
-    ]
+    return tree(tmp_path_factory.mktemp("code"), {**JOB_SCRIPTS, "hang.py": HANG})
 
 
 def run(inventory: Path, runs: Path, code: Path, *extra: str) -> CliResult:
-    return run_cli(*run_args(inventory, runs, code, *extra), cwd=code)
-
-
-def only_job(runs: Path) -> tuple[str, dict]:
-    (folder,) = [p for p in runs.iterdir() if p.is_dir()]
-    return folder.name, json.loads((folder / "job.json").read_text())
-
-
-def containers_left(lab: Lab, job_id: str) -> dict[str, list[str]]:
-    """Every container labelled with the job, as each node's podman lists it."""
-    got = run_cli(
-        "exec",
-        "-i",
-        str(lab.inventory_path),
-        "--",
-        "podman",
-        "ps",
-        "-a",
-        "-q",
-        "--filter",
-        f"label=fleetctl.job={job_id}",
-    )
-    assert got.exit_code == 0, got.stderr
-    left: dict[str, list[str]] = {}
-    for line in got.stdout.splitlines():
-        host, _, cid = line.partition(": ")
-        if cid.strip():
-            left.setdefault(host, []).append(cid.strip())
-    return left
+    return run_cli(*run_argv(inventory, runs, code, *extra), cwd=code)
 
 
 def test_ranks_run_in_the_image_on_every_host(lab: Lab, code: Path, tmp_path: Path) -> None:
@@ -152,7 +96,7 @@ def test_ranks_run_in_the_image_on_every_host(lab: Lab, code: Path, tmp_path: Pa
         assert "Debian GNU/Linux 12 (bookworm)" in console, console
     plan = json.loads((tmp_path / job_id / "plan.json").read_text())
     assert {n["container"]["runtime"] for n in plan["nodes"]} == {"podman"}, plan
-    assert containers_left(lab, job_id) == {}
+    assert containers_left(lab.inventory_path, job_id) == {}
 
 
 def test_a_failing_rank_ends_every_container_of_the_job(
@@ -166,7 +110,7 @@ def test_a_failing_rank_ends_every_container_of_the_job(
     assert (ff["rank"], ff["host"], ff["state"], ff["exit_code"]) == (1, "node2", "failed", 3)
     assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"], job["nodes"]
     assert job["teardown"]["verified"] is True, job["teardown"]
-    assert containers_left(lab, job_id) == {}
+    assert containers_left(lab.inventory_path, job_id) == {}
 
 
 def test_a_host_without_the_image_fails_the_check(lab: Lab, code: Path, tmp_path: Path) -> None:
@@ -183,97 +127,28 @@ def test_a_host_without_the_image_fails_the_check(lab: Lab, code: Path, tmp_path
     assert "launching" not in r.stderr
 
 
+def start_sleeping_job(lab: Lab, runs: Path, code: Path, *extra: str) -> tuple:
+    """(the controller's process, job id) once the SIGTERM-ignoring job runs on all 3 nodes."""
+    argv = run_argv(lab.inventory_path, runs, code, "--image", IMAGE, *extra, "sleep.py")
+    return start_running(argv, runs, 3, cwd=code)
+
+
 @pytest.mark.parametrize("how", ["fleetctl stop", "ctrl-c"])
 def test_a_stopped_run_ends_its_containers(lab: Lab, code: Path, tmp_path: Path, how: str) -> None:
     """Ranks that ignore SIGTERM, in containers, ended by ``fleetctl stop`` from another
     terminal or by Ctrl-C on the run: none of the job's containers is left on any node."""
     runs = tmp_path / "runs"
-    proc = start_cli_process(
-        *run_args(lab.inventory_path, runs, code, "--image", IMAGE, "sleep.py"),
-        cwd=code,
-        start_new_session=True,
-    )
-
-    def running_everywhere() -> str | None:
-        for d in runs.glob("*") if runs.is_dir() else []:
-            j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
-            if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
-                return d.name
-        return None
-
-    try:
-        job_id = wait_for(running_everywhere, 60, what="job running on all 3 nodes", interval=0.3)
+    proc, job_id = start_sleeping_job(lab, runs, code)
+    with killed_at_exit(proc):
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
-            stop = run_cli("stop", "--runs-dir", str(runs), job_id, "--grace", "1")
-            assert stop.exit_code == 0, stop.stdout + stop.stderr
+            stop_job(runs, job_id)
         _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
     assert proc.returncode == 130, err
     job = json.loads((runs / job_id / "job.json").read_text())
     assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3, job["nodes"]
-    assert containers_left(lab, job_id) == {}
-
-
-def on_node(lab: Lab, host: str, script: str) -> str:
-    """``sh -c script`` on one lab host (``fleetctl exec --limit``): its output, host prefix off."""
-    got = run_cli("exec", "-i", str(lab.inventory_path), "--limit", host, "--", "sh", "-c", script)
-    assert got.exit_code == 0, got.stdout + got.stderr
-    return "\n".join(line.partition(": ")[2] for line in got.stdout.splitlines())
-
-
-def node_record(lab: Lab, job_id: str, rank: int, host: str, name: str) -> dict:
-    """A JSON file of the job's node run folder on ``host`` ({} while there is none)."""
-    (node,) = [n for n in load_inventory(str(lab.inventory_path)).nodes if n.name == host]
-    path = f"{node.workdir.rstrip('/')}/runs/{job_id}/{rank}-{host}/{name}"
-    return json.loads(on_node(lab, host, f"cat {path} 2>/dev/null || echo '{{}}'"))
-
-
-def job_processes_left(lab: Lab, job_id: str) -> dict:
-    """host -> processes of the job still alive (found by their env tag, container or not)."""
-    out = {}
-    for node in load_inventory(str(lab.inventory_path)).nodes:
-        left = node_leftovers(node_host(node), job_id, workdir=node.workdir, python=node.python)
-        if left.processes:
-            out[node.name] = left.processes
-    return out
-
-
-def running_everywhere(runs: Path) -> str | None:
-    """The job id once job.json says it runs on all 3 nodes."""
-    for d in runs.glob("*") if runs.is_dir() else []:
-        j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
-        if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
-            return d.name
-    return None
-
-
-def start_sleeping_job(lab: Lab, runs: Path, code: Path, *extra: str) -> tuple:
-    """(the controller's process, job id) once the SIGTERM-ignoring job runs on all 3 nodes."""
-    proc = start_cli_process(
-        *run_args(lab.inventory_path, runs, code, "--image", IMAGE, *extra),
-        "sleep.py",
-        cwd=code,
-        start_new_session=True,
-    )
-    try:
-        job_id = wait_for(
-            lambda: running_everywhere(runs) or proc.poll() is not None,
-            60,
-            what="job running on all 3 nodes",
-            interval=0.3,
-        )
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-        raise
-    if proc.poll() is not None:
-        raise AssertionError(proc.communicate())
-    return proc, job_id
+    assert containers_left(lab.inventory_path, job_id) == {}
 
 
 def test_a_killed_supervisor_leaves_no_container(lab: Lab, code: Path, tmp_path: Path) -> None:
@@ -282,24 +157,9 @@ def test_a_killed_supervisor_leaves_no_container(lab: Lab, code: Path, tmp_path:
     controller loses node2 and tears the others down; nothing of the job is left anywhere."""
     runs = tmp_path / "runs"
     proc, job_id = start_sleeping_job(lab, runs, code, "--lost-timeout", "4")
-    try:
-        pid = node_record(lab, job_id, 1, "node2", "supervisor.json")["supervisor_pid"]
-        on_node(lab, "node2", f"kill -KILL {int(pid)}")
-        _out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    assert proc.returncode != 0, err
-    guard = wait_for(
-        lambda: node_record(lab, job_id, 1, "node2", "container-guard.json"),
-        30,
-        what="node2's container guard ended the job's container",
-    )
-    assert len(guard["containers"]["found"]) == 1, guard
-    assert guard["containers"]["problem"] is None, guard
-    assert containers_left(lab, job_id) == {}
-    assert job_processes_left(lab, job_id) == {}
+    inv = lab.inventory_path
+    kill_supervisor_for_its_guard(inv, proc, job_id, 1, "node2")
+    assert_nothing_left(inv, job_id)
 
 
 def test_a_killed_controller_leaves_no_container(lab: Lab, code: Path, tmp_path: Path) -> None:
@@ -309,19 +169,20 @@ def test_a_killed_controller_leaves_no_container(lab: Lab, code: Path, tmp_path:
     proc, job_id = start_sleeping_job(lab, runs, code)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(5)
-    wait_for(lambda: containers_left(lab, job_id) == {}, 60, what="no container of the job")
-    wait_for(lambda: job_processes_left(lab, job_id) == {}, 30, what="no process of the job")
+    inv = lab.inventory_path
+    wait_for(lambda: containers_left(inv, job_id) == {}, 60, what="no container of the job")
+    wait_for(lambda: job_processes_left(inv, job_id) == {}, 30, what="no process of the job")
     for rank, host in enumerate(("node1", "node2", "node3")):
         state = wait_for(
             lambda r=rank, h=host: (
-                node_record(lab, job_id, r, h, "supervisor.json").get("end_time")
-                and node_record(lab, job_id, r, h, "supervisor.json")
+                node_record(inv, job_id, r, h, "supervisor.json").get("end_time")
+                and node_record(inv, job_id, r, h, "supervisor.json")
             ),
             30,
             what=f"{host}'s supervisor ended",
         )
         assert state["containers"]["problem"] is None, state
-        assert node_record(lab, job_id, rank, host, "container-guard.json") == {}
+        assert node_record(inv, job_id, rank, host, "container-guard.json") == {}
 
 
 def test_a_stalled_job_in_containers_gets_every_ranks_stack(
@@ -346,7 +207,7 @@ def test_a_stalled_job_in_containers_gets_every_ranks_stack(
             p.stem for p in (tmp_path / job_id / f"{r['rank']}-{r['node']}" / "stacks").iterdir()
         ]
         assert dumped == [str(r["pid"])] and "pids" not in r, (dumped, r)
-    assert containers_left(lab, job_id) == {}
+    assert containers_left(lab.inventory_path, job_id) == {}
 
 
 def test_a_node_with_another_build_of_the_image_fails_the_check(
@@ -366,12 +227,11 @@ def test_a_node_with_another_build_of_the_image_fails_the_check(
     )
     original = bashrc.read_text()
     try:
-        other = on_node(
-            lab,
-            "node3",
+        import_another = (
             f"export CONTAINERS_STORAGE_CONF={conf}; podman import --message build-2 "
-            f"{TARBALL} {IMAGE} >/dev/null && podman image inspect --format '{{{{.Id}}}}' {IMAGE}",
-        ).strip()
+            f"{TARBALL} {IMAGE} >/dev/null && podman image inspect --format '{{{{.Id}}}}' {IMAGE}"
+        )
+        other = on_node(lab.inventory_path, "node3", import_another).get("node3", "").strip()
         bashrc.write_text(original + f"export CONTAINERS_STORAGE_CONF={conf}\n")
         r = run(lab.inventory_path, tmp_path, code, "--image", IMAGE, "show.py")
     finally:

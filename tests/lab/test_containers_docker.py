@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,10 +25,17 @@ import pytest
 
 from fleetctl.errors import LabError
 from fleetctl.lab import Lab
-from fleetctl.plan.inventory import load_inventory
-from fleetctl.testing.cli_runner import CliResult, run_cli, start_cli_process
-from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, ImageUnavailable, base_tarball
-from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.cli_runner import CliResult, run_cli
+from fleetctl.testing.containers import (
+    JOB_SCRIPTS,
+    assert_nothing_left,
+    built_or_skip,
+    kill_supervisor_for_its_guard,
+    run_argv,
+)
+from fleetctl.testing.files import tree
+from fleetctl.testing.images import BASE_IMAGE, BASE_TARBALL, base_tarball
+from fleetctl.testing.jobs import only_job, start_running
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
@@ -46,26 +51,6 @@ DOCKERD = (
     "--ip-masq=false --bridge=none --exec-opt native.cgroupdriver=cgroupfs "
     "--storage-driver overlay2 >/tmp/d/dockerd.log 2>&1"
 )
-
-SHOW = """\
-import os, sys
-print("in-image", os.environ["FLEET_NODE_RANK"], sys.executable,
-      open("/etc/os-release").read().split("PRETTY_NAME=")[1].splitlines()[0], flush=True)
-"""
-# rank 1 (node2) fails; the others ignore SIGTERM: only a kill, or the runtime, ends them
-FAIL_ON_1 = """\
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if os.environ["FLEET_NODE_RANK"] == "1":
-    time.sleep(1.0)
-    sys.exit(3)
-time.sleep(120)
-"""
-SLEEP = """\
-import signal, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(120)
-"""
 
 
 def _docker(lab: Lab, host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -86,21 +71,12 @@ def _stop_dockerd(lab: Lab, host: str, proc: subprocess.Popen) -> None:
         proc.wait(30)
 
 
-def _build_tarball() -> None:
-    """The test image's root file system from Debian packages (once per machine, shared with
-    the podman tests: ``fleetctl.testing.images``)."""
-    try:
-        base_tarball()
-    except ImageUnavailable as e:
-        skip_or_fail(str(e))
-
-
 @pytest.fixture(scope="module")
 def lab(make_lab_module: Callable[..., Lab]) -> Iterator[Lab]:
     for tool in ("dockerd", "docker", "containerd", "runc"):
         if shutil.which(tool) is None:
             skip_or_fail(f"{tool} is not installed (apt-get install docker.io)")
-    _build_tarball()
+    built_or_skip(base_tarball)  # shared with the podman tests: fleetctl.testing.images
     lab = make_lab_module(3)
     daemons: dict[str, subprocess.Popen] = {}
     saved: dict[str, str] = {}
@@ -152,28 +128,16 @@ def lab(make_lab_module: Callable[..., Lab]) -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("code")
-    (d / "show.py").write_text(SHOW)
-    (d / "fail_on_1.py").write_text(FAIL_ON_1)
-    (d / "sleep.py").write_text(SLEEP)
-    return d
+    return tree(tmp_path_factory.mktemp("code"), JOB_SCRIPTS)
 
 
 def run_args(lab: Lab, runs: Path, code: Path, *extra: str) -> list[str]:
-    return [
-        "run", "-i", str(lab.inventory_path), "--launcher", "plain", "--grace", "2",
-        "--runs-dir", str(runs), "--code-dir", str(code), "--image", IMAGE,
-        "--container-runtime", "docker", *extra,
-    ]  # fmt: skip
+    docker = ("--image", IMAGE, "--container-runtime", "docker")
+    return run_argv(lab.inventory_path, runs, code, *docker, *extra)
 
 
 def run(lab: Lab, runs: Path, code: Path, script: str) -> CliResult:
     return run_cli(*run_args(lab, runs, code, script), cwd=code)
-
-
-def only_job(runs: Path) -> tuple[str, dict]:
-    (folder,) = [p for p in runs.iterdir() if p.is_dir()]
-    return folder.name, json.loads((folder / "job.json").read_text())
 
 
 def containers_left(lab: Lab, job_id: str) -> dict[str, list[str]]:
@@ -185,15 +149,6 @@ def containers_left(lab: Lab, job_id: str) -> dict[str, list[str]]:
         if got.stdout.split():
             left[host] = got.stdout.split()
     return left
-
-
-def job_processes_left(lab: Lab, job_id: str) -> dict:
-    out = {}
-    for node in load_inventory(str(lab.inventory_path)).nodes:
-        found = node_leftovers(node_host(node), job_id, workdir=node.workdir, python=node.python)
-        if found.processes:
-            out[node.name] = found.processes
-    return out
 
 
 def test_ranks_run_in_the_image_with_docker(lab: Lab, code: Path, tmp_path: Path) -> None:
@@ -222,28 +177,7 @@ def test_a_failing_rank_leaves_no_docker_container(lab: Lab, code: Path, tmp_pat
     for rank, host in enumerate(HOSTS):
         sup = json.loads((tmp_path / job_id / f"{rank}-{host}" / "supervisor.json").read_text())
         assert sup["containers"]["problem"] is None, (host, sup["containers"])
-    assert containers_left(lab, job_id) == {}
-    assert job_processes_left(lab, job_id) == {}
-
-
-def node_record(lab: Lab, job_id: str, rank: int, host: str, name: str) -> dict:
-    """A JSON file of the job's node run folder on ``host`` ({} while there is none)."""
-    (node,) = [n for n in load_inventory(str(lab.inventory_path)).nodes if n.name == host]
-    path = f"{node.workdir.rstrip('/')}/runs/{job_id}/{rank}-{host}/{name}"
-    got = run_cli(
-        "exec", "-i", str(lab.inventory_path), "--limit", host, "--",
-        "sh", "-c", f"cat {path} 2>/dev/null || echo '{{}}'",
-    )  # fmt: skip
-    assert got.exit_code == 0, got.stdout + got.stderr
-    return json.loads("\n".join(ln.partition(": ")[2] for ln in got.stdout.splitlines()))
-
-
-def running_everywhere(runs: Path) -> str | None:
-    for d in runs.glob("*") if runs.is_dir() else []:
-        j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
-        if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
-            return d.name
-    return None
+    assert_nothing_left(lab.inventory_path, job_id, containers_left(lab, job_id))
 
 
 def test_a_killed_supervisor_leaves_no_docker_container(
@@ -252,38 +186,11 @@ def test_a_killed_supervisor_leaves_no_docker_container(
     """node2's supervisor SIGKILLed (its container's main process ignores SIGTERM): the
     container guard ends the job's container through node2's dockerd (``DOCKER_HOST`` passed
     on to it); nothing of the job is left anywhere."""
-    runs = tmp_path / "runs"
+    runs, inv = tmp_path / "runs", lab.inventory_path
     argv = run_args(lab, runs, code, "--lost-timeout", "4", "sleep.py")
-    proc = start_cli_process(*argv, cwd=code, start_new_session=True)
-    try:
-        job_id = wait_for(
-            lambda: running_everywhere(runs) or proc.poll() is not None,
-            60,
-            what="job running on all 3 nodes",
-            interval=0.3,
-        )
-        assert proc.poll() is None, proc.communicate()
-        pid = node_record(lab, job_id, 1, "node2", "supervisor.json")["supervisor_pid"]
-        killed = run_cli(
-            "exec", "-i", str(lab.inventory_path), "--limit", "node2", "--",
-            "kill", "-KILL", str(int(pid)),
-        )  # fmt: skip
-        assert killed.exit_code == 0, killed.stderr
-        _out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    assert proc.returncode != 0, err
-    guard = wait_for(
-        lambda: node_record(lab, job_id, 1, "node2", "container-guard.json"),
-        30,
-        what="node2's container guard ended the job's container",
-    )
-    assert len(guard["containers"]["found"]) == 1, guard
-    assert guard["containers"]["problem"] is None, guard
-    assert containers_left(lab, job_id) == {}
-    assert job_processes_left(lab, job_id) == {}
+    proc, job_id = start_running(argv, runs, 3, cwd=code)
+    kill_supervisor_for_its_guard(inv, proc, job_id, 1, "node2")
+    assert_nothing_left(inv, job_id, containers_left(lab, job_id))
 
 
 def test_push_image_with_docker(

@@ -1,7 +1,9 @@
 """A real torch DDP job in a container image on 3 lab hosts (issue 25's "a DDP job in an image"):
 torchrun and gloo from the image's own Python and torch (``/usr/bin/python3``, torch in the
 image's ``dist-packages``; the hosts' torch is not mounted), and a rank raising mid-training
-ends every container and process of the job, blaming the raising rank.
+ends every container and process of the job, blaming the raising rank. The hosts' python is
+3.8 without torch (``fleetctl_python``): only the image's has it, and the check asks the image
+for torchrun's module, not the host; an image without torch fails that check on every host.
 
 The image is Debian bookworm plus the pinned CPU torch, built from packages
 (``fleetctl.testing.images``: ~1 min once per machine, then cached).
@@ -10,17 +12,18 @@ The image is Debian bookworm plus the pinned CPU torch, built from packages
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetctl.lab import Lab
-from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli
-from fleetctl.testing.images import ImageUnavailable, torch_image
-from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.containers import assert_nothing_left, built_or_skip, containers_left
+from fleetctl.testing.images import BASE_IMAGE, base_image, torch_image
 from fleetctl.testing.pytest_plugin import skip_or_fail
 
 pytestmark = pytest.mark.lab
@@ -39,10 +42,7 @@ runpy.run_path("ddp_train.py", run_name="__main__")
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    try:
-        return torch_image()
-    except ImageUnavailable as e:
-        skip_or_fail(str(e))
+    return built_or_skip(torch_image)
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +58,25 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def run(lab: Lab, runs: Path, code: Path, image: str, *args: str) -> CliResult:
+@pytest.fixture(scope="module")
+def host38(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab's inventory with every host's python the 3.8 one, which has no torch."""
+    py38 = os.environ.get("FLEETCTL_PYTHON38", "")
+    if not os.access(py38, os.X_OK):
+        skip_or_fail(f"FLEETCTL_PYTHON38={py38!r} is not an executable python 3.8")
+    doc = yaml.safe_load(lab.inventory_path.read_text())
+    for host in doc["all"]["children"]["nodes"]["hosts"].values():
+        host["fleetctl_python"] = py38
+    inv = tmp_path_factory.mktemp("inv38") / "hosts.yml"
+    inv.write_text(yaml.safe_dump(doc))
+    return inv
+
+
+def run(
+    lab: Lab, runs: Path, code: Path, image: str, *args: str, inv: Path | None = None
+) -> CliResult:
     return run_cli(
-        "run", "-i", str(lab.inventory_path), "--launcher", "torchrun", "--image", image,
+        "run", "-i", str(inv or lab.inventory_path), "--launcher", "torchrun", "--image", image,
         "--runs-dir", str(runs), "--code-dir", str(code), "--grace", "2",
         "in_image.py", "--backend", "gloo", "--epochs", "2", "--steps", "4", *args,
         cwd=code,
@@ -72,26 +88,15 @@ def only_job(runs: Path) -> tuple[Path, dict]:
     return folder, json.loads((folder / "job.json").read_text())
 
 
-def job_containers(lab: Lab, job_id: str) -> list[str]:
-    """The job's containers, by label, as each node's podman lists them (a lab host keeps its
-    runtime state in its own namespaces: this machine's podman would not see them)."""
-    got = run_cli(
-        "exec", "-i", str(lab.inventory_path), "--",
-        "podman", "ps", "-a", "-q", "--filter", f"label=fleetctl.job={job_id}",
-    )  # fmt: skip
-    assert got.exit_code == 0, got.stderr
-    return [line for line in got.stdout.splitlines() if line.partition(": ")[2].strip()]
-
-
 def rank_text(folder: Path, rank: int, host: str) -> str:
     node = folder / f"{rank}-{host}"
     return "\n".join(p.read_text(errors="replace") for p in sorted(node.rglob("*.log")))
 
 
 def test_ddp_trains_on_the_images_torch_on_every_host(
-    lab: Lab, code: Path, image: str, tmp_path: Path
+    lab: Lab, code: Path, image: str, host38: Path, tmp_path: Path
 ) -> None:
-    r = run(lab, tmp_path, code, image)
+    r = run(lab, tmp_path, code, image, inv=host38)
     assert r.exit_code == 0, r.stderr[-3000:]
     folder, job = only_job(tmp_path)
     assert job["status"] == "succeeded", job
@@ -102,7 +107,7 @@ def test_ddp_trains_on_the_images_torch_on_every_host(
         assert f"done rank={rank} world=3 " in text, text[-2000:]
     plan = json.loads((folder / "plan.json").read_text())
     assert {n["container"]["image"] for n in plan["nodes"]} == {image}, plan["nodes"]
-    assert job_containers(lab, folder.name) == []
+    assert containers_left(lab.inventory_path, folder.name) == {}
 
 
 def test_a_rank_raising_in_ddp_ends_every_container_and_is_blamed(
@@ -115,9 +120,26 @@ def test_a_rank_raising_in_ddp_ends_every_container_and_is_blamed(
     assert (ff["rank"], ff["host"]) == (1, "node2"), ff
     assert "intentional failure at rank 1 step 2" in r.stderr, r.stderr[-3000:]
     assert job["teardown"]["verified"] is True, job["teardown"]
-    assert job_containers(lab, folder.name) == []
-    for node in load_inventory(str(lab.inventory_path)).nodes:
-        left = node_leftovers(
-            node_host(node), folder.name, workdir=node.workdir, python=node.python
-        )
-        assert not left.processes, left.describe()
+    assert_nothing_left(lab.inventory_path, folder.name)
+
+
+def test_an_image_without_torch_fails_the_check_on_every_host(
+    lab: Lab, code: Path, host38: Path, tmp_path: Path
+) -> None:
+    """torchrun in Debian's python3 image (no torch), the hosts' python without torch either:
+    the check's one container per host fails the import, exit 3, one line naming each host and
+    the image, before any push; no container of the image is left (the check's are ``--rm``)."""
+    r = run(lab, tmp_path, code, built_or_skip(base_image), inv=host38)
+    assert r.exit_code == 3, r.stderr[-3000:]
+    why = f"cannot import torch.distributed.run in image {BASE_IMAGE} (python3): "
+    why += "ModuleNotFoundError: No module named 'torch'"
+    assert r.stderr.strip().splitlines()[-1] == "fleetctl: error: " + "; ".join(
+        f"{h}: {why}" for h in ("node1", "node2", "node3")
+    ), r.stderr[-3000:]
+    assert "pushing" not in r.stderr and "launching" not in r.stderr, r.stderr[-3000:]
+    got = run_cli(
+        "exec", "-i", str(lab.inventory_path), "--",
+        "podman", "ps", "-a", "-q", "--filter", f"ancestor={BASE_IMAGE}",
+    )  # fmt: skip
+    assert got.exit_code == 0, got.stderr
+    assert [ln for ln in got.stdout.splitlines() if ln.partition(": ")[2].strip()] == []

@@ -27,6 +27,7 @@ from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli, run_cli_process, start_cli_process
 from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.jobs import killed_at_exit, start_running, stop_job
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
@@ -557,28 +558,11 @@ def test_stop_from_another_terminal_interrupts_an_attached_run(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
     runs = tmp_path / "runs"
-    proc = start_cli_process(
-        *run_args(lab3, runs, code, str(code / "tick.py"), "300"),
-        cwd=ROOT,
-        start_new_session=True,
-    )
-
-    def running_everywhere() -> str | None:
-        for d in runs.glob("*") if runs.is_dir() else []:
-            j = json.loads((d / "job.json").read_text()) if (d / "job.json").is_file() else {}
-            if [n.get("state") for n in j.get("nodes", [])] == ["running"] * 3:
-                return d.name
-        return None
-
-    try:
-        job_id = wait_for(running_everywhere, 60, what="job running on all 3 nodes", interval=0.3)
-        stop = fleetctl("stop", "--runs-dir", str(runs), job_id, "--grace", "1")
-        assert stop.exit_code == 0, stop.stdout + stop.stderr
+    argv = run_args(lab3, runs, code, str(code / "tick.py"), "300")
+    proc, job_id = start_running(argv, runs, 3, cwd=ROOT)
+    with killed_at_exit(proc):
+        stop_job(runs, job_id)
         _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
     assert proc.returncode == 130, err
     assert "stopped by `fleetctl stop`" in err
     assert "FAILED FIRST" not in err and "Interrupted: job " in err

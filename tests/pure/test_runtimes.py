@@ -16,7 +16,14 @@ import pytest
 
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
-from fleetctl.phases.check_containers import mismatches, parse, script, uses_gpus, wanted
+from fleetctl.phases.check_containers import (
+    ImageWant,
+    mismatches,
+    parse,
+    script,
+    uses_gpus,
+    wanted,
+)
 from fleetctl.plan.rankplan import JobSpec, NodeFacts, NodePlan, make_plan
 from fleetctl.plan.roles.jobfile import parse_job_file
 from fleetctl.plan.runtimes import ORDER, ContainerSpec, runtime
@@ -121,7 +128,7 @@ def test_a_runtime_name_is_checked_naming_the_host() -> None:
     ],
 )
 def test_what_a_node_says_about_its_image(stdout: str, want: tuple) -> None:
-    got = parse(stdout, "img:1")
+    got = parse(stdout, ImageWant("img:1"))
     assert (got.runtime, got.image_id, got.problem) == want
 
 
@@ -131,7 +138,7 @@ def test_the_check_script_runs_in_sh(tmp_path: Path) -> None:
     fake.write_text('#!/bin/sh\n[ "$1" = image ] && { echo sha256:ff; exit 0; }\nexit 0\n')
     fake.chmod(0o755)
     out = subprocess.run(
-        ["sh", "-c", script("img:1", "podman")],
+        ["sh", "-c", script(ImageWant("img:1", "podman"))],
         capture_output=True,
         text=True,
         env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
@@ -162,7 +169,7 @@ def test_an_image_id_that_started_here_is_not_probed_again(tmp_path: Path) -> No
         fid.write_text(image_id + "\n")
         rc.write_text(str(code))
         out = subprocess.run(
-            ["sh", "-c", script("img:1", "podman", None, marks)],
+            ["sh", "-c", script(ImageWant("img:1", "podman"), marks)],
             capture_output=True, text=True, env=env, timeout=30,
         )  # fmt: skip
         return out.stdout.splitlines()[2:]
@@ -174,11 +181,14 @@ def test_an_image_id_that_started_here_is_not_probed_again(tmp_path: Path) -> No
     assert log.read_text().splitlines() == ["run"] * 3  # the start probes, no more
     started = home / ".fleetctl" / "containers" / "started"
     assert sorted(p.name for p in started.iterdir()) == ["podman-sha256_aa", "podman-sha256_bb"]
-    assert parse("runtime podman\nimage sha256:aa\nprobe 0 cached\n", "img:1").problem is None
+    assert (
+        parse("runtime podman\nimage sha256:aa\nprobe 0 cached\n", ImageWant("img:1")).problem
+        is None
+    )
 
 
 def test_another_build_is_named_with_both_ids() -> None:
-    want = {h: ("img:1", None) for h in ("n1", "n2", "n3")} | {"n4": ("other", None)}
+    want = {h: ImageWant("img:1") for h in ("n1", "n2", "n3")} | {"n4": ImageWant("other")}
     ids = {"n1": "sha256:aa", "n2": "sha256:bb", "n3": "sha256:aa", "n4": "sha256:cc"}
     assert mismatches(want, ids) == [
         "n2: image img:1 is another build: sha256:bb (on n1: sha256:aa)"
@@ -254,41 +264,5 @@ def test_nccl_is_looked_for_in_the_image_only_where_the_job_uses_gpus(
     )
     assert uses_gpus(n, facts, backend) is want
     got = wanted([n], None, None, {"n1": facts} if facts else None, backend)
-    assert got == {"n1": ("img:1", None, "/opt/py/bin/python3" if want else None)}
-
-
-@pytest.mark.parametrize(
-    ("nccl", "problem"),
-    [
-        ("nccl 0 /usr/lib/x86_64-linux-gnu/libnccl.so.2\n", None),
-        ("nccl 0 -\n", "image img:1 has no NCCL (no libnccl in it; the job uses GPUs)"),
-        (
-            "nccl 127 exec: python3: not found\n",
-            "cannot look for NCCL in image img:1 (python3): exec: python3: not found",
-        ),
-    ],
-)
-def test_what_a_node_says_about_nccl_in_its_image(nccl: str, problem: str | None) -> None:
-    got = parse("runtime podman\nimage sha256:aa\nprobe 0 \n" + nccl, "img:1", "python3")
-    assert (got.image_id, got.problem) == ("sha256:aa", problem)
-
-
-def test_the_nccl_probe_runs_in_the_image_after_the_start_probe(tmp_path: Path) -> None:
-    """The node's side with a fake podman: the NCCL probe is one more container of the image,
-    run by the image's python, only once a trivial container started."""
-    fake = tmp_path / "podman"
-    fake.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = image ] && { echo sha256:ff; exit 0; }\n'
-        'case "$*" in *" -c "*) echo "$7 $8"; echo -;; esac\n'
-        "exit 0\n"
-    )
-    fake.chmod(0o755)
-    out = subprocess.run(
-        ["sh", "-c", script("img:1", "podman", "/opt/py/bin/python3")],
-        capture_output=True,
-        text=True,
-        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
-        timeout=30,
-    )
-    assert out.stdout.splitlines() == ["runtime podman", "image sha256:ff", "probe 0 ", "nccl 0 -"]
+    py = "/opt/py/bin/python3" if want else None
+    assert got == {"n1": ImageWant("img:1", None, py, None, want)}

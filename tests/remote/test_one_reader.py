@@ -24,7 +24,6 @@ OWN_STDOUT = {
     "bootstrap.py": "tells pythons too old for the programs apart: it must parse as Python 2",
     "envinfo.py": "run by a pushed env's python, whatever its version: one self-contained file",
     "collective.py": "raw text frames from several threads under its own lock, around torch",
-    "image_nccl.py": "one plain line (a path), no frame, by an image's python in a container",
 }
 
 

@@ -73,7 +73,7 @@ EXERCISED = {
     "containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
     "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
     "image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
-    "image_nccl.py": "test_the_image_nccl_probe_finds_pips_nccl_first",
+    "image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
     "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
     "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
@@ -265,30 +265,42 @@ def test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job(jobs: 
 
 # --image's runtime client, faked: ``two`` is rootless podman's (a parent that SIGTERM ends with
 # 0, a half that ignores it and waits for the container), ``one`` a client that SIGTERM ends
-# with 0 before its container ran (podman caught early). It says it is ready in the run folder.
+# with 0 before its container ran (podman caught early), ``seen`` one that does so after the
+# runtime wrote the container's main pid (itself here; podman racing its signal proxy). It
+# says it is ready in the run folder.
 FAKE_CLIENT = """\
 import os, signal, sys, time
+if sys.argv[1] == "seen" and "LOCAL_RANK" not in os.environ:  # a rank to the supervisor's scan
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "LOCAL_RANK": "0"})
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if sys.argv[1] == "two" and os.fork() == 0:
     time.sleep(60)
     os._exit(5)
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-open(os.path.join(os.environ["FLEET_RUN_DIR"], "ready"), "w").close()
+run_dir = os.environ["FLEET_RUN_DIR"]
+if sys.argv[1] == "seen":
+    open(os.path.join(run_dir, "container.pid"), "w").write(str(os.getpid()))
+    while not os.path.exists(os.path.join(run_dir, "rank_pids.json")):  # the scan saw it
+        time.sleep(0.05)
+open(os.path.join(run_dir, "ready"), "w").close()
 time.sleep(60)
 """
 
 
-@pytest.mark.parametrize(("kind", "code"), [("two", "-9"), ("one", "-15")])
+@pytest.mark.parametrize(("kind", "code"), [("two", "-9"), ("one", "-15"), ("seen", "-15")])
 def test_a_runtime_client_that_a_stop_ends_with_0_is_no_success(
     jobs: Jobs, tmp_path: Path, py38: str, kind: str, code: str
 ) -> None:
     """A stop's SIGTERM ends the client with 0: the node's code is the half's that still waited
     for the container (killed by the stop after the grace), or SIGTERM's where no container ran
-    (its main pid never found) — never a 0 that would count the node as succeeded."""
+    (its main pid never found) or where nothing shows the container had ended before the stop
+    (its main pid seen) — never a 0 that would count the node as succeeded."""
     job = jid(f"p-client-{kind}")
     fake = tmp_path / "client.py"
     fake.write_text(FAKE_CLIENT)
     container = {"list": ["true"], "stop": ["true"], "remove": ["true"], "pid": ["echo", "0"]}
+    if kind == "seen":
+        container["pidfile"] = str(Path(jobs.run_dir(job)) / "container.pid")
     run = jobs.start(job, [py38, str(fake), kind], container=container)
     ready = Path(jobs.run_dir(job)) / "ready"
     wait_for("the client ready", ready.exists)
