@@ -75,6 +75,11 @@ def collect_lines(results: Sequence[NodeCollect]) -> list[str]:
     for c in results:
         if c.skipped or c.error:
             what = c.skipped or c.error
+        elif c.unreachable:  # its record stands: say so, and nothing was copied now
+            why = c.unreachable.strip().splitlines()[0][:120] if c.unreachable.strip() else "?"
+            what = (
+                f"{len(c.files)} file(s) home, whole since the job ended; not reachable now ({why})"
+            )
         else:
             what = f"{len(c.files)} file(s) home, {format_size(c.bytes)} copied now" + (
                 f" ({c.attempts} attempts)" if c.attempts > 1 else ""

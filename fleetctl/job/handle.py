@@ -237,7 +237,7 @@ class JobHandle:
         if before.get("not_collected") or not (Path(c.folder) / "console.log").is_file():
             return c
         files, size = list(before.get("files") or []), int(before.get("bytes") or 0)
-        return dataclasses.replace(c, error=None, files=files, bytes=size)
+        return dataclasses.replace(c, error=None, unreachable=c.error, files=files, bytes=size)
 
     def _event(self, text: str) -> None:
         with contextlib.suppress(OSError):

@@ -125,6 +125,9 @@ class NodeCollect:
     not_collected: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
     transfer_failed: bool = False  # the last transfer broke: a retry may bring the rest
+    # why this collection could not reach the node, whose logs the job's own collection had
+    # brought home whole after it ended: that record stands (nothing copied now)
+    unreachable: str | None = None
 
     @property
     def incomplete(self) -> bool:
@@ -149,6 +152,7 @@ class NodeCollect:
             "refused": self.refused,
             "error": self.error,
             "skipped": self.skipped,
+            **({"unreachable": self.unreachable} if self.unreachable else {}),
         }
 
 

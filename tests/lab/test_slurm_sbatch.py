@@ -134,6 +134,8 @@ def test_a_torchrun_ddp_job_submitted_with_sbatch_trains_and_every_log_comes_hom
         env=slurm["env"], cwd=slurm["code"], timeout=120,
     )  # fmt: skip
     assert got.exit_code == 0, got.stdout + got.stderr
+    assert got.stderr.count("whole since the job ended; not reachable now") == 3, got.stderr
+    assert "copied now" not in got.stderr, got.stderr
     after = json.loads((folder / "job.json").read_text())
     assert [n["collected"] for n in after["nodes"]] == [True] * 3, after["nodes"]
     assert all(c["complete"] for c in after["collected"]), after["collected"]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleetctl.cli.render_collect import collect_summary_lines
+from fleetctl.cli.render_collect import collect_lines, collect_summary_lines
 from fleetctl.job.jobrecord import JobRecord
 from fleetctl.job.runfolder import STREAMED_CONSOLE, RunFolder
 from fleetctl.phases.collect import (
@@ -86,6 +86,27 @@ def test_ctrl_c_while_collecting_marks_every_unfinished_node_interrupted(tmp_pat
     ]
     assert interrupted(results) and all(c.incomplete for c in results)
     assert not interrupted([NodeCollect("node1", 0, str(tmp_path))])
+
+
+def test_a_node_kept_from_the_jobs_own_collection_says_nothing_was_copied_now() -> None:
+    """`collect` after a Slurm allocation ended (or with a node powered off since): the node's
+    record stands, complete, and its line says why nothing came now, never "copied now"."""
+    kept = NodeCollect(
+        "node1",
+        0,
+        "/r/0-node1",
+        files=["console.log", "supervisor.json"],
+        bytes=1843,
+        unreachable="srun: error: Unable to confirm allocation for job 12: Invalid job id\nx",
+    )
+    assert not kept.incomplete and kept.to_dict()["complete"] is True
+    assert kept.to_dict()["unreachable"].startswith("srun: error: Unable to confirm")
+    assert "unreachable" not in NodeCollect("node2", 1, "/r/1-node2").to_dict()
+    assert collect_lines([kept]) == [
+        "  [0 node1] 2 file(s) home, whole since the job ended; not reachable now "
+        "(srun: error: Unable to confirm allocation for job 12: Invalid job id)"
+    ]
+    assert collect_summary_lines([kept], "j1") == []
 
 
 def test_the_run_folder_names_the_controller_that_created_it(tmp_path: Path) -> None:
