@@ -78,8 +78,10 @@ class ContainerBench:
             ]
         image.note = (
             "cost = this row's median - the no-image row's; overhead = cost - the bare start: "
-            "the check's probe container, the image-id comparison, the supervisor's runtime "
-            "calls (start, rank pid, end by label) and the container guard"
+            "the image check's command (its trial container on a node's first run of the "
+            "image), the image-id comparison, the supervisor's runtime calls (start; one "
+            "listing by label at the end; the main pid is a file podman writes) and the "
+            "container guard"
         )
         return [finish_row(bare), finish_row(plain), finish_row(image)]
 

@@ -40,7 +40,7 @@ import subprocess
 import time
 from typing import Any
 
-from common import PY, Result, SampleFailed, finish_row, repeat, run_timed, tail
+from common import PY, Result, SampleFailed, Timed, finish_row, repeat, run_timed, tail
 
 NODES = 3
 STARTED = "from the job's start to the return s"
@@ -140,14 +140,19 @@ class SlurmBench:
             return None
         return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 
-    def _bare_sbatch(self) -> float:
+    def _sbatch(self, flag: str, timeout: float) -> Timed:
+        """``sbatch FLAG`` of the bare script on NODES nodes, timed; a failure fails the sample."""
         t = run_timed(
-            ["sbatch", "-W", f"--nodes={NODES}", f"--output={self.work}/bare-%j.out",
+            ["sbatch", flag, f"--nodes={NODES}", f"--output={self.work}/bare-%j.out",
              str(self.work / "bare.sh")],
-            env=self.env, cwd=str(self.work), timeout=120,
+            env=self.env, cwd=str(self.work), timeout=timeout,
         )  # fmt: skip
         if t.proc.returncode != 0:
-            raise SampleFailed(f"sbatch -W exit {t.proc.returncode}: {tail(t.proc.stderr)}")
+            raise SampleFailed(f"sbatch {flag} exit {t.proc.returncode}: {tail(t.proc.stderr)}")
+        return t
+
+    def _bare_sbatch(self) -> float:
+        t = self._sbatch("-W", 120)
         m = re.search(r"Submitted batch job (\d+)", t.proc.stdout)
         self._job = m.group(1) if m else None
         return t.seconds
@@ -158,13 +163,7 @@ class SlurmBench:
         from fleetctl.slurm.queue import TERMINAL
 
         t0 = time.perf_counter()
-        t = run_timed(
-            ["sbatch", "--parsable", f"--nodes={NODES}", f"--output={self.work}/bare-%j.out",
-             str(self.work / "bare.sh")],
-            env=self.env, cwd=str(self.work), timeout=60,
-        )  # fmt: skip
-        if t.proc.returncode != 0:
-            raise SampleFailed(f"sbatch exit {t.proc.returncode}: {tail(t.proc.stderr)}")
+        t = self._sbatch("--parsable", 60)
         job = self._job = t.proc.stdout.strip().split(";")[0]
         deadline = t0 + 120
         while time.perf_counter() < deadline:
