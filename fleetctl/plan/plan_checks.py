@@ -39,6 +39,8 @@ def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
                 f"--launcher-arg {arg}: fleetctl sets {launcher.name}'s {name} from how SCRIPT "
                 "is given (run -m MODULE for a module, a .sh file for a shell script); leave it out"
             )
+        if name is not None and name in launcher.refused:
+            raise PlanError(f"--launcher-arg {arg}: {launcher.refused[name]}; leave it out")
         if name is not None and name in launcher.owned:
             raise PlanError(
                 f"--launcher-arg {arg}: {launcher.name}'s {name} is set by fleetctl from the "
