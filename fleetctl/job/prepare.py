@@ -33,6 +33,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     import dataclasses
 
     from fleetctl.plan.rankplan import NodeFacts, make_plan
+    from fleetctl.plan.script_arg import installed_module
 
     spec, options = job.spec, job.options
     job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
@@ -58,6 +59,10 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there
             launcher_module=None if options.env_archive else launcher_module(spec.launcher),
+            # -m MODULE not in the pushed code: the node python must find it installed
+            script_module=None
+            if options.env_archive
+            else installed_module(spec.kind or "", spec.script, options.code, spec.folder),
             # no launcher import tells torch's version (plain): the probe looks it up
             torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
             container_hosts=in_image,

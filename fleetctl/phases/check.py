@@ -129,6 +129,7 @@ def probe_args(
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
         "launcher_module": options.launcher_module if on_host else None,
+        "script_module": options.script_module if on_host else None,
         "torch_version": options.torch_version and on_host,
         "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,

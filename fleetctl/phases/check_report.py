@@ -61,6 +61,9 @@ class CheckOptions:
     # The launcher's module, imported by the node python (where no env is pushed): a node
     # that cannot start the launcher fails the check, not the run.
     launcher_module: str | None = None
+    # ``run -m MODULE`` of a module not in the pushed code: the node python must find it
+    # installed (looked up, not imported: importing ``pkg.__main__`` would run the job).
+    script_module: str | None = None
     # Learn the node python's torch version without a launcher importing it (plain): the
     # flight recorder's variable is named by it (fleetctl.plan.flight_recorder).
     torch_version: bool = False

@@ -133,3 +133,29 @@ def test_an_accelerate_ranks_own_error_is_in_the_summary(
     assert shown[-1].endswith("RuntimeError: shard 7 is missing on rank 1"), "\n".join(summary)
     assert not any("ChildFailedError" in x for x in shown), "\n".join(summary)
     assert_clean(cpu_lab, job_id(r.stderr))
+
+
+def test_accelerates_own_launcher_runs_as_an_installed_module(
+    cpu_lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    """``-m`` of a module not in the pushed code, installed on the nodes: the check finds it
+    there (it was refused for not being in the code). Under plain, each node's accelerate
+    ``--cpu`` is one process with plain's RANK/WORLD_SIZE: one world of the 3 nodes."""
+    r = run(cpu_lab, code, tmp_path / "runs", "--launcher", "plain",
+            "-m", "accelerate.commands.launch", "--cpu", "run_me.py", "3")  # fmt: skip
+    assert r.exit_code == 0, r.stdout + r.stderr
+    for index in range(3):
+        assert f"world=3 index={index} type=MULTI_CPU device=cpu sum=6" in r.stdout, r.stdout
+
+
+def test_a_module_neither_in_the_code_nor_installed_fails_the_check_naming_it(
+    cpu_lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    r = run(cpu_lab, code, tmp_path / "runs", "--launcher", "plain", "-m", "no_such_module_q7")
+    assert r.exit_code == 3, r.stdout + r.stderr
+    said = (
+        "-m no_such_module_q7: not in the pushed code, and this python cannot find it "
+        "installed (ImportError: No module named 'no_such_module_q7')"
+    )
+    assert said in r.stderr, r.stderr
+    assert "launching" not in r.stderr, r.stderr
