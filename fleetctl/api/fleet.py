@@ -34,6 +34,18 @@ DEFAULT_RUNS_DIR = "fleet-runs"
 DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SSH code yet)
 
 
+def probe_timeout_arg(value: float) -> float:
+    """``probe_timeout`` (``--probe-timeout``): seconds, 1 to 600. UsageError (exit 2)."""
+    from fleetctl.phases.check_report import PROBE_TIMEOUT_MAX
+
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 1 <= value <= PROBE_TIMEOUT_MAX:  # NaN fails both comparisons
+        raise UsageError(
+            f"probe timeout {value!r}: seconds from 1 to {PROBE_TIMEOUT_MAX:g} (--probe-timeout)"
+        )
+    return float(value)
+
+
 class Fleet:
     """Hosts in rank order and how to reach them. Make one with :meth:`from_inventory` or
     :meth:`local`; it holds no connection between calls (each call connects and closes)."""
@@ -151,15 +163,18 @@ class Fleet:
         mesh: str = "auto",
         min_free_gib: float = 1.0,
         collective: CollectiveOptions | None = None,
+        probe_timeout: float = 30.0,
     ) -> CheckReport:
         """``fleetctl check``: SSH, ping, NICs, the mesh, GPUs, ports, disk, tools on every
         host. Never raises for a failing host: ``report.ok``, ``report.failures`` (host,
         check, why), ``report.hosts[name].checks``; ``report.to_dict()`` is ``--json``.
-        ``collective``: then the torch.distributed benchmark (``check --collective``)."""
+        ``collective``: then the torch.distributed benchmark (``check --collective``).
+        ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``)."""
         from fleetctl.job.prepare import launcher_module
         from fleetctl.phases.check import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
+        probe_timeout = probe_timeout_arg(probe_timeout)
         if mesh not in ("auto", "full", "sparse", "off"):
             raise UsageError(f"mesh must be auto, full, sparse or off, not {mesh!r}")
         options = CheckOptions(
@@ -173,6 +188,7 @@ class Fleet:
             mesh=mesh != "off",
             mesh_mode=mesh if mesh != "off" else "auto",
             collective=collective,
+            probe_timeout=probe_timeout,
         )
         with self._ssh() as fleet:
             return check_fleet(fleet, options)
@@ -304,6 +320,7 @@ class Fleet:
         collect: CollectOptions | None = None,
         monitor: bool = True,
         monitor_lost_timeout: float | None = None,
+        probe_timeout: float = 30.0,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -364,6 +381,7 @@ class Fleet:
             collect=collect,
             monitor=monitor,
             monitor_lost_timeout=monitor_lost_timeout,
+            probe_timeout=probe_timeout,
         )
         ready = prepare(
             script,

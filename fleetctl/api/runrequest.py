@@ -59,6 +59,7 @@ class RunArgs:
     collect: CollectOptions | None = None
     monitor: bool = True
     monitor_lost_timeout: float | None = None
+    probe_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ def prepare(
         isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0
     ):
         raise UsageError(f"nproc_per_node {nproc!r}: a positive integer or 'auto'")
+    from fleetctl.api.fleet import probe_timeout_arg
+
+    probe_timeout = probe_timeout_arg(a.probe_timeout)
     if a.container_runtime is not None:
         from fleetctl.plan.runtimes import runtime
 
@@ -207,6 +211,7 @@ def prepare(
         collect=a.collect,
         nodes_wanted=a.nodes,
         checkpoint_dir=checkpoint_dir,
+        probe_timeout=probe_timeout,
         before_launch=before,
         collective=collective,
     )

@@ -37,6 +37,7 @@ from fleetctl.cli.options import (
     inventory_option,
     limit_option,
     open_fleet,
+    probe_timeout_option,
     ssh_options,
 )
 from fleetctl.cli.slurm_run import slurm_options
@@ -169,6 +170,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
 )
 @click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
+@probe_timeout_option
 @click.option(
     "--nodes",
     "nodes_wanted",
@@ -379,6 +381,7 @@ def run_command(
         collect=collect,
         monitor=not lifecycle["no_monitor"],
         monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
+        probe_timeout=lifecycle["probe_timeout"],
         dry_run=dry_run,
         foreground=True,
         on_event=live,

@@ -66,6 +66,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             # no launcher import tells torch's version (plain): the probe looks it up
             torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
             container_hosts=in_image,
+            probe_timeout=options.probe_timeout,
         )
         if options.check_options is None and options.code is not None:
             from fleetctl.phases import codesync

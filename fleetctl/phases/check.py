@@ -235,7 +235,9 @@ def _session(
             if got is not None:
                 out.old_python = str(got.data())
             elif not lines.eof:
-                out.error = f"probe gave no answer within {probe_timeout:g}s"
+                out.error = (
+                    f"python probe did not answer in {probe_timeout:g} s; raise --probe-timeout"
+                )
             return out
         out.received_at = time.time()
         facts = got.data()

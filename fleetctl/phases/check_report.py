@@ -33,6 +33,10 @@ CHECKS = (
 )
 GiB = 1 << 30
 DEFAULT_MASTER_PORT = 29500
+# s for a node's python to print its facts; a loaded node (an sbatch allocation at load ~13)
+# may need more: --probe-timeout, up to PROBE_TIMEOUT_MAX
+PROBE_TIMEOUT = 30.0
+PROBE_TIMEOUT_MAX = 600.0
 # ------------------------------------------------------------------------------------ options
 
 
@@ -77,7 +81,7 @@ class CheckOptions:
     allow_loopback: bool = False
     max_clock_skew: float = 2.0
     ping: bool = True
-    probe_timeout: float = 30.0
+    probe_timeout: float = PROBE_TIMEOUT  # s for a node's python to answer (--probe-timeout)
     tcp_timeout: float = 2.0
     cache_ttl: float = 120.0
     recheck: bool = False
@@ -90,7 +94,7 @@ class CheckOptions:
     collective: CollectiveOptions | None = None
 
     def cache_fields(self) -> dict[str, Any]:
-        skip = {"cache_ttl", "recheck", "cache_dir", "hold"}
+        skip = {"cache_ttl", "recheck", "cache_dir", "hold", "probe_timeout"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
