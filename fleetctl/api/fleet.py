@@ -314,6 +314,7 @@ class Fleet:
         env_style: str | None = None,
         nodes: int | None = None,
         checkpoint_dir: str | None = None,
+        resume: str | None = None,
         image: str | None = None,
         container_runtime: str | None = None,
         collective: CollectiveOptions | None = None,
@@ -336,7 +337,9 @@ class Fleet:
         folder shipped (default: the git work tree holding the script). ``job_file``: a
         role job instead of ``script`` (``--job``; ``env_style``: its variables' names).
         ``nodes``: run on that many hosts that pass the check, the others spares for retries
-        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``before``: a
+        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``resume``: an
+        earlier job's id (or ``"last"``) whose checkpoint files every node gets before launch
+        (``checkpoint_dir``: which folder). ``before``: a
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``). ``collective``: the
@@ -375,6 +378,7 @@ class Fleet:
             env_style=env_style,
             nodes=nodes,
             checkpoint_dir=checkpoint_dir,
+            resume=resume,
             image=image,
             container_runtime=container_runtime,
             collective=collective,

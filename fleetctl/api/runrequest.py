@@ -53,6 +53,7 @@ class RunArgs:
     env_style: str | None = None
     nodes: int | None = None
     checkpoint_dir: str | None = None
+    resume: str | None = None
     image: str | None = None
     container_runtime: str | None = None
     collective: CollectiveOptions | None = None
@@ -139,6 +140,11 @@ def prepare(
     from fleetctl.phases.checkpoints import checkpoint_dir_arg
 
     checkpoint_dir = checkpoint_dir_arg(a.checkpoint_dir)
+    relay = None
+    if a.resume is not None:  # the earlier job's run folder, read here (no host reached)
+        from fleetctl.job.resume import resolve
+
+        relay = resolve(a.resume, runs_dir, nodes, checkpoint_dir)
     before = _before_hook(a.before, inventory)
     if a.nodes is not None and a.nodes > len(nodes):
         raise UsageError(f"--nodes {a.nodes}: the selection has only {len(nodes)} host(s)")
@@ -211,6 +217,7 @@ def prepare(
         collect=a.collect,
         nodes_wanted=a.nodes,
         checkpoint_dir=checkpoint_dir,
+        relay=relay,
         probe_timeout=probe_timeout,
         before_launch=before,
         collective=collective,

@@ -184,9 +184,16 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     "--checkpoint-dir",
     default=None,
     metavar="DIR",
-    help="With --max-retries: the folder whose files rank 0's node relays to every node of a "
-    "retry (relative to the job's work folder, or absolute on the nodes; default: the work "
-    "folder).",
+    help="With --max-retries or --resume: the folder whose files rank 0's node relays to every "
+    "node of a retry or a resumed job (relative to the job's work folder, or absolute on the "
+    "nodes; default: the work folder).",
+)
+@click.option(
+    "--resume",
+    default=None,
+    metavar="JOB|last",
+    help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
+    "--checkpoint-dir) are copied to every node's work folder before launch, as a retry's are.",
 )
 @click.option(
     "--allow-busy-gpus",
@@ -375,6 +382,7 @@ def run_command(
         env_style=lifecycle["env_style"],
         nodes=lifecycle["nodes_wanted"],
         checkpoint_dir=lifecycle["checkpoint_dir"],
+        resume=lifecycle["resume"],
         image=image,
         container_runtime=container_runtime,
         collective=collective,

@@ -84,7 +84,8 @@ class RunOptions:
     limit: str | None = None
     collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
     checkpoint_dir: str | None = None  # --checkpoint-dir: what a retry relays (None: work folder)
-    relay: CheckpointRelay | None = None  # a retry: the last attempt's checkpoints, copied first
+    # a retry: the last attempt's checkpoints, copied first (--resume: an earlier job's)
+    relay: CheckpointRelay | None = None
     probe_timeout: float = 30.0  # --probe-timeout: s for each node's python to answer the check
     # after the check and push, before plan and launch: (nodes, settings) -> None; what it
     # raises stops the run before anything started (`run --before`, fleetctl.api)

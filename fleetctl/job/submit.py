@@ -102,6 +102,10 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
     options = request.options
     if options.planner is not None and options.completion is None:
         options = dataclasses.replace(options, completion=options.planner.policy)
+    if options.relay is not None and options.relay.resume is not None:
+        from fleetctl.job.resume import check_files
+
+        check_files(options.relay, options.settings, options.allow_secrets)  # before anything
     want = options.nodes_wanted
     spares = want is not None and want < len(request.nodes)
     if not request.retry.max_retries and not spares:
