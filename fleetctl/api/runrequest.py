@@ -190,6 +190,10 @@ def prepare(
         run_nodes = planner.nodes
     # what the real run would refuse, a dry run refuses too
     retry_policy = retry.policy(job_retry)
+    if code_dir is not None:  # `--code /` walked the whole disk before anything was said
+        from fleetctl.phases.codesync import check_code_folder
+
+        check_code_folder(code_dir)
     if dry_run:
         if planner is not None:
             return Prepared(None, before, planner.dry_plan(spec))

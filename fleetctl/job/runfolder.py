@@ -60,7 +60,7 @@ SLURM_FILE = "slurm.json"
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
 
 

@@ -10,6 +10,7 @@ rsync's ``ssh`` is ``fleetctl.ssh.openssh.ssh_argv`` (fleetctl's trust settings)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -59,6 +60,8 @@ _STATE_MARKERS = (
     ("conda-meta", "a conda environment"),
     ("connect.json", "a fleetctl run folder"),
 )
+
+MAX_FILES = 100_000  # files to ship at most: more is a data or system folder, not code
 
 
 def cache_dir() -> Path:
@@ -211,9 +214,11 @@ def state_dir(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def list_files(root: Path) -> list[str]:
+def list_files(root: Path, limit: int | None = None) -> list[str]:
     """Files to ship, relative, sorted: git's view when in a work tree, plus ``.fleetignore``,
-    minus the built-in excludes and directories of local state (virtualenvs, run folders)."""
+    minus the built-in excludes and directories of local state (virtualenvs, run folders).
+    ``limit``: the walk stops at once past that many files and UsageError says so (``--code
+    /`` walked the whole filesystem first)."""
     root = root.resolve()
     files = _git_files(root)
     if files is None:
@@ -237,6 +242,8 @@ def list_files(root: Path) -> list[str]:
                 rel = f"{reldir}/{f}" if reldir else f
                 if not matcher.ignored(rel):
                     files.append(rel)
+            if limit is not None and len(files) > limit:
+                raise _too_many(root, f"{len(files)} files or more", limit)
     else:
         matcher = IgnoreMatcher(root, (IGNORE_FILE,), builtin=True)
         states: dict[str, bool] = {}
@@ -252,7 +259,56 @@ def list_files(root: Path) -> list[str]:
             return False
 
         files = [f for f in files if not matcher.ignored(f) and not in_state_dir(f)]
-    return sorted(f for f in files if os.path.lexists(root / f))
+    out = sorted(f for f in files if os.path.lexists(root / f))
+    if limit is not None and len(out) > limit:
+        raise _too_many(root, f"{len(out)} files", limit)
+    return out
+
+
+def _too_many(root: Path, count: str, limit: int) -> UsageError:
+    return UsageError(
+        f"code directory {root} has {count} (more than {limit}); "
+        f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
+    )
+
+
+def check_code_folder(root: str | Path, max_files: int = MAX_FILES) -> Path:
+    """A folder that can be shipped as code, refused at once otherwise (UsageError, exit 2):
+    not ``/``, not a home folder (every file of the user's, keys and caches included), not
+    over ``max_files`` files to ship (a data or system folder). Returns it resolved."""
+    return code_files(root, max_files)[0]
+
+
+def code_files(root: str | Path, max_files: int = MAX_FILES) -> tuple[Path, list[str]]:
+    """:func:`check_code_folder`'s folder, and the files it ships (:func:`list_files`)."""
+    path = Path(root).expanduser()
+    try:
+        path = path.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise UsageError(f"code directory {root}: cannot be read ({_why(e)})") from None
+    if not path.is_dir():
+        raise UsageError(f"code directory {root} is not a folder")
+    if path == Path(path.anchor):
+        raise UsageError(f"code directory {root} is the whole filesystem; pass --code PROJECT_DIR")
+    if path in _homes() or path.parent in (Path("/home"), Path("/Users")):
+        raise UsageError(
+            f"code directory {root} is a home folder (its keys, caches and data would ship); "
+            "pass --code PROJECT_DIR"
+        )
+    return path, list_files(path, limit=max_files)
+
+
+def _homes() -> set[Path]:
+    homes = {Path("/root")}
+    with contextlib.suppress(OSError, RuntimeError, KeyError):
+        homes.add(Path.home().resolve())
+    return homes
+
+
+def _why(e: BaseException) -> str:
+    if (isinstance(e, OSError) and e.errno == errno.ELOOP) or isinstance(e, RuntimeError):
+        return "a symlink loop"
+    return getattr(e, "strerror", None) or str(e)
 
 
 def _git_files(root: Path) -> list[str] | None:
@@ -330,7 +386,6 @@ class _HashCache:
             os.replace(tmp, self.path)
 
 
-MAX_FILES = 100_000
 _KEY_NAME = re.compile(r"(?:^|/)id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?$")
 # PEM/OpenSSH private keys (RSA, EC, DSA, PKCS#8, encrypted) and PuTTY's; at a line start, so a
 # source file that merely mentions the header is not taken for a key.
@@ -411,15 +466,9 @@ def snapshot(
     implausibly large for a project (pushing ``~`` or ``/`` by accident), and SecretError when
     it holds files that look like private keys, unless each is named in ``allow_secrets``
     (paths relative to ``root``)."""
-    root = Path(root).expanduser().resolve()
-    if not root.is_dir():
-        raise UsageError(f"code directory {root} does not exist")
-    files = list_files(root)
-    if len(files) > max_files:
-        raise UsageError(
-            f"code directory {root} has {len(files)} files (more than {max_files}); "
-            f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
-        )
+    if not Path(root).expanduser().is_dir():
+        raise UsageError(f"code directory {Path(root).expanduser().resolve()} does not exist")
+    root, files = code_files(root, max_files)
     cache = _HashCache()
     manifest: dict[str, list] = {}
     total = 0

@@ -73,6 +73,7 @@ def resolve(
         return Program(module, MODULE, "" if folder == "." else folder, rest, code)
     if script.startswith("-"):
         raise UsageError(f"unknown option {script!r} (fleetctl options go before SCRIPT)")
+    _no_symlink_loop(script)
     code = code_dir if code_dir is not None else str(default_code_dir(script))
     rel = _in_code_dir(script, code)
     kind = script_kind(Path(script))
@@ -121,6 +122,20 @@ def _check(launcher: str, kind: str, script: str) -> None:
         check_program(launcher, kind, script)
     except PlanError as e:
         raise UsageError(str(e)) from e
+
+
+def _no_symlink_loop(script: str) -> None:
+    """A SCRIPT whose links go round in circles: one line (``Path.resolve`` raises
+    RuntimeError for it before Python 3.13, a traceback)."""
+    import errno
+
+    try:
+        os.stat(script)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"script {script}: a symlink loop ({e.strerror})") from None
+    except ValueError:  # a NUL in the name
+        raise UsageError(f"script {script!r}: not a file name") from None
 
 
 def _in_code_dir(script: str, code_dir: str) -> str:
