@@ -36,7 +36,7 @@ DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SS
 
 def probe_timeout_arg(value: float) -> float:
     """``probe_timeout`` (``--probe-timeout``): seconds, 1 to 600. UsageError (exit 2)."""
-    from fleetctl.phases.check_report import PROBE_TIMEOUT_MAX
+    from fleetctl.plan.userinput import PROBE_TIMEOUT_MAX
 
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not 1 <= value <= PROBE_TIMEOUT_MAX:  # NaN fails both comparisons

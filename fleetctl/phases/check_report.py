@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.plan.userinput import PROBE_TIMEOUT
+
 if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
@@ -33,10 +35,6 @@ CHECKS = (
 )
 GiB = 1 << 30
 DEFAULT_MASTER_PORT = 29500
-# s for a node's python to print its facts; a loaded node (an sbatch allocation at load ~13)
-# may need more: --probe-timeout, up to PROBE_TIMEOUT_MAX
-PROBE_TIMEOUT = 30.0
-PROBE_TIMEOUT_MAX = 600.0
 # ------------------------------------------------------------------------------------ options
 
 
