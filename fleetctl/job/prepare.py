@@ -129,6 +129,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts
         )
+        for w in report.code_warnings:  # checkpoints or data in the code folder
+            job.emit("warning", w)
         code_digest = report.code_digest
         for n in job.nodes:
             prefix = push_mod.env_path_prefix(report, n.name)

@@ -347,6 +347,8 @@ class CodeSnapshot:
     files: tuple[str, ...]
     total_bytes: int
     manifest: dict[str, list] = field(hash=False, compare=False)
+    # (rel path, size) of files that look like checkpoints or data (``bulky_files``)
+    bulky: tuple[tuple[str, int], ...] = field(default=(), hash=False, compare=False)
 
 
 class _HashCache:
@@ -481,6 +483,33 @@ def looks_like_private_key(data: bytes) -> bool:
     return scan.found
 
 
+# what a checkpoint or a data set is saved as; any file past BULKY_BYTES counts too
+BULKY_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npy", ".npz", ".h5", ".hdf5")
+BULKY_BYTES = 100 * 1000 * 1000
+
+
+def is_bulky(rel: str, size: int) -> bool:
+    """Whether a code folder's file looks like a checkpoint or data, not code: pushed as code,
+    it goes to every node, and a checkpoint rewritten locally makes every push a new snapshot."""
+    return size > BULKY_BYTES or rel.lower().endswith(BULKY_SUFFIXES)
+
+
+def bulky_warning(snap: CodeSnapshot, shown: int = 3) -> str | None:
+    """The one-line warning naming a snapshot's checkpoint/data files (None: there are none)."""
+    if not snap.bulky:
+        return None
+    from fleetctl.phases.envpack import human_bytes
+
+    biggest = sorted(snap.bulky, key=lambda f: (-f[1], f[0]))
+    names = ", ".join(f"{rel} ({human_bytes(size)})" for rel, size in biggest[:shown])
+    more = f" (+{len(biggest) - shown} more)" if len(biggest) > shown else ""
+    return (
+        f"code directory {snap.root} holds {len(biggest)} file(s) that look like checkpoints "
+        f"or data, pushed as code to every node: {names}{more}; exclude them in {IGNORE_FILE} "
+        "unless the job reads them (a job's own checkpoints stay in its work folder on the nodes)"
+    )
+
+
 class SecretError(UsageError):
     """The code folder would ship files that look like private keys."""
 
@@ -501,6 +530,7 @@ def snapshot(
     digest = hashlib.sha256()
     allowed = {os.path.normpath(a) for a in allow_secrets}
     secrets: list[str] = []
+    bulky: list[tuple[str, int]] = []
     for rel in files:
         full = os.path.join(root, rel)
         try:
@@ -513,6 +543,8 @@ def snapshot(
                     secrets.append(rel)
                 entry = ["f", sha, 0o755 if st.st_mode & 0o111 else 0o644]
                 total += st.st_size
+                if is_bulky(rel, st.st_size):
+                    bulky.append((rel, st.st_size))
             else:
                 continue
         except OSError as e:
@@ -531,7 +563,9 @@ def snapshot(
             f"{shown}; exclude them in {IGNORE_FILE}, or ship one on purpose with "
             "--allow-secret PATH"
         )
-    return CodeSnapshot(root, digest.hexdigest()[:32], tuple(manifest), total, manifest)
+    return CodeSnapshot(
+        root, digest.hexdigest()[:32], tuple(manifest), total, manifest, tuple(bulky)
+    )
 
 
 # ----------------------------------------------------------------------- rsync
