@@ -141,8 +141,11 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
                 torch = (pushed.torch_version if pushed else None) or f.torch
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python", torch=torch)
     if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet
+        from fleetctl.job.beforelog import before_output
+
         job.emit("phase", "before launch")
-        options.before_launch(job.nodes, fleet.settings)
+        with before_output(job):  # its output: [rank host] lines, each node's before.log
+            options.before_launch(job.nodes, fleet.settings)
     if options.planner is not None:  # role jobs: ports probed, roles laid out
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
         job.folder.write_roles(layout.to_dict())
