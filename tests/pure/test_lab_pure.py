@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -164,6 +165,28 @@ def test_fake_nvidia_smi_speaks_the_real_formats(smi) -> None:  # type: ignore[n
     assert bad.returncode == 2 and 'Field "nope"' in bad.stderr
     none = smi("-L", count=0)
     assert none.returncode == 6 and none.stdout.strip() == "No devices were found"
+
+
+def test_fake_nvidia_smi_in_a_slurm_step_shows_the_steps_gpus(tmp_path: Path) -> None:
+    """As the real one where cgroup.conf has ConstrainDevices=yes: the step's GPUs (the batch
+    step: the job's); outside Slurm, or in a job without gres, every GPU."""
+    shutil.copy(Path(core.__file__).with_name("fake_nvidia_smi.py"), tmp_path / "nvidia-smi")
+    (tmp_path / "nvidia-smi.json").write_text(json.dumps({"count": 4, "seed": "s"}))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+
+    def listed(**env: str) -> list[str]:
+        p = subprocess.run(
+            [sys.executable, str(tmp_path / "nvidia-smi"), "--query-gpu=index,count",
+             "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, env={**clean, **env},
+        )  # fmt: skip
+        return p.stdout.splitlines()
+
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1,2,3"}
+    assert listed(**job, SLURM_STEP_GPUS="2") == ["2, 1"]
+    assert listed(**job) == ["0, 4", "1, 4", "2, 4", "3, 4"]
+    assert listed(SLURM_JOB_ID="7", SLURM_JOB_GPUS="1,3") == ["1, 2", "3, 2"]
+    assert len(listed()) == len(listed(SLURM_JOB_ID="7")) == 4
 
 
 def test_fixture_skips_without_root_but_fails_when_the_lab_is_required(
