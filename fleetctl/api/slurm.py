@@ -172,6 +172,7 @@ def submission(
     from fleetctl.api.runrequest import new_job_id
     from fleetctl.errors import UsageError
     from fleetctl.slurm.batch import (
+        GPUS_VAR,
         JOB_FILE_DIR,
         PRIVATE_ROOT,
         RUN_ID_VAR,
@@ -179,6 +180,7 @@ def submission(
         check_gres,
         check_line,
         check_time,
+        gres_gpus,
         inside_argv,
         inside_command,
         render,
@@ -225,6 +227,9 @@ def submission(
     command = inside_command(sys.executable, spec_path(folder, job_id, private=not shared_fs))
     paths = [_python_path(), *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
     env = {RUN_ID_VAR: job_id, "PYTHONPATH": os.pathsep.join(dict.fromkeys(x for x in paths if x))}
+    gpus = gres_gpus(gres)
+    if gpus is not None:  # the plan's GPUs per node: the steps', not the batch step's
+        env[GPUS_VAR] = str(gpus)
     req = BatchRequest(
         nodes=nodes,
         job_id=job_id,

@@ -25,6 +25,9 @@ from fleetctl.slurm.specfile import SPEC_FILE, dumps
 
 #: set by the batch script: the fleetctl job id (and run folder) the inside run adopts
 RUN_ID_VAR = "FLEETCTL_RUN_ID"
+#: set by the batch script from ``--gres gpu:K``: the GPUs each node's steps get. The batch
+#: step's own ``SLURM_GPUS_ON_NODE`` can be more (an exclusive node gives it all of them)
+GPUS_VAR = "FLEETCTL_SLURM_GPUS_PER_NODE"
 MAX_GRES_COUNT = 4096  # per node and GRES: a typo's count must not reach sbatch
 OUTPUT_FILE = "slurm.out"  # in the run folder: the batch script's stdout
 ERROR_FILE = "slurm.err"  # and its stderr (fleetctl's own lines, the summary)
@@ -164,6 +167,14 @@ def _gres_item(value: str, item: str) -> tuple[str, int]:
     if not 1 <= count <= MAX_GRES_COUNT:
         raise UsageError(f"--gres {value!r}: count {count} is not within 1..{MAX_GRES_COUNT}")
     return parts[0], count
+
+
+def gres_gpus(value: str | None) -> int | None:
+    """The GPUs per node a (checked) ``--gres`` asks for; None without a ``gpu`` item."""
+    if not value:
+        return None
+    counts = [n for name, n in (_gres_item(value, x) for x in value.split(",")) if name == "gpu"]
+    return sum(counts) if counts else None
 
 
 def check_time(value: str) -> str:

@@ -16,7 +16,8 @@ import pytest
 
 from fleetctl.errors import UsageError
 from fleetctl.slurm import specfile
-from fleetctl.slurm.batch import BatchRequest, check_gres, inside_command, render
+from fleetctl.slurm.allocation import from_env
+from fleetctl.slurm.batch import GPUS_VAR, BatchRequest, check_gres, inside_command, render
 from fleetctl.testing.cli_runner import run_cli
 
 CONTROL = ["\n", "\r", "\x00", "\x1b"]
@@ -313,6 +314,22 @@ def test_without_a_shared_filesystem_a_planted_folder_is_not_written(tmp_path: P
         root.unlink()
     assert p.returncode == 3 and "fleetctl-slurm: cannot write" in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plans_gpus_per_node_follow_gres_not_the_batch_steps() -> None:
+    """An exclusive node gives the batch step all its GPUs (SLURM_GPUS_ON_NODE=2) while each
+    srun step gets what --gres asked (1): the plan follows --gres."""
+    from fleetctl.api import slurm
+
+    base = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": "2"}
+    alloc = from_env({**base, GPUS_VAR: "1"})
+    assert alloc is not None and alloc.gpus_per_node == 1
+    alloc = from_env({**base, "SLURM_GPUS_PER_NODE": "gpu:1"})  # --gpus-per-node=1
+    assert alloc is not None and alloc.gpus_per_node == 1
+    for gres, gpus in (("gpu:1", "1"), ("gpu:a100:2", "2"), ("gpu", "1"), ("shard:4", None)):
+        sub = slurm.submission("job.py", nodes=2, gres=gres)
+        assert sub.request.env.get(GPUS_VAR) == gpus, gres
+        assert (f"export {GPUS_VAR}={gpus}\n" in sub.script) == (gpus is not None)
 
 
 def test_inside_command_is_the_spec_alone() -> None:
