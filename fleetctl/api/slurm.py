@@ -51,18 +51,16 @@ class Submission:
         refuses what :meth:`submit` would: UsageError (exit 2) with sbatch's reason when Slurm
         refuses the job (gres, partition, node count, an ``--sbatch-arg``). When Slurm cannot
         be asked here (no sbatch, no controller): that reason; None when it would take it."""
-        from fleetctl.errors import UsageError
         from fleetctl.slurm.batch import SlurmError
         from fleetctl.slurm.submit import SlurmClient
 
+        client = SlurmClient()
+        if shutil.which("sbatch", path=client.env.get("PATH")) is None:
+            return "`sbatch` not found (is Slurm's client installed?)"
         try:
-            SlurmClient().test_only(self.script)
+            client.test_only(self.script)
         except SlurmError as e:
             return e.one_line()
-        except UsageError as e:
-            if "not found" in str(e) and "sbatch" in str(e):  # the client is not installed
-                return e.one_line()
-            raise
         return None
 
     def submit(self, *, detach: bool = False) -> SlurmJob:

@@ -233,7 +233,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     )
     assert "--launcher=plain" not in res.stdout
     assert "would submit" in res.stderr and not (tmp_path / "runs").exists()
-    assert "dry run: not checked by Slurm: --slurm: `sbatch` not found" in res.stderr
+    assert "dry run: not checked by Slurm: `sbatch` not found" in res.stderr
 
 
 @pytest.mark.parametrize(
