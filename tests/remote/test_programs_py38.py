@@ -84,6 +84,7 @@ EXERCISED = {
     "output.py": ENTRY,
     "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
     "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
