@@ -31,6 +31,7 @@ class RunArgs:
     nproc_per_node: int | str = "auto"
     env: Mapping[str, str] | None = None
     stall_timeout: float | None = None
+    startup_timeout: float | None = None
     timeout: float | None = None
     detach: bool = False
     code: str | os.PathLike[str] | None = None
@@ -209,6 +210,7 @@ def prepare(
         deadman=a.deadman,
         timeout=timeout,
         stall_timeout=stall_timeout,
+        startup_timeout=a.startup_timeout,
         code=os.path.abspath(code_dir),
         env_archive=None if a.env_archive is None else os.fspath(a.env_archive),
         settings=settings,

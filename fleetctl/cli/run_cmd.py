@@ -232,7 +232,16 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     "--stall-timeout",
     type=Seconds(min=1),
     default=None,
-    help="No output line from any node this long: the job is stalled and stopped (exit 3).",
+    help="No output line or progress touch from any node this long once the job began: the "
+    "job is stalled, its stacks dumped, and it is stopped (exit 3).",
+)
+@click.option(
+    "--startup-timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="No first output of a rank or progress touch on any node this long after the "
+    "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
+    "longer of 1800 s and it; else none.",
 )
 @click.option(
     "--runs-dir",
@@ -308,6 +317,7 @@ def run_command(
     deadman: float,
     timeout: float | None,
     stall_timeout: float | None,
+    startup_timeout: float | None,
     runs_dir: str,
     tail: str,
     raw_output: bool,
@@ -371,6 +381,7 @@ def run_command(
         nproc_per_node=nproc,
         env=env,
         stall_timeout=stall_timeout,
+        startup_timeout=startup_timeout,
         timeout=timeout,
         detach=lifecycle["detach"],
         code=code_dir,

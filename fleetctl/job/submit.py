@@ -71,11 +71,11 @@ class JobRequest:
         if (
             self.options.detach
             and not self.monitor
-            and (self.options.timeout or self.options.stall_timeout)
+            and (self.options.timeout or self.options.stall_timeout or self.options.startup_timeout)
         ):
             raise UsageError(
-                "--timeout/--stall-timeout of a detached job are enforced by its job monitor: "
-                "not with --no-monitor"
+                "--timeout/--stall-timeout/--startup-timeout of a detached job are enforced by "
+                "its job monitor: not with --no-monitor"
             )
 
 
@@ -145,4 +145,5 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         grace=options.grace,
         timeout=options.timeout,
         stall_timeout=options.stall_timeout,
+        startup_timeout=options.startup_timeout,
     )

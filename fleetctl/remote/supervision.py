@@ -108,6 +108,7 @@ class Supervisor:
         self.echo_lines: collections.deque = collections.deque(maxlen=ECHO_WINDOW)
         self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
         self.stream_closed = False  # the controller's channel closed (it may reattach)
+        self.begun = False  # the job's own first line or progress touch here (begin())
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -132,6 +133,8 @@ class Supervisor:
         seed_work_folder(self.spec.work or self.spec.cwd, self.spec.work_seed)
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
+        with contextlib.suppress(FileNotFoundError):  # begun is this job's, not a past one's
+            os.unlink(os.path.join(self.run_dir, PROGRESS_FILE))
         self.port_claims = adopt_port_claims(self.job_id)
 
     def child_env(self) -> dict:
@@ -208,6 +211,22 @@ class Supervisor:
             if self.echo_path is not None and ends and self._is_echo(line):
                 continue
             self.emit(line, ends=ends)
+            if not self.begun and not self.spec.rank_logs:  # the launcher's lines are the ranks'
+                self.begin()
+
+    def begin(self) -> None:
+        """The job's start-up is over on this node: a rank wrote its first output (where the
+        ranks write files of their own, the launcher's lines do not count). ``--stall-timeout``
+        counts from the first node's begin or progress touch (``--startup-timeout`` before):
+        ``P`` now for the controller, and the progress file (which a touch of the job's makes
+        too) exists from now on, for ``status`` (a detached job's monitor)."""
+        if self.begun:
+            return
+        self.begun = True
+        path = os.path.join(self.run_dir, PROGRESS_FILE)
+        with contextlib.suppress(OSError), open(path, "ab"):
+            pass
+        self.out.frame("P", repr(time.time()).encode())
 
     def _is_echo(self, line: bytes) -> bool:
         """Whether a launcher stdout line is paddle's copy of a line of local rank 0's file.
@@ -272,6 +291,8 @@ class Supervisor:
         except OSError:
             return
         st[0] += len(data)
+        if data and not self.begun:
+            self.begin()
         buf = st[1] + data
         while True:
             nl = buf.find(b"\n")
