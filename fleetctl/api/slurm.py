@@ -513,6 +513,14 @@ class SlurmJob:
         )
 
 
+def read_spec(path: str | os.PathLike[str]) -> list[str]:
+    """The run a batch script's ``fleetctl run --spec FILE`` stands for, as ``run``'s
+    arguments (fleetctl.slurm.specfile: its only reader and writer)."""
+    from fleetctl.slurm.specfile import read
+
+    return read(path)
+
+
 def _python_path() -> str:
     """Where this fleetctl is imported from, for the batch script's PYTHONPATH."""
     import fleetctl
@@ -520,4 +528,4 @@ def _python_path() -> str:
     return str(Path(fleetctl.__file__).resolve().parent.parent)
 
 
-__all__ = ["SlurmJob", "Submission", "submission", "submit"]
+__all__ = ["SlurmJob", "Submission", "read_spec", "submission", "submit"]

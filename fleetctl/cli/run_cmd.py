@@ -434,7 +434,7 @@ def _run_spec(ctx: click.Context, path: str) -> None:
     and nothing else on the command line."""
     from click.core import ParameterSource
 
-    from fleetctl.slurm.specfile import read
+    from fleetctl.api.slurm import read_spec
 
     given = [
         name
@@ -443,7 +443,7 @@ def _run_spec(ctx: click.Context, path: str) -> None:
     ]
     if given:
         raise UsageError(f"--spec {path}: the whole run is in the file; got {given[0]} too")
-    argv = read(path)
+    argv = read_spec(path)
     with run_command.make_context("run", argv, parent=ctx.parent) as inner:
         if inner.params.get("spec_file") is not None:
             raise UsageError(f"--spec {path}: the file names another --spec")
