@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.phases.codesync import KeyScan, SecretError, looks_like_private_key, snapshot
+from fleetctl.phases.codesync import SecretError, snapshot
+from fleetctl.phases.keyscan import KeyScan, looks_like_private_key
 
 # a PuTTY file's first lines (puttygen is not installed here); the body is made up
 PUTTY = (
