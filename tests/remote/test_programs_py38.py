@@ -90,6 +90,7 @@ EXERCISED = {
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
     "records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
     "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "spec.py": ENTRY,
