@@ -74,6 +74,7 @@ def post_mortem(
         backend=spec.backend,
         probe_timeout=limit,
         tcp_timeout=min(TCP_TIMEOUT, limit / 2),
+        mesh_again=False,  # a second round would not fit in ``limit``: one is evidence enough
         cache_ttl=0,
         recheck=True,
     )

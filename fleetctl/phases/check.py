@@ -510,6 +510,7 @@ def _run_sessions(
             time.monotonic() + options.probe_timeout + 10,
             wait,
             options.mesh_mode,
+            again=options.mesh_again,
         )
         if mesh
         else None

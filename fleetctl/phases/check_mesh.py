@@ -24,7 +24,12 @@ class Rendezvous:
     """Where node sessions meet: all listeners up (or given up on) → peers; all tested → done."""
 
     def __init__(
-        self, names: Sequence[str], ready_by: float, mesh_wait: float, mode: str = "auto"
+        self,
+        names: Sequence[str],
+        ready_by: float,
+        mesh_wait: float,
+        mode: str = "auto",
+        again: bool = True,
     ) -> None:
         self.cond = threading.Condition()
         self.order = list(names)  # inventory order: the mesh plan depends on it
@@ -39,6 +44,7 @@ class Rendezvous:
         self.done_by = 0.0
         self.again: set[str] = set()  # members not done with the second round yet
         self.again_by = 0.0
+        self.measure_again = again  # False: one round, as a time-boxed post-mortem wants
 
     def arrive(self, name: str, listener: tuple[str, int] | None) -> None:
         with self.cond:
@@ -119,7 +125,7 @@ def measure_again(
     failed once and passed the second time."""
     assert out.mesh is not None
     again = [n for n in failed_pairs(out.mesh) if n in members]
-    if not again:
+    if not again or not rv.measure_again:
         return
     peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in again]
     try:

@@ -81,6 +81,9 @@ class CheckOptions:
     ping: bool = True
     probe_timeout: float = PROBE_TIMEOUT  # s for a node's python to answer (--probe-timeout)
     tcp_timeout: float = 2.0
+    # a mesh pair that failed is measured once more after every host's first round (load at
+    # the fleet's size fails pairs that can talk); a post-mortem within 2 s takes one round
+    mesh_again: bool = True
     cache_ttl: float = 120.0
     recheck: bool = False
     cache_dir: str | None = None
