@@ -329,9 +329,12 @@ class Fleet:
         Bad arguments raise UsageError here; what blocks the launch (CheckError, PushError,
         …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here)."""
         from fleetctl.api.job import Job
-        from fleetctl.api.runrequest import RunArgs, prepare
+        from fleetctl.api.runrequest import prepare
+        from fleetctl.api.runspec import RunSpec
 
-        a = RunArgs(
+        spec = RunSpec.build(
+            script,
+            *args,
             launcher=launcher,
             nproc_per_node=nproc_per_node,
             env=env,
@@ -342,16 +345,16 @@ class Fleet:
             env_archive=env_archive,
             check=check,
             master_port=master_port,
-            launcher_args=tuple(launcher_args),
+            launcher_args=launcher_args,
             backend=backend,
             grace=grace,
             lost_timeout=lost_timeout,
             deadman=deadman,
             max_retries=max_retries,
-            retry_on=tuple(retry_on),
-            no_retry_on=tuple(no_retry_on),
+            retry_on=retry_on,
+            no_retry_on=no_retry_on,
             retry_backoff=retry_backoff,
-            allow_secrets=tuple(allow_secrets),
+            allow_secrets=allow_secrets,
             allow_busy_gpus=allow_busy_gpus,
             before=before,
             job_file=job_file,
@@ -366,9 +369,7 @@ class Fleet:
             monitor_lost_timeout=monitor_lost_timeout,
         )
         ready = prepare(
-            script,
-            args,
-            a,
+            spec,
             nodes=self._nodes,
             groups=self.groups,
             settings=self.settings,

@@ -21,6 +21,7 @@ from fleetctl.cli.options import (
     SSHOptions,
     collect_max_bytes,
     collect_options,
+    field_type,
     ssh_options,
 )
 from fleetctl.errors import FleetctlError, JobFailed
@@ -417,30 +418,35 @@ def lifecycle_options(f: Any) -> Any:
         ),
         click.option(
             "--monitor-lost-timeout",
-            type=Seconds(min=1),
+            type=field_type("monitor_lost_timeout"),
             default=None,
             help="With --detach: a node unreachable this long is lost and the job is "
             "stopped (default 60 s).",
         ),
         click.option(
             "--max-retries",
-            type=Count(0, 100),
+            type=field_type("max_retries"),
             default=None,
             help="Run again after a retryable failure, up to N times (default 0; job file).",
         ),
         click.option(
             "--retry-on",
+            type=field_type("retry_on"),
             multiple=True,
             metavar="RULE",
             help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | "
             "any. Repeatable.",
         ),
         click.option(
-            "--no-retry-on", multiple=True, metavar="RULE", help="Never retry on RULE (wins)."
+            "--no-retry-on",
+            type=field_type("no_retry_on"),
+            multiple=True,
+            metavar="RULE",
+            help="Never retry on RULE (wins).",
         ),
         click.option(
             "--retry-backoff",
-            type=Seconds(min=0, max=300),
+            type=field_type("retry_backoff"),
             default=None,
             help="First wait between attempts in seconds (doubles, jittered, max 300).",
         ),
@@ -453,7 +459,7 @@ def lifecycle_options(f: Any) -> Any:
         ),
         click.option(
             "--env-style",
-            type=click.Choice(["fleet", "pai"]),
+            type=field_type("env_style"),
             default=None,
             help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
         ),

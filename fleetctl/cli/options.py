@@ -37,17 +37,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class Number(click.FloatRange):
     """A finite number in range. click's FloatRange lets ``nan`` pass every bound and takes
-    ``inf`` and ``1e309``; those then disable a timeout silently or overflow a socket call."""
+    ``inf`` and ``1e309``; those then disable a timeout silently or overflow a socket call.
+    The check is the library's (``fleetctl.api.checks.Number``): one message for both."""
 
     name = "number"
+    integer = False
+
+    def check(self) -> Any:
+        from fleetctl.api.checks import Number as Check
+
+        return Check(
+            self.min, self.max, self.min_open, self.max_open, integer=self.integer, name=self.name
+        )
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        import math
+        from fleetctl.api.checks import Invalid
 
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return super().convert(number, param, ctx)
+        try:
+            return self.check()(value)
+        except Invalid as e:
+            self.fail(str(e), param, ctx)
 
 
 class Seconds(Number):
@@ -69,8 +78,57 @@ class Count(click.IntRange):
     """A whole number in range, at most :data:`MAX_COUNT` unless ``max`` says (a 24-digit
     ``--nproc-per-node`` must not reach the planner)."""
 
+    integer = True
+    check = Number.check
+    convert = Number.convert  # type: ignore[assignment]
+
     def __init__(self, min: int | None = None, max: int | None = MAX_COUNT) -> None:
         super().__init__(min=min, max=max)
+
+
+class Checked(click.ParamType):
+    """A value one of the record's checks holds (``RunSpec``'s field): the command refuses
+    what the library refuses, with the library's message."""
+
+    name = "text"
+
+    def __init__(self, check: Callable[[Any], Any]) -> None:
+        self.check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from fleetctl.api.checks import Invalid
+
+        try:
+            return self.check(value)
+        except Invalid as e:
+            self.fail(str(e), param, ctx)
+
+
+class CheckedChoice(click.Choice):  # type: ignore[type-arg]
+    """A word of a list (help shows ``[a|b]``), refused with the record's message."""
+
+    def __init__(self, check: Any) -> None:
+        super().__init__(check.words())
+        self.check = check
+
+    convert = Checked.convert  # type: ignore[assignment]
+
+
+def field_type(kw: str) -> click.ParamType:
+    """The click type of ``RunSpec``'s field ``kw`` (its library keyword): its check, with
+    click's help for ranges and choices."""
+    from fleetctl.api import checks
+    from fleetctl.api.runspec import field_of
+
+    check = field_of(kw).metadata["check"]
+    if isinstance(check, checks.Number):
+        if check.integer:
+            return Count(min=check.min, max=check.max)  # type: ignore[arg-type]
+        cls = Seconds if check.name == "seconds" else Number
+        return cls(min=check.min, max=check.max, min_open=check.min_open, max_open=check.max_open)
+    if isinstance(check, checks.OneOf):
+        return CheckedChoice(check)
+    return Checked(check)
 
 
 class RegularFile(click.Path):
@@ -113,6 +171,7 @@ limit_option: Callable[[F], F] = click.option(
 allow_secret_option: Callable[[F], F] = click.option(
     "--allow-secret",
     "allow_secrets",
+    type=field_type("allow_secrets"),
     multiple=True,
     metavar="PATH",
     help="Ship this file although it looks like a private key (path relative to the code "

@@ -17,23 +17,19 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleetctl.api.names import (
-    BACKENDS,
     DEFAULT_LAUNCHER,
     DEFAULT_MASTER_PORT,
-    ENV_KEY_RE,
-    LAUNCHERS,
 )
 from fleetctl.cli import cli
 from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
-    Count,
     RegularFile,
-    Seconds,
     SSHOptions,
     allow_secret_option,
     collect_options,
     collect_settings,
+    field_type,
     inventory_option,
     limit_option,
     open_fleet,
@@ -53,41 +49,33 @@ def new_job_id(now: datetime | None = None) -> str:
     return new(now)
 
 
-MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
-
-
 class NprocType(click.ParamType):
     """``--nproc-per-node``: a positive integer or ``auto`` (one per GPU, 1 without GPUs)."""
 
     name = "N|auto"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            n = value
-        elif str(value).strip().lower() == "auto":
-            return "auto"
-        else:
-            try:
-                n = int(str(value))
-            except ValueError:
-                self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
-        if n < 1:
-            self.fail(f"{value!r} is not a positive integer", param, ctx)
-        if n > MAX_NPROC:
-            self.fail(f"{value!r} is more than {MAX_NPROC} processes per node", param, ctx)
-        return n
+        from fleetctl.api.checks import Invalid, nproc
+
+        try:
+            return nproc(value)
+        except Invalid as e:
+            self.fail(str(e), param, ctx)
 
 
 def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     """``K=V`` pairs (``=`` allowed in V); a later K wins. BadParameter names the bad item."""
+    from fleetctl.api.checks import Invalid, env_name
+
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY_RE.match(key):
-            raise click.BadParameter(
-                f"{item!r} is not NAME=VALUE with a valid variable name", param_hint="--env-var"
-            )
-        env[key] = value
+        try:
+            if not sep:
+                raise Invalid(f"{item!r} is not NAME=VALUE")
+            env[env_name(key)] = value
+        except Invalid as e:
+            raise click.BadParameter(str(e), param_hint="'--env-var'") from None
     return env
 
 
@@ -100,7 +88,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @ssh_options(fanout_help=None)  # a job needs every node at once
 @click.option(
     "--launcher",
-    type=click.Choice(LAUNCHERS),
+    type=field_type("launcher"),
     default=DEFAULT_LAUNCHER,
     show_default=True,
     help="How each node starts its processes.",
@@ -115,7 +103,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--master-port",
-    type=click.IntRange(1, 65535),
+    type=field_type("master_port"),
     default=None,
     help=f"Rendezvous port on node 0 (paddle: its start port). Default: the first port from "
     f"{DEFAULT_MASTER_PORT} that is free and not held by another fleetctl job, claimed for "
@@ -124,6 +112,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--launcher-arg",
     "launcher_args",
+    type=field_type("launcher_args"),
     multiple=True,
     metavar="ARG",
     help="Passed to the launcher after fleetctl's own flags, before SCRIPT (repeatable): "
@@ -139,7 +128,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--backend",
-    type=click.Choice(BACKENDS),
+    type=field_type("backend"),
     default=None,
     help="Hint for the script (FLEET_BACKEND); default: the script decides.",
 )
@@ -172,7 +161,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--nodes",
     "nodes_wanted",
-    type=Count(min=1),
+    type=field_type("nodes"),
     default=None,
     metavar="N",
     help="Run on N hosts of the selection (inventory order) that pass the check; the others "
@@ -180,6 +169,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--checkpoint-dir",
+    type=field_type("checkpoint_dir"),
     default=None,
     metavar="DIR",
     help="With --max-retries: the folder whose files rank 0's node relays to every node of a "
@@ -193,21 +183,21 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--grace",
-    type=Seconds(min=0),
+    type=field_type("grace"),
     default=5.0,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
 )
 @click.option(
     "--lost-timeout",
-    type=Seconds(min=1, max=60),
+    type=field_type("lost_timeout"),
     default=5.0,
     show_default=True,
     help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
 )
 @click.option(
     "--deadman",
-    type=Seconds(min=2, max=10),
+    type=field_type("deadman"),
     default=10.0,
     show_default=True,
     help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
@@ -215,13 +205,13 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--timeout",
     "timeout",
-    type=Seconds(min=1),
+    type=field_type("timeout"),
     default=None,
     help="Wall-clock limit from launch: then the job is stopped everywhere (exit 3).",
 )
 @click.option(
     "--stall-timeout",
-    type=Seconds(min=1),
+    type=field_type("stall_timeout"),
     default=None,
     help="No output line from any node this long: the job is stalled and stopped (exit 3).",
 )
@@ -247,6 +237,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--before",
+    type=field_type("before"),
     default=None,
     metavar="FILE:TASK",
     help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
@@ -254,6 +245,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--image",
+    type=field_type("image"),
     default=None,
     metavar="IMAGE",
     help="Run each node's launcher in one container of IMAGE (over the inventory's "
@@ -261,6 +253,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--container-runtime",
+    type=field_type("container_runtime"),
     default=None,
     metavar="podman|docker|apptainer",
     help="The runtime for --image (default: the first found on the node).",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetctl.cli.options import Seconds
+from fleetctl.cli.options import field_type
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -56,28 +56,46 @@ def slurm_options(f: Any) -> Any:
             help="Submit the job to Slurm (sbatch) and follow it; needs --nodes N. Inside the "
             "allocation fleetctl runs the job as without Slurm (docs/slurm.md).",
         ),
-        click.option("--partition", default=None, metavar="P", help="--slurm: the partition."),
         click.option(
-            "--gres", default=None, metavar="gpu:K|shard:K", help="--slurm: per-node GRES."
+            "--partition",
+            type=field_type("partition"),
+            default=None,
+            metavar="P",
+            help="--slurm: the partition.",
+        ),
+        click.option(
+            "--gres",
+            type=field_type("gres"),
+            default=None,
+            metavar="gpu:K|shard:K",
+            help="--slurm: per-node GRES.",
         ),
         click.option(
             "--time",
             "slurm_time",
+            type=field_type("time"),
             default=None,
             metavar="T",
             help="--slurm: the job's time limit (Slurm's format: 30, 1:00:00, 1-00:00:00).",
         ),
-        click.option("--account", default=None, metavar="A", help="--slurm: the account."),
+        click.option(
+            "--account",
+            type=field_type("account"),
+            default=None,
+            metavar="A",
+            help="--slurm: the account.",
+        ),
         click.option(
             "--sbatch-arg",
             "sbatch_args",
+            type=field_type("sbatch_args"),
             multiple=True,
             metavar="ARG",
             help="--slurm: one more #SBATCH line, verbatim (--sbatch-arg=--qos=high). Repeatable.",
         ),
         click.option(
             "--queue-timeout",
-            type=Seconds(min=1),
+            type=field_type("queue_timeout"),
             default=None,
             help="--slurm: not started this long → scancel, exit 5 (default: wait).",
         ),

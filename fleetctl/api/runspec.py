@@ -1,0 +1,338 @@
+"""``RunSpec``: the one record of a run — what to run, on how many hosts, how it is supervised,
+retried, collected, benchmarked, contained, submitted and monitored — in nested frozen groups.
+
+Each field carries its option's metadata (:func:`option`: flags, help, check, the click
+parameter's name), so the command's options and the library's keywords are one list, and
+**validation lives on the record**: every group checks its fields in ``__post_init__`` with the
+checks of :mod:`fleetctl.api.checks` (the same ones the command's option types call), so
+``Fleet.run(timeout=nan)`` and ``fleetctl run --timeout nan`` both refuse with
+``Invalid value for '--timeout': 'nan' is not a finite number`` (``UsageError``, exit 2).
+
+Adding a run option: a field here (with its flags, help and check), its consumer (where the
+job reads ``spec.<group>.<field>``), and a test (docs/api.md, "Adding a run option").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.api import checks as c
+from fleetctl.errors import UsageError
+from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.phases.collect import CollectOptions
+    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.ssh.connection import SSHSettings
+
+BeforeHook = Callable[[Sequence["Node"], "SSHSettings | None"], None]
+
+
+def option(
+    default: Any,
+    *flags: str,
+    help: str = "",
+    check: Callable[[Any], Any] | None = None,
+    param: str | None = None,
+    kw: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A record field and its option: ``flags`` (``--timeout``; none: library only), the
+    click parameter's ``param`` name and the library keyword ``kw`` (both default to the
+    field's name), the ``check`` every value passes (``None`` passes unchecked where the
+    default is ``None``; a tuple field's items are checked one by one)."""
+    meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
+    meta["metavar"] = metavar
+    return field(default=default, metadata=meta)
+
+
+def hint(f: Any) -> str:
+    """How a message names the field: its flags as click names an option's
+    (``'--code-dir' / '--code'``), else its keyword."""
+    flags = f.metadata.get("flags") or (keyword(f),)
+    return " / ".join(f"'{x}'" for x in flags)
+
+
+def keyword(f: Any) -> str:
+    return f.metadata.get("kw") or f.name
+
+
+def refuse(f: Any, message: str) -> UsageError:
+    """The one-line error the command prints for this field (click's ``BadParameter`` form)."""
+    return UsageError(f"Invalid value for {hint(f)}: {message}")
+
+
+def _check_field(f: Any, value: Any) -> Any:
+    check = f.metadata.get("check")
+    if value is None and f.default is None:
+        return None
+    try:
+        if isinstance(f.default, tuple):  # a repeatable option: each item
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise c.Invalid(f"{value!r} is not a list of values")
+            return tuple(check(v) if check else v for v in value)
+        if isinstance(f.default, bool):
+            if not isinstance(value, bool):
+                raise c.Invalid(f"{value!r} is not True or False")
+            return value
+        return check(value) if check else value
+    except c.Invalid as e:
+        raise refuse(f, str(e)) from None
+
+
+class _Group:
+    """A group of the record: checks (and normalizes) its fields when made."""
+
+    TITLE = ""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            checked = _check_field(f, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+
+def _path(value: Any) -> str:
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise c.Invalid(f"{value!r} is not a path") from None
+
+
+def _before(value: Any) -> Any:
+    return value if callable(value) else c.TEXT(value)
+
+
+def _collective(value: Any) -> Any:
+    """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
+    from fleetctl.phases.collective_judge import CollectiveOptions
+
+    if not isinstance(value, CollectiveOptions):
+        raise c.Invalid(f"{value!r} is not a CollectiveOptions")
+    try:
+        c.count(4, 1 << 36)(value.size)
+        c.Number(0, 1)(value.min_fraction)
+        if value.floor is not None:
+            c.Number(0, 1 << 20)(value.floor)
+        c.seconds(1, 3600)(value.timeout)
+    except c.Invalid as e:
+        raise c.Invalid(f"{value!r}: {e}") from None
+    return value
+
+
+def _collect(value: Any) -> Any:
+    from fleetctl.phases.collect import CollectOptions
+
+    if not isinstance(value, CollectOptions):
+        raise c.Invalid(f"{value!r} is not a CollectOptions")
+    if value.max_bytes is not None:
+        c.count(0, None)(value.max_bytes)
+    return value
+
+
+@dataclass(frozen=True)
+class Program(_Group):
+    """What to run: SCRIPT (or a role job), its launcher, code and environment."""
+
+    TITLE = "What to run"
+
+    script: str | None = option(None, check=c.TEXT)
+    args: tuple[str, ...] = option((), kw="args")
+    launcher: str = option(
+        "torchrun", "--launcher", help="How each node starts its processes.",
+        check=c.OneOf(c.launchers),
+    )  # fmt: skip
+    nproc_per_node: int | str = option("auto", "--nproc-per-node", param="nproc", check=c.nproc)
+    launcher_args: tuple[str, ...] = option((), "--launcher-arg", check=c.TEXT)
+    backend: str | None = option(None, "--backend", check=c.OneOf(c.backends))
+    env: Mapping[str, str] | None = option(None, "--env-var", param="env_vars", check=c.env_map)
+    code: str | None = option(None, "--code-dir", "--code", param="code_dir", check=_path)
+    env_archive: str | None = option(None, "--env", check=_path)
+    job_file: str | None = option(None, "--job", check=_path)
+    env_style: str | None = option(None, "--env-style", check=c.OneOf(("fleet", "pai")))
+    master_port: int | None = option(None, "--master-port", check=c.count(1, 65535))
+    allow_secrets: tuple[str, ...] = option((), "--allow-secret", check=c.TEXT)
+    before: str | BeforeHook | None = option(None, "--before", check=_before)
+
+
+@dataclass(frozen=True)
+class Hosts(_Group):
+    """Where: how many of the selection's hosts, and what their check lets pass."""
+
+    TITLE = "Where"
+
+    nodes: int | None = option(None, "--nodes", param="nodes_wanted", check=c.count(1))
+    check: bool = option(True, "--no-check", param="no_check")
+    allow_busy_gpus: bool = option(False, "--allow-busy-gpus")
+
+
+@dataclass(frozen=True)
+class Supervision(_Group):
+    """How the job is watched and stopped."""
+
+    TITLE = "Supervision"
+
+    grace: float = option(5.0, "--grace", check=c.seconds(0))
+    lost_timeout: float = option(5.0, "--lost-timeout", check=c.seconds(1, 60))
+    deadman: float = option(10.0, "--deadman", check=c.seconds(2, 10))
+    timeout: float | None = option(None, "--timeout", check=c.seconds(1))
+    stall_timeout: float | None = option(None, "--stall-timeout", check=c.seconds(1))
+
+
+@dataclass(frozen=True)
+class Retry(_Group):
+    """Retries after a retryable failure, and what a retry carries over."""
+
+    TITLE = "Retries"
+
+    max_retries: int | None = option(None, "--max-retries", check=c.count(0, MAX_RETRIES))
+    retry_on: tuple[str, ...] = option((), "--retry-on", check=c.TEXT)
+    no_retry_on: tuple[str, ...] = option((), "--no-retry-on", check=c.TEXT)
+    retry_backoff: float | None = option(None, "--retry-backoff", check=c.seconds(0, MAX_BACKOFF))
+    checkpoint_dir: str | None = option(None, "--checkpoint-dir", check=c.TEXT)
+
+
+@dataclass(frozen=True)
+class Collection(_Group):
+    """What log collection brings home (``--collect-max``, ``--collect-exclude``)."""
+
+    TITLE = "Collection"
+
+    collect: CollectOptions | None = option(
+        None, "--collect-max", param="collect_max", check=_collect
+    )
+
+
+@dataclass(frozen=True)
+class Collective(_Group):
+    """The collective benchmark in the check (``--collective`` and its knobs)."""
+
+    TITLE = "Collective benchmark"
+
+    collective: CollectiveOptions | None = option(None, "--collective", check=_collective)
+
+
+@dataclass(frozen=True)
+class Container(_Group):
+    """Each node's launcher in a container."""
+
+    TITLE = "Containers"
+
+    image: str | None = option(None, "--image", check=c.TEXT)
+    container_runtime: str | None = option(None, "--container-runtime", check=c.container_runtime)
+
+
+@dataclass(frozen=True)
+class Monitor(_Group):
+    """Detached jobs and the monitor that watches them."""
+
+    TITLE = "Detach and monitor"
+
+    detach: bool = option(False, "--detach")
+    monitor: bool = option(True, "--no-monitor", param="no_monitor")
+    monitor_lost_timeout: float | None = option(None, "--monitor-lost-timeout", check=c.seconds(1))
+
+
+@dataclass(frozen=True)
+class Slurm(_Group):
+    """``run --slurm``: what is asked of Slurm. Every value may reach an ``#SBATCH`` line."""
+
+    TITLE = "Slurm"
+
+    partition: str | None = option(None, "--partition", check=c.TEXT)
+    gres: str | None = option(None, "--gres", check=c.TEXT)
+    time: str | None = option(None, "--time", param="slurm_time", check=c.TEXT)
+    account: str | None = option(None, "--account", check=c.TEXT)
+    sbatch_args: tuple[str, ...] = option((), "--sbatch-arg", check=c.TEXT)
+    queue_timeout: float | None = option(None, "--queue-timeout", check=c.seconds(1))
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "program": Program,
+    "hosts": Hosts,
+    "supervision": Supervision,
+    "retry": Retry,
+    "collection": Collection,
+    "collective": Collective,
+    "container": Container,
+    "monitor": Monitor,
+    "slurm": Slurm,
+}
+
+
+def _keywords() -> dict[str, tuple[str, str]]:
+    """Library keyword → (group, field): the flat names ``Fleet.run`` and ``build`` take."""
+    out: dict[str, tuple[str, str]] = {}
+    for group, cls in GROUPS.items():
+        for f in fields(cls):  # type: ignore[arg-type]
+            kw = keyword(f)
+            assert kw not in out, f"two fields take the keyword {kw!r}"
+            out[kw] = (group, f.name)
+    return out
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole run request, checked: making one with a bad value raises ``UsageError`` (one
+    line, exit 2), the message the command prints for the same value. Build one from flat
+    keywords with :meth:`build`; read it by group (``spec.supervision.timeout``)."""
+
+    program: Program = field(default_factory=Program)
+    hosts: Hosts = field(default_factory=Hosts)
+    supervision: Supervision = field(default_factory=Supervision)
+    retry: Retry = field(default_factory=Retry)
+    collection: Collection = field(default_factory=Collection)
+    collective: Collective = field(default_factory=Collective)
+    container: Container = field(default_factory=Container)
+    monitor: Monitor = field(default_factory=Monitor)
+    slurm: Slurm = field(default_factory=Slurm)
+
+    def __post_init__(self) -> None:
+        p = self.program
+        if p.env_style is not None and p.job_file is None:
+            raise UsageError(
+                "--env-style names role env variables: it needs a role job (--job FILE)"
+            )
+        if p.job_file is not None and p.launcher_args:
+            raise UsageError(
+                "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
+                "each role's command in the job file"
+            )
+        if p.job_file is not None and p.script is not None:
+            raise UsageError(f"--job {p.job_file} replaces SCRIPT; got {p.script!r} too")
+
+    @classmethod
+    def build(cls, script: str | None = None, *args: str, **kw: Any) -> RunSpec:
+        """The record of ``Fleet.run(script, *args, **kw)``'s keywords (``timeout=``,
+        ``max_retries=``, …: see :data:`KEYWORDS`); an unknown keyword is a TypeError."""
+        return cls().replace(script=script, args=tuple(args), **kw)
+
+    def replace(self, **kw: Any) -> RunSpec:
+        """A copy with these flat keywords changed (checked again)."""
+        table = KEYWORDS
+        by_group: dict[str, dict[str, Any]] = {}
+        for k, v in kw.items():
+            if k not in table:
+                raise TypeError(f"RunSpec got an unexpected keyword argument {k!r}")
+            group, name = table[k]
+            by_group.setdefault(group, {})[name] = v
+        groups = {g: replace(getattr(self, g), **changes) for g, changes in by_group.items()}
+        return replace(self, **groups)
+
+    def flat(self) -> dict[str, Any]:
+        """The record as ``build``'s keywords (``script`` and ``args`` included)."""
+        return {kw: getattr(getattr(self, group), name) for kw, (group, name) in KEYWORDS.items()}
+
+
+KEYWORDS: dict[str, tuple[str, str]] = _keywords()
+
+
+def field_of(kw: str) -> Any:
+    """The ``dataclasses.Field`` behind library keyword ``kw`` (its option's metadata)."""
+    group, name = KEYWORDS[kw]
+    return next(f for f in fields(GROUPS[group]) if f.name == name)  # type: ignore[arg-type]
