@@ -35,6 +35,7 @@ from fleetctl.cli.options import (
     open_fleet,
     ssh_options,
 )
+from fleetctl.cli.sections import RUN_EXAMPLES, SectionedCommand, run_sections
 from fleetctl.cli.slurm_run import slurm_options
 from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete, UsageError
 
@@ -81,6 +82,9 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 
 @cli.command(
     "run",
+    cls=SectionedCommand,
+    sections=run_sections(),
+    examples=RUN_EXAMPLES,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @inventory_option
