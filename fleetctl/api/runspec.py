@@ -40,13 +40,16 @@ def option(
     param: str | None = None,
     kw: str | None = None,
     metavar: str | None = None,
+    show_default: bool = False,
+    cli: str | None = None,
+    type_name: str | None = None,
 ) -> Any:
     """A record field and its option: ``flags`` (``--timeout``; none: library only), the
     click parameter's ``param`` name and the library keyword ``kw`` (both default to the
     field's name), the ``check`` every value passes (``None`` passes unchecked where the
     default is ``None``; a tuple field's items are checked one by one)."""
     meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
-    meta["metavar"] = metavar
+    meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
     return field(default=default, metadata=meta)
 
 
@@ -144,20 +147,61 @@ class Program(_Group):
     script: str | None = option(None, check=c.TEXT)
     args: tuple[str, ...] = option((), kw="args")
     launcher: str = option(
-        "torchrun", "--launcher", help="How each node starts its processes.",
-        check=c.OneOf(c.launchers),
+        "torchrun", "--launcher", check=c.OneOf(c.launchers), show_default=True,
+        help="How each node starts its processes.",
     )  # fmt: skip
-    nproc_per_node: int | str = option("auto", "--nproc-per-node", param="nproc", check=c.nproc)
-    launcher_args: tuple[str, ...] = option((), "--launcher-arg", check=c.TEXT)
-    backend: str | None = option(None, "--backend", check=c.OneOf(c.backends))
-    env: Mapping[str, str] | None = option(None, "--env-var", param="env_vars", check=c.env_map)
-    code: str | None = option(None, "--code-dir", "--code", param="code_dir", check=_path)
-    env_archive: str | None = option(None, "--env", check=_path)
-    job_file: str | None = option(None, "--job", check=_path)
-    env_style: str | None = option(None, "--env-style", check=c.OneOf(("fleet", "pai")))
-    master_port: int | None = option(None, "--master-port", check=c.count(1, 65535))
-    allow_secrets: tuple[str, ...] = option((), "--allow-secret", check=c.TEXT)
-    before: str | BeforeHook | None = option(None, "--before", check=_before)
+    nproc_per_node: int | str = option(
+        "auto", "--nproc-per-node", param="nproc", check=c.nproc, show_default=True,
+        type_name="N|auto",
+        help="Processes per node; auto = one per GPU (all nodes must agree), 1 without GPUs.",
+    )  # fmt: skip
+    master_port: int | None = option(
+        None, "--master-port", check=c.count(1, 65535),
+        help="Rendezvous port on node 0 (paddle: its start port). Default: the first port from "
+        "29500 that is free and not held by another fleetctl job, claimed for this job; given, "
+        "that port or a clear refusal.",
+    )  # fmt: skip
+    launcher_args: tuple[str, ...] = option(
+        (), "--launcher-arg", check=c.TEXT, metavar="ARG",
+        help="Passed to the launcher after fleetctl's own flags, before SCRIPT (repeatable): "
+        "--launcher-arg=--max-restarts=3. Options fleetctl sets (--nnodes, --node-rank, --ips, "
+        "--hostfile, …) are refused.",
+    )  # fmt: skip
+    env: Mapping[str, str] | None = option(
+        None, "--env-var", param="env_vars", check=c.env_map, cli="pairs", metavar="NAME=VALUE",
+        help="Extra env for every node; wins over fleetctl_env. Repeatable.",
+    )  # fmt: skip
+    backend: str | None = option(
+        None, "--backend", check=c.OneOf(c.backends),
+        help="Hint for the script (FLEET_BACKEND); default: the script decides.",
+    )  # fmt: skip
+    code: str | None = option(
+        None, "--code-dir", "--code", param="code_dir", check=_path, cli="dir",
+        help="Local folder shipped to the nodes; SCRIPT must be inside it "
+        "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
+    )  # fmt: skip
+    allow_secrets: tuple[str, ...] = option(
+        (), "--allow-secret", check=c.TEXT, metavar="PATH",
+        help="Ship this file although it looks like a private key (path relative to the code "
+        "folder; repeatable). Without it such files stop the push.",
+    )  # fmt: skip
+    env_archive: str | None = option(
+        None, "--env", check=_path, cli="regular",
+        help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
+    )  # fmt: skip
+    before: str | BeforeHook | None = option(
+        None, "--before", check=_before, metavar="FILE:TASK",
+        help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
+        "after the check and push, before the launch; failing on a node stops the run there.",
+    )  # fmt: skip
+    job_file: str | None = option(
+        None, "--job", check=_path, cli="file",
+        help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
+    )  # fmt: skip
+    env_style: str | None = option(
+        None, "--env-style", check=c.OneOf(("fleet", "pai")),
+        help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,9 +210,18 @@ class Hosts(_Group):
 
     TITLE = "Where"
 
-    nodes: int | None = option(None, "--nodes", param="nodes_wanted", check=c.count(1))
-    check: bool = option(True, "--no-check", param="no_check")
-    allow_busy_gpus: bool = option(False, "--allow-busy-gpus")
+    check: bool = option(
+        True, "--no-check", param="no_check", help="Skip the preflight check (connect only)."
+    )
+    nodes: int | None = option(
+        None, "--nodes", param="nodes_wanted", check=c.count(1), metavar="N",
+        help="Run on N hosts of the selection (inventory order) that pass the check; the others "
+        "are spares that replace a host failing later (with --max-retries).",
+    )  # fmt: skip
+    allow_busy_gpus: bool = option(
+        False, "--allow-busy-gpus",
+        help="GPUs with another job's processes or memory in use are a warning, not a failure.",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -177,11 +230,26 @@ class Supervision(_Group):
 
     TITLE = "Supervision"
 
-    grace: float = option(5.0, "--grace", check=c.seconds(0))
-    lost_timeout: float = option(5.0, "--lost-timeout", check=c.seconds(1, 60))
-    deadman: float = option(10.0, "--deadman", check=c.seconds(2, 10))
-    timeout: float | None = option(None, "--timeout", check=c.seconds(1))
-    stall_timeout: float | None = option(None, "--stall-timeout", check=c.seconds(1))
+    grace: float = option(
+        5.0, "--grace", check=c.seconds(0), show_default=True,
+        help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
+    )  # fmt: skip
+    lost_timeout: float = option(
+        5.0, "--lost-timeout", check=c.seconds(1, 60), show_default=True,
+        help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
+    )  # fmt: skip
+    deadman: float = option(
+        10.0, "--deadman", check=c.seconds(2, 10), show_default=True,
+        help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
+    )  # fmt: skip
+    timeout: float | None = option(
+        None, "--timeout", check=c.seconds(1),
+        help="Wall-clock limit from launch: then the job is stopped everywhere (exit 3).",
+    )  # fmt: skip
+    stall_timeout: float | None = option(
+        None, "--stall-timeout", check=c.seconds(1),
+        help="No output line from any node this long: the job is stalled and stopped (exit 3).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -190,31 +258,52 @@ class Retry(_Group):
 
     TITLE = "Retries"
 
-    max_retries: int | None = option(None, "--max-retries", check=c.count(0, MAX_RETRIES))
-    retry_on: tuple[str, ...] = option((), "--retry-on", check=c.TEXT)
-    no_retry_on: tuple[str, ...] = option((), "--no-retry-on", check=c.TEXT)
-    retry_backoff: float | None = option(None, "--retry-backoff", check=c.seconds(0, MAX_BACKOFF))
-    checkpoint_dir: str | None = option(None, "--checkpoint-dir", check=c.TEXT)
+    max_retries: int | None = option(
+        None, "--max-retries", check=c.count(0, MAX_RETRIES),
+        help="Run again after a retryable failure, up to N times (default 0; job file).",
+    )  # fmt: skip
+    retry_on: tuple[str, ...] = option(
+        (), "--retry-on", check=c.TEXT, metavar="RULE",
+        help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | any. "
+        "Repeatable.",
+    )  # fmt: skip
+    no_retry_on: tuple[str, ...] = option(
+        (), "--no-retry-on", check=c.TEXT, metavar="RULE", help="Never retry on RULE (wins)."
+    )
+    retry_backoff: float | None = option(
+        None, "--retry-backoff", check=c.seconds(0, MAX_BACKOFF),
+        help="First wait between attempts in seconds (doubles, jittered, max 300).",
+    )  # fmt: skip
+    checkpoint_dir: str | None = option(
+        None, "--checkpoint-dir", check=c.TEXT, metavar="DIR",
+        help="With --max-retries: the folder whose files rank 0's node relays to every node of "
+        "a retry (relative to the job's work folder, or absolute on the nodes; default: the "
+        "work folder).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Collection(_Group):
-    """What log collection brings home (``--collect-max``, ``--collect-exclude``)."""
+    """What log collection brings home (``--collect-max``, ``--collect-exclude``: the
+    command's own options, shared with ``fleetctl collect``)."""
 
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
-        None, "--collect-max", param="collect_max", check=_collect
+        None, "--collect-max", param="collect_max", check=_collect, cli="own"
     )
 
 
 @dataclass(frozen=True)
 class Collective(_Group):
-    """The collective benchmark in the check (``--collective`` and its knobs)."""
+    """The collective benchmark in the check (``--collective`` and its knobs: the command's
+    own options, shared with ``fleetctl check``)."""
 
     TITLE = "Collective benchmark"
 
-    collective: CollectiveOptions | None = option(None, "--collective", check=_collective)
+    collective: CollectiveOptions | None = option(
+        None, "--collective", check=_collective, cli="own"
+    )
 
 
 @dataclass(frozen=True)
@@ -223,8 +312,15 @@ class Container(_Group):
 
     TITLE = "Containers"
 
-    image: str | None = option(None, "--image", check=c.TEXT)
-    container_runtime: str | None = option(None, "--container-runtime", check=c.container_runtime)
+    image: str | None = option(
+        None, "--image", check=c.TEXT, metavar="IMAGE",
+        help="Run each node's launcher in one container of IMAGE (over the inventory's "
+        "fleetctl_image); see docs/containers.md.",
+    )  # fmt: skip
+    container_runtime: str | None = option(
+        None, "--container-runtime", check=c.container_runtime, metavar="podman|docker|apptainer",
+        help="The runtime for --image (default: the first found on the node).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,9 +329,21 @@ class Monitor(_Group):
 
     TITLE = "Detach and monitor"
 
-    detach: bool = option(False, "--detach")
-    monitor: bool = option(True, "--no-monitor", param="no_monitor")
-    monitor_lost_timeout: float | None = option(None, "--monitor-lost-timeout", check=c.seconds(1))
+    detach: bool = option(
+        False, "--detach",
+        help="Start the job and return its id; it runs on under the node supervisors "
+        "(no dead-man switch). Then: logs -f, status, stop, collect.",
+    )  # fmt: skip
+    monitor: bool = option(
+        True, "--no-monitor", param="no_monitor",
+        help="With --detach: start no job monitor (nobody tears the job down on a "
+        "failure or brings its logs home; `fleetctl monitor JOB` attaches one later).",
+    )  # fmt: skip
+    monitor_lost_timeout: float | None = option(
+        None, "--monitor-lost-timeout", check=c.seconds(1),
+        help="With --detach: a node unreachable this long is lost and the job is "
+        "stopped (default 60 s).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -244,12 +352,27 @@ class Slurm(_Group):
 
     TITLE = "Slurm"
 
-    partition: str | None = option(None, "--partition", check=c.TEXT)
-    gres: str | None = option(None, "--gres", check=c.TEXT)
-    time: str | None = option(None, "--time", param="slurm_time", check=c.TEXT)
-    account: str | None = option(None, "--account", check=c.TEXT)
-    sbatch_args: tuple[str, ...] = option((), "--sbatch-arg", check=c.TEXT)
-    queue_timeout: float | None = option(None, "--queue-timeout", check=c.seconds(1))
+    partition: str | None = option(
+        None, "--partition", check=c.TEXT, metavar="P", help="--slurm: the partition."
+    )
+    gres: str | None = option(
+        None, "--gres", check=c.TEXT, metavar="gpu:K|shard:K", help="--slurm: per-node GRES."
+    )
+    time: str | None = option(
+        None, "--time", param="slurm_time", check=c.TEXT, metavar="T",
+        help="--slurm: the job's time limit (Slurm's format: 30, 1:00:00, 1-00:00:00).",
+    )  # fmt: skip
+    account: str | None = option(
+        None, "--account", check=c.TEXT, metavar="A", help="--slurm: the account."
+    )
+    sbatch_args: tuple[str, ...] = option(
+        (), "--sbatch-arg", check=c.TEXT, metavar="ARG",
+        help="--slurm: one more #SBATCH line, verbatim (--sbatch-arg=--qos=high). Repeatable.",
+    )  # fmt: skip
+    queue_timeout: float | None = option(
+        None, "--queue-timeout", check=c.seconds(1),
+        help="--slurm: not started this long → scancel, exit 5 (default: wait).",
+    )  # fmt: skip
 
 
 GROUPS: dict[str, type[_Group]] = {

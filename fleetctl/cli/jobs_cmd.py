@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 
@@ -21,7 +20,6 @@ from fleetctl.cli.options import (
     SSHOptions,
     collect_max_bytes,
     collect_options,
-    field_type,
     ssh_options,
 )
 from fleetctl.errors import FleetctlError, JobFailed
@@ -396,74 +394,3 @@ def monitor_command(
         on_note=note,
     )
     note(f"done: {outcome}")
-
-
-# ------------------------------------------------------- `fleetctl run` lifecycle options
-
-
-def lifecycle_options(f: Any) -> Any:
-    """``fleetctl run`` options for detach, retries and role jobs (``fleetctl.job.submit``)."""
-    options = [
-        click.option(
-            "--detach",
-            is_flag=True,
-            help="Start the job and return its id; it runs on under the node supervisors "
-            "(no dead-man switch). Then: logs -f, status, stop, collect.",
-        ),
-        click.option(
-            "--no-monitor",
-            is_flag=True,
-            help="With --detach: start no job monitor (nobody tears the job down on a "
-            "failure or brings its logs home; `fleetctl monitor JOB` attaches one later).",
-        ),
-        click.option(
-            "--monitor-lost-timeout",
-            type=field_type("monitor_lost_timeout"),
-            default=None,
-            help="With --detach: a node unreachable this long is lost and the job is "
-            "stopped (default 60 s).",
-        ),
-        click.option(
-            "--max-retries",
-            type=field_type("max_retries"),
-            default=None,
-            help="Run again after a retryable failure, up to N times (default 0; job file).",
-        ),
-        click.option(
-            "--retry-on",
-            type=field_type("retry_on"),
-            multiple=True,
-            metavar="RULE",
-            help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | "
-            "any. Repeatable.",
-        ),
-        click.option(
-            "--no-retry-on",
-            type=field_type("no_retry_on"),
-            multiple=True,
-            metavar="RULE",
-            help="Never retry on RULE (wins).",
-        ),
-        click.option(
-            "--retry-backoff",
-            type=field_type("retry_backoff"),
-            default=None,
-            help="First wait between attempts in seconds (doubles, jittered, max 300).",
-        ),
-        click.option(
-            "--job",
-            "job_file",
-            type=click.Path(exists=True, dir_okay=False),
-            default=None,
-            help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
-        ),
-        click.option(
-            "--env-style",
-            type=field_type("env_style"),
-            default=None,
-            help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f

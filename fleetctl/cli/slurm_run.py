@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetctl.cli.options import field_type
+from fleetctl.cli.options import spec_options
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ _NOT_FORWARDED = frozenset(
 
 
 def slurm_options(f: Any) -> Any:
-    """``fleetctl run``'s Slurm options (``--slurm`` and what it asks Slurm for; ``--no-slurm``)."""
+    """``fleetctl run``'s Slurm options: ``--slurm``, what it asks Slurm for (``RunSpec``'s
+    Slurm group), ``--slurm-no-shared-fs``; ``--no-slurm``."""
     options = [
         click.option(
             "--slurm",
@@ -56,49 +57,7 @@ def slurm_options(f: Any) -> Any:
             help="Submit the job to Slurm (sbatch) and follow it; needs --nodes N. Inside the "
             "allocation fleetctl runs the job as without Slurm (docs/slurm.md).",
         ),
-        click.option(
-            "--partition",
-            type=field_type("partition"),
-            default=None,
-            metavar="P",
-            help="--slurm: the partition.",
-        ),
-        click.option(
-            "--gres",
-            type=field_type("gres"),
-            default=None,
-            metavar="gpu:K|shard:K",
-            help="--slurm: per-node GRES.",
-        ),
-        click.option(
-            "--time",
-            "slurm_time",
-            type=field_type("time"),
-            default=None,
-            metavar="T",
-            help="--slurm: the job's time limit (Slurm's format: 30, 1:00:00, 1-00:00:00).",
-        ),
-        click.option(
-            "--account",
-            type=field_type("account"),
-            default=None,
-            metavar="A",
-            help="--slurm: the account.",
-        ),
-        click.option(
-            "--sbatch-arg",
-            "sbatch_args",
-            type=field_type("sbatch_args"),
-            multiple=True,
-            metavar="ARG",
-            help="--slurm: one more #SBATCH line, verbatim (--sbatch-arg=--qos=high). Repeatable.",
-        ),
-        click.option(
-            "--queue-timeout",
-            type=field_type("queue_timeout"),
-            default=None,
-            help="--slurm: not started this long → scancel, exit 5 (default: wait).",
-        ),
+        spec_options("slurm"),
         click.option(
             "--slurm-no-shared-fs",
             is_flag=True,

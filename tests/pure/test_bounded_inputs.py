@@ -95,12 +95,10 @@ def test_the_bounds_are_the_command_lines() -> None:
     """The largest value the option takes, the job file takes; one more, neither."""
     import click
 
-    from fleetctl.cli.jobs_cmd import lifecycle_options
     from fleetctl.cli.run_cmd import run_command
     from fleetctl.plan.roles.jobfile import parse_job_file
     from fleetctl.plan.userinput import MAX_BACKOFF, MAX_NPROC, MAX_RETRIES
 
-    assert lifecycle_options is not None
     params = {p.name: p for p in run_command.params}
     params["nproc"].type.convert(str(MAX_NPROC), params["nproc"], None)
     with pytest.raises(click.BadParameter):

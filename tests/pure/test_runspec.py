@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import click.testing
 import pytest
 
 from fleetctl import Fleet, UsageError
@@ -105,3 +106,43 @@ def test_every_field_with_flags_is_an_option_of_run_with_its_parameter_name() ->
         assert name in params, (kw, name)
         assert set(flags) <= set(params[name].opts + params[name].secondary_opts), kw
     assert {g.TITLE for g in GROUPS.values()} >= {"What to run", "Supervision", "Slurm"}
+
+
+def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
+    from fleetctl.cli.options import spec_keywords, spec_options
+
+    got: dict[str, Any] = {}
+
+    @click.command()
+    @spec_options("hosts", "supervision")
+    def cmd(**params: Any) -> None:
+        got.update(spec_keywords(params, "hosts", "supervision"))
+
+    runner = click.testing.CliRunner()
+    ok = runner.invoke(cmd, ["--no-check", "--timeout", "90", "--nodes", "2"])
+    assert ok.exit_code == 0, ok.output
+    assert got == {
+        "check": False,
+        "nodes": 2,
+        "allow_busy_gpus": False,
+        "grace": 5.0,
+        "lost_timeout": 5.0,
+        "deadman": 10.0,
+        "timeout": 90.0,
+        "stall_timeout": None,
+    }
+    RunSpec.build("t.py", **got)  # the keywords are the record's
+    bad = runner.invoke(cmd, ["--lost-timeout", "0"])
+    assert bad.exit_code == 2 and "0.0 is not in the range 1<=x<=60." in bad.output
+    helps = {p.name: p.help for p in cmd.params}
+    assert helps["deadman"] == field_of("deadman").metadata["help"]
+
+
+def test_env_vars_become_the_records_env_and_a_bad_name_is_the_records_message() -> None:
+    from fleetctl.cli.options import spec_keywords
+
+    params: dict[str, Any] = {"env_vars": ("A=1", "B=x=y"), "script": "t.py"}
+    assert spec_keywords(params, "program") == {"env": {"A": "1", "B": "x=y"}}
+    assert params == {"script": "t.py"}  # taken out: what is left is the command's own
+    with pytest.raises(click.BadParameter, match="'A-B' is not a valid variable name"):
+        spec_keywords({"env_vars": ("A-B=1",)}, "program")
