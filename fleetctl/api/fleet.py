@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import fabric
 
     from fleetctl.api.job import Job
+    from fleetctl.api.runspec import RunSpec
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check_report import CheckReport
@@ -327,9 +328,9 @@ class Fleet:
         ``Plan`` (``plan.to_json()`` is ``--dry-run --json``). ``on_event`` gets every
         ``JobEvent`` (phases, output lines, node ends, the failure), in the job's thread.
         Bad arguments raise UsageError here; what blocks the launch (CheckError, PushError,
-        …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here)."""
-        from fleetctl.api.job import Job
-        from fleetctl.api.runrequest import prepare
+        …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here). The
+        keywords make one ``RunSpec`` (checked: a bad value is the command's one-line
+        UsageError), run by :meth:`run_spec`."""
         from fleetctl.api.runspec import RunSpec
 
         spec = RunSpec.build(
@@ -368,6 +369,40 @@ class Fleet:
             monitor=monitor,
             monitor_lost_timeout=monitor_lost_timeout,
         )
+        return self.run_spec(spec, dry_run=dry_run, foreground=foreground, on_event=on_event)
+
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: Literal[True],
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Plan: ...
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: Literal[False] = False,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job: ...
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: bool = False,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job | Plan:
+        """:meth:`run` of a whole run record (``RunSpec.build(script, *args, **keywords)``,
+        checked when it was made): the same job, dry run, foreground run or detached job.
+        ``fleetctl run`` builds the record from its options and calls this."""
+        from fleetctl.api.job import Job
+        from fleetctl.api.runrequest import prepare
+
         ready = prepare(
             spec,
             nodes=self._nodes,
@@ -383,7 +418,7 @@ class Fleet:
         assert ready.request is not None
         if foreground:
             return Job._run_here(ready.request, on_event=on_event)
-        if not detach:
+        if not spec.monitor.detach:
             return Job._start(ready.request, on_event=on_event, before=ready.before)
         from fleetctl.job.submit import submit
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fleetctl.api.runspec import RunSpec
 from fleetctl.cli import cli
 from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
@@ -124,7 +125,7 @@ def run_command(
     check_flags(params)
     if params["slurm"]:  # submitted: the same run happens inside the allocation
         return run_slurm(click.get_current_context())
-    # RunSpec's fields, as Fleet.run's keywords (checked there, as a library call's)
+    # RunSpec's fields, as its keywords (checked by the record, as a library call's)
     keywords = spec_keywords(
         params, "program", "hosts", "supervision", "retry", "container", "monitor"
     )
@@ -132,6 +133,20 @@ def run_command(
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
+    collect = collect_settings(params["collect_max"], params["collect_exclude"])
+    collective = (
+        None
+        if dry_run
+        else collective_settings(
+            params["collective"],
+            params["collective_size"],
+            params["collective_min"],
+            params["collective_floor"],
+            params["collective_timeout"],
+        )
+    )
+    # the whole request, checked before the inventory is read (as Fleet.run's keywords are)
+    spec = RunSpec.build(script, *script_args, **keywords, collective=collective, collect=collect)
     in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
     if in_slurm and not params["no_slurm"]:  # inside an allocation: its nodes, via srun
         from fleetctl.api import Fleet
@@ -147,33 +162,12 @@ def run_command(
         )
     else:
         fleet = open_fleet(inventory, limit, ssh, runs_dir=runs_dir)
-    collect = collect_settings(params["collect_max"], params["collect_exclude"])
-    collective = (
-        None
-        if dry_run
-        else collective_settings(
-            params["collective"],
-            params["collective_size"],
-            params["collective_min"],
-            params["collective_floor"],
-            params["collective_timeout"],
-        )
-    )
     live = None
     if not dry_run:
         from fleetctl.cli import render
 
         live = render.LiveLog(tail="none" if as_json else tail, raw=raw_output)
-    ran = fleet.run(
-        script,
-        *script_args,
-        **keywords,
-        collective=collective,
-        collect=collect,
-        dry_run=dry_run,
-        foreground=True,
-        on_event=live,
-    )
+    ran = fleet.run_spec(spec, dry_run=dry_run, foreground=True, on_event=live)
     from fleetctl.api import Job
 
     if not isinstance(ran, Job):  # --dry-run: the plan
@@ -184,7 +178,7 @@ def run_command(
 
             render.print_plan(ran, inventory=fleet.inventory)
         return
-    _render_run(ran, as_json=as_json, monitor_wanted=keywords.get("monitor", True))
+    _render_run(ran, as_json=as_json, monitor_wanted=spec.monitor.monitor)
 
 
 def _render_run(job: Job, *, as_json: bool, monitor_wanted: bool) -> None:

@@ -146,3 +146,25 @@ def test_env_vars_become_the_records_env_and_a_bad_name_is_the_records_message()
     assert params == {"script": "t.py"}  # taken out: what is left is the command's own
     with pytest.raises(click.BadParameter, match="'A-B' is not a valid variable name"):
         spec_keywords({"env_vars": ("A-B=1",)}, "program")
+
+
+def test_a_fleet_runs_a_record_as_it_runs_the_keywords(tmp_path: Path, script: Path) -> None:
+    fleet = Fleet.local(runs_dir=tmp_path / "runs")
+    spec = RunSpec.build(str(script), "--lr", "3", launcher="plain", master_port=29777)
+    plan = fleet.run_spec(spec, dry_run=True)
+    same = fleet.run(str(script), "--lr", "3", launcher="plain", master_port=29777, dry_run=True)
+    assert [n.argv for n in plan.nodes] == [n.argv for n in same.nodes]
+    assert tuple(plan.nodes[0].argv[-2:]) == ("--lr", "3")
+
+
+def test_the_command_checks_the_whole_record_before_reading_the_inventory(
+    tmp_path: Path, script: Path
+) -> None:
+    r = run_cli(
+        "run", "--dry-run", "-i", str(tmp_path / "missing.yml"), "--env-style", "pai",
+        str(script), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [
+        "fleetctl: error: --env-style names role env variables: it needs a role job (--job FILE)"
+    ]
