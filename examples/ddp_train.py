@@ -14,7 +14,10 @@ Runs unchanged under
 Rank 0 prints the mean loss of every epoch; every rank ends with
 ``done rank=R world=W loss=L`` and exits 0. For demos and tests: ``--fail-rank R --fail-step
 S`` raises on global rank R at global step S (counted from 0 across epochs);
-``--sleep-per-step`` slows steps down (teardown tests); ``--print-args`` prints
+``--hang-rank R --hang-step S`` blocks rank R at step S forever (stall tests: until then every
+rank touches ``FLEET_PROGRESS_FILE`` twice a second, so the silence is the hang's alone, never
+a slow machine's imports or first step); ``--sleep-per-step`` slows steps down (teardown
+tests); ``--print-args`` prints
 ``argv-json: <sys.argv[1:] as JSON>`` so a test can see its arguments arrived literally
 (unknown arguments are then tolerated).
 """
@@ -27,6 +30,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -75,10 +79,21 @@ def stuck_loading_batch(rank: int, step: int) -> None:
         time.sleep(3600)
 
 
+def touch_progress_until(stop: threading.Event) -> None:
+    """Say this rank moves on (fleetctl's ``FLEET_PROGRESS_FILE``) until ``stop``."""
+    path = os.environ.get("FLEET_PROGRESS_FILE")
+    while path and not stop.wait(0.5):
+        with open(path, "a"):
+            os.utime(path)
+
+
 def main(argv: list[str]) -> int:
     # A native crash (SIGABRT from a C++ terminate, SIGSEGV) prints every thread's Python stack.
     faulthandler.enable()
     args = parse_args(argv)
+    reached_hang = threading.Event()
+    if args.hang_step is not None:
+        threading.Thread(target=touch_progress_until, args=(reached_hang,), daemon=True).start()
     if args.print_args:
         say("argv-json: " + json.dumps(argv))
     try:
@@ -146,6 +161,8 @@ def main(argv: list[str]) -> int:
         for xb, yb in loader:
             if rank == args.fail_rank and step == args.fail_step:
                 raise RuntimeError(f"intentional failure at rank {rank} step {step}")
+            if step == args.hang_step:
+                reached_hang.set()  # from here on only the hang is silent
             if rank == args.hang_rank and step == args.hang_step:
                 stuck_loading_batch(rank, step)  # the peers block in their next all-reduce
             xb, yb = xb.to(device), yb.to(device)

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,14 +100,24 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     from concurrent.futures import ThreadPoolExecutor, wait
 
     from fleetctl.api.group import group
+    from fleetctl.job.beforelog import BEFORE_OUTPUT
     from fleetctl.results import FleetResult
     from fleetctl.ssh.connection import SSHSettings
 
     conns = list(group(nodes, settings or SSHSettings()))
+    sink = BEFORE_OUTPUT.get()
+    streams = [_Lines(i, sink) for i in range(len(conns))] if sink is not None else []
+    for c, s in zip(conns, streams, strict=False):  # what c.run/c.sudo/c.local do not hide
+        c.config.run["out_stream"] = c.config.run["err_stream"] = s
     outcomes: dict[str, Any] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(conns))))
+    routed = contextlib.ExitStack()
+    routed.enter_context(_routing(streams))  # the tasks' own prints, until the end
     try:
-        futures = {pool.submit(task.func, c): n for n, c in zip(nodes, conns, strict=True)}
+        futures = {
+            pool.submit(_on_node, task.func, c, streams[i] if streams else None): n
+            for i, (n, c) in enumerate(zip(nodes, conns, strict=True))
+        }
         _, late = wait(futures, timeout=task.timeout)
         for fut, node in futures.items():
             if fut in late:
@@ -120,6 +131,9 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
         for c in conns:  # also ends a late task's command: its channel closes
             with contextlib.suppress(Exception):  # a dead link has nothing left to close
                 c.close()
+        routed.close()
+        for s in streams:
+            s.close()
     result: FleetResult[Any] = FleetResult(outcomes)
     if result.failed:
         labels = {n.name: n.label for n in nodes}
@@ -129,6 +143,88 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
             + "; ".join(parts),
             result,
         )
+
+
+class _Lines:
+    """A text stream (fabric's ``out_stream``, a print's target) that hands whole lines of one
+    node's output to the job's sink; a last line without its newline at ``close``."""
+
+    def __init__(self, index: int, sink: Callable[[int, str], None]) -> None:
+        self.index, self.sink = index, sink
+        self._part = ""
+        self._closed = False  # a task still running past the timeout: its output is dropped
+        self._lock = threading.Lock()  # stdout and stderr of one command: two reader threads
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._closed:
+                return len(text)
+            *lines, self._part = (self._part + text).split("\n")
+            for line in lines:
+                self.sink(self.index, line.rstrip("\r"))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            part, self._part, self._closed = self._part, "", True
+        if part:
+            self.sink(self.index, part)
+
+
+_node = threading.local()  # the stream of the node whose task this thread runs
+
+
+def _on_node(func: Callable[[Any], Any], conn: Any, stream: _Lines | None) -> Any:
+    """The task on one node, its prints (this thread's) going to the node's stream."""
+    _node.stream = stream
+    try:
+        return func(conn)
+    finally:
+        _node.stream = None
+
+
+class _ThreadRouted:
+    """sys.stdout/sys.stderr while tasks run: a task thread's writes go to its node's stream,
+    every other thread's (and a write the sink itself makes) to the real one."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def write(self, text: str) -> int:
+        stream = getattr(_node, "stream", None)
+        if stream is None or getattr(_node, "busy", False):
+            return self.real.write(text)
+        _node.busy = True
+        try:
+            return stream.write(text)
+        finally:
+            _node.busy = False
+
+    def flush(self) -> None:
+        if getattr(_node, "stream", None) is None:
+            self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@contextlib.contextmanager
+def _routing(streams: list[_Lines]) -> Any:
+    if not streams:
+        yield
+        return
+    real = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ThreadRouted(real[0]), _ThreadRouted(real[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = real
 
 
 def describe(e: BaseException) -> str:

@@ -35,6 +35,18 @@ DEFAULT_RUNS_DIR = "fleet-runs"
 DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SSH code yet)
 
 
+def probe_timeout_arg(value: float) -> float:
+    """``probe_timeout`` (``--probe-timeout``): seconds, 1 to 600. UsageError (exit 2)."""
+    from fleetctl.plan.userinput import PROBE_TIMEOUT_MAX
+
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 1 <= value <= PROBE_TIMEOUT_MAX:  # NaN fails both comparisons
+        raise UsageError(
+            f"probe timeout {value!r}: seconds from 1 to {PROBE_TIMEOUT_MAX:g} (--probe-timeout)"
+        )
+    return float(value)
+
+
 class Fleet:
     """Hosts in rank order and how to reach them. Make one with :meth:`from_inventory` or
     :meth:`local`; it holds no connection between calls (each call connects and closes)."""
@@ -152,15 +164,18 @@ class Fleet:
         mesh: str = "auto",
         min_free_gib: float = 1.0,
         collective: CollectiveOptions | None = None,
+        probe_timeout: float = 30.0,
     ) -> CheckReport:
         """``fleetctl check``: SSH, ping, NICs, the mesh, GPUs, ports, disk, tools on every
         host. Never raises for a failing host: ``report.ok``, ``report.failures`` (host,
         check, why), ``report.hosts[name].checks``; ``report.to_dict()`` is ``--json``.
-        ``collective``: then the torch.distributed benchmark (``check --collective``)."""
+        ``collective``: then the torch.distributed benchmark (``check --collective``).
+        ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``)."""
         from fleetctl.job.prepare import launcher_module
         from fleetctl.phases.check import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
+        probe_timeout = probe_timeout_arg(probe_timeout)
         if mesh not in ("auto", "full", "sparse", "off"):
             raise UsageError(f"mesh must be auto, full, sparse or off, not {mesh!r}")
         options = CheckOptions(
@@ -174,6 +189,7 @@ class Fleet:
             mesh=mesh != "off",
             mesh_mode=mesh if mesh != "off" else "auto",
             collective=collective,
+            probe_timeout=probe_timeout,
         )
         with self._ssh() as fleet:
             return check_fleet(fleet, options)
@@ -277,6 +293,7 @@ class Fleet:
         nproc_per_node: int | str = "auto",
         env: Mapping[str, str] | None = None,
         stall_timeout: float | None = None,
+        startup_timeout: float | None = None,
         timeout: float | None = None,
         detach: bool = False,
         code: str | os.PathLike[str] | None = None,
@@ -299,12 +316,14 @@ class Fleet:
         env_style: str | None = None,
         nodes: int | None = None,
         checkpoint_dir: str | None = None,
+        resume: str | None = None,
         image: str | None = None,
         container_runtime: str | None = None,
         collective: CollectiveOptions | None = None,
         collect: CollectOptions | None = None,
         monitor: bool = True,
         monitor_lost_timeout: float | None = None,
+        probe_timeout: float = 30.0,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -320,7 +339,9 @@ class Fleet:
         folder shipped (default: the git work tree holding the script). ``job_file``: a
         role job instead of ``script`` (``--job``; ``env_style``: its variables' names).
         ``nodes``: run on that many hosts that pass the check, the others spares for retries
-        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``before``: a
+        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``resume``: an
+        earlier job's id (or ``"last"``) whose checkpoint files every node gets before launch
+        (``checkpoint_dir``: which folder). ``before``: a
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``). ``collective``: the
@@ -340,6 +361,7 @@ class Fleet:
             nproc_per_node=nproc_per_node,
             env=env,
             stall_timeout=stall_timeout,
+            startup_timeout=startup_timeout,
             timeout=timeout,
             detach=detach,
             code=code,
@@ -362,12 +384,14 @@ class Fleet:
             env_style=env_style,
             nodes=nodes,
             checkpoint_dir=checkpoint_dir,
+            resume=resume,
             image=image,
             container_runtime=container_runtime,
             collective=collective,
             collect=collect,
             monitor=monitor,
             monitor_lost_timeout=monitor_lost_timeout,
+            probe_timeout=probe_timeout,
         )
         return self.run_spec(spec, dry_run=dry_run, foreground=foreground, on_event=on_event)
 

@@ -26,6 +26,8 @@ _NAMES = {
     "MiB": ("fleetctl.phases.collective_judge", "MiB"),
     # the check table's columns, a plan's shared argv positions, a failed rank in words
     "CHECKS": ("fleetctl.phases.check_report", "CHECKS"),
+    "PROBE_TIMEOUT": ("fleetctl.plan.userinput", "PROBE_TIMEOUT"),
+    "PROBE_TIMEOUT_MAX": ("fleetctl.plan.userinput", "PROBE_TIMEOUT_MAX"),
     "shared_positions": ("fleetctl.plan.shared", "shared_positions"),
     "describe_rank": ("fleetctl.job.ranks", "describe"),
 }
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from fleetctl.plan.shared import shared_positions as shared_positions
     from fleetctl.plan.userinput import MAX_COUNT as MAX_COUNT
     from fleetctl.plan.userinput import MAX_SECONDS as MAX_SECONDS
+    from fleetctl.plan.userinput import PROBE_TIMEOUT as PROBE_TIMEOUT
+    from fleetctl.plan.userinput import PROBE_TIMEOUT_MAX as PROBE_TIMEOUT_MAX
 
 
 def __getattr__(name: str) -> Any:

@@ -281,6 +281,7 @@ def monitor(
     timeout: float | None,
     stall_timeout: float | None,
     chase_lost: float,
+    startup_timeout: float | None = None,
     stop_event: threading.Event,
     on_note: Note,
 ) -> str:
@@ -304,5 +305,8 @@ def monitor(
         chase_lost=chase_lost,
         timeout=timeout if timeout is not None else last.get("timeout"),
         stall_timeout=stall_timeout if stall_timeout is not None else last.get("stall_timeout"),
+        startup_timeout=(
+            startup_timeout if startup_timeout is not None else last.get("startup_timeout")
+        ),
     )
     return str(result.outcome)

@@ -71,6 +71,11 @@ def prepare(
     from fleetctl.phases.checkpoints import checkpoint_dir_arg
 
     checkpoint_dir = checkpoint_dir_arg(rt.checkpoint_dir)
+    relay = None
+    if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
+        from fleetctl.job.resume import resolve as resolve_resume
+
+        relay = resolve_resume(rt.resume, runs_dir, nodes, checkpoint_dir)
     before = _before_hook(p.before, inventory)
     wanted = spec.hosts.nodes
     if wanted is not None and wanted > len(nodes):
@@ -118,6 +123,10 @@ def prepare(
         run_nodes = planner.nodes
     # what the real run would refuse, a dry run refuses too
     retry_policy = retry.policy(job_retry)
+    if code_dir is not None:  # `--code /` walked the whole disk before anything was said
+        from fleetctl.phases.codesync import check_code_folder
+
+        check_code_folder(code_dir)
     if dry_run:
         if planner is not None:
             return Prepared(None, before, planner.dry_plan(job))
@@ -133,6 +142,7 @@ def prepare(
         deadman=sup.deadman,
         timeout=timeout,
         stall_timeout=stall_timeout,
+        startup_timeout=sup.startup_timeout,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,
         settings=settings,
@@ -145,6 +155,8 @@ def prepare(
         collect=spec.collection.collect,
         nodes_wanted=wanted,
         checkpoint_dir=checkpoint_dir,
+        relay=relay,
+        probe_timeout=spec.hosts.probe_timeout,
         before_launch=before,
         collective=collective,
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
-from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES
+from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES, PROBE_TIMEOUT, PROBE_TIMEOUT_MAX
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -222,6 +222,11 @@ class Hosts(_Group):
         False, "--allow-busy-gpus",
         help="GPUs with another job's processes or memory in use are a warning, not a failure.",
     )  # fmt: skip
+    probe_timeout: float = option(
+        PROBE_TIMEOUT, "--probe-timeout", check=c.seconds(1, PROBE_TIMEOUT_MAX), show_default=True,
+        help="Seconds each host's python has to answer the check (start, import the launcher, "
+        "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -248,7 +253,14 @@ class Supervision(_Group):
     )  # fmt: skip
     stall_timeout: float | None = option(
         None, "--stall-timeout", check=c.seconds(1),
-        help="No output line from any node this long: the job is stalled and stopped (exit 3).",
+        help="No output line or progress touch from any node this long once the job began: the "
+        "job is stalled, its stacks dumped, and it is stopped (exit 3).",
+    )  # fmt: skip
+    startup_timeout: float | None = option(
+        None, "--startup-timeout", check=c.seconds(1),
+        help="No first output of a rank or progress touch on any node this long after the "
+        "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
+        "longer of 1800 s and it; else none.",
     )  # fmt: skip
 
 
@@ -276,9 +288,15 @@ class Retry(_Group):
     )  # fmt: skip
     checkpoint_dir: str | None = option(
         None, "--checkpoint-dir", check=c.TEXT, metavar="DIR",
-        help="With --max-retries: the folder whose files rank 0's node relays to every node of "
-        "a retry (relative to the job's work folder, or absolute on the nodes; default: the "
-        "work folder).",
+        help="With --max-retries or --resume: the folder whose files rank 0's node relays to "
+        "every node of a retry or a resumed job (relative to the job's work folder, or absolute "
+        "on the nodes; default: the work folder).",
+    )  # fmt: skip
+    resume: str | None = option(
+        None, "--resume", check=c.TEXT, metavar="JOB|last",
+        help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
+        "--checkpoint-dir) are copied to every node's work folder before launch, as a retry's "
+        "are.",
     )  # fmt: skip
 
 

@@ -46,6 +46,23 @@ class Submission:
     def job_id(self) -> str:
         return self.request.job_id
 
+    def check(self) -> str | None:
+        """Slurm's verdict without queueing anything (``sbatch --test-only``), so a dry run
+        refuses what :meth:`submit` would: UsageError (exit 2) with sbatch's reason when Slurm
+        refuses the job (gres, partition, node count, an ``--sbatch-arg``). When Slurm cannot
+        be asked here (no sbatch, no controller): that reason; None when it would take it."""
+        from fleetctl.slurm.batch import SlurmError
+        from fleetctl.slurm.submit import SlurmClient
+
+        client = SlurmClient()
+        if shutil.which("sbatch", path=client.env.get("PATH")) is None:
+            return "`sbatch` not found (is Slurm's client installed?)"
+        try:
+            client.test_only(self.script)
+        except SlurmError as e:
+            return e.one_line()
+        return None
+
     def submit(self, *, detach: bool = False) -> SlurmJob:
         """``sbatch`` it: the run folder (``slurm.json``, the script, a queued job.json)
         first, so the batch job adopts it; nothing is left when sbatch refuses (UsageError,
@@ -58,6 +75,10 @@ class Submission:
         req = self.request
         client = SlurmClient()
         run = RunFolder.create(Path(req.folder).parent, req.job_id)
+        if req.spec is not None and not req.private:  # the run inside reads its options here
+            from fleetctl.slurm.specfile import write
+
+            write(req.spec_file, req.spec)
         record: dict[str, Any] = {
             "job_id": None,  # until sbatch answers: the job may start before this side goes on
             "state": "SUBMITTING",
@@ -128,7 +149,12 @@ def submission(
 ) -> Submission:
     """The batch job that runs ``fleetctl run OPTIONS SCRIPT ARGS…`` on ``nodes`` nodes of an
     allocation (``options``: ``run``'s own, as argv). Nothing is submitted (a dry run prints
-    ``.script``); a bad ``gres``/``time`` is a UsageError here.
+    ``.script``, and :meth:`Submission.check` asks Slurm); a bad ``gres``/``time``, or a
+    control character in any value the script holds on a line (``partition``, ``account``,
+    ``sbatch_args``, …), is a UsageError here.
+
+    The options, SCRIPT and ARGS reach the run inside in a file (``run --spec``, 0600 in the
+    run folder), never on a command line: an ``--env-var`` secret is on no process list.
 
     ``job_file`` (a role job, instead of ``script``): read here, so a bad file is exit 2
     before anything is queued; ``nodes`` defaults to the sum of its roles' ``instances``; the
@@ -144,17 +170,29 @@ def submission(
     from fleetctl.api.runrequest import new_job_id
     from fleetctl.errors import UsageError
     from fleetctl.slurm.batch import (
+        GPUS_VAR,
         JOB_FILE_DIR,
         PRIVATE_ROOT,
         RUN_ID_VAR,
         BatchRequest,
         check_gres,
+        check_line,
         check_time,
+        gres_gpus,
+        inside_argv,
         inside_command,
         render,
         role_nodes,
+        spec_path,
     )
 
+    for what, value in (("--partition", partition), ("--account", account)):
+        if value is not None:
+            check_line(what, value)
+    for arg in sbatch_args:
+        check_line("--sbatch-arg", arg)
+    gres = check_gres(gres) if gres else None
+    time = check_time(time) if time else None
     job_id = job_id or new_job_id()
     runs = os.path.abspath(runs_dir)
     folder = os.path.join(runs, job_id)
@@ -184,9 +222,12 @@ def submission(
     if nodes is None:
         raise UsageError("--slurm needs --nodes N (the nodes to ask Slurm for)")
     inner.append(f"--runs-dir={runs if shared_fs else PRIVATE_ROOT.format(job=job_id)}")
-    command = inside_command(sys.executable, inner, script, tuple(args))
+    command = inside_command(sys.executable, spec_path(folder, job_id, private=not shared_fs))
     paths = [_python_path(), *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
     env = {RUN_ID_VAR: job_id, "PYTHONPATH": os.pathsep.join(dict.fromkeys(x for x in paths if x))}
+    gpus = gres_gpus(gres)
+    if gpus is not None:  # the plan's GPUs per node: the steps', not the batch step's
+        env[GPUS_VAR] = str(gpus)
     req = BatchRequest(
         nodes=nodes,
         job_id=job_id,
@@ -194,12 +235,13 @@ def submission(
         chdir=os.getcwd(),
         command=command,
         partition=partition,
-        gres=check_gres(gres) if gres else None,
-        time=check_time(time) if time else None,
+        gres=gres,
+        time=time,
         account=account,
         extra=tuple(sbatch_args),
         env=env,
         private=not shared_fs,
+        spec=inside_argv(inner, script, tuple(args)),
     )
     return Submission(req, render(req), launcher, copy)
 
@@ -471,6 +513,14 @@ class SlurmJob:
         )
 
 
+def read_spec(path: str | os.PathLike[str]) -> list[str]:
+    """The run a batch script's ``fleetctl run --spec FILE`` stands for, as ``run``'s
+    arguments (fleetctl.slurm.specfile: its only reader and writer)."""
+    from fleetctl.slurm.specfile import read
+
+    return read(path)
+
+
 def _python_path() -> str:
     """Where this fleetctl is imported from, for the batch script's PYTHONPATH."""
     import fleetctl
@@ -478,4 +528,4 @@ def _python_path() -> str:
     return str(Path(fleetctl.__file__).resolve().parent.parent)
 
 
-__all__ = ["SlurmJob", "Submission", "submission", "submit"]
+__all__ = ["SlurmJob", "Submission", "read_spec", "submission", "submit"]

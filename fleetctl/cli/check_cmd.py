@@ -22,6 +22,7 @@ from fleetctl.cli.options import (
     inventory_option,
     limit_option,
     open_fleet,
+    probe_timeout_option,
     ssh_options,
 )
 
@@ -73,6 +74,7 @@ from fleetctl.cli.options import (
     show_default=True,
     help="GiB that must be free in each host's workdir.",
 )
+@probe_timeout_option
 @collective_options
 def check_command(
     inventory: str | None,
@@ -85,6 +87,7 @@ def check_command(
     backend: str | None,
     mesh: str,
     min_free: float,
+    probe_timeout: float,
     ssh: SSHOptions,
     collective: bool = False,
     collective_size: float = 32.0,
@@ -109,6 +112,7 @@ def check_command(
         allow_busy_gpus=allow_busy_gpus,
         mesh=mesh,
         min_free_gib=min_free,
+        probe_timeout=probe_timeout,
         collective=collective_settings(
             collective, collective_size, collective_min, collective_floor, collective_timeout
         ),

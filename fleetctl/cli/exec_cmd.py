@@ -81,8 +81,53 @@ def _print_failures(result: ExecResult) -> None:
     sys.stderr.flush()
 
 
+class _ExecCommand(click.Command):
+    """Notes whether COMMAND came after an explicit ``--``: only then were words after it that
+    look like exec's options surely meant for the remote program."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        raw = list(args)  # click's parser consumes the list it is given
+        rest = super().parse_args(ctx, args)
+        n = len(ctx.params.get("command") or ())
+        ctx.meta[_AFTER_DASHDASH] = 0 < n < len(raw) and raw[-n - 1] == "--"
+        return rest
+
+
+_AFTER_DASHDASH = "fleetctl.exec.after_dashdash"
+
+
+def _misplaced(command: tuple[str, ...], ctx: click.Context) -> list[str]:
+    """Warnings for a COMMAND that reads like pdsh's habit (``exec 'df -h' --limit gpu1``):
+    exec's options after COMMAND are words of it, and with more than one word a first word
+    with spaces is a program name, no longer a shell line. Both run, so both only warn."""
+    out = []
+    if len(command) > 1 and any(c.isspace() for c in command[0]):
+        out.append(
+            f"{command[0]!r} is run as one program name, not as a shell line: only a lone "
+            f"argument is a shell line, and {len(command) - 1} more "
+            f"follow{'s' if len(command) == 2 else ''} it"
+        )
+    if not ctx.meta.get(_AFTER_DASHDASH):
+        names = {  # long ones only: `tail -f`, `grep -i` are the remote program's own
+            o
+            for p in ctx.command.params
+            if isinstance(p, click.Option)
+            for o in (*p.opts, *p.secondary_opts)
+            if o.startswith("--")
+        }
+        found = [w for w in command[1:] if w.split("=", 1)[0] in names]
+        if found:
+            out.append(
+                f"{' '.join(found)} after the command {'are' if len(found) > 1 else 'is'} "
+                "passed to it, not to exec: exec's options go before the command "
+                "(fleetctl exec --limit PATTERN -- COMMAND)"
+            )
+    return out
+
+
 @cli.command(
     "exec",
+    cls=_ExecCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @inventory_option
@@ -126,10 +171,13 @@ def exec_command(
 
     One argument is a remote shell line (`fleetctl exec -- 'df -h | tail -1'`); several are
     quoted one by one and reach the program literally (`fleetctl exec -- echo 'a b;c'`).
+    Options go before COMMAND: after it they are words of it (a warning says so).
     Exit status 0 if every node succeeded, 3 if any failed or was unreachable (see -S).
     """
     from fleetctl.errors import ExecFailed
 
+    for warning in _misplaced(command, click.get_current_context()):
+        click.echo(f"fleetctl: warning: {warning}", err=True)
     stream = not (as_json or gather)
     fleet = open_fleet(inventory, limit, ssh)
     result = fleet.exec(command, timeout=timeout, on_result=_print_run if stream else None)

@@ -341,6 +341,12 @@ def collect_command(
     help="No progress on any node this long: stacks dumped, the job stopped (the run's).",
 )
 @click.option(
+    "--startup-timeout",
+    type=Seconds(min=1),
+    default=None,
+    help="No first progress on any node this long after the launch: stopped (the run's).",
+)
+@click.option(
     "--chase-lost",
     type=Seconds(min=0),
     default=1800.0,
@@ -356,6 +362,7 @@ def monitor_command(
     grace: float | None,
     timeout: float | None,
     stall_timeout: float | None,
+    startup_timeout: float | None,
     chase_lost: float,
     job: str,
 ) -> None:
@@ -389,6 +396,7 @@ def monitor_command(
         grace=grace,
         timeout=timeout,
         stall_timeout=stall_timeout,
+        startup_timeout=startup_timeout,
         chase_lost=chase_lost,
         stop_event=stop,
         on_note=note,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -179,6 +181,16 @@ def lab_status(dir_: str | None, name: str | None, all_: bool, as_json: bool) ->
         _print_status(st)
 
 
+def _progress(what: str) -> Callable[[str], None]:
+    """Each step of a long lab operation on stderr, with the seconds since it began."""
+    t0 = time.monotonic()
+
+    def say(step: str) -> None:
+        click.echo(f"fleetctl: {what}: {step} ({time.monotonic() - t0:.1f} s)", err=True)
+
+    return say
+
+
 @lab_group.command("down")
 @click.option("--dir", "dir_", default=None, help="Lab state directory.")
 @click.option("--name", default=None, help="Lab name.")
@@ -197,7 +209,7 @@ def lab_down(dir_: str | None, name: str | None, all_: bool, keep_dir: bool) -> 
                 return
             raise
     for lab in labs:
-        removed = lab.down(keep_dir=keep_dir)
+        removed = lab.down(keep_dir=keep_dir, progress=_progress(f"lab {lab.name}"))
         click.echo(
             f"lab {lab.name} down"
             + (f" (removed {len(removed)} items)" if removed else " (already down)")

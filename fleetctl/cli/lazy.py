@@ -7,6 +7,7 @@ table's summaries without importing one (a test keeps the summaries equal to the
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,26 @@ class LazyGroup(click.Group):
             importlib.import_module(self.lazy[cmd_name].module)
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, but a mistyped command gets a suggestion as a mistyped option does:
+        ``No such command 'chek'. Did you mean 'check'?`` (a UsageError: exit 2)."""
+        name = args[0] if args else ""
+        typed = name and not name.startswith("-") and not ctx.resilient_parsing
+        if typed and self.get_command(ctx, name) is None:
+            ctx.fail(f"No such command {name!r}.{_suggest(name, self._visible(ctx))}")
+        return super().resolve_command(ctx, args)
+
+    def _visible(self, ctx: click.Context) -> list[str]:
+        """Names ``--help`` lists, loaded or not (none is imported for this)."""
+        loaded = self.commands
+        return [
+            n
+            for n in self.list_commands(ctx)
+            if (not loaded[n].hidden if n in loaded else self.lazy[n].summary is not None)
+        ]
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's listing, with a stand-in carrying the summary for each command not loaded."""
         rows: list[tuple[str, click.Command]] = []
@@ -53,3 +74,12 @@ class LazyGroup(click.Group):
         limit = formatter.width - 6 - max(len(name) for name, _ in rows)
         with formatter.section("Commands"):
             formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in rows])
+
+
+def _suggest(name: str, names: list[str]) -> str:
+    """click's wording for a mistyped option (click ≥ 8.4 only looks among the commands
+    already imported, so a lazy group would get none)."""
+    close = sorted(difflib.get_close_matches(name, names))
+    if len(close) == 1:
+        return f" Did you mean {close[0]!r}?"
+    return f" (Did you mean one of: {', '.join(map(repr, close))}?)" if close else ""

@@ -22,6 +22,8 @@ from fleetctl.api.helpers import (
     DEFAULT_FANOUT,
     MAX_COUNT,
     MAX_SECONDS,
+    PROBE_TIMEOUT,
+    PROBE_TIMEOUT_MAX,
     load_inventory,
     local_inventory,
 )
@@ -265,6 +267,17 @@ limit_option: Callable[[F], F] = click.option(
     default=None,
     metavar="PATTERN",
     help="Select hosts like Ansible: names, groups, globs 'gpu0*', 'a:b', 'a:&b', 'a:!b', '~re'.",
+)
+
+
+# check and run: how long each host's python has to answer the preflight probe
+probe_timeout_option: Callable[[F], F] = click.option(
+    "--probe-timeout",
+    type=Seconds(min=1, max=PROBE_TIMEOUT_MAX),
+    default=PROBE_TIMEOUT,
+    show_default=True,
+    help="Seconds each host's python has to answer the check (start, import the launcher, "
+    "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
 )
 
 

@@ -133,6 +133,8 @@ def push_command(
             )
         except PushError as e:
             error, report = e, e.report  # type: ignore[attr-defined]
+    for w in report.code_warnings:  # the code folder's own (checkpoints, data): JSON too
+        click.echo(f"fleetctl: warning: {render.terminal_safe(w)}", err=True)
     failures = failures_of(error)
     if as_json:
         write_json(report, error, failures)

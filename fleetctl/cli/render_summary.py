@@ -53,16 +53,18 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         if verdict and any(node.state != "succeeded" for node in result.nodes):
             rest = others()
             lines.append(f"Job {result.job_id} succeeded{dur}: {verdict}; {rest}.")
+        elif n == 1:  # "All 1 node succeeded" reads as a template
+            only = result.nodes[0]
+            lines.append(f"Node {only.rank} ({only.host}) succeeded{dur}.")
         else:
-            lines.append(f"All {n} node{'s' if n != 1 else ''} succeeded{dur}.")
+            lines.append(f"All {n} nodes succeeded{dur}.")
     elif ff is not None:
         addr = ff.train_addr or ff.address
         after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
         rest = others()
-        lines.append(
-            f"Out of all {n} node{'s' if n != 1 else ''}, node {ff.rank} ({ff.host} {addr}) "
-            f"failed first: {ff.how()}{after}" + (f"; {rest}." if rest else ".")
-        )
+        who = f"{ff.rank} ({ff.host} {addr})"
+        head = f"Out of all {n} nodes, node {who} failed first" if n > 1 else f"Node {who} failed"
+        lines.append(f"{head}: {ff.how()}{after}" + (f"; {rest}." if rest else "."))
         for cause in result.culprits or []:
             lines.append(f"  likely cause: {cause}")
         if result.failed_ranks:
@@ -102,9 +104,10 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
                     lines.append(f"  node {n['rank']} ({n['host']}): no stacks: {n['error']}")
     elif result.status == "interrupted":
         rest = others()
+        where = f"all {n} nodes" if n != 1 else "its node"
         lines.append(
-            f"Interrupted: job {result.job_id} stopped on all {n} node"
-            f"{'s' if n != 1 else ''}" + (f" ({rest})." if rest else ".")
+            f"Interrupted: job {result.job_id} stopped on {where}"
+            + (f" ({rest})." if rest else ".")
         )
     else:
         lines.append(f"Job {result.job_id} {result.status}.")

@@ -102,6 +102,15 @@ __all__ = ["NprocType", "new_job_id", "parse_env_vars", "run_command"]
 @collect_options
 @collective_options
 @slurm_options
+@click.option(
+    "--spec",
+    "spec_file",
+    default=None,
+    hidden=True,
+    metavar="FILE",
+    help="The whole run from FILE (what `run --slurm`'s batch script runs: no option value on "
+    "the batch node's process list).",
+)
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -122,6 +131,8 @@ def run_command(
     or the roles of a job file (--job)."""
     from fleetctl.cli.slurm_run import check_flags, run_slurm
 
+    if params["spec_file"] is not None:
+        return _run_spec(click.get_current_context(), params["spec_file"])
     check_flags(params)
     if params["slurm"]:  # submitted: the same run happens inside the allocation
         return run_slurm(click.get_current_context())
@@ -179,6 +190,27 @@ def run_command(
             render.print_plan(ran, inventory=fleet.inventory)
         return
     _render_run(ran, as_json=as_json, monitor_wanted=spec.monitor.monitor)
+
+
+def _run_spec(ctx: click.Context, path: str) -> None:
+    """``run --spec FILE``: ``run`` with the arguments the file holds (fleetctl.slurm.specfile),
+    and nothing else on the command line."""
+    from click.core import ParameterSource
+
+    from fleetctl.api.slurm import read_spec
+
+    given = [
+        name
+        for name in ctx.params
+        if name != "spec_file" and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise UsageError(f"--spec {path}: the whole run is in the file; got {given[0]} too")
+    argv = read_spec(path)
+    with run_command.make_context("run", argv, parent=ctx.parent) as inner:
+        if inner.params.get("spec_file") is not None:
+            raise UsageError(f"--spec {path}: the file names another --spec")
+        run_command.invoke(inner)
 
 
 def _render_run(job: Job, *, as_json: bool, monitor_wanted: bool) -> None:

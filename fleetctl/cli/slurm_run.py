@@ -1,7 +1,8 @@
 """``fleetctl run --slurm``: the options, and the submit → wait → follow → report flow.
 
 The batch script runs ``fleetctl run`` inside the allocation with the job options given here
-(every option the user set, except the Slurm and submit-side ones), so the check, launch,
+(every option the user set, except the Slurm and submit-side ones; carried in a file,
+``run --spec``, so that no value is on the batch node's process list), so the check, launch,
 first-failure teardown and run folder are the inside run's; this side submits, shows the
 queue, streams the script's output and ends with the inside run's exit code.
 """
@@ -43,6 +44,7 @@ _NOT_FORWARDED = frozenset(
         "script_args",
         "job_file",  # --job: the submission passes its copy in the run folder, and --code
         "slurm_no_shared_fs",
+        "spec_file",  # run --spec: the run inside reads its options from the file
     }
 )
 
@@ -154,12 +156,19 @@ def run_slurm(ctx: click.Context) -> None:
         launcher=p.get("launcher"),
     )
     if p.get("dry_run"):
+        unchecked = sub.check()  # Slurm refusing the job: exit 2 here, as a submission would
         if p.get("as_json"):
             click.echo(json.dumps(_dry_run_document(sub), indent=2))
         else:
             click.echo(sub.script, nl=False)
         for line in _plan_lines(sub, p):
             click.echo(line, err=True)
+        click.echo(
+            f"fleetctl: dry run: not checked by Slurm: {unchecked}"
+            if unchecked
+            else "fleetctl: dry run: Slurm would take it (sbatch --test-only)",
+            err=True,
+        )
         return
     _submit_and_follow(sub, detach=bool(p.get("detach")), p=p)
 
@@ -173,6 +182,7 @@ def _dry_run_document(sub: Submission) -> dict[str, Any]:
         "folder": req.folder,
         "sbatch_script": sub.script,
         "command": list(req.command),
+        "spec": {"file": req.spec_file, "argv": list(req.spec or ())},
         "job_file": None
         if sub.job_file is None
         else {"from": sub.job_file[0], "copy": sub.job_file[1]},

@@ -2,7 +2,9 @@
 ran (:func:`relay_source`); before launch, after push and plan, :func:`relay_before_launch`
 copies what the job wrote into its work folder there to every node of this attempt
 (``fleetctl.phases.checkpoints``). What happened is kept on the :class:`CheckpointRelay` for
-attempts.json and said as a notice."""
+attempts.json and said as a notice. ``run --resume JOB`` makes the first attempt's relay from
+an earlier job's folder (``fleetctl.job.resume``): then every node gets a copy, the source's
+too (its new work folder is another), and job.json's ``resumed_from`` says what came."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetctl.errors import NodePushError, PushError
 from fleetctl.phases.checkpoints import (
     CHECKPOINT_MAX,
     RelayReport,
@@ -17,6 +20,7 @@ from fleetctl.phases.checkpoints import (
     RelayTarget,
     relay_checkpoints,
 )
+from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
@@ -33,6 +37,8 @@ class CheckpointRelay:
     dir: str | None = None  # --checkpoint-dir (None: the job's work folder)
     max_bytes: int = CHECKPOINT_MAX
     report: RelayReport | None = None
+    resume: str | None = None  # run --resume: the earlier job (None: this job's last attempt)
+    since: float | None = None  # run --resume: that job's start (its code snapshot may be gone)
 
 
 def relay_source(pool: Sequence[Node], results: Sequence[JobResult]) -> RelaySource | None:
@@ -57,23 +63,34 @@ def relay_before_launch(job: JobContext, fleet: Fleet, shared: Sequence[Sequence
     if relay is None or plan is None:
         return
     src = relay.source
-    job.emit(
-        "phase", f"relaying checkpoints from {src.node.name} (rank 0 of attempt {src.attempt})"
-    )
+    of = f"job {relay.resume}" if relay.resume else f"attempt {src.attempt}"
+    job.emit("phase", f"relaying checkpoints from {src.node.name} (rank 0 of {of})")
     by_name = {n.name: n for n in job.nodes}
     targets = [
         RelayTarget(by_name[np.host], getattr(np, "work_dir", "") or np.cwd, np.code_dir, np.cwd)
         for np in plan.nodes
     ]
-    report = relay.report = RelayReport(src.node.name, src.attempt, relay.dir)
-    relay_checkpoints(
-        fleet,
-        src,
-        targets,
-        checkpoint_dir=relay.dir,
-        shared_groups=shared,
-        allow_secrets=job.options.allow_secrets,
-        max_bytes=relay.max_bytes,
-        report=report,
-    )
+    report = relay.report = RelayReport(src.node.name, src.attempt, relay.dir, job=relay.resume)
+    try:
+        relay_checkpoints(
+            fleet,
+            src,
+            targets,
+            checkpoint_dir=relay.dir,
+            shared_groups=shared,
+            allow_secrets=job.options.allow_secrets,
+            max_bytes=relay.max_bytes,
+            report=report,
+            same_folder=relay.resume is None,
+            since=relay.since,
+        )
+    finally:
+        if relay.resume is not None:  # job.json: what this job continues
+            job.result.resumed_from = report.to_dict()
+            job.save()
+    if relay.resume is not None and report.skipped:  # asked for: never a silent fresh start
+        why = NodePushError(src.node.name, report.skipped, stage="relay")
+        raise PushError(
+            f"--resume {relay.resume}: {report.summary()}", FleetResult({src.node.name: why})
+        )
     job.emit("warning" if report.skipped or report.secrets else "notice", report.summary())

@@ -82,7 +82,10 @@ class JobContext:
         self._failure_due: float | None = None  # monotonic; None: no line held
         self._failure_timer: threading.Timer | None = None
         self._failure_said: int | None = None  # the rank the last line named
-        self.progress = time.monotonic()  # last output line or start on any node
+        self.progress = time.monotonic()  # last output line or progress once the job began
+        # when a node first said the job's own start-up is over (its supervisor's ``P``: a
+        # rank's first line, or a progress touch); None: starting up (--startup-timeout)
+        self.begun: float | None = None
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
 
     def take_held(self, host: str) -> HeldProbe | None:
@@ -211,9 +214,12 @@ def on_event(job: JobContext, ev: Event) -> None:
     node, state = job.result.nodes[ev.rank], job.state
     if ev.kind == "progress":
         job.progress = time.monotonic()
+        if job.begun is None:
+            job.begun = job.progress
         return
     if ev.kind == "lines":
-        job.progress = time.monotonic()
+        if job.begun is not None:  # before: a launcher's own lines, not the job's progress
+            job.progress = time.monotonic()
         node.tail.extend(ev.lines)
         job.spool(ev.rank, ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)

@@ -104,6 +104,7 @@ class JobRecord:
     failed_ranks: list[dict[str, Any]] | None = None
     culprits: list[str] | None = None
     left_out: dict[str, str] | None = None
+    resumed_from: dict[str, Any] | None = None  # run --resume: the earlier job's relay
     stacks: list[dict[str, Any]] | None = None
     stack_nodes: list[dict[str, Any]] | None = None
     completion: dict[str, Any] | None = None  # a role job's policy, for the monitor
@@ -182,6 +183,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "failed_ranks": (list, _NONE),
         "culprits": (list, _NONE),
         "left_out": (dict, _NONE),
+        "resumed_from": (dict, _NONE),
         "stacks": (list, _NONE),
         "stack_nodes": (list, _NONE),
         "completion": (dict, _NONE),
@@ -199,7 +201,7 @@ _OBJ_ITEMS = frozenset({"collected", "phases", "attempts", "failed_ranks", "stac
 # JobRecord keys left out of the file while None (JobResult.to_dict writes them only when set)
 _OPTIONAL = frozenset(
     {"attempts", "failed_ranks", "culprits", "left_out", "stacks", "stack_nodes", "completion"}
-    | {"monitor"}
+    | {"monitor", "resumed_from"}
 )
 
 

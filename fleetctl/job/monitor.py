@@ -147,6 +147,7 @@ def monitor_job(
     chase_lost: float = DEFAULT_CHASE_LOST,
     timeout: float | None = None,
     stall_timeout: float | None = None,
+    startup_timeout: float | None = None,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
 
@@ -177,6 +178,7 @@ def monitor_job(
             "grace": grace,
             "timeout": timeout,
             "stall_timeout": stall_timeout,
+            "startup_timeout": startup_timeout,
             "log": str(folder.monitor_log),
             "phase": "watching",
         }
@@ -202,7 +204,7 @@ def monitor_job(
                 lost_timeout,
                 event,
                 result,
-                (timeout, stall_timeout),
+                (timeout, stall_timeout, startup_timeout),
             )
             if decision is None or decision.action == "external":
                 if decision is not None:
@@ -240,10 +242,10 @@ def _watch(
     lost_timeout: float,
     event: Callable[[str], None],
     result: MonitorResult,
-    limits: tuple[float | None, float | None] = (None, None),
+    limits: tuple[float | None, float | None, float | None] = (None, None, None),
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
-    ``limits``: the job's ``--timeout`` and ``--stall-timeout``."""
+    ``limits``: the job's ``--timeout``, ``--stall-timeout`` and ``--startup-timeout``."""
     from fleetctl.job.records import _parse_iso
     from fleetctl.job.supervisors import ensure_supervisor, node_states
 
@@ -291,6 +293,7 @@ def _watch(
                 started=started,
                 timeout=limits[0],
                 stall_timeout=limits[1],
+                startup_timeout=limits[2],
             )
         if decision is not None:
             return decision, watch

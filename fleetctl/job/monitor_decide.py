@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.roles import CompletionPolicy
 
 DEFAULT_POLL = 2.0
+# --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
+# joining a slow rendezvous take minutes before the job's first line
+DEFAULT_STARTUP = 1800.0
 DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
 DEFAULT_GRACE = 5.0
 MONITOR_REASON = "stopped by the job monitor"
@@ -34,6 +37,7 @@ class WatchState:
     tolerated: set[int] = field(default_factory=set)  # failures the completion policy allows
     progress: dict[int, float] = field(default_factory=dict)  # rank -> last progress mark seen
     last_progress: float | None = None  # when any mark last moved (this machine's clock)
+    begun: bool = False  # a node said the job's start-up is over (its first line or touch)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,23 @@ def _classify(s: NodeReport) -> tuple[str, str | None]:
     return "running", None
 
 
+def startup_limit(startup_timeout: float | None, stall_timeout: float | None) -> float | None:
+    """Seconds from the launch to the job's first progress on any node before it is called
+    stalled at start-up: ``--startup-timeout``; with only ``--stall-timeout``, the longer of it
+    and ``DEFAULT_STARTUP``; with neither, no limit."""
+    if startup_timeout is not None:
+        return startup_timeout
+    return None if stall_timeout is None else max(DEFAULT_STARTUP, stall_timeout)
+
+
+def stall_reason(quiet: float) -> str:
+    return f"stalled: no progress on any node for {quiet:.0f} s"
+
+
+def startup_reason(waited: float) -> str:
+    return f"stalled at start-up: no progress on any node {waited:.0f} s after the launch"
+
+
 def limit_reached(
     states: Sequence[NodeReport],
     watch: WatchState,
@@ -114,26 +135,34 @@ def limit_reached(
     started: float | None,
     timeout: float | None,
     stall_timeout: float | None,
+    startup_timeout: float | None = None,
 ) -> Decision | None:
-    """``--timeout`` / ``--stall-timeout`` for a detached job: a ``give_up`` decision, or None.
+    """``--timeout`` / ``--stall-timeout`` / ``--startup-timeout`` for a detached job: a
+    ``give_up`` decision, or None.
 
     Progress is a node's progress mark (its console log or progress file changed, by the
     node's own clock) moving between polls; only this machine's clock measures the silence,
-    so node clocks need not agree with it.
+    so node clocks need not agree with it. The stall clock starts when a node first says the
+    job began (its first line of a rank, or a progress touch); until then the start-up limit
+    counts from ``started``.
     """
     for s in states:
         if s.progress is not None and watch.progress.get(s.rank) != s.progress:
             watch.progress[s.rank] = s.progress
             watch.last_progress = now
+    if not watch.begun and any(s.begun for s in states):
+        watch.begun, watch.last_progress = True, now
     if watch.last_progress is None:
         watch.last_progress = now
     if timeout is not None and started is not None and now - started > timeout:
         return Decision("give_up", "failed", reason=f"timed out after {timeout:g} s")
+    if not watch.begun:
+        limit = startup_limit(startup_timeout, stall_timeout)
+        if limit is not None and started is not None and now - started > limit:
+            return Decision("give_up", "failed", reason=startup_reason(now - started))
+        return None
     if stall_timeout is not None and now - watch.last_progress > stall_timeout:
-        quiet = now - watch.last_progress
-        return Decision(
-            "give_up", "failed", reason=f"stalled: no progress on any node for {quiet:.0f} s"
-        )
+        return Decision("give_up", "failed", reason=stall_reason(now - watch.last_progress))
     return None
 
 

@@ -97,6 +97,7 @@ def spawn_monitor(
     wait: float = REGISTER_WAIT,
     timeout: float | None = None,
     stall_timeout: float | None = None,
+    startup_timeout: float | None = None,
 ) -> SpawnedMonitor:
     """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
     no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
@@ -120,6 +121,8 @@ def spawn_monitor(
         argv += ["--timeout", repr(float(timeout))]
     if stall_timeout is not None:
         argv += ["--stall-timeout", repr(float(stall_timeout))]
+    if startup_timeout is not None:
+        argv += ["--startup-timeout", repr(float(startup_timeout))]
     if settings is not None:
         argv += ["--connect-timeout", repr(float(settings.connect_timeout))]
         if settings.known_hosts:

@@ -33,6 +33,7 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
     import dataclasses
 
     from fleetctl.plan.rankplan import NodeFacts, make_plan
+    from fleetctl.plan.script_arg import installed_module
 
     spec, options = job.spec, job.options
     job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
@@ -58,9 +59,14 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             and spec.nproc_per_node == "auto",
             # with an env pushed, the env's python runs the launcher: push verifies it there
             launcher_module=None if options.env_archive else launcher_module(spec.launcher),
+            # -m MODULE not in the pushed code: the node python must find it installed
+            script_module=None
+            if options.env_archive
+            else installed_module(spec.kind or "", spec.script, options.code, spec.folder),
             # no launcher import tells torch's version (plain): the probe looks it up
             torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
             container_hosts=in_image,
+            probe_timeout=options.probe_timeout,
         )
         if options.check_options is None and options.code is not None:
             from fleetctl.phases import codesync
@@ -123,6 +129,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts
         )
+        for w in report.code_warnings:  # checkpoints or data in the code folder
+            job.emit("warning", w)
         code_digest = report.code_digest
         for n in job.nodes:
             prefix = push_mod.env_path_prefix(report, n.name)
@@ -133,8 +141,11 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
                 torch = (pushed.torch_version if pushed else None) or f.torch
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python", torch=torch)
     if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet
+        from fleetctl.job.beforelog import before_output
+
         job.emit("phase", "before launch")
-        options.before_launch(job.nodes, fleet.settings)
+        with before_output(job):  # its output: [rank host] lines, each node's before.log
+            options.before_launch(job.nodes, fleet.settings)
     if options.planner is not None:  # role jobs: ports probed, roles laid out
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
         job.folder.write_roles(layout.to_dict())

@@ -130,6 +130,9 @@ class JobResult:
     culprits: list[str] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
+    # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
+    # (fleetctl.phases.checkpoints.RelayReport.to_dict, with its "job")
+    resumed_from: dict[str, Any] | None = None
     # Inside a Slurm allocation: {"job_id": …} of the allocation (fleetctl.slurm)
     slurm: dict[str, Any] | None = None
     # Where the controller's time went: each phase's start (wall clock) and this process's CPU
@@ -255,6 +258,7 @@ class JobResult:
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | ({} if self.culprits is None else {"culprits": self.culprits})
             | ({} if self.left_out is None else {"left_out": self.left_out})
+            | ({} if self.resumed_from is None else {"resumed_from": self.resumed_from})
             | ({} if self.slurm is None else {"slurm": self.slurm})
             | (
                 {}

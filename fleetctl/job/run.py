@@ -80,11 +80,15 @@ class RunOptions:
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
     timeout: float | None = None  # s of wall clock from launch, then the job is stopped
     stall_timeout: float | None = None  # s with no output line from any node, then stopped
+    # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
+    startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
     collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
     checkpoint_dir: str | None = None  # --checkpoint-dir: what a retry relays (None: work folder)
-    relay: CheckpointRelay | None = None  # a retry: the last attempt's checkpoints, copied first
+    # a retry: the last attempt's checkpoints, copied first (--resume: an earlier job's)
+    relay: CheckpointRelay | None = None
+    probe_timeout: float = 30.0  # --probe-timeout: s for each node's python to answer the check
     # after the check and push, before plan and launch: (nodes, settings) -> None; what it
     # raises stops the run before anything started (`run --before`, fleetctl.api)
     before_launch: Callable[[Sequence[Node], SSHSettings | None], None] | None = None
@@ -279,15 +283,15 @@ def _slurm_node_state(job: JobContext, watch: Watch) -> NodeStateWatch | None:
 def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: float | None) -> None:
     """Feed the watcher's events to the job until every node ended or the first failure."""
     pending = set(job.launched)
-    job.progress = time.monotonic()
-    deadline = None if limit is None else job.progress + limit
+    started = job.progress = time.monotonic()
+    deadline = None if limit is None else started + limit
     options = job.options
     while pending:
         ev = watch.get(0.2)
         if ev is not None:
             on_event(job, ev)
         job.flush()
-        why = _limit_reached(job, deadline)
+        why = _limit_reached(job, deadline, started)
         if why is not None and job.state.give_up(why):
             job.sync()
             job.emit("failure", why)
@@ -302,14 +306,24 @@ def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: flo
                 return
 
 
-def _limit_reached(job: JobContext, deadline: float | None) -> str | None:
-    """``--timeout`` passed, or no rank made progress for ``--stall-timeout``: why, else None."""
+def _limit_reached(job: JobContext, deadline: float | None, started: float) -> str | None:
+    """``--timeout`` passed, or no rank made progress for ``--stall-timeout`` (before the job's
+    first progress: ``--startup-timeout`` since ``started``): why, else None."""
+    from fleetctl.job.monitor_decide import stall_reason, startup_limit, startup_reason
+
     now, options = time.monotonic(), job.options
     if deadline is not None and now > deadline:
         return f"timed out after {options.timeout:g} s"
+    if not job.launch_done.is_set():
+        return None
     stall = options.stall_timeout
-    if stall is not None and now - job.progress > stall and job.launch_done.is_set():
-        return f"stalled: no progress on any node for {now - job.progress:.0f} s"
+    if job.begun is None:
+        limit = startup_limit(options.startup_timeout, stall)
+        if limit is not None and now - started > limit:
+            return startup_reason(now - started)
+        return None
+    if stall is not None and now - job.progress > stall:
+        return stall_reason(now - job.progress)
     return None
 
 

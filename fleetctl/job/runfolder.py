@@ -21,7 +21,8 @@ lock. The files:
   the allocation adopts the folder its submitter made (:meth:`RunFolder.create`);
 * ``<rank>-<host>/`` — one folder per node with its collected logs (written by collect, into
   the path :meth:`RunFolder.node_folder` gives), and ``console.streamed.log`` there when the
-  node's own log could not be collected.
+  node's own log could not be collected; ``before.log`` there: the output of ``run --before``'s
+  task on that node.
 
 Folders are 0700: logs and env may hold things others should not read. ``list_runs``/
 ``load_run`` read them back for ``fleetctl runs/status/logs``; job ids are checked as ids first.
@@ -59,8 +60,9 @@ CONTROLLER_FILE = "controller.json"
 SLURM_FILE = "slurm.json"
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
+BEFORE_LOG = "before.log"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
 
 
@@ -245,6 +247,14 @@ class RunFolder:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         fd = os.open(folder / STREAMED_CONSOLE, flags, 0o600)
         return os.fdopen(fd, "ab", buffering=1 << 16)
+
+    def open_before_log(self, rank: int, host: str) -> BinaryIO:
+        """Append the output of ``run --before``'s task on this node, line by line."""
+        folder = self.node_folder(rank, host)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        fd = os.open(folder / BEFORE_LOG, flags, 0o600)
+        return os.fdopen(fd, "ab")
 
     def drop_streamed_console(self, rank: int, host: str) -> None:
         """The node's own console.log came home whole: the streamed copy is not needed."""

@@ -50,6 +50,7 @@ def choose_nodes(
             recheck=options.recheck,
             allow_busy_gpus=options.allow_busy_gpus,
             collective=options.collective,
+            probe_timeout=options.probe_timeout,
         )
         with Fleet(candidates, options.settings) as fleet:
             report = check_fleet(fleet, opts)

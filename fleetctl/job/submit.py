@@ -71,11 +71,11 @@ class JobRequest:
         if (
             self.options.detach
             and not self.monitor
-            and (self.options.timeout or self.options.stall_timeout)
+            and (self.options.timeout or self.options.stall_timeout or self.options.startup_timeout)
         ):
             raise UsageError(
-                "--timeout/--stall-timeout of a detached job are enforced by its job monitor: "
-                "not with --no-monitor"
+                "--timeout/--stall-timeout/--startup-timeout of a detached job are enforced by "
+                "its job monitor: not with --no-monitor"
             )
 
 
@@ -102,6 +102,10 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
     options = request.options
     if options.planner is not None and options.completion is None:
         options = dataclasses.replace(options, completion=options.planner.policy)
+    if options.relay is not None and options.relay.resume is not None:
+        from fleetctl.job.resume import check_files
+
+        check_files(options.relay, options.settings, options.allow_secrets)  # before anything
     want = options.nodes_wanted
     spares = want is not None and want < len(request.nodes)
     if not request.retry.max_retries and not spares:
@@ -141,4 +145,5 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         grace=options.grace,
         timeout=options.timeout,
         stall_timeout=options.stall_timeout,
+        startup_timeout=options.startup_timeout,
     )

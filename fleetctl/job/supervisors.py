@@ -93,6 +93,7 @@ class NodeReport:
     error: str | None = None
     stop_reason: str | None = None  # the supervisor's, when it stopped the job
     progress: float | None = None  # the job's last output or progress-file touch (node clock)
+    begun: bool = False  # the job's start-up is over there (its first line of a rank, a touch)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -176,6 +177,7 @@ def node_states(
                 end_time=sup.end_time,
                 stop_reason=sup.stop_reason,
                 progress=r.get("progress"),
+                begun=r.get("begun") is True,
             )
         )
     return out

@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,12 @@ from fleetctl.lab.hosts import LabHost, LabHosts
 from fleetctl.lab.registry import _entry_live, _locked, _name_in_use, _registry_entries
 from fleetctl.lab.store import LabStore, plan_state
 from fleetctl.lab.users import ensure_user, remove_user
+
+Say = Callable[[str], None]  # where a long step says what it is doing
+
+
+def _hosts(n: int) -> str:
+    return f"{n} host{'s' if n != 1 else ''}"
 
 
 def _real_python() -> str:
@@ -492,34 +498,44 @@ class Lab:
             self.store.save()
 
     # ------------------------------------------------------------------ down
-    def down(self, keep_dir: bool = False) -> list[str]:
+    def down(self, keep_dir: bool = False, progress: Say | None = None) -> list[str]:
         """Remove everything the lab made; idempotent; works from lab.json after a crashed up.
 
         Returns what had to be removed (empty when already down). Raises LabError naming any
-        leftover it could not remove.
+        leftover it could not remove. ``progress`` hears each step as it starts and each
+        host as it is gone: a teardown may wait (a lock, processes that take seconds to die).
         """
+        say = progress or (lambda _: None)
         require_root()
         if (self.dir / "lab.json").exists():  # PIDs may have changed in another process
-            with contextlib.suppress(OSError, ValueError), self.store.mutate():
+            with contextlib.suppress(OSError, ValueError), self.store.mutate(on_wait=say):
                 pass
         removed: list[str] = []
         # 0. Slurm's daemons (`lab up --slurm`), by PID: munged and slurmctld live out here
         from fleetctl.lab import slurm
 
-        removed += slurm.stop(self)
+        removed += slurm.stop(self, say)
         # 1. Processes: PID 1 of each host (verified by start time) takes its whole PID
         #    namespace with it; then anything else still inside a lab network namespace.
-        pending: list[tuple[int, int | None]] = []
+        pending: dict[str, list[tuple[int, int | None]]] = {}
         for h in self.hosts:
             for key in ("init", "unshare"):
                 pid, st = h.pids.get(key), h.starts.get(key)
                 if pid and procs.same_process(pid, st):
                     procs.kill(pid)
-                    pending.append((pid, st))
+                    pending.setdefault(h.name, []).append((pid, st))
                     removed.append(f"{h.name} {key} pid {pid}")
         for h in self.hosts:
             self.runner.reap_popen(h)
-        stuck = procs.wait_gone(pending, STOP_TIMEOUT)
+        if pending:
+            n, its = len(pending), "its" if len(pending) == 1 else "their"
+            say(f"stopping {_hosts(n)}: up to {STOP_TIMEOUT:g} s for {its} processes to end")
+        stuck: list[int] = []
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for name, pids in pending.items():
+            left = procs.wait_gone(pids, max(0.0, deadline - time.monotonic()))
+            stuck += left
+            say(f"{name}: stopped" if not left else f"{name}: pid {left[0]} still running")
         deadline = time.monotonic() + STOP_TIMEOUT
         for h in self.hosts:
             while True:
@@ -527,6 +543,7 @@ class Lab:
                 if not left or time.monotonic() > deadline:
                     stuck += left
                     break
+                say(f"{h.name}: stopping {len(left)} process(es) left in its network namespace")
                 for pid in left:
                     procs.kill(pid)
                     removed.append(f"{h.name} stray pid {pid}")
@@ -540,6 +557,8 @@ class Lab:
         if data.get("subnet") and ipaddress.IPv4Network(data["subnet"]) in net.route_networks():
             cmds.append(f"route del unreachable {data['subnet']}")
         removed += [c.split(" ", 2)[2] for c in cmds]
+        if cmds:
+            say(f"removing {len(cmds)} link(s), network namespace(s) and route(s)")
         net.ip_batch(cmds, force=True)
         leftovers = [x for x in links if net.link_exists(x)]
         leftovers += [h.ns for h in self.hosts if net.netns_exists(h.ns)]

@@ -74,6 +74,20 @@ def gpus(cfg: dict) -> list[dict]:
     return out
 
 
+def slurm_visible(devs: list[dict]) -> list[dict]:
+    """In a Slurm task with gres, only its step's GPUs (the batch step: its job's), as the
+    real nvidia-smi shows them where cgroup.conf has ``ConstrainDevices=yes`` (GPU clusters
+    do): Slurm says which in ``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``."""
+    ids = os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    if not ids or not os.environ.get("SLURM_JOB_ID"):
+        return devs
+    keep = {x.strip() for x in ids.split(",")}
+    out = [d for d in devs if d["index"] in keep]
+    for d in out:
+        d["count"] = str(len(out))
+    return out
+
+
 def option(args: list[str], name: str) -> str | None:
     for i, a in enumerate(args):
         if a.startswith(name + "="):
@@ -170,7 +184,7 @@ def table(devs: list[dict], cfg: dict) -> None:
 
 def main(args: list[str]) -> int:
     cfg = load()
-    devs = gpus(cfg)
+    devs = slurm_visible(gpus(cfg))
     if not devs:
         print("No devices were found")
         return 6

@@ -21,6 +21,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -340,13 +341,15 @@ def _stop_pids(state: dict[str, Any]) -> list[str]:
     return stopped
 
 
-def stop(lab: Lab) -> list[str]:
+def stop(lab: Lab, progress: Callable[[str], None] | None = None) -> list[str]:
     """Stop the lab's Slurm daemons by PID (idempotent); what was stopped."""
     path = slurm_dir(lab) / STATE_FILE
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
+    if progress is not None:
+        progress(f"stopping Slurm's daemons: up to {STOP_TIMEOUT:g} s")
     stopped = _stop_pids(state)
     shutil.rmtree(slurm_dir(lab), ignore_errors=True)  # config, key, spools, logs: all of it
     return stopped

@@ -15,7 +15,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,7 @@ class LabStore(LabFolder):
 
     # ------------------------------------------------------------------ saving
     @contextlib.contextmanager
-    def dirlock(self) -> Iterator[None]:
+    def dirlock(self, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Inter-process lock on DIR/.lock, re-entrant per thread (flock alone is not)."""
         with self._rlock:
             if self._lock_depth:
@@ -108,7 +108,7 @@ class LabStore(LabFolder):
                 finally:
                     self._lock_depth -= 1
                 return
-            with _locked(self.dir / ".lock"):
+            with _locked(self.dir / ".lock", on_wait):
                 self._lock_depth = 1
                 try:
                     yield
@@ -120,9 +120,9 @@ class LabStore(LabFolder):
         _write(self.dir / "lab.json", json.dumps(self.state, indent=2) + "\n", 0o600)
 
     @contextlib.contextmanager
-    def mutate(self) -> Iterator[None]:
+    def mutate(self, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Serialize changes with other processes (CLI faults) and persist them."""
-        with self.dirlock():
+        with self.dirlock(on_wait):
             try:
                 fresh = json.loads((self.dir / "lab.json").read_text())
                 self.state["faults"] = fresh.get("faults", [])

@@ -25,7 +25,6 @@ import re
 import shlex
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from fleetctl import remote
 from fleetctl.errors import ConnectError
 from fleetctl.phases.check_cache import load_cached, save_cached
 from fleetctl.phases.check_judge import build_report, fleet_clock_spread
+from fleetctl.phases.check_mesh import Rendezvous, measure_again
 from fleetctl.phases.check_report import (
     CHECKS,
     CheckOptions,
@@ -48,7 +48,7 @@ from fleetctl.phases.check_report import (
     release_probes,
 )
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
-from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode, mesh_peers
+from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -129,6 +129,7 @@ def probe_args(
         "env_dir": options.env_dir,
         "env_imports": list(options.env_imports),
         "launcher_module": options.launcher_module if on_host else None,
+        "script_module": options.script_module if on_host else None,
         "torch_version": options.torch_version and on_host,
         "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,
@@ -139,7 +140,7 @@ def probe_args(
         "peer_wait": options.probe_timeout + 10,
         "mesh_timeout": options.tcp_timeout,
         "max_slowdown": MAX_SLOWDOWN,
-        "linger": mesh_wait + 10,
+        "linger": 2 * mesh_wait + 10,  # the second round's request comes after the first
         "hold": options.hold,
     }
 
@@ -158,66 +159,11 @@ def _reserved_ports(node: Node, options: CheckOptions) -> set[int]:
 # ------------------------------------------------------------------------------- node session
 
 
-class _Rendezvous:
-    """Where node sessions meet: all listeners up (or given up on) → peers; all tested → done."""
-
-    def __init__(
-        self, names: Sequence[str], ready_by: float, mesh_wait: float, mode: str = "auto"
-    ) -> None:
-        self.cond = threading.Condition()
-        self.order = list(names)  # inventory order: the mesh plan depends on it
-        self.mode = mode
-        self.plan: dict[str, list[str]] = {}  # host -> the peers it tests (mesh_plan)
-        self.waiting = set(names)
-        self.ready: dict[str, tuple[str, int]] = {}
-        self.ready_by = ready_by
-        self.mesh_wait = mesh_wait
-        self.members: dict[str, tuple[str, int]] | None = None
-        self.testing: set[str] = set()
-        self.done_by = 0.0
-
-    def arrive(self, name: str, listener: tuple[str, int] | None) -> None:
-        with self.cond:
-            self.waiting.discard(name)
-            if listener is not None and self.members is None:
-                self.ready[name] = listener
-            self.cond.notify_all()
-
-    def peers(self) -> dict[str, tuple[str, int]]:
-        """The frozen mesh membership, once every session arrived or the deadline passed."""
-        with self.cond:
-            while self.waiting and self.members is None:
-                left = self.ready_by - time.monotonic()
-                if left <= 0:
-                    break
-                self.cond.wait(left)
-            if self.members is None:
-                self.members = dict(self.ready)
-                self.plan = mesh_peers([n for n in self.order if n in self.members], self.mode)
-                self.testing = set(self.members)
-                self.done_by = time.monotonic() + self.mesh_wait
-                self.cond.notify_all()
-            return self.members
-
-    def tested(self, name: str) -> None:
-        with self.cond:
-            self.testing.discard(name)
-            self.cond.notify_all()
-
-    def wait_all_tested(self) -> None:
-        with self.cond:
-            while self.testing:
-                left = self.done_by - time.monotonic()
-                if left <= 0:
-                    return
-                self.cond.wait(left)
-
-
 def _session(
     node: Node,
     conn: Connection,
     command: str,
-    rv: _Rendezvous | None,
+    rv: Rendezvous | None,
     probe_timeout: float,
     hold_until: float | None = None,
 ) -> ProbeOutcome:
@@ -234,7 +180,9 @@ def _session(
             if got is not None:
                 out.old_python = str(got.data())
             elif not lines.eof:
-                out.error = f"probe gave no answer within {probe_timeout:g}s"
+                out.error = (
+                    f"python probe did not answer in {probe_timeout:g} s; raise --probe-timeout"
+                )
             return out
         out.received_at = time.time()
         facts = got.data()
@@ -279,6 +227,10 @@ def _session(
                     out.mesh_error = out.mesh["error"]
         rv.tested(node.name)
         rv.wait_all_tested()
+        if out.mesh is not None:
+            measure_again(stream, lines, out, members, rv)
+        rv.measured_again(node.name)
+        rv.wait_all_measured_again()
         if hold_until is not None and out.mesh is not None:
             with contextlib.suppress(OSError):
                 stream.send(b"\n")  # the mesh is over: the probe closes its listener and waits
@@ -289,6 +241,7 @@ def _session(
             rv.arrive(node.name, None)
         if in_mesh and rv is not None:
             rv.tested(node.name)
+            rv.measured_again(node.name)
         if out.held is None:
             _close_probe(stream, lines, out)
 
@@ -511,7 +464,7 @@ def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions
     from fleetctl.phases.collective import start_programs
 
     mesh = options.mesh and len(nodes) > 1
-    wait = options.probe_timeout + 20 + (_mesh_wait(options, len(nodes)) if mesh else 0)
+    wait = options.probe_timeout + 20 + (2 * _mesh_wait(options, len(nodes)) if mesh else 0)
     return start_programs(fleet, nodes, wait)
 
 
@@ -552,7 +505,7 @@ def _run_sessions(
     wait = _mesh_wait(options, len(nodes))
     master = fleet.nodes[0].name
     rv = (
-        _Rendezvous(
+        Rendezvous(
             [n.name for n in nodes],
             time.monotonic() + options.probe_timeout + 10,
             wait,
@@ -588,7 +541,7 @@ def _run_sessions(
                 rv.tested(node.name)
             raise
 
-    total = options.probe_timeout + 20 + (wait if mesh else 0)
+    total = options.probe_timeout + 20 + (2 * wait if mesh else 0)  # two rounds at most
     # The mesh needs every probe's listener up at once: sessions past --fanout would only
     # start after the first ones gave up waiting for them (at 128 hosts, half the fleet "came
     # up after the mesh started"). Connections were opened --fanout at a time already; each

@@ -184,6 +184,13 @@ def _judge_python(f: Mapping[str, Any]) -> CheckResult:
     if launcher.get("error"):
         why = f"cannot import {launcher.get('module')}: {launcher['error']}"
         return CheckResult(FAIL, _clip(why))
+    script = f.get("script_module") or {}
+    if script.get("error"):  # neither in the pushed code nor installed
+        why = (
+            f"-m {script.get('module')}: not in the pushed code, and this python cannot find "
+            f"it installed ({script['error']})"
+        )
+        return CheckResult(FAIL, _clip(why))
     if launcher.get("module"):
         top = str(launcher["module"]).split(".")[0]
         version = launcher.get("version")

@@ -26,10 +26,27 @@ def listing(names: Sequence[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
+def pair_problems(res: object, port: object) -> tuple[tuple[str, ...], str | None, bool]:
+    """One directed pair's result: its failures (TCP not ok, with the ping's), a ping problem
+    alone (a warning when TCP got through), and whether ICMP was not available there."""
+    if not isinstance(res, dict):
+        return ("not tested",), None, False
+    ping = str(res.get("ping", ""))
+    tcp = str(res.get("tcp", ""))
+    na = ping.startswith("n/a")
+    ping_problem = None if na or ping == "ok" else f"ping {ping}"
+    if tcp == "ok":
+        return (), ping_problem, na
+    return ((ping_problem,) if ping_problem else ()) + (f"TCP {port} {tcp}",), None, na
+
+
 def judge_mesh(
     report: CheckReport, nodes: Sequence[Node], outcomes: Mapping[str, ProbeOutcome | BaseException]
 ) -> None:
-    """Directed pair failures, then blame: a host failing with every peer is the culprit."""
+    """Directed pair failures, then blame: a host failing with every peer is the culprit. A
+    pair that failed the first round and was measured again (``mesh["again"]``, after every
+    host finished the first) is judged by the second: one that passes then is a warning, not
+    a failure (a loaded host answered late); one that fails twice is blamed."""
     rows = report.hosts
     members: dict[str, ProbeOutcome] = {}
     for node in nodes:
@@ -61,11 +78,13 @@ def judge_mesh(
     ping_only: list[str] = []
     icmp_na: set[str] = set()
     silent: set[str] = set()
+    passed_again: list[str] = []  # failed the first round, passed when measured again
     for src, out in members.items():
         if out.mesh is None or out.mesh_error:
             silent.add(src)
             continue
         results = out.mesh.get("peers") or {}
+        again = out.mesh.get("again") or {}  # the second round: pairs that failed the first
         planned = out.mesh_peers if out.mesh_peers is not None else list(members)
         for dst in planned:
             dst_out = members.get(dst)
@@ -73,23 +92,18 @@ def judge_mesh(
                 continue
             paired[src].add(dst)
             paired[dst].add(src)
-            res = results.get(dst)
             port = dst_out.listener[1] if dst_out.listener else "?"
-            if res is None:
-                problems: tuple[str, ...] = ("not tested",)
-            else:
-                problems = ()
-                ping = str(res.get("ping", ""))
-                tcp = str(res.get("tcp", ""))
-                if ping.startswith("n/a"):
-                    icmp_na.add(src)
-                elif ping != "ok":
-                    problems += (f"ping {ping}",)
-                if tcp != "ok":
-                    problems += (f"TCP {port} {tcp}",)
-                elif problems:
-                    ping_only.append(f"{src} → {dst}: {', '.join(problems)} (TCP {port} ok)")
-                    continue
+            problems, ping_problem, na = pair_problems(results.get(dst), port)
+            if problems and isinstance(again.get(dst), dict):
+                problems, ping_problem, na = pair_problems(again[dst], port)
+                if not problems:
+                    passed_again.append(f"{src} → {dst}")
+                else:
+                    problems += ("measured twice",)
+            if na:
+                icmp_na.add(src)
+            if not problems and ping_problem:
+                ping_only.append(f"{src} → {dst}: {ping_problem} (TCP {port} ok)")
             if problems:
                 fail = MeshFailure(src, dst, problems)
                 report.mesh_failures.append(fail)
@@ -98,6 +112,11 @@ def judge_mesh(
         out = members[src]
         rows[src].checks["mesh"] = CheckResult(FAIL, out.mesh_error or "no mesh result")
     report.warnings.extend(ping_only)
+    if passed_again:
+        report.warnings.append(
+            f"{len(passed_again)} pair(s) failed the mesh once and passed when measured again "
+            f"(loaded hosts?): {listing(passed_again, 4)}"
+        )
     # Blame: with 3+ hosts, one failing with every peer it was paired with (all others in a
     # full mesh) is the culprit and the others are fine; a failing pair not explained that
     # way blames both ends.

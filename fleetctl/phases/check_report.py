@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.plan.userinput import PROBE_TIMEOUT
+
 if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
@@ -61,6 +63,9 @@ class CheckOptions:
     # The launcher's module, imported by the node python (where no env is pushed): a node
     # that cannot start the launcher fails the check, not the run.
     launcher_module: str | None = None
+    # ``run -m MODULE`` of a module not in the pushed code: the node python must find it
+    # installed (looked up, not imported: importing ``pkg.__main__`` would run the job).
+    script_module: str | None = None
     # Learn the node python's torch version without a launcher importing it (plain): the
     # flight recorder's variable is named by it (fleetctl.plan.flight_recorder).
     torch_version: bool = False
@@ -74,7 +79,7 @@ class CheckOptions:
     allow_loopback: bool = False
     max_clock_skew: float = 2.0
     ping: bool = True
-    probe_timeout: float = 30.0
+    probe_timeout: float = PROBE_TIMEOUT  # s for a node's python to answer (--probe-timeout)
     tcp_timeout: float = 2.0
     cache_ttl: float = 120.0
     recheck: bool = False
@@ -87,7 +92,7 @@ class CheckOptions:
     collective: CollectiveOptions | None = None
 
     def cache_fields(self) -> dict[str, Any]:
-        skip = {"cache_ttl", "recheck", "cache_dir", "hold"}
+        skip = {"cache_ttl", "recheck", "cache_dir", "hold", "probe_timeout"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 

@@ -29,7 +29,7 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.ssh.connection import Connection, SSHSettings
     from fleetctl.ssh.fleet import Fleet
 
 T = TypeVar("T")
@@ -93,9 +93,10 @@ class RelayReport:
     sent: dict[str, int] = field(default_factory=dict)  # host -> bytes of files sent to it
     skipped: str | None = None  # why nothing was copied
     secrets: list[str] = field(default_factory=list)  # left out: look like private keys
+    job: str | None = None  # ``run --resume``: the earlier job whose files these are
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return ({"job": self.job} if self.job else {}) | {
             "from": self.source,
             "attempt": self.attempt,
             "dir": self.dir,
@@ -110,7 +111,9 @@ class RelayReport:
         }
 
     def summary(self) -> str:
-        where = f"{self.source} (rank 0 of attempt {self.attempt})"
+        where = f"{self.source} (rank 0 of " + (
+            f"job {self.job})" if self.job else f"attempt {self.attempt})"
+        )
         if self.skipped:
             return f"checkpoints not relayed from {where}: {self.skipped}"
         copied = [h for h, what in self.nodes.items() if what.startswith("copied")]
@@ -170,18 +173,24 @@ def relay_checkpoints(
     allow_secrets: Iterable[str] = (),
     max_bytes: int = CHECKPOINT_MAX,
     report: RelayReport | None = None,
+    same_folder: bool = True,
+    since: float | None = None,
 ) -> RelayReport:
     """Copy the source's new files to ``targets``' work folders. A source that cannot be
     reached, has nothing new or too much is a note (``skipped``); a node that could not take
     them raises ``PushError`` (its ranks would resume from another point than the rest);
-    ``report``, when given, is filled in as it goes (the caller keeps it then)."""
+    ``report``, when given, is filled in as it goes (the caller keeps it then).
+    ``same_folder`` False (``run --resume``: an earlier job's folder, not the targets' own):
+    the source node and those sharing its workdir get a copy too; ``since``: see
+    ``relay_files`` on the node."""
     report = report or RelayReport(source.node.name, source.attempt, checkpoint_dir)
     conn, own = _source_connection(fleet, source, report)
     if conn is None:
         return report
+    pack_opts = (checkpoint_dir, allow_secrets, max_bytes, since)
     try:
         try:
-            listed = _pack(source, conn, checkpoint_dir, allow_secrets, max_bytes, pack=False)
+            listed = _pack(source, conn, *pack_opts, pack=False)
         except FleetctlError as e:
             report.skipped = f"cannot read its work folder: {e.one_line()}"
             return report
@@ -193,11 +202,16 @@ def relay_checkpoints(
         if report.bytes > max_bytes:
             report.skipped = f"{report.bytes} bytes, over the relay cap of {max_bytes}"
             return report
-        names, notes = plan_targets(source.node.name, [t.node.name for t in targets], shared_groups)
+        names, notes = plan_targets(
+            source.node.name if same_folder else "", [t.node.name for t in targets], shared_groups
+        )
         report.nodes.update(notes)
         todo = [t for t in targets if t.node.name in names]
         manifest: dict[str, list[Any]] = listed.get("manifest") or {}
-        base = {"dir": checkpoint_dir, "source_id": listed.get("workdir_id")}
+        base = {
+            "dir": checkpoint_dir,
+            "source_id": listed.get("workdir_id") if same_folder else None,
+        }
         failed: dict[str, BaseException] = {}
         for missing, group in _missing_sets(fleet, todo, manifest, base, report).items():
             if missing:
@@ -210,7 +224,7 @@ def relay_checkpoints(
                     base,
                     report,
                     failed,
-                    pack=(checkpoint_dir, allow_secrets, max_bytes),
+                    pack=pack_opts,
                     hosts=len(targets) + 1,
                 )
         if failed:
@@ -235,13 +249,15 @@ def _pack(
     checkpoint_dir: str | None,
     allow_secrets: Iterable[str],
     max_bytes: int,
+    since: float | None = None,
     *,
     pack: bool,
     only: Sequence[str] | None = None,
     tar: str | None = None,
+    manifest: bool | None = None,
 ) -> dict[str, Any]:
-    """``relay-pack`` on the source: the list with sizes and sha256 (``pack=False``), or the
-    tar of ``only`` those files."""
+    """``relay-pack`` on the source: the list with sizes and sha256 (``pack=False``; without
+    the sha256: ``manifest=False``), or the tar of ``only`` those files."""
     return _helper(
         source.node,
         conn,
@@ -255,12 +271,42 @@ def _pack(
             "tar": tar or f".tmp-relay-{secrets.token_hex(6)}.tar",
             "max_bytes": max_bytes,
             "allow_secrets": sorted(allow_secrets),
-            "manifest": not pack,
+            "manifest": (not pack) if manifest is None else manifest,
             "pack": pack,
             "only": None if only is None else list(only),
+            "since": since,
         },
         600,
     )
+
+
+def list_checkpoints(
+    source: RelaySource,
+    settings: SSHSettings | None,
+    *,
+    checkpoint_dir: str | None = None,
+    allow_secrets: Iterable[str] = (),
+    since: float | None = None,
+) -> dict[str, Any]:
+    """What the source would relay, listed on its node over a connection of its own (no tar,
+    no sha256): ``count``, ``bytes``, ``files`` (the first names), ``root`` (the folder read).
+    ``run --resume`` asks it before anything starts. Raises ConnectError, NodePushError."""
+    from fleetctl.ssh.connection import connect
+
+    conn = connect(source.node, settings)
+    try:
+        return _pack(
+            source,
+            conn,
+            checkpoint_dir,
+            allow_secrets,
+            CHECKPOINT_MAX,
+            since,
+            pack=False,
+            manifest=False,
+        )
+    finally:
+        conn.close()
 
 
 def _missing_sets(
@@ -316,7 +362,7 @@ def _send_set(
     report: RelayReport,
     failed: dict[str, BaseException],
     *,
-    pack: tuple[str | None, Iterable[str], int],
+    pack: tuple[str | None, Iterable[str], int, float | None],
     hosts: int,
 ) -> None:
     """Tar ``files`` on the source and get the tar to ``todo`` (by peer, else the controller)."""

@@ -10,6 +10,7 @@ rsync's ``ssh`` is ``fleetctl.ssh.openssh.ssh_argv`` (fleetctl's trust settings)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
+from fleetctl.phases.keyscan import KeyScan
 from fleetctl.ssh.openssh import ssh_argv  # rsync's -e (re-exported for older imports)
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ _STATE_MARKERS = (
     ("conda-meta", "a conda environment"),
     ("connect.json", "a fleetctl run folder"),
 )
+
+MAX_FILES = 100_000  # files to ship at most: more is a data or system folder, not code
 
 
 def cache_dir() -> Path:
@@ -211,9 +215,11 @@ def state_dir(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def list_files(root: Path) -> list[str]:
+def list_files(root: Path, limit: int | None = None) -> list[str]:
     """Files to ship, relative, sorted: git's view when in a work tree, plus ``.fleetignore``,
-    minus the built-in excludes and directories of local state (virtualenvs, run folders)."""
+    minus the built-in excludes and directories of local state (virtualenvs, run folders).
+    ``limit``: the walk stops at once past that many files and UsageError says so (``--code
+    /`` walked the whole filesystem first)."""
     root = root.resolve()
     files = _git_files(root)
     if files is None:
@@ -237,6 +243,8 @@ def list_files(root: Path) -> list[str]:
                 rel = f"{reldir}/{f}" if reldir else f
                 if not matcher.ignored(rel):
                     files.append(rel)
+            if limit is not None and len(files) > limit:
+                raise _too_many(root, f"{len(files)} files or more", limit)
     else:
         matcher = IgnoreMatcher(root, (IGNORE_FILE,), builtin=True)
         states: dict[str, bool] = {}
@@ -252,7 +260,56 @@ def list_files(root: Path) -> list[str]:
             return False
 
         files = [f for f in files if not matcher.ignored(f) and not in_state_dir(f)]
-    return sorted(f for f in files if os.path.lexists(root / f))
+    out = sorted(f for f in files if os.path.lexists(root / f))
+    if limit is not None and len(out) > limit:
+        raise _too_many(root, f"{len(out)} files", limit)
+    return out
+
+
+def _too_many(root: Path, count: str, limit: int) -> UsageError:
+    return UsageError(
+        f"code directory {root} has {count} (more than {limit}); "
+        f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
+    )
+
+
+def check_code_folder(root: str | Path, max_files: int = MAX_FILES) -> Path:
+    """A folder that can be shipped as code, refused at once otherwise (UsageError, exit 2):
+    not ``/``, not a home folder (every file of the user's, keys and caches included), not
+    over ``max_files`` files to ship (a data or system folder). Returns it resolved."""
+    return code_files(root, max_files)[0]
+
+
+def code_files(root: str | Path, max_files: int = MAX_FILES) -> tuple[Path, list[str]]:
+    """:func:`check_code_folder`'s folder, and the files it ships (:func:`list_files`)."""
+    path = Path(root).expanduser()
+    try:
+        path = path.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise UsageError(f"code directory {root}: cannot be read ({_why(e)})") from None
+    if not path.is_dir():
+        raise UsageError(f"code directory {root} is not a folder")
+    if path == Path(path.anchor):
+        raise UsageError(f"code directory {root} is the whole filesystem; pass --code PROJECT_DIR")
+    if path in _homes() or path.parent in (Path("/home"), Path("/Users")):
+        raise UsageError(
+            f"code directory {root} is a home folder (its keys, caches and data would ship); "
+            "pass --code PROJECT_DIR"
+        )
+    return path, list_files(path, limit=max_files)
+
+
+def _homes() -> set[Path]:
+    homes = {Path("/root")}
+    with contextlib.suppress(OSError, RuntimeError, KeyError):
+        homes.add(Path.home().resolve())
+    return homes
+
+
+def _why(e: BaseException) -> str:
+    if (isinstance(e, OSError) and e.errno == errno.ELOOP) or isinstance(e, RuntimeError):
+        return "a symlink loop"
+    return getattr(e, "strerror", None) or str(e)
 
 
 def _git_files(root: Path) -> list[str] | None:
@@ -291,6 +348,8 @@ class CodeSnapshot:
     files: tuple[str, ...]
     total_bytes: int
     manifest: dict[str, list] = field(hash=False, compare=False)
+    # (rel path, size) of files that look like checkpoints or data (``bulky_files``)
+    bulky: tuple[tuple[str, int], ...] = field(default=(), hash=False, compare=False)
 
 
 class _HashCache:
@@ -330,74 +389,36 @@ class _HashCache:
             os.replace(tmp, self.path)
 
 
-MAX_FILES = 100_000
 _KEY_NAME = re.compile(r"(?:^|/)id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?$")
-# PEM/OpenSSH private keys (RSA, EC, DSA, PKCS#8, encrypted) and PuTTY's; at a line start, so a
-# source file that merely mentions the header is not taken for a key.
-_SCAN_VERSION = 2  # cache entries from an older scan (the first MiB only) are scanned again
+# cache entries from an older scan (2: no BOM, no key inside a string) are scanned again
+_SCAN_VERSION = 3
 
 
-def _key_header(order: str) -> bytes:
-    """The key header regex in one encoding: ``order`` puts UTF-16's zero byte after each
-    character (``le``), before it (``be``), or nowhere (ASCII/UTF-8)."""
-
-    def u(atom: bytes) -> bytes:
-        return {"le": b"(?:" + atom + b"\\x00)", "be": b"(?:\\x00" + atom + b")"}.get(order, atom)
-
-    def lit(text: str) -> bytes:
-        return b"".join(u(re.escape(c).encode()) for c in text)
-
-    pem = lit("-----BEGIN ") + b"(?:" + u(b"[A-Z0-9]") + b"+" + lit(" ") + b")*"
-    putty = lit("PuTTY-User-Key-File-") + u(b"[0-9]") + b"+" + lit(": ")
-    return b"(?:" + pem + lit("PRIVATE KEY-----") + b"|" + putty + b")"
+# what a checkpoint or a data set is saved as; any file past BULKY_BYTES counts too
+BULKY_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npy", ".npz", ".h5", ".hdf5")
+BULKY_BYTES = 100 * 1000 * 1000
 
 
-# at a line start (or the file's start, a BOM), in UTF-8/ASCII, UTF-16LE and UTF-16BE
-_KEY_HEADERS = (
-    re.compile(b"(?m)^" + _key_header("ascii")),
-    re.compile(b"(?:(?<=\\n\\x00)|(?<=\\xff\\xfe)|\\A)" + _key_header("le")),
-    re.compile(b"(?:(?<=\\x00\\n)|(?<=\\xfe\\xff)|\\A)" + _key_header("be")),
-)
-# cheap substring tests first: the regexes run only on a chunk holding one of these
-_KEY_HINTS = tuple(
-    text.encode(enc)
-    for text in ("PRIVATE KEY-----", "PuTTY-User-Key-File-")
-    for enc in ("ascii", "utf-16-le", "utf-16-be")
-)
-_OVERLAP = 256  # bytes kept from the chunk before: longer than any header, in UTF-16 too
+def is_bulky(rel: str, size: int) -> bool:
+    """Whether a code folder's file looks like a checkpoint or data, not code: pushed as code,
+    it goes to every node, and a checkpoint rewritten locally makes every push a new snapshot."""
+    return size > BULKY_BYTES or rel.lower().endswith(BULKY_SUFFIXES)
 
 
-class KeyScan:
-    """Streams a file's chunks and says whether a private key header is anywhere in it: the
-    whole file, not its head (a key appended to a 12 MB CSV), in ASCII/UTF-8 or UTF-16.
-    Linear in the file (a substring test per chunk), with a fixed overlap so a header split
-    across two chunks is still found."""
+def bulky_warning(snap: CodeSnapshot, shown: int = 3) -> str | None:
+    """The one-line warning naming a snapshot's checkpoint/data files (None: there are none)."""
+    if not snap.bulky:
+        return None
+    from fleetctl.phases.envpack import human_bytes
 
-    def __init__(self) -> None:
-        self.found = False
-        self._tail = b""
-        self._start = True
-
-    def feed(self, chunk: bytes) -> None:
-        if self.found:
-            return
-        seam = self._tail + chunk[:_OVERLAP]  # a header cut by the chunk boundary
-        if any(hint in chunk or hint in seam for hint in _KEY_HINTS):
-            buf = self._tail + chunk
-            # past the file's start, the buffer's first byte (from the overlap) only says
-            # whether the next one starts a line: search from 1 (\A and ^ never match there)
-            pos = 0 if self._start else 1
-            self.found = any(r.search(buf, pos) for r in _KEY_HEADERS)
-        keep = _OVERLAP + 1
-        self._tail = chunk[-keep:] if len(chunk) >= keep else (self._tail + chunk)[-keep:]
-        self._start = False
-
-
-def looks_like_private_key(data: bytes) -> bool:
-    """Whether ``data`` (a whole file) holds a private key header at a line start."""
-    scan = KeyScan()
-    scan.feed(data)
-    return scan.found
+    biggest = sorted(snap.bulky, key=lambda f: (-f[1], f[0]))
+    names = ", ".join(f"{rel} ({human_bytes(size)})" for rel, size in biggest[:shown])
+    more = f" (+{len(biggest) - shown} more)" if len(biggest) > shown else ""
+    return (
+        f"code directory {snap.root} holds {len(biggest)} file(s) that look like checkpoints "
+        f"or data, pushed as code to every node: {names}{more}; exclude them in {IGNORE_FILE} "
+        "unless the job reads them (a job's own checkpoints stay in its work folder on the nodes)"
+    )
 
 
 class SecretError(UsageError):
@@ -411,21 +432,16 @@ def snapshot(
     implausibly large for a project (pushing ``~`` or ``/`` by accident), and SecretError when
     it holds files that look like private keys, unless each is named in ``allow_secrets``
     (paths relative to ``root``)."""
-    root = Path(root).expanduser().resolve()
-    if not root.is_dir():
-        raise UsageError(f"code directory {root} does not exist")
-    files = list_files(root)
-    if len(files) > max_files:
-        raise UsageError(
-            f"code directory {root} has {len(files)} files (more than {max_files}); "
-            f"pass --code PROJECT_DIR or exclude data with {IGNORE_FILE}"
-        )
+    if not Path(root).expanduser().is_dir():
+        raise UsageError(f"code directory {Path(root).expanduser().resolve()} does not exist")
+    root, files = code_files(root, max_files)
     cache = _HashCache()
     manifest: dict[str, list] = {}
     total = 0
     digest = hashlib.sha256()
     allowed = {os.path.normpath(a) for a in allow_secrets}
     secrets: list[str] = []
+    bulky: list[tuple[str, int]] = []
     for rel in files:
         full = os.path.join(root, rel)
         try:
@@ -438,6 +454,8 @@ def snapshot(
                     secrets.append(rel)
                 entry = ["f", sha, 0o755 if st.st_mode & 0o111 else 0o644]
                 total += st.st_size
+                if is_bulky(rel, st.st_size):
+                    bulky.append((rel, st.st_size))
             else:
                 continue
         except OSError as e:
@@ -456,7 +474,9 @@ def snapshot(
             f"{shown}; exclude them in {IGNORE_FILE}, or ship one on purpose with "
             "--allow-secret PATH"
         )
-    return CodeSnapshot(root, digest.hexdigest()[:32], tuple(manifest), total, manifest)
+    return CodeSnapshot(
+        root, digest.hexdigest()[:32], tuple(manifest), total, manifest, tuple(bulky)
+    )
 
 
 # ----------------------------------------------------------------------- rsync

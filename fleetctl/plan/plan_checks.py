@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.launchers.base import Launcher
     from fleetctl.plan.rankplan import JobSpec
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+# \Z, not $: "$" also matches before a trailing newline ("A\n" would pass)
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV = frozenset({"FLEET_JOB_ID", "FLEET_NODE_RANK"})
 BACKENDS = ("nccl", "gloo")
 
@@ -39,6 +40,8 @@ def check_launcher_args(launcher: Launcher, args: Sequence[str]) -> None:
                 f"--launcher-arg {arg}: fleetctl sets {launcher.name}'s {name} from how SCRIPT "
                 "is given (run -m MODULE for a module, a .sh file for a shell script); leave it out"
             )
+        if name is not None and name in launcher.refused:
+            raise PlanError(f"--launcher-arg {arg}: {launcher.refused[name]}; leave it out")
         if name is not None and name in launcher.owned:
             raise PlanError(
                 f"--launcher-arg {arg}: {launcher.name}'s {name} is set by fleetctl from the "

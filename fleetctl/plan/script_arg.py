@@ -7,8 +7,10 @@ the current folder. So the job's folder (``JobSpec.folder``, inside the pushed c
 script's folder, or for ``-m`` the current folder (the code dir's top when that is outside it).
 What SCRIPT is (``JobSpec.kind``): ``.py`` is Python, ``.sh``/``.bash`` a shell script (run
 with ``bash``); another name is read: a ``#!`` line naming python or a shell decides, else a
-file that compiles as Python is Python. Anything else, a launcher that cannot start it (a
-shell script under paddle), or a module not in the code is refused here, one line, exit 2.
+file that compiles as Python is Python. Anything else, or a launcher that cannot start it (a
+shell script under paddle), is refused here, one line, exit 2. A module not in the code may be
+installed on the nodes (``-m accelerate.commands.launch``): the check looks it up there, and a
+node whose python cannot find it fails the check naming it.
 """
 
 from __future__ import annotations
@@ -66,11 +68,12 @@ def resolve(
             folder = here.resolve().relative_to(root).as_posix()
         except ValueError:
             folder = "."
-        _require_module(module, root / folder)
+        _require_module(module)
         _check(launcher, MODULE, module)
         return Program(module, MODULE, "" if folder == "." else folder, rest, code)
     if script.startswith("-"):
         raise UsageError(f"unknown option {script!r} (fleetctl options go before SCRIPT)")
+    _no_symlink_loop(script)
     code = code_dir if code_dir is not None else str(default_code_dir(script))
     rel = _in_code_dir(script, code)
     kind = script_kind(Path(script))
@@ -121,6 +124,20 @@ def _check(launcher: str, kind: str, script: str) -> None:
         raise UsageError(str(e)) from e
 
 
+def _no_symlink_loop(script: str) -> None:
+    """A SCRIPT whose links go round in circles: one line (``Path.resolve`` raises
+    RuntimeError for it before Python 3.13, a traceback)."""
+    import errno
+
+    try:
+        os.stat(script)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"script {script}: a symlink loop ({e.strerror})") from None
+    except ValueError:  # a NUL in the name
+        raise UsageError(f"script {script!r}: not a file name") from None
+
+
 def _in_code_dir(script: str, code_dir: str) -> str:
     """SCRIPT as a POSIX path relative to the code dir that push ships; UsageError if outside."""
     root = Path(code_dir).resolve()
@@ -135,16 +152,23 @@ def _in_code_dir(script: str, code_dir: str) -> str:
     return rel.as_posix()
 
 
-def _require_module(module: str, where: Path) -> None:
-    """The module must be in the pushed code, where ``python -m`` on the node will look."""
-    parts = module.split(".")
-    if not all(p.isidentifier() for p in parts):
+def _require_module(module: str) -> None:
+    """A dotted module name; one not in the pushed code is looked for installed by the check."""
+    if not all(p.isidentifier() for p in module.split(".")):
         raise UsageError(f"-m {module}: not a module name (dotted Python identifiers)")
-    base = where.joinpath(*parts)
-    if base.with_suffix(".py").is_file() or (base / "__main__.py").is_file():
-        return
-    rel = "/".join(parts)
-    raise UsageError(
-        f"-m {module}: no {rel}.py or {rel}/__main__.py in {where}; -m runs a module of the "
-        "pushed code, looked up from the current folder (see --code-dir)"
-    )
+
+
+def module_in_code(module: str, where: Path) -> bool:
+    """Whether ``python -m MODULE`` run in ``where`` (the job's folder of the pushed code) finds
+    it there, before anything installed: ``MODULE.py`` or ``MODULE/__main__.py``."""
+    base = where.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
+
+
+def installed_module(kind: str, script: str, code_dir: str | None, folder: str) -> str | None:
+    """``run -m MODULE`` of a module not in the pushed code (``accelerate.commands.launch``, a
+    pip-installed trainer): the module the node python must find installed (the check asks);
+    None for a script, or a module of the code."""
+    if kind != MODULE or code_dir is None:
+        return None
+    return None if module_in_code(script, Path(code_dir) / (folder or ".")) else script

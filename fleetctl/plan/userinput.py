@@ -19,6 +19,11 @@ MAX_COUNT = 1_000_000  # hosts, processes, lines, snapshots: past any real fleet
 MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
 MAX_RETRIES = 100
 MAX_BACKOFF = 300.0  # s between attempts
+# s for a node's python to print its facts in the check; a loaded node (an sbatch allocation at
+# load ~13) may need more: --probe-timeout, up to PROBE_TIMEOUT_MAX. Here, not in the check's
+# modules, so the CLI's option table reads them without importing the check.
+PROBE_TIMEOUT = 30.0
+PROBE_TIMEOUT_MAX = 600.0
 
 
 def read_user_file(

@@ -375,6 +375,29 @@ LAUNCHER_IMPORT = (  # not from the current folder (the home): see fleetctl.remo
     "    'torch': str(getattr(torch, '__version__', '') or '')}))\n"
 )
 
+# ``run -m MODULE`` of a module not in the pushed code: whether ``python -m`` would find it
+# installed, as runpy does (a package: its ``__main__``), without running it: find_spec only
+# imports the parent packages.
+MODULE_FIND = (
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "import importlib.util, json\n"
+    "name = sys.argv[1]\n"
+    "try:\n"
+    "    spec = importlib.util.find_spec(name)\n"
+    "    if spec is not None and spec.submodule_search_locations is not None:\n"
+    "        spec = importlib.util.find_spec(name + '.__main__')\n"
+    "        if spec is None:\n"
+    "            raise ImportError(name + ' is a package with no __main__')\n"
+    "    if spec is None:\n"
+    "        raise ImportError('No module named ' + repr(name))\n"
+    "    out = {'origin': str(spec.origin or '')}\n"
+    "except Exception as e:\n"
+    "    out = {'error': (type(e).__name__ + ': ' + str(e))[:300]}\n"
+    "print('D ' + json.dumps(out))\n"
+)
+
 # torch's version as installed for this python, without importing it (seconds): for a job with
 # no launcher module (plain), whose flight-recorder variable's name depends on it.
 TORCH_VERSION = (
@@ -470,6 +493,16 @@ def launcher_facts(module: str) -> dict:
     return out
 
 
+def module_facts(module: str) -> dict:
+    """Whether this python's ``-m MODULE`` finds an installed module (``origin``), or why not."""
+    code, out, err = run([sys.executable, "-c", MODULE_FIND, module], 60)
+    data = last_data(out) if code == 0 else None
+    if data is None:
+        lines = [ln for ln in (err or out).strip().splitlines() if ln.strip()]
+        data = {"error": (lines[-1] if lines else f"exited {code}")[:300]}
+    return {"module": module, **data}
+
+
 def last_data(out: str) -> dict | None:
     """The last ``D <json object>`` frame of a program's output (lines before it may be noise)."""
     for line in reversed(out.splitlines()):
@@ -502,6 +535,8 @@ def gather(args: dict) -> dict:
     rs = Task(rsync_facts)
     mod = args.get("launcher_module")
     launcher = Task(launcher_facts, mod) if mod else None
+    script_mod = args.get("script_module")
+    script = Task(module_facts, script_mod) if script_mod else None
     torch = Task(torch_facts) if args.get("torch_version") else None
     env = None
     if args.get("env_dir"):
@@ -524,6 +559,8 @@ def gather(args: dict) -> dict:
     facts["rsync"] = rs.result(timeout=10)
     facts["env"] = env.result(timeout=70) if env is not None else None
     facts["launcher"] = launcher.result(timeout=100) if launcher is not None else None
+    if script is not None:
+        facts["script_module"] = script.result(timeout=70)
     if torch is not None:
         facts["torch"] = torch.result(timeout=40)
     facts["time"] = time.time()

@@ -13,32 +13,33 @@ import signal
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .portclaims import existing_claims_folder
     from .procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
 except ImportError:
+    from portclaims import existing_claims_folder
     from procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
-
-
-# port_probe.py's CLAIMS: host-local, one private folder per user
-PORT_CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or f"/tmp/fleetctl-ports-{os.getuid()}"
 
 
 def adopt_port_claims(job_id: str) -> list:
     """The port claims made for this job (by the controller's port probe) now name this
-    supervisor, so they hold exactly as long as it lives; returns their paths."""
-    pid, mine = os.getpid(), []
+    supervisor, so they hold exactly as long as it lives; returns their paths. The folder is
+    the one the probe claimed in (``portclaims``: the same rule on the same host)."""
+    pid, mine, claims = os.getpid(), [], existing_claims_folder()
+    if claims is None:
+        return mine
     try:
-        names = [n for n in os.listdir(PORT_CLAIMS) if n.isdigit()]
+        names = [n for n in os.listdir(claims) if n.isdigit()]
     except OSError:
         return mine
     for name in names:
-        path = os.path.join(PORT_CLAIMS, name)
+        path = os.path.join(claims, name)
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             if not isinstance(data, dict) or data.get("job") != job_id:
                 continue
             data.update(pid=pid, start=proc_start_time(pid))
-            tmp = os.path.join(PORT_CLAIMS, f".{name}.{pid}.tmp")
+            tmp = os.path.join(claims, f".{name}.{pid}.tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(data, f)
             os.replace(tmp, path)

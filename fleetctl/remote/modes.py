@@ -112,6 +112,8 @@ def cmd_status(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             marks.append(os.stat(os.path.join(run_dir, name)).st_mtime)
     state["progress"] = max(marks) if marks else None
+    # the supervisor makes the progress file at the job's first line or touch (its begin())
+    state["begun"] = os.path.exists(os.path.join(run_dir, PROGRESS_FILE))
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"
     answer("D", state)

@@ -6,15 +6,15 @@ job's connections are in TIME_WAIT is free, one something listens on is not) and
 first N that bind as one frame, ``D {"free": [...], "busy": {port: why}}`` (``D {"error": …}``
 when the claim folder cannot be used).
 
-With ``claim``, a port is also taken for job J in this user's claim folder (``CLAIMS``,
-host-local ``/tmp/fleetctl-ports-<uid>`` even when homes are shared, 0700, checked to be a real
-folder of this user): a file per port created with O_EXCL, so of two jobs planned at the same
-instant only one gets it, the other moves on (or is refused when the port was fixed). Per user,
-so nobody else can squat a port for our jobs (another user's job is seen by its listener). The
-job's supervisor adopts its claims (its pid and start time go in) and removes them when it
-ends; a claim whose supervisor is gone, whose pid names another process now, or that no
-supervisor adopted within ``CLAIM_GRACE`` s, is stale and taken over. Stdlib only; a separate
-program because it runs before the supervisor is on the node.
+With ``claim``, a port is also taken for job J in this user's claim folder (host-local, 0700,
+a real folder of this user that another user cannot pre-empt: ``portclaims``): a file per port
+created with O_EXCL, so of two jobs planned at the same instant only one gets it, the other
+moves on (or is refused when the port was fixed). Per user, so nobody else can squat a port for
+our jobs (another user's job is seen by its listener). The job's supervisor adopts its claims
+(its pid and start time go in) and removes them when it ends; a claim whose supervisor is gone,
+whose pid names another process now, or that no supervisor adopted within ``CLAIM_GRACE`` s,
+is stale and taken over. Stdlib only; a separate program because it runs before the supervisor
+is on the node.
 """
 
 from __future__ import annotations
@@ -23,25 +23,19 @@ import errno
 import json
 import os
 import socket
-import stat
 import sys
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
     from .framing import frame
+    from .portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
     from .procfs import proc_start_time
 except ImportError:
     from framing import frame
+    from portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
     from procfs import proc_start_time
 
-# Host-local (not the maybe-shared home), one per user; the variable is for tests and odd hosts.
-# The supervisor (adopt_port_claims) names the same folder.
-CLAIMS = os.environ.get("FLEETCTL_PORT_CLAIMS") or f"/tmp/fleetctl-ports-{os.getuid()}"
 CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, launch)
-
-
-class ClaimsUnusable(Exception):
-    """The claim folder is not a private folder of this user: nothing is claimed."""
 
 
 def claim_owner(path: str, now: float) -> str | None:
@@ -70,36 +64,10 @@ def claim_owner(path: str, now: float) -> str | None:
     return str(data.get("job") or "?") if age < CLAIM_GRACE else None
 
 
-def claims_dir() -> str:
-    """``CLAIMS``, made 0700 if missing; ClaimsUnusable unless it is a folder (not a link)
-    owned by this user that nobody else can write."""
-    try:
-        os.mkdir(CLAIMS, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise ClaimsUnusable(
-            f"port claim folder {CLAIMS} cannot be made: {e.strerror or e}"
-        ) from None
-    try:
-        st = os.lstat(CLAIMS)
-    except OSError as e:
-        raise ClaimsUnusable(f"port claim folder {CLAIMS}: {e.strerror or e}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ClaimsUnusable(f"port claim folder {CLAIMS} is not a folder (a link or a file)")
-    if st.st_uid != os.getuid():
-        raise ClaimsUnusable(
-            f"port claim folder {CLAIMS} belongs to uid {st.st_uid}, not to this user "
-            f"(uid {os.getuid()}); remove it"
-        )
-    if st.st_mode & 0o022:
-        os.chmod(CLAIMS, 0o700)
-    return CLAIMS
-
-
-def claim(port: int, job: str) -> str | None:
-    """Take ``port`` for ``job``; None when taken, else why not (another job holds it)."""
-    path = os.path.join(CLAIMS, str(port))
+def claim(claims: str, port: int, job: str) -> str | None:
+    """Take ``port`` for ``job`` in folder ``claims``; None when taken, else why not (another
+    job holds it)."""
+    path = os.path.join(claims, str(port))
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
@@ -126,20 +94,21 @@ def claim(port: int, job: str) -> str | None:
     return "claim raced"
 
 
-def free_ranges(candidates: list, span: int, job: str, busy: dict) -> list:
+def free_ranges(candidates: list, span: int, claims: str, job: str, busy: dict) -> list:
     """The first candidate ``base`` whose ports base..base+span-1 all bind and are claimed for
     ``job`` (paddle's endpoints: start_port + local rank on every node); [] if none."""
     for base in candidates:
-        got = free_ports(list(range(base, base + span)), span, job, busy, stop_at_first=True)
+        ports = list(range(base, base + span))
+        got = free_ports(ports, span, (claims, job), busy, stop_at_first=True)
         if len(got) == span:
             return [base]
         for port in got:  # claimed a part only: give it back
-            unclaim(port, job)
+            unclaim(claims, port, job)
     return []
 
 
-def unclaim(port: int, job: str) -> None:
-    path = os.path.join(CLAIMS, str(port))
+def unclaim(claims: str, port: int, job: str) -> None:
+    path = os.path.join(claims, str(port))
     try:
         with open(path, encoding="utf-8") as f:
             if json.load(f).get("job") == job:
@@ -151,19 +120,19 @@ def unclaim(port: int, job: str) -> None:
 def free_ports(
     candidates: list,
     need: int,
-    job: str | None = None,
+    claim_for: tuple | None = None,
     busy: dict | None = None,
     stop_at_first: bool = False,
 ) -> list:
-    """The first ``need`` candidates that bind (and, with ``job``, that it could claim);
-    ``stop_at_first``: stop at the first that does not."""
+    """The first ``need`` candidates that bind (and, with ``claim_for`` = (folder, job), that
+    the job could claim there); ``stop_at_first``: stop at the first that does not."""
     free: list = []
     for port in candidates:
         if len(free) >= need or (stop_at_first and busy and str(port - 1) in busy):
             break
-        if job is not None:
-            owner = claim_owner(os.path.join(CLAIMS, str(port)), time.time())
-            if owner is not None and owner != job:
+        if claim_for is not None:
+            owner = claim_owner(os.path.join(claim_for[0], str(port)), time.time())
+            if owner is not None and owner != claim_for[1]:
                 if busy is not None:
                     busy[str(port)] = "reserved by fleetctl job " + owner
                 continue
@@ -179,7 +148,7 @@ def free_ports(
             continue
         finally:
             s.close()
-        why = claim(port, job) if job is not None else None
+        why = claim(claim_for[0], port, claim_for[1]) if claim_for is not None else None
         if why is not None:
             if busy is not None:
                 busy[str(port)] = why
@@ -191,25 +160,27 @@ def free_ports(
 def main() -> None:
     args = json.loads(sys.argv[1])
     if args.get("unclaim"):  # give back what a job claimed here (it went elsewhere)
-        gone = args["unclaim"]
-        for port in gone["ports"]:
-            unclaim(int(port), str(gone["job"]))
+        gone, claims = args["unclaim"], existing_claims_folder()
+        for port in gone["ports"] if claims is not None else ():
+            unclaim(claims, int(port), str(gone["job"]))
         frame("D", {"unclaimed": len(gone["ports"])})
         return
     job = (args.get("claim") or {}).get("job")
+    claims = None
     if job is not None:
         try:
-            claims_dir()
+            claims = claims_folder()
         except ClaimsUnusable as e:
             frame("D", {"error": str(e)})
             return
     busy: dict = {}
     cands = [int(p) for p in args["candidates"]]
     span = int(args.get("span") or 1)
-    if span > 1 and job is not None:
-        free = free_ranges(cands, span, job, busy)
+    if span > 1 and claims is not None:
+        free = free_ranges(cands, span, claims, str(job), busy)
     else:
-        free = free_ports(cands, int(args["need"]), job, busy)
+        claim_for = (claims, str(job)) if claims is not None else None
+        free = free_ports(cands, int(args["need"]), claim_for, busy)
     frame("D", {"free": free, "busy": busy})
     sys.stdout.flush()
 

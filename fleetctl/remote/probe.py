@@ -14,7 +14,8 @@ optionally takes part in the N×N mesh test on the same channel. Every message i
    exit).
 3. read one JSON line from stdin: ``{"peers": [{"name", "addr", "port"}]}``; ping (ICMP from the
    training address, when permitted) and TCP-connect to every peer in parallel, print
-   ``M <json>``.
+   ``M <json>``. Another such line (the controller's second round: the pairs that failed,
+   once every host finished the first) is answered the same way.
 4. keep the listener up until stdin closes (the others may still be testing us) or ``linger``
    seconds pass, then exit 0.
 5. with ``hold`` (``fleetctl run``): instead of exiting, close the listener when the controller
@@ -89,16 +90,6 @@ class StdinLines:
             line, self.buf = self.buf.split(b"\n", 1)
             return line
         return None
-
-    def wait_eof(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.eof:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            ready, _, _ = select.select([0], [], [], left)
-            if ready and not os.read(0, 65536):
-                self.eof = True
 
 
 def listen(addr: str, base: int, span: int, avoid: set) -> tuple:
@@ -377,11 +368,18 @@ def main() -> int:
             return 0
         peers = json.loads(line.decode() or "{}").get("peers") or []
         timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 2))
-        emit("M", mesh(nic["addr"], peers, timeout, most, nic.get("up") is not False))
+        up = nic.get("up") is not False
+        emit("M", mesh(nic["addr"], peers, timeout, most, up))
+        while True:
+            line = stdin.readline(float(args.get("linger", 30)))
+            if line is None:  # EOF (or time up): no launch follows
+                return 0
+            if not line.strip():  # the mesh is over
+                break
+            # the second round: the pairs that failed, once every host finished the first
+            again = json.loads(line.decode()).get("peers") or []
+            emit("M", mesh(nic["addr"], again, timeout, most, up))
         if hold <= 0:
-            stdin.wait_eof(float(args.get("linger", 30)))
-            return 0
-        if stdin.readline(float(args.get("linger", 30))) is None:  # EOF: no launch follows
             return 0
     finally:
         stop.set()

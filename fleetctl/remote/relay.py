@@ -69,10 +69,19 @@ def looks_secret(path: str, name: str) -> bool:
     return re.search(pat, head) is not None
 
 
-def relay_files(work: str, root: str, seed: str | None, allowed: set) -> tuple[list, list]:
-    """[(name relative to root, size)] new or changed against the seed; secrets left out."""
+def relay_files(
+    work: str, root: str, seed: str | None, allowed: set, since: float | None = None
+) -> tuple[list, list]:
+    """[(name relative to root, size)] new or changed against the seed; secrets left out.
+    A seed that is gone (an old job's snapshot, pruned since: ``run --resume``) tells nothing
+    apart: then only files written from ``since`` on (the job's start; the work folder's
+    copy of the code keeps the code's times) count, so the old code never overwrites the new."""
     import stat
 
+    if seed and since is not None and not os.path.isdir(seed):
+        seed = None
+    else:
+        since = None
     out, secrets = [], []
     for dirpath, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in RELAY_SKIP_DIRS)
@@ -83,6 +92,8 @@ def relay_files(work: str, root: str, seed: str | None, allowed: set) -> tuple[l
             except OSError:
                 continue
             if not stat.S_ISREG(st.st_mode) or name.endswith(".pyc"):
+                continue
+            if since is not None and st.st_mtime < since:
                 continue
             rel = os.path.relpath(path, root)
             in_work = path.startswith(work + os.sep)
@@ -111,7 +122,9 @@ def relay_pack(cfg: dict) -> dict:
     out = {"workdir_id": workdir_id(w), "root": root, "files": [], "count": 0, "bytes": 0}
     if not os.path.isdir(root):
         return out
-    files, secrets = relay_files(work, root, seed, set(cfg.get("allow_secrets") or ()))
+    since = cfg.get("since")
+    allowed = set(cfg.get("allow_secrets") or ())
+    files, secrets = relay_files(work, root, seed, allowed, None if since is None else float(since))
     if cfg.get("only") is not None:
         only = set(cfg["only"])
         files = [(rel, size) for rel, size in files if rel in only]

@@ -20,7 +20,8 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from .output import Out, gap_note, write_all, write_problem
     from .procfs import pid_alive, proc_stat, zombie_exit
-    from .ranks import pidfd_open, rank_log_files, rank_processes
+    from .ranks import pidfd_open, rank_processes
+    from .ranktail import MAX_LINE, RankTail
     from .records import RecordError, SupervisorSpec, SupervisorState, read_state
     from .spec import seed_work_folder
     from .wire import (
@@ -40,7 +41,8 @@ except ImportError:
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from output import Out, gap_note, write_all, write_problem
     from procfs import pid_alive, proc_stat, zombie_exit
-    from ranks import pidfd_open, rank_log_files, rank_processes
+    from ranks import pidfd_open, rank_processes
+    from ranktail import MAX_LINE, RankTail
     from records import RecordError, SupervisorSpec, SupervisorState, read_state
     from spec import seed_work_folder
     from wire import (
@@ -54,13 +56,12 @@ except ImportError:
         STOP_REQUEST,
     )
 
-MAX_LINE = 65536
 ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
 ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for
 MAX_DEADMAN = 10.0
 
 
-class Supervisor:
+class Supervisor(RankTail):
     """One job on this node: start it, copy its output, watch the controller, stop it."""
 
     def __init__(
@@ -108,6 +109,7 @@ class Supervisor:
         self.echo_lines: collections.deque = collections.deque(maxlen=ECHO_WINDOW)
         self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
         self.stream_closed = False  # the controller's channel closed (it may reattach)
+        self.begun = False  # the job's own first line or progress touch here (begin())
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -132,6 +134,8 @@ class Supervisor:
         seed_work_folder(self.spec.work or self.spec.cwd, self.spec.work_seed)
         # unbuffered: a failed write (disk full) fails there and then, never again at close()
         self.log = open(os.path.join(self.run_dir, CONSOLE_LOG), "ab", buffering=0)  # noqa: SIM115
+        with contextlib.suppress(FileNotFoundError):  # begun is this job's, not a past one's
+            os.unlink(os.path.join(self.run_dir, PROGRESS_FILE))
         self.port_claims = adopt_port_claims(self.job_id)
 
     def child_env(self) -> dict:
@@ -208,6 +212,22 @@ class Supervisor:
             if self.echo_path is not None and ends and self._is_echo(line):
                 continue
             self.emit(line, ends=ends)
+            if not self.begun and not self.spec.rank_logs:  # the launcher's lines are the ranks'
+                self.begin()
+
+    def begin(self) -> None:
+        """The job's start-up is over on this node: a rank wrote its first output (where the
+        ranks write files of their own, the launcher's lines do not count). ``--stall-timeout``
+        counts from the first node's begin or progress touch (``--startup-timeout`` before):
+        ``P`` now for the controller, and the progress file (which a touch of the job's makes
+        too) exists from now on, for ``status`` (a detached job's monitor)."""
+        if self.begun:
+            return
+        self.begun = True
+        path = os.path.join(self.run_dir, PROGRESS_FILE)
+        with contextlib.suppress(OSError), open(path, "ab"):
+            pass
+        self.out.frame("P", repr(time.time()).encode())
 
     def _is_echo(self, line: bytes) -> bool:
         """Whether a launcher stdout line is paddle's copy of a line of local rank 0's file.
@@ -236,60 +256,6 @@ class Supervisor:
                 self.out.frame(kind, text)
             else:  # no copy on this node's disk: the controller's must not drop any
                 self.out.frame_or_wait(kind, text)
-
-    def tail_ranks(self, done: threading.Event) -> None:
-        """Each local rank's own output files (torchrun ``--redirects``), line by line, as
-        ``[rank G] line``: whole lines per rank in the stream and console.log, whatever mix of
-        partial writes the ranks make. A partial line waits for its end (or the job's end)."""
-        cfg = self.spec.rank_logs or {}
-        root = os.path.join(self.run_dir, str(cfg.get("dir") or ""))
-        base = int(cfg.get("base") or 0)
-        while True:
-            last = done.wait(0.1)
-            for path, local in rank_log_files(root, cfg):
-                with self.tail_lock:
-                    if path not in self.rank_files:
-                        self.rank_files[path] = [0, b"", b"[rank %d] " % (base + local)]
-            for path in list(self.rank_files):
-                self._tail_path(path, final=last)
-            if last:
-                return
-
-    def _tail_path(self, path: str, *, final: bool) -> None:
-        with self.tail_lock:
-            st = self.rank_files.get(path)
-            if st is None and path == self.echo_path and os.path.exists(path):
-                base = int((self.spec.rank_logs or {}).get("base") or 0)
-                st = self.rank_files[path] = [0, b"", b"[rank %d] " % base]
-            if st is not None:
-                self._tail_one(path, st, final=final)
-
-    def _tail_one(self, path: str, st: list, *, final: bool) -> None:
-        try:
-            with open(path, "rb") as f:
-                f.seek(st[0])
-                data = f.read(1 << 20)
-        except OSError:
-            return
-        st[0] += len(data)
-        buf = st[1] + data
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                break
-            self.emit(st[2] + buf[: nl + 1], ends=True)
-            if path == self.echo_path:
-                self.echo_lines.append(buf[:nl])
-            buf = buf[nl + 1 :]
-        if len(buf) >= MAX_LINE:  # bounded: a very long line goes on in pieces
-            self.emit(st[2] + buf, ends=False)
-            buf = b""
-        if final and buf:  # the rank's last, unterminated line: whole in the log too
-            self.emit(st[2] + buf, ends=True, log=st[2] + buf + b"\n")
-            buf = b""
-        st[1] = buf
-        if final and len(data) == 1 << 20:  # more after a big burst: keep draining
-            self._tail_one(path, st, final=True)
 
     def write_log(self, data: bytes) -> None:
         """Append to console.log. When the disk is full the job goes on, and so does the

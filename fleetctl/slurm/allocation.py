@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.node import Node
+from fleetctl.slurm.batch import GPUS_VAR
 from fleetctl.slurm.hostlist import expand
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ def from_env(env: Mapping[str, str]) -> Allocation | None:
     if not nodelist:
         raise UsageError(f"SLURM_JOB_ID={job} is set but SLURM_JOB_NODELIST is not")
     gpus = None
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS"):
+    # what each node's steps get, asked for (run --slurm's --gres, --gpus-per-node) before
+    # what this step has: a batch step on an exclusive node has all the node's GPUs
+    for key in (GPUS_VAR, "SLURM_GPUS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"):
         if env.get(key):
             gpus = gpus_from(key, env[key])
             if gpus is not None:

@@ -5,7 +5,12 @@ Why a script that runs fleetctl and not ``srun torchrun``: inside the allocation
 Slurm mode (``fleetctl.slurm.allocation``) does the check, the per-node NIC, the launch by
 ``srun`` steps, first-failure teardown and the run folder; the submitter only waits, streams the
 script's output and reports. The script exports ``FLEETCTL_RUN_ID`` so the inside run uses the
-run folder the submitter made (``adopted_job_id``).
+run folder the submitter made (``adopted_job_id``), and runs ``fleetctl run --spec FILE``: the
+job's options travel in FILE (``fleetctl.slurm.specfile``), never on a command line.
+
+Every value the script holds on one of its lines is checked for control characters first: a
+newline in ``--partition`` or ``--sbatch-arg`` would end the ``#SBATCH`` line and run the rest
+as shell on the batch node.
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.slurm.specfile import SPEC_FILE, dumps
 
 #: set by the batch script: the fleetctl job id (and run folder) the inside run adopts
 RUN_ID_VAR = "FLEETCTL_RUN_ID"
+#: set by the batch script from ``--gres gpu:K``: the GPUs each node's steps get. The batch
+#: step's own ``SLURM_GPUS_ON_NODE`` can be more (an exclusive node gives it all of them)
+GPUS_VAR = "FLEETCTL_SLURM_GPUS_PER_NODE"
+MAX_GRES_COUNT = 4096  # per node and GRES: a typo's count must not reach sbatch
 OUTPUT_FILE = "slurm.out"  # in the run folder: the batch script's stdout
 ERROR_FILE = "slurm.err"  # and its stderr (fleetctl's own lines, the summary)
 SCRIPT_FILE = "sbatch.sh"  # in the run folder: the script as submitted
@@ -29,7 +39,10 @@ PRIVATE_ROOT = "/tmp/fleetctl-slurm-{job}"
 FETCHED = ".fetched"  # the submitter has pulled the private run folder home
 ENDED_MARK = "fleetctl-slurm: ended "  # + exit code: the batch script's last stderr line
 FETCH_WAIT = 300  # s the batch script waits for the pull before it exits anyway
-_GRES_ITEM = re.compile(r"^[A-Za-z][\w.-]*(?::[\w.-]+)?(?::\d+)?$")
+_GRES_NAME = re.compile(r"^[A-Za-z][\w.-]*$")  # gpu, shard, mps; and a type: a100, h100_80g
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SPEC_END = "FLEETCTL_RUN_SPEC_END"  # the here-document's end (the spec is one JSON line)
+_JOB_ID = re.compile(r"^\w[\w.-]*$")
 _TIME = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^\d+-\d+$|^(?:UNLIMITED|INFINITE)$", re.I)
 #: sbatch errors that say Slurm could not be asked, not that the request is wrong (exit 3)
 _TRANSIENT = (
@@ -39,6 +52,7 @@ _TRANSIENT = (
     "connection refused",
     "communication connection failure",
     "slurm_persist_conn",
+    "could not establish a configuration source",  # no slurm.conf, no configless server
 )
 
 
@@ -72,7 +86,7 @@ class BatchRequest:
     job_id: str  # fleetctl's job id: the run folder's name
     folder: str  # absolute path of the run folder (shared with the nodes)
     chdir: str  # where the inside fleetctl starts (the submitter's cwd)
-    command: tuple[str, ...]  # the inside ``fleetctl run …`` argv
+    command: tuple[str, ...]  # what the script runs: ``fleetctl run --spec FILE``
     partition: str | None = None
     gres: str | None = None
     time: str | None = None
@@ -82,6 +96,13 @@ class BatchRequest:
     #: --slurm-no-shared-fs: the batch host cannot see ``folder``; output and the run
     #: folder stay under ``private_root`` there until the submitter pulls them
     private: bool = False
+    #: the inside run's arguments (``run --spec``'s file): written into the run folder by the
+    #: submitter, or (``private``) by the script on the batch host from a here-document
+    spec: tuple[str, ...] | None = None
+
+    @property
+    def spec_file(self) -> str:
+        return spec_path(self.folder, self.job_id, private=self.private)
 
     @property
     def private_root(self) -> str:
@@ -101,24 +122,98 @@ class BatchRequest:
         return f"{self.private_root}.err" if self.private else f"{self.folder}/{ERROR_FILE}"
 
 
-def check_gres(value: str) -> str:
-    """``gpu:2``, ``gpu:a100:2``, ``shard:4`` or a comma list of them; UsageError otherwise."""
-    items = value.split(",")
-    if not items or any(not _GRES_ITEM.match(x) for x in items):
-        raise UsageError(f"--gres {value!r}: use NAME[:TYPE]:COUNT, e.g. gpu:1 or shard:4")
+def spec_path(folder: str, job_id: str, *, private: bool) -> str:
+    """Where the run inside reads its spec: the run folder, or (no shared filesystem) the
+    batch host's private folder (the run folder there must be new: it is not in it)."""
+    return f"{PRIVATE_ROOT.format(job=job_id) if private else folder}/{SPEC_FILE}"
+
+
+def check_line(what: str, value: str) -> str:
+    """``value`` as it may stand on one line of the batch script: no control character (a
+    newline ends an ``#SBATCH`` line and the rest runs as shell on the batch node)."""
+    m = _CONTROL.search(value)
+    if m:
+        raise UsageError(
+            f"{what} {value!r}: control character {m.group()!r} not allowed (it would end "
+            "a line of the batch script)"
+        )
     return value
+
+
+def check_gres(value: str) -> str:
+    """``gpu``, ``gpu:2``, ``gpu:a100:2``, ``shard:4`` or a comma list of them, each count a
+    whole number 1..MAX_GRES_COUNT; UsageError otherwise."""
+    check_line("--gres", value)
+    for item in value.split(","):
+        _gres_item(value, item)
+    return value
+
+
+def _gres_item(value: str, item: str) -> tuple[str, int]:
+    """``NAME[:TYPE][:COUNT]`` → (name, count). A type starts with a letter; a field that
+    does not is the count."""
+    usage = f"--gres {value!r}: use NAME[:TYPE][:COUNT], e.g. gpu:1, gpu:a100:2 or shard:4"
+    parts = item.split(":")
+    if len(parts) > 3 or not _GRES_NAME.match(parts[0]):
+        raise UsageError(usage)
+    if len(parts) == 3 and not _GRES_NAME.match(parts[1]):
+        raise UsageError(usage)
+    if len(parts) == 1 or (len(parts) == 2 and _GRES_NAME.match(parts[1])):
+        return parts[0], 1  # Slurm's default count
+    last = parts[-1]
+    if not (last.isascii() and last.isdigit()):
+        raise UsageError(f"--gres {value!r}: count {last!r} is not a whole number")
+    count = int(last)
+    if not 1 <= count <= MAX_GRES_COUNT:
+        raise UsageError(f"--gres {value!r}: count {count} is not within 1..{MAX_GRES_COUNT}")
+    return parts[0], count
+
+
+def gres_gpus(value: str | None) -> int | None:
+    """The GPUs per node a (checked) ``--gres`` asks for; None without a ``gpu`` item."""
+    if not value:
+        return None
+    counts = [n for name, n in (_gres_item(value, x) for x in value.split(",")) if name == "gpu"]
+    return sum(counts) if counts else None
 
 
 def check_time(value: str) -> str:
     """Slurm's time formats: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``."""
+    check_line("--time", value)
     if not _TIME.match(value.strip()):
         raise UsageError(f"--time {value!r}: use MINUTES, HH:MM:SS or DAYS-HH:MM:SS (Slurm's)")
     return value.strip()
 
 
+def check_request(req: BatchRequest) -> None:
+    """Every value :func:`render` puts on a line of the script, named as the user gave it:
+    UsageError for a control character (or a job id that is no plain name)."""
+    if isinstance(req.nodes, bool) or not isinstance(req.nodes, int) or req.nodes < 1:
+        raise UsageError(f"--nodes {req.nodes!r}: a whole number of nodes, 1 or more")
+    if not _JOB_ID.match(req.job_id):
+        raise UsageError(f"job id {req.job_id!r}: use letters, digits, '_', '.', '-'")
+    for what, value in (
+        ("--partition", req.partition),
+        ("--gres", req.gres),
+        ("--time", req.time),
+        ("--account", req.account),
+        ("--runs-dir", req.folder),
+        ("the current folder (#SBATCH --chdir)", req.chdir),
+        *(("--sbatch-arg", arg) for arg in req.extra),
+        *((f"the batch script's {k}", v) for k, v in req.env.items()),
+        *(("the batch script's command", arg) for arg in req.command),
+    ):
+        if value is not None:
+            check_line(what, value)
+    for key in req.env:
+        if not re.match(r"^[A-Za-z_]\w*$", key):
+            raise UsageError(f"the batch script's variable {key!r}: not a variable name")
+
+
 def render(req: BatchRequest) -> str:
     """The batch script: ``#SBATCH`` lines, then the inside fleetctl exec'd (its exit code is
-    the job's)."""
+    the job's). UsageError for a value that would break out of its line (:func:`check_request`)."""
+    check_request(req)
     lines = [
         "#!/bin/sh",
         f"#SBATCH --job-name=fleetctl-{req.job_id}",
@@ -146,6 +241,18 @@ def render(req: BatchRequest) -> str:
         lines.append(f"exec {shlex.join(req.command)}")
         return "\n".join(lines) + "\n"
     root, folder = shlex.quote(req.private_root), shlex.quote(req.inside_folder)
+    spec = shlex.quote(req.spec_file)
+    if req.spec is not None:  # the batch host cannot see the run folder: the spec comes here
+        lines += [
+            "# the run's options, for `fleetctl run --spec` (0600 in a 0700 folder, never on",
+            "# a command line)",
+            f"(umask 077 && mkdir -p {root} && [ ! -L {root} ] && [ -O {root} ] && "
+            f"chmod 700 {root} && cat >{spec}) <<'{_SPEC_END}' || "
+            f'{{ echo "fleetctl-slurm: cannot write {spec} (a folder of another user?)" >&2; '
+            "exit 3; }",
+            dumps(req.spec),
+            _SPEC_END,
+        ]
     lines += [
         "# no shared filesystem: fleetctl runs as a child (TERM passed on: scancel --batch);",
         "# once it has ended the submitter pulls the run folder by an srun step and says so",
@@ -177,7 +284,8 @@ def submit_error(stderr: str, returncode: int) -> FleetctlError:
     """sbatch refusing → one line quoting Slurm's reason: exit 2 when the request is wrong
     (partition, node count, gres, time, account), 3 when Slurm could not be asked."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    reasons = [re.sub(r"^sbatch:\s*(error:\s*)?", "", ln) for ln in lines]
+    # (``--test-only`` words the verdict ``allocation failure: …``)
+    reasons = [re.sub(r"^(sbatch:\s*(error:\s*)?|allocation failure:\s*)", "", ln) for ln in lines]
     reasons = [r.replace("Batch job submission failed: ", "") for r in reasons]
     # the last line is sbatch's verdict; an earlier one often says which value (partition)
     reason = "; ".join(dict.fromkeys(r for r in reasons if r)) or f"exit code {returncode}"
@@ -193,12 +301,18 @@ def adopted_job_id(env: Mapping[str, str]) -> str | None:
     return env.get(RUN_ID_VAR) or None
 
 
-def inside_command(
-    python: str, options: Sequence[str], script: str | None, script_args: Sequence[str]
+def inside_argv(
+    options: Sequence[str], script: str | None, script_args: Sequence[str]
 ) -> tuple[str, ...]:
-    """``python -m fleetctl run OPTIONS SCRIPT ARGS…``: the job run inside the allocation
-    (no SCRIPT for a role job: ``--job`` is among the options)."""
-    return (python, "-m", "fleetctl", "run", *options, *([script] if script else []), *script_args)
+    """``OPTIONS SCRIPT ARGS…``: the job the run inside the allocation runs (no SCRIPT for a
+    role job: ``--job`` is among the options), carried in its spec file."""
+    return (*options, *([script] if script else []), *script_args)
+
+
+def inside_command(python: str, spec_file: str) -> tuple[str, ...]:
+    """``python -m fleetctl run --spec FILE``: no option value on the batch node's process
+    list (``--env-var`` secrets), only the file's path."""
+    return (python, "-m", "fleetctl", "run", f"--spec={spec_file}")
 
 
 def role_nodes(instances: Sequence[tuple[str, int | None]], where: str) -> int:

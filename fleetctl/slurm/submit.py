@@ -83,6 +83,13 @@ class SlurmClient:
             raise submit_error(p.stderr or p.stdout, p.returncode)
         return parse_job_id(p.stdout)
 
+    def test_only(self, script: str) -> None:
+        """``sbatch --test-only``: slurmctld judges ``script`` as it would a submission, and
+        nothing is queued. Refusals raise as :meth:`sbatch`'s do (UsageError, SlurmError)."""
+        p = self._run(["sbatch", "--test-only"], stdin=script)
+        if p.returncode != 0:
+            raise submit_error(p.stderr or p.stdout, p.returncode)
+
     def show(self, job: str) -> JobInfo | None:
         """The job as slurmctld knows it; None once it has forgotten it (``MinJobAge``)."""
         p = self._run(["scontrol", "show", "job", "-o", job])

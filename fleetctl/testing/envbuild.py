@@ -162,6 +162,14 @@ async def _install(channel: Path, specs: list[str], prefix: Path, cache: Path) -
     await rattler.install(records, target_prefix=prefix, cache_dir=cache, show_progress=False)
 
 
+def _this_python() -> str:
+    """In a venv (CI's) its own ``bin/python``, whose site has torch: the interpreter it links
+    to would run without the venv's packages. Else the real file, never a pyenv shim."""
+    if sys.prefix != sys.base_prefix:
+        return os.path.join(sys.prefix, "bin", os.path.basename(sys.executable) or "python")
+    return os.path.realpath(sys.executable)
+
+
 def build_env(
     workdir: Path,
     *,
@@ -186,7 +194,7 @@ def build_env(
     channel, cache, prefix = workdir / "channel", workdir / "pkgs", workdir / "prefix"
     for d in (channel, cache, prefix):
         shutil.rmtree(d, ignore_errors=True)
-    real_python = os.path.realpath(python or sys.executable)
+    real_python = os.path.realpath(python) if python else _this_python()
     wrapper = (f'#!/bin/sh\n# fleetctl test env {tag}\nexec {real_python} "$@"\n').encode()
     _package(
         channel,

@@ -90,8 +90,10 @@ def test_readmes_first_command_runs_on_a_machine_without_rsync(tmp_path: Path) -
     fleetctl = [sys.executable, "-m", "fleetctl", "run", "--runs-dir", str(tmp_path / "runs")]
     r = _run(["unshare", "-m", "sh", "-c", hide, "sh", *fleetctl, str(SCRIPT), "--epochs", "2"])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "All 1 node succeeded" in r.stderr
+    assert re.search(r"^Node 0 \(\S+\) succeeded in ", r.stderr, re.M), r.stderr[-2000:]
     assert re.search(r"^\[0 \S+\] done rank=0 world=1 ", r.stdout, re.M), r.stdout[-2000:]
+    # the `train` extra pins numpy beside torch, which warns twice per process without it
+    assert "Failed to initialize NumPy" not in r.stdout, "numpy missing: pip install -e '.[train]'"
 
 
 def test_launcher_args_reach_torchrun_a_restart_budget_recovers_a_failed_worker(

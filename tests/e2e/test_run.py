@@ -76,6 +76,19 @@ for _ in range(8):
 print("quiet done", flush=True)
 """
 
+# A job whose start-up (loading a large model, say) is silent for argv[1] s, then moves on;
+# or, with argv[1] "never", never says a word.
+SLOW_START = """\
+import sys, time
+if sys.argv[1] == "never":
+    time.sleep(600)
+time.sleep(float(sys.argv[1]))
+for i in range(4):
+    print(f"step {i}", flush=True)
+    time.sleep(0.5)
+print("slow start done", flush=True)
+"""
+
 ARGS = """\
 import json, os, sys
 print("argv-json: " + json.dumps(sys.argv[1:]), flush=True)
@@ -142,6 +155,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "pinfo.py").write_text(PINFO)
     (d / "escape.py").write_text(ESCAPE)
     (d / "quiet.py").write_text(QUIET)
+    (d / "slow_start.py").write_text(SLOW_START)
     (d / "dsjob.py").write_text(DSJOB)
     return d
 
@@ -436,6 +450,57 @@ def test_a_silent_job_that_touches_its_progress_file_is_not_taken_for_stalled(
     r = runs(lab3, "quiet.py", code_dir=code, opts=("--no-check", "--stall-timeout", "4"))
     assert r.finish() == 0, r.text()
     assert sum("quiet done" in line for line in r.out) == 3, r.text()
+
+
+def test_a_start_up_silent_for_longer_than_the_stall_timeout_is_not_a_stall(
+    lab3: Lab, runs, code
+) -> None:
+    """torchrun's own lines (2 processes a node: its OMP_NUM_THREADS notice) come at once, then
+    every rank is silent for 10 s (a model loading) before its first line: the stall clock
+    starts at a rank's first line, not at the launch nor at the launcher's chatter."""
+    r = runs(
+        lab3,
+        "slow_start.py",
+        "10",
+        code_dir=code,
+        launcher="torchrun",
+        opts=("--no-check", "--stall-timeout", "4", "--nproc-per-node", "2"),
+    )
+    assert r.finish() == 0, r.text()
+    assert sum("slow start done" in line for line in r.out) == 6, r.text()
+    assert any("OMP_NUM_THREADS" in line for line in r.out), r.text()  # the launcher spoke
+
+
+def test_a_job_that_never_makes_its_first_progress_is_stalled_at_start_up(
+    lab3: Lab, runs, code
+) -> None:
+    """No rank ever says a word: past --startup-timeout (not the shorter --stall-timeout) the
+    job is stalled at start-up, said apart from a stall, its stacks dumped (where everything
+    was depends on how far the machine got: torchrun may still be importing), stopped
+    everywhere."""
+    r = runs(
+        lab3,
+        "slow_start.py",
+        "never",
+        code_dir=code,
+        launcher="torchrun",
+        opts=("--no-check", "--grace", "3", "--stall-timeout", "3", "--startup-timeout", "8"),
+    )
+    assert r.finish() == 3, r.text()
+    summary = next(line for line in r.err if line.startswith("Job "))
+    assert re.match(
+        r"Job \S+ failed: stalled at start-up: no progress on any node ([89]|1[0-9]) s after "
+        r"the launch; nodes 0-2 were stopped\.$",
+        summary,
+    ), summary
+    assert "where every rank was (innermost Python frame):" in r.err, r.text()
+    job = r.job()
+    assert job["status"] == "failed" and job["first_failure"] is None
+    assert job["verdict"].startswith("stalled at start-up: no progress on any node ")
+    assert {n["host"] for n in job["stack_nodes"]} == {"node1", "node2", "node3"}
+    assert [n["state"] for n in job["nodes"]] == ["stopped"] * 3
+    assert job["teardown"]["verified"] is True
+    assert left_over(lab3, job["job_id"]) == {}
 
 
 def test_a_job_past_its_timeout_is_stopped_on_every_node(lab3: Lab, runs, code) -> None:

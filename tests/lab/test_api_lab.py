@@ -230,3 +230,37 @@ def test_run_before_failing_on_one_node_stops_the_run_before_launch_naming_it(
     job = json.loads((folder / "job.json").read_text())
     assert job["status"] == "error" and not (folder / "plan.json").exists()
     assert all(n["start_time"] is None for n in job["nodes"])  # nothing launched
+
+
+LOUD_FABFILE = """\
+from fabric import task
+
+@task
+def prepare(c):
+    print("task starts on", c.host)
+    c.run("echo fetched by $(hostname); echo careful on $(hostname) >&2")
+"""
+
+
+def test_run_before_output_is_prefixed_with_its_node_and_kept_in_the_run_folder(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    fab = tmp_path / "fabfile.py"
+    fab.write_text(LOUD_FABFILE)
+    (code / "job.py").write_text("print('job ran')\n")
+    runs = tmp_path / "runs"
+    r = run_cli(
+        "run", "-i", str(lab3.inventory_path), "--launcher", "plain", "--runs-dir", str(runs),
+        "--before", f"{fab}:prepare", "--code", str(code), str(code / "job.py"),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr + r.stdout
+    (folder,) = runs.iterdir()
+    for rank, h in enumerate(lab3.hosts):
+        lines = [f"fetched by {h.name}", f"careful on {h.name}"]
+        for line in lines:
+            assert f"[{rank} {h.name}] {line}\n" in r.stdout, r.stdout
+        log = (folder / f"{rank}-{h.name}" / "before.log").read_text().splitlines()
+        assert sorted(log)[:2] == sorted(lines) and log[0].startswith("task starts on "), log
+        assert len(log) == 3 and f"[{rank} {h.name}] {log[0]}\n" in r.stdout  # its print too
+    raw = [x for x in (r.stdout + r.stderr).splitlines() if x.startswith(("fetched", "careful"))]
+    assert raw == [], raw  # nothing reaches the terminal without its node

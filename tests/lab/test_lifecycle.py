@@ -67,6 +67,14 @@ def silently_waiting():
 silently_waiting()
 """
 
+# Never says a word: a start-up that does not end.
+NEVER = """\
+import time
+def loading_a_large_model():
+    time.sleep(600)
+loading_a_large_model()
+"""
+
 # Fails once on node rank 1 (marker in the host's private /tmp), then succeeds.
 FLAKY = """\
 import os, sys
@@ -166,6 +174,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("worker.py", WORKER),
         ("job.yml", JOB_YML),
         ("silent.py", SILENT),
+        ("never.py", NEVER),
         ("resume.py", RESUME),
     ):
         (d / name).write_text(text)
@@ -441,8 +450,13 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     [
         (("--timeout", "4"), ("tick.py", "300"), "timed out after 4 s"),
         (("--stall-timeout", "4"), ("silent.py",), "stalled: no progress on any node for "),
+        (
+            ("--stall-timeout", "2", "--startup-timeout", "6"),
+            ("never.py",),
+            "stalled at start-up: no progress on any node ",
+        ),
     ],
-    ids=["timeout", "stall"],
+    ids=["timeout", "stall", "startup"],
 )
 def test_a_detached_job_past_its_limit_is_stopped_by_its_monitor(
     lab3: Lab,

@@ -378,3 +378,54 @@ def test_cli_push_json_reports_every_host(
     assert p.stderr.startswith("fleetctl: error: push failed on 1 of 3 nodes: node2")
     assert "NCCL 2.19.3 differs" in p.stderr
     assert "node2" in p.stdout and "✗" in p.stdout  # the table still shows every host
+
+
+def lab_inventory(lab: Lab, wd: str, path: Path) -> Path:
+    """The lab's inventory with every host's workdir set to ``wd``."""
+    import yaml
+
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    for host in inv["all"]["children"]["nodes"]["hosts"].values():
+        host["fleetctl_workdir"] = wd
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def cli_push(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "fleetctl", "push", "-i", str(inventory), *args]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "FLEETCTL_SSH_CONFIG": "/dev/null"},
+    )
+
+
+def test_cli_push_refuses_a_notebook_holding_a_key_until_allowed(
+    lab3: Lab, wd: str, tmp_path: Path
+) -> None:
+    import json
+
+    key = tmp_path / "deploy_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    src = project(tmp_path / "proj")
+    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
+    cell["source"] = ["KEY = '''\n", *key.read_text().splitlines(keepends=True), "'''\n"]
+    nb = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (src / "setup.ipynb").write_text(json.dumps(nb, indent=1))
+    inv = lab_inventory(lab3, wd, tmp_path / "hosts.yml")
+
+    p = cli_push(inv, "--code", str(src))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "look like private keys: setup.ipynb;" in p.stderr and "--allow-secret" in p.stderr
+    for h in lab3.hosts:  # refused before any host was touched
+        assert sh(lab3, h.name, f"ls -A {wd} 2>/dev/null; true") == ""
+
+    p = cli_push(inv, "--code", str(src), "--allow-secret", "setup.ipynb", "--json")
+    assert p.returncode == 0, p.stderr
+    code_dirs = json.loads(p.stdout)["code_dirs"]
+    for h in lab3.hosts:
+        assert "setup.ipynb" in remote_files(lab3, h.name, code_dirs[h.name])

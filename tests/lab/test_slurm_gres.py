@@ -1,7 +1,8 @@
 """GPUs from Slurm's gres (lab: ``lab up N --slurm --gpus K``, each fake GPU a ``gres/gpu``
-backed by a device node the lab makes): ``run --slurm --gres gpu:1`` plans one GPU per node from
-the allocation, and its ranks see the ``CUDA_VISIBLE_DEVICES`` Slurm gave each step. The run
-itself is gloo/CPU; the lab's fake nvidia-smi answers the check.
+backed by a device node the lab makes): ``run --slurm --gres gpu:1`` on 2-GPU nodes plans one
+GPU per node from the allocation, and its ranks see the ``CUDA_VISIBLE_DEVICES`` Slurm gave each
+step. The run itself is gloo/CPU; the lab's fake nvidia-smi answers the check (in a step, with
+the step's GPUs, as ``ConstrainDevices=yes`` makes the real one).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_SCRIPT = """\
 import os
 e = os.environ
-print("GPUS", e["RANK"], e.get("CUDA_VISIBLE_DEVICES"), e.get("SLURM_JOB_GPUS"), flush=True)
+print("GPUS", e["RANK"], e["LOCAL_WORLD_SIZE"], e.get("CUDA_VISIBLE_DEVICES"), flush=True)
 """
 
 
@@ -32,7 +33,8 @@ def slurm(make_lab_module: Callable[..., Lab]) -> Iterator[dict[str, Any]]:
     why = installed()
     if why:
         skip_or_fail(f"Slurm {why} (.ci/run installs slurm-wlm and munge)")
-    lab = make_lab_module(2, user=None, shared_home=False, gpus=1)
+    # 2 GPUs a node, the partition exclusive: the batch step gets both, a step what --gres says
+    lab = make_lab_module(2, user=None, shared_home=False, gpus=2)
     s = SlurmLab.start(lab)  # stopped by lab.down by PID
     code = lab.dir / "gres-code"
     code.mkdir()
@@ -55,7 +57,7 @@ def _submit(slurm: dict[str, Any], *args: str) -> Any:
 
 def test_the_lab_registers_its_fake_gpus_as_gres(slurm: dict[str, Any]) -> None:
     out = slurm["slurm"].scontrol("show", "node", "-o")
-    assert out.count("Gres=gpu:1") == 2, out
+    assert out.count("Gres=gpu:2") == 2, out
 
 
 def test_gres_gpu_is_in_the_batch_script(slurm: dict[str, Any]) -> None:
@@ -68,10 +70,34 @@ def test_ranks_see_the_gpus_slurm_allocated(slurm: dict[str, Any]) -> None:
     res = _submit(slurm, "--gres", "gpu:1", "gpus.py")
     assert res.exit_code == 0, res.stdout + res.stderr
     seen = sorted(ln.split("GPUS", 1)[1].split() for ln in res.stdout.splitlines() if "GPUS" in ln)
-    assert seen == [["0", "0", "0"], ["1", "0", "0"]], res.stdout  # rank, CUDA_VISIBLE_DEVICES
+    assert seen == [["0", "1", "0"], ["1", "1", "0"]], res.stdout  # rank, -, CUDA_VISIBLE_DEVICES
     folder = next(p for p in (slurm["lab"].dir / "gres-runs").iterdir() if p.is_dir())
     plan = json.loads((folder / "plan.json").read_text())
     assert plan["gpus_per_node"] == 1, plan
+
+
+def test_a_gres_of_one_gpu_on_two_gpu_nodes_starts_one_rank_per_node(
+    slurm: dict[str, Any],
+) -> None:
+    """The batch step's SLURM_GPUS_ON_NODE is 2 (the exclusive node's), each srun step's 1:
+    nproc auto follows --gres, not the batch step (issue 40)."""
+    res = _submit(slurm, "--gres", "gpu:1", "--launcher", "torchrun", "gpus.py")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    seen = sorted(ln.split("GPUS", 1)[1].split() for ln in res.stdout.splitlines() if "GPUS" in ln)
+    # rank, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES: one rank a node, on the GPU of its step
+    assert seen == [["0", "1", "0"], ["1", "1", "0"]], res.stdout
+
+
+def test_a_dry_run_refuses_a_gres_slurm_refuses_as_a_submission_does(
+    slurm: dict[str, Any],
+) -> None:
+    dry = _submit(slurm, "--gres", "bogus", "--dry-run", "gpus.py")
+    real = _submit(slurm, "--gres", "bogus", "gpus.py")
+    line = "fleetctl: error: Slurm refused the job: Invalid generic resource (gres) specification"
+    assert (dry.exit_code, dry.stderr.strip()) == (2, line), dry.stdout + dry.stderr
+    assert (real.exit_code, real.stderr.strip()) == (2, line), real.stdout + real.stderr
+    ok = _submit(slurm, "--gres", "gpu:1", "--dry-run", "gpus.py")
+    assert ok.exit_code == 0 and "Slurm would take it" in ok.stderr, ok.stderr
 
 
 def test_more_gpus_than_a_node_has_is_refused_in_one_line(slurm: dict[str, Any]) -> None:

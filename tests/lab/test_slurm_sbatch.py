@@ -34,6 +34,17 @@ if os.environ["RANK"] == "1":
     sys.exit(7)
 time.sleep(600)  # fleetctl_slurm_sleeper
 """
+#: prints a digest of K (the job sees it), then holds the rank until the test says go
+SECRET_SCRIPT = """\
+import hashlib, os, sys, time
+from pathlib import Path
+print("K", hashlib.sha256(os.environ.get("K", "").encode()).hexdigest(), flush=True)
+gate = Path(sys.argv[1])
+(gate / ("ready-" + os.environ["RANK"])).write_text(str(os.getpid()))
+deadline = time.monotonic() + 120
+while not (gate / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
 SLEEP_SCRIPT = """\
 import os, time
 print("started", os.environ["RANK"], flush=True)
@@ -53,6 +64,7 @@ def slurm(make_lab_module: Callable[..., Lab]) -> Iterator[dict[str, Any]]:
     shutil.copy(ROOT / "examples" / "ddp_train.py", code / "ddp_train.py")
     (code / "fail.py").write_text(FAIL_SCRIPT)
     (code / "sleep.py").write_text(SLEEP_SCRIPT)
+    (code / "secret.py").write_text(SECRET_SCRIPT)
     env = {"SLURM_CONF": str(s.conf), "PYTHONPATH": str(ROOT)}
     try:
         yield {"lab": lab, "slurm": s, "code": code, "env": env}
@@ -324,3 +336,71 @@ def test_detach_then_status_logs_and_stop_reach_the_slurm_job(
     _nothing_left(slurm, sj)
     logs = run_cli_process("logs", "-f", "--runs-dir", str(runs), job_id, env=env, cwd=code)
     assert logs.exit_code == 0 and logs.stdout.count("started") == 3, logs.stdout
+
+
+def _processes() -> dict[int, tuple[bytes, list[str]]]:
+    """Every process this machine's /proc lists: pid → (command line, NSpid). The lab's hosts
+    run in pid namespaces below this one, so their processes are here too (under other pids;
+    the last NSpid is the pid the process sees itself)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes()
+            status = (proc / "status").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+        found[int(proc.name)] = (argv, nspid)
+    return found
+
+
+def test_an_env_var_secret_is_on_no_command_line_of_the_cluster(
+    slurm: dict[str, Any], runs: Path
+) -> None:
+    """``--env-var K=secret``: while the job runs no process of the batch node or the job's
+    nodes (the batch script's fleetctl, srun steps, supervisors, ranks) has the secret on its
+    command line; the ranks still have K (issue 40). The submitter's own command line is the
+    user's, typed on the login node: left aside."""
+    import hashlib
+    import secrets
+
+    secret = f"s3cret-{secrets.token_hex(8)}"
+    gate = runs / "gate"
+    gate.mkdir()
+    proc = start_cli_process(
+        "run", "--slurm", "--nodes", "2", "--launcher", "plain", "--runs-dir", str(runs),
+        "--env-var", f"K={secret}", "secret.py", str(gate),
+        env=slurm["env"], cwd=slurm["code"],
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(list(gate.glob("ready-*"))) == 2, 120, what="both ranks running")
+        procs = _processes()
+        # the scan sees the job's processes: each rank (its pid as its node's namespace shows
+        # it) is here, with K in its environment
+        for ready in gate.glob("ready-*"):
+            ranks = [
+                pid
+                for pid, (argv, nspid) in procs.items()
+                if b"secret.py" in argv and nspid[-1:] == [ready.read_text()]
+            ]
+            assert len(ranks) == 1, (ready.name, ranks)
+            environ = Path(f"/proc/{ranks[0]}/environ").read_bytes().split(b"\0")
+            assert f"K={secret}".encode() in environ
+        holders = [
+            argv.replace(bytes(1), b" ").decode(errors="replace")
+            for pid, (argv, _) in procs.items()
+            if secret.encode() in argv and pid != proc.pid
+        ]
+        (gate / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        (gate / "go").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert holders == [], holders
+    assert proc.returncode == 0, out + err
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert out.count(f"K {digest}") == 2, out

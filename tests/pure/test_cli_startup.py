@@ -76,6 +76,24 @@ def test_help_lists_every_visible_command_without_importing_one(tmp_path: Path) 
     assert loaded(names, COMMAND_MODULES) == []
 
 
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        ("chek", " Did you mean 'check'?"),
+        ("stat", " (Did you mean one of: 'stacks', 'status'?)"),
+        ("frobnicate", ""),
+    ],
+)
+def test_a_mistyped_command_gets_a_suggestion_as_a_mistyped_option_does(
+    tmp_path: Path, typed: str, hint: str
+) -> None:
+    """The suggestion comes from the lazy table: no command's module is imported for it."""
+    p, names = imported_by(tmp_path, typed)
+    assert p.returncode == 2
+    assert p.stderr == f"fleetctl: error: No such command {typed!r}.{hint}\n"
+    assert loaded(names, COMMAND_MODULES) == []
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_lazy_table_matches_the_command_its_module_registers(name: str) -> None:
     """The summary --help shows before import is the one the command's docstring gives."""

@@ -46,3 +46,30 @@ def test_gather_and_json() -> None:
 def test_limit_without_inventory_is_a_usage_error() -> None:
     p = fleetctl("--limit", "x", "--", "true")
     assert p.exit_code == 2 and "fleetctl: error:" in p.stderr
+
+
+def test_options_after_a_shell_line_warn_that_they_became_words_of_the_command() -> None:
+    """pdsh's habit, `exec 'uname -r' --limit node1`: --limit is a word of the command, which
+    now names a program 'uname -r'; said before it runs, on stderr."""
+    p = fleetctl("echo hi", "--limit", "x")
+    assert p.exit_code == 3
+    assert p.stderr.splitlines()[:2] == [
+        "fleetctl: warning: 'echo hi' is run as one program name, not as a shell line: only a "
+        "lone argument is a shell line, and 2 more follow it",
+        "fleetctl: warning: --limit after the command is passed to it, not to exec: exec's "
+        "options go before the command (fleetctl exec --limit PATTERN -- COMMAND)",
+    ]
+    p = fleetctl("echo", "--json", "--timeout=5")
+    assert p.exit_code == 0 and p.stdout == f"{HOST}: --json --timeout=5\n"
+    assert p.stderr == (
+        "fleetctl: warning: --json --timeout=5 after the command are passed to it, not to "
+        "exec: exec's options go before the command (fleetctl exec --limit PATTERN -- COMMAND)\n"
+    )
+
+
+def test_after_an_explicit_double_dash_only_a_shell_line_with_more_words_warns() -> None:
+    p = fleetctl("--", "echo", "--json", "-b")
+    assert p.exit_code == 0 and p.stderr == "" and p.stdout == f"{HOST}: --json -b\n"
+    assert fleetctl("echo", "-f", "-i", "-b", "-S").stderr == ""  # short ones are the program's
+    p = fleetctl("--", "echo hi", "x")
+    assert p.stderr.startswith("fleetctl: warning: 'echo hi' is run as one program name")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -166,6 +167,28 @@ def test_fake_nvidia_smi_speaks_the_real_formats(smi) -> None:  # type: ignore[n
     assert none.returncode == 6 and none.stdout.strip() == "No devices were found"
 
 
+def test_fake_nvidia_smi_in_a_slurm_step_shows_the_steps_gpus(tmp_path: Path) -> None:
+    """As the real one where cgroup.conf has ConstrainDevices=yes: the step's GPUs (the batch
+    step: the job's); outside Slurm, or in a job without gres, every GPU."""
+    shutil.copy(Path(core.__file__).with_name("fake_nvidia_smi.py"), tmp_path / "nvidia-smi")
+    (tmp_path / "nvidia-smi.json").write_text(json.dumps({"count": 4, "seed": "s"}))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+
+    def listed(**env: str) -> list[str]:
+        p = subprocess.run(
+            [sys.executable, str(tmp_path / "nvidia-smi"), "--query-gpu=index,count",
+             "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, env={**clean, **env},
+        )  # fmt: skip
+        return p.stdout.splitlines()
+
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1,2,3"}
+    assert listed(**job, SLURM_STEP_GPUS="2") == ["2, 1"]
+    assert listed(**job) == ["0, 4", "1, 4", "2, 4", "3, 4"]
+    assert listed(SLURM_JOB_ID="7", SLURM_JOB_GPUS="1,3") == ["1, 2", "3, 2"]
+    assert len(listed()) == len(listed(SLURM_JOB_ID="7")) == 4
+
+
 def test_fixture_skips_without_root_but_fails_when_the_lab_is_required(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -213,3 +236,64 @@ def test_cli_without_root_exits_1_with_one_line(
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("fleetctl: error: fleetctl lab needs root (") and err.count("\n") == 1
+
+
+def test_down_says_what_it_waits_for_and_each_host_as_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lab down` may wait (another lab command's lock, processes slow to die): every step is
+    said as it starts. The lab is a plan whose node1 PID 1 is a real process of this test; no
+    namespace or link exists, and nothing outside tmp_path is touched."""
+    import threading
+
+    from fleetctl.lab import procs
+    from fleetctl.lab.registry import _locked
+
+    state = Lab._plan(
+        "pdown", tmp_path / "pdown", 2, 1, 0,
+        N("10.213.8.0/24"), N("10.213.9.0/24"), sys.executable, "/usr/sbin/sshd",
+    )  # fmt: skip
+    lab = Lab(state)
+    lab.dir.mkdir()
+    init = subprocess.Popen(["sleep", "60"])
+    lab.hosts[0].pids, lab.hosts[0].starts = (
+        {"init": init.pid},
+        {"init": procs.start_time(init.pid)},
+    )
+    lab.store.save()
+    monkeypatch.setattr(core, "require_root", lambda: None)
+    monkeypatch.setattr(core, "REGISTRY", tmp_path / "registry")
+    monkeypatch.setattr(core, "_registry_entries", lambda: [{"name": "another lab"}])
+    batch: list[list[str]] = []
+    monkeypatch.setattr(net, "ip_batch", lambda cmds, **_: batch.append(list(cmds)))
+    for absent in ("link_exists", "netns_exists"):
+        monkeypatch.setattr(net, absent, lambda _: False)
+    monkeypatch.setattr(net, "route_networks", lambda: [])
+
+    held, release, said = threading.Event(), threading.Event(), []
+
+    def other_command() -> None:
+        with _locked(lab.dir / ".lock"):
+            held.set()
+            release.wait(10)
+
+    def progress(step: str) -> None:
+        said.append(step)
+        release.set()  # the other command lets go once down has said it waits
+
+    holder = threading.Thread(target=other_command)
+    holder.start()
+    try:
+        assert held.wait(10)
+        removed = lab.down(progress=progress)
+    finally:
+        release.set()
+        holder.join(10)
+        init.kill()
+        init.wait(10)
+    assert said == [
+        f"waiting for {tmp_path}/pdown/.lock: another fleetctl lab command holds it",
+        "stopping 1 host: up to 10 s for its processes to end",
+        "node1: stopped",
+    ]
+    assert removed == [f"node1 init pid {init.pid}"] and batch == [[]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -9,12 +11,20 @@ from pathlib import Path
 import pytest
 
 
+def make_venv(venv: Path) -> None:
+    """A venv of this interpreter that sees this test run's packages. ``--system-site-packages``
+    does that only from a base interpreter: from inside a venv (CI's) it gives the base's site,
+    where click is not."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    [inner] = (venv / "lib").glob("python3*/site-packages")
+    outer = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    adds = "; ".join(f"site.addsitedir({d!r})" for d in outer)
+    (inner / "_test_run_site.pth").write_text(f"import site; {adds}\n")
+
+
 def test_lab_up_from_a_venv_names_the_venvs_python(tmp_path: Path) -> None:
     venv = tmp_path / "v"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-        check=True,
-    )
+    make_venv(venv)
     code = "from fleetctl.lab.core import _real_python; print(_real_python())"
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
@@ -66,15 +76,10 @@ def test_a_link_into_tmp_is_refused_by_where_it_points(tmp_path: Path) -> None:
 
 
 def test_lab_up_from_a_venv_under_tmp_says_so_and_creates_nothing(tmp_path: Path) -> None:
-    import os
-
     if os.geteuid() != 0:
         pytest.skip("fleetctl lab up checks root first")
     venv = tmp_path / "v"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-        check=True,
-    )
+    make_venv(venv)
     root = Path(__file__).resolve().parents[2]
     lab_dir = Path("/var/tmp") / f"fleetctl-test-lab-{tmp_path.name}"
     out = subprocess.run(

@@ -110,6 +110,15 @@ RANK_TREES = {
         ],
         ["torchrun/j/attempt_0/0/error.json", "torchrun/j/attempt_0/x/stdout.log"],
     ),
+    # torch's agent under accelerate's --multi_gpu, its per-rank files by PET_REDIRECTS
+    "accelerate": (
+        [
+            ("torchrun/j/attempt_0/0/stdout.log", 2),
+            ("torchrun/j/attempt_0/0/stderr.log", 2),
+            ("torchrun/j/attempt_0/1/stdout.log", 3),
+        ],
+        ["torchrun/j/attempt_0/0/error.json", "console.txt"],
+    ),
     "paddle": (
         [("log/workerlog.0", 2), ("log/workerlog.1", 3)],
         ["log/endpoints.log", "log/workerlog.x", "log/sub/workerlog.0"],
@@ -206,3 +215,9 @@ def test_the_node_spec_carries_the_launchers_rules(
     assert (spec.rank_logs is not None) is rank_logs
     if spec.rank_logs is not None:
         assert spec.rank_logs["base"] == 2 and spec.rank_logs["files"]
+
+
+def test_a_one_process_accelerate_jobs_rank_log_is_the_console(tmp_path: Path) -> None:
+    """One process in all: accelerate's simple launcher, no torch agent, no per-rank files."""
+    (tmp_path / "console.log").write_text("x\n")
+    assert LAUNCHERS["accelerate"].rank_files(tmp_path, 0, 0) == [tmp_path / "console.log"]

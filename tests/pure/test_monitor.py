@@ -303,9 +303,9 @@ def test_collect_after_a_monitor_died_mid_teardown_still_says_failed(tmp_path: P
 def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks() -> None:
     from fleetctl.job.monitor_decide import limit_reached
 
-    def at(marks: list[float | None]) -> list[NodeReport]:
+    def at(marks: list[float | None], begun: bool = True) -> list[NodeReport]:
         return [
-            NodeReport(r, f"n{r}", "running", processes=[1], progress=m)
+            NodeReport(r, f"n{r}", "running", processes=[1], progress=m, begun=begun)
             for r, m in enumerate(marks)
         ]
 
@@ -326,3 +326,39 @@ def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks(
         at([None]), WatchState(), T0 + 31, started=T0, timeout=30.0, stall_timeout=None
     )
     assert d is not None and d.reason == "timed out after 30 s" and d.status == "failed"
+
+
+def test_a_detached_job_starting_up_is_not_stalled_until_its_start_up_limit() -> None:
+    """Before any node says the job began (a rank's first line, a progress touch), only the
+    start-up limit counts, from the launch; the launcher's own lines move the marks but do
+    not start the stall clock, which starts at the first node's begin."""
+    from fleetctl.job.monitor_decide import limit_reached
+
+    def at(marks: list[float], begun: list[bool]) -> list[NodeReport]:
+        return [
+            NodeReport(r, f"n{r}", "running", processes=[1], progress=m, begun=b)
+            for r, (m, b) in enumerate(zip(marks, begun, strict=True))
+        ]
+
+    kw = {"started": T0, "timeout": None, "stall_timeout": 10.0, "startup_timeout": 100.0}
+    w = WatchState()
+    assert limit_reached(at([1.0, 1.0], [False, False]), w, T0 + 2, **kw) is None
+    assert limit_reached(at([2.0, 1.0], [False, False]), w, T0 + 3, **kw) is None  # launcher
+    assert limit_reached(at([2.0, 1.0], [False, False]), w, T0 + 60, **kw) is None  # loading
+    assert limit_reached(at([2.0, 3.0], [False, True]), w, T0 + 62, **kw) is None  # began
+    assert limit_reached(at([2.0, 3.0], [False, True]), w, T0 + 71, **kw) is None
+    d = limit_reached(at([2.0, 3.0], [False, True]), w, T0 + 73, **kw)
+    assert d is not None and d.reason == "stalled: no progress on any node for 11 s"
+    # never began: stalled at start-up once the limit passed, said apart from a stall
+    w = WatchState()
+    assert limit_reached(at([1.0], [False]), w, T0 + 100, **kw) is None
+    d = limit_reached(at([2.0], [False]), w, T0 + 101, **kw)
+    assert d is not None and d.action == "give_up" and d.status == "failed"
+    assert d.reason == "stalled at start-up: no progress on any node 101 s after the launch"
+    # the default start-up limit: only with --stall-timeout, the longer of 1800 s and it
+    from fleetctl.job.monitor_decide import startup_limit
+
+    assert (startup_limit(None, None), startup_limit(None, 6.0)) == (None, 1800.0)
+    assert (startup_limit(None, 3600.0), startup_limit(20.0, 6.0)) == (3600.0, 20.0)
+    no_stall = {**kw, "stall_timeout": None, "startup_timeout": None}
+    assert limit_reached(at([1.0], [False]), WatchState(), T0 + 10**6, **no_stall) is None

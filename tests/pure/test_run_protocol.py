@@ -146,6 +146,20 @@ def test_the_summary_names_the_node_that_failed_first_and_the_stopped_ones(
     assert lines[-1] == f"run folder: {tmp_path}"
 
 
+def test_a_one_node_summary_names_the_node_instead_of_all_1_node(tmp_path: Path) -> None:
+    res = JobResult(job_id="j", folder=tmp_path, status="succeeded")
+    res.nodes = [NodeOutcome(0, "vm", "127.0.0.1", state="succeeded", exit_code=0)]
+    res.started, res.ended = 1000.0, 1008.6
+    assert run_summary_lines(res)[0] == "Node 0 (vm) succeeded in 8.6 s."
+    res.status, res.nodes[0].state, res.nodes[0].exit_code = "failed", "failed", 1
+    res.first_failure, res.failure_time = 0, 1003.0
+    assert run_summary_lines(res)[0] == "Node 0 (vm 127.0.0.1) failed: exit code 1 after 3.0 s."
+    res.status, res.first_failure, res.nodes[0].state = "interrupted", None, "stopped"
+    assert (
+        run_summary_lines(res)[0] == "Interrupted: job j stopped on its node (node 0 was stopped)."
+    )
+
+
 def test_the_summary_of_a_lost_node_says_lost(tmp_path: Path) -> None:
     res = _result(tmp_path)
     res.nodes[1].state, res.nodes[1].exit_code, res.nodes[1].reason = "lost", None, "no heartbeat"

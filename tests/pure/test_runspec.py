@@ -130,6 +130,8 @@ def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
         "deadman": 10.0,
         "timeout": 90.0,
         "stall_timeout": None,
+        "startup_timeout": None,
+        "probe_timeout": 30.0,
     }
     RunSpec.build("t.py", **got)  # the keywords are the record's
     bad = runner.invoke(cmd, ["--lost-timeout", "0"])

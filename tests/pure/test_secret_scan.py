@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.phases.codesync import KeyScan, SecretError, looks_like_private_key, snapshot
+from fleetctl.phases.codesync import SecretError, snapshot
+from fleetctl.phases.keyscan import KeyScan, looks_like_private_key
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
 from fleetctl.job.runfolder import RunFolder
+from fleetctl.slurm import specfile
 from fleetctl.slurm.batch import (
     BatchRequest,
     QueueTimeout,
@@ -18,6 +19,7 @@ from fleetctl.slurm.batch import (
     adopted_job_id,
     check_gres,
     check_time,
+    inside_argv,
     inside_command,
     parse_job_id,
     render,
@@ -37,7 +39,9 @@ def test_batch_script_with_every_option_matches_golden() -> None:
         folder="/shared/runs/20261126-120000-abcdef",
         chdir="/shared/code",
         command=inside_command(
-            "/opt/conda/bin/python",
+            "/opt/conda/bin/python", "/shared/runs/20261126-120000-abcdef/run-spec.json"
+        ),
+        spec=inside_argv(
             ["--launcher=torchrun", "--env-var=A=x y", "--runs-dir=/shared/runs"],
             "train.py",
             ["--epochs", "2", "$HOME"],
@@ -222,8 +226,14 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.exit_code == 0, res.stderr
     assert "#SBATCH --nodes=2\n" in res.stdout and "#SBATCH --gres=shard:2\n" in res.stdout
-    assert res.stdout.rstrip().endswith(f"--launcher=plain --runs-dir={tmp_path}/runs job.py x")
+    job = res.stdout.split("#SBATCH --job-name=fleetctl-", 1)[1].split("\n", 1)[0]
+    # the options, SCRIPT and ARGS are in the spec file the run inside reads, not in the script
+    assert res.stdout.rstrip().endswith(
+        f" -m fleetctl run --spec={tmp_path}/runs/{job}/run-spec.json"
+    )
+    assert "--launcher=plain" not in res.stdout
     assert "would submit" in res.stderr and not (tmp_path / "runs").exists()
+    assert "dry run: not checked by Slurm: `sbatch` not found" in res.stderr
 
 
 @pytest.mark.parametrize(
@@ -287,6 +297,12 @@ def test_batch_script_for_a_role_job_matches_golden(
     text = sub.script.replace(sys.executable, "PY").replace(str(tmp_path), "/T")
     assert text == (CASES / "sbatch_role_job.sh").read_text()
     assert sub.request.nodes == 3
+    assert sub.request.spec == (  # what the run inside reads from run-spec.json
+        "--grace=2.0",
+        f"--job={tmp_path}/runs/j1/job-file/job.yml",
+        f"--code={code}",
+        f"--runs-dir={tmp_path}/runs",
+    )
     assert sub.job_file == (str(code / "job.yml"), str(tmp_path / "runs/j1/job-file/job.yml"))
 
 
@@ -304,7 +320,9 @@ def test_a_role_job_is_copied_into_the_run_folder_at_submit(
     (code / "job.yml").write_text("edited after submit\n")  # the queued job keeps its copy
     assert (job.run_folder / "job-file" / "job.yml").read_text() == ROLE_JOB
     assert job.record["job_file"] == "job-file/job.yml"
-    assert f"--job={job.run_folder}/job-file/job.yml" in (job.run_folder / "sbatch.sh").read_text()
+    spec = job.run_folder / "run-spec.json"
+    assert f"--job={job.run_folder}/job-file/job.yml" in specfile.read(spec)
+    assert (spec.stat().st_mode & 0o777, job.run_folder.stat().st_mode & 0o777) == (0o600, 0o700)
     assert job.document() is None  # queued: the run inside has not written its record
 
 
@@ -328,8 +346,7 @@ def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> 
         cwd=code, env={"PATH": "/nonexistent"},
     )  # fmt: skip
     assert res.exit_code == 0, res.stderr
-    assert "#SBATCH --nodes=3\n" in res.stdout and f"--code={code} " in res.stdout
-    assert "--job=" in res.stdout and "the role job" in res.stderr
+    assert "#SBATCH --nodes=3\n" in res.stdout and "the role job" in res.stderr
     js = run_cli(
         "run", "--slurm", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"),
         "--job", "job.yml", cwd=code, env={"PATH": "/nonexistent"},
@@ -338,6 +355,10 @@ def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> 
     assert doc["dry_run"] is True and doc["nodes"] == 3
     assert doc["job_file"]["from"] == str(code / "job.yml")
     assert doc["sbatch_script"].startswith("#!/bin/sh\n") and not (tmp_path / "runs").exists()
+    assert doc["spec"]["file"] == f"{doc['folder']}/run-spec.json"
+    assert f"--code={code}" in doc["spec"]["argv"]
+    assert f"--job={doc['folder']}/job-file/job.yml" in doc["spec"]["argv"]
+    assert doc["command"][-1] == f"--spec={doc['spec']['file']}"
 
 
 def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Path) -> None:
@@ -365,9 +386,10 @@ def test_batch_script_without_a_shared_filesystem_matches_golden() -> None:
         job_id="j1",
         folder="/home/u/runs/j1",
         chdir="/shared/code",
-        command=("python3", "-m", "fleetctl", "run", "--runs-dir=/tmp/fleetctl-slurm-j1", "job.py"),
+        command=inside_command("python3", "/tmp/fleetctl-slurm-j1/run-spec.json"),
         env={"FLEETCTL_RUN_ID": "j1"},
         private=True,
+        spec=("--runs-dir=/tmp/fleetctl-slurm-j1", "--env-var=T='it's' \"x\"", "job.py"),
     )
     assert render(req) == (CASES / "sbatch_private.sh").read_text()
     assert (req.output, req.inside_folder) == (
@@ -418,8 +440,9 @@ def test_submission_without_a_shared_filesystem_runs_inside_under_the_batch_host
         None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs", job_id="j1",
         shared_fs=False,
     )  # fmt: skip
-    assert sub.request.private and "--runs-dir=/tmp/fleetctl-slurm-j1" in sub.request.command
-    assert f"--job={code}/job.yml" in sub.request.command  # read where it is, with the code
+    assert sub.request.private and "--runs-dir=/tmp/fleetctl-slurm-j1" in sub.request.spec
+    assert f"--job={code}/job.yml" in sub.request.spec  # read where it is, with the code
+    assert sub.request.command[-1] == "--spec=/tmp/fleetctl-slurm-j1/run-spec.json"
     assert "#SBATCH --output=/tmp/fleetctl-slurm-j1.out\n" in sub.script
 
 

@@ -187,3 +187,26 @@ def test_relay_have_names_the_files_a_node_holds_byte_for_byte_and_pack_takes_on
     assert code == 0 and packed["count"] == 1 and packed["bytes"] == 4, packed
     with tarfile.open(packed["tar"]) as tf:
         assert tf.getnames() == ["opt.pt"]
+
+
+def test_an_earlier_job_whose_snapshot_was_pruned_relays_only_what_it_wrote(
+    run38: Run, tmp_path: Path
+) -> None:
+    """``run --resume``: the earlier job's code snapshot may be gone (``push --keep``); its
+    work folder's code copy keeps the code's times, so only files from the job's start on
+    count, and the old code never overwrites the new job's."""
+    w, snap, work = node(tmp_path, "node1")
+    shutil.copytree(snap, work)
+    old = 1_700_000_000
+    for p in work.rglob("*"):
+        os.utime(p, (old, old))
+    (work / "snapshot.pt").write_bytes(b"epoch=12")
+    shutil.rmtree(snap)  # pruned
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-t3.tar"}
+    cfg.update(max_bytes=1 << 20, allow_secrets=[], since=old + 60, manifest=False, pack=False)
+    code, out = helper(run38, "relay-pack", cfg)
+    assert code == 0, out
+    assert (out["files"], out["count"]) == (["snapshot.pt"], 1)
+    # a retry's relay (no since) still reads every file there as new, as before
+    code, out = helper(run38, "relay-pack", {**cfg, "since": None})
+    assert code == 0 and out["count"] == 3, out

@@ -133,3 +133,24 @@ def test_two_dist_infos_in_one_folder_go_to_importlib(py38: str, tmp_path: Path)
         env={**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(pp)},
     )
     assert out.returncode != 0 and "second interpreter" in out.stderr
+
+
+def test_an_installed_dash_m_module_is_found_without_being_run(py38: str, tmp_path: Path) -> None:
+    """``run -m MODULE`` of a module not in the code: looked up as ``python -m`` would (a
+    package by its ``__main__``), never imported: its ``__main__`` would start the job."""
+    s = site(tmp_path, dist=False)
+    (s / "tool").mkdir()
+    (s / "tool" / "__init__.py").write_text("")
+    (s / "tool" / "__main__.py").write_text("open('RAN', 'w').write('ran')\n")
+    facts = probe(py38, tmp_path, s, script_module="tool")
+    assert facts["script_module"] == {"module": "tool", "origin": str(s / "tool" / "__main__.py")}
+    assert not list(tmp_path.rglob("RAN")) and not (Path.home() / "RAN").exists()
+    said = {
+        "fakeds.runner": {"origin": str(s / "fakeds" / "runner.py")},
+        "fakeds": {"error": "ImportError: fakeds is a package with no __main__"},
+        "nope.x": {"error": "ModuleNotFoundError: No module named 'nope'"},
+        "nope": {"error": "ImportError: No module named 'nope'"},
+    }
+    for module, want in said.items():
+        got = probe(py38, tmp_path, s, script_module=module)["script_module"]
+        assert got == {"module": module, **want}, module

@@ -84,11 +84,13 @@ EXERCISED = {
     "output.py": ENTRY,
     "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
     "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
     "records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
     "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "spec.py": ENTRY,
@@ -833,6 +835,60 @@ def test_the_supervisor_seeds_the_work_folder_tails_paddle_ranks_once_and_record
     assert "LAUNCH INFO started" in lines and "LAUNCH INFO done" in lines
     pids = json.loads((run_dir / "rank_pids.json").read_text())
     assert sorted(pids) == ["0", "1"] and all(len(v) == 1 for v in pids.values())
+
+
+# torchrun's part: its own chatter on stdout at once, a rank's first line in its own file
+# (``--redirects``) only once the test says go, then the end once it says so.
+FAKE_TORCHRUN = """\
+import os, sys, time
+def wait(name):
+    while not os.path.exists(name):
+        time.sleep(0.05)
+print("launcher chatter before the ranks run", flush=True)
+wait("go")
+d = os.path.join(os.environ["FLEET_RUN_DIR"], "torchrun", "j", "attempt_0", "0")
+os.makedirs(d)
+with open(os.path.join(d, "stdout.log"), "w") as f:
+    f.write("first step\\n")
+wait("end")
+"""
+
+
+def test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """``--stall-timeout`` counts from a node's begin: the supervisor sends ``P`` and makes the
+    progress file (what ``status`` reports as ``begun``, for a detached job's monitor) at the
+    first line a rank writes; a launcher's own lines, with ranks writing files of their own,
+    do not begin the job. Without rank files the child's first line does."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fake_torchrun.py").write_text(FAKE_TORCHRUN)
+    job = jid("p-begin")
+    run_dir = Path(jobs.run_dir(job))
+    spec = {"cwd": str(code), "rank_logs": LAUNCHERS["torchrun"].rank_logs(0, 1)}
+    run = jobs.start(job, [jobs.python, "fake_torchrun.py"], **spec)
+
+    def status() -> dict:
+        return last_data(jobs.mode("status", "--run-dir", str(run_dir)))
+
+    wait_for("the launcher's line", lambda: b"chatter" in (run_dir / "console.log").read_bytes())
+    assert status()["begun"] is False and not (run_dir / "progress").exists()
+    (code / "go").touch()
+    wait_for("the job began", lambda: status()["begun"])
+    (code / "end").touch()
+    frames = drain(run)
+    first_p = next(i for i, (k, _) in enumerate(frames) if k == "P")
+    rank_line = frames.index(("L", "[rank 0] first step"))
+    assert frames.index(("L", "launcher chatter before the ranks run")) < rank_line, frames
+    assert abs(first_p - rank_line) <= 1, frames  # P came with the rank's line, not before
+    assert frames[-1][0] == "X"
+
+    plain = jid("p-begin-plain")
+    run = jobs.start(plain, ["sh", "-c", "sleep 1; echo up; sleep 0.5"])
+    frames = drain(run)
+    assert frames.index(("L", "up")) + 1 == next(i for i, (k, _) in enumerate(frames) if k == "P")
+    assert last_data(jobs.mode("status", "--run-dir", jobs.run_dir(plain)))["begun"] is True
 
 
 def test_a_one_process_spec_makes_the_supervisors_child_local_rank_0(jobs: Jobs) -> None:

@@ -72,7 +72,9 @@ class _Push(_Transfer, _PeerDistribution):
         self._fetchers: set[str] = set()
         self._seeds: dict[str, list[_State]] = {}
         self.outcomes: dict[str, NodePush | BaseException] = {}
-        self.warnings: list[str] = []
+        # about the code folder itself, not a node: files that look like checkpoints or data
+        bulky = codesync.bulky_warning(self.snap) if self.snap is not None else None
+        self.code_warnings: list[str] = [bulky] if bulky else []
         self.peer_fetches = 0
         self._lock = threading.Lock()
         self._have_local_rsync = shutil.which("rsync") is not None
@@ -360,6 +362,7 @@ class _Push(_Transfer, _PeerDistribution):
             archive_bytes=max((a.size for a in self.archives.values()), default=0),
             peer_fetches=self.peer_fetches,
             warnings=[f"{k}: {w}" for k, v in pushed.items() for w in v.warnings],
+            code_warnings=list(self.code_warnings),
             seconds=round(time.monotonic() - self.t0, 3),
         )
         failed = {k: v for k, v in self.outcomes.items() if isinstance(v, BaseException)}

@@ -92,7 +92,9 @@ class PushReport:
     controller_bytes: int = 0
     archive_bytes: int = 0
     peer_fetches: int = 0
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # a node's, each led by its name
+    # about the code folder, before any node: files that look like checkpoints or data
+    code_warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property

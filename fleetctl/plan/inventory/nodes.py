@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Host, _Model, _Origin
 
 SSH_CONNECTIONS = frozenset({"ssh", "smart", "paramiko", "paramiko_ssh"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" lets "A\n" pass
 
 
 def _plain(value: Any) -> Any:

@@ -104,6 +104,9 @@ class Launcher:
     # Options fleetctl sets from the rank plan (normalized: lower case, ``_`` as ``-``); a
     # --launcher-arg naming one is refused, or the plan would not be the one that runs.
     owned: frozenset[str] = frozenset()
+    # Options refused for a reason of their own (normalized name -> why): what the user meant
+    # is done another way (accelerate's --cpu: fleetctl's CPU world).
+    refused: Mapping[str, str] = field(default_factory=dict, hash=False)
     # What it can start (PYTHON, MODULE, SHELL), and the options that say which (set by
     # fleetctl from SCRIPT: a --launcher-arg naming one is refused too).
     kinds: frozenset[str] = frozenset({PYTHON})

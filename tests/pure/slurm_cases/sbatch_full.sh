@@ -15,4 +15,4 @@
 # written by fleetctl run --slurm: the same job run inside the allocation
 export FLEETCTL_RUN_ID=20261126-120000-abcdef
 export PYTHONPATH='/opt/fleetctl lib'
-exec /opt/conda/bin/python -m fleetctl run --launcher=torchrun '--env-var=A=x y' --runs-dir=/shared/runs train.py --epochs 2 '$HOME'
+exec /opt/conda/bin/python -m fleetctl run --spec=/shared/runs/20261126-120000-abcdef/run-spec.json

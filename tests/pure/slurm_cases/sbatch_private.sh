@@ -8,9 +8,14 @@
 #SBATCH --chdir=/shared/code
 # written by fleetctl run --slurm: the same job run inside the allocation
 export FLEETCTL_RUN_ID=j1
+# the run's options, for `fleetctl run --spec` (0600 in a 0700 folder, never on
+# a command line)
+(umask 077 && mkdir -p /tmp/fleetctl-slurm-j1 && [ ! -L /tmp/fleetctl-slurm-j1 ] && [ -O /tmp/fleetctl-slurm-j1 ] && chmod 700 /tmp/fleetctl-slurm-j1 && cat >/tmp/fleetctl-slurm-j1/run-spec.json) <<'FLEETCTL_RUN_SPEC_END' || { echo "fleetctl-slurm: cannot write /tmp/fleetctl-slurm-j1/run-spec.json (a folder of another user?)" >&2; exit 3; }
+{"format": "fleetctl-run-argv/1", "argv": ["--runs-dir=/tmp/fleetctl-slurm-j1", "--env-var=T='it's' \"x\"", "job.py"]}
+FLEETCTL_RUN_SPEC_END
 # no shared filesystem: fleetctl runs as a child (TERM passed on: scancel --batch);
 # once it has ended the submitter pulls the run folder by an srun step and says so
-python3 -m fleetctl run --runs-dir=/tmp/fleetctl-slurm-j1 job.py &
+python3 -m fleetctl run --spec=/tmp/fleetctl-slurm-j1/run-spec.json &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null' TERM INT
 while :; do wait $pid; code=$?; kill -0 $pid 2>/dev/null || break; done

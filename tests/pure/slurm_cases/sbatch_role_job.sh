@@ -10,4 +10,4 @@
 # written by fleetctl run --slurm: the same job run inside the allocation
 export FLEETCTL_RUN_ID=j1
 export PYTHONPATH=/LIB
-exec PY -m fleetctl run --grace=2.0 --job=/T/runs/j1/job-file/job.yml --code=/T/code --runs-dir=/T/runs
+exec PY -m fleetctl run --spec=/T/runs/j1/run-spec.json

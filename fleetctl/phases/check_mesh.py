@@ -1,0 +1,132 @@
+"""The mesh's meeting point on the controller: every host's probe session joins the
+:class:`Rendezvous` (listeners up → the frozen membership and the pairs each host tests; all
+tested → the second round; all measured again → the listeners may close), and
+:func:`measure_again` is one session's second round: its failed pairs measured once more after
+every host finished the first (``fleetctl.phases.check`` runs the sessions)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.phases.mesh_plan import mesh_peers
+
+if TYPE_CHECKING:
+    from fleetctl.phases.check_report import ProbeOutcome
+    from fleetctl.phases.frames import FrameStream
+    from fleetctl.ssh.connection import Stream
+
+
+class Rendezvous:
+    """Where node sessions meet: all listeners up (or given up on) → peers; all tested → done."""
+
+    def __init__(
+        self, names: Sequence[str], ready_by: float, mesh_wait: float, mode: str = "auto"
+    ) -> None:
+        self.cond = threading.Condition()
+        self.order = list(names)  # inventory order: the mesh plan depends on it
+        self.mode = mode
+        self.plan: dict[str, list[str]] = {}  # host -> the peers it tests (mesh_plan)
+        self.waiting = set(names)
+        self.ready: dict[str, tuple[str, int]] = {}
+        self.ready_by = ready_by
+        self.mesh_wait = mesh_wait
+        self.members: dict[str, tuple[str, int]] | None = None
+        self.testing: set[str] = set()
+        self.done_by = 0.0
+        self.again: set[str] = set()  # members not done with the second round yet
+        self.again_by = 0.0
+
+    def arrive(self, name: str, listener: tuple[str, int] | None) -> None:
+        with self.cond:
+            self.waiting.discard(name)
+            if listener is not None and self.members is None:
+                self.ready[name] = listener
+            self.cond.notify_all()
+
+    def peers(self) -> dict[str, tuple[str, int]]:
+        """The frozen mesh membership, once every session arrived or the deadline passed."""
+        with self.cond:
+            while self.waiting and self.members is None:
+                left = self.ready_by - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            if self.members is None:
+                self.members = dict(self.ready)
+                self.plan = mesh_peers([n for n in self.order if n in self.members], self.mode)
+                self.testing = set(self.members)
+                self.again = set(self.members)
+                self.done_by = time.monotonic() + self.mesh_wait
+                self.again_by = self.done_by + self.mesh_wait
+                self.cond.notify_all()
+            return self.members
+
+    def tested(self, name: str) -> None:
+        with self.cond:
+            self.testing.discard(name)
+            self.cond.notify_all()
+
+    def wait_all_tested(self) -> None:
+        with self.cond:
+            while self.testing:
+                left = self.done_by - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
+
+    def measured_again(self, name: str) -> None:
+        with self.cond:
+            self.again.discard(name)
+            self.cond.notify_all()
+
+    def wait_all_measured_again(self) -> None:
+        """Every member's second round done (or its time up): the listeners may close."""
+        with self.cond:
+            while self.again:
+                left = self.again_by - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
+
+
+def failed_pairs(mesh: Any) -> list[str]:
+    """The peers of a first mesh round whose TCP connect did not get through (or that were not
+    tested): measured once more after every host's first round, before anyone is blamed."""
+    peers = mesh.get("peers") if isinstance(mesh, dict) else None
+    if not isinstance(peers, dict):
+        return []
+    return [
+        name
+        for name, res in peers.items()
+        if not isinstance(res, dict) or str(res.get("tcp", "")) != "ok"
+    ]
+
+
+def measure_again(
+    stream: Stream,
+    lines: FrameStream,
+    out: ProbeOutcome,
+    members: dict[str, tuple[str, int]],
+    rv: Rendezvous,
+) -> None:
+    """The second round: once every host finished the first (the load of the whole mesh at
+    once is over), this host's failed pairs are measured once more; their results go to
+    ``out.mesh["again"]`` (the judge goes by them). 142 pairs of 128 lab hosts at load ~30
+    failed once and passed the second time."""
+    assert out.mesh is not None
+    again = [n for n in failed_pairs(out.mesh) if n in members]
+    if not again:
+        return
+    peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in again]
+    try:
+        stream.send((json.dumps({"peers": peers}) + "\n").encode())
+    except OSError:
+        return
+    got = lines.next("M", rv.again_by)
+    data = got.data() if got is not None else None
+    if isinstance(data, dict) and isinstance(data.get("peers"), dict):
+        out.mesh["again"] = data["peers"]
