@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import fabric
 
     from fleetctl.api.job import Job
+    from fleetctl.api.runspec import RunSpec
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check_report import CheckReport
@@ -348,11 +349,14 @@ class Fleet:
         ``Plan`` (``plan.to_json()`` is ``--dry-run --json``). ``on_event`` gets every
         ``JobEvent`` (phases, output lines, node ends, the failure), in the job's thread.
         Bad arguments raise UsageError here; what blocks the launch (CheckError, PushError,
-        …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here)."""
-        from fleetctl.api.job import Job
-        from fleetctl.api.runrequest import RunArgs, prepare
+        …) is raised by ``wait()`` (``detach=True`` or ``foreground=True``: here). The
+        keywords make one ``RunSpec`` (checked: a bad value is the command's one-line
+        UsageError), run by :meth:`run_spec`."""
+        from fleetctl.api.runspec import RunSpec
 
-        a = RunArgs(
+        spec = RunSpec.build(
+            script,
+            *args,
             launcher=launcher,
             nproc_per_node=nproc_per_node,
             env=env,
@@ -364,16 +368,16 @@ class Fleet:
             env_archive=env_archive,
             check=check,
             master_port=master_port,
-            launcher_args=tuple(launcher_args),
+            launcher_args=launcher_args,
             backend=backend,
             grace=grace,
             lost_timeout=lost_timeout,
             deadman=deadman,
             max_retries=max_retries,
-            retry_on=tuple(retry_on),
-            no_retry_on=tuple(no_retry_on),
+            retry_on=retry_on,
+            no_retry_on=no_retry_on,
             retry_backoff=retry_backoff,
-            allow_secrets=tuple(allow_secrets),
+            allow_secrets=allow_secrets,
             allow_busy_gpus=allow_busy_gpus,
             before=before,
             job_file=job_file,
@@ -389,10 +393,42 @@ class Fleet:
             monitor_lost_timeout=monitor_lost_timeout,
             probe_timeout=probe_timeout,
         )
+        return self.run_spec(spec, dry_run=dry_run, foreground=foreground, on_event=on_event)
+
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: Literal[True],
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Plan: ...
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: Literal[False] = False,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job: ...
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: bool = False,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job | Plan:
+        """:meth:`run` of a whole run record (``RunSpec.build(script, *args, **keywords)``,
+        checked when it was made): the same job, dry run, foreground run or detached job.
+        ``fleetctl run`` builds the record from its options and calls this."""
+        from fleetctl.api.job import Job
+        from fleetctl.api.runrequest import prepare
+
         ready = prepare(
-            script,
-            args,
-            a,
+            spec,
             nodes=self._nodes,
             groups=self.groups,
             settings=self.settings,
@@ -406,7 +442,7 @@ class Fleet:
         assert ready.request is not None
         if foreground:
             return Job._run_here(ready.request, on_event=on_event)
-        if not detach:
+        if not spec.monitor.detach:
             return Job._start(ready.request, on_event=on_event, before=ready.before)
         from fleetctl.job.submit import submit
 

@@ -1,67 +1,23 @@
-"""``Fleet.run``'s arguments → the job core's request (or, for a dry run, the plan): what
-``fleetctl run`` checks, in its order, so a bad argument is refused before any host is
-reached, by the library as by the command."""
+"""A checked ``RunSpec`` → the job core's request (or, for a dry run, the plan): what needs
+the fleet is checked here, in the command's order, so a bad argument is refused before any
+host is reached, by the library as by the command (the values alone: ``RunSpec`` itself)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from fleetctl.api.runspec import BeforeHook, RunSpec
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
-    from fleetctl.phases.collect import CollectOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import SSHSettings
-
-BeforeHook = Callable[[Sequence["Node"], "SSHSettings | None"], None]
-
-
-@dataclass(frozen=True)
-class RunArgs:
-    """Everything ``Fleet.run`` takes beyond the script and its arguments (see its doc)."""
-
-    launcher: str = "torchrun"
-    nproc_per_node: int | str = "auto"
-    env: Mapping[str, str] | None = None
-    stall_timeout: float | None = None
-    startup_timeout: float | None = None
-    timeout: float | None = None
-    detach: bool = False
-    code: str | os.PathLike[str] | None = None
-    env_archive: str | os.PathLike[str] | None = None
-    check: bool = True
-    master_port: int | None = None
-    launcher_args: Sequence[str] = ()
-    backend: str | None = None
-    grace: float = 5.0
-    lost_timeout: float = 5.0
-    deadman: float = 10.0
-    max_retries: int | None = None
-    retry_on: Sequence[str] = ()
-    no_retry_on: Sequence[str] = ()
-    retry_backoff: float | None = None
-    allow_secrets: Sequence[str] = ()
-    allow_busy_gpus: bool = False
-    before: str | BeforeHook | None = None
-    job_file: str | os.PathLike[str] | None = None
-    env_style: str | None = None
-    nodes: int | None = None
-    checkpoint_dir: str | None = None
-    resume: str | None = None
-    image: str | None = None
-    container_runtime: str | None = None
-    collective: CollectiveOptions | None = None
-    collect: CollectOptions | None = None
-    monitor: bool = True
-    monitor_lost_timeout: float | None = None
-    probe_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -74,9 +30,7 @@ class Prepared:
 
 
 def prepare(
-    script: str | None,
-    args: Sequence[str],
-    a: RunArgs,
+    spec: RunSpec,
     *,
     nodes: Sequence[Node],
     groups: Mapping[str, Sequence[str]],
@@ -86,48 +40,24 @@ def prepare(
     limit: str | None,
     dry_run: bool = False,
 ) -> Prepared:
-    """Check the arguments as ``fleetctl run`` does and build the job's request (UsageError,
-    PlanError, … before any host is reached)."""
+    """Build the job's request from a checked record (``RunSpec`` refused its bad values when
+    it was made): what needs the fleet (the script on disk, the role job, ``--nodes`` against
+    the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
     from fleetctl.job.run import RunOptions
     from fleetctl.job.submit import JobRequest, RetryRequest
-    from fleetctl.plan.launchers import LAUNCHER_NAMES
-    from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, ENV_KEY_RE, JobSpec
+    from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
 
-    if a.launcher not in LAUNCHER_NAMES:
-        raise UsageError(f"launcher {a.launcher!r}: one of {', '.join(LAUNCHER_NAMES)}")
-    nproc = a.nproc_per_node
-    if nproc != "auto" and not (
-        isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0
-    ):
-        raise UsageError(f"nproc_per_node {nproc!r}: a positive integer or 'auto'")
-    from fleetctl.api.fleet import probe_timeout_arg
-
-    probe_timeout = probe_timeout_arg(a.probe_timeout)
-    if a.container_runtime is not None:
-        from fleetctl.plan.runtimes import runtime
-
-        runtime(a.container_runtime)  # a usage error before anything is read
-    env = dict(a.env or {})
-    bad = [k for k in env if not ENV_KEY_RE.match(k)]
-    if bad:
-        raise UsageError(f"env: {bad[0]!r} is not a valid variable name")
+    p, sup, rt = spec.program, spec.supervision, spec.retry
+    script, args = p.script, p.args
+    env = dict(p.env or {})
     retry = RetryRequest(
-        max_retries=a.max_retries,
-        retry_on=tuple(a.retry_on),
-        no_retry_on=tuple(a.no_retry_on),
-        backoff=a.retry_backoff,
+        max_retries=rt.max_retries,
+        retry_on=rt.retry_on,
+        no_retry_on=rt.no_retry_on,
+        backoff=rt.retry_backoff,
     )
-    job_file = None if a.job_file is None else os.fspath(a.job_file)
-    if a.env_style is not None and job_file is None:
-        raise UsageError("--env-style names role env variables: it needs a role job (--job FILE)")
-    if job_file is not None and a.launcher_args:
-        raise UsageError(
-            "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
-            "each role's command in the job file"
-        )
-    if job_file is not None and script is not None:
-        raise UsageError(f"--job {job_file} replaces SCRIPT; got {script!r} too")
-    code_dir = None if a.code is None else os.fspath(a.code)
+    job_file = p.job_file  # its clashes with SCRIPT and --launcher-arg: RunSpec refused them
+    code_dir = p.code
     kind, folder, script_args = None, "", tuple(args)
     if job_file is None:
         if script is None:
@@ -135,39 +65,41 @@ def prepare(
         from fleetctl.plan.script_arg import resolve
 
         # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
-        prog = resolve(script, script_args, code_dir, a.launcher, tuple(a.launcher_args))
+        prog = resolve(script, script_args, code_dir, p.launcher, p.launcher_args)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
     from fleetctl.phases.checkpoints import checkpoint_dir_arg
 
-    checkpoint_dir = checkpoint_dir_arg(a.checkpoint_dir)
+    checkpoint_dir = checkpoint_dir_arg(rt.checkpoint_dir)
     relay = None
-    if a.resume is not None:  # the earlier job's run folder, read here (no host reached)
-        from fleetctl.job.resume import resolve
+    if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
+        from fleetctl.job.resume import resolve as resolve_resume
 
-        relay = resolve(a.resume, runs_dir, nodes, checkpoint_dir)
-    before = _before_hook(a.before, inventory)
-    if a.nodes is not None and a.nodes > len(nodes):
-        raise UsageError(f"--nodes {a.nodes}: the selection has only {len(nodes)} host(s)")
+        relay = resolve_resume(rt.resume, runs_dir, nodes, checkpoint_dir)
+    before = _before_hook(p.before, inventory)
+    wanted = spec.hosts.nodes
+    if wanted is not None and wanted > len(nodes):
+        raise UsageError(f"--nodes {wanted}: the selection has only {len(nodes)} host(s)")
     now = datetime.now(timezone.utc)
-    spec = JobSpec(
+    job = JobSpec(
         script=script or "",
         job_id=_adopted_job_id() or new_job_id(now),
         args=script_args,
-        launcher=a.launcher,
-        nproc_per_node=nproc,
-        master_port=a.master_port or DEFAULT_MASTER_PORT,
-        master_port_fixed=a.master_port is not None,
-        launcher_args=tuple(a.launcher_args),
+        launcher=p.launcher,
+        nproc_per_node=p.nproc_per_node,
+        master_port=p.master_port or DEFAULT_MASTER_PORT,
+        master_port_fixed=p.master_port is not None,
+        launcher_args=p.launcher_args,
         env=env,
-        backend=a.backend,
+        backend=p.backend,
         created=now.isoformat(timespec="seconds"),
         kind=kind,
         folder=folder,
-        image=a.image,
-        container_runtime=a.container_runtime,
+        image=spec.container.image,
+        container_runtime=spec.container.container_runtime,
     )
-    timeout, stall_timeout, collective = a.timeout, a.stall_timeout, a.collective
+    timeout, stall_timeout = sup.timeout, sup.stall_timeout
+    collective = spec.collective.collective
     planner = None
     job_retry = None
     run_nodes: Sequence[Node] = nodes
@@ -178,12 +110,12 @@ def prepare(
             job_file,
             tuple(nodes),
             {g: tuple(m) for g, m in groups.items()},
-            spec,
+            job,
             code_dir=code_dir,
-            env_style=a.env_style,
-            detach=a.detach,
+            env_style=p.env_style,
+            detach=spec.monitor.detach,
         )
-        spec, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner
+        job, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner
         job_retry = planner.job.retry
         timeout = timeout if timeout is not None else planner.job.timeout
         stall_timeout = stall_timeout if stall_timeout is not None else planner.job.stall_timeout
@@ -197,44 +129,44 @@ def prepare(
         check_code_folder(code_dir)
     if dry_run:
         if planner is not None:
-            return Prepared(None, before, planner.dry_plan(spec))
+            return Prepared(None, before, planner.dry_plan(job))
         from fleetctl.plan.rankplan import make_plan
 
-        return Prepared(None, before, make_plan(tuple(nodes), spec))
+        return Prepared(None, before, make_plan(tuple(nodes), job))
     assert code_dir is not None  # resolve() or the role job settled it
     options = RunOptions(
         runs_dir=runs_dir,
-        check=a.check,
-        grace=a.grace,
-        lost_timeout=a.lost_timeout,
-        deadman=a.deadman,
+        check=spec.hosts.check,
+        grace=sup.grace,
+        lost_timeout=sup.lost_timeout,
+        deadman=sup.deadman,
         timeout=timeout,
         stall_timeout=stall_timeout,
-        startup_timeout=a.startup_timeout,
+        startup_timeout=sup.startup_timeout,
         code=os.path.abspath(code_dir),
-        env_archive=None if a.env_archive is None else os.fspath(a.env_archive),
+        env_archive=p.env_archive,
         settings=settings,
-        detach=a.detach,
+        detach=spec.monitor.detach,
         planner=planner,
         inventory=inventory,
         limit=limit,
-        allow_secrets=tuple(a.allow_secrets),
-        allow_busy_gpus=a.allow_busy_gpus,
-        collect=a.collect,
-        nodes_wanted=a.nodes,
+        allow_secrets=p.allow_secrets,
+        allow_busy_gpus=spec.hosts.allow_busy_gpus,
+        collect=spec.collection.collect,
+        nodes_wanted=wanted,
         checkpoint_dir=checkpoint_dir,
         relay=relay,
-        probe_timeout=probe_timeout,
+        probe_timeout=spec.hosts.probe_timeout,
         before_launch=before,
         collective=collective,
     )
     request = JobRequest(
-        spec,
+        job,
         run_nodes,
         options,
         retry=retry_policy,
-        monitor=a.monitor,
-        monitor_lost_timeout=a.monitor_lost_timeout,
+        monitor=spec.monitor.monitor,
+        monitor_lost_timeout=spec.monitor.monitor_lost_timeout,
     )
     return Prepared(request, before)
 

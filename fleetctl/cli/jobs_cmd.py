@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 
@@ -403,69 +402,3 @@ def monitor_command(
         on_note=note,
     )
     note(f"done: {outcome}")
-
-
-# ------------------------------------------------------- `fleetctl run` lifecycle options
-
-
-def lifecycle_options(f: Any) -> Any:
-    """``fleetctl run`` options for detach, retries and role jobs (``fleetctl.job.submit``)."""
-    options = [
-        click.option(
-            "--detach",
-            is_flag=True,
-            help="Start the job and return its id; it runs on under the node supervisors "
-            "(no dead-man switch). Then: logs -f, status, stop, collect.",
-        ),
-        click.option(
-            "--no-monitor",
-            is_flag=True,
-            help="With --detach: start no job monitor (nobody tears the job down on a "
-            "failure or brings its logs home; `fleetctl monitor JOB` attaches one later).",
-        ),
-        click.option(
-            "--monitor-lost-timeout",
-            type=Seconds(min=1),
-            default=None,
-            help="With --detach: a node unreachable this long is lost and the job is "
-            "stopped (default 60 s).",
-        ),
-        click.option(
-            "--max-retries",
-            type=Count(0, 100),
-            default=None,
-            help="Run again after a retryable failure, up to N times (default 0; job file).",
-        ),
-        click.option(
-            "--retry-on",
-            multiple=True,
-            metavar="RULE",
-            help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | "
-            "any. Repeatable.",
-        ),
-        click.option(
-            "--no-retry-on", multiple=True, metavar="RULE", help="Never retry on RULE (wins)."
-        ),
-        click.option(
-            "--retry-backoff",
-            type=Seconds(min=0, max=300),
-            default=None,
-            help="First wait between attempts in seconds (doubles, jittered, max 300).",
-        ),
-        click.option(
-            "--job",
-            "job_file",
-            type=click.Path(exists=True, dir_okay=False),
-            default=None,
-            help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
-        ),
-        click.option(
-            "--env-style",
-            type=click.Choice(["fleet", "pai"]),
-            default=None,
-            help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f

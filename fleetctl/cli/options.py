@@ -39,17 +39,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class Number(click.FloatRange):
     """A finite number in range. click's FloatRange lets ``nan`` pass every bound and takes
-    ``inf`` and ``1e309``; those then disable a timeout silently or overflow a socket call."""
+    ``inf`` and ``1e309``; those then disable a timeout silently or overflow a socket call.
+    The check is the library's (``fleetctl.api.checks.Number``): one message for both."""
 
     name = "number"
+    integer = False
+
+    def check(self) -> Any:
+        from fleetctl.api.checks import Number as Check
+
+        return Check(
+            self.min, self.max, self.min_open, self.max_open, integer=self.integer, name=self.name
+        )
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        import math
+        from fleetctl.api.checks import Invalid
 
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return super().convert(number, param, ctx)
+        try:
+            return self.check()(value)
+        except Invalid as e:
+            self.fail(str(e), param, ctx)
 
 
 class Seconds(Number):
@@ -71,8 +80,158 @@ class Count(click.IntRange):
     """A whole number in range, at most :data:`MAX_COUNT` unless ``max`` says (a 24-digit
     ``--nproc-per-node`` must not reach the planner)."""
 
+    integer = True
+    check = Number.check
+    convert = Number.convert  # type: ignore[assignment]
+
     def __init__(self, min: int | None = None, max: int | None = MAX_COUNT) -> None:
         super().__init__(min=min, max=max)
+
+
+class Checked(click.ParamType):
+    """A value one of the record's checks holds (``RunSpec``'s field): the command refuses
+    what the library refuses, with the library's message."""
+
+    name = "text"
+
+    def __init__(self, check: Callable[[Any], Any], name: str | None = None) -> None:
+        self.check = check
+        if name:
+            self.name = name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from fleetctl.api.checks import Invalid
+
+        try:
+            return self.check(value)
+        except Invalid as e:
+            self.fail(str(e), param, ctx)
+
+
+class CheckedChoice(click.Choice):  # type: ignore[type-arg]
+    """A word of a list (help shows ``[a|b]``), refused with the record's message."""
+
+    def __init__(self, check: Any) -> None:
+        super().__init__(check.words())
+        self.check = check
+
+    convert = Checked.convert  # type: ignore[assignment]
+
+
+def field_type(kw: str) -> click.ParamType:
+    """The click type of ``RunSpec``'s field ``kw`` (its library keyword): its check, with
+    click's help for ranges and choices."""
+    from fleetctl.api import checks
+    from fleetctl.api.runspec import field_of
+
+    check = field_of(kw).metadata["check"]
+    if isinstance(check, checks.Number):
+        if check.integer:
+            return Count(min=check.min, max=check.max)  # type: ignore[arg-type]
+        cls = Seconds if check.name == "seconds" else Number
+        return cls(min=check.min, max=check.max, min_open=check.min_open, max_open=check.max_open)
+    if isinstance(check, checks.OneOf):
+        return CheckedChoice(check)
+    return Checked(check, field_of(kw).metadata.get("type_name"))
+
+
+def _field_option(f: Any) -> Callable[[F], F]:
+    """The click option of one ``RunSpec`` field, from its metadata (``fleetctl.api.runspec
+    .option``): flags, parameter name, type and check, default, help."""
+    from fleetctl.api.runspec import keyword
+
+    m = f.metadata
+    kw = keyword(f)
+    decls = (*m["flags"], m.get("param") or kw)
+    extra: dict[str, Any] = {"help": m.get("help") or None, "metavar": m.get("metavar")}
+    cli = m.get("cli")
+    if isinstance(f.default, bool):
+        extra.update(is_flag=True)
+    elif cli == "pairs":
+        extra.update(multiple=True)
+    elif isinstance(f.default, tuple):
+        extra.update(multiple=True, type=field_type(kw))
+    elif cli == "dir":
+        extra.update(type=click.Path(exists=True, file_okay=False), default=None)
+    elif cli == "file":
+        extra.update(type=click.Path(exists=True, dir_okay=False), default=None)
+    elif cli == "regular":
+        extra.update(type=RegularFile(), default=None)
+    else:
+        extra.update(type=field_type(kw), default=f.default)
+        if m.get("show_default"):
+            extra.update(show_default=True)
+    return click.option(*decls, **extra)
+
+
+def field_option(kw: str) -> Callable[[F], F]:
+    """The option of ``RunSpec``'s field ``kw`` alone (``--allow-secret`` for ``push``)."""
+    from fleetctl.api.runspec import field_of
+
+    return _field_option(field_of(kw))
+
+
+def spec_options(*groups: str) -> Callable[[F], F]:
+    """The click options of ``RunSpec``'s fields in ``groups`` (``"program"``, ``"retry"``, …),
+    in the record's order, generated from the fields' metadata: adding a field adds its
+    option. Fields the command declares itself (``cli="own"``) are left out."""
+    from dataclasses import fields
+
+    from fleetctl.api.runspec import GROUPS
+
+    options = [
+        _field_option(f)
+        for g in groups
+        for f in fields(GROUPS[g])  # type: ignore[arg-type]
+        if f.metadata.get("flags") and f.metadata.get("cli") != "own"
+    ]
+
+    def decorate(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def spec_keywords(params: dict[str, Any], *groups: str) -> dict[str, Any]:
+    """The command's parameters of ``RunSpec``'s fields in ``groups`` as the library's
+    keywords (``no_check`` → ``check=False``, ``env_vars`` → ``env={…}``), removed from
+    ``params``; what the user did not give is left to the record's default."""
+    from dataclasses import fields
+
+    from fleetctl.api.runspec import GROUPS, keyword
+
+    out: dict[str, Any] = {}
+    for g in groups:
+        for f in fields(GROUPS[g]):  # type: ignore[arg-type]
+            m = f.metadata
+            name = m.get("param") or keyword(f)
+            if not m.get("flags") or m.get("cli") == "own" or name not in params:
+                continue
+            value = params.pop(name)
+            if isinstance(f.default, bool) and m["flags"][0].startswith("--no-"):
+                value = not value
+            elif m.get("cli") == "pairs":
+                value = parse_env_vars(value, m["flags"][0])
+            out[keyword(f)] = value
+    return out
+
+
+def parse_env_vars(items: tuple[str, ...], flag: str = "--env-var") -> dict[str, str]:
+    """``K=V`` pairs (``=`` allowed in V); a later K wins. BadParameter names the bad item."""
+    from fleetctl.api.checks import Invalid, env_name
+
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise Invalid(f"{item!r} is not NAME=VALUE")
+            env[env_name(key)] = value
+        except Invalid as e:
+            raise click.BadParameter(str(e), param_hint=f"'{flag}'") from None
+    return env
 
 
 class RegularFile(click.Path):
@@ -123,14 +282,7 @@ probe_timeout_option: Callable[[F], F] = click.option(
 
 
 # push and run ship the code folder: a file that looks like a private key stops them
-allow_secret_option: Callable[[F], F] = click.option(
-    "--allow-secret",
-    "allow_secrets",
-    multiple=True,
-    metavar="PATH",
-    help="Ship this file although it looks like a private key (path relative to the code "
-    "folder; repeatable). Without it such files stop the push.",
-)
+allow_secret_option: Callable[[F], F] = field_option("allow_secrets")
 
 
 def load_selected(inventory: str | None, limit: str | None, group: str = "all") -> Inventory:

@@ -16,30 +16,23 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetctl.api.names import (
-    BACKENDS,
-    DEFAULT_LAUNCHER,
-    DEFAULT_MASTER_PORT,
-    ENV_KEY_RE,
-    LAUNCHERS,
-)
+from fleetctl.api.runspec import RunSpec
 from fleetctl.cli import cli
 from fleetctl.cli.collective_opts import collective_options, collective_settings
-from fleetctl.cli.jobs_cmd import lifecycle_options
 from fleetctl.cli.options import (
-    Count,
-    RegularFile,
-    Seconds,
+    Checked,
     SSHOptions,
-    allow_secret_option,
     collect_options,
     collect_settings,
     inventory_option,
     limit_option,
     open_fleet,
-    probe_timeout_option,
+    parse_env_vars,
+    spec_keywords,
+    spec_options,
     ssh_options,
 )
+from fleetctl.cli.sections import RUN_EXAMPLES, SectionedCommand, run_sections
 from fleetctl.cli.slurm_run import slurm_options
 from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete, UsageError
 
@@ -54,106 +47,29 @@ def new_job_id(now: datetime | None = None) -> str:
     return new(now)
 
 
-MAX_NPROC = 4096  # per node: a typo's world size must not reach the planner
-
-
-class NprocType(click.ParamType):
+class NprocType(Checked):
     """``--nproc-per-node``: a positive integer or ``auto`` (one per GPU, 1 without GPUs)."""
 
-    name = "N|auto"
+    def __init__(self) -> None:
+        from fleetctl.api.checks import nproc
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            n = value
-        elif str(value).strip().lower() == "auto":
-            return "auto"
-        else:
-            try:
-                n = int(str(value))
-            except ValueError:
-                self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
-        if n < 1:
-            self.fail(f"{value!r} is not a positive integer", param, ctx)
-        if n > MAX_NPROC:
-            self.fail(f"{value!r} is more than {MAX_NPROC} processes per node", param, ctx)
-        return n
+        super().__init__(nproc, "N|auto")
 
 
-def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
-    """``K=V`` pairs (``=`` allowed in V); a later K wins. BadParameter names the bad item."""
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY_RE.match(key):
-            raise click.BadParameter(
-                f"{item!r} is not NAME=VALUE with a valid variable name", param_hint="--env-var"
-            )
-        env[key] = value
-    return env
+__all__ = ["NprocType", "new_job_id", "parse_env_vars", "run_command"]
 
 
 @cli.command(
     "run",
+    cls=SectionedCommand,
+    sections=run_sections(),
+    examples=RUN_EXAMPLES,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @inventory_option
 @limit_option
 @ssh_options(fanout_help=None)  # a job needs every node at once
-@click.option(
-    "--launcher",
-    type=click.Choice(LAUNCHERS),
-    default=DEFAULT_LAUNCHER,
-    show_default=True,
-    help="How each node starts its processes.",
-)
-@click.option(
-    "--nproc-per-node",
-    "nproc",
-    type=NprocType(),
-    default="auto",
-    show_default=True,
-    help="Processes per node; auto = one per GPU (all nodes must agree), 1 without GPUs.",
-)
-@click.option(
-    "--master-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    help=f"Rendezvous port on node 0 (paddle: its start port). Default: the first port from "
-    f"{DEFAULT_MASTER_PORT} that is free and not held by another fleetctl job, claimed for "
-    "this job; given, that port or a clear refusal.",
-)
-@click.option(
-    "--launcher-arg",
-    "launcher_args",
-    multiple=True,
-    metavar="ARG",
-    help="Passed to the launcher after fleetctl's own flags, before SCRIPT (repeatable): "
-    "--launcher-arg=--max-restarts=3. Options fleetctl sets (--nnodes, --node-rank, --ips, "
-    "--hostfile, …) are refused.",
-)
-@click.option(
-    "--env-var",
-    "env_vars",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Extra env for every node; wins over fleetctl_env. Repeatable.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS),
-    default=None,
-    help="Hint for the script (FLEET_BACKEND); default: the script decides.",
-)
-@click.option(
-    "--code-dir",
-    "--code",
-    "code_dir",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Local folder shipped to the nodes; SCRIPT must be inside it "
-    "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
-)
-@allow_secret_option
+@spec_options("program", "hosts", "supervision")
 @click.option("--dry-run", is_flag=True, help="Plan only: print what would run, start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -161,87 +77,6 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     is_flag=True,
     help="With --dry-run --json: every node's env, argv and files written out in full (as "
     "plan.json has them), not long fleet-wide values once under 'shared'; grows with nodes².",
-)
-@click.option(
-    "--env",
-    "env_archive",
-    type=RegularFile(),
-    default=None,
-    help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
-)
-@click.option("--no-check", is_flag=True, help="Skip the preflight check (connect only).")
-@probe_timeout_option
-@click.option(
-    "--nodes",
-    "nodes_wanted",
-    type=Count(min=1),
-    default=None,
-    metavar="N",
-    help="Run on N hosts of the selection (inventory order) that pass the check; the others "
-    "are spares that replace a host failing later (with --max-retries).",
-)
-@click.option(
-    "--checkpoint-dir",
-    default=None,
-    metavar="DIR",
-    help="With --max-retries or --resume: the folder whose files rank 0's node relays to every "
-    "node of a retry or a resumed job (relative to the job's work folder, or absolute on the "
-    "nodes; default: the work folder).",
-)
-@click.option(
-    "--resume",
-    default=None,
-    metavar="JOB|last",
-    help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
-    "--checkpoint-dir) are copied to every node's work folder before launch, as a retry's are.",
-)
-@click.option(
-    "--allow-busy-gpus",
-    is_flag=True,
-    help="GPUs with another job's processes or memory in use are a warning, not a failure.",
-)
-@click.option(
-    "--grace",
-    type=Seconds(min=0),
-    default=5.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
-)
-@click.option(
-    "--lost-timeout",
-    type=Seconds(min=1, max=60),
-    default=5.0,
-    show_default=True,
-    help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
-)
-@click.option(
-    "--deadman",
-    type=Seconds(min=2, max=10),
-    default=10.0,
-    show_default=True,
-    help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
-)
-@click.option(
-    "--timeout",
-    "timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="Wall-clock limit from launch: then the job is stopped everywhere (exit 3).",
-)
-@click.option(
-    "--stall-timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="No output line or progress touch from any node this long once the job began: the "
-    "job is stalled, its stacks dumped, and it is stopped (exit 3).",
-)
-@click.option(
-    "--startup-timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="No first output of a rank or progress touch on any node this long after the "
-    "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
-    "longer of 1800 s and it; else none.",
 )
 @click.option(
     "--runs-dir",
@@ -263,27 +98,7 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
     help="Pass the job's control sequences to the terminal as they are (default: colours "
     "only; the logs on disk are always byte-exact).",
 )
-@click.option(
-    "--before",
-    default=None,
-    metavar="FILE:TASK",
-    help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
-    "after the check and push, before the launch; failing on a node stops the run there.",
-)
-@click.option(
-    "--image",
-    default=None,
-    metavar="IMAGE",
-    help="Run each node's launcher in one container of IMAGE (over the inventory's "
-    "fleetctl_image); see docs/containers.md.",
-)
-@click.option(
-    "--container-runtime",
-    default=None,
-    metavar="podman|docker|apptainer",
-    help="The runtime for --image (default: the first found on the node).",
-)
-@lifecycle_options
+@spec_options("container", "monitor", "retry")
 @collect_options
 @collective_options
 @slurm_options
@@ -301,49 +116,50 @@ def parse_env_vars(items: tuple[str, ...]) -> dict[str, str]:
 def run_command(
     inventory: str | None,
     limit: str | None,
-    launcher: str,
-    nproc: int | str,
-    master_port: int | None,
-    env_vars: tuple[str, ...],
-    backend: str | None,
-    code_dir: str | None,
     dry_run: bool,
     as_json: bool,
     full: bool,
-    env_archive: str | None,
-    no_check: bool,
-    grace: float,
-    lost_timeout: float,
-    deadman: float,
-    timeout: float | None,
-    stall_timeout: float | None,
-    startup_timeout: float | None,
     runs_dir: str,
     tail: str,
     raw_output: bool,
-    image: str | None,
-    container_runtime: str | None,
     script: str | None,
     script_args: tuple[str, ...],
     ssh: SSHOptions,
-    **lifecycle: Any,
+    **params: Any,
 ) -> None:
     """Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone),
     or the roles of a job file (--job)."""
     from fleetctl.cli.slurm_run import check_flags, run_slurm
 
-    if lifecycle["spec_file"] is not None:
-        return _run_spec(click.get_current_context(), lifecycle["spec_file"])
-    check_flags(lifecycle)
-    if lifecycle["slurm"]:  # submitted: the same run happens inside the allocation
+    if params["spec_file"] is not None:
+        return _run_spec(click.get_current_context(), params["spec_file"])
+    check_flags(params)
+    if params["slurm"]:  # submitted: the same run happens inside the allocation
         return run_slurm(click.get_current_context())
-    env = parse_env_vars(env_vars)
+    # RunSpec's fields, as its keywords (checked by the record, as a library call's)
+    keywords = spec_keywords(
+        params, "program", "hosts", "supervision", "retry", "container", "monitor"
+    )
     if full and not (dry_run and as_json):
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
+    collect = collect_settings(params["collect_max"], params["collect_exclude"])
+    collective = (
+        None
+        if dry_run
+        else collective_settings(
+            params["collective"],
+            params["collective_size"],
+            params["collective_min"],
+            params["collective_floor"],
+            params["collective_timeout"],
+        )
+    )
+    # the whole request, checked before the inventory is read (as Fleet.run's keywords are)
+    spec = RunSpec.build(script, *script_args, **keywords, collective=collective, collect=collect)
     in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-    if in_slurm and not lifecycle["no_slurm"]:  # inside an allocation: its nodes, via srun
+    if in_slurm and not params["no_slurm"]:  # inside an allocation: its nodes, via srun
         from fleetctl.api import Fleet
 
         s = ssh.settings
@@ -357,65 +173,12 @@ def run_command(
         )
     else:
         fleet = open_fleet(inventory, limit, ssh, runs_dir=runs_dir)
-    collect = collect_settings(lifecycle["collect_max"], lifecycle["collect_exclude"])
-    collective = (
-        None
-        if dry_run
-        else collective_settings(
-            lifecycle["collective"],
-            lifecycle["collective_size"],
-            lifecycle["collective_min"],
-            lifecycle["collective_floor"],
-            lifecycle["collective_timeout"],
-        )
-    )
     live = None
     if not dry_run:
         from fleetctl.cli import render
 
         live = render.LiveLog(tail="none" if as_json else tail, raw=raw_output)
-    ran = fleet.run(
-        script,
-        *script_args,
-        launcher=launcher,
-        nproc_per_node=nproc,
-        env=env,
-        stall_timeout=stall_timeout,
-        startup_timeout=startup_timeout,
-        timeout=timeout,
-        detach=lifecycle["detach"],
-        code=code_dir,
-        env_archive=env_archive,
-        check=not no_check,
-        master_port=master_port,
-        launcher_args=tuple(lifecycle["launcher_args"]),
-        backend=backend,
-        grace=grace,
-        lost_timeout=lost_timeout,
-        deadman=deadman,
-        max_retries=lifecycle["max_retries"],
-        retry_on=tuple(lifecycle["retry_on"]),
-        no_retry_on=tuple(lifecycle["no_retry_on"]),
-        retry_backoff=lifecycle["retry_backoff"],
-        allow_secrets=tuple(lifecycle["allow_secrets"]),
-        allow_busy_gpus=lifecycle["allow_busy_gpus"],
-        before=lifecycle["before"],
-        job_file=lifecycle["job_file"],
-        env_style=lifecycle["env_style"],
-        nodes=lifecycle["nodes_wanted"],
-        checkpoint_dir=lifecycle["checkpoint_dir"],
-        resume=lifecycle["resume"],
-        image=image,
-        container_runtime=container_runtime,
-        collective=collective,
-        collect=collect,
-        monitor=not lifecycle["no_monitor"],
-        monitor_lost_timeout=lifecycle["monitor_lost_timeout"],
-        probe_timeout=lifecycle["probe_timeout"],
-        dry_run=dry_run,
-        foreground=True,
-        on_event=live,
-    )
+    ran = fleet.run_spec(spec, dry_run=dry_run, foreground=True, on_event=live)
     from fleetctl.api import Job
 
     if not isinstance(ran, Job):  # --dry-run: the plan
@@ -426,7 +189,7 @@ def run_command(
 
             render.print_plan(ran, inventory=fleet.inventory)
         return
-    _render_run(ran, as_json=as_json, monitor_wanted=not lifecycle["no_monitor"])
+    _render_run(ran, as_json=as_json, monitor_wanted=spec.monitor.monitor)
 
 
 def _run_spec(ctx: click.Context, path: str) -> None:

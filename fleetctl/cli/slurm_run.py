@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetctl.cli.options import Seconds
+from fleetctl.cli.options import spec_options
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ _NOT_FORWARDED = frozenset(
 
 
 def slurm_options(f: Any) -> Any:
-    """``fleetctl run``'s Slurm options (``--slurm`` and what it asks Slurm for; ``--no-slurm``)."""
+    """``fleetctl run``'s Slurm options: ``--slurm``, what it asks Slurm for (``RunSpec``'s
+    Slurm group), ``--slurm-no-shared-fs``; ``--no-slurm``."""
     options = [
         click.option(
             "--slurm",
@@ -58,31 +59,7 @@ def slurm_options(f: Any) -> Any:
             help="Submit the job to Slurm (sbatch) and follow it; needs --nodes N. Inside the "
             "allocation fleetctl runs the job as without Slurm (docs/slurm.md).",
         ),
-        click.option("--partition", default=None, metavar="P", help="--slurm: the partition."),
-        click.option(
-            "--gres", default=None, metavar="gpu:K|shard:K", help="--slurm: per-node GRES."
-        ),
-        click.option(
-            "--time",
-            "slurm_time",
-            default=None,
-            metavar="T",
-            help="--slurm: the job's time limit (Slurm's format: 30, 1:00:00, 1-00:00:00).",
-        ),
-        click.option("--account", default=None, metavar="A", help="--slurm: the account."),
-        click.option(
-            "--sbatch-arg",
-            "sbatch_args",
-            multiple=True,
-            metavar="ARG",
-            help="--slurm: one more #SBATCH line, verbatim (--sbatch-arg=--qos=high). Repeatable.",
-        ),
-        click.option(
-            "--queue-timeout",
-            type=Seconds(min=1),
-            default=None,
-            help="--slurm: not started this long → scancel, exit 5 (default: wait).",
-        ),
+        spec_options("slurm"),
         click.option(
             "--slurm-no-shared-fs",
             is_flag=True,

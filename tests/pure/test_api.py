@@ -153,7 +153,7 @@ def test_bad_run_arguments_are_usage_errors_before_anything_starts(tmp_path: Pat
     f = local(tmp_path)
     with pytest.raises(UsageError, match="launcher"):
         f.run("x.py", launcher="mpirun")
-    with pytest.raises(UsageError, match="nproc_per_node"):
+    with pytest.raises(UsageError, match="--nproc-per-node"):
         f.run("x.py", nproc_per_node=0)
     with pytest.raises(UsageError, match="not a valid variable name"):
         f.run("x.py", env={"A-B": "1"})

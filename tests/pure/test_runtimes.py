@@ -200,7 +200,8 @@ def test_run_refuses_an_unknown_runtime_before_anything() -> None:
     r = run_cli("run", "--dry-run", "--container-runtime", "lxc", "--image", "i", "t.py")
     assert r.exit_code == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        "fleetctl: error: unknown container runtime 'lxc' (known: podman, docker, apptainer)"
+        "fleetctl: error: Invalid value for '--container-runtime': unknown container runtime "
+        "'lxc' (known: podman, docker, apptainer)"
     ]
 
 

@@ -87,7 +87,9 @@ def test_a_control_character_in_a_value_of_the_batch_script_is_refused_naming_th
     res = _run(tmp_path, sbatch, f"{option}={bad}", *(["--dry-run"] if dry else []))
     assert res.exit_code == 2, res.stdout + res.stderr  # type: ignore[attr-defined]
     lines = res.stderr.strip().splitlines()  # type: ignore[attr-defined]
-    assert len(lines) == 1 and lines[0].startswith(f"fleetctl: error: {name} "), lines
+    # RunSpec's fields say it as click does ("Invalid value for '--partition': …")
+    named = (f"fleetctl: error: {name} ", f"fleetctl: error: Invalid value for '{name}'")
+    assert len(lines) == 1 and lines[0].startswith(named), lines
     assert "control character" in lines[0] and repr(char) in lines[0]
     assert res.stdout == ""  # type: ignore[attr-defined]  # no script printed
     assert not (sbatch / "calls").exists()  # Slurm was never asked

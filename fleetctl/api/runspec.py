@@ -1,0 +1,479 @@
+"""``RunSpec``: the one record of a run — what to run, on how many hosts, how it is supervised,
+retried, collected, benchmarked, contained, submitted and monitored — in nested frozen groups.
+
+Each field carries its option's metadata (:func:`option`: flags, help, check, the click
+parameter's name), so the command's options and the library's keywords are one list, and
+**validation lives on the record**: every group checks its fields in ``__post_init__`` with the
+checks of :mod:`fleetctl.api.checks` (the same ones the command's option types call), so
+``Fleet.run(timeout=nan)`` and ``fleetctl run --timeout nan`` both refuse with
+``Invalid value for '--timeout': 'nan' is not a finite number`` (``UsageError``, exit 2).
+
+Adding a run option: a field here (with its flags, help and check), its consumer (where the
+job reads ``spec.<group>.<field>``), and a test (docs/api.md, "Adding a run option").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.api import checks as c
+from fleetctl.errors import UsageError
+from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES, PROBE_TIMEOUT, PROBE_TIMEOUT_MAX
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.phases.collect import CollectOptions
+    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.ssh.connection import SSHSettings
+
+BeforeHook = Callable[[Sequence["Node"], "SSHSettings | None"], None]
+
+
+def option(
+    default: Any,
+    *flags: str,
+    help: str = "",
+    check: Callable[[Any], Any] | None = None,
+    param: str | None = None,
+    kw: str | None = None,
+    metavar: str | None = None,
+    show_default: bool = False,
+    cli: str | None = None,
+    type_name: str | None = None,
+) -> Any:
+    """A record field and its option: ``flags`` (``--timeout``; none: library only), the
+    click parameter's ``param`` name and the library keyword ``kw`` (both default to the
+    field's name), the ``check`` every value passes (``None`` passes unchecked where the
+    default is ``None``; a tuple field's items are checked one by one)."""
+    meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
+    meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
+    return field(default=default, metadata=meta)
+
+
+def hint(f: Any) -> str:
+    """How a message names the field: its flags as click names an option's
+    (``'--code-dir' / '--code'``), else its keyword."""
+    flags = f.metadata.get("flags") or (keyword(f),)
+    return " / ".join(f"'{x}'" for x in flags)
+
+
+def keyword(f: Any) -> str:
+    return f.metadata.get("kw") or f.name
+
+
+def refuse(f: Any, message: str) -> UsageError:
+    """The one-line error the command prints for this field (click's ``BadParameter`` form)."""
+    return UsageError(f"Invalid value for {hint(f)}: {message}")
+
+
+def _check_field(f: Any, value: Any) -> Any:
+    check = f.metadata.get("check")
+    if value is None and f.default is None:
+        return None
+    try:
+        if isinstance(f.default, tuple):  # a repeatable option: each item
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise c.Invalid(f"{value!r} is not a list of values")
+            return tuple(check(v) if check else v for v in value)
+        if isinstance(f.default, bool):
+            if not isinstance(value, bool):
+                raise c.Invalid(f"{value!r} is not True or False")
+            return value
+        return check(value) if check else value
+    except c.Invalid as e:
+        raise refuse(f, str(e)) from None
+
+
+class _Group:
+    """A group of the record: checks (and normalizes) its fields when made."""
+
+    TITLE = ""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            checked = _check_field(f, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+
+def _path(value: Any) -> str:
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise c.Invalid(f"{value!r} is not a path") from None
+
+
+def _before(value: Any) -> Any:
+    return value if callable(value) else c.TEXT(value)
+
+
+def _collective(value: Any) -> Any:
+    """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
+    from fleetctl.phases.collective_judge import CollectiveOptions
+
+    if not isinstance(value, CollectiveOptions):
+        raise c.Invalid(f"{value!r} is not a CollectiveOptions")
+    try:
+        c.count(4, 1 << 36)(value.size)
+        c.Number(0, 1)(value.min_fraction)
+        if value.floor is not None:
+            c.Number(0, 1 << 20)(value.floor)
+        c.seconds(1, 3600)(value.timeout)
+    except c.Invalid as e:
+        raise c.Invalid(f"{value!r}: {e}") from None
+    return value
+
+
+def _collect(value: Any) -> Any:
+    from fleetctl.phases.collect import CollectOptions
+
+    if not isinstance(value, CollectOptions):
+        raise c.Invalid(f"{value!r} is not a CollectOptions")
+    if value.max_bytes is not None:
+        c.count(0, None)(value.max_bytes)
+    return value
+
+
+@dataclass(frozen=True)
+class Program(_Group):
+    """What to run: SCRIPT (or a role job), its launcher, code and environment."""
+
+    TITLE = "What to run"
+
+    script: str | None = option(None, check=c.TEXT)
+    args: tuple[str, ...] = option((), kw="args")
+    launcher: str = option(
+        "torchrun", "--launcher", check=c.OneOf(c.launchers), show_default=True,
+        help="How each node starts its processes.",
+    )  # fmt: skip
+    nproc_per_node: int | str = option(
+        "auto", "--nproc-per-node", param="nproc", check=c.nproc, show_default=True,
+        type_name="N|auto",
+        help="Processes per node; auto = one per GPU (all nodes must agree), 1 without GPUs.",
+    )  # fmt: skip
+    master_port: int | None = option(
+        None, "--master-port", check=c.count(1, 65535),
+        help="Rendezvous port on node 0 (paddle: its start port). Default: the first port from "
+        "29500 that is free and not held by another fleetctl job, claimed for this job; given, "
+        "that port or a clear refusal.",
+    )  # fmt: skip
+    launcher_args: tuple[str, ...] = option(
+        (), "--launcher-arg", check=c.TEXT, metavar="ARG",
+        help="Passed to the launcher after fleetctl's own flags, before SCRIPT (repeatable): "
+        "--launcher-arg=--max-restarts=3. Options fleetctl sets (--nnodes, --node-rank, --ips, "
+        "--hostfile, …) are refused.",
+    )  # fmt: skip
+    env: Mapping[str, str] | None = option(
+        None, "--env-var", param="env_vars", check=c.env_map, cli="pairs", metavar="NAME=VALUE",
+        help="Extra env for every node; wins over fleetctl_env. Repeatable.",
+    )  # fmt: skip
+    backend: str | None = option(
+        None, "--backend", check=c.OneOf(c.backends),
+        help="Hint for the script (FLEET_BACKEND); default: the script decides.",
+    )  # fmt: skip
+    code: str | None = option(
+        None, "--code-dir", "--code", param="code_dir", check=_path, cli="dir",
+        help="Local folder shipped to the nodes; SCRIPT must be inside it "
+        "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
+    )  # fmt: skip
+    allow_secrets: tuple[str, ...] = option(
+        (), "--allow-secret", check=c.TEXT, metavar="PATH",
+        help="Ship this file although it looks like a private key (path relative to the code "
+        "folder; repeatable). Without it such files stop the push.",
+    )  # fmt: skip
+    env_archive: str | None = option(
+        None, "--env", check=_path, cli="regular",
+        help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
+    )  # fmt: skip
+    before: str | BeforeHook | None = option(
+        None, "--before", check=_before, metavar="FILE:TASK",
+        help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
+        "after the check and push, before the launch; failing on a node stops the run there.",
+    )  # fmt: skip
+    job_file: str | None = option(
+        None, "--job", check=_path, cli="file",
+        help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
+    )  # fmt: skip
+    env_style: str | None = option(
+        None, "--env-style", check=c.OneOf(("fleet", "pai")),
+        help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Hosts(_Group):
+    """Where: how many of the selection's hosts, and what their check lets pass."""
+
+    TITLE = "Where"
+
+    check: bool = option(
+        True, "--no-check", param="no_check", help="Skip the preflight check (connect only)."
+    )
+    nodes: int | None = option(
+        None, "--nodes", param="nodes_wanted", check=c.count(1), metavar="N",
+        help="Run on N hosts of the selection (inventory order) that pass the check; the others "
+        "are spares that replace a host failing later (with --max-retries).",
+    )  # fmt: skip
+    allow_busy_gpus: bool = option(
+        False, "--allow-busy-gpus",
+        help="GPUs with another job's processes or memory in use are a warning, not a failure.",
+    )  # fmt: skip
+    probe_timeout: float = option(
+        PROBE_TIMEOUT, "--probe-timeout", check=c.seconds(1, PROBE_TIMEOUT_MAX), show_default=True,
+        help="Seconds each host's python has to answer the check (start, import the launcher, "
+        "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Supervision(_Group):
+    """How the job is watched and stopped."""
+
+    TITLE = "Supervision"
+
+    grace: float = option(
+        5.0, "--grace", check=c.seconds(0), show_default=True,
+        help="Seconds between SIGTERM and SIGKILL when the job is stopped.",
+    )  # fmt: skip
+    lost_timeout: float = option(
+        5.0, "--lost-timeout", check=c.seconds(1, 60), show_default=True,
+        help="A node silent this long (no heartbeat) is lost: the job is stopped everywhere.",
+    )  # fmt: skip
+    deadman: float = option(
+        10.0, "--deadman", check=c.seconds(2, 10), show_default=True,
+        help="Node side: no heartbeat from fleetctl this long and the node stops the job itself.",
+    )  # fmt: skip
+    timeout: float | None = option(
+        None, "--timeout", check=c.seconds(1),
+        help="Wall-clock limit from launch: then the job is stopped everywhere (exit 3).",
+    )  # fmt: skip
+    stall_timeout: float | None = option(
+        None, "--stall-timeout", check=c.seconds(1),
+        help="No output line or progress touch from any node this long once the job began: the "
+        "job is stalled, its stacks dumped, and it is stopped (exit 3).",
+    )  # fmt: skip
+    startup_timeout: float | None = option(
+        None, "--startup-timeout", check=c.seconds(1),
+        help="No first output of a rank or progress touch on any node this long after the "
+        "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
+        "longer of 1800 s and it; else none.",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Retry(_Group):
+    """Retries after a retryable failure, and what a retry carries over."""
+
+    TITLE = "Retries"
+
+    max_retries: int | None = option(
+        None, "--max-retries", check=c.count(0, MAX_RETRIES),
+        help="Run again after a retryable failure, up to N times (default 0; job file).",
+    )  # fmt: skip
+    retry_on: tuple[str, ...] = option(
+        (), "--retry-on", check=c.TEXT, metavar="RULE",
+        help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | any. "
+        "Repeatable.",
+    )  # fmt: skip
+    no_retry_on: tuple[str, ...] = option(
+        (), "--no-retry-on", check=c.TEXT, metavar="RULE", help="Never retry on RULE (wins)."
+    )
+    retry_backoff: float | None = option(
+        None, "--retry-backoff", check=c.seconds(0, MAX_BACKOFF),
+        help="First wait between attempts in seconds (doubles, jittered, max 300).",
+    )  # fmt: skip
+    checkpoint_dir: str | None = option(
+        None, "--checkpoint-dir", check=c.TEXT, metavar="DIR",
+        help="With --max-retries or --resume: the folder whose files rank 0's node relays to "
+        "every node of a retry or a resumed job (relative to the job's work folder, or absolute "
+        "on the nodes; default: the work folder).",
+    )  # fmt: skip
+    resume: str | None = option(
+        None, "--resume", check=c.TEXT, metavar="JOB|last",
+        help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
+        "--checkpoint-dir) are copied to every node's work folder before launch, as a retry's "
+        "are.",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Collection(_Group):
+    """What log collection brings home (``--collect-max``, ``--collect-exclude``: the
+    command's own options, shared with ``fleetctl collect``)."""
+
+    TITLE = "Collection"
+
+    collect: CollectOptions | None = option(
+        None, "--collect-max", param="collect_max", check=_collect, cli="own"
+    )
+
+
+@dataclass(frozen=True)
+class Collective(_Group):
+    """The collective benchmark in the check (``--collective`` and its knobs: the command's
+    own options, shared with ``fleetctl check``)."""
+
+    TITLE = "Collective benchmark"
+
+    collective: CollectiveOptions | None = option(
+        None, "--collective", check=_collective, cli="own"
+    )
+
+
+@dataclass(frozen=True)
+class Container(_Group):
+    """Each node's launcher in a container."""
+
+    TITLE = "Containers"
+
+    image: str | None = option(
+        None, "--image", check=c.TEXT, metavar="IMAGE",
+        help="Run each node's launcher in one container of IMAGE (over the inventory's "
+        "fleetctl_image); see docs/containers.md.",
+    )  # fmt: skip
+    container_runtime: str | None = option(
+        None, "--container-runtime", check=c.container_runtime, metavar="podman|docker|apptainer",
+        help="The runtime for --image (default: the first found on the node).",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Monitor(_Group):
+    """Detached jobs and the monitor that watches them."""
+
+    TITLE = "Detach and monitor"
+
+    detach: bool = option(
+        False, "--detach",
+        help="Start the job and return its id; it runs on under the node supervisors "
+        "(no dead-man switch). Then: logs -f, status, stop, collect.",
+    )  # fmt: skip
+    monitor: bool = option(
+        True, "--no-monitor", param="no_monitor",
+        help="With --detach: start no job monitor (nobody tears the job down on a "
+        "failure or brings its logs home; `fleetctl monitor JOB` attaches one later).",
+    )  # fmt: skip
+    monitor_lost_timeout: float | None = option(
+        None, "--monitor-lost-timeout", check=c.seconds(1),
+        help="With --detach: a node unreachable this long is lost and the job is "
+        "stopped (default 60 s).",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Slurm(_Group):
+    """``run --slurm``: what is asked of Slurm. Every value may reach an ``#SBATCH`` line."""
+
+    TITLE = "Slurm"
+
+    partition: str | None = option(
+        None, "--partition", check=c.TEXT, metavar="P", help="--slurm: the partition."
+    )
+    gres: str | None = option(
+        None, "--gres", check=c.TEXT, metavar="gpu:K|shard:K", help="--slurm: per-node GRES."
+    )
+    time: str | None = option(
+        None, "--time", param="slurm_time", check=c.TEXT, metavar="T",
+        help="--slurm: the job's time limit (Slurm's format: 30, 1:00:00, 1-00:00:00).",
+    )  # fmt: skip
+    account: str | None = option(
+        None, "--account", check=c.TEXT, metavar="A", help="--slurm: the account."
+    )
+    sbatch_args: tuple[str, ...] = option(
+        (), "--sbatch-arg", check=c.TEXT, metavar="ARG",
+        help="--slurm: one more #SBATCH line, verbatim (--sbatch-arg=--qos=high). Repeatable.",
+    )  # fmt: skip
+    queue_timeout: float | None = option(
+        None, "--queue-timeout", check=c.seconds(1),
+        help="--slurm: not started this long → scancel, exit 5 (default: wait).",
+    )  # fmt: skip
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "program": Program,
+    "hosts": Hosts,
+    "supervision": Supervision,
+    "retry": Retry,
+    "collection": Collection,
+    "collective": Collective,
+    "container": Container,
+    "monitor": Monitor,
+    "slurm": Slurm,
+}
+
+
+def _keywords() -> dict[str, tuple[str, str]]:
+    """Library keyword → (group, field): the flat names ``Fleet.run`` and ``build`` take."""
+    out: dict[str, tuple[str, str]] = {}
+    for group, cls in GROUPS.items():
+        for f in fields(cls):  # type: ignore[arg-type]
+            kw = keyword(f)
+            assert kw not in out, f"two fields take the keyword {kw!r}"
+            out[kw] = (group, f.name)
+    return out
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole run request, checked: making one with a bad value raises ``UsageError`` (one
+    line, exit 2), the message the command prints for the same value. Build one from flat
+    keywords with :meth:`build`; read it by group (``spec.supervision.timeout``)."""
+
+    program: Program = field(default_factory=Program)
+    hosts: Hosts = field(default_factory=Hosts)
+    supervision: Supervision = field(default_factory=Supervision)
+    retry: Retry = field(default_factory=Retry)
+    collection: Collection = field(default_factory=Collection)
+    collective: Collective = field(default_factory=Collective)
+    container: Container = field(default_factory=Container)
+    monitor: Monitor = field(default_factory=Monitor)
+    slurm: Slurm = field(default_factory=Slurm)
+
+    def __post_init__(self) -> None:
+        p = self.program
+        if p.env_style is not None and p.job_file is None:
+            raise UsageError(
+                "--env-style names role env variables: it needs a role job (--job FILE)"
+            )
+        if p.job_file is not None and p.launcher_args:
+            raise UsageError(
+                "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
+                "each role's command in the job file"
+            )
+        if p.job_file is not None and p.script is not None:
+            raise UsageError(f"--job {p.job_file} replaces SCRIPT; got {p.script!r} too")
+
+    @classmethod
+    def build(cls, script: str | None = None, *args: str, **kw: Any) -> RunSpec:
+        """The record of ``Fleet.run(script, *args, **kw)``'s keywords (``timeout=``,
+        ``max_retries=``, …: see :data:`KEYWORDS`); an unknown keyword is a TypeError."""
+        return cls().replace(script=script, args=tuple(args), **kw)
+
+    def replace(self, **kw: Any) -> RunSpec:
+        """A copy with these flat keywords changed (checked again)."""
+        table = KEYWORDS
+        by_group: dict[str, dict[str, Any]] = {}
+        for k, v in kw.items():
+            if k not in table:
+                raise TypeError(f"RunSpec got an unexpected keyword argument {k!r}")
+            group, name = table[k]
+            by_group.setdefault(group, {})[name] = v
+        groups = {g: replace(getattr(self, g), **changes) for g, changes in by_group.items()}
+        return replace(self, **groups)
+
+    def flat(self) -> dict[str, Any]:
+        """The record as ``build``'s keywords (``script`` and ``args`` included)."""
+        return {kw: getattr(getattr(self, group), name) for kw, (group, name) in KEYWORDS.items()}
+
+
+KEYWORDS: dict[str, tuple[str, str]] = _keywords()
+
+
+def field_of(kw: str) -> Any:
+    """The ``dataclasses.Field`` behind library keyword ``kw`` (its option's metadata)."""
+    group, name = KEYWORDS[kw]
+    return next(f for f in fields(GROUPS[group]) if f.name == name)  # type: ignore[arg-type]
