@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -115,3 +116,16 @@ def job_processes_left(inventory: Path, job_id: str) -> dict[str, list[dict[str,
         if left.processes:
             out[node.name] = left.processes
     return out
+
+
+def launched_job_id(stderr: str) -> str:
+    """The job id a run's ``launching … job ID`` line names on its stderr."""
+    m = re.search(r"launching \S+ on \d+ node\(s\), job (\S+)$", stderr, re.M)
+    assert m, stderr
+    return m.group(1)
+
+
+def assert_nothing_left(inventory: Path, job_id: str) -> None:
+    """No process of the job on any node of ``inventory`` (its env tag, container or not)."""
+    left = job_processes_left(inventory, job_id)
+    assert not left, left

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fleetctl.lab import Lab
-from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli_process
-from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.jobs import assert_nothing_left, launched_job_id
 from fleetctl.testing.pytest_plugin import skip_or_fail
 
 pytestmark = [pytest.mark.lab, pytest.mark.e2e]
@@ -80,15 +78,11 @@ def run(lab: Lab, code: Path, runs: Path, *args: str) -> CliResult:
 
 
 def job_id(stderr: str) -> str:
-    m = re.search(r"launching \S+ on \d+ node\(s\), job (\S+)$", stderr, re.M)
-    assert m, stderr
-    return m.group(1)
+    return launched_job_id(stderr)
 
 
 def assert_clean(lab: Lab, job: str) -> None:
-    for node in load_inventory(str(lab.inventory_path)).nodes:
-        left = node_leftovers(node_host(node), job, workdir=node.workdir, python=node.python)
-        assert not left.processes, left.describe()
+    assert_nothing_left(lab.inventory_path, job)
 
 
 def test_an_unchanged_accelerator_on_three_cpu_hosts_is_one_world(

@@ -6,16 +6,14 @@ only torchrun's ``ChildFailedError`` boilerplate."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fleetctl.lab import Lab
-from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli_process
-from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.jobs import assert_nothing_left, launched_job_id
 
 pytestmark = [pytest.mark.lab, pytest.mark.e2e]
 
@@ -62,15 +60,11 @@ def run(lab: Lab | None, code: Path, runs: Path, *args: str, launcher: str = "pl
 
 
 def job_id(stderr: str) -> str:
-    m = re.search(r"launching \S+ on \d+ node\(s\), job (\S+)$", stderr, re.M)
-    assert m, stderr
-    return m.group(1)
+    return launched_job_id(stderr)
 
 
 def assert_clean(lab: Lab, job: str) -> None:
-    for node in load_inventory(str(lab.inventory_path)).nodes:
-        left = node_leftovers(node_host(node), job, workdir=node.workdir, python=node.python)
-        assert not left.processes, left.describe()
+    assert_nothing_left(lab.inventory_path, job)
 
 
 def test_a_sub_folder_script_reads_data_beside_it_on_every_node(
