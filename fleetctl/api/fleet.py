@@ -36,15 +36,11 @@ DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SS
 
 
 def probe_timeout_arg(value: float) -> float:
-    """``probe_timeout`` (``--probe-timeout``): seconds, 1 to 600. UsageError (exit 2)."""
-    from fleetctl.plan.userinput import PROBE_TIMEOUT_MAX
+    """``probe_timeout`` (``--probe-timeout``) held to RunSpec's check of the same field, so
+    ``check`` and ``run`` refuse a value in the same words (UsageError, exit 2)."""
+    from fleetctl.api.runspec import RunSpec
 
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not 1 <= value <= PROBE_TIMEOUT_MAX:  # NaN fails both comparisons
-        raise UsageError(
-            f"probe timeout {value!r}: seconds from 1 to {PROBE_TIMEOUT_MAX:g} (--probe-timeout)"
-        )
-    return float(value)
+    return RunSpec().replace(probe_timeout=value).hosts.probe_timeout
 
 
 class Fleet:
