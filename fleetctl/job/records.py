@@ -257,11 +257,16 @@ def latest_attempt(runs_dir: str | Path, job_id: str) -> RunFolder:
         if len(bases) != 1:
             raise
         folder = RunFolder(root / bases.pop())
-    base = folder.path.name
-    best, best_k = folder, 1
-    root = folder.path.parent
+    return attempt_folders(folder)[-1][1]
+
+
+def attempt_folders(folder: RunFolder) -> list[tuple[int, RunFolder]]:
+    """The attempts of the job whose first folder is ``folder``, in order, ``(k, folder)``:
+    ``<job>`` is attempt 1, ``<job>.<k>`` the later ones."""
+    root, base = folder.path.parent, folder.path.name
+    later = []
     for p in root.glob(f"{base}.*"):
         m = ATTEMPT_RE.match(p.name)
-        if m and m.group("base") == base and p.is_dir() and int(m.group("k")) > best_k:
-            best, best_k = RunFolder(p), int(m.group("k"))
-    return best
+        if m and m.group("base") == base and p.is_dir() and int(m.group("k")) > 1:
+            later.append((int(m.group("k")), RunFolder(p)))
+    return [(1, folder), *sorted(later, key=lambda kf: kf[0])]

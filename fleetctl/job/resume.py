@@ -39,13 +39,14 @@ def resolve(
     from fleetctl.job.records import (
         ATTEMPT_RE,
         _parse_iso,
+        attempt_folders,
         latest_attempt,
         list_records,
         load_nodes,
+        load_plan,
     )
     from fleetctl.job.runfolder import RunFolder, check_job_id, read_job
     from fleetctl.phases.checkpoints import RelaySource
-    from fleetctl.plan.rankplan import Plan
 
     bad = f"--resume {text!r}"
     if not text or text != text.strip() or any(c in text for c in "\0\n\r"):
@@ -63,11 +64,10 @@ def resolve(
     m = ATTEMPT_RE.match(newest.path.name)
     root = newest.path.parent
     base = m.group("base") if m and (root / m.group("base")).is_dir() else newest.path.name
-    later = ((_attempt_of(p.name, base), RunFolder(p)) for p in root.glob(f"{base}.*"))
-    folders = [(1, RunFolder(root / base)), *sorted(kf for kf in later if kf[0] > 1)]
+    folders = attempt_folders(RunFolder(root / base))
     for k, folder in reversed(folders):
         try:
-            plan = Plan.from_dict(folder.load_plan())
+            plan = load_plan(folder)
         except (RunFolderError, KeyError, TypeError, ValueError):
             continue  # never planned (a preflight that failed): an earlier attempt may have
         if not plan.nodes:
@@ -86,12 +86,6 @@ def resolve(
         since = None if started is None else started - SINCE_SLACK
         return CheckpointRelay(source, dir=checkpoint_dir, resume=base, since=since)
     raise UsageError(f"{bad}: job {base} never got as far as a plan: no checkpoint files")
-
-
-def _attempt_of(name: str, base: str) -> int:
-    """k of an attempt folder ``<base>.<k>`` (0: not one)."""
-    tail = name[len(base) + 1 :] if name.startswith(base + ".") else ""
-    return int(tail) if tail.isdigit() else 0
 
 
 def check_files(
