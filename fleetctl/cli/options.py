@@ -22,8 +22,6 @@ from fleetctl.api.helpers import (
     DEFAULT_FANOUT,
     MAX_COUNT,
     MAX_SECONDS,
-    PROBE_TIMEOUT,
-    PROBE_TIMEOUT_MAX,
     load_inventory,
     local_inventory,
 )
@@ -270,15 +268,8 @@ limit_option: Callable[[F], F] = click.option(
 )
 
 
-# check and run: how long each host's python has to answer the preflight probe
-probe_timeout_option: Callable[[F], F] = click.option(
-    "--probe-timeout",
-    type=Seconds(min=1, max=PROBE_TIMEOUT_MAX),
-    default=PROBE_TIMEOUT,
-    show_default=True,
-    help="Seconds each host's python has to answer the check (start, import the launcher, "
-    "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
-)
+# check (run has it from RunSpec's hosts group): how long each host's python has to answer
+probe_timeout_option: Callable[[F], F] = field_option("probe_timeout")
 
 
 # push and run ship the code folder: a file that looks like a private key stops them
