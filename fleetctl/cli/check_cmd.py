@@ -19,10 +19,10 @@ from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
     Number,
     SSHOptions,
+    field_option,
     inventory_option,
     limit_option,
     open_fleet,
-    probe_timeout_option,
     ssh_options,
 )
 
@@ -74,7 +74,7 @@ from fleetctl.cli.options import (
     show_default=True,
     help="GiB that must be free in each host's workdir.",
 )
-@probe_timeout_option
+@field_option("probe_timeout")  # RunSpec's, as run's (its hosts group)
 @collective_options
 def check_command(
     inventory: str | None,

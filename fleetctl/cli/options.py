@@ -268,14 +268,6 @@ limit_option: Callable[[F], F] = click.option(
 )
 
 
-# check (run has it from RunSpec's hosts group): how long each host's python has to answer
-probe_timeout_option: Callable[[F], F] = field_option("probe_timeout")
-
-
-# push and run ship the code folder: a file that looks like a private key stops them
-allow_secret_option: Callable[[F], F] = field_option("allow_secrets")
-
-
 def load_selected(inventory: str | None, limit: str | None, group: str = "all") -> Inventory:
     """The inventory a command works on: the file's selection, or this machine without -i."""
     if inventory is None:

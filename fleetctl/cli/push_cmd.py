@@ -17,7 +17,7 @@ from fleetctl.cli.options import (
     Count,
     RegularFile,
     SSHOptions,
-    allow_secret_option,
+    field_option,
     inventory_option,
     limit_option,
     open_fleet,
@@ -36,7 +36,7 @@ from fleetctl.cli.options import (
     default=None,
     help="Project directory to ship (default: the git work tree holding ., else .).",
 )
-@allow_secret_option
+@field_option("allow_secrets")  # RunSpec's, as run's
 @click.option("--no-code", is_flag=True, help="Push only the env.")
 @click.option(
     "--env",
