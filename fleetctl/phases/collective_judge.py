@@ -10,9 +10,11 @@ every shift (every ordered pair), beyond the ring both ways plus ``RANDOM_SHIFTS
 
 The verdict: a node's figure is the lower of the upper medians of its outgoing and incoming
 links, so one slow link does not make either end slow, while a node whose NIC is slow has most
-of its links slow and is named alone. A node or link below ``min_fraction`` of the fleet's
-(upper) median link, or below the absolute ``floor``, fails; a uniformly slow fleet passes
-unless the floor says otherwise. A node whose program did not finish is hung.
+of its links slow and is named alone; slow nodes are named worst first and their peers judged
+without their links to them (the host sending to a throttled NIC is not its culprit). A node
+or link below ``min_fraction`` of the fleet's (upper) median link, or below the absolute
+``floor``, fails; a uniformly slow fleet passes unless the floor says otherwise. A node
+whose program did not finish is hung.
 """
 
 from __future__ import annotations
@@ -205,15 +207,31 @@ def _why(what: str, bw: float, rep: CollectiveReport, options: CollectiveOptions
 
 
 def _slow(rep: CollectiveReport, options: CollectiveOptions) -> None:
-    slow_nodes = set()
-    for h, node in rep.nodes.items():
-        bw = node.get("busbw")
-        if bw is not None and bw < rep.threshold:
-            slow_nodes.add(h)
-            side = "recv" if (node["recv"] or 0) <= (node["send"] or 0) else "send"
-            rep.failures.append((h, _why(f"slow node ({side} side)", bw, rep, options)))
+    """Name slow nodes worst first: once a node is named, its peers are judged on their links
+    to the others, so the host sending to a throttled NIC is not named with it. A node left
+    with no link to judge by keeps its own figure (two nodes cannot tell which end is slow)."""
+    slow: list[str] = []
+    while True:
+        worst: tuple[float, float, str, str] | None = None
+        for h, node in rep.nodes.items():
+            if h in slow or node.get("busbw") is None:
+                continue
+            outs = [x.busbw for x in rep.links if x.src == h and x.dst not in slow]
+            ins = [x.busbw for x in rep.links if x.dst == h and x.src not in slow]
+            send = upper_median(outs) if outs else node["send"] or 0.0
+            recv = upper_median(ins) if ins else node["recv"] or 0.0
+            side, bw, links = ("recv", recv, ins) if recv <= send else ("send", send, outs)
+            # on a tie the node whose every link on that side is slow goes first
+            mean = sum(links) / len(links) if links else bw
+            if bw < rep.threshold and (worst is None or (bw, mean) < worst[:2]):
+                worst = (bw, mean, h, side)
+        if worst is None:
+            break
+        bw, _, h, side = worst
+        slow.append(h)
+        rep.failures.append((h, _why(f"slow node ({side} side)", bw, rep, options)))
     for x in rep.links:
-        if x.busbw < rep.threshold and x.src not in slow_nodes and x.dst not in slow_nodes:
+        if x.busbw < rep.threshold and x.src not in slow and x.dst not in slow:
             what = f"slow link {x.src} → {x.dst}"
             for h in (x.src, x.dst):
                 rep.failures.append((h, _why(what, x.busbw, rep, options)))

@@ -208,19 +208,26 @@ def best_rounds(one, most: int, everyone) -> list:
 def suspect_links(shifts: list, seconds: list, fraction: float, rounds: int, budget: float) -> list:
     """``(shift, receiving rank)`` of every link to measure again: below ``fraction`` of the
     fleet's upper-median link bandwidth (``seconds[rank][i]`` receiving ``shifts[i]``, the
-    same bytes everywhere). None when their ``rounds`` more would take past ``budget`` s: a
-    really slow node, which the judge names anyway."""
+    same bytes everywhere), the cheapest first while their ``rounds`` more fit in ``budget``
+    s. A really slow node's links do not fit, and the judge names it anyway; the links that
+    were slow only because their round waited on it are measured again alone."""
     flat = sorted(t for row in seconds for t in row if t > 0)
     if not flat:
         return []
     median = flat[(len(flat) - 1) // 2]  # the lower median time: the upper median bandwidth
+    slow = [
+        (row[i], k, dst)
+        for i, k in enumerate(shifts)
+        for dst, row in enumerate(seconds)
+        if row[i] > 0 and median / row[i] < fraction
+    ]
     out, cost = [], 0.0
-    for i, k in enumerate(shifts):
-        for dst, row in enumerate(seconds):
-            if row[i] > 0 and median / row[i] < fraction:
-                out.append((k, dst))
-                cost += row[i] * rounds
-    return out if cost <= budget else []
+    for t, k, dst in sorted(slow):
+        if cost + t * rounds > budget:
+            break
+        out.append((k, dst))
+        cost += t * rounds
+    return sorted(out)
 
 
 def _intra(torch, size: int, iters: int) -> dict | None:

@@ -110,6 +110,31 @@ CASES = [
         {"n2", "n0"},
         ("slow link n2 → n0",),
     ),
+    (
+        # CI, stop 41: n3's sender on the ring (n2) had one more link at 0.46x the median
+        "the host sending to a throttled NIC is named for its slow link, not as a slow node",
+        H4,
+        lambda a, b: 0.006 if b == "n3" else (0.46 if (a, b) == ("n2", "n0") else 1.0),
+        {},
+        {"n3", "n2", "n0"},
+        ("slow node (recv side)", "slow link n2 → n0"),
+    ),
+    (
+        "two throttled NICs are both named",
+        H4,
+        lambda a, b: 0.006 if b in ("n1", "n3") else 1.0,
+        {},
+        {"n1", "n3"},
+        ("slow node (recv side)",),
+    ),
+    (
+        "two hosts cannot tell which end is slow: both named",
+        H4[:2],
+        slow_recv("n1"),
+        {"floor": 0.5},
+        {"n0", "n1"},
+        ("slow node",),
+    ),
     ("slow node in a 12-host fleet", H12, slow_recv("n7"), {}, {"n7"}, ("slow node",)),
     ("3 hosts, slow node", H4[:3], slow_recv("n0"), {}, {"n0"}, ("slow node",)),
     (
@@ -174,6 +199,16 @@ def test_suspect_links_are_measured_again() -> None:
     assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 1.0) == [(2, 1)]
     assert node_program.suspect_links([1, 2, 3], rows, 0.7, 3, 1.0) == [(2, 1), (3, 3)]
     assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 5e-3) == []  # over budget
+    # CI, stop 41: a throttled NIC (rank 2 receives at 1/100) makes its ring neighbour's link
+    # look slow too; the throttled links do not fit in the budget, the neighbour's does
+    rows = [[t, t, 2.2 * t], [t, t, t], [100 * t, 100 * t, 100 * t], [t, t, t]]
+    assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 0.05) == [(3, 0)]
+    assert node_program.suspect_links([1, 2, 3], rows, 0.625, 3, 1.0) == [
+        (1, 2),
+        (2, 2),
+        (3, 0),
+        (3, 2),
+    ]
     assert node_program.suspect_links([1, 2, 3], [[t] * 3] * 4, 0.625, 3, 1.0) == []
 
 
