@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
-from fleetctl.phases.keyscan import KeyScan
+from fleetctl.remote.keyscan import KeyScan
 from fleetctl.ssh.openssh import ssh_argv  # rsync's -e (re-exported for older imports)
 
 if TYPE_CHECKING:

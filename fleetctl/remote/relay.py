@@ -10,10 +10,12 @@ import os
 
 try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
     from .finalize import fetch, sha256_file
+    from .keyscan import KeyScan
     from .pushbase import Failed, rmtree, workdirs
     from .workdirs import workdir_id
 except ImportError:
     from finalize import fetch, sha256_file
+    from keyscan import KeyScan
     from pushbase import Failed, rmtree, workdirs
     from workdirs import workdir_id
 
@@ -55,18 +57,20 @@ def relay_paths(cfg: dict) -> tuple[str, str, str]:
 
 
 def looks_secret(path: str, name: str) -> bool:
-    """A private key by name or by its header (the code push's rule)."""
+    """A private key by name or anywhere in the file: the code push's scan (keyscan.py), so a
+    key the push refuses is not relayed to a retry's nodes either."""
     if name in RELAY_KEY_NAMES:
         return True
-    import re
-
+    scan = KeyScan()
     try:
         with open(path, "rb") as f:
-            head = f.read(1 << 20)
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                scan.feed(chunk)
+                if scan.found:
+                    return True
     except OSError:
         return False
-    pat = rb"(?m)^(?:-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----|PuTTY-User-Key-File-\d+: )"
-    return re.search(pat, head) is not None
+    return scan.found
 
 
 def relay_files(

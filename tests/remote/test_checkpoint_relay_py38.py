@@ -18,6 +18,12 @@ from fleetctl.phases.frames import last_data
 
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----\n"
+# keys the push refuses and the relay's old head-only rule let through (split: this file must
+# pass the scan itself): one past the first MiB, one inside a notebook's JSON strings
+HEADER = "-----BEGIN " + "RSA PRIVATE KEY-----"
+BODY = "MIIEowIBAAKCAQEA" + "q" * 48
+LATE_KEY = b"\0" * (2 << 20) + f"\n{HEADER}\n{BODY}\n".encode()
+NOTEBOOK_KEY = json.dumps({"cells": [{"source": [f"{HEADER}\n", f"{BODY}\n"]}]}).encode()
 
 
 def helper(run38: Run, mode: str, cfg: dict) -> tuple[int, dict]:
@@ -46,13 +52,15 @@ def test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_fold
     (work / "__pycache__" / "train.cpython-38.pyc").write_bytes(b"x")
     (work / "id_ed25519").write_bytes(b"x")
     (work / "deploy.pem").write_bytes(KEY)
+    (work / "late.bin").write_bytes(LATE_KEY)
+    (work / "notes.ipynb").write_bytes(NOTEBOOK_KEY)
     (work / "link.pt").symlink_to(work / "snapshot.pt")
     cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-t1.tar"}
     code, out = helper(run38, "relay-pack", {**cfg, "max_bytes": 1 << 20, "allow_secrets": []})
     assert code == 0, out
     assert out["files"] == ["snapshot.pt", "data/input.txt"] and out["count"] == 2
     assert out["bytes"] == len(b"epoch=12") + len("changed\n")
-    assert sorted(out["secrets"]) == ["deploy.pem", "id_ed25519"]
+    assert sorted(out["secrets"]) == ["deploy.pem", "id_ed25519", "late.bin", "notes.ipynb"]
     tar = Path(out["tar"])
     assert tar == w / "envs" / ".tmp-relay-t1.tar" and out["size"] == tar.stat().st_size
     with tarfile.open(tar) as tf:
