@@ -43,6 +43,24 @@ class BeforeTask:
         run_task(self, nodes, settings)
 
 
+#: Fabric 1's modules, gone in Fabric 2: a fabfile importing them was written for Fabric 1
+FABRIC1_MODULES = frozenset(
+    {
+        "fabric.api",
+        "fabric.operations",
+        "fabric.context_managers",
+        "fabric.contrib",
+        "fabric.contrib.files",
+        "fabric.contrib.project",
+        "fabric.decorators",
+        "fabric.state",
+        "fabric.colors",
+        "fabric.network",
+        "fabric.utils",
+    }
+)
+
+
 def load_task(spec: str, timeout: float = DEFAULT_TIMEOUT) -> BeforeTask:
     """``FILE:TASK`` → the task; UsageError (one line) when the file or task is not there."""
     path_text, sep, name = spec.rpartition(":")
@@ -72,6 +90,11 @@ def _load_module(path: Path, spec: str) -> Any:
         found.loader.exec_module(module)
     except Exception as e:
         why = " ".join(f"{type(e).__name__}: {e}".split())
+        if isinstance(e, ImportError) and e.name in FABRIC1_MODULES:
+            why += (
+                " (a Fabric 1 fabfile: --before runs Fabric >= 2 tasks, "
+                "`@task def prepare(c): c.run(...)` with `from fabric import task`)"
+            )
         raise UsageError(f"--before {spec}: cannot load {path}: {why}") from e
     finally:
         if folder in sys.path:

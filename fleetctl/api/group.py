@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fabric
@@ -37,6 +37,11 @@ class FleetConnection(fabric.Connection):
     known_hosts: str = ""
     label: str = ""
     where: str = ""
+    #: the node's inventory name: a group call's results are keyed by Connection, whose
+    #: ``host`` is the address (``{c.inventory_name: r for c, r in results.items()}``)
+    inventory_name: str = ""
+    #: its place in the group (rank order): threads fill a GroupResult as they end
+    index: int = -1
 
     def __init__(
         self,
@@ -114,6 +119,7 @@ def connection(
         )
         gateway = conn
     assert conn is not None
+    conn.inventory_name = node.name
     return conn
 
 
@@ -121,7 +127,18 @@ def group(
     nodes: Sequence[Node], settings: SSHSettings, config: fabric.Config | None = None
 ) -> fabric.ThreadingGroup:
     """The nodes' Connections, in rank order, as one ``ThreadingGroup``."""
-    return fabric.ThreadingGroup.from_connections([connection(n, settings, config) for n in nodes])
+    conns = [connection(n, settings, config) for n in nodes]
+    for i, c in enumerate(conns):
+        c.index = i
+    return fabric.ThreadingGroup.from_connections(conns)
+
+
+def by_name(results: Mapping[Any, Any]) -> dict[str, Any]:
+    """A group call's results (a ``GroupResult``, or a ``GroupException.result``) keyed by
+    inventory name instead of Connection, in the group's order (threads fill a GroupResult in
+    the order they end)."""
+    ordered = sorted(results.items(), key=lambda cr: getattr(cr[0], "index", -1))
+    return {getattr(c, "inventory_name", "") or c.host: r for c, r in ordered}
 
 
 def _config(base: fabric.Config | None) -> fabric.Config:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fleetctl import Fleet, HostKeyError, Job
+from fleetctl.api.group import by_name
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.infra import assert_node_clean, node_host
@@ -150,6 +151,11 @@ def test_the_fabric_group_reaches_every_host_through_the_bastion_in_rank_order(
         by_host = {c.host: r.stdout.split() for c, r in results.items()}
         names = [by_host[c.host][0] for c in group]
         assert names == [h.name for h in lab3.hosts]
+        # the results by inventory name, not by address
+        assert [c.inventory_name for c in group] == [h.name for h in lab3.hosts]
+        named = by_name(results)
+        assert list(named) == [h.name for h in lab3.hosts]
+        assert [r.stdout.split()[0] for r in named.values()] == names
         # node3 saw its SSH connection come from the bastion's data address: through it
         assert by_host[lab3.hosts[2].data_addr][1] == lab3.hosts[0].data_addr
     finally:

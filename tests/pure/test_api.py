@@ -221,6 +221,27 @@ def test_a_before_task_is_found_in_the_fabfiles_collection_too(tmp_path: Path) -
     assert load_task(f"{tmp_path}/fab.py:warm_up").func.body.__name__ == "warm_up"
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from fabric.api import run, env",
+        "from fabric.contrib.files import exists",
+        "import fabric.operations",
+    ],
+)
+def test_a_fabric_1_fabfile_is_told_that_before_runs_fabric_2_tasks(
+    tmp_path: Path, line: str
+) -> None:
+    from fleetctl.api.before import load_task
+
+    (tmp_path / "fabfile.py").write_text(f"{line}\n\ndef prepare():\n    run('true')\n")
+    with pytest.raises(UsageError) as ei:
+        load_task(f"{tmp_path}/fabfile.py:prepare")
+    msg = str(ei.value)
+    assert "\n" not in msg and "cannot load" in msg and "Fabric 1 fabfile" in msg
+    assert "from fabric import task" in msg
+
+
 # ---------------------------------------------------------------------------------- tasks
 
 
