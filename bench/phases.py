@@ -549,6 +549,46 @@ class PhaseBench:
             row.note += f"; {len(failures)} run(s) did not exit 0, first: {failures[0]}"
         return row
 
+    # -- 5b. before ------------------------------------------------------------------------
+    def before(self, repeats: int) -> list[Result]:
+        """``run --before fab.py:prepare`` whose task prints MB of 100-byte lines on each node:
+        the rate at which a task's output reaches the terminal and before.log."""
+        n, mb = (1, 2) if self.quick else (min(4, self.n(4)), 20)
+        row = Result("before", f"{n} node(s) × {mb} MB of task output via run --before", n)
+        lines = mb * 10**6 // 101
+        line = "x" * 100
+        fab = self.work / "before-fab.py"
+        fab.write_text(
+            "from fabric import task\n\n@task\ndef prepare(c):\n"
+            f"    c.run('yes {line} | head -n {lines}')\n"
+        )
+
+        def once() -> tuple[float, dict]:
+            stream = self.work / "before-stream.txt"
+            r = self.run_job(
+                n,
+                "print('ok')\n",
+                [],
+                name="before",
+                extra=["--before", f"{fab}:prepare"],
+                stdout_path=stream,
+                timeout=600,
+            )
+            if r["rc"] != 0:
+                raise SampleFailed(f"fleetctl run exit {r['rc']}: {r['why']}")
+            streamed = _count(stream, lambda x: x.endswith(line))
+            kept = sum(_count(log, lambda x: x == line) for log in r["folder"].glob("*/before.log"))
+            if streamed != n * lines or kept != n * lines:
+                raise SampleFailed(f"{n * lines} lines: {streamed} streamed, {kept} in before.log")
+            return r["wall"], {
+                "MB/s to the terminal": round(n * lines * 101 / 1e6 / r["wall"], 2),
+                "controller CPU s": r["cpu"],
+            }
+
+        repeat(row, repeats, once)
+        row.note = "time column = whole `fleetctl run` wall time (the job itself is a no-op)"
+        return [row]
+
     # -- 6. pipeline ----------------------------------------------------------------------
     def pipeline(self, repeats: int) -> list[Result]:
         n = self.n(8)
@@ -621,6 +661,11 @@ def _poll_hwm(pid: int, out: list[int]) -> None:
             return
         out[0] = max(out[0], int(m.group(1)))
         time.sleep(0.05)
+
+
+def _count(path: Path, match: Any) -> int:
+    with open(path, errors="replace") as f:
+        return sum(1 for x in f if match(x.rstrip()))
 
 
 def _lines_in(path: Path) -> set[tuple[int, int]]:
