@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import shlex
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT = 3600.0  # s for the task on every node; then the run stops before launch
 MAX_PARALLEL = 64  # nodes the task runs on at once
+STOP_GRACE = 2.0  # s between SIGTERM and SIGKILL for what a stopped task started
+STOP_WAIT = 30.0  # s for the stop on a node, and then for the stopped tasks to return
 
 
 @dataclass(frozen=True)
@@ -119,15 +123,29 @@ def _find(module: Any, name: str) -> Callable[..., Any] | None:
 
 def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | None) -> None:
     """The task on every node at once (at most MAX_PARALLEL), every node's outcome kept;
-    FleetError naming each node it failed on (or did not finish on within the timeout)."""
-    from concurrent.futures import ThreadPoolExecutor, wait
+    FleetError naming each node it failed on (or did not finish on within the timeout).
+
+    Every command the task runs carries an env tag of this call (``FLEET_JOB_ID``, as a job's
+    ranks do). When the task fails on a node, passes its timeout or is interrupted (Ctrl-C),
+    what it started on every node is stopped by that tag (the supervisor's ``stop``): closing
+    a channel would not end a command without a pty, and the other nodes' tasks end at once
+    instead of running to their end."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     from fleetctl.api.group import group
     from fleetctl.job.beforelog import BEFORE_OUTPUT
     from fleetctl.results import FleetResult
     from fleetctl.ssh.connection import SSHSettings
 
-    conns = list(group(nodes, settings or SSHSettings()))
+    settings = settings or SSHSettings()
+    conns = list(group(nodes, settings))
+    tag = f"before-{uuid.uuid4().hex[:12]}"
+    for i, c in enumerate(conns):  # a task's own env= replaces it (invoke's rule)
+        c.config.run.env = {
+            **(c.config.run.env or {}),
+            "FLEET_JOB_ID": tag,
+            "FLEET_NODE_RANK": str(i),
+        }
     sink = BEFORE_OUTPUT.get()
     streams = [_Lines(i, sink) for i in range(len(conns))] if sink is not None else []
     for c, s in zip(conns, streams, strict=False):  # what c.run/c.sudo/c.local do not hide
@@ -136,22 +154,35 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(conns))))
     routed = contextlib.ExitStack()
     routed.enter_context(_routing(streams))  # the tasks' own prints, until the end
+    ended = False
+    unstopped: dict[str, str] = {}
     try:
         futures = {
             pool.submit(_on_node, task.func, c, streams[i] if streams else None): n
             for i, (n, c) in enumerate(zip(nodes, conns, strict=True))
         }
-        _, late = wait(futures, timeout=task.timeout)
+        done, late = wait(futures, timeout=task.timeout, return_when=FIRST_EXCEPTION)
+        failed_first = any(f.exception() is not None for f in done)
+        if late:  # a failure (or the timeout): the others' commands are stopped, not awaited
+            _refuse(conns, "stopped: the task failed on another node")
+            unstopped = stop_tagged(nodes, settings, tag)
+            wait(late, timeout=STOP_WAIT)
         for fut, node in futures.items():
-            if fut in late:
-                outcomes[node.name] = TimeoutError(f"not done after {task.timeout:g} s")
-            elif fut.exception() is not None:
-                outcomes[node.name] = fut.exception()
+            if fut not in late:
+                err = fut.exception()
+                outcomes[node.name] = err if err is not None else fut.result()
+            elif failed_first and fut.done():
+                err = fut.exception()
+                outcomes[node.name] = Stopped() if err is not None else fut.result()
             else:
-                outcomes[node.name] = fut.result()
+                outcomes[node.name] = TimeoutError(f"not done after {task.timeout:g} s")
+        ended = True
     finally:
+        if not ended:  # interrupted: what the tasks started must not outlive the run
+            _refuse(conns, "stopped: the run was interrupted")
+            stop_tagged(nodes, settings, tag)
         pool.shutdown(wait=False, cancel_futures=True)
-        for c in conns:  # also ends a late task's command: its channel closes
+        for c in conns:
             with contextlib.suppress(Exception):  # a dead link has nothing left to close
                 c.close()
         routed.close()
@@ -160,12 +191,67 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     result: FleetResult[Any] = FleetResult(outcomes)
     if result.failed:
         labels = {n.name: n.label for n in nodes}
-        parts = [f"{labels[h]}: {describe(e)}" for h, e in result.failed.items()]
+        own = {h: e for h, e in result.failed.items() if not isinstance(e, Stopped)}
+        parts = [f"{labels[h]}: {describe(e)}" for h, e in own.items()]
+        more = len(result.failed) - len(own)
+        tail = f"; stopped on the {more} other node(s)" if more else ""
+        if unstopped:
+            tail += "; could not stop what it started on " + "; ".join(
+                f"{labels[h]}: {why}" for h, why in unstopped.items()
+            )
         raise FleetError(
-            f"--before {task.spec} failed on {len(parts)} of {len(nodes)} node(s): "
-            + "; ".join(parts),
+            f"--before {task.spec} failed on {len(own)} of {len(nodes)} node(s): "
+            + "; ".join(parts)
+            + tail,
             result,
         )
+
+
+def _refuse(conns: Sequence[Any], why: str) -> None:
+    """No command of the tasks starts from now on; the ones in flight lose their channel."""
+    for c in conns:
+        c.refused = why
+    for c in conns:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+class Stopped(Exception):
+    """A node's task ended because fleetctl stopped it (the task failed on another node)."""
+
+    def __str__(self) -> str:
+        return "stopped: the task failed on another node"
+
+
+def stop_tagged(nodes: Sequence[Node], settings: SSHSettings, tag: str) -> dict[str, str]:
+    """Stop, on every node at once, the processes the task's commands started (env tag
+    ``tag``: the supervisor's ``stop``, SIGTERM then SIGKILL); the nodes it could not stop
+    on, with why (a node that cannot be reached: its commands' channels are gone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleetctl import remote
+    from fleetctl.api.group import connection
+    from fleetctl.phases.frames import last_data
+
+    def one(i: int, node: Node) -> str | None:
+        argv = remote.cached_argv(node.python, node.workdir, "supervisor.py", "stop")
+        stop = shlex.join([*argv, "--job-id", tag, "--rank", str(i), "--grace", str(STOP_GRACE)])
+        try:
+            with connection(node, settings) as c:
+                # twice: a command whose exec request was in flight at the first scan
+                line = f"{stop} >/dev/null; sleep 0.5; {stop}"
+                res = c.run(line, hide=True, warn=True, timeout=STOP_WAIT)
+        except Exception as e:
+            return describe(e)
+        data = last_data(res.stdout)
+        if res.exited != 0 or not isinstance(data, dict):
+            return f"stop exited {res.exited}"
+        left = data.get("remaining") or []
+        return f"{len(left)} process(es) left" if left else None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(nodes)))) as pool:
+        whys = list(pool.map(one, range(len(nodes)), nodes))
+    return {n.name: why for n, why in zip(nodes, whys, strict=True) if why}
 
 
 class _Lines:

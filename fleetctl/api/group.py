@@ -56,6 +56,8 @@ class FleetConnection(fabric.Connection):
     inventory_name: str = ""
     #: its place in the group (rank order): threads fill a GroupResult as they end
     index: int = -1
+    #: set when fleetctl stops what a task started (``run --before``): no command runs after
+    refused: str = ""
 
     def __init__(
         self,
@@ -83,6 +85,11 @@ class FleetConnection(fabric.Connection):
             if refused is not None:
                 raise refused from e
             raise
+
+    def _run(self, runner: Any, command: str, **kwargs: Any) -> Any:
+        if self.refused:  # run, sudo and local all come here
+            raise ConnectionRefusedError(self.refused)
+        return super()._run(runner, command, **kwargs)
 
     def close(self) -> None:
         super().close()

@@ -5,6 +5,13 @@ through a bastion with fleetctl's host-key rules, and ``run --before`` with a fa
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -236,6 +243,92 @@ def test_run_before_failing_on_one_node_stops_the_run_before_launch_naming_it(
     job = json.loads((folder / "job.json").read_text())
     assert job["status"] == "error" and not (folder / "plan.json").exists()
     assert all(n["start_time"] is None for n in job["nodes"])  # nothing launched
+
+
+HANGING_FABFILE = """\
+from fabric import task
+
+@task
+def prepare(c):
+    marks = "{marks}"
+    if c.run("hostname", hide=True).stdout.strip() == "{fail_on}":
+        # fails once the other nodes' commands are running (/var/tmp: every lab host's)
+        c.run(f"while [ $(ls {{marks}} | wc -l) -lt 2 ]; do sleep 0.2; done; "
+              "echo no scratch space >&2; exit 5", hide=True)
+    # its own session, detached from the channel (fabric prefixes `export … &&`); then a
+    # command with no pty: closing the channel would not end it
+    c.run("sh -c 'setsid sleep 311 < /dev/null > /dev/null 2>&1 &'; "
+          f"touch {{marks}}/$(hostname); sleep 312", hide=True)
+"""
+
+
+# the task's sleep processes on a host (its own pid namespace): comm "sleep", argument 311/312
+SLEEPS = "ps -eo comm=,args= | awk '$1 == \"sleep\" && $3 ~ /^31[12]$/' | wc -l"
+
+
+def test_run_before_failing_on_one_node_stops_what_the_others_started(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """node2's task fails; node1's and node3's are in a 312 s command and have left a
+    311 s one in its own session: both are stopped on every node, the run ends at once
+    naming node2 alone, and nothing the task started is left anywhere."""
+    fab = tmp_path / "fabfile.py"
+    marks = Path(tempfile.mkdtemp(prefix="fleetctl-test-", dir="/var/tmp"))
+    fab.write_text(HANGING_FABFILE.format(marks=marks, fail_on="node2"))
+    t0 = time.monotonic()
+    r = run_cli(
+        "run", "-i", str(lab3.inventory_path), "--launcher", "plain",
+        "--runs-dir", str(tmp_path / "runs"), "--before", f"{fab}:prepare",
+        "--code", str(code), str(code / "job.py"),
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    shutil.rmtree(marks, ignore_errors=True)
+    assert r.exit_code == 3, r.stderr + r.stdout
+    assert "failed on 1 of 3 node(s): node2" in r.stderr and "exited 5" in r.stderr, r.stderr
+    assert "stopped on the 2 other node(s)" in r.stderr, r.stderr
+    assert took < 120, took  # not the 312 s the others' commands would take
+    for h in lab3.hosts:
+        assert lab3.exec(h.name, ["sh", "-c", SLEEPS]).stdout.strip() == "0", h.name
+
+
+def test_run_before_interrupted_stops_what_the_task_started_on_every_node(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """Ctrl-C while every node's task is in a long command: the run exits 130 and nothing
+    the task started (in the command, or on its own session) is left on any node."""
+    fab = tmp_path / "fabfile.py"
+    marks = Path(tempfile.mkdtemp(prefix="fleetctl-test-", dir="/var/tmp"))
+    fab.write_text(HANGING_FABFILE.format(marks=marks, fail_on="none"))
+    argv = [
+        sys.executable, "-m", "fleetctl", "run", "-i", str(lab3.inventory_path),
+        "--launcher", "plain", "--runs-dir", str(tmp_path / "runs"),
+        "--before", f"{fab}:prepare", "--code", str(code), str(code / "job.py"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    count = SLEEPS
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both commands running on every node
+            if all(
+                lab3.exec(h.name, ["sh", "-c", count]).stdout.strip() == "2" for h in lab3.hosts
+            ):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the task's commands did not start on every node")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    shutil.rmtree(marks, ignore_errors=True)
+    assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
+    for h in lab3.hosts:
+        assert lab3.exec(h.name, ["sh", "-c", count]).stdout.strip() == "0", h.name
 
 
 LOUD_FABFILE = """\
