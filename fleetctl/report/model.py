@@ -12,6 +12,7 @@ small whatever the job printed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from fleetctl.report.files import (
     tail_lines,
 )
 
+_QUIET = re.compile(r"no progress on any node for (\d+(?:\.\d+)?) s")
 EXCERPT_LINES = 40  # per failing rank: its last lines
 EXCERPT_RANKS = 8  # failing ranks excerpted at most (the first by time)
 ERROR_LINES = 12  # the culprit's own error lines shown on the first screen
@@ -228,7 +230,7 @@ def load(folder: str | Path) -> Report:
     t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
     culprit = _culprit(last_k, last_folder.path, last)
     plan = json_object(last_folder.path / PLAN_FILE)
-    collective = _collective(first.path / COLLECTIVE_FILE, last)
+    collective = _collective(first.path / COLLECTIVE_FILE, attempts[0][2])  # the check of #1
     if collective is not None:
         _mark_slow(lanes, collective)
     notes = []
@@ -309,9 +311,8 @@ def _lanes(k: int, folder: Path, job: JobRecord, first_hosts: set[str]) -> list[
             lane.spans.append(Span("running", start, stop, f"running: {lane.outcome}"))
         mine = [e for e in events if e.rank == node.rank and e.host == node.host]
         lane.spans += _teardown_spans(events, mine)
-        for e in mine:
-            if "stall" in e.text or e.kind == "stall":
-                lane.marks.append(Mark("stall", e.at, e.text))
+        lane.spans += _stall_spans(events)
+        lane.marks += [Mark("stall", e.at, e.text) for e in events if _is_stall(e)]
         if ff is not None and ff.rank == node.rank:
             at = parse_time(ff.time) or end
             if at is not None:
@@ -319,6 +320,21 @@ def _lanes(k: int, folder: Path, job: JobRecord, first_hosts: set[str]) -> list[
                 lane.marks.append(Mark("failure", at, f"first failure: {outcome(ff)}"))
         lanes.append(lane)
     return lanes
+
+
+def _is_stall(e: Event) -> bool:
+    return e.kind == "failure" and e.rank is None and e.text.startswith("stalled")
+
+
+def _stall_spans(events: list[Event]) -> list[Span]:
+    """A job-wide stall (``stalled: no progress on any node for 30 s``): the quiet stretch
+    before it was called, on every node's lane."""
+    out = []
+    for e in events:
+        m = _QUIET.search(e.text) if _is_stall(e) else None
+        if m is not None:
+            out.append(Span("stall", e.at - float(m.group(1)), e.at, e.text))
+    return out
 
 
 def _teardown_spans(events: list[Event], mine: list[Event]) -> list[Span]:

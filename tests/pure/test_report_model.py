@@ -277,3 +277,21 @@ def test_a_run_writes_its_report_unless_told_not_and_a_failed_write_is_only_a_wa
         assert str(e) == "Invalid value for '--no-report': 'no' is not True or False"
     else:
         raise AssertionError("report='no' was taken")
+
+
+def test_a_stall_shades_the_quiet_stretch_on_every_lane_and_its_folded_stacks_are_listed(
+    tmp_path: Path,
+) -> None:
+    stacks = [{"frame": "all_reduce (dist.py:9)", "ranks": [0, 1, 2]},
+              {"frame": "stuck_loading_batch (train.py:70)", "ranks": [3]}]  # fmt: skip
+    folder = make_run(tmp_path, hosts=["n1", "n2"], stacks=stacks)
+    with (folder / "events.log").open("a") as f:
+        f.write(f"{at(19)} failure stalled: no progress on any node for 12 s\n")
+    r = load(folder)
+    for lane in r.lanes:
+        [stall] = [s for s in lane.spans if s.kind == "stall"]
+        assert (stall.start, stall.end) == (_epoch(at(7)), _epoch(at(19)))
+        assert [m.label for m in lane.marks if m.kind == "stall"] == [stall.label]
+    html = build_report(folder)
+    odd = re.search(r'<tr class="bad"><td><code>([^<]+)</code></td><td>3</td>', html)
+    assert odd and odd.group(1) == "stuck_loading_batch (train.py:70)"
