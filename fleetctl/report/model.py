@@ -228,14 +228,18 @@ def load(folder: str | Path) -> Report:
     times = [t for lane in lanes for s in lane.spans for t in (s.start, s.end)]
     times += [m.at for lane in lanes for m in lane.marks]
     t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
-    culprit = _culprit(last_k, last_folder.path, last)
+    culprit = _culprit(last_k, last_folder.path, last, _relative(last_folder.path, first.path))
     plan = json_object(last_folder.path / PLAN_FILE)
-    collective = _collective(first.path / COLLECTIVE_FILE, attempts[0][2])  # the check of #1
-    if collective is not None:
-        _mark_slow(lanes, collective)
+    collective = None
+    for k, f, job in reversed(attempts):  # the latest check that measured the collective
+        collective = _collective(f.path / COLLECTIVE_FILE, job)
+        if collective is not None:
+            _mark_slow([x for x in lanes if x.attempt == k], collective)
+            break
     notes = []
     if not (last_folder.path / RANKS_FILE).is_file():
-        notes.append("no ranks.json: the rank map is the plan's nodes only")
+        notes.append("no ranks.json in the run folder (the job never launched, or it predates it)")
+    there = _relative(last_folder.path, first.path)
     return Report(
         job_id=attempts[0][2].job_id,
         status=last.status,
@@ -250,15 +254,21 @@ def load(folder: str | Path) -> Report:
         lanes=lanes,
         t0=t0,
         t1=max(t1, t0 + 1e-3),
-        ranks=_ranks(last_folder.path, last),
+        ranks=_ranks(last_folder.path, last, there),
         checks=_checks(plan, last),
         collective=collective,
         progress=_progress(attempts),
         stacks=_stacks(last),
-        excerpts=_excerpts(last_folder.path, last, first.path),
+        excerpts=_excerpts(last_folder.path, last, there),
         errors=list(last.errors),
         notes=notes,
     )
+
+
+def _relative(folder: Path, base: Path) -> str:
+    """The prefix that makes a path relative to ``folder`` (a retry's) relative to ``base``
+    (the job's first folder, where links start): '' or ``../<job>.2/``."""
+    return "" if folder == base else f"../{folder.name}/"
 
 
 # ------------------------------------------------------------------------------ lanes
@@ -352,7 +362,7 @@ def _teardown_spans(events: list[Event], mine: list[Event]) -> list[Span]:
 
 def _mark_slow(lanes: list[Lane], coll: Collective) -> None:
     for lane in lanes:
-        if lane.attempt == 1 and lane.host in coll.slow:
+        if lane.host in coll.slow:
             check = next((s for s in lane.spans if s.kind == "check"), None)
             if check is not None:
                 why = "; ".join(r for h, r in coll.failures if h == lane.host)
@@ -371,7 +381,7 @@ def _verdict(job: JobRecord, culprit: Culprit | None, attempts: int) -> str:
     return f"{job.status}{tries}"
 
 
-def _culprit(k: int, folder: Path, job: JobRecord) -> Culprit | None:
+def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None:
     ff = job.first_failure
     if ff is None:
         return None
@@ -394,13 +404,13 @@ def _culprit(k: int, folder: Path, job: JobRecord) -> Culprit | None:
         local_rank=fr.get("local_rank") if fr else None,
         reason=reason,
         error_lines=tuple(lines),
-        error_log=str(fr.get("error_log") or (fr.get("logs") or [None])[0]) if fr else None,
+        error_log=there + str(fr.get("error_log") or (fr.get("logs") or [None])[0]) if fr else None,
         attempt=k,
         likely_cause=tuple(job.culprits or ()),
     )
 
 
-def _ranks(folder: Path, job: JobRecord) -> list[RankRow]:
+def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
     data = json_object(folder / RANKS_FILE) or {}
     failed = {r.get("rank"): r for r in job.failed_ranks or []}
     rows = []
@@ -418,7 +428,7 @@ def _ranks(folder: Path, job: JobRecord) -> list[RankRow]:
                 pid=r.get("pid"),
                 outcome=(f"exit code {code}" if code is not None else "failed") if f else "",
                 failed=f is not None,
-                logs=tuple(str(x) for x in r.get("logs") or []),
+                logs=tuple(there + str(x) for x in r.get("logs") or []),
             )
         )
     return rows
@@ -514,10 +524,9 @@ def _stacks(job: JobRecord) -> list[StackGroup]:
     ]
 
 
-def _excerpts(folder: Path, job: JobRecord, base: Path) -> list[Excerpt]:
+def _excerpts(folder: Path, job: JobRecord, prefix: str) -> list[Excerpt]:
     """The failing ranks' logs (the first EXCERPT_RANKS), else the first failed node's
-    console; paths relative to ``base``, the folder the report describes."""
-    prefix = "" if folder == base else f"{folder.name}/"
+    console; ``prefix`` makes their paths relative to the job's first folder."""
     out = []
     for fr in (job.failed_ranks or [])[:EXCERPT_RANKS]:
         rel = fr.get("error_log") or (fr.get("logs") or [None])[0]

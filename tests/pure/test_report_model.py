@@ -125,7 +125,13 @@ def digest(folder: Path) -> dict[str, Any]:
     return {
         "verdict": r.verdict,
         "culprit": r.culprit
-        and (r.culprit.host, r.culprit.rank, r.culprit.reason, r.culprit.error_lines[-1]),
+        and (
+            r.culprit.host,
+            r.culprit.rank,
+            r.culprit.reason,
+            r.culprit.error_lines[-1],
+            r.culprit.error_log,
+        ),
         "lanes": [
             (
                 x.attempt,
@@ -138,7 +144,7 @@ def digest(folder: Path) -> dict[str, Any]:
             )
             for x in r.lanes
         ],
-        "failed_ranks": [k.rank for k in r.ranks if k.failed],
+        "failed_ranks": [(k.rank, k.logs) for k in r.ranks if k.failed],
         "checks": [(c.host, c.nic, c.state) for c in r.checks],
         "progress": [(p.attempt, p.rank, p.lines, round(p.rate or 0, 2)) for p in r.progress][:3],
         "excerpts": [(e.title, e.path, len(e.lines), e.cut) for e in r.excerpts],
@@ -166,7 +172,13 @@ def test_a_retried_job_with_a_spare_and_a_slow_node_reads_as_these_facts(tmp_pat
     run_lanes = [*PHASES[:4], "running", "teardown", "collect"]
     assert digest(first) == {
         "verdict": "failed after 2 attempts: rank 3 on n4 (node 1), exit code 1 after 16.0 s",
-        "culprit": ("n4", 3, "exit code 1 after 16.0 s", "RuntimeError: <b>boom</b> on purpose"),
+        "culprit": (
+            "n4",
+            3,
+            "exit code 1 after 16.0 s",
+            "RuntimeError: <b>boom</b> on purpose",
+            f"../{JOB}.2/1-n4/rank1.log",
+        ),
         "lanes": [
             (1, 0, "n1", False, False, [*PHASES[:4], "collect", "running", "teardown"], []),
             (1, 1, "n2", False, True, [*PHASES[:4], "collect", "running", "teardown"], ["failure"]),
@@ -175,13 +187,17 @@ def test_a_retried_job_with_a_spare_and_a_slow_node_reads_as_these_facts(tmp_pat
             (2, 1, "n4", True, True, [*PHASES[:4], "collect", "running", "teardown"], ["failure"]),
             (2, 2, "n3", False, False, [*PHASES[:4], "collect", "running", "teardown"], []),
         ],
-        "failed_ranks": [3],
+        "failed_ranks": [(3, (f"../{JOB}.2/1-n4/rank1.log",))],
         "checks": [("n1", "eth0", "stopped"), ("n4", "eth0", "failed"), ("n3", "eth0", "stopped")],
         "progress": [(1, 0, 30, 1.88), (1, 1, 30, 1.88), (1, 2, 30, 2.0)],
-        "excerpts": [("rank 3 on n4 (local rank 1)", f"{JOB}.2/1-n4/rank1.log", 32, False)],
+        "excerpts": [("rank 3 on n4 (local rank 1)", f"../{JOB}.2/1-n4/rank1.log", 32, False)],
         "slow": ["n3"],
         "stacks": [("wait (train.py:9)", (0, 1, 3)), ("load (train.py:70)", (2,))],
     }
+    r = load(first)  # every link resolves from the first folder, where the report lies
+    assert r.culprit and (first / r.culprit.error_log).is_file()  # type: ignore[operator]
+    assert all((first / p).is_file() for k in r.ranks for p in k.logs)
+    assert all((first / e.path).is_file() for e in r.excerpts)
     assert sorted(set(run_lanes)) == sorted({k for lane in digest(first)["lanes"] for k in lane[5]})
 
 
