@@ -311,3 +311,14 @@ def test_a_stall_shades_the_quiet_stretch_on_every_lane_and_its_folded_stacks_ar
     html = build_report(folder)
     odd = re.search(r'<tr class="bad"><td><code>([^<]+)</code></td><td>3</td>', html)
     assert odd and odd.group(1) == "stuck_loading_batch (train.py:70)"
+
+
+def test_lines_are_counted_exactly_in_a_small_log_and_estimated_past_the_limit(
+    tmp_path: Path,
+) -> None:
+    from fleetctl.report.files import count_lines
+
+    log = tmp_path / "rank.log"
+    log.write_bytes(b"0123456789\n" * 1000)
+    assert count_lines(log) == 1000 and count_lines(log, limit=1100) == 1000
+    assert count_lines(tmp_path / "missing.log") == 0
