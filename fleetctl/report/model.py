@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -296,8 +297,8 @@ def _phase_spans(job: JobRecord) -> list[Span]:
         if at is not None and kind is not None:
             marks.append((at, kind, name))
     spans = []
-    for (at, kind, name), nxt in zip(marks, [*marks[1:], None], strict=True):
-        if kind != "done" and nxt is not None:
+    for (at, kind, name), nxt in pairwise(marks):
+        if kind != "done":
             spans.append(Span(kind, at, nxt[0], name))
     return spans
 

@@ -322,3 +322,11 @@ def test_lines_are_counted_exactly_in_a_small_log_and_estimated_past_the_limit(
     log.write_bytes(b"0123456789\n" * 1000)
     assert count_lines(log) == 1000 and count_lines(log, limit=1100) == 1000
     assert count_lines(tmp_path / "missing.log") == 0
+
+
+def test_a_job_that_never_launched_still_has_a_report_with_its_errors(tmp_path: Path) -> None:
+    folder = tmp_path / "J1"
+    _write(folder / "job.json", {"job_id": "J1", "status": "error", "errors": ["node2: <refused>"]})
+    html = build_report(folder)
+    assert 'Job J1: <span class="status">error</span>' in html
+    assert "<li>node2: &lt;refused&gt;</li>" in html and 'id="culprit"' not in html
