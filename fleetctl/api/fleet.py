@@ -320,6 +320,7 @@ class Fleet:
         monitor: bool = True,
         monitor_lost_timeout: float | None = None,
         probe_timeout: float = 30.0,
+        report: bool = True,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -337,7 +338,8 @@ class Fleet:
         ``nodes``: run on that many hosts that pass the check, the others spares for retries
         (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``resume``: an
         earlier job's id (or ``"last"``) whose checkpoint files every node gets before launch
-        (``checkpoint_dir``: which folder). ``before``: a
+        (``checkpoint_dir``: which folder). ``report=False``: no ``report.html`` written into
+        the run folder at the end (``Job.report()`` makes one later). ``before``: a
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``). ``collective``: the
@@ -388,6 +390,7 @@ class Fleet:
             monitor=monitor,
             monitor_lost_timeout=monitor_lost_timeout,
             probe_timeout=probe_timeout,
+            report=report,
         )
         return self.run_spec(spec, dry_run=dry_run, foreground=foreground, on_event=on_event)
 

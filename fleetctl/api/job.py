@@ -442,6 +442,13 @@ class Job:
                 lines=lines,
             )
 
+    def report(self, out: str | Path | None = None) -> Path:
+        """Write the job's offline HTML report from its run folder (``fleetctl report``;
+        default ``<run folder>/report.html``); the path written."""
+        from fleetctl.api.runs import report
+
+        return report(self.job_id, runs_dir=self.runs_dir, out=out)
+
     @property
     def record(self) -> JobRecord:
         """job.json as it is now (``JobRecord``)."""

@@ -167,6 +167,7 @@ def prepare(
         retry=retry_policy,
         monitor=spec.monitor.monitor,
         monitor_lost_timeout=spec.monitor.monitor_lost_timeout,
+        report=spec.collection.report,
     )
     return Prepared(request, before)
 

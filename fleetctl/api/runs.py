@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,3 +21,32 @@ def runs(runs_dir: str | Path = DEFAULT_RUNS_DIR) -> list[RunRecord]:
     from fleetctl.job.records import list_records
 
     return list_records(runs_dir)
+
+
+def report(
+    job: str | Path, *, runs_dir: str | Path = DEFAULT_RUNS_DIR, out: str | Path | None = None
+) -> Path:
+    """Write the offline HTML report of ``job`` (a job id or unique prefix in ``runs_dir``,
+    or the path of its run folder) from its run folder alone, every retry attempt included,
+    to ``out`` (default ``<run folder>/report.html``); the path written. RunFolderError when
+    there is no such job or the file cannot be written (docs/report.md)."""
+    from fleetctl.errors import RunFolderError
+    from fleetctl.job.records import ATTEMPT_RE
+    from fleetctl.job.runfolder import load_run
+    from fleetctl.report import write_report
+
+    path = Path(job)
+    if os.sep in str(job) or (path.is_dir() and (path / "job.json").is_file()):
+        if not (path / "job.json").is_file():
+            raise RunFolderError(f"{path}: not a run folder (no job.json)")
+        folder = path
+    else:
+        folder = load_run(runs_dir, str(job)).path
+    m = ATTEMPT_RE.match(folder.name)
+    if m and (folder.parent / m.group("base") / "job.json").is_file():
+        folder = folder.parent / m.group("base")  # a retry's folder: the job's first
+    try:
+        return write_report(folder, out)
+    except OSError as e:
+        where = out or folder / "report.html"
+        raise RunFolderError(f"{where}: cannot write the report: {e}") from e

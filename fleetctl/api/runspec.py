@@ -302,14 +302,20 @@ class Retry(_Group):
 
 @dataclass(frozen=True)
 class Collection(_Group):
-    """What log collection brings home (``--collect-max``, ``--collect-exclude``: the
-    command's own options, shared with ``fleetctl collect``)."""
+    """What the run leaves in its run folder: the logs collection brings home
+    (``--collect-max``, ``--collect-exclude``: the command's own options, shared with
+    ``fleetctl collect``) and the report written at its end."""
 
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
         None, "--collect-max", param="collect_max", check=_collect, cli="own"
     )
+    report: bool = option(
+        True, "--no-report", param="no_report",
+        help="Write no report.html into the run folder when the run ends (`fleetctl report "
+        "JOB` makes one later); see docs/report.md.",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "fleetctl.cli.push_cmd",
         "Ship code and the conda-pack env to every host; verify python and NCCL there.",
     ),
+    "report": LazyCommand(
+        "fleetctl.cli.report_cmd",
+        "Write JOB's report: one self-contained HTML file from its run folder alone.",
+    ),
     "run": LazyCommand(
         "fleetctl.cli.run_cmd",
         "Run SCRIPT [ARGS...] on every node of the inventory (default: this machine alone), "

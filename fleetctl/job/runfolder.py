@@ -16,6 +16,8 @@ lock. The files:
 * ``controller.json`` — who created the folder (the ``fleetctl run`` process: pid, start time,
   boot, host), so ``fleetctl status`` can tell a job whose controller is gone;
 * ``stacks-<time>.txt`` — every process's stack, dumped on demand (``fleetctl stacks``);
+* ``report.html`` — the job's offline report, made from the other files by
+  :mod:`fleetctl.report` (which writes it, atomically and 0600) when the run ends;
 * ``slurm.json``, ``sbatch.sh`` — ``run --slurm``: the Slurm job id and state, the batch script
   as submitted; ``slurm.out`` (the script's output) is written by Slurm itself. The run inside
   the allocation adopts the folder its submitter made (:meth:`RunFolder.create`);
@@ -61,6 +63,7 @@ SLURM_FILE = "slurm.json"
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 BEFORE_LOG = "before.log"
+REPORT_FILE = "report.html"
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer

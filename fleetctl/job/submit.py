@@ -64,6 +64,7 @@ class JobRequest:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     monitor: bool = True  # detached: start a job monitor
     monitor_lost_timeout: float | None = None
+    report: bool = True  # write report.html into the job's run folder when it ends
 
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
@@ -124,7 +125,31 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
     done = Submitted(result)
     if done.detached and request.monitor:
         done.monitor = _start_monitor(request, options, result)
+    elif request.report and not done.detached:
+        _write_report(result, on_event)
     return done
+
+
+def _write_report(result: JobResult, on_event: Callable[[JobEvent], None]) -> None:
+    """report.html into the job's first run folder (every attempt in it). Never changes the
+    run's outcome: a failure to write it is a warning."""
+    from pathlib import Path
+
+    from fleetctl.job.records import ATTEMPT_RE
+    from fleetctl.job.result import JobEvent
+
+    if not result.folder:
+        return
+    folder = Path(result.folder)
+    m = ATTEMPT_RE.match(folder.name)
+    if m and (folder.parent / m.group("base")).is_dir():
+        folder = folder.parent / m.group("base")
+    try:
+        from fleetctl.report import write_report
+
+        write_report(folder)
+    except Exception as e:  # a report is a convenience, never the run's verdict
+        on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
 
 
 def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) -> SpawnedMonitor:

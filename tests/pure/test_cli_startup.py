@@ -31,7 +31,7 @@ finally:
 """
 
 # Never needed to print the version or to run a command on this machine without an inventory.
-HEAVY = ("fleetctl.lab", "fleetctl.phases", "fleetctl.job", "paramiko", "rich")
+HEAVY = ("fleetctl.lab", "fleetctl.phases", "fleetctl.job", "paramiko", "rich", "jinja2")
 COMMAND_MODULES = {c.module for c in COMMANDS.values()}
 
 
@@ -74,6 +74,7 @@ def test_help_lists_every_visible_command_without_importing_one(tmp_path: Path) 
     listed = re.findall(r"^  (\S+)  ", p.stdout.split("Commands:\n", 1)[1], re.M)
     assert listed == sorted(n for n, c in COMMANDS.items() if c.summary is not None)
     assert loaded(names, COMMAND_MODULES) == []
+    assert loaded(names, ("jinja2", "fleetctl.report")) == []
 
 
 @pytest.mark.parametrize(
