@@ -11,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import UsageError
+from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.job.retry import RetryPolicy
 from fleetctl.job.state import JobStatus
 
 if TYPE_CHECKING:
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.hooks import Hooks
     from fleetctl.job.monitor_process import SpawnedMonitor
     from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.run import RunOptions
@@ -64,10 +67,18 @@ class JobRequest:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     monitor: bool = True  # detached: start a job monitor
     monitor_lost_timeout: float | None = None
+    metrics_addr: str | None = None  # --metrics-addr HOST:PORT, served while the run lasts
+    metrics_textfile: str | None = None  # --metrics-textfile PATH
+    hooks: Hooks | None = None  # --on-failure/--on-end, run once the job ended
 
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
+        if self.options.detach and (self.metrics_addr or self.metrics_textfile or self.hooks):
+            raise UsageError(
+                "--metrics-addr/--metrics-textfile/--on-failure/--on-end are not served for a "
+                "detached job yet (its job monitor does not carry them): run it attached"
+            )
         if (
             self.options.detach
             and not self.monitor
@@ -95,7 +106,47 @@ class Submitted:
 
 def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     """Run the job — once, or attempt after attempt while the retry policy says so — and
-    start the monitor of a detached job that runs everywhere."""
+    start the monitor of a detached job that runs everywhere. Its metrics are served from
+    before the first node is reached to the end (``--metrics-addr``: a busy address stops the
+    run before it starts); its hooks run once it ended, whatever they do never its outcome."""
+    endpoint = _metrics_endpoint(request)
+    options = request.options
+    if endpoint is not None:
+        options = dataclasses.replace(options, observer=endpoint.metrics)
+    try:
+        done = _submit(dataclasses.replace(request, options=options), on_event)
+    except FleetctlError as e:
+        if request.hooks:  # could not start (check, push, plan): a failure to tell about
+            from fleetctl.job.hooks import run_hooks
+
+            folder = Path(options.runs_dir) / request.spec.job_id
+            if folder.is_dir():
+                run_hooks(request.hooks, request.spec.job_id, "error", folder,
+                          reason=e.one_line(), on_event=on_event)  # fmt: skip
+        raise
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+    if request.hooks and not done.detached:
+        from fleetctl.job.hooks import run_hooks
+
+        r = done.result
+        run_hooks(request.hooks, r.job_id, r.status, r.folder, result=r, on_event=on_event)
+    return done
+
+
+def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
+    """The run's metrics, listening already (None: not asked for)."""
+    if request.metrics_addr is None and request.metrics_textfile is None:
+        return None
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.metrics import JobMetrics
+
+    metrics = JobMetrics(max_attempts=request.retry.max_retries + 1)
+    return MetricsEndpoint(metrics, request.metrics_addr, request.metrics_textfile).start()
+
+
+def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     from fleetctl.job.result import JobEvent
     from fleetctl.job.run import run_job
 
