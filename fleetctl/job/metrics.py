@@ -8,7 +8,8 @@ and :class:`JobMetrics` keeps it as one :class:`JobSample`, copied out whole for
 ``--metrics-addr``/``--metrics-textfile`` ask for it); a run without them has no observer.
 
 The slow-node score comes from outside the job core: whoever judges slow nodes calls
-:meth:`JobMetrics.set_slow_scores` (host → score); until then every node's score is 0.
+:meth:`JobObserver.slow_scores` (host → score) on the job's observer (``JobContext.observer``,
+None without metrics); until then every node's score is 0.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class JobObserver(Protocol):
 
     def collective(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
         """The collective benchmark's per-host figures (``CollectiveReport.nodes``)."""
+
+    def slow_scores(self, scores: Mapping[str, float]) -> None:
+        """The slow-node watcher's scores by host (higher: slower): its hook into the
+        metrics (``job.observer.slow_scores(...)`` where ``job.observer`` is not None)."""
 
 
 @dataclass
@@ -141,9 +146,9 @@ class JobMetrics:
                 n.busbw = float(bw) if isinstance(bw, (int, float)) else None
 
     # -- from outside the job core
-    def set_slow_scores(self, scores: Mapping[str, float]) -> None:
+    def slow_scores(self, scores: Mapping[str, float]) -> None:
         """The slow-node watcher's scores by host (higher: slower); hosts not named keep
-        theirs. This is the hook the slow-node judgement calls."""
+        theirs, and keep them across retries."""
         with self._lock:
             self._scores.update({h: float(v) for h, v in scores.items()})
             for n in self._s.nodes:
