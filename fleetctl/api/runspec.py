@@ -374,8 +374,8 @@ class Observe(_Group):
 
     metrics_addr: str | None = option(
         None, "--metrics-addr", check=c.host_port, metavar="HOST:PORT",
-        help="Serve Prometheus metrics at http://HOST:PORT/metrics while the run lasts (not "
-        "with --detach yet); only that address is bound.",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics while the run lasts (the "
+        "job monitor's, with --detach); only that address is bound.",
     )  # fmt: skip
     metrics_textfile: str | None = option(
         None, "--metrics-textfile", check=c.TEXT, metavar="PATH",

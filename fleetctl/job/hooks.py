@@ -42,6 +42,12 @@ class Hooks:
     def __bool__(self) -> bool:
         return bool(self.on_failure or self.on_end)
 
+    def argv(self) -> list[str]:
+        """As ``fleetctl monitor``'s options (a detached job's monitor runs them)."""
+        out = ["--on-failure", self.on_failure] if self.on_failure else []
+        out += ["--on-end", self.on_end] if self.on_end else []
+        return [*out, "--hook-timeout", repr(float(self.timeout))] if out else []
+
 
 @dataclass(frozen=True)
 class HookRun:
@@ -64,9 +70,11 @@ def hook_env(
     *,
     result: JobResult | None = None,
     reason: str | None = None,
+    culprit: tuple[str, int, str] | None = None,
 ) -> dict[str, str]:
     """The ``FLEETCTL_*`` variables a hook gets: the job, how it ended, the node that failed
-    first (empty when none), the post-mortem's likely causes, the run folder."""
+    first (empty when none; ``culprit``: host, rank, how — the monitor's, which has no
+    result), the post-mortem's likely causes, the run folder."""
     env = {
         "FLEETCTL_JOB_ID": job_id,
         "FLEETCTL_STATUS": str(status),
@@ -79,6 +87,10 @@ def hook_env(
         "FLEETCTL_LIKELY_CAUSE": "",
         "FLEETCTL_REASON": reason or "",
     }
+    if culprit is not None:
+        host, rank, how = culprit
+        env.update(FLEETCTL_CULPRIT_HOST=host, FLEETCTL_CULPRIT_RANK=str(rank))
+        env["FLEETCTL_CULPRIT_REASON"] = how
     if result is not None:
         env["FLEETCTL_EXIT_CODE"] = str(result.exit_code)
         env["FLEETCTL_ATTEMPT"] = str(result.attempt)
@@ -145,6 +157,7 @@ def run_hooks(
     *,
     result: JobResult | None = None,
     reason: str | None = None,
+    culprit: tuple[str, int, str] | None = None,
     on_event: Callable[[JobEvent], None] | None = None,
 ) -> list[HookRun]:
     """``--on-failure`` (the job failed, or could not start) then ``--on-end`` (always). Never
@@ -156,7 +169,7 @@ def run_hooks(
         todo.append(("on-failure", hooks.on_failure))
     if hooks.on_end:
         todo.append(("on-end", hooks.on_end))
-    env = hook_env(job_id, status, folder, result=result, reason=reason)
+    env = hook_env(job_id, status, folder, result=result, reason=reason, culprit=culprit)
     out = []
     for name, command in todo:
         try:

@@ -145,6 +145,21 @@ class JobMetrics:
                 bw = (nodes.get(n.host) or {}).get("busbw")
                 n.busbw = float(bw) if isinstance(bw, (int, float)) else None
 
+    # -- the detached job's monitor, which polls instead of streaming
+    def polled(
+        self, states: Mapping[int, str], *, phase: str, status: str, progress: float | None
+    ) -> None:
+        """The node states one monitor poll found (rank → a ``NodeState`` value; ranks not
+        named keep theirs), the phase, the status and when any node last made progress."""
+        with self._lock:
+            s = self._s
+            s.phase, s.status = phase, status
+            if progress is not None:
+                s.last_progress = progress
+            for rank, state in states.items():
+                if rank < len(s.nodes):
+                    s.nodes[rank].state = state
+
     # -- from outside the job core
     def slow_scores(self, scores: Mapping[str, float]) -> None:
         """The slow-node watcher's scores by host (higher: slower); hosts not named keep

@@ -74,10 +74,14 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
-        if self.options.detach and (self.metrics_addr or self.metrics_textfile or self.hooks):
+        if (
+            self.options.detach
+            and not self.monitor
+            and (self.metrics_addr or self.metrics_textfile or self.hooks)
+        ):
             raise UsageError(
-                "--metrics-addr/--metrics-textfile/--on-failure/--on-end are not served for a "
-                "detached job yet (its job monitor does not carry them): run it attached"
+                "--metrics-addr/--metrics-textfile/--on-failure/--on-end of a detached job are "
+                "served and run by its job monitor: not with --no-monitor"
             )
         if (
             self.options.detach
@@ -111,7 +115,10 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
     run before it starts); its hooks run once it ended, whatever they do never its outcome."""
     endpoint = _metrics_endpoint(request)
     options = request.options
-    if endpoint is not None:
+    if endpoint is not None and options.detach:  # the address is free: its monitor serves it
+        endpoint.stop()
+        endpoint = None
+    elif endpoint is not None:
         options = dataclasses.replace(options, observer=endpoint.metrics)
     try:
         done = _submit(dataclasses.replace(request, options=options), on_event)
@@ -197,4 +204,7 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         timeout=options.timeout,
         stall_timeout=options.stall_timeout,
         startup_timeout=options.startup_timeout,
+        metrics_addr=request.metrics_addr,
+        metrics_textfile=request.metrics_textfile,
+        hooks=request.hooks,
     )

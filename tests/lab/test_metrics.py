@@ -1,10 +1,12 @@
 """``run --metrics-addr``/``--metrics-textfile`` on a real 3-node job: scraped while it runs,
 one series per node, checked by ``promtool check metrics``; ``--on-failure``/``--on-end``
 hooks after a real failure: their env, their output in the run folder, a hanging hook killed
-after ``--hook-timeout``, and the run's exit status theirs never."""
+after ``--hook-timeout``, and the run's exit status theirs never; a detached job's monitor
+serving the same and running the hooks."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.lab import Lab
-from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.cli_runner import run_cli, run_cli_process
 from fleetctl.testing.jobs import killed_at_exit, start_running, stop_job
 from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
@@ -35,10 +37,11 @@ for i in range(1500):
     time.sleep(0.2)
 """
 
+# node rank 1 fails (exit 1) after sys.argv[1] ticks of 0.2 s; the others tick until stopped
 FAIL_ON_1 = """\
 import os, sys, time
 rank = int(os.environ["FLEET_NODE_RANK"])
-for i in range(10 if rank == 1 else 1500):
+for i in range(int(sys.argv[1]) if rank == 1 else 1500):
     print(f"tick rank={rank} i={i}", flush=True)
     time.sleep(0.2)
 sys.exit(1)
@@ -92,6 +95,10 @@ def check_metrics(text: str) -> None:
     assert p.returncode == 0, p.stdout + p.stderr + text
 
 
+def node_states(text: str) -> list[str]:
+    return [s["state"] for s in series(text, "fleetctl_node_state")]
+
+
 def per_node(text: str, name: str) -> list[tuple[str, str]]:
     return sorted((s["host"], s["node_rank"]) for s in series(text, name))
 
@@ -125,12 +132,13 @@ def test_a_running_job_serves_one_series_per_node_that_promtool_accepts(
         assert {s["job_id"] for s in series(text, "fleetctl_node_state")} == {job_id}
         assert f'fleetctl_job_ranks_alive{{job_id="{job_id}"}} 3.0' in text
         assert f'fleetctl_job_phase{{job_id="{job_id}",phase="run"}} 1.0' in text
+
         # the textfile variant: the same families, rewritten while the job runs
-        running = wait_for(
-            lambda: "running" in textfile.read_text() and textfile.read_text(),
-            15,
-            what="the textfile with running nodes",
-        )
+        def written() -> str | None:
+            text = textfile.read_text()
+            return text if node_states(text) == ["running"] * 3 else None
+
+        running = wait_for(written, 15, what="the textfile with 3 running nodes")
         check_metrics(running)
         assert per_node(running, "fleetctl_node_state") == want
         stop_job(runs, job_id)
@@ -164,7 +172,7 @@ def test_hooks_tell_about_a_failure_keep_their_output_and_never_change_the_exit_
         "--on-failure", f"env | grep ^FLEETCTL_ | sort > {out}/env.txt; echo paging; exit 7",
         "--on-end", f"echo ending; sleep 300 & echo $! > {out}/sleep.pid; wait",
         "--hook-timeout", "2",
-        str(code / "fail_on_1.py"),
+        str(code / "fail_on_1.py"), "10",
     )  # fmt: skip
     t0 = time.monotonic()
     r = run_cli(*argv, cwd=ROOT)
@@ -185,3 +193,45 @@ def test_hooks_tell_about_a_failure_keep_their_output_and_never_change_the_exit_
     assert "--on-end killed: timed out" in r.stderr
     pid = int((out / "sleep.pid").read_text())  # what the hanging hook started went with it
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), 5, what="the hook's sleep gone")
+
+
+def test_a_detached_jobs_monitor_serves_its_metrics_and_runs_its_hooks(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    promtool()
+    runs, out, port = tmp_path / "runs", tmp_path / "hook", free_port()
+    out.mkdir()
+    addr = f"127.0.0.1:{port}"
+    argv = run_args(
+        lab3, runs, code, "--detach", "--metrics-addr", addr,
+        "--on-failure", f"env | grep ^FLEETCTL_ | sort > {out}/env.txt",
+        str(code / "fail_on_1.py"), "40",
+    )  # fmt: skip
+    r = run_cli_process(*argv, cwd=ROOT, timeout=120)
+    assert r.exit_code == 0, r.stderr
+    job_id = r.stdout.strip()
+
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None  # the monitor is still starting
+        return text if node_states(text) == ["running"] * 3 else None
+
+    text = wait_for(scrape, 20, what="the monitor serving 3 running nodes", interval=0.3)
+    check_metrics(text)
+    assert per_node(text, "fleetctl_node_state") == [(h, str(i)) for i, h in enumerate(HOSTS)]
+    env_file = out / "env.txt"
+    wait_for(env_file.exists, 60, what="the monitor's --on-failure hook")
+    env = dict(line.split("=", 1) for line in wait_for(env_file.read_text, 5).splitlines())
+    assert (env["FLEETCTL_JOB_ID"], env["FLEETCTL_STATUS"]) == (job_id, "failed")
+    assert (env["FLEETCTL_CULPRIT_HOST"], env["FLEETCTL_CULPRIT_RANK"]) == ("node2", "1")
+    assert "hook --on-failure exited 0" in (runs / job_id / "events.log").read_text()
+
+    def monitor_phase() -> object:
+        return json.loads((runs / job_id / "job.json").read_text())["monitor"]["phase"]
+
+    wait_for(lambda: monitor_phase() == "exited", 30, what="the monitor's exit")
+    with pytest.raises(ConnectionRefusedError):  # its server went with it
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
