@@ -186,7 +186,8 @@ class MetricsEndpoint:
         try:
             write_to_textfile(str(path), self.registry)
         except OSError as e:
-            raise UsageError(f"--metrics-textfile {path}: cannot write it: {e}") from None
+            why = e.strerror or e
+            raise UsageError(f"--metrics-textfile {path}: cannot write it: {why}") from None
 
     def _write_loop(self) -> None:
         while not self._stop.wait(TEXTFILE_EVERY):

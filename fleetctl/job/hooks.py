@@ -136,6 +136,9 @@ def run_hook(
     except subprocess.TimeoutExpired:
         code = None
         _kill_group(proc)
+    except KeyboardInterrupt:  # Ctrl-C: the hook goes too (its own session would outlive us)
+        _kill_group(proc)
+        raise
     return HookRun(name, code, time.monotonic() - start, log)
 
 
