@@ -126,10 +126,12 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
         if request.hooks:  # could not start (check, push, plan): a failure to tell about
             from fleetctl.job.hooks import run_hooks
 
-            folder = Path(options.runs_dir) / request.spec.job_id
+            job_id = request.spec.job_id
+            folder = Path(options.runs_dir) / job_id
             if folder.is_dir():
-                run_hooks(request.hooks, request.spec.job_id, "error", folder,
-                          reason=e.one_line(), on_event=on_event)  # fmt: skip
+                run_hooks(
+                    request.hooks, job_id, "error", folder, reason=e.one_line(), on_event=on_event
+                )
         raise
     finally:
         if endpoint is not None:

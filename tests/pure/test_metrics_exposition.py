@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.job.exposition import render
-from fleetctl.job.hooks import hook_env
+from fleetctl.job.hooks import Hooks, hook_env, run_hooks
 from fleetctl.job.metrics import JobMetrics, JobSample, NodeSample
 from fleetctl.job.result import JobEvent, JobResult, NodeOutcome
 from fleetctl.job.state import NodeState
@@ -174,3 +174,23 @@ def test_a_hook_is_told_the_job_its_end_and_the_node_that_failed_first(tmp_path:
     before = hook_env("j2", "error", tmp_path, reason="preflight failed (…)")
     assert (before["FLEETCTL_STATUS"], before["FLEETCTL_CULPRIT_HOST"]) == ("error", "")
     assert before["FLEETCTL_REASON"] == "preflight failed (…)"
+
+
+def test_on_failure_runs_for_a_run_that_never_launched_and_on_end_for_every_end(
+    tmp_path: Path,
+) -> None:
+    hooks = Hooks(on_failure='echo "$FLEETCTL_STATUS: $FLEETCTL_REASON"', on_end="echo end")
+    said: list[str] = []
+    runs = run_hooks(
+        hooks,
+        "j1",
+        "error",
+        tmp_path,
+        reason="preflight failed",
+        on_event=lambda ev: said.append(ev.text),
+    )
+    assert [(r.name, r.exit_code) for r in runs] == [("on-failure", 0), ("on-end", 0)]
+    assert (tmp_path / "hook-on-failure.log").read_text() == "error: preflight failed\n"
+    assert said[0].startswith("--on-failure exited 0 after ")
+    assert [r.name for r in run_hooks(hooks, "j1", "succeeded", tmp_path)] == ["on-end"]
+    assert (tmp_path / "hook-on-end.log").read_text() == "end\nend\n"
