@@ -176,3 +176,23 @@ def backends() -> tuple[str, ...]:
     from fleetctl.plan.rankplan import BACKENDS
 
     return tuple(BACKENDS)
+
+
+def host_port(value: Any) -> str:
+    """``HOST:PORT`` to listen on (``--metrics-addr``): an IP or a name, ``[::1]:9400`` for
+    IPv6, a port 1-65535; nothing is bound here (the run binds it before reaching a node)."""
+    text = _text(value).strip()
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise Invalid(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9400)")
+    if _CONTROL_RE.search(host) or any(ch.isspace() for ch in host):
+        raise Invalid(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9400)")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{int(port)}"
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """A checked ``HOST:PORT`` (:func:`host_port`) as (host, port); IPv6 without brackets."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -321,6 +321,11 @@ class Fleet:
         monitor_lost_timeout: float | None = None,
         probe_timeout: float = 30.0,
         report: bool = True,
+        metrics_addr: str | None = None,
+        metrics_textfile: str | None = None,
+        on_failure: str | None = None,
+        on_end: str | None = None,
+        hook_timeout: float = 60.0,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -343,7 +348,9 @@ class Fleet:
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``). ``collective``: the
-        collective benchmark in the check. ``dry_run=True``: no host reached; returns the
+        collective benchmark in the check. ``metrics_addr``/``metrics_textfile``: Prometheus
+        metrics while the run lasts; ``on_failure``/``on_end``: local commands run once it
+        ended (``hook_timeout``; docs/metrics.md). ``dry_run=True``: no host reached; returns the
         ``Plan`` (``plan.to_json()`` is ``--dry-run --json``). ``on_event`` gets every
         ``JobEvent`` (phases, output lines, node ends, the failure), in the job's thread.
         Bad arguments raise UsageError here; what blocks the launch (CheckError, PushError,
@@ -391,6 +398,11 @@ class Fleet:
             monitor_lost_timeout=monitor_lost_timeout,
             probe_timeout=probe_timeout,
             report=report,
+            metrics_addr=metrics_addr,
+            metrics_textfile=metrics_textfile,
+            on_failure=on_failure,
+            on_end=on_end,
+            hook_timeout=hook_timeout,
         )
         return self.run_spec(spec, dry_run=dry_run, foreground=foreground, on_event=on_event)
 

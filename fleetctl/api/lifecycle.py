@@ -284,11 +284,18 @@ def monitor(
     startup_timeout: float | None = None,
     stop_event: threading.Event,
     on_note: Note,
+    metrics_addr: str | None = None,
+    metrics_textfile: str | None = None,
+    on_failure: str | None = None,
+    on_end: str | None = None,
+    hook_timeout: float = 60.0,
 ) -> str:
     """``fleetctl monitor``: watch the detached job until it ends (first failure: stop it
     everywhere, then collect). Unset values: what its last monitor used, else the defaults.
-    Returns the outcome in a word."""
+    ``metrics_addr``/``metrics_textfile``, ``on_failure``/``on_end``: as ``run``'s
+    (docs/metrics.md). Returns the outcome in a word."""
     from fleetctl.job import monitor as mon
+    from fleetctl.job.hooks import Hooks
 
     last = last_monitor(runs_dir, job_id)
     if grace is None:
@@ -308,5 +315,8 @@ def monitor(
         startup_timeout=(
             startup_timeout if startup_timeout is not None else last.get("startup_timeout")
         ),
+        metrics_addr=metrics_addr,
+        metrics_textfile=metrics_textfile,
+        hooks=Hooks(on_failure, on_end, hook_timeout) or None,
     )
     return str(result.outcome)

@@ -43,6 +43,7 @@ def prepare(
     """Build the job's request from a checked record (``RunSpec`` refused its bad values when
     it was made): what needs the fleet (the script on disk, the role job, ``--nodes`` against
     the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
+    from fleetctl.job.hooks import Hooks
     from fleetctl.job.run import RunOptions
     from fleetctl.job.submit import JobRequest, RetryRequest
     from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
@@ -160,6 +161,7 @@ def prepare(
         before_launch=before,
         collective=collective,
     )
+    obs = spec.observe
     request = JobRequest(
         job,
         run_nodes,
@@ -168,6 +170,9 @@ def prepare(
         monitor=spec.monitor.monitor,
         monitor_lost_timeout=spec.monitor.monitor_lost_timeout,
         report=spec.collection.report,
+        metrics_addr=obs.metrics_addr,
+        metrics_textfile=obs.metrics_textfile,
+        hooks=Hooks(obs.on_failure, obs.on_end, obs.hook_timeout) or None,
     )
     return Prepared(request, before)
 

@@ -1,5 +1,6 @@
 """``RunSpec``: the one record of a run — what to run, on how many hosts, how it is supervised,
-retried, collected, benchmarked, contained, submitted and monitored — in nested frozen groups.
+retried, collected, benchmarked, contained, submitted, monitored and observed (metrics, hooks)
+— in nested frozen groups.
 
 Each field carries its option's metadata (:func:`option`: flags, help, check, the click
 parameter's name), so the command's options and the library's keywords are one list, and
@@ -371,6 +372,39 @@ class Monitor(_Group):
 
 
 @dataclass(frozen=True)
+class Observe(_Group):
+    """What the run tells the outside while it lasts and when it ends: Prometheus metrics
+    (docs/metrics.md) and local hook commands."""
+
+    TITLE = "Metrics and hooks"
+
+    metrics_addr: str | None = option(
+        None, "--metrics-addr", check=c.host_port, metavar="HOST:PORT",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics while the run lasts (the "
+        "job monitor's, with --detach); only that address is bound.",
+    )  # fmt: skip
+    metrics_textfile: str | None = option(
+        None, "--metrics-textfile", check=c.TEXT, metavar="PATH",
+        help="Write the same metrics to PATH (atomically, every few seconds and at the end), "
+        "for node_exporter's textfile collector.",
+    )  # fmt: skip
+    on_failure: str | None = option(
+        None, "--on-failure", check=c.TEXT, metavar="CMD",
+        help="A local shell command run once the job failed (FLEETCTL_JOB_ID, FLEETCTL_STATUS, "
+        "FLEETCTL_CULPRIT_HOST, FLEETCTL_RUN_DIR, … in its env); its output in the run folder.",
+    )  # fmt: skip
+    on_end: str | None = option(
+        None, "--on-end", check=c.TEXT, metavar="CMD",
+        help="A local shell command run once the job ended, however it ended (as --on-failure).",
+    )  # fmt: skip
+    hook_timeout: float = option(
+        60.0, "--hook-timeout", check=c.seconds(1, 3600), show_default=True,
+        help="Seconds a hook may run before it (and all it started) is killed; a hook never "
+        "changes the run's exit status.",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Slurm(_Group):
     """``run --slurm``: what is asked of Slurm. Every value may reach an ``#SBATCH`` line."""
 
@@ -408,6 +442,7 @@ GROUPS: dict[str, type[_Group]] = {
     "collective": Collective,
     "container": Container,
     "monitor": Monitor,
+    "observe": Observe,
     "slurm": Slurm,
 }
 
@@ -437,6 +472,7 @@ class RunSpec:
     collective: Collective = field(default_factory=Collective)
     container: Container = field(default_factory=Container)
     monitor: Monitor = field(default_factory=Monitor)
+    observe: Observe = field(default_factory=Observe)
     slurm: Slurm = field(default_factory=Slurm)
 
     def __post_init__(self) -> None:

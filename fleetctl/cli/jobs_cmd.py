@@ -20,6 +20,7 @@ from fleetctl.cli.options import (
     SSHOptions,
     collect_max_bytes,
     collect_options,
+    field_option,
     ssh_options,
 )
 from fleetctl.errors import FleetctlError, JobFailed
@@ -353,6 +354,11 @@ def collect_command(
     show_default=True,
     help="After the job ended, seconds to keep trying to stop it on lost nodes.",
 )
+@field_option("metrics_addr")
+@field_option("metrics_textfile")
+@field_option("on_failure")
+@field_option("on_end")
+@field_option("hook_timeout")
 @click.argument("job")
 def monitor_command(
     runs_dir: str,
@@ -365,6 +371,11 @@ def monitor_command(
     startup_timeout: float | None,
     chase_lost: float,
     job: str,
+    metrics_addr: str | None,
+    metrics_textfile: str | None,
+    on_failure: str | None,
+    on_end: str | None,
+    hook_timeout: float,
 ) -> None:
     """Watch detached JOB until it ends: on the first failure stop it everywhere, then
     collect its logs. `fleetctl run --detach` starts one; run it by hand to re-attach a
@@ -400,5 +411,10 @@ def monitor_command(
         chase_lost=chase_lost,
         stop_event=stop,
         on_note=note,
+        metrics_addr=metrics_addr,
+        metrics_textfile=metrics_textfile,
+        on_failure=on_failure,
+        on_end=on_end,
+        hook_timeout=hook_timeout,
     )
     note(f"done: {outcome}")

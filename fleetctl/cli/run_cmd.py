@@ -98,7 +98,7 @@ __all__ = ["NprocType", "new_job_id", "parse_env_vars", "run_command"]
     help="Pass the job's control sequences to the terminal as they are (default: colours "
     "only; the logs on disk are always byte-exact).",
 )
-@spec_options("container", "monitor", "retry", "collection")
+@spec_options("container", "monitor", "retry", "collection", "observe")
 @collect_options
 @collective_options
 @slurm_options
@@ -138,7 +138,9 @@ def run_command(
         return run_slurm(click.get_current_context())
     # RunSpec's fields, as its keywords (checked by the record, as a library call's)
     keywords = spec_keywords(
-        params, "program", "hosts", "supervision", "retry", "container", "monitor", "collection"
+        params,
+        *("program", "hosts", "supervision", "retry", "container", "monitor", "collection"),
+        "observe",
     )
     if full and not (dry_run and as_json):
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")

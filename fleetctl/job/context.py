@@ -87,6 +87,10 @@ class JobContext:
         # rank's first line, or a progress touch); None: starting up (--startup-timeout)
         self.begun: float | None = None
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
+        self.observer = options.observer  # metrics: told every event (fleetctl.job.metrics)
+        if self.observer is not None:
+            nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
+            self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
 
     def take_held(self, host: str) -> HeldProbe | None:
         return self.held.pop(host, None)
@@ -162,6 +166,8 @@ class JobContext:
             where = f"[{rank} {host}] " if rank is not None else ""
             with contextlib.suppress(OSError):
                 self.folder.event(f"{kind} {where}{text}".rstrip(), ev.time)
+        if self.observer is not None:
+            self.observer.event(ev, self.result.nodes, self.state.status)
         self._emit_cb(ev)
 
     def failure_line(self, *, hold: bool = False, now: bool = False) -> None:
@@ -216,6 +222,9 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.progress = time.monotonic()
         if job.begun is None:
             job.begun = job.progress
+        if job.observer is not None:
+            progress = JobEvent("progress", rank=ev.rank, host=node.host, time=ev.time)
+            job.observer.event(progress, job.result.nodes, state.status)
         return
     if ev.kind == "lines":
         if job.begun is not None:  # before: a launcher's own lines, not the job's progress

@@ -54,7 +54,11 @@ from fleetctl.job.monitor_process import identity, monitor_alive
 from fleetctl.job.runfolder import iso
 
 if TYPE_CHECKING:
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.hooks import Hooks
     from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.metrics import JobMetrics
+    from fleetctl.job.supervisors import NodeReport
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
 
@@ -148,8 +152,15 @@ def monitor_job(
     timeout: float | None = None,
     stall_timeout: float | None = None,
     startup_timeout: float | None = None,
+    metrics_addr: str | None = None,
+    metrics_textfile: str | None = None,
+    hooks: Hooks | None = None,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
+
+    ``metrics_addr``/``metrics_textfile``: the job's metrics while this monitor watches
+    (docs/metrics.md; an address it cannot bind is an event, never a reason to leave the job
+    unwatched); ``hooks``: run once this monitor ended the job.
 
     ``stop_event`` set (SIGTERM/SIGINT in the CLI) while watching: return at once, job left
     running. Once a verdict is reached the teardown and collection finish regardless (each
@@ -184,6 +195,8 @@ def monitor_job(
         }
         _register(h, info)
         pid = me["pid"]
+        endpoint = _endpoint(h, metrics_addr, metrics_textfile, note)
+        metrics = endpoint.metrics if endpoint is not None else None
 
         def event(text: str) -> None:
             note(text)
@@ -205,6 +218,7 @@ def monitor_job(
                 event,
                 result,
                 (timeout, stall_timeout, startup_timeout),
+                metrics,
             )
             if decision is None or decision.action == "external":
                 if decision is not None:
@@ -213,7 +227,13 @@ def monitor_job(
                 return result
             ranks = {np.node_rank: np.host for np in h.plan.nodes}
             lost = {ranks[r] for r in watch.unreachable_since if r in ranks}
+            if metrics is not None:
+                metrics.polled({}, phase="teardown", status="running", progress=None)
             _finish(h, decision, grace, event, result, pid, lost)
+            if metrics is not None:
+                metrics.polled({}, phase="done", status=result.outcome, progress=None)
+            if hooks and result.final:
+                _hooks(h, hooks, decision, result, note)
             if lost and result.final:
                 until = time.monotonic() + chase_lost
                 every = max(poll, min(lost_timeout / 4, 15.0))
@@ -224,6 +244,8 @@ def monitor_job(
             event(f"pid {pid} failed: {type(e).__name__}: {e}; the job is left running")
             raise
         finally:
+            if endpoint is not None:
+                endpoint.stop()
             with contextlib.suppress(FleetctlError, OSError):
                 _update_monitor(
                     h, pid, phase="exited", outcome=result.outcome, ended=iso(time.time())
@@ -243,6 +265,7 @@ def _watch(
     event: Callable[[str], None],
     result: MonitorResult,
     limits: tuple[float | None, float | None, float | None] = (None, None, None),
+    metrics: JobMetrics | None = None,
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
     ``limits``: the job's ``--timeout``, ``--stall-timeout`` and ``--startup-timeout``."""
@@ -285,6 +308,8 @@ def _watch(
         )
         for text in notes:
             event(text)
+        if metrics is not None:
+            _polled(metrics, states, watch)
         if decision is None:
             decision = limit_reached(
                 states,
@@ -298,6 +323,67 @@ def _watch(
         if decision is not None:
             return decision, watch
         stop_event.wait(poll)
+
+
+# a supervisor's answer → the node's state in the metrics (unreachable: as it was)
+_POLLED = {"running": "running", "stopped": "stopped", "lost": "lost", "absent": "lost"}
+
+
+def _endpoint(
+    h: JobHandle, addr: str | None, textfile: str | None, note: Callable[[str], None]
+) -> MetricsEndpoint | None:
+    """The job's metrics, served while this monitor watches (None: not asked, or refused)."""
+    if addr is None and textfile is None:
+        return None
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.metrics import JobMetrics
+
+    metrics = JobMetrics()
+    metrics.attempt(h.job_id, 1, [np.host for np in h.plan.nodes], 0)
+    try:
+        return MetricsEndpoint(metrics, addr, textfile).start()
+    except UsageError as e:  # the job is watched all the same
+        note(f"no metrics: {e.one_line()}")
+        with contextlib.suppress(OSError):
+            h.folder.event(f"monitor no metrics: {e.one_line()}")
+        return None
+
+
+def _polled(metrics: JobMetrics, states: list[NodeReport], watch: WatchState) -> None:
+    seen: dict[int, str] = {}
+    for r in states:
+        if r.state == "exited":
+            seen[r.rank] = "succeeded" if r.exit_code == 0 and r.signal is None else "failed"
+        elif r.state in _POLLED:
+            seen[r.rank] = _POLLED[r.state]
+    metrics.polled(seen, phase="run", status="running", progress=watch.last_progress)
+
+
+def _hooks(
+    h: JobHandle,
+    hooks: Hooks,
+    decision: Decision,
+    result: MonitorResult,
+    note: Callable[[str], None],
+) -> None:
+    """``--on-failure``/``--on-end`` once this monitor ended the job (fleetctl.job.hooks:
+    each hook's end is a line of events.log, and of monitor.log through ``note``)."""
+    from fleetctl.job.hooks import run_hooks
+
+    culprit = None
+    if decision.action == "fail" and decision.rank is not None:
+        how = decision.describe().split(": ", 1)[-1]
+        culprit = (str(decision.host), decision.rank, how)
+    reason = decision.reason if decision.action == "give_up" else decision.describe()
+    run_hooks(
+        hooks,
+        h.job_id,
+        result.outcome,
+        h.folder.path,
+        reason=reason,
+        culprit=culprit,
+        on_event=lambda ev: note(ev.text),
+    )
 
 
 def _finish(

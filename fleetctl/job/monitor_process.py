@@ -20,6 +20,7 @@ from fleetctl.job.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
 if TYPE_CHECKING:
+    from fleetctl.job.hooks import Hooks
     from fleetctl.job.jobrecord import JobRecord
     from fleetctl.ssh.connection import SSHSettings
 
@@ -98,6 +99,9 @@ def spawn_monitor(
     timeout: float | None = None,
     stall_timeout: float | None = None,
     startup_timeout: float | None = None,
+    metrics_addr: str | None = None,
+    metrics_textfile: str | None = None,
+    hooks: Hooks | None = None,
 ) -> SpawnedMonitor:
     """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
     no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
@@ -123,6 +127,12 @@ def spawn_monitor(
         argv += ["--stall-timeout", repr(float(stall_timeout))]
     if startup_timeout is not None:
         argv += ["--startup-timeout", repr(float(startup_timeout))]
+    if metrics_addr is not None:
+        argv += ["--metrics-addr", metrics_addr]
+    if metrics_textfile is not None:
+        argv += ["--metrics-textfile", os.path.abspath(metrics_textfile)]
+    if hooks:
+        argv += hooks.argv()
     if settings is not None:
         argv += ["--connect-timeout", repr(float(settings.connect_timeout))]
         if settings.known_hosts:

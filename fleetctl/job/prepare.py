@@ -79,6 +79,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         job.held, report.held = report.held, {}
         if report.collective is not None:  # the figures, whether they pass or not
             job.folder.write_collective(report.collective.to_dict())
+            if job.observer is not None:
+                job.observer.collective(report.collective.nodes)
         if not report.ok:
             from fleetctl.results import FleetResult
 

@@ -36,6 +36,7 @@ from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event
 
 if TYPE_CHECKING:
     from fleetctl.job.checkpoints import CheckpointRelay
+    from fleetctl.job.metrics import JobObserver
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
@@ -92,6 +93,7 @@ class RunOptions:
     # after the check and push, before plan and launch: (nodes, settings) -> None; what it
     # raises stops the run before anything started (`run --before`, fleetctl.api)
     before_launch: Callable[[Sequence[Node], SSHSettings | None], None] | None = None
+    observer: JobObserver | None = None  # --metrics-addr: what the run's metrics are made of
 
 
 # ----------------------------------------------------------------------------------- the job

@@ -64,6 +64,7 @@ SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 BEFORE_LOG = "before.log"
 REPORT_FILE = "report.html"
+HOOK_LOG = "hook-{name}.log"  # --on-failure/--on-end: the command's output (name: on-end, …)
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
@@ -226,6 +227,11 @@ class RunFolder:
             return os.open(self.monitor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as e:
             raise RunFolderError(f"{self.monitor_log}: cannot create the monitor log: {e}") from e
+
+    def open_hook_log(self, name: str) -> int:
+        """A descriptor appending to ``hook-<name>.log`` (0600): a run hook's output."""
+        path = self.path / HOOK_LOG.format(name=name)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
 
     def write_stacks(self, text: str) -> Path:
         """A stack dump taken on demand (``fleetctl stacks``), named by when it was taken."""

@@ -11,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import UsageError
+from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.job.retry import RetryPolicy
 from fleetctl.job.state import JobStatus
 
 if TYPE_CHECKING:
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.hooks import Hooks
     from fleetctl.job.monitor_process import SpawnedMonitor
     from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.run import RunOptions
@@ -65,10 +68,22 @@ class JobRequest:
     monitor: bool = True  # detached: start a job monitor
     monitor_lost_timeout: float | None = None
     report: bool = True  # write report.html into the job's run folder when it ends
+    metrics_addr: str | None = None  # --metrics-addr HOST:PORT, served while the run lasts
+    metrics_textfile: str | None = None  # --metrics-textfile PATH
+    hooks: Hooks | None = None  # --on-failure/--on-end, run once the job ended
 
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
+        if (
+            self.options.detach
+            and not self.monitor
+            and (self.metrics_addr or self.metrics_textfile or self.hooks)
+        ):
+            raise UsageError(
+                "--metrics-addr/--metrics-textfile/--on-failure/--on-end of a detached job are "
+                "served and run by its job monitor: not with --no-monitor"
+            )
         if (
             self.options.detach
             and not self.monitor
@@ -96,7 +111,52 @@ class Submitted:
 
 def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     """Run the job — once, or attempt after attempt while the retry policy says so — and
-    start the monitor of a detached job that runs everywhere."""
+    start the monitor of a detached job that runs everywhere. Its metrics are served from
+    before the first node is reached to the end (``--metrics-addr``: a busy address stops the
+    run before it starts); its hooks run once it ended, whatever they do never its outcome."""
+    endpoint = _metrics_endpoint(request)
+    options = request.options
+    if endpoint is not None and options.detach:  # the address is free: its monitor serves it
+        endpoint.stop()
+        endpoint = None
+    elif endpoint is not None:
+        options = dataclasses.replace(options, observer=endpoint.metrics)
+    try:
+        done = _submit(dataclasses.replace(request, options=options), on_event)
+    except FleetctlError as e:
+        if request.hooks:  # could not start (check, push, plan): a failure to tell about
+            from fleetctl.job.hooks import run_hooks
+
+            job_id = request.spec.job_id
+            folder = Path(options.runs_dir) / job_id
+            if folder.is_dir():
+                run_hooks(
+                    request.hooks, job_id, "error", folder, reason=e.one_line(), on_event=on_event
+                )
+        raise
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+    if request.hooks and not done.detached:
+        from fleetctl.job.hooks import run_hooks
+
+        r = done.result
+        run_hooks(request.hooks, r.job_id, r.status, r.folder, result=r, on_event=on_event)
+    return done
+
+
+def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
+    """The run's metrics, listening already (None: not asked for)."""
+    if request.metrics_addr is None and request.metrics_textfile is None:
+        return None
+    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.metrics import JobMetrics
+
+    metrics = JobMetrics(max_attempts=request.retry.max_retries + 1)
+    return MetricsEndpoint(metrics, request.metrics_addr, request.metrics_textfile).start()
+
+
+def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     from fleetctl.job.result import JobEvent
     from fleetctl.job.run import run_job
 
@@ -171,4 +231,7 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         timeout=options.timeout,
         stall_timeout=options.stall_timeout,
         startup_timeout=options.startup_timeout,
+        metrics_addr=request.metrics_addr,
+        metrics_textfile=request.metrics_textfile,
+        hooks=request.hooks,
     )

@@ -31,7 +31,15 @@ finally:
 """
 
 # Never needed to print the version or to run a command on this machine without an inventory.
-HEAVY = ("fleetctl.lab", "fleetctl.phases", "fleetctl.job", "paramiko", "rich", "jinja2")
+HEAVY = (
+    "fleetctl.lab",
+    "fleetctl.phases",
+    "fleetctl.job",
+    "paramiko",
+    "rich",
+    "jinja2",
+    "prometheus_client",
+)
 COMMAND_MODULES = {c.module for c in COMMANDS.values()}
 
 
@@ -66,6 +74,13 @@ def test_exec_on_this_machine_imports_only_exec_and_its_ssh_layer(tmp_path: Path
     assert p.stdout.endswith(": hi\n")
     assert loaded(names, HEAVY) == []
     assert loaded(names, COMMAND_MODULES) == ["fleetctl.cli.exec_cmd"]
+
+
+def test_a_run_without_metrics_never_imports_prometheus_client(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("print(1)\n")
+    p, names = imported_by(tmp_path, "run", "--dry-run", str(tmp_path / "t.py"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert loaded(names, ("prometheus_client",)) == []
 
 
 def test_help_lists_every_visible_command_without_importing_one(tmp_path: Path) -> None:

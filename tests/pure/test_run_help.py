@@ -16,6 +16,7 @@ HEADINGS = [
     "Collective benchmark",
     "Containers",
     "Detach and monitor",
+    "Metrics and hooks",
     "Slurm",
     "Output",
     "Other options",

@@ -40,6 +40,11 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("checkpoint_dir", "ck\rpt", ("--checkpoint-dir=ck\rpt",)),
     ("retry_on", ["exit:1\x1b[2J"], ("--retry-on=exit:1\x1b[2J",)),
     ("before", "fabfile.py:t\nid", ("--before=fabfile.py:t\nid",)),
+    ("metrics_addr", "9400", ("--metrics-addr=9400",)),
+    ("metrics_addr", "127.0.0.1:65536", ("--metrics-addr=127.0.0.1:65536",)),
+    ("metrics_addr", "127.0.0.1:", ("--metrics-addr=127.0.0.1:",)),
+    ("on_failure", "page\nrm -rf ~", ("--on-failure=page\nrm -rf ~",)),
+    ("hook_timeout", 0, ("--hook-timeout=0",)),
 ]
 
 
