@@ -141,11 +141,8 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     conns = list(group(nodes, settings))
     tag = f"before-{uuid.uuid4().hex[:12]}"
     for i, c in enumerate(conns):  # a task's own env= replaces it (invoke's rule)
-        c.config.run.env = {
-            **(c.config.run.env or {}),
-            "FLEET_JOB_ID": tag,
-            "FLEET_NODE_RANK": str(i),
-        }
+        env = dict(c.config.run.get("env") or {})
+        c.config.run["env"] = {**env, "FLEET_JOB_ID": tag, "FLEET_NODE_RANK": str(i)}
     sink = BEFORE_OUTPUT.get()
     streams = [_Lines(i, sink) for i in range(len(conns))] if sink is not None else []
     for c, s in zip(conns, streams, strict=False):  # what c.run/c.sudo/c.local do not hide
