@@ -207,7 +207,8 @@ def _write_report(result: JobResult, on_event: Callable[[JobEvent], None]) -> No
     try:
         from fleetctl.report import write_report
 
-        write_report(folder)
+        path = write_report(folder)
+        on_event(JobEvent("notice", f"report: {path} (`fleetctl report {result.job_id}`)"))
     except Exception as e:  # a report is a convenience, never the run's verdict
         on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
 

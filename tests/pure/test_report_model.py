@@ -268,9 +268,13 @@ def test_a_run_writes_its_report_unless_told_not_and_a_failed_write_is_only_a_wa
     fleet = Fleet.local(runs_dir=tmp_path / "runs")
     host = fleet.nodes[0].name
 
-    r = fleet.run(str(code / "fails.py"), launcher="plain", code=code).wait(timeout=60)
+    told: list[Any] = []
+    job = fleet.run(str(code / "fails.py"), launcher="plain", code=code, on_event=told.append)
+    r = job.wait(timeout=60)
     html = (r.run_folder / "report.html").read_text()
     assert r.exit_code == 3 and f'<span class="host">{host}</span>' in html
+    where = f"report: {r.run_folder / 'report.html'} (`fleetctl report {r.job_id}`)"
+    assert where in [e.text for e in told if e.kind == "notice"]  # the user is told where
 
     r = fleet.run(str(code / "fails.py"), launcher="plain", code=code, report=False).wait(60)
     assert r.exit_code == 3 and not (r.run_folder / "report.html").exists()
