@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import JobSpec
 
 TIMEOUT = 120.0  # a runtime's first start on a node may set up its storage
+ID_TIMEOUT = 30.0  # s for the runtime to say the image's id (a hung runtime never does)
+PROBE_TIMEOUT = 100.0  # s for the probe's container (inside TIMEOUT: the answer still comes)
+HUNG = ("124", "137")  # timeout(1)'s codes: TERM at the limit, KILL 5 s later
 PROGRAM = "image_probe.py"
 _SRC_WORD = "__fleetctl_image_probe_source__"  # a shell-safe word: shlex leaves it bare
 
@@ -125,11 +128,18 @@ def uses_gpus(node: Node, facts: NodeFacts | None, backend: str | None) -> bool:
     return int(count or 0) > 0
 
 
-def script(want: ImageWant, marks: str | None = None) -> str:
+def script(
+    want: ImageWant,
+    marks: str | None = None,
+    id_timeout: float = ID_TIMEOUT,
+    probe_timeout: float = PROBE_TIMEOUT,
+) -> str:
     """The node's side, in POSIX sh: one ``key value`` line per fact, the probe's answer last
     (``probe <rc> <its D frame or last line>``). ``marks``: the node's folder (a shell word) of
     markers: an answer kept there is said again (``probe 0 …``) without a container, and a
-    passing one is kept."""
+    passing one is kept. Each runtime call is bounded (``timeout``, where the node has it): a
+    hung runtime is ``hung image|probe``, said in time, not a cut shell line at the SSH
+    timeout, and its client is killed."""
     cases = []
     for name in ORDER:
         r = runtime(name)
@@ -140,8 +150,8 @@ def script(want: ImageWant, marks: str | None = None) -> str:
         else:
             probe = shlex.join(r.probe_argv(want.image))
         cases.append(
-            f"  {name}) id=$({shlex.join(r.image_id_argv(want.image))} 2>/dev/null"
-            f" | cut -d' ' -f1); probe() {{ {probe}; }} ;;"
+            f"  {name}) id=$(b {id_timeout:g} {shlex.join(r.image_id_argv(want.image))}"
+            f" 2>/dev/null); hung; probe() {{ b {probe_timeout:g} {probe}; }} ;;"
         )
     pick = " ".join(ORDER)
     if want.python:
@@ -156,6 +166,11 @@ def script(want: ImageWant, marks: str | None = None) -> str:
             'elif ! command -v "$rt" >/dev/null 2>&1; then echo "missing $rt"; exit 0; fi',
             '[ -n "$rt" ] || { echo "missing -"; exit 0; }',
             'echo "runtime $rt"',
+            # a bounded runtime call; the id query's own end: a hung runtime says so and stops
+            'b() { d=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 5 "$d" "$@";'
+            ' else "$@"; fi; }',
+            'hung() { case $? in 124|137) echo "hung image"; exit 0 ;; esac;'
+            " id=$(printf '%s\\n' \"$id\" | head -n 1 | cut -d' ' -f1); }",
             *([f"src={shlex.quote(remote.inline(PROGRAM))}"] if want.python else []),
             'case "$rt" in',
             *cases,
@@ -167,13 +182,16 @@ def script(want: ImageWant, marks: str | None = None) -> str:
     )
 
 
+_HUNG_PROBE = 'case $rc in 124|137) echo "hung probe"; exit 0 ;; esac'
 _PROBE = [
     "out=$(probe 2>&1 </dev/null); rc=$?",
+    _HUNG_PROBE,
     'echo "probe $rc $(printf "%s" "$out" | tail -n 1)"',
 ]
 # the program's frame, else (the runtime or the python failed) the output's last line
 _ANSWER = [
     "out=$(probe 2>&1 </dev/null); rc=$?",
+    _HUNG_PROBE,
     """d=$(printf '%s\\n' "$out" | grep '^D {' | tail -n 1)""",
     """[ -n "$d" ] || d=$(printf '%s' "$out" | tail -n 1)""",
     'printf \'probe %s %s\\n\' "$rc" "$d"',  # not echo: dash's reads the JSON's backslashes
@@ -222,6 +240,19 @@ def parse(stdout: str, want: ImageWant) -> ImageFacts:
             return ImageFacts(None, problem=f"no container runtime found ({', '.join(ORDER)})")
         return ImageFacts(None, problem=f"container runtime {which} not found")
     rt = facts.get("runtime")
+    if facts.get("hung") == "image":
+        return ImageFacts(
+            rt,
+            problem=f"{rt} did not say the id of image {image} within {ID_TIMEOUT:g} s: the "
+            f"runtime hangs (try `{rt} info`; a stuck storage lock or daemon)",
+        )
+    if facts.get("hung") == "probe":
+        return ImageFacts(
+            rt,
+            facts.get("image"),
+            f"{rt} did not start a container of {image} within {PROBE_TIMEOUT:g} s: the "
+            f"runtime hangs (try `{rt} run --rm {image} true` on the node)",
+        )
     if facts.get("image", "-") == "-":
         return ImageFacts(rt, problem=f"image {image} is not present ({rt})")
     image_id = facts["image"]

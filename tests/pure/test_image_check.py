@@ -209,7 +209,7 @@ def test_the_program_is_sent_once_whichever_runtime_runs_it() -> None:
 
 def test_a_job_without_python_starts_only_true() -> None:
     text = script(ImageWant(IMG, "podman"))
-    assert "probe() { podman run --rm --network host img:1 true; }" in text
+    assert "probe() { b 100 podman run --rm --network host img:1 true; }" in text
     assert "image_probe" not in text and " -c " not in text
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -145,6 +146,38 @@ def test_the_check_script_runs_in_sh(tmp_path: Path) -> None:
         timeout=30,
     )
     assert out.stdout.splitlines() == ["runtime podman", "image sha256:ff", "probe 0 "]
+
+
+@pytest.mark.parametrize(
+    ("hangs_at", "said", "words"),
+    [
+        ("image", "hung image", "did not say the id of image img:1 within 30 s"),
+        ("run", "hung probe", "did not start a container of img:1 within 100 s"),
+    ],
+)
+def test_a_hung_runtime_is_said_in_time_and_its_client_killed(
+    tmp_path: Path, hangs_at: str, said: str, words: str
+) -> None:
+    """A runtime that never answers (a stuck storage lock): the node's script ends at its own
+    limit (1 s here), kills the client, and says which call hung; the check names it."""
+    fake = tmp_path / "podman"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = {hangs_at} ] && {{ echo $$ > {tmp_path}/pid; exec sleep 600; }}\n'
+        '[ "$1" = image ] && { echo sha256:ff; exit 0; }\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    t0 = time.monotonic()
+    out = subprocess.run(
+        ["sh", "-c", script(ImageWant("img:1", "podman"), None, id_timeout=1, probe_timeout=1)],
+        capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30,
+    )  # fmt: skip
+    assert time.monotonic() - t0 < 15
+    assert out.stdout.splitlines()[-1] == said, out.stdout + out.stderr
+    problem = parse(out.stdout, ImageWant("img:1", "podman")).problem
+    assert problem is not None and words in problem and "podman" in problem
+    pid = int((tmp_path / "pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()  # the hung client did not outlive the check
 
 
 def test_an_image_id_that_started_here_is_not_probed_again(tmp_path: Path) -> None:
