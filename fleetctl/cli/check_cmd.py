@@ -102,8 +102,11 @@ def check_command(
     collective_floor: float | None = None,
     collective_timeout: float = 120.0,
 ) -> None:
-    """Check SSH, ping, training NICs, the N×N mesh, GPUs, GPU and link health (XIDs, ECC,
-    throttling, PCIe, IB ports; docs/health.md), ports, disk and tools on every host.
+    """Check SSH, ping, training NICs, the N×N mesh, GPUs and their health, ports, disk and
+    tools on every host.
+
+    GPU and link health: XIDs, ECC, clock throttling, PCIe links, IB ports (docs/health.md);
+    a host that fails it is recorded in the health ledger (fleetctl health).
 
     With --collective, then a torch.distributed benchmark over the training NICs names slow or
     hung hosts and links. Exit status 0 if every check passed, 3 if any failed.
