@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 
 import click
 
@@ -56,7 +55,7 @@ def health_command(
     held = health.status(hosts)
     if as_json:
         doc = {"hosts": [health.to_dict(s) for s in held]}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        click.echo(json.dumps(doc, indent=2))
     elif not held:
         click.echo("health ledger: no host is out")
     for s in held if not as_json else []:
