@@ -74,15 +74,13 @@ class Verdict:
 def judge_health(health: Mapping[str, Any], last: Mapping[str, Any] | None) -> Verdict:
     """Judge one host's ``health`` facts against ``last`` (its previous check's baseline, or
     None on the first)."""
-    from fleetctl.remote.health import pci_key
-
     last = last or {}
     out = Verdict()
     if health.get("error"):
         out.findings.append(Finding(WARN, "health", str(health["error"]), "a source broke"))
         return out
     gpus = list(health.get("gpus") or [])
-    by_pci = {pci_key(str(g.get("pci", ""))): g for g in gpus}
+    by_pci = {str(g.get("pci_key")): g for g in gpus}
     same_boot = bool(health.get("boot_id")) and health.get("boot_id") == last.get("boot_id")
     out.baseline = {"boot_id": health.get("boot_id"), "ib": {}}
     if health.get("smi_error"):

@@ -110,6 +110,7 @@ def parse_smi_xml(text: str) -> list:
                 "name": _text(gpu, "product_name"),
                 "uuid": _text(gpu, "uuid"),
                 "pci": bus,
+                "pci_key": pci_key(bus),  # as the Xid lines name it
                 "ecc_volatile_unc": _uncorrectable(volatile),
                 "ecc_aggregate_unc": _uncorrectable(aggregate),
                 "retired_pending": pending == "Yes",
