@@ -566,9 +566,11 @@ def gather(args: dict) -> dict:
         facts["script_module"] = script.result(timeout=70)
     if torch is not None:
         facts["torch"] = torch.result(timeout=40)
-    if health is not None:  # dcgmi's level 1 takes up to a minute or two
+    # within the probe's default 30 s: nvidia-smi -q -x 10 s, the kernel log 8 s at most;
+    # dcgmi's level 1 takes a minute or two (check --dcgm gives the probe 150 s more)
+    if health is not None:
         try:
-            facts["health"] = health.result(timeout=140 if args.get("dcgm") else 40)
+            facts["health"] = health.result(timeout=140 if args.get("dcgm") else 20)
         except Exception as e:  # a broken source is the check's finding, not the probe's end
             facts["health"] = {"error": f"health sources: {type(e).__name__}: {e}"}
     facts["time"] = time.time()

@@ -224,7 +224,7 @@ def kernel_xids() -> dict:
         exe = which(argv[0])
         if not exe:
             continue
-        code, out, err = run([exe, *argv[1:]], 15)
+        code, out, err = run([exe, *argv[1:]], 8)
         if code == 0 and (out.strip() or argv[0] == "dmesg"):
             return {"source": argv[0], "xids": parse_xid_lines(out)}
         last = (err or out).strip().splitlines()
@@ -237,7 +237,7 @@ def health_facts(args: dict) -> dict:
     out: dict = {"boot_id": _read("/proc/sys/kernel/random/boot_id")}
     smi = which("nvidia-smi")
     if smi:
-        code, text, err = run([smi, "-q", "-x"], 20)
+        code, text, err = run([smi, "-q", "-x"], 10)
         if code == 0:
             try:
                 out["gpus"] = parse_smi_xml(text)
