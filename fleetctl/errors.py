@@ -195,3 +195,8 @@ class ProvisionError(FleetctlError):
         super().__init__(message)
         self.exit_code = exit_code
         self.returncode = returncode
+
+
+class HealthLedgerError(FleetctlError):
+    """The health ledger (or a host's last-check figures) cannot be read or written: the file
+    and why, in one line."""

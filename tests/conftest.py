@@ -16,6 +16,8 @@ def _private_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     hashed snapshot cached by one test can never hide a fault that a later test injects."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    # the health ledger and each host's last-check figures: one test's sick host is not the next's
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture(scope="session")

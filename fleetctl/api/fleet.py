@@ -161,12 +161,14 @@ class Fleet:
         min_free_gib: float = 1.0,
         collective: CollectiveOptions | None = None,
         probe_timeout: float = 30.0,
+        dcgm: bool = False,
     ) -> CheckReport:
         """``fleetctl check``: SSH, ping, NICs, the mesh, GPUs, ports, disk, tools on every
         host. Never raises for a failing host: ``report.ok``, ``report.failures`` (host,
         check, why), ``report.hosts[name].checks``; ``report.to_dict()`` is ``--json``.
         ``collective``: then the torch.distributed benchmark (``check --collective``).
-        ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``)."""
+        ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``).
+        ``dcgm``: DCGM's level-1 diagnostics too, where ``dcgmi`` is installed (``--dcgm``)."""
         from fleetctl.job.prepare import launcher_module
         from fleetctl.phases.check import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
@@ -185,7 +187,8 @@ class Fleet:
             mesh=mesh != "off",
             mesh_mode=mesh if mesh != "off" else "auto",
             collective=collective,
-            probe_timeout=probe_timeout,
+            probe_timeout=probe_timeout + (150.0 if dcgm else 0.0),  # level 1 takes minutes
+            dcgm=dcgm,
         )
         with self._ssh() as fleet:
             return check_fleet(fleet, options)

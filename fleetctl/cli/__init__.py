@@ -36,7 +36,12 @@ _JOBS = "fleetctl.cli.jobs_cmd"
 COMMANDS: dict[str, LazyCommand] = {
     "check": LazyCommand(
         "fleetctl.cli.check_cmd",
-        "Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.",
+        "Check SSH, ping, training NICs, the N×N mesh, GPUs and their health, ports, disk and "
+        "tools on every host.",
+    ),
+    "health": LazyCommand(
+        "fleetctl.cli.health_cmd",
+        "List the health ledger: the hosts found sick, why, and until when.",
     ),
     "collect": LazyCommand(
         _JOBS,

@@ -75,6 +75,12 @@ from fleetctl.cli.options import (
     help="GiB that must be free in each host's workdir.",
 )
 @field_option("probe_timeout")  # RunSpec's, as run's (its hosts group)
+@click.option(
+    "--dcgm",
+    is_flag=True,
+    help="Also run DCGM's level-1 diagnostics (dcgmi diag -r 1) where dcgmi is installed "
+    "(a minute or two per host).",
+)
 @collective_options
 def check_command(
     inventory: str | None,
@@ -88,6 +94,7 @@ def check_command(
     mesh: str,
     min_free: float,
     probe_timeout: float,
+    dcgm: bool,
     ssh: SSHOptions,
     collective: bool = False,
     collective_size: float = 32.0,
@@ -95,7 +102,11 @@ def check_command(
     collective_floor: float | None = None,
     collective_timeout: float = 120.0,
 ) -> None:
-    """Check SSH, ping, training NICs, the N×N mesh, GPUs, ports, disk and tools on every host.
+    """Check SSH, ping, training NICs, the N×N mesh, GPUs and their health, ports, disk and
+    tools on every host.
+
+    GPU and link health: XIDs, ECC, clock throttling, PCIe links, IB ports (docs/health.md);
+    a host that fails it is recorded in the health ledger (fleetctl health).
 
     With --collective, then a torch.distributed benchmark over the training NICs names slow or
     hung hosts and links. Exit status 0 if every check passed, 3 if any failed.
@@ -113,6 +124,7 @@ def check_command(
         mesh=mesh,
         min_free_gib=min_free,
         probe_timeout=probe_timeout,
+        dcgm=dcgm,
         collective=collective_settings(
             collective, collective_size, collective_min, collective_floor, collective_timeout
         ),

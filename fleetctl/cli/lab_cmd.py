@@ -387,6 +387,52 @@ def fault_gpus(ctx: click.Context, host: str, count: int) -> None:
     _done(f"{host}: nvidia-smi now reports {count} GPU(s)")
 
 
+@lab_fault.command("gpu-xid")
+@click.argument("host")
+@click.option("--gpu", type=click.IntRange(0, 63), default=0, show_default=True)
+@click.option("--xid", type=click.IntRange(1, 999), default=79, show_default=True)
+@click.pass_context
+def fault_gpu_xid(ctx: click.Context, host: str, gpu: int, xid: int) -> None:
+    """An NVRM Xid line for one of HOST's fake GPUs in its kernel log (79: off the bus)."""
+    _done(f"{host}: " + _lab(ctx).health_fault(host, "gpu-xid", gpu=gpu, xid=xid))
+
+
+@lab_fault.command("ecc")
+@click.argument("host")
+@click.option("--gpu", type=click.IntRange(0, 63), default=0, show_default=True)
+@click.option("--count", type=click.IntRange(1, 1 << 20), default=1, show_default=True)
+@click.pass_context
+def fault_ecc(ctx: click.Context, host: str, gpu: int, count: int) -> None:
+    """Uncorrectable ECC errors on one of HOST's fake GPUs (nvidia-smi -q -x)."""
+    _done(f"{host}: " + _lab(ctx).health_fault(host, "ecc", gpu=gpu, count=count))
+
+
+@lab_fault.command("throttle")
+@click.argument("host")
+@click.option("--gpu", type=click.IntRange(0, 63), default=0, show_default=True)
+@click.option(
+    "--reason",
+    type=click.Choice(
+        ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"]
+    ),
+    default="hw_slowdown",
+    show_default=True,
+)
+@click.pass_context
+def fault_throttle(ctx: click.Context, host: str, gpu: int, reason: str) -> None:
+    """A clock throttle reason active on one of HOST's fake GPUs."""
+    _done(f"{host}: " + _lab(ctx).health_fault(host, "throttle", gpu=gpu, reason=reason))
+
+
+@lab_fault.command("ib-flap")
+@click.argument("host")
+@click.option("--count", type=click.IntRange(1, 1000), default=1, show_default=True)
+@click.pass_context
+def fault_ib_flap(ctx: click.Context, host: str, count: int) -> None:
+    """HOST's fake IB port went down and up COUNT times (link_downed moves)."""
+    _done(f"{host}: " + _lab(ctx).health_fault(host, "ib-flap", count=count))
+
+
 @lab_fault.command("reset")
 @click.pass_context
 def fault_reset(ctx: click.Context) -> None:

@@ -226,11 +226,13 @@ def run_attempts(
                 decision=None,
                 checkpoints=_relayed(aopts),
             )
-            if spares:
-                from fleetctl.job.spares import faulty_hosts
+            from fleetctl.job.spares import faulty_hosts, remember_faulty
 
+            faulty = faulty_hosts(result)
+            remember_faulty(result, faulty)
+            if spares:
                 att.nodes, att.left_out = [x.name for x in chosen], left_out
-                ruled_out.update(faulty_hosts(result))
+                ruled_out.update(faulty)
             out.attempts.append(att)
             decision: Decision | None = None
             if result.status == JobStatus.FAILED and ff is not None:

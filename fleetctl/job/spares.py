@@ -5,10 +5,14 @@ that fail the check — or that the mesh shows cut off the training network — 
 the reason, and the first N healthy ones in inventory order run the attempt with a fresh rank
 plan. After a node fault (lost, could not start, or named by the post-mortem) that host is
 ruled out for the rest of the job and the next spare takes its place.
+
+The health ledger (fleetctl.health.ledger) is honoured: a host it pins (sick twice) is left
+out; a host it holds sick is checked last and used only when the healthy ones are too few.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -16,6 +20,7 @@ from fleetctl.errors import CheckError
 from fleetctl.job.state import NodeState
 
 if TYPE_CHECKING:
+    from fleetctl.health.ledger import HostStatus
     from fleetctl.job.result import JobResult
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
@@ -38,7 +43,13 @@ def choose_nodes(
     from fleetctl.ssh.fleet import Fleet
 
     left_out = dict(ruled_out)
+    held = _ledger()
+    for name, st in held.items():
+        if st.pinned and name in {x.name for x in pool}:
+            left_out.setdefault(name, f"health ledger: {st.why()}")
     candidates = [x for x in pool if x.name not in left_out]
+    # the healthy first, in inventory order: the ledger's sick hosts are the last resort
+    candidates.sort(key=lambda x: x.name in held)
     report = None
     if len(candidates) >= n:
         opts = CheckOptions(
@@ -68,7 +79,21 @@ def choose_nodes(
             f"--nodes {n}: only {len(healthy)} of {len(pool)} host(s) usable (left out: {why})",
             FleetResult(dict(report.hosts) if report is not None else {}),
         )
+    for x in healthy[n:]:
+        if x.name in held:
+            left_out[x.name] = f"health ledger: {held[x.name].why()}"
     return healthy[:n], left_out
+
+
+def _ledger() -> dict[str, HostStatus]:
+    """The ledger's hosts that are out now; none when it cannot be read (the check says)."""
+    from fleetctl.errors import HealthLedgerError
+    from fleetctl.health.ledger import Ledger
+
+    try:
+        return Ledger().status()
+    except HealthLedgerError:
+        return {}
 
 
 def faulty_hosts(result: JobResult) -> dict[str, str]:
@@ -85,3 +110,19 @@ def faulty_hosts(result: JobResult) -> dict[str, str]:
         if host in hosts:
             out.setdefault(host, why)
     return out
+
+
+def remember_faulty(result: JobResult, faulty: Mapping[str, str]) -> None:
+    """Record each host an attempt showed unfit in the health ledger (``lost``: lost or could
+    not start; ``failure``: named by the post-mortem), so later runs leave it out too."""
+    from fleetctl.errors import HealthLedgerError
+    from fleetctl.health.ledger import Ledger
+
+    lost = {n.host for n in result.nodes if n.state in (NodeState.LOST, NodeState.START_FAILED)}
+    ledger = Ledger()
+    for host, why in faulty.items():
+        source = "lost" if host in lost else "failure"
+        with contextlib.suppress(HealthLedgerError):  # the run's outcome matters more
+            ledger.record(
+                host, source=source, reason=why.split(":")[0], evidence=why, job_id=result.job_id
+            )

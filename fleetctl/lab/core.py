@@ -294,6 +294,12 @@ class Lab:
     ) -> None:
         self.injector.set_gpu_busy(host, index, pid=pid, mib=mib, name=name)
 
+    def health_fault(self, host: str, kind: str, **how: Any) -> str:
+        """``lab fault gpu-xid|ecc|throttle|ib-flap HOST`` (fleetctl.lab.health_faults):
+        ``gpu``, ``xid``, ``count``, ``reason``."""
+        how = {"gpu": 0, "xid": 79, "count": 1, "reason": "hw_slowdown", **how}
+        return self.injector.health_fault(host, kind, **how)
+
     def reset_faults(self) -> None:
         self.injector.reset_faults()
 

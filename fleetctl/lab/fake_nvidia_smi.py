@@ -5,9 +5,12 @@ Copied into each lab host's bin dir (first on the host's SSH ``PATH``) when the 
 ``driver``, ``seed``, ``apps``), so a test can change one host's count without restarting
 anything. ``apps`` (``[{"gpu": 1, "pid": 4242, "used_memory": 2048, "name": "python"}]``) are
 another job's processes: ``--query-compute-apps`` lists them and their GPU's ``memory.used``
-counts them. Stdlib only. Covers what fleetctl and people commonly call: ``-L``,
-``--query-gpu=… --format=csv[,noheader][,nounits]``, ``--query-compute-apps=…``, ``-i``, and the
-plain summary table. Exit codes follow the real tool: 6 when no GPU is found, 2 for a bad field.
+counts them. ``ecc`` (``{"1": 2}``: GPU 1 has 2 uncorrectable errors) and ``throttle``
+(``{"0": "hw_slowdown"}``) are the health faults ``-q -x`` shows (``fleetctl lab fault ecc``,
+``throttle``). Stdlib only. Covers what fleetctl and people commonly call: ``-L``,
+``--query-gpu=… --format=csv[,noheader][,nounits]``, ``--query-compute-apps=…``, ``-i``,
+``-q -x`` (the health fields, in the real tool's XML shape), and the plain summary table.
+Exit codes follow the real tool: 6 when no GPU is found, 2 for a bad field.
 """
 
 from __future__ import annotations
@@ -182,6 +185,55 @@ def table(devs: list[dict], cfg: dict) -> None:
     print("+" + "-" * 87 + "+")
 
 
+REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "display_clocks_setting",
+)
+
+
+def xml(devs: list[dict], cfg: dict) -> None:
+    """``nvidia-smi -q -x``: the fields the health gate reads, as driver 550 writes them."""
+    ecc, throttle = cfg.get("ecc") or {}, cfg.get("throttle") or {}
+    out = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">']
+    out += [
+        "<nvidia_smi_log>",
+        f"\t<driver_version>{cfg.get('driver', '535.104.05')}</driver_version>",
+    ]
+    out.append(f"\t<attached_gpus>{len(devs)}</attached_gpus>")
+    for d in devs:
+        unc = int(ecc.get(d["index"], 0))
+        active = {"gpu_idle", throttle.get(d["index"])}
+        reasons = "".join(
+            f"<clocks_event_reason_{r}>{'Active' if r in active else 'Not Active'}"
+            f"</clocks_event_reason_{r}>"
+            for r in REASONS
+        )
+        out.append(
+            f'\t<gpu id="{d["pci.bus_id"]}"><product_name>{d["name"]}</product_name>'
+            f"<uuid>{d['uuid']}</uuid><minor_number>{d['index']}</minor_number>"
+            f"<pci><pci_bus_id>{d['pci.bus_id']}</pci_bus_id><pci_gpu_link_info><pcie_gen>"
+            "<max_link_gen>5</max_link_gen><current_link_gen>5</current_link_gen>"
+            "<max_device_link_gen>5</max_device_link_gen></pcie_gen><link_widths>"
+            "<max_link_width>16x</max_link_width><current_link_width>16x</current_link_width>"
+            f"</link_widths></pci_gpu_link_info></pci><clocks_event_reasons>{reasons}"
+            "</clocks_event_reasons><ecc_errors><volatile><dram_correctable>0</dram_correctable>"
+            f"<dram_uncorrectable>{unc}</dram_uncorrectable></volatile><aggregate>"
+            f"<dram_uncorrectable>{unc}</dram_uncorrectable></aggregate></ecc_errors>"
+            "<retired_pages><pending_blacklist>N/A</pending_blacklist></retired_pages>"
+            "<remapped_rows><remapped_row_pending>No</remapped_row_pending>"
+            "<remapped_row_failure>No</remapped_row_failure></remapped_rows></gpu>"
+        )
+    out.append("</nvidia_smi_log>")
+    print("\n".join(out))
+
+
 def main(args: list[str]) -> int:
     cfg = load()
     devs = slurm_visible(gpus(cfg))
@@ -192,6 +244,9 @@ def main(args: list[str]) -> int:
     if "-L" in args or "--list-gpus" in args:
         for d in devs:
             print(f"GPU {d['index']}: {d['name']} (UUID: {d['uuid']})")
+        return 0
+    if "-q" in args and ("-x" in args or "--xml-format" in args):
+        xml(devs, cfg)
         return 0
     q = option(args, "--query-gpu")
     if q is not None:

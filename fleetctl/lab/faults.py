@@ -1,5 +1,6 @@
 """Fault injection on running lab hosts: cut/heal links, netem, kill/start sshd, crash/boot
-a host, full disks, GPU counts; each recorded in lab.json so ``reset_faults`` undoes it."""
+a host, full disks, GPU counts and health (XIDs, ECC, throttling, IB flaps); each recorded in
+lab.json so ``reset_faults`` undoes it."""
 
 from __future__ import annotations
 
@@ -374,6 +375,22 @@ class LabFaults:
             path.write_text(json.dumps(cfg) + "\n")
             self.store.record_fault({"kind": "gpu_busy", "host": h.name}, True)
 
+    def health_fault(
+        self, host: str, kind: str, *, gpu: int, xid: int, count: int, reason: str
+    ) -> str:
+        """A GPU or link health fault on a host with fake GPUs, until ``reset_faults``."""
+        from fleetctl.lab.health_faults import inject
+
+        h = self.store.host(host)
+        if not h.fake_smi:
+            raise LabInputError(f"{h.name} has no fake GPUs (lab up --gpus K)")
+        with self.store.mutate():
+            what = inject(
+                self.store.host_dir(h), kind, gpu, gpus=h.gpus, xid=xid, count=count, reason=reason
+            )
+            self.store.record_fault({"kind": "health", "host": h.name, "what": what}, True)
+        return what
+
     def reset_faults(self) -> None:
         """Undo every recorded fault (newest first): the fixture's way back to a clean lab."""
         for f in reversed(self.store.faults):
@@ -395,7 +412,7 @@ class LabFaults:
             elif kind == "gpus":
                 fake, count = f["before"]
                 self.set_gpus(host, count if fake else None)
-            elif kind == "gpu_busy":
+            elif kind in ("gpu_busy", "health"):
                 with self.store.mutate():
                     self.files.write_gpu_files(self.store.host(host))  # the GPUs idle again
                     self.store.record_fault(f, False)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.lab import net
 from fleetctl.lab.constants import _HERE, MINIMAL_BASHRC, ROOT_BASHRC, SSHD_PATH_ENV, WORKDIR
+from fleetctl.lab.health_faults import health_files, write_health_files
 
 if TYPE_CHECKING:
     from fleetctl.lab.hosts import LabHost
@@ -271,6 +272,8 @@ class LabFiles:
             }
             if h.gpus:
                 v["fleetctl_gpus"] = h.gpus
+                # its fake IB ports (fleetctl.lab.health_faults), read by the health gate
+                v["fleetctl_ib_root"] = str(st.host_dir(h) / "sys" / "class" / "infiniband")
             hosts[h.name] = v
         doc = {"all": {"children": {"nodes": {"hosts": hosts}}}}
         head = (
@@ -283,7 +286,7 @@ class LabFiles:
         bindir = self.store.host_dir(h) / "bin"
         smi = bindir / "nvidia-smi"
         if not h.fake_smi:
-            for p in (smi, bindir / "nvidia-smi.json"):
+            for p in (smi, bindir / "nvidia-smi.json", *health_files(bindir)):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             return
@@ -291,3 +294,4 @@ class LabFiles:
         _write(smi, f"#!{self.store.state['python']} -IS\n" + src, 0o755)
         cfg = {"count": h.gpus, "seed": f"{self.store.name}/{h.name}"}
         _write(bindir / "nvidia-smi.json", json.dumps(cfg) + "\n", 0o644)
+        write_health_files(self.store.host_dir(h), self.store.state["python"])

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import ConnectError
 from fleetctl.phases.check_cache import load_cached, save_cached
+from fleetctl.phases.check_health import apply_health
 from fleetctl.phases.check_judge import build_report, fleet_clock_spread
 from fleetctl.phases.check_mesh import Rendezvous, measure_again
 from fleetctl.phases.check_report import (
@@ -142,6 +143,9 @@ def probe_args(
         "max_slowdown": MAX_SLOWDOWN,
         "linger": 2 * mesh_wait + 10,  # the second round's request comes after the first
         "hold": options.hold,
+        "health": options.health,
+        "dcgm": options.dcgm,
+        "ib_root": node.vars.get("fleetctl_ib_root"),  # where its IB sysfs is (a lab's fake)
     }
 
 
@@ -433,6 +437,8 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
             pings=pings,
             mesh_ran=options.mesh and len(reachable) > 1,
         )
+        if options.health:
+            apply_health(report, nodes, outcomes)
     except BaseException:
         release_probes(held.values())
         if ahead is not None:

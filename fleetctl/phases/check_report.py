@@ -28,6 +28,7 @@ CHECKS = (
     "addr",
     "mesh",
     "gpu",
+    "health",
     "port",
     "disk",
     "env",
@@ -84,6 +85,10 @@ class CheckOptions:
     # a mesh pair that failed is measured once more after every host's first round (load at
     # the fleet's size fails pairs that can talk); a post-mortem within 2 s takes one round
     mesh_again: bool = True
+    # the GPU and link health gate (fleetctl.health.judge) and, where dcgmi is installed and
+    # this is set, DCGM's level-1 diagnostics (a minute or more)
+    health: bool = True
+    dcgm: bool = False
     cache_ttl: float = 120.0
     recheck: bool = False
     cache_dir: str | None = None

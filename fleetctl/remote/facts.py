@@ -17,9 +17,11 @@ import sys
 import time
 
 try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
+    from .health import health_facts
     from .waits import Task, bounded, run, which
     from .workdirs import workdir_id
 except ImportError:
+    from health import health_facts
     from waits import Task, bounded, run, which
     from workdirs import workdir_id
 
@@ -533,6 +535,7 @@ def gather(args: dict) -> dict:
     # The order of the slow parts does not matter: run them side by side.
     gpu = Task(gpu_facts)
     rs = Task(rsync_facts)
+    health = Task(health_facts, args) if args.get("health") else None
     mod = args.get("launcher_module")
     launcher = Task(launcher_facts, mod) if mod else None
     script_mod = args.get("script_module")
@@ -563,5 +566,12 @@ def gather(args: dict) -> dict:
         facts["script_module"] = script.result(timeout=70)
     if torch is not None:
         facts["torch"] = torch.result(timeout=40)
+    # within the probe's default 30 s: nvidia-smi -q -x 10 s, the kernel log 8 s at most;
+    # dcgmi's level 1 takes a minute or two (check --dcgm gives the probe 150 s more)
+    if health is not None:
+        try:
+            facts["health"] = health.result(timeout=140 if args.get("dcgm") else 20)
+        except Exception as e:  # a broken source is the check's finding, not the probe's end
+            facts["health"] = {"error": f"health sources: {type(e).__name__}: {e}"}
     facts["time"] = time.time()
     return facts

@@ -78,6 +78,7 @@ EXERCISED = {
     "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "framing.py": "test_python_3_8_writes_frames_as_json_would",
+    "health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
     "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"

@@ -1,0 +1,260 @@
+"""Node-side GPU and link health sources for the check: read here, judged on the controller.
+
+The probe (``facts.gather``) calls ``health_facts`` beside its other facts. Each source is
+read and reduced to small figures on the node — an 8-GPU ``nvidia-smi -q -x`` is ~150 kB,
+its health a few hundred bytes — so a large fleet sends the controller figures, not logs:
+
+* ``nvidia-smi -q -x``: per GPU its PCI bus id, uncorrectable ECC counts (volatile and
+  aggregate, every driver's field names), retired pages pending, remapped rows pending or
+  failed, the active clock event (throttle) reasons, the PCIe link's width and generation;
+* the kernel log (``journalctl -k -b``, else ``dmesg``): its ``NVRM: Xid`` lines since boot,
+  with their seconds since boot, so the controller can tell the ones since the last check;
+* ``/sys/class/infiniband`` (``ib_root``): every port's state, rate and error counters;
+* ``dcgmi diag -r 1 -j`` where DCGM is installed and the check asks for it (``dcgm``).
+
+The parsers are pure (``parse_smi_xml``, ``parse_xid_lines``, ``parse_dcgm``): the controller's
+tests feed them captured outputs. Node module: stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
+    from .waits import run, which
+except ImportError:
+    from waits import run, which
+
+IB_ROOT = "/sys/class/infiniband"
+IB_COUNTERS = (
+    "link_downed",
+    "link_error_recovery",
+    "symbol_error",
+    "port_rcv_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+XID_RE = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*?NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)$")
+MAX_XIDS = 64  # the newest kept: a GPU in a fault loop logs thousands
+
+
+def pci_key(bus_id: str) -> str:
+    """One spelling of a PCI address for both sources: ``00000000:18:00.0`` (nvidia-smi) and
+    ``0000:18:00`` (the kernel's Xid line) are both ``0:18:00``."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) < 3:
+        return bus_id.strip().lower()
+    try:
+        domain = f"{int(parts[-3], 16):x}"
+    except ValueError:
+        domain = parts[-3]
+    return f"{domain}:{parts[-2]}:{parts[-1].split('.')[0]}"
+
+
+def _text(el: object, path: str) -> str:
+    found = el.find(path) if el is not None else None  # type: ignore[attr-defined]
+    return (found.text or "").strip() if found is not None else ""
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0  # "N/A": the GPU does not keep this count
+
+
+def _uncorrectable(section: object) -> int:
+    """Uncorrectable ECC errors of one section (``volatile``/``aggregate``): the
+    ``*_uncorrectable*`` fields of drivers ≥ 525, or ``double_bit/total`` of older ones."""
+    if section is None:
+        return 0
+    total = 0
+    for child in list(section):  # type: ignore[call-overload]
+        if "uncorrectable" in child.tag and len(child) == 0:
+            total += _count((child.text or "").strip())
+    total += _count(_text(section, "double_bit/total"))
+    return total
+
+
+def parse_smi_xml(text: str) -> list:
+    """Each GPU's health figures from ``nvidia-smi -q -x``, in the tool's order."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(text)
+    gpus = []
+    for i, gpu in enumerate(root.findall("gpu")):
+        bus = gpu.get("id") or _text(gpu, "pci/pci_bus_id")
+        reasons = gpu.find("clocks_event_reasons")
+        if reasons is None:
+            reasons = gpu.find("clocks_throttle_reasons")
+        active = []
+        for child in list(reasons) if reasons is not None else []:
+            if (child.text or "").strip() == "Active":
+                name = child.tag
+                for prefix in ("clocks_event_reason_", "clocks_throttle_reason_"):
+                    if name.startswith(prefix):
+                        name = name[len(prefix) :]
+                active.append(name)
+        ecc = gpu.find("ecc_errors")
+        volatile = ecc.find("volatile") if ecc is not None else None
+        aggregate = ecc.find("aggregate") if ecc is not None else None
+        pending = _text(gpu, "retired_pages/pending_blacklist") or _text(
+            gpu, "retired_pages/pending_retirement"
+        )
+        link = gpu.find("pci/pci_gpu_link_info")
+        gpus.append(
+            {
+                "index": _count(_text(gpu, "minor_number")) if _text(gpu, "minor_number") else i,
+                "name": _text(gpu, "product_name"),
+                "uuid": _text(gpu, "uuid"),
+                "pci": bus,
+                "pci_key": pci_key(bus),  # as the Xid lines name it
+                "ecc_volatile_unc": _uncorrectable(volatile),
+                "ecc_aggregate_unc": _uncorrectable(aggregate),
+                "retired_pending": pending == "Yes",
+                "remap_pending": _text(gpu, "remapped_rows/remapped_row_pending") == "Yes",
+                "remap_failure": _text(gpu, "remapped_rows/remapped_row_failure") == "Yes",
+                "remap_unc": _count(_text(gpu, "remapped_rows/remapped_row_unc")),
+                "throttle": active,
+                "pcie_gen": _count(_text(link, "pcie_gen/current_link_gen")),
+                "pcie_gen_max": _count(
+                    _text(link, "pcie_gen/max_device_link_gen")
+                    or _text(link, "pcie_gen/max_link_gen")
+                ),
+                "pcie_width": _count(_text(link, "link_widths/current_link_width").rstrip("x")),
+                "pcie_width_max": _count(_text(link, "link_widths/max_link_width").rstrip("x")),
+            }
+        )
+    return gpus
+
+
+def parse_xid_lines(text: str) -> list:
+    """``NVRM: Xid`` lines (dmesg, or ``journalctl -k -o short-monotonic``) as
+    ``{"t": seconds since boot, "pci": key, "xid": n, "text": rest}``, the newest MAX_XIDS."""
+    out = []
+    for line in text.splitlines():
+        m = XID_RE.match(line.strip())
+        if m:
+            out.append(
+                {
+                    "t": float(m.group(1)),
+                    "pci": pci_key(m.group(2)),
+                    "xid": int(m.group(3)),
+                    "text": m.group(4).strip()[:200],
+                }
+            )
+    return out[-MAX_XIDS:]
+
+
+def parse_dcgm(text: str) -> dict:
+    """``dcgmi diag -j``: every test that did not pass, ``{"failed": [{test, gpu, info}]}``."""
+    doc = json.loads(text)
+    diag = doc.get("DCGM GPU Diagnostic", doc)
+    failed = []
+    for cat in diag.get("test_categories") or []:
+        for test in cat.get("tests") or []:
+            for res in test.get("results") or []:
+                if str(res.get("status", "")).lower() not in ("fail", "error"):
+                    continue
+                info = res.get("warnings") or res.get("info") or ""
+                if isinstance(info, list):
+                    info = "; ".join(
+                        str(w.get("warning", w)) if isinstance(w, dict) else str(w) for w in info
+                    )
+                gpu = res.get("gpu_id", res.get("gpu_ids"))
+                failed.append({"test": test.get("name", "?"), "gpu": gpu, "info": str(info)[:200]})
+    return {"failed": failed, "version": diag.get("version")}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def ib_ports(root: str = IB_ROOT) -> list:
+    """Every InfiniBand/RoCE port under ``root``: state, physical state, rate, link layer and
+    the error counters the controller compares with the last check's."""
+    out = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for dev in devices:
+        ports_dir = os.path.join(root, dev, "ports")
+        try:
+            ports = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
+        except OSError:
+            continue
+        for port in ports:
+            base = os.path.join(ports_dir, port)
+            counters = {}
+            for name in IB_COUNTERS:
+                value = _read(os.path.join(base, "counters", name))
+                if value.isdigit():
+                    counters[name] = int(value)
+            rate = _read(os.path.join(base, "rate"))
+            words = rate.split()
+            out.append(
+                {
+                    "port": f"{dev}/{port}",
+                    "state": _read(os.path.join(base, "state")).split(":", 1)[-1].strip(),
+                    "phys": _read(os.path.join(base, "phys_state")).split(":", 1)[-1].strip(),
+                    "rate": float(words[0]) if words and words[0].replace(".", "").isdigit() else 0,
+                    "rate_text": rate,
+                    "link_layer": _read(os.path.join(base, "link_layer")),
+                    "counters": counters,
+                }
+            )
+    return out
+
+
+def kernel_xids() -> dict:
+    """The ``NVRM: Xid`` lines since boot: journald's kernel log, else the kernel's ring buffer
+    (``dmesg`` may need root: ``kernel.dmesg_restrict``)."""
+    tried = []
+    for argv in (
+        ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager", "-q"],
+        ["dmesg"],
+    ):
+        exe = which(argv[0])
+        if not exe:
+            continue
+        code, out, err = run([exe, *argv[1:]], 8)
+        if code == 0 and (out.strip() or argv[0] == "dmesg"):
+            return {"source": argv[0], "xids": parse_xid_lines(out)}
+        last = (err or out).strip().splitlines()
+        tried.append(f"{argv[0]} exited {code}" + (f": {last[-1]}" if last else ""))
+    return {"source": None, "error": "; ".join(tried) or "no journalctl or dmesg"}
+
+
+def health_facts(args: dict) -> dict:
+    """Every source this node has, reduced; a source that fails says why (``*_error``)."""
+    out: dict = {"boot_id": _read("/proc/sys/kernel/random/boot_id")}
+    smi = which("nvidia-smi")
+    if smi:
+        code, text, err = run([smi, "-q", "-x"], 10)
+        if code == 0:
+            try:
+                out["gpus"] = parse_smi_xml(text)
+            except Exception as e:  # ParseError, or a shape we do not know
+                out["smi_error"] = f"nvidia-smi -q -x unreadable: {e}"
+        else:
+            last = (err or text).strip().splitlines()
+            out["smi_error"] = f"nvidia-smi -q -x exited {code}" + (f": {last[-1]}" if last else "")
+    out["kernel"] = kernel_xids()
+    out["ib"] = ib_ports(args.get("ib_root") or IB_ROOT)
+    dcgmi = which("dcgmi") if args.get("dcgm") else None
+    if dcgmi:
+        code, text, err = run([dcgmi, "diag", "-r", "1", "-j"], 120)
+        try:
+            out["dcgm"] = parse_dcgm(text)
+        except ValueError:
+            last = (err or text).strip().splitlines()
+            why = f"dcgmi diag exited {code}" + (f": {last[-1]}" if last else "")
+            out["dcgm"] = {"error": why}
+    return out
