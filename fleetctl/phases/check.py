@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import ConnectError
 from fleetctl.phases.check_cache import load_cached, save_cached
-from fleetctl.phases.check_health import apply_health
+from fleetctl.phases.check_health import apply_health, record_collective
 from fleetctl.phases.check_judge import build_report, fleet_clock_spread
 from fleetctl.phases.check_mesh import Rendezvous, measure_again
 from fleetctl.phases.check_report import (
@@ -448,6 +448,8 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     if options.collective is not None:
         try:
             report.collective = _collective(fleet, nodes, report, options, ahead)
+            if options.health:
+                record_collective(report)
         except BaseException:
             report.release()
             raise

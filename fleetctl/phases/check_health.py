@@ -77,3 +77,29 @@ def apply_health(
             row.checks["health"] = CheckResult(WARN, f"in the health ledger: {status.why()}")
         else:
             row.checks["health"] = CheckResult(OK, verdict.summary)
+
+
+def record_collective(report: CheckReport, job_id: str | None = None) -> None:
+    """The hosts ``--collective`` named (slow, hung, failing) into the health ledger (source
+    ``collective``), so ``run --nodes N`` leaves them out next time too; a ledger that cannot
+    be written is a warning, never the check's verdict."""
+    from fleetctl.health.ledger import Ledger
+
+    coll = report.collective
+    if coll is None or coll.ok:
+        return
+    ledger = Ledger()
+    whys: dict[str, list[str]] = {}
+    for host, why in coll.failures:
+        whys.setdefault(host, []).append(why)
+    for host, reasons in whys.items():
+        try:
+            ledger.record(
+                host,
+                source="collective",
+                reason=reasons[0].split(" busbw ")[0],
+                evidence="; ".join(reasons),
+                job_id=job_id,
+            )
+        except HealthLedgerError as e:
+            report.warnings.append(f"{host}: health ledger not written: {e}")

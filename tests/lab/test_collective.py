@@ -160,6 +160,11 @@ def test_run_nodes_3_collective_leaves_the_slow_host_out(make_lab, tmp_path) -> 
     coll = json.loads((folder / "collective.json").read_text())
     assert coll["ok"] and sorted(coll["nodes"]) == sorted(healthy)
     assert coll["allreduce"]["ranks"] == 3
+    # remembered: the health ledger holds the slow host, with the collective's evidence
+    listed = run_cli("health", "--json")
+    assert listed.exit_code == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)["hosts"]
+    assert entry["host"] == slow and entry["why"].startswith("collective: slow node"), entry
     _no_rank_left(lab)
     for node in load_inventory(str(lab.inventory_path)).nodes:
         left = node_leftovers(
