@@ -289,6 +289,7 @@ def monitor(
     on_failure: str | None = None,
     on_end: str | None = None,
     hook_timeout: float = 60.0,
+    report: bool = True,
 ) -> str:
     """``fleetctl monitor``: watch the detached job until it ends (first failure: stop it
     everywhere, then collect). Unset values: what its last monitor used, else the defaults.
@@ -318,5 +319,6 @@ def monitor(
         metrics_addr=metrics_addr,
         metrics_textfile=metrics_textfile,
         hooks=Hooks(on_failure, on_end, hook_timeout) or None,
+        report=report,
     )
     return str(result.outcome)

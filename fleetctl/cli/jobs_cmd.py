@@ -359,6 +359,7 @@ def collect_command(
 @field_option("on_failure")
 @field_option("on_end")
 @field_option("hook_timeout")
+@field_option("report")
 @click.argument("job")
 def monitor_command(
     runs_dir: str,
@@ -376,6 +377,7 @@ def monitor_command(
     on_failure: str | None,
     on_end: str | None,
     hook_timeout: float,
+    no_report: bool,
 ) -> None:
     """Watch detached JOB until it ends: on the first failure stop it everywhere, then
     collect its logs. `fleetctl run --detach` starts one; run it by hand to re-attach a
@@ -416,5 +418,6 @@ def monitor_command(
         on_failure=on_failure,
         on_end=on_end,
         hook_timeout=hook_timeout,
+        report=not no_report,
     )
     note(f"done: {outcome}")

@@ -155,12 +155,14 @@ def monitor_job(
     metrics_addr: str | None = None,
     metrics_textfile: str | None = None,
     hooks: Hooks | None = None,
+    report: bool = True,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
 
     ``metrics_addr``/``metrics_textfile``: the job's metrics while this monitor watches
     (docs/metrics.md; an address it cannot bind is an event, never a reason to leave the job
-    unwatched); ``hooks``: run once this monitor ended the job.
+    unwatched); ``hooks``: run once this monitor ended the job, after its ``report``
+    (report.html, as an attached run writes it).
 
     ``stop_event`` set (SIGTERM/SIGINT in the CLI) while watching: return at once, job left
     running. Once a verdict is reached the teardown and collection finish regardless (each
@@ -232,6 +234,10 @@ def monitor_job(
             _finish(h, decision, grace, event, result, pid, lost)
             if metrics is not None:
                 metrics.polled({}, phase="done", status=result.outcome, progress=None)
+            if report and result.final:
+                from fleetctl.job.submit import write_run_report
+
+                write_run_report(h.folder.path, h.job_id, lambda ev: event(ev.text))
             if hooks and result.final:
                 _hooks(h, hooks, decision, result, note)
             if lost and result.final:

@@ -102,6 +102,7 @@ def spawn_monitor(
     metrics_addr: str | None = None,
     metrics_textfile: str | None = None,
     hooks: Hooks | None = None,
+    report: bool = True,
 ) -> SpawnedMonitor:
     """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
     no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
@@ -133,6 +134,8 @@ def spawn_monitor(
         argv += ["--metrics-textfile", os.path.abspath(metrics_textfile)]
     if hooks:
         argv += hooks.argv()
+    if not report:
+        argv.append("--no-report")
     if settings is not None:
         argv += ["--connect-timeout", repr(float(settings.connect_timeout))]
         if settings.known_hosts:

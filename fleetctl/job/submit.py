@@ -186,21 +186,20 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
     if done.detached and request.monitor:
         done.monitor = _start_monitor(request, options, result)
     elif request.report and not done.detached:
-        _write_report(result, on_event)
+        write_run_report(result.folder, result.job_id, on_event)
     return done
 
 
-def _write_report(result: JobResult, on_event: Callable[[JobEvent], None]) -> None:
-    """report.html into the job's first run folder (every attempt in it). Never changes the
-    run's outcome: a failure to write it is a warning."""
-    from pathlib import Path
-
+def write_run_report(folder: str | Path, job_id: str, on_event: Callable[[JobEvent], None]) -> None:
+    """report.html into the job's first run folder (every attempt in it), for an attached
+    run and a detached job's monitor alike. Never changes the run's outcome: a failure to
+    write it is a warning."""
     from fleetctl.job.records import ATTEMPT_RE
     from fleetctl.job.result import JobEvent
 
-    if not result.folder:
+    if not folder:
         return
-    folder = Path(result.folder)
+    folder = Path(folder)
     m = ATTEMPT_RE.match(folder.name)
     if m and (folder.parent / m.group("base")).is_dir():
         folder = folder.parent / m.group("base")
@@ -208,7 +207,7 @@ def _write_report(result: JobResult, on_event: Callable[[JobEvent], None]) -> No
         from fleetctl.report import write_report
 
         path = write_report(folder)
-        on_event(JobEvent("notice", f"report: {path} (`fleetctl report {result.job_id}`)"))
+        on_event(JobEvent("notice", f"report: {path} (`fleetctl report {job_id}`)"))
     except Exception as e:  # a report is a convenience, never the run's verdict
         on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
 
@@ -235,4 +234,5 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         metrics_addr=request.metrics_addr,
         metrics_textfile=request.metrics_textfile,
         hooks=request.hooks,
+        report=request.report,
     )

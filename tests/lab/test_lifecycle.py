@@ -441,6 +441,10 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     assert (mon["phase"], mon["outcome"]) == ("exited", "failed") and not monitor_alive(mon)
     events = (runs / job_id / "events.log").read_text()
     assert "monitor node 1 (node2) failed first: exit code 1" in events
+    # the monitor wrote the report, as an attached run does, and said where
+    html = (runs / job_id / "report.html").read_text()
+    assert 'class="host">node2</span>' in html
+    assert f"monitor report: {runs / job_id / 'report.html'}" in events
     [rec] = runs_json(runs)
     assert rec["status"] == "failed" and rec["first_failure"].startswith("node 1 (node2): exit")
 
