@@ -131,11 +131,14 @@ def _rank_errors(failed: list[dict[str, Any]], tail: list[str]) -> list[str]:
     """Each failed rank's own error (its traceback, from its rank log: ``job.ranks.rank_error``)
     unless the node's tail above already shows it (plain, paddle's echoed worker log)."""
     out: list[str] = []
+    hints: list[str] = []
     for f in failed:
         error = f.get("error") or []
+        if f.get("hint") and f["hint"] not in hints:
+            hints.append(f["hint"])
         if not error or set(error) <= set(tail):
             continue
         out.append(f"--- rank {f['rank']} ({f['node']}), from {f.get('error_log')} ---")
         out.extend(error)
         out.append("---")
-    return out
+    return out + [f"hint: {h}" for h in hints]

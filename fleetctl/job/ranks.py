@@ -218,13 +218,21 @@ def rank_error(folder: Path | None, logs: Any) -> dict[str, Any]:
             continue
         lines = traceback_lines(text)
         if lines:
-            return {"error": lines, "error_log": str(rel)}
+            return _with_hint({"error": lines, "error_log": str(rel)})
         texts.append((str(rel), text))
     for rel, text in sorted(texts, key=lambda t: "stdout" in t[0]):  # stderr before stdout
         last = [ln for ln in text.splitlines() if ln.strip()][-5:]
         if last:
-            return {"error": last, "error_log": rel}
+            return _with_hint({"error": last, "error_log": rel})
     return {}
+
+
+def _with_hint(error: dict[str, Any]) -> dict[str, Any]:
+    """``error`` with what to do about it, where the error is a well-known one."""
+    from fleetctl.job.hints import hint_for
+
+    hint = hint_for(error["error"])
+    return {**error, "hint": hint} if hint else error
 
 
 def traceback_lines(text: str, limit: int = _ERROR_LINES) -> list[str]:

@@ -106,6 +106,7 @@ class Culprit:
     error_log: str | None = None  # relative to the attempt's folder
     attempt: int = 1
     likely_cause: tuple[str, ...] = ()
+    hint: str | None = None  # what to do about a well-known error (job.hints)
 
 
 @dataclass(frozen=True)
@@ -408,6 +409,7 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
         error_log=there + str(fr.get("error_log") or (fr.get("logs") or [None])[0]) if fr else None,
         attempt=k,
         likely_cause=tuple(job.culprits or ()),
+        hint=str(fr["hint"]) if fr and fr.get("hint") else None,
     )
 
 
