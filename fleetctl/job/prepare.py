@@ -6,6 +6,7 @@ nothing needs stopping.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import CheckError
@@ -77,6 +78,8 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
         job.held, report.held = report.held, {}
+        with contextlib.suppress(OSError):  # the report's check table; never the run's verdict
+            job.folder.write_check(report.to_dict())
         if report.collective is not None:  # the figures, whether they pass or not
             job.folder.write_collective(report.collective.to_dict())
             if job.observer is not None:

@@ -11,6 +11,7 @@ lock. The files:
 * ``attempts.json`` — with retries, every attempt and why it was (not) retried (in the first
   attempt's folder);
 * ``roles.json`` — a role job's layout: the job file as parsed and every task's ports;
+* ``check.json`` — the check's table: each host's cells (status, detail), failures, mesh pairs;
 * ``collective.json`` — ``--collective``: per node, per link, the all-reduce and the verdict;
 * ``monitor.log`` — a detached job's monitor output;
 * ``controller.json`` — who created the folder (the ``fleetctl run`` process: pid, start time,
@@ -56,6 +57,7 @@ CONNECT_FILE = "connect.json"
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 COLLECTIVE_FILE = "collective.json"
+CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, mesh pairs
 RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = "controller.json"
@@ -186,6 +188,12 @@ class RunFolder:
 
     def write_roles(self, layout: dict[str, Any]) -> None:
         self._write_json(ROLES_FILE, layout)
+
+    def write_check(self, report: dict[str, Any]) -> None:
+        """``check.json``: the check's table as the run saw it (every host's cells with their
+        details, the failures, the pairs that could not talk), passing or not."""
+        keep = ("ok", "summary", "checks", "hosts", "failures", "mesh_failures", "warnings")
+        self._write_json(CHECK_FILE, {k: report[k] for k in keep if k in report})
 
     def write_collective(self, report: dict[str, Any]) -> None:
         """``collective.json``: the ``--collective`` benchmark's figures and verdict."""

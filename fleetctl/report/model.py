@@ -21,6 +21,7 @@ from typing import Any
 from fleetctl.job.jobrecord import JobRecord, NodeRecord
 from fleetctl.job.records import attempt_folders, describe_failure
 from fleetctl.job.runfolder import (
+    CHECK_FILE,
     COLLECTIVE_FILE,
     EVENTS_FILE,
     PLAN_FILE,
@@ -122,9 +123,18 @@ class RankRow:
 
 
 @dataclass(frozen=True)
+class CheckCell:
+    """One check of one host (check.json): ``ok``, ``warn``, ``fail`` or ``skip``, and why."""
+
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class CheckRow:
-    """A node as the check and the plan saw it (the run folder keeps the plan's facts and
-    the node's end, not every probe's answer)."""
+    """A node as the check and the plan saw it: the plan's facts, the node's end, and each
+    of the check's cells where the run folder has check.json."""
 
     host: str
     node_rank: int
@@ -134,6 +144,7 @@ class CheckRow:
     python: str | None
     state: str
     note: str
+    cells: tuple[CheckCell, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -257,7 +268,7 @@ def load(folder: str | Path) -> Report:
         t0=t0,
         t1=max(t1, t0 + 1e-3),
         ranks=_ranks(last_folder.path, last, there),
-        checks=_checks(plan, last),
+        checks=_checks(plan, last, json_object(last_folder.path / CHECK_FILE)),
         collective=collective,
         progress=_progress(attempts),
         stacks=_stacks(last),
@@ -437,8 +448,18 @@ def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
     return rows
 
 
-def _checks(plan: dict[str, Any] | None, job: JobRecord) -> list[CheckRow]:
+def _checks(
+    plan: dict[str, Any] | None, job: JobRecord, check: dict[str, Any] | None = None
+) -> list[CheckRow]:
     by_host = {n.host: n for n in job.nodes}
+    cells: dict[str, tuple[CheckCell, ...]] = {}
+    for h in (check or {}).get("hosts") or []:
+        if isinstance(h, dict) and isinstance(h.get("checks"), dict):
+            cells[str(h.get("host"))] = tuple(
+                CheckCell(str(k), str(c.get("status", "")), cut_line(str(c.get("detail", ""))))
+                for k, c in h["checks"].items()
+                if isinstance(c, dict)
+            )
     rows = []
     for i, n in enumerate((plan or {}).get("nodes") or []):
         if not isinstance(n, dict):
@@ -456,6 +477,7 @@ def _checks(plan: dict[str, Any] | None, job: JobRecord) -> list[CheckRow]:
                 python=n.get("python"),
                 state=rec.state if rec else "-",
                 note=note,
+                cells=cells.get(host, ()),
             )
         )
     return rows

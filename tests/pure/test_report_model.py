@@ -273,6 +273,11 @@ def test_a_run_writes_its_report_unless_told_not_and_a_failed_write_is_only_a_wa
     r = job.wait(timeout=60)
     html = (r.run_folder / "report.html").read_text()
     assert r.exit_code == 3 and f'<span class="host">{host}</span>' in html
+    # the check's own table (check.json): a column per check, each host's cell with its detail
+    check = json.loads((r.run_folder / "check.json").read_text())
+    assert check["checks"][0] == "ssh" and check["hosts"][0]["host"] == host
+    disk = check["hosts"][0]["checks"]["disk"]["detail"]
+    assert '<table class="cells">' in html and f'<td class="ok" title="ok">{disk}</td>' in html
     where = f"report: {r.run_folder / 'report.html'} (`fleetctl report {r.job_id}`)"
     assert where in [e.text for e in told if e.kind == "notice"]  # the user is told where
 
