@@ -17,6 +17,7 @@ from fleetctl.job.state import JobState, NodeState, exit_state
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
+    from fleetctl.job.pace import PaceJudge, SlowVerdict
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check_report import HeldProbe
@@ -87,6 +88,7 @@ class JobContext:
         # rank's first line, or a progress touch); None: starting up (--startup-timeout)
         self.begun: float | None = None
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
+        self.pace: PaceJudge | None = None  # the slow-node judge, made at launch (--on-slow)
 
     def take_held(self, host: str) -> HeldProbe | None:
         return self.held.pop(host, None)
@@ -224,6 +226,12 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.spool(ev.rank, ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
+    if ev.kind == "pace":
+        if job.pace is not None and ev.report is not None:
+            verdict = job.pace.add(ev.rank, ev.report)
+            if verdict is not None:
+                slow_node(job, verdict)
+        return
     if ev.kind == "notice":
         if ev.text.endswith(EXTERNAL_STOP_REASON):
             state.stop_requested(EXTERNAL_STOP_REASON)  # `fleetctl stop` elsewhere: no failure
@@ -280,3 +288,19 @@ def drain(job: JobContext) -> None:
         if ev is None:
             return
         on_event(job, ev)
+
+
+def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
+    """The one place a slow-node verdict lands: into the result (job.json, the summary, the
+    health ledger's input), a live warning, and with ``--on-slow stop`` the job's end, the
+    node named its first failure and culprit (a retry with spares leaves it out)."""
+    job.result.slow = verdict.to_dict()
+    job.emit("warning", verdict.line(), rank=verdict.rank)
+    if job.options.on_slow == "stop" and job.state.slow(verdict.rank, time.time()):
+        node = job.result.nodes[verdict.rank]
+        node.reason = f"slow: {verdict.why}"
+        job.result.culprits = [*(job.result.culprits or []), f"{node.host}: slow: {verdict.why}"]
+        job.sync()
+        job.emit("failure", f"{verdict.line()}; stopping the job", rank=verdict.rank)
+        job._failure_said = verdict.rank  # the FAILED FIRST line is said
+    job.save()
