@@ -128,9 +128,7 @@ def cmdline(pid: int, limit: int = 200) -> str:
 
 
 def proc_cpu(pid: int) -> tuple[str, int] | None:
-    """(state, utime + stime in clock ticks) of a process's main thread and the process: what
-    the pace sampler reads (``R``: on a CPU or waiting for one; ``S``: asleep, e.g. in a
-    collective's wait). None when it is gone."""
+    """(state, utime + stime of the whole process in clock ticks); None when gone."""
     rest = _stat_fields(pid)
     if rest is None:
         return None
@@ -141,8 +139,7 @@ def proc_cpu(pid: int) -> tuple[str, int] | None:
 
 
 def cgroup_paths(pid: int) -> dict[str, str]:
-    """A process's cgroups from /proc/PID/cgroup: controller -> path (v2's unified one under
-    ``""``); empty when unreadable."""
+    """A process's cgroups: controller -> path (v2's under ``""``); empty when unreadable."""
     out: dict[str, str] = {}
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -158,8 +155,7 @@ def cgroup_paths(pid: int) -> dict[str, str]:
 
 
 def proc_schedstat(pid: int) -> tuple[int, int] | None:
-    """(ns on a CPU, ns runnable but waiting for one) of a process's main thread, from
-    /proc/PID/schedstat; time its cpu cgroup was throttled counts as waiting. None when gone
+    """(ns on a CPU, ns runnable waiting for one) of a process's main thread; None when gone
     or the kernel keeps no such account."""
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as f:
