@@ -5,7 +5,8 @@ cgroup v1 (the ``cpu`` hierarchy at /sys/fs/cgroup/cpu): ``fleetctl-lab/<lab>-<h
 ``cpu.cfs_quota_us`` = percent × ``cpu.cfs_period_us`` / 100; cgroup v2: ``cpu.max``. Every
 process of the host (those in its network namespace: PID 1, sshd, every session and job) is
 moved in, and what they start later is born there. ``clear`` moves them back where PID 1 was
-and removes the group; ``lab down`` removes what is left of the lab's groups.
+and removes the group; ``lab down`` removes what is left of the lab's groups (and their
+shared parent once it is empty).
 """
 
 from __future__ import annotations
@@ -82,7 +83,10 @@ def cap(lab: str, h: LabHost, percent: float) -> dict[str, object]:
     ctl = "cpu" if version == "v1" else ""
     back = cgroup_paths(init).get(ctl, "/")
     group = group_of(lab, h.name)
-    group.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):  # another lab's ``down`` may remove the shared parent meanwhile
+        with contextlib.suppress(FileNotFoundError):
+            group.mkdir(parents=True, exist_ok=True)
+            break
     quota = int(PERIOD_US * percent / 100)
     if version == "v1":
         _write(group / "cpu.cfs_period_us", str(PERIOD_US))
@@ -129,4 +133,6 @@ def remove_all(lab: str) -> list[str]:
         with contextlib.suppress(OSError):
             group.rmdir()
             removed.append(f"cpu cgroup {group}")
-    return removed  # the shared parent stays: other labs may be making groups in it
+    with contextlib.suppress(OSError):  # the shared parent, once no lab has a group in it
+        parent.rmdir()
+    return removed
