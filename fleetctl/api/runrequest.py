@@ -143,6 +143,7 @@ def prepare(
         deadman=sup.deadman,
         timeout=timeout,
         stall_timeout=stall_timeout,
+        on_slow=sup.on_slow,
         startup_timeout=sup.startup_timeout,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,

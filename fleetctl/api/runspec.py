@@ -263,6 +263,11 @@ class Supervision(_Group):
         "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
         "longer of 1800 s and it; else none.",
     )  # fmt: skip
+    on_slow: str = option(
+        "warn", "--on-slow", check=c.OneOf(("warn", "stop", "off")), show_default=True,
+        help="A node the others wait for, named within a minute (docs/health.md): warn, stop "
+        "the job (a retry with spares runs without it), or off (no watching).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

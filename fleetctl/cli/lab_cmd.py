@@ -333,6 +333,27 @@ def fault_clear(ctx: click.Context, host: str, network: str) -> None:
     _done(f"{host}: {network} link at full speed")
 
 
+@lab_fault.command("cpu-cap")
+@click.argument("host")
+@click.option(
+    "--percent", type=Number(1, 100), default=20.0, show_default=True, help="% of one CPU."
+)
+@click.pass_context
+def fault_cpu_cap(ctx: click.Context, host: str, percent: float) -> None:
+    """Hold every process of HOST to a share of one CPU (its own cpu cgroup)."""
+    _lab(ctx).cpu_cap(host, percent)
+    _done(f"{host}: capped at {percent:g}% of one CPU")
+
+
+@lab_fault.command("clear-cpu-cap")
+@click.argument("host")
+@click.pass_context
+def fault_clear_cpu_cap(ctx: click.Context, host: str) -> None:
+    """Undo ``cpu-cap`` on HOST."""
+    _lab(ctx).clear_cpu_cap(host)
+    _done(f"{host}: cpu cap cleared")
+
+
 @lab_fault.command("disk-full")
 @click.argument("host")
 @click.option(

@@ -21,6 +21,8 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
     n = len(result.nodes)
     lines: list[str] = []
     ff = result.failed_node
+    slow = getattr(result, "slow", None)  # the node named slow during the run (docs/health.md)
+    slow_first = bool(slow) and ff is not None and slow.get("rank") == ff.rank
     by_state: dict[str, list[int]] = {}
     for node in result.nodes:
         if ff is None or node.rank != ff.rank:
@@ -64,7 +66,8 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         rest = others()
         who = f"{ff.rank} ({ff.host} {addr})"
         head = f"Out of all {n} nodes, node {who} failed first" if n > 1 else f"Node {who} failed"
-        lines.append(f"{head}: {ff.how()}{after}" + (f"; {rest}." if rest else "."))
+        how = f"slows the job ({slow['why']})" if slow_first else ff.how()  # type: ignore[index]
+        lines.append(f"{head}: {how}{after}" + (f"; {rest}." if rest else "."))
         for cause in result.culprits or []:
             lines.append(f"  likely cause: {cause}")
         if result.failed_ranks:
@@ -111,6 +114,8 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         )
     else:
         lines.append(f"Job {result.job_id} {result.status}.")
+    if slow and not slow_first:
+        lines.append(f"warning: {slow.get('line')}")
     if result.teardown is not None and not result.teardown.verified:
         for host, procs in result.teardown.leftovers.items():
             pids = ", ".join(f"{p['pid']} {p['cmd'][:60]}" for p in procs)

@@ -248,10 +248,10 @@ def _render_run(job: Job, *, as_json: bool, monitor_wanted: bool) -> None:
             "the rest"
         )
     if result.exit_code:
-        ff = result.failed_node
-        what = (
-            f"node {ff.rank} ({ff.host}) failed first: {ff.how()}"
-            if ff
-            else result.verdict or result.status
-        )
+        ff, slow = result.failed_node, result.slow
+        what = result.verdict or result.status
+        if ff is not None:  # the node named slow (--on-slow stop) failed first with its evidence
+            named = slow is not None and slow.get("rank") == ff.rank
+            how = f"slows the job ({slow['why']})" if named else ff.how()  # type: ignore[index]
+            what = f"node {ff.rank} ({ff.host}) failed first: {how}"
         raise JobFailed(f"job {result.job_id}: {what}")

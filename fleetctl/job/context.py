@@ -17,6 +17,7 @@ from fleetctl.job.state import JobState, NodeState, exit_state
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
+    from fleetctl.job.pace import PaceJudge, SlowVerdict
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check_report import HeldProbe
@@ -91,6 +92,7 @@ class JobContext:
         if self.observer is not None:
             nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
+        self.pace: PaceJudge | None = None  # the slow-node judge, made at launch (--on-slow)
 
     def take_held(self, host: str) -> HeldProbe | None:
         return self.held.pop(host, None)
@@ -233,6 +235,12 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.spool(ev.rank, ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
         return
+    if ev.kind == "pace":
+        if job.pace is not None and ev.report is not None:
+            verdict = job.pace.add(ev.rank, ev.report)
+            if verdict is not None:
+                slow_node(job, verdict)
+        return
     if ev.kind == "notice":
         if ev.text.endswith(EXTERNAL_STOP_REASON):
             state.stop_requested(EXTERNAL_STOP_REASON)  # `fleetctl stop` elsewhere: no failure
@@ -289,3 +297,39 @@ def drain(job: JobContext) -> None:
         if ev is None:
             return
         on_event(job, ev)
+
+
+def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
+    """The one place a slow-node verdict lands: into the result (job.json, the summary, the
+    health ledger's input), a live warning, and with ``--on-slow stop`` the job's end, the
+    node named its first failure and culprit (a retry with spares leaves it out)."""
+    job.result.slow = verdict.to_dict()
+    job.emit("warning", verdict.line(), rank=verdict.rank)
+    _remember_slow(job, verdict)
+    if job.options.on_slow == "stop" and job.state.slow(verdict.rank, time.time()):
+        node = job.result.nodes[verdict.rank]
+        node.reason = f"slow: {verdict.why}"
+        job.result.culprits = [*(job.result.culprits or []), f"{node.host}: slow: {verdict.why}"]
+        job.sync()
+        job.emit("failure", f"{verdict.line()}; stopping the job", rank=verdict.rank)
+        job._failure_said = verdict.rank  # the FAILED FIRST line is said
+    job.save()
+
+
+def _remember_slow(job: JobContext, verdict: SlowVerdict) -> None:
+    """The slow node into the health ledger (source ``slow``): ``run --nodes N`` leaves it
+    out next time. A ledger that cannot be written is a warning, never the job's end."""
+    from fleetctl.errors import HealthLedgerError
+    from fleetctl.health.ledger import Ledger
+
+    host = job.result.nodes[verdict.rank].host
+    try:
+        Ledger().record(
+            host,
+            source="slow",
+            reason=f"slowed job {job.result.job_id}",
+            evidence=verdict.line(),
+            job_id=job.result.job_id,
+        )
+    except HealthLedgerError as e:
+        job.emit("warning", f"{host}: health ledger not written: {e}")

@@ -249,8 +249,9 @@ def _post_mortem(job: JobContext, fleet: Fleet) -> None:
     from fleetctl.job.culprit import post_mortem
 
     job.emit("phase", "checking every host after the failure (post-mortem)")
-    job.result.culprits = post_mortem(fleet, job.spec, skip=_lost_hosts(job))
-    for line in job.result.culprits:
+    found = post_mortem(fleet, job.spec, skip=_lost_hosts(job))
+    job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first
+    for line in found:
         job.emit("notice", f"likely cause: {line}")
 
 

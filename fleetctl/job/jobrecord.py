@@ -103,6 +103,7 @@ class JobRecord:
     attempts: list[dict[str, Any]] | None = None
     failed_ranks: list[dict[str, Any]] | None = None
     culprits: list[str] | None = None
+    slow: dict[str, Any] | None = None  # the node named slow during the run (job/pace.py)
     left_out: dict[str, str] | None = None
     resumed_from: dict[str, Any] | None = None  # run --resume: the earlier job's relay
     stacks: list[dict[str, Any]] | None = None
@@ -182,6 +183,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "attempts": (list, _NONE),
         "failed_ranks": (list, _NONE),
         "culprits": (list, _NONE),
+        "slow": (dict, _NONE),
         "left_out": (dict, _NONE),
         "resumed_from": (dict, _NONE),
         "stacks": (list, _NONE),
@@ -201,7 +203,7 @@ _OBJ_ITEMS = frozenset({"collected", "phases", "attempts", "failed_ranks", "stac
 # JobRecord keys left out of the file while None (JobResult.to_dict writes them only when set)
 _OPTIONAL = frozenset(
     {"attempts", "failed_ranks", "culprits", "left_out", "stacks", "stack_nodes", "completion"}
-    | {"monitor", "resumed_from"}
+    | {"monitor", "resumed_from", "slow"}
 )
 
 

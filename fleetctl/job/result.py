@@ -128,6 +128,9 @@ class JobResult:
     failed_ranks: list[dict[str, Any]] | None = None
     # What a fresh check of every host found after the failure (fleetctl.job.culprit).
     culprits: list[str] | None = None
+    # The node the others waited for, named during the run (fleetctl.job.pace.SlowVerdict
+    # as a dict: rank, host, busy, peers_wait, compute_ratio, throttled, rounds, why, line)
+    slow: dict[str, Any] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
     # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
@@ -257,6 +260,7 @@ class JobResult:
             | ({} if self.attempts is None else {"attempts": self.attempts})
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | ({} if self.culprits is None else {"culprits": self.culprits})
+            | ({} if self.slow is None else {"slow": self.slow})
             | ({} if self.left_out is None else {"left_out": self.left_out})
             | ({} if self.resumed_from is None else {"resumed_from": self.resumed_from})
             | ({} if self.slurm is None else {"slurm": self.slurm})

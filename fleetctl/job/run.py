@@ -81,6 +81,7 @@ class RunOptions:
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
     timeout: float | None = None  # s of wall clock from launch, then the job is stopped
     stall_timeout: float | None = None  # s with no output line from any node, then stopped
+    on_slow: str = "warn"  # a node named slow (fleetctl.job.pace): warn, stop, off
     # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
     startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
@@ -189,6 +190,13 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
         reattach=_reattacher(fleet),
     )
     by_name = {n.name: n for n in job.nodes}
+    pace = None
+    if options.on_slow != "off" and not options.detach and not options.planner:
+        from fleetctl.job.pace import PaceJudge
+
+        if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
+            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes})
+            pace = {}  # the sampler's defaults (fleetctl.remote.pace)
     job.state.launch()
     job.sync()
     job.result.started = time.time()
@@ -209,6 +217,7 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
                 detach=options.detach,
                 path_prepend=job.path_prepend.get(np.host, []),
                 collect=(options.collect or CollectOptions()).wire(),
+                pace=pace,
             )
             run: NodeRun = start_node(
                 node, conn, spec, python=node.python, held=job.take_held(np.host)
@@ -292,6 +301,8 @@ def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: flo
         ev = watch.get(0.2)
         if ev is not None:
             on_event(job, ev)
+            if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:
+                return  # --on-slow stop: the slow node is the first failure; tear down
         job.flush()
         why = _limit_reached(job, deadline, started)
         if why is not None and job.state.give_up(why):

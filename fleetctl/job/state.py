@@ -217,6 +217,16 @@ class JobState:
         self.gave_up = True
         return True
 
+    def slow(self, rank: int, when: float) -> bool:
+        """``--on-slow stop``: node ``rank`` slows the job (``fleetctl.job.pace``); it is the
+        first failure and every node is stopped (the ends that follow are ours, as after
+        ``give_up``). False when the job is already ending."""
+        if self.stopping or self.first_failure is not None:
+            return False
+        self.status, self.stopping = JobStatus.FAILED, True
+        self.first_failure, self.failure_time, self.gave_up = rank, when, True
+        return True
+
     def stop_requested(self, reason: str) -> None:
         """Someone else stops the job (`fleetctl stop`): not a failure."""
         if self.first_failure is None:

@@ -268,6 +268,12 @@ class Lab:
     def clear_slow(self, host: str, network: str = "data") -> None:
         self.injector.clear_slow(host, network)
 
+    def cpu_cap(self, host: str, percent: float = 20.0) -> None:
+        self.injector.cpu_cap(host, percent)
+
+    def clear_cpu_cap(self, host: str) -> None:
+        self.injector.clear_cpu_cap(host)
+
     def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> int:
         return self.injector.kill_sshd(host, sig)
 
@@ -554,6 +560,9 @@ class Lab:
                     procs.kill(pid)
                     removed.append(f"{h.name} stray pid {pid}")
                 procs.wait_gone([(p, None) for p in left], 1.0)
+        from fleetctl.lab import cpucap  # the cpu-cap fault's groups, empty now
+
+        removed += cpucap.remove_all(self.name)
         # 2. Links (root-side veth ends take their peers along), bridges, namespaces.
         links = [x for h in self.hosts for x in (h.mgmt_veth, h.data_veth) if x]
         links += [b for b in (self.mgmt_bridge, self.data_bridge) if b]

@@ -206,6 +206,29 @@ class LabFaults:
                 if not (f["kind"] == "slow" and f["host"] == h.name and f["net"] == network)
             ]
 
+    def cpu_cap(self, host: str, percent: float = 20.0) -> None:
+        """Hold every process of ``host`` to ``percent`` of one CPU (its own cpu cgroup)."""
+        from fleetctl.lab import cpucap
+
+        h = self.store.host(host)
+        with self.store.mutate():
+            prior = [f for f in self.store.faults if f["kind"] == "cpu_cap" and f["host"] == h.name]
+            fault = cpucap.cap(self.store.name, h, percent)
+            if prior:  # a new percent on a capped host: the way back stays the first one's
+                fault["back"] = prior[0]["back"]
+                self.store.record_fault(prior[0], False)
+            self.store.record_fault(fault, True)
+
+    def clear_cpu_cap(self, host: str) -> None:
+        from fleetctl.lab import cpucap
+
+        h = self.store.host(host)
+        with self.store.mutate():
+            mine = [f for f in self.store.faults if f["kind"] == "cpu_cap" and f["host"] == h.name]
+            for f in mine:
+                cpucap.clear(self.store.name, h, str(f.get("back") or "/"))
+                self.store.record_fault(f, False)
+
     def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> int:
         """Kill only the host's sshd listener (open sessions live on, like a real crash).
 
@@ -401,6 +424,8 @@ class LabFaults:
                 self.clear_netem(host, f["net"])
             elif kind == "slow":
                 self.clear_slow(host, f["net"])
+            elif kind == "cpu_cap":
+                self.clear_cpu_cap(host)
             elif kind == "disk":
                 if self.store.host(host).init_pid is not None:
                     self.disk_ok(host, f["path"])

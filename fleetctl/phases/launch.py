@@ -149,9 +149,11 @@ def node_spec(
     detach: bool = False,
     path_prepend: Sequence[str] = (),
     collect: dict[str, Any] | None = None,
+    pace: dict[str, Any] | None = None,
 ) -> SupervisorSpec:
     """The spec the supervisor gets on stdin (paths home-expanded: no ``~`` on the node).
-    ``collect``: what the supervisor sends when asked for its run folder after the exit."""
+    ``collect``: what the supervisor sends when asked for its run folder after the exit;
+    ``pace``: the slow-node sampler's settings (None: no sampling)."""
     spec: dict[str, Any] = {
         "job_id": job_id,
         "node_rank": np.node_rank,
@@ -169,6 +171,8 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
+    if pace is not None:  # the slow-node watch: where the ranks are (remote/pace.py)
+        spec["pace"] = pace
     if not detach:  # a closed channel is not the end: the controller may reattach
         spec["reattach"] = True
     work = np.work_dir or np.cwd  # cwd: the work folder, or the script's folder inside it

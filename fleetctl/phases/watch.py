@@ -41,7 +41,8 @@ GROUP = 64  # nodes one reader thread follows
 
 @dataclass(frozen=True)
 class Event:
-    """Something that happened on a node. ``kind``: lines, notice, exit, lost.
+    """Something that happened on a node. ``kind``: lines, notice, exit, lost, pace (``report``:
+    where its ranks spent the last seconds, ``fleetctl.remote.pace``).
 
     ``lines`` (lines): the job's output lines that arrived together, in order — one event per
     received chunk, not per line, so a chatty job costs the controller one queue hand-off and
@@ -263,6 +264,12 @@ class Watch:
                 continue
             if fr.kind == "P":  # the job touched FLEET_PROGRESS_FILE
                 self._emit(run, "progress")
+                continue
+            if fr.kind == "W":  # where the node's ranks spent the last seconds (remote/pace.py)
+                with contextlib.suppress(ValueError):
+                    said = fr.data()
+                    if isinstance(said, dict):
+                        self._emit(run, "pace", report=said)
                 continue
             if fr.kind not in ("E", "F", "X"):
                 continue

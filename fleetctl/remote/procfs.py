@@ -125,3 +125,41 @@ def cmdline(pid: int, limit: int = 200) -> str:
             return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:limit]
     except OSError:
         return ""
+
+
+def proc_cpu(pid: int) -> tuple[str, int] | None:
+    """(state, utime + stime of the whole process in clock ticks); None when gone."""
+    rest = _stat_fields(pid)
+    if rest is None:
+        return None
+    try:
+        return rest[0].decode("ascii", "replace"), int(rest[11]) + int(rest[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def cgroup_paths(pid: int) -> dict[str, str]:
+    """A process's cgroups: controller -> path (v2's under ``""``); empty when unreadable."""
+    out: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for ln in lines:
+        parts = ln.split(":", 2)
+        if len(parts) == 3:
+            for ctl in parts[1].split(","):
+                out[ctl] = parts[2]
+    return out
+
+
+def proc_schedstat(pid: int) -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable waiting for one) of a process's main thread; None when gone
+    or the kernel keeps no such account."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None

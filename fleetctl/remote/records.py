@@ -127,6 +127,7 @@ class SupervisorSpec(Record):
     one_process: bool = False  # no launcher process: the child is local rank 0
     container: dict | None = None
     collect: dict | None = None
+    pace: dict | None = None  # the slow-node watch's sampler (pace.py): tick, report
 
     def __init__(self, **values: object) -> None:
         super().__init__(**values)

@@ -22,6 +22,7 @@ NAN, INF = float("nan"), float("inf")
 BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("timeout", NAN, ("--timeout=nan",)),
     ("grace", -1, ("--grace=-1",)),
+    ("on_slow", "kill", ("--on-slow=kill",)),
     ("stall_timeout", INF, ("--stall-timeout=inf",)),
     ("lost_timeout", 0, ("--lost-timeout=0",)),
     ("max_retries", -2, ("--max-retries=-2",)),
@@ -136,6 +137,7 @@ def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
         "timeout": 90.0,
         "stall_timeout": None,
         "startup_timeout": None,
+        "on_slow": "warn",
         "probe_timeout": 30.0,
     }
     RunSpec.build("t.py", **got)  # the keywords are the record's

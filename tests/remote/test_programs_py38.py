@@ -84,6 +84,7 @@ EXERCISED = {
     "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
     "the_stop",
     "output.py": ENTRY,
+    "pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
     "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
     "portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",

@@ -37,6 +37,7 @@ FULL_SPEC = {
     "one_process": False,
     "container": {"list": ["podman", "ps"], "stop": [], "remove": []},
     "collect": {"cap": 10},
+    "pace": {"report": 2.0},
 }
 SPEC_DEFAULTS = {
     "node_rank": 0,
@@ -55,6 +56,7 @@ SPEC_DEFAULTS = {
     "one_process": False,
     "container": None,
     "collect": None,
+    "pace": None,
 }
 #: (record, document) -> what from_dict(...).to_dict() gives, or the RecordError's message
 CASES: list[tuple[str, object, object]] = [

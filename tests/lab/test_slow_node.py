@@ -1,0 +1,114 @@
+"""A slow node named during the run, with no change to the training script: a real 3-node
+gloo DDP job under torchrun, one host's processes capped at 20% of one CPU through its own
+cpu cgroup (``lab fault cpu-cap``). That host is named within 60 s of the launch, live and
+in job.json, no healthy host is, and ``--on-slow stop`` tears the job down with nothing left
+on any host and the summary naming the slow host with its evidence."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.jobs import assert_nothing_left, launched_job_id
+
+pytestmark = pytest.mark.lab
+
+# A plain synchronous DDP loop: every step's gradients all-reduced; it runs for argv[1] s
+# (every rank agrees when to end through one more all_reduce), unless stopped before.
+DDP_STEPS = """\
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Tanh(), torch.nn.Linear(128, 1))
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(128, 128), torch.randn(128, 1)
+end, flag, step = time.time() + float(sys.argv[1]), torch.zeros(1), 0
+while True:
+    opt.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+    flag[0] = float(time.time() > end)
+    dist.all_reduce(flag)
+    step += 1
+    if flag[0] > 0:
+        break
+print(f"done rank={dist.get_rank()} steps={step}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_job(
+    make_lab, tmp_path
+) -> None:
+    lab = make_lab(4)  # node4: the spare of the next run
+    slow = lab.hosts[2].name
+    where = ["lab", "fault", "--dir", str(lab.dir)]
+    capped = run_cli(*where, "cpu-cap", slow, "--percent", "20")
+    assert capped.exit_code == 0, capped.stdout + capped.stderr
+    code, runs = tmp_path / "code", tmp_path / "runs"
+    code.mkdir()
+    (code / "ddp_steps.py").write_text(DDP_STEPS)
+    try:
+        res = run_cli(
+            *["run", "-i", str(lab.inventory_path), "--nproc-per-node", "1", "--no-check"],
+            *["--limit", ",".join(h.name for h in lab.hosts[:3])],
+            *["--runs-dir", str(runs), "--code-dir", str(code), "--on-slow", "stop"],
+            *["--timeout", "240"],
+            str(code / "ddp_steps.py"),
+            "200",
+            env={"FLEETCTL_SSH_CONFIG": "/dev/null"},
+        )
+    finally:
+        cleared = run_cli(*where, "clear-cpu-cap", slow)
+    assert cleared.exit_code == 0, cleared.stdout + cleared.stderr
+    out = res.stdout + res.stderr
+    assert res.exit_code == 3, out
+    job_id = launched_job_id(res.stderr)
+    folder = runs / job_id
+    events = (folder / "events.log").read_text().splitlines()
+    launched = next(ln for ln in events if " phase launching " in ln)
+    warned = [ln for ln in events if " warning [" in ln]
+    assert len(warned) == 1, events  # one node named, never a healthy one
+    assert f" warning [2 {slow}] node 2 ({slow}) slows the job: " in warned[0], warned
+    after = _at(warned[0].split(" ", 1)[0]) - _at(launched.split(" ", 1)[0])
+    assert after <= 60.0, (after, events)
+    assert f"warning: node 2 ({slow}) slows the job: " in res.stderr, res.stderr
+    job = json.loads((folder / "job.json").read_text())
+    assert job["slow"]["host"] == slow and job["slow"]["rank"] == 2, job["slow"]
+    assert job["first_failure"]["host"] == slow, job["first_failure"]
+    assert job["culprits"] == [f"{slow}: slow: {job['slow']['why']}"]
+    assert (
+        f"node 2 ({slow} " in res.stderr
+        and f"failed first: slows the job ({job['slow']['why']})" in res.stderr
+    ), res.stderr
+    assert "throttled" in job["slow"]["why"] or "longer per step" in job["slow"]["why"]
+    assert "done rank=" not in out  # stopped long before its 200 s
+    assert_nothing_left(lab.inventory_path, job_id)
+
+    # remembered: the health ledger holds it; the next run --nodes 3 leaves it out, says why
+    listed = run_cli("health", "--json")
+    [entry] = json.loads(listed.stdout)["hosts"]
+    assert entry["host"] == slow and entry["why"].startswith(f"slow: slowed job {job_id}"), entry
+    (code / "hi.py").write_text("print('hi')\n")
+    again = run_cli(
+        *["run", "-i", str(lab.inventory_path), "--launcher", "plain", "--nodes", "3"],
+        *["--runs-dir", str(runs), "--code-dir", str(code), str(code / "hi.py")],
+        env={"FLEETCTL_SSH_CONFIG": "/dev/null"},
+    )
+    assert again.exit_code == 0, again.stdout + again.stderr
+    assert f"{slow}: left out: health ledger: slow: slowed job {job_id}" in again.stderr
+    cleared = run_cli("health", "--clear", slow)
+    assert cleared.exit_code == 0 and json.loads(run_cli("health", "--json").stdout)["hosts"] == []

@@ -1,0 +1,60 @@
+"""The slow-node sampler (``remote/pace.py``) run by Python 3.8 on real processes: a rank
+that computes reads busy, one asleep (as in a collective's wait) reads idle, and a cpu
+cgroup's throttling is read from its cpu.stat."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from fleetctl import remote
+
+SAMPLE = """
+import json, os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import pace
+busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+try:
+    s = pace.PaceSampler(lambda: {"0": busy.pid, "1": idle.pid}, cgroup_root=sys.argv[2])
+    time.sleep(0.3)
+    assert s.report() is None  # the first sight of each rank: nothing to compare with yet
+    time.sleep(0.8)
+    with open(sys.argv[3], "w") as f:  # the cgroup throttled in 30 of 40 more periods
+        f.write("nr_periods 50\\nnr_throttled 35\\nthrottled_time 9\\n")
+    print(json.dumps(s.report()))
+finally:
+    busy.kill(); idle.kill(); busy.wait(); idle.wait()
+"""
+
+
+def _cgroup_of_self() -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctls, path = line.split(":", 2)
+        if "cpu" in ctls.split(","):
+            return path
+    return next(ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines())
+
+
+def test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one(
+    py38: str, tmp_path: Path
+) -> None:
+    """The busy rank runs (or waits for a CPU) nearly all the time and the sleeping one almost
+    never; the throttled share is the cgroup's new throttled periods over its new periods."""
+    rel = _cgroup_of_self().lstrip("/")
+    v1 = Path("/proc/self/cgroup").read_text().count(":cpu") > 0
+    folder = tmp_path / ("cpu" if v1 else "") / rel
+    folder.mkdir(parents=True, exist_ok=True)
+    stat = folder / "cpu.stat"
+    stat.write_text("nr_periods 10\nnr_throttled 5\nthrottled_time 1\n")
+    out = subprocess.run(
+        [py38, "-c", SAMPLE, str(Path(remote.path("supervisor.py")).parent), str(tmp_path),
+         str(stat)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    said = json.loads(out.stdout)
+    assert said["ranks"]["0"]["busy"] > 0.8, said
+    assert said["ranks"]["1"]["busy"] < 0.1, said
+    assert said["ranks"]["0"]["cpu"] > 0.02 > said["ranks"]["1"]["cpu"], said  # a loaded box: low
+    assert said["throttled"] == 0.75, said
