@@ -38,7 +38,13 @@ import threading
 import time
 import warnings
 
-IB_ROOT = "/sys/class/infiniband"
+try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
+    from .health import IB_ROOT
+    from .health import ib_ports as health_ib_ports
+except ImportError:
+    from health import IB_ROOT
+    from health import ib_ports as health_ib_ports
+
 REMEASURE_PASSES = 2
 # the all-reduce: best of 2 rounds, and of up to ``iters`` while any rank's best two differ by
 # more than SETTLED; a ring shift: best of 2 (a link far below the median runs again alone,
@@ -58,45 +64,23 @@ def say(kind: str, payload: object) -> None:
         sys.stdout.flush()
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def ib_ports(root: str = IB_ROOT) -> list:
     """Every InfiniBand port under ``root``: device, port, state (``ACTIVE``…) and rate
-    (Gb/s as the kernel writes it, ``100 Gb/sec (4X EDR)``). Empty without IB."""
+    (Gb/s as the kernel writes it, ``100 Gb/sec (4X EDR)``). Empty without IB. Read by the
+    health gate's one sysfs reader (``health.ib_ports``)."""
     out = []
-    try:
-        devices = sorted(os.listdir(root))
-    except OSError:
-        return out
-    for dev in devices:
-        ports_dir = os.path.join(root, dev, "ports")
-        try:
-            ports = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
-        except OSError:
-            continue
-        for port in ports:
-            base = os.path.join(ports_dir, port)
-            state = _read(os.path.join(base, "state"))  # "4: ACTIVE"
-            rate = _read(os.path.join(base, "rate"))  # "100 Gb/sec (4X EDR)"
-            gbps = None
-            with contextlib.suppress(IndexError, ValueError):
-                gbps = float(rate.split()[0])
-            out.append(
-                {
-                    "device": dev,
-                    "port": port,
-                    "state": state.split(":", 1)[-1].strip() if state else "",
-                    "rate": gbps,
-                    "rate_text": rate,
-                    "link_layer": _read(os.path.join(base, "link_layer")),
-                }
-            )
+    for p in health_ib_ports(root):
+        dev, _, port = p["port"].partition("/")
+        out.append(
+            {
+                "device": dev,
+                "port": port,
+                "state": p["state"],
+                "rate": float(p["rate"]) if p["rate_text"] else None,
+                "rate_text": p["rate_text"],
+                "link_layer": p["link_layer"],
+            }
+        )
     return out
 
 
