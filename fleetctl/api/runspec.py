@@ -296,7 +296,7 @@ class Retry(_Group):
     elastic: bool = option(
         False, "--elastic",
         help="torchrun with --nodes N: an elastic rendezvous; a lost node is replaced by a "
-        "spare while the other nodes' agents run on (docs/run.md, Elastic jobs).",
+        "spare while the other nodes' agents run on (docs/commands/run.md, Elastic jobs).",
     )  # fmt: skip
     resume: str | None = option(
         None, "--resume", check=c.TEXT, metavar="JOB|last",
