@@ -81,6 +81,7 @@ def prepare(
     wanted = spec.hosts.nodes
     if wanted is not None and wanted > len(nodes):
         raise UsageError(f"--nodes {wanted}: the selection has only {len(nodes)} host(s)")
+    elastic = _elastic(rt.elastic, wanted, len(nodes), p.launcher, p.job_file, spec.monitor.detach)
     now = datetime.now(timezone.utc)
     job = JobSpec(
         script=script or "",
@@ -98,6 +99,7 @@ def prepare(
         folder=folder,
         image=spec.container.image,
         container_runtime=spec.container.container_runtime,
+        elastic=elastic,
     )
     timeout, stall_timeout = sup.timeout, sup.stall_timeout
     collective = spec.collective.collective
@@ -156,6 +158,7 @@ def prepare(
         allow_busy_gpus=spec.hosts.allow_busy_gpus,
         collect=spec.collection.collect,
         nodes_wanted=wanted,
+        elastic=elastic is not None,
         checkpoint_dir=checkpoint_dir,
         relay=relay,
         probe_timeout=spec.hosts.probe_timeout,
@@ -204,3 +207,22 @@ def _before_hook(before: str | BeforeHook | None, inventory: str | None) -> Befo
     from fleetctl.api.before import load_task
 
     return load_task(before)
+
+
+def _elastic(
+    on: bool, wanted: int | None, pool: int, launcher: str, job_file: object, detach: bool
+) -> str | None:
+    """``run --elastic``: the node range of the elastic rendezvous, or None; UsageError where
+    it cannot work. ``N:POOL``: a round needs N nodes, and a full round has room for a spare
+    (torch puts a node that finds the round full on a redundancy list that never trains)."""
+    if not on:
+        return None
+    from fleetctl.plan.launchers import launcher_for
+
+    if not launcher_for(launcher).elastic:
+        raise UsageError(f"--elastic: launcher {launcher} has no elastic rendezvous (torchrun)")
+    if wanted is None:
+        raise UsageError("--elastic needs --nodes N (the hosts past N are the spares)")
+    if job_file is not None or detach:
+        raise UsageError("--elastic: not with --job or --detach (an attached torchrun run)")
+    return f"{wanted}:{max(wanted, pool)}"

@@ -298,6 +298,11 @@ class Retry(_Group):
         "every node of a retry or a resumed job (relative to the job's work folder, or absolute "
         "on the nodes; default: the work folder).",
     )  # fmt: skip
+    elastic: bool = option(
+        False, "--elastic",
+        help="torchrun with --nodes N: an elastic rendezvous; a lost node is replaced by a "
+        "spare while the other nodes' agents run on (docs/commands/run.md, Elastic jobs).",
+    )  # fmt: skip
     resume: str | None = option(
         None, "--resume", check=c.TEXT, metavar="JOB|last",
         help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "

@@ -60,7 +60,9 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             lines.append(f"Node {only.rank} ({only.host}) succeeded{dur}.")
         else:
             lines.append(f"All {n} nodes succeeded{dur}.")
+        lines += _membership(result)
     elif ff is not None:
+        lines += _membership(result)
         addr = ff.train_addr or ff.address
         after = "" if result.failed_after is None else f" after {result.failed_after:.1f} s"
         rest = others()
@@ -147,3 +149,18 @@ def _rank_errors(failed: list[dict[str, Any]], tail: list[str]) -> list[str]:
         out.extend(error)
         out.append("---")
     return out + [f"hint: {h}" for h in hints]
+
+
+def _membership(result: JobResult) -> list[str]:
+    """``run --elastic``: each lost node a spare replaced, and how long it took."""
+    changes = getattr(result, "membership", None) or []
+    out = []
+    for c in changes:
+        took = "" if c.get("seconds") is None else f" {c['seconds']:.1f} s after its last word"
+        joined = (
+            f"spare {c['joined']} joined{took}" if c.get("joined_at") else "its spare did not start"
+        )
+        out.append(f"  node {c['rank']}: {c['left']} lost ({c['why']}); {joined}")
+    if changes:
+        out.insert(0, f"  {len(changes)} lost node(s), each given to a spare (--elastic):")
+    return out

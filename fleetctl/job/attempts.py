@@ -183,6 +183,9 @@ def run_attempts(
                     assert want is not None
                     chosen, left_out = _choose(nodes, want, ruled_out, aspec, aopts, emit)
                     aopts = dataclasses.replace(aopts, left_out=dict(left_out))
+                    if options.elastic:  # the hosts a lost node's place may go to, in order
+                        free = [x for x in nodes if x not in chosen and x.name not in left_out]
+                        aopts = dataclasses.replace(aopts, spares=tuple(free))
                     with Fleet(chosen, options.settings) as afleet:
                         result = run_job(aspec, chosen, aopts, on_event=on_event, fleet=afleet)
                 else:

@@ -106,6 +106,7 @@ class JobRecord:
     slow: dict[str, Any] | None = None  # the node named slow during the run (job/pace.py)
     left_out: dict[str, str] | None = None
     resumed_from: dict[str, Any] | None = None  # run --resume: the earlier job's relay
+    membership: list[dict[str, Any]] | None = None  # run --elastic: who left, who joined
     stacks: list[dict[str, Any]] | None = None
     stack_nodes: list[dict[str, Any]] | None = None
     completion: dict[str, Any] | None = None  # a role job's policy, for the monitor
@@ -186,6 +187,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "slow": (dict, _NONE),
         "left_out": (dict, _NONE),
         "resumed_from": (dict, _NONE),
+        "membership": (list, _NONE),
         "stacks": (list, _NONE),
         "stack_nodes": (list, _NONE),
         "completion": (dict, _NONE),
@@ -199,11 +201,13 @@ _REQUIRED = {
 }
 # list items: str lists and object lists
 _STR_ITEMS = frozenset({"errors", "nccl_traces", "culprits"})
-_OBJ_ITEMS = frozenset({"collected", "phases", "attempts", "failed_ranks", "stacks", "stack_nodes"})
+_OBJ_ITEMS = frozenset(
+    {"collected", "phases", "attempts", "failed_ranks", "stacks", "stack_nodes", "membership"}
+)
 # JobRecord keys left out of the file while None (JobResult.to_dict writes them only when set)
 _OPTIONAL = frozenset(
     {"attempts", "failed_ranks", "culprits", "left_out", "stacks", "stack_nodes", "completion"}
-    | {"monitor", "resumed_from", "slow"}
+    | {"monitor", "resumed_from", "slow", "membership"}
 )
 
 

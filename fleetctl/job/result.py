@@ -136,6 +136,8 @@ class JobResult:
     # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
     # (fleetctl.phases.checkpoints.RelayReport.to_dict, with its "job")
     resumed_from: dict[str, Any] | None = None
+    # run --elastic: who left and who joined, when and why (fleetctl.job.elastic)
+    membership: list[dict[str, Any]] | None = None
     # Inside a Slurm allocation: {"job_id": …} of the allocation (fleetctl.slurm)
     slurm: dict[str, Any] | None = None
     # Where the controller's time went: each phase's start (wall clock) and this process's CPU
@@ -263,6 +265,7 @@ class JobResult:
             | ({} if self.slow is None else {"slow": self.slow})
             | ({} if self.left_out is None else {"left_out": self.left_out})
             | ({} if self.resumed_from is None else {"resumed_from": self.resumed_from})
+            | ({} if self.membership is None else {"membership": self.membership})
             | ({} if self.slurm is None else {"slurm": self.slurm})
             | (
                 {}

@@ -74,6 +74,8 @@ class RunOptions:
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     allow_busy_gpus: bool = False  # GPUs with another job's processes: a warning, not a failure
     nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
+    elastic: bool = False  # --elastic: a lost node's place goes to a spare, the job runs on
+    spares: tuple[Node, ...] = ()  # --elastic: the hosts that may take a lost node's place
     collective: CollectiveOptions | None = None  # --collective: benchmark after the check
     left_out: dict[str, str] | None = None  # --nodes N: hosts this attempt left out, and why
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
@@ -297,8 +299,15 @@ def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: flo
     started = job.progress = time.monotonic()
     deadline = None if limit is None else started + limit
     options = job.options
+    elastic = None
+    if options.elastic:  # a lost node's place goes to a spare (fleetctl.job.elastic)
+        from fleetctl.job.elastic import Membership
+
+        elastic = Membership(job, fleet, watch)
     while pending:
         ev = watch.get(0.2)
+        if ev is not None and ev.kind == "lost" and elastic is not None and elastic.lost(ev):
+            continue
         if ev is not None:
             on_event(job, ev)
             if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:

@@ -224,6 +224,8 @@ class Watch:
         lines: tuple[str, ...] = (),
         report: dict[str, Any] | None = None,
     ) -> None:
+        if self.runs.get(run.rank) not in (None, run):  # a spare took its place (--elastic)
+            return
         heard = self.heard.get(run.rank) if kind == "lost" else None
         ev = Event(kind, run.rank, run.node.name, time.time(), text, code, lines, report, heard)
         if kind in ("exit", "lost"):

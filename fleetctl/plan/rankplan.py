@@ -90,6 +90,7 @@ class JobSpec:
     folder: str = ""
     image: str | None = None  # --image: wins over the inventory's fleetctl_image
     container_runtime: str | None = None  # --container-runtime: over fleetctl_container_runtime
+    elastic: str | None = None  # run --elastic: the node range MIN:MAX (None: a static world)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
@@ -431,6 +432,7 @@ def make_plan(
         launcher_args=spec.launcher_args,
         gpu_lists=tuple(visible[n.name] for n in nodes) if any(visible.values()) else (),
         kind=kind,
+        elastic=spec.elastic,
     )
     check_launcher_args(launcher, spec.launcher_args)
     launcher.validate(ctx, addrs)

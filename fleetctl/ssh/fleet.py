@@ -94,6 +94,14 @@ class Fleet:
         if conn is not None:
             conn.close()
 
+    def join(self, node: Node, conn: Connection) -> None:
+        """A node that was not one of the fleet's (``run --elastic``: a spare taking a lost
+        node's place) is one from now on, reached over ``conn``."""
+        with self._lock:
+            if all(x.name != node.name for x in self.nodes):
+                self.nodes = (*self.nodes, node)
+        self.adopt(node, conn)
+
     def adopt(self, node: Node | str, conn: Connection) -> None:
         """Make ``conn`` (a new connection to the node) its connection from now on; the old
         one, maybe stalled on a dead link, is closed in the background (never blocks us)."""

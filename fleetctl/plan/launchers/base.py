@@ -65,6 +65,8 @@ class LaunchContext:
     launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
     gpu_lists: tuple[tuple[str, ...], ...] = ()  # per node (rank order): fleetctl_gpus lists
     kind: str = PYTHON  # what ``script`` is: a Python file, a module name, a shell script
+    # ``run --elastic``: the node range ``MIN:MAX`` of an elastic rendezvous (None: static)
+    elastic: str | None = None
     _memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def once(self, key: str, build: Callable[[], T]) -> T:
@@ -115,6 +117,8 @@ class Launcher:
     check_script: Callable[[str, str], None] = field(default=lambda kind, script: None)
     # Whether there is a launcher process to take --launcher-arg options (plain: none).
     takes_args: bool = True
+    # ``run --elastic``: agents that outlive a lost node (a c10d rendezvous; torchrun only).
+    elastic: bool = False
     # It sets CUDA_VISIBLE_DEVICES itself (deepspeed, from --include): the plan leaves it out.
     sets_visible_devices: bool = False
     # Every local rank listens on its own port (paddle's endpoints: start_port + local rank):

@@ -36,18 +36,50 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 
 
+# run --elastic: a c10d rendezvous on node 0's training address (node 0's agent hosts its
+# store, said outright: torch's guess by host name fails where the name is not that address).
+# A round waits up to 60 s for the world (a spare's start and relay) and closes 2 s after the
+# last expected node joined; a peer's agent is dropped after 3 missed 2 s keep-alives. Every
+# membership change restarts the workers (torchrun counts only failures as restarts).
+ELASTIC_RDZV_CONF = "join_timeout=60,last_call_timeout=2,close_timeout=10,keep_alive_interval=2"
+ELASTIC_MAX_RESTARTS = 3
+
+
+def env(ctx: LaunchContext, node: NodePlan) -> dict[str, str]:
+    """run --elastic: every round's rank 0 publishes the workers' master address anew. With
+    torch's shared store (its default) an agent that stays rank 0 publishes it only in its
+    first round, and a spare joining a later round waits for it until it times out (torch
+    2.13)."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if ctx.elastic is not None else {}
+
+
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
+    if ctx.elastic is not None:
+        world = [
+            f"--nnodes={ctx.elastic}",
+            f"--nproc-per-node={ctx.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-id={ctx.job_id}",
+            f"--rdzv-endpoint={ctx.master_addr}:{ctx.master_port}",
+            f"--rdzv-conf={ELASTIC_RDZV_CONF},is_host={str(node.node_rank == 0).lower()}",
+            f"--max-restarts={ELASTIC_MAX_RESTARTS}",
+            f"--local-addr={node.train_addr or node.address}",
+        ]
+    else:
+        world = [
+            f"--nnodes={ctx.nnodes}",
+            f"--node-rank={node.node_rank}",
+            f"--nproc-per-node={ctx.nproc_per_node}",
+            "--rdzv-backend=static",
+            f"--rdzv-id={ctx.job_id}",
+            f"--master-addr={ctx.master_addr}",
+            f"--master-port={ctx.master_port}",
+        ]
     return [
         python_path(node),
         "-m",
         "torch.distributed.run",
-        f"--nnodes={ctx.nnodes}",
-        f"--node-rank={node.node_rank}",
-        f"--nproc-per-node={ctx.nproc_per_node}",
-        "--rdzv-backend=static",
-        f"--rdzv-id={ctx.job_id}",
-        f"--master-addr={ctx.master_addr}",
-        f"--master-port={ctx.master_port}",
+        *world,
         f"--log-dir={run_path(node, LOG_DIR)}",
         # each local rank's stdout/stderr into its own files under --log-dir; the supervisor
         # tails them into whole lines tagged with the global rank (torchrun's own --tee would
@@ -106,6 +138,7 @@ OWNED = frozenset(
 LAUNCHER = Launcher(
     name="torchrun",
     argv=argv,
+    env=env,
     module="torch.distributed.run",
     owned=OWNED,
     kinds=frozenset(SCRIPT_KINDS),
@@ -113,4 +146,5 @@ LAUNCHER = Launcher(
     rank_logs=rank_logs,
     rank_files=rank_files,
     named_failures=named_failures,
+    elastic=True,
 )

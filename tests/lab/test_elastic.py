@@ -1,0 +1,152 @@
+"""``run --elastic`` (issue 38): 4 lab hosts, ``--nodes 3``, a torchrun DDP job (gloo) that
+keeps its step in its working folder. node3's two links are cut mid-run: the torchrun agents
+of node1 and node2 stay the same processes, the spare node4 joins the same rendezvous and
+trains in the same 3-node world from the relayed step (not 0), and the job succeeds."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.lab import Lab
+from fleetctl.testing.cli_runner import start_cli_process
+from fleetctl.testing.wait import wait_for
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# pytorch/examples' elastic habit: every worker start loads the newest step from its cwd;
+# each node's local rank 0 writes it after every step (atomically). ``loaded`` is what this
+# node's own folder held (the spare's: what the relay brought), ``step`` what the world agreed.
+TRAIN = """\
+import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+total = int(sys.argv[1])
+loaded = 0
+if os.path.exists("step.txt"):
+    with open("step.txt") as f:
+        loaded = int(f.read())
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+r, n = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([loaded])
+dist.all_reduce(t, op=dist.ReduceOp.MAX)
+step = int(t.item())
+restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+print(f"start rank={r} world={n} loaded={loaded} step={step} restart={restart}", flush=True)
+while step < total:
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    step += 1
+    if os.environ["LOCAL_RANK"] == "0":
+        with open("step.txt.tmp", "w") as f:
+            f.write(str(step))
+        os.replace("step.txt.tmp", "step.txt")
+    print(f"step={step} rank={r} world={n} sum={int(x.item())}", flush=True)
+    time.sleep(0.2)
+print(f"done rank={r} step={step}", flush=True)
+"""
+
+
+def agents(lab: Lab, host: str, job_id: str) -> set[int]:
+    """The pids of the job's torchrun agents on ``host`` (ps, not SSH: works with links cut)."""
+    out = lab.exec(host, ["ps", "-eo", "pid=,args="], timeout=10).stdout
+    return {
+        int(line.split()[0])
+        for line in out.splitlines()
+        if "torch.distributed.run" in line and f"--rdzv-id={job_id}" in line
+    }
+
+
+def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_on(
+    make_lab: Any, tmp_path: Path
+) -> None:
+    lab: Lab = make_lab(4, networks=2)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    runs = tmp_path / "runs"
+    proc = start_cli_process(
+        "run", "-i", str(lab.inventory_path), "--launcher", "torchrun",
+        "--nproc-per-node", "1", "--nodes", "3", "--elastic", "--no-check",
+        "--lost-timeout", "3", "--deadman", "4", "--grace", "2", "--runs-dir", str(runs),
+        "--code-dir", str(code), str(code / "train.py"), "70",
+        cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda f=f, into=into: into.extend(x.rstrip() for x in f))
+        for f, into in ((proc.stdout, out), (proc.stderr, err))
+    ]
+    for t in readers:
+        t.daemon = True
+        t.start()
+
+    def said() -> str:
+        return "\n".join([*out[-60:], "--- stderr ---", *err[-30:]])
+
+    try:
+        wait_for(
+            lambda: any(re.match(r"\[\d node\d\] step=8 ", x) for x in out),
+            90,
+            what="the 3-node world at step 8",
+            interval=0.1,
+        )
+        job_id = next(
+            m.group(1)
+            for x in err
+            if (m := re.search(r"launching torchrun on 3 node\(s\), job (\S+)$", x))
+        )
+        before = {h: agents(lab, h, job_id) for h in ("node1", "node2")}
+        assert all(len(p) == 1 for p in before.values()), before
+        lab.cut_link("node3")
+        lab.cut_link("node3", "data")
+        cut = time.monotonic()
+        first: dict[str, Any] = {}
+
+        def spare_trains() -> bool:
+            for x in out:
+                m = re.match(r"\[2 node4\] step=(\d+) rank=\d world=(\d)", x)
+                if m:
+                    first.update(step=int(m.group(1)), world=int(m.group(2)))
+                    return True
+            return False
+
+        wait_for(spare_trains, 45, what="the spare node4 training", detail=said)
+        took = time.monotonic() - cut
+        print(f"cut to the spare's first step: {took:.1f} s")
+        after = {h: agents(lab, h, job_id) for h in ("node1", "node2")}
+        assert after == before, (before, after)  # the survivors' agents: the same processes
+        start = next(x for x in out if x.startswith("[2 node4] start "))
+        loaded = int(re.search(r"loaded=(\d+)", start).group(1))  # type: ignore[union-attr]
+        assert loaded > 0 and first["world"] == 3 and first["step"] > loaded, (start, first)
+        assert took < 30, said()
+        assert proc.wait(120) == 0, said()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        lab.heal_link("node3")
+        lab.heal_link("node3", "data")
+    for t in readers:
+        t.join(10)
+    assert any("[2 node3] lost" in x and "spare node4 joining" in x for x in err), said()
+    assert "  1 lost node(s), each given to a spare (--elastic):" in err, said()
+    assert any(x.startswith("  node 2: node3 lost (no heartbeat") for x in err), said()
+    job = json.loads((runs / job_id / "job.json").read_text())
+    assert job["status"] == "succeeded" and not job["errors"], job
+    [change] = job["membership"]
+    assert (change["rank"], change["left"], change["joined"]) == (2, "node3", "node4")
+    assert change["joined_at"] and change["why"].startswith("no heartbeat"), change
+    assert [n["host"] for n in job["nodes"]] == ["node1", "node2", "node4"]
+    assert "done rank=" in (runs / job_id / "2-node4" / "console.log").read_text()
+    events = (runs / job_id / "events.log").read_text()
+    assert "spare node4 joining" in events
