@@ -221,6 +221,9 @@ def list_records(runs_dir: str | Path) -> list[RunRecord]:
                 left_out=dict(j.left_out or {}),
             )
         )
+    # a job id says its second, then a random suffix: two jobs of one second are ordered by
+    # their start (ms), not by the suffix (`--resume last` took the older one)
+    out.sort(key=lambda r: (r.job_id[:15], _parse_iso(r.started) or 0.0, r.job_id))
     return out
 
 

@@ -42,6 +42,12 @@ print(
     f"sum={total.item():g} gathered={ranks.tolist()}",
     flush=True,
 )
+# the process group ended before the interpreter: gloo's threads torn down at exit otherwise
+# can abort the process ("terminate called without an active exception", seen under load)
+accelerator.wait_for_everyone()
+accelerator.end_training()
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
 """
 
 RAISE = """\

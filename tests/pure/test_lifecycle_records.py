@@ -59,6 +59,19 @@ def test_attempts_fold_into_their_job_with_the_latest_status(tmp_path: Path) -> 
     assert describe_failure({**ff, "signal": 9}) == "node 1 (b): signal 9 (SIGKILL) after 2.0 s"
 
 
+def test_two_jobs_of_one_second_are_in_the_order_they_started(tmp_path: Path) -> None:
+    """A job id carries its second and a random suffix: within one second the suffix says
+    nothing (`--resume last` resumed the older job of two; CI, rehearsal of stop 42)."""
+    _job(tmp_path, "20260101-000003-ffffff", started="2026-01-01T00:00:03.100Z")
+    _job(tmp_path, "20260101-000003-000000", started="2026-01-01T00:00:03.900Z")
+    _job(tmp_path, "20260101-000002-eeeeee", started="2026-01-01T00:00:02.999Z")
+    assert [r.job_id for r in list_records(tmp_path)] == [
+        "20260101-000002-eeeeee",
+        "20260101-000003-ffffff",
+        "20260101-000003-000000",
+    ]
+
+
 def test_connect_json_round_trips_nodes_without_env(tmp_path: Path) -> None:
     folder = _job(tmp_path, "j1")
     nodes = [
