@@ -237,7 +237,10 @@ def on_event(job: JobContext, ev: Event) -> None:
         return
     if ev.kind == "pace":
         if job.pace is not None and ev.report is not None:
+            rounds = job.pace.count
             verdict = job.pace.add(ev.rank, ev.report)
+            if job.observer is not None and job.pace.count != rounds:  # a round ended
+                job.observer.slow_scores(job.pace.scores())
             if verdict is not None:
                 slow_node(job, verdict)
         return

@@ -136,6 +136,7 @@ class PaceJudge:
         self.rounds: list[tuple[NodePace | None, list[NodePace]]] = []
         self.streak: list[tuple[NodePace, list[NodePace]]] = []  # the rounds that named it
         self.verdict: SlowVerdict | None = None
+        self.count = 0  # rounds complete so far
 
     def add(self, rank: int, report: dict[str, Any]) -> SlowVerdict | None:
         """One node's report; the verdict when this report completes a round that names a
@@ -150,6 +151,7 @@ class PaceJudge:
             return None
         round_, self.fresh = list(self.fresh.values()), {}
         self.rounds = [*self.rounds, (suspect(round_), round_)][-WINDOW:]
+        self.count += 1
         named = {got.rank for got, _ in self.rounds if got is not None}
         if len(named) != 1:  # nobody, or two nodes within the window: not clear enough
             return None
@@ -158,6 +160,18 @@ class PaceJudge:
             return None
         self.verdict = self._verdict()
         return self.verdict
+
+    def scores(self) -> dict[str, float]:
+        """The latest round's score by host (higher: slower): its ranks' busy share over the
+        median of its peers' (1: like its peers), for the metrics' slow-node series."""
+        if not self.rounds:
+            return {}
+        round_ = self.rounds[-1][1]
+        out = {}
+        for p in round_:
+            peers = [q.busy for q in round_ if q is not p]
+            out[p.host] = round(p.busy / max(statistics.median(peers), 0.02), 3) if peers else 1.0
+        return out
 
     def _verdict(self) -> SlowVerdict:
         """The streak's evidence, averaged over its rounds."""

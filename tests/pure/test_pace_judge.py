@@ -123,3 +123,14 @@ def test_a_report_without_rank_samples_or_from_an_unknown_node_is_ignored() -> N
     assert judge.add(0, {"ranks": "nonsense"}) is None
     assert judge.add(7, _report(0.9, None)) is None
     assert judge.fresh == {}
+
+
+def test_each_round_gives_every_host_a_score_for_the_metrics() -> None:
+    """The metrics' slow-node series: a host's busy share over its peers' median, per round
+    (1: like its peers), counted rounds so the caller knows when one ended."""
+    judge = PaceJudge(HOSTS)
+    assert judge.scores() == {} and judge.count == 0
+    for rank, busy in enumerate((0.2, 0.25, 0.9)):
+        judge.add(rank, _report(busy, None))
+    assert judge.count == 1
+    assert judge.scores() == {"gpu01": 0.348, "gpu02": 0.455, "gpu03": 4.0}
