@@ -17,7 +17,6 @@ has); not run with ``-S``: the image's packages are what is asked about.
 from __future__ import annotations
 
 import contextlib
-import ctypes.util
 import glob
 import importlib
 import json
@@ -55,7 +54,12 @@ def find_nccl() -> str | None:
             hit = _in(os.path.join(entry or ".", rel))
             if hit:
                 return hit
-    name = ctypes.util.find_library("nccl")
+    try:  # not at the top: Debian's python3-minimal has no ctypes, and a CPU job needs none
+        import ctypes.util
+
+        name = ctypes.util.find_library("nccl")
+    except ImportError:
+        name = None
     if name:
         return name
     extra = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]

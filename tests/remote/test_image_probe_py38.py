@@ -75,6 +75,32 @@ def test_the_image_probe_of_a_plain_job_reads_torchs_version(py38: str, tmp_path
     assert "version" not in data and "nccl" not in data
 
 
+# Debian's python3-minimal has no ctypes: an image with only it must pass a CPU job's check
+NO_CTYPES = "import sys\nsys.modules['ctypes'] = None\nsys.modules['ctypes.util'] = None\n"
+
+
+def test_the_image_probe_runs_on_a_python_without_ctypes(py38: str, tmp_path: Path) -> None:
+    """A CPU job asks nothing that needs ctypes; a GPU job's NCCL is still found by path."""
+    src = NO_CTYPES + remote.inline("image_probe.py")
+    for args, env in (
+        ({"module": "json.decoder", "nccl": False}, {}),
+        ({"module": None, "nccl": True}, {"PYTHONPATH": str(_site(tmp_path))}),
+    ):
+        out = subprocess.run(
+            [py38, "-c", src, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=60,
+            cwd="/",
+        )
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout.splitlines()[-1][2:])
+        assert "error" not in data, data
+        if args["nccl"]:
+            assert data["nccl"].endswith("nvidia/nccl/lib/libnccl.so.2"), data
+
+
 def test_the_image_probe_in_the_test_image_finds_no_torch_nor_nccl() -> None:
     """In a container of the lab's test image (Debian's python3): torchrun's module does not
     import and there is no NCCL: one failing answer, exit 3."""
