@@ -45,17 +45,21 @@ _SRC_WORD = "__fleetctl_image_probe_source__"  # a shell-safe word: shlex leaves
 @dataclass(frozen=True)
 class ImageWant:
     """What one node's check asks of its image: ``python`` (the image's, None: run ``true``)
-    imports ``module`` (None: nothing) and looks for NCCL when ``nccl``."""
+    imports ``module`` (None: nothing) and looks for NCCL when ``nccl``; ``gpus``: the trial
+    container gets the node's GPUs with the launch's flags (a runtime that cannot hand them
+    over fails here, not at launch with exit 126)."""
 
     image: str
     runtime: str | None = None
     python: str | None = None
     module: str | None = None
     nccl: bool = False
+    gpus: bool = False
 
     def key(self) -> str:
         """What the answer depends on besides the runtime and the image id: the marker's."""
-        blob = json.dumps([self.python, self.module, self.nccl, remote.digest(PROGRAM)])
+        parts = [self.python, self.module, self.nccl, remote.digest(PROGRAM)]
+        blob = json.dumps([*parts, True] if self.gpus else parts)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -105,23 +109,29 @@ def wanted(
         img = image_of(n, image)
         if img:
             named = rt or n.vars.get("fleetctl_container_runtime")
-            gpus = uses_gpus(n, (facts or {}).get(n.name), backend)
-            run_py = python or module is not None or gpus
+            has = has_gpus(n, (facts or {}).get(n.name))
+            nccl = has and backend != "gloo"
+            run_py = python or module is not None or nccl
             out[n.name] = ImageWant(
                 img,
                 None if named is None else str(named),
                 container_python(n) if run_py else None,
                 module,
-                gpus,
+                nccl,
+                has,
             )
     return out
 
 
 def uses_gpus(node: Node, facts: NodeFacts | None, backend: str | None) -> bool:
-    """The job uses GPUs on ``node``, so its image needs NCCL: ``fleetctl_gpus`` lists some,
-    or the check found some (without a check, the inventory's count). A gloo job never."""
-    if backend == "gloo":
-        return False
+    """The job's collectives use GPUs on ``node``, so its image needs NCCL. A gloo job never."""
+    return backend != "gloo" and has_gpus(node, facts)
+
+
+def has_gpus(node: Node, facts: NodeFacts | None) -> bool:
+    """``node`` has GPUs for the job (its container gets them, as the plan's does):
+    ``fleetctl_gpus`` lists some, or the check found some (without a check, the inventory's
+    count)."""
     if node.gpu_ids:
         return True
     count = facts.gpu_count if facts is not None and facts.gpu_count is not None else node.gpus
@@ -146,9 +156,10 @@ def script(
         if want.python:  # the program once, in $src, whichever runtime runs it
             args = json.dumps({"module": want.module, "nccl": want.nccl}, sort_keys=True)
             inner = [want.python, "-c", _SRC_WORD, args]
-            probe = shlex.join(r.exec_argv(want.image, inner)).replace(_SRC_WORD, '"$src"')
+            argv = r.exec_argv(want.image, inner, want.gpus)
+            probe = shlex.join(argv).replace(_SRC_WORD, '"$src"')
         else:
-            probe = shlex.join(r.probe_argv(want.image))
+            probe = shlex.join(r.probe_argv(want.image, want.gpus))
         cases.append(
             f"  {name}) id=$(b {id_timeout:g} {shlex.join(r.image_id_argv(want.image))}"
             f" 2>/dev/null); hung; probe() {{ b {probe_timeout:g} {probe}; }} ;;"
@@ -263,9 +274,35 @@ def parse(stdout: str, want: ImageWant) -> ImageFacts:
         if code != "0" or want.python:
             what = f" ({want.python})" if want.python else ""
             why = f": {last}" if last else ""
-            return ImageFacts(rt, image_id, f"{rt} cannot start a container of {image}{what}{why}")
+            hint = gpu_hint(rt, last) if want.gpus else ""
+            problem = f"{rt} cannot start a container of {image}{what}{why}{hint}"
+            return ImageFacts(rt, image_id, problem)
         return ImageFacts(rt, image_id)
     return ImageFacts(rt, image_id, _problem(data, want), str(data.get("torch") or ""))
+
+
+# what a runtime says when it cannot hand a node's GPUs to a container, and what to do
+GPU_HINTS = (
+    (
+        ("CDI", "nvidia.com/gpu"),
+        " (no CDI spec for the node's GPUs: on the node, `nvidia-ctk cdi generate "
+        "--output=/etc/cdi/nvidia.yaml` from the NVIDIA Container Toolkit; or --backend gloo "
+        "and no GPUs)",
+    ),
+    (
+        ("device driver", "capabilities: [[gpu]]", "nvidia-container-cli"),
+        " (the runtime has no NVIDIA hook: install the NVIDIA Container Toolkit and run "
+        "`nvidia-ctk runtime configure` on the node)",
+    ),
+)
+
+
+def gpu_hint(rt: str | None, last: str) -> str:
+    """What to do when ``rt`` refused the node's GPUs (its last line ``last``); '' otherwise."""
+    for words, hint in GPU_HINTS:
+        if any(w in last for w in words):
+            return hint
+    return ""
 
 
 def _data(line: str) -> dict | None:
@@ -282,7 +319,10 @@ def _problem(data: Mapping, want: ImageWant) -> str | None:
     if data.get("error"):
         return f"cannot import {want.module} in image {want.image} ({want.python}): {data['error']}"
     if want.nccl and data.get("nccl") == "-":
-        return f"image {want.image} has no NCCL (no libnccl in it; the job uses GPUs)"
+        return (
+            f"image {want.image} has no NCCL (no libnccl in it; the job uses GPUs): use an "
+            "image with NCCL (torch's CUDA wheels carry it), or --backend gloo"
+        )
     if want.nccl and not data.get("nccl"):
         return f"cannot look for NCCL in image {want.image} ({want.python})"
     return None

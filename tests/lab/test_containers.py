@@ -246,20 +246,73 @@ def test_a_node_with_another_build_of_the_image_fails_the_check(
     assert "launching" not in r.stderr
 
 
-def test_an_image_without_nccl_fails_the_check_where_the_job_uses_gpus(
-    lab: Lab, code: Path, tmp_path: Path
-) -> None:
-    """node2 has GPUs (``fleetctl_gpus: 2``): the check looks for NCCL inside the image there
-    (the test image has none) and stops the run, exit 3, naming node2 and the image; the
-    nodes without GPUs are not asked."""
+def _gpus_on_node2(lab: Lab, tmp_path: Path) -> Path:
     doc = yaml.safe_load(lab.inventory_path.read_text())
     doc["all"]["children"]["nodes"]["hosts"]["node2"]["fleetctl_gpus"] = 2
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump(doc))
+    return inv
+
+
+# A CDI spec whose "GPU" is one variable: podman then starts a container with the launch's
+# ``--device nvidia.com/gpu=all`` (the lab's hosts share /run, so every host has it)
+CDI_DIR = Path("/run/cdi")
+CDI_SPEC = (
+    'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: all\n'
+    '  containerEdits:\n    env: ["FLEETCTL_LAB_GPU=all"]\n'
+)
+
+
+@pytest.fixture
+def cdi_spec() -> object:
+    made = not CDI_DIR.exists()
+    CDI_DIR.mkdir(exist_ok=True)
+    spec = CDI_DIR / f"fleetctl-lab-{os.getpid()}.yaml"
+    spec.write_text(CDI_SPEC)
+    try:
+        yield spec
+    finally:
+        spec.unlink()
+        if made:
+            CDI_DIR.rmdir()
+
+
+def test_an_image_without_nccl_fails_the_check_where_the_job_uses_gpus(
+    lab: Lab, code: Path, tmp_path: Path, cdi_spec: Path
+) -> None:
+    """node2 has GPUs (``fleetctl_gpus: 2``) and a CDI spec for them: the check looks for
+    NCCL inside the image there (the test image has none) and stops the run, exit 3, naming
+    node2 and the image and what to do; the nodes without GPUs are not asked."""
+    inv = _gpus_on_node2(lab, tmp_path)
     runs = tmp_path / "runs"
     r = run(inv, runs, code, "--no-check", "--image", IMAGE, "show.py")
     assert r.exit_code == 3, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        f"fleetctl: error: node2: image {IMAGE} has no NCCL (no libnccl in it; the job uses GPUs)"
+        f"fleetctl: error: node2: image {IMAGE} has no NCCL (no libnccl in it; the job uses "
+        "GPUs): use an image with NCCL (torch's CUDA wheels carry it), or --backend gloo"
     ), r.stderr
     assert "launching" not in r.stderr
+
+
+def test_gpus_the_runtime_cannot_hand_over_fail_the_check_not_the_launch(
+    lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    """No CDI spec on node2: its trial container has the launch's GPU flags, so podman's
+    refusal is the check's one line with what to do (it was exit 126 on every rank at launch),
+    and a gloo job, whose container gets the GPUs all the same, is refused alike."""
+    if CDI_DIR.exists() and any(CDI_DIR.iterdir()):
+        skip_or_fail(f"{CDI_DIR} has CDI specs on this machine: podman would resolve the GPUs")
+    inv = _gpus_on_node2(lab, tmp_path)
+    for extra in ((), ("--backend", "gloo")):
+        runs = tmp_path / f"runs{len(extra)}"
+        r = run(inv, runs, code, "--no-check", "--image", IMAGE, *extra, "show.py")
+        assert r.exit_code == 3, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"fleetctl: error: node2: podman cannot start a container of {IMAGE}"
+        )
+        assert (
+            "unresolvable CDI devices nvidia.com/gpu=all (no CDI spec for the node's GPUs: " in last
+        )
+        assert "nvidia-ctk cdi generate" in last and "launching" not in r.stderr
+        assert containers_left(inv, only_job(runs)[0]) == {}

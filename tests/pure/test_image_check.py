@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,8 @@ TR = "torch.distributed.run"
         ("deepspeed", "t.py", 0, ImageWant(IMG, None, "python3", "deepspeed.launcher.runner")),
         ("plain", "t.py", 0, ImageWant(IMG, None, "python3")),  # the python must exist
         ("plain", "run.sh", 0, ImageWant(IMG)),  # `bash run.sh`: no python, a `true` start
-        ("plain", "run.sh", 2, ImageWant(IMG, None, "python3", None, True)),  # NCCL: python
-        ("torchrun", "t.py", 2, ImageWant(IMG, None, "python3", TR, True)),
+        ("plain", "run.sh", 2, ImageWant(IMG, None, "python3", None, True, True)),  # NCCL
+        ("torchrun", "t.py", 2, ImageWant(IMG, None, "python3", TR, True, True)),
     ],
 )
 def test_the_image_check_asks_what_the_launcher_needs(
@@ -58,9 +59,20 @@ def test_the_image_check_asks_what_the_launcher_needs(
     node = Node(name="n1", address="10.0.0.1", gpus=gpus, vars={"fleetctl_image_python": "py"})
     got = wanted([node, _node("n2")], spec.image, None, None, "nccl", module=module, python=python)
     assert got["n2"] == want if not gpus else got["n2"] == ImageWant(IMG, None, *_host(want))
-    assert got["n1"] == (
-        ImageWant(IMG, None, "py", want.module, want.nccl) if want.python else want
-    )
+    assert got["n1"] == (replace(want, python="py") if want.python else want)
+
+
+def test_a_gloo_job_on_gpu_nodes_gets_the_gpus_in_the_trial_but_asks_no_nccl() -> None:
+    """The trial container has the launch's GPU flags wherever the plan hands the node's GPUs
+    to the container (a gloo job's too); NCCL is looked for only where the collectives use it."""
+    spec = JobSpec(script="run.sh", job_id="j1", launcher="plain", image=IMG)
+    module, python = entry(spec)
+    node = Node(name="n1", address="10.0.0.1", gpus=2)
+    got = wanted([node], spec.image, None, None, "gloo", module=module, python=python)
+    assert got["n1"] == ImageWant(IMG, None, None, None, False, True)
+    assert "--device nvidia.com/gpu=all" in script(ImageWant(IMG, "podman", gpus=True))
+    assert "nvidia.com/gpu" not in script(ImageWant(IMG, "podman"))
+    assert ImageWant(IMG, gpus=True).key() != ImageWant(IMG).key()
 
 
 def _host(want: ImageWant) -> tuple:
@@ -91,7 +103,12 @@ def _frame(**data: object) -> str:
 
 
 TORCHRUN = ImageWant(IMG, "podman", "python3", "torch.distributed.run")
-ON_GPUS = ImageWant(IMG, "podman", "python3", "torch.distributed.run", True)
+ON_GPUS = ImageWant(IMG, "podman", "python3", "torch.distributed.run", True, True)
+NO_NCCL = (
+    f"image {IMG} has no NCCL (no libnccl in it; the job uses GPUs): use an image with NCCL "
+    "(torch's CUDA wheels carry it), or --backend gloo"
+)
+NO_CDI = "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=all"
 NO_MODULE = "ModuleNotFoundError: No module named 'torch'"
 
 
@@ -104,8 +121,20 @@ NO_MODULE = "ModuleNotFoundError: No module named 'torch'"
          f"cannot import torch.distributed.run in image {IMG} (python3): {NO_MODULE}", None),
         (ON_GPUS, _frame(module="m", version="", torch="2.13.0", nccl="/usr/lib/libnccl.so.2"),
          None, "2.13.0"),
-        (ON_GPUS, "3 " + _frame(module="m", version="", torch="2.13.0", nccl="-"),
-         f"image {IMG} has no NCCL (no libnccl in it; the job uses GPUs)", None),
+        (ON_GPUS, "3 " + _frame(module="m", version="", torch="2.13.0", nccl="-"), NO_NCCL, None),
+        (ON_GPUS, f"126 {NO_CDI}",
+         f"podman cannot start a container of {IMG} (python3): {NO_CDI} (no CDI spec for the "
+         "node's GPUs: on the node, `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` "
+         "from the NVIDIA Container Toolkit; or --backend gloo and no GPUs)", None),
+        (replace(ON_GPUS, runtime="docker"),
+         "125 docker: Error response from daemon: could not select device driver \"\" with "
+         "capabilities: [[gpu]].",
+         f"docker cannot start a container of {IMG} (python3): docker: Error response from "
+         "daemon: could not select device driver \"\" with capabilities: [[gpu]]. (the runtime "
+         "has no NVIDIA hook: install the NVIDIA Container Toolkit and run `nvidia-ctk runtime "
+         "configure` on the node)", None),
+        (TORCHRUN, f"126 {NO_CDI}",  # no GPUs asked: no hint (the runtime's words only)
+         f"podman cannot start a container of {IMG} (python3): {NO_CDI}", None),
         (TORCHRUN, "127 Error: executable file `python3` not found in $PATH",
          f"podman cannot start a container of {IMG} (python3): Error: executable file "
          "`python3` not found in $PATH", None),
@@ -118,7 +147,7 @@ def test_what_the_image_probe_says(
 ) -> None:
     if probe.startswith("D "):
         probe = "0 " + probe
-    got = parse(f"runtime podman\nimage sha256:aa\nprobe {probe}\n", want)
+    got = parse(f"runtime {want.runtime}\nimage sha256:aa\nprobe {probe}\n", want)
     assert (got.image_id, got.problem) == ("sha256:aa", problem)
     if problem is None:
         assert got.torch == torch
@@ -196,9 +225,7 @@ def test_nccl_is_looked_for_in_the_same_container(node_sh, tmp_path: Path) -> No
     (lib / "libnccl.so.2").unlink()
     out, started = node_sh(want, None, {"LD_LIBRARY_PATH": ""})
     if parse(out, want).problem is not None:  # this machine's loader may know a libnccl
-        assert parse(out, want).problem == (
-            f"image {IMG} has no NCCL (no libnccl in it; the job uses GPUs)"
-        )
+        assert parse(out, want).problem == (NO_NCCL)
 
 
 def test_the_program_is_sent_once_whichever_runtime_runs_it() -> None:

@@ -48,7 +48,7 @@ def test_golden_argv(path: Path) -> None:
     spec = _spec(case["spec"])
     got = {
         "run": rt.run_argv(spec, case["argv"]),
-        "probe": rt.probe_argv(spec.image),
+        "probe": rt.probe_argv(spec.image, spec.gpus),  # the launch's GPU flags too
         "image_id": rt.image_id_argv(spec.image),
         "list": rt.list_argv(spec.job_id, spec.node_rank),
         "stop": rt.stop_argv(case["ids"], case["grace"]),
@@ -299,4 +299,5 @@ def test_nccl_is_looked_for_in_the_image_only_where_the_job_uses_gpus(
     assert uses_gpus(n, facts, backend) is want
     got = wanted([n], None, None, {"n1": facts} if facts else None, backend)
     py = "/opt/py/bin/python3" if want else None
-    assert got == {"n1": ImageWant("img:1", None, py, None, want)}
+    has_gpus = bool(gpu_ids) or bool(facts and facts.gpu_count)  # the trial gets them anyway
+    assert got == {"n1": ImageWant("img:1", None, py, None, want, has_gpus)}

@@ -30,8 +30,8 @@ class Apptainer(Runtime):
             *argv,
         ]
 
-    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
-        return [self.name, "exec", image, *argv]
+    def exec_argv(self, image: str, argv: Sequence[str], gpus: bool = False) -> list[str]:
+        return [self.name, "exec", *(("--nv",) if gpus else ()), image, *argv]
 
     def image_id_argv(self, image: str) -> list[str]:
         # a SIF image is one file: its content hash is its id

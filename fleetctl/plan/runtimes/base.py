@@ -63,13 +63,15 @@ class Runtime:
         """The launcher's ``argv`` run inside the container ``spec`` describes."""
         raise NotImplementedError
 
-    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
-        """``argv`` in a throwaway container of ``image`` (the check's probes)."""
+    def exec_argv(self, image: str, argv: Sequence[str], gpus: bool = False) -> list[str]:
+        """``argv`` in a throwaway container of ``image`` (the check's probes); ``gpus``: with
+        the launch's GPU flags, so a node whose runtime cannot hand its GPUs to a container
+        fails the check, not the launch."""
         raise NotImplementedError
 
-    def probe_argv(self, image: str) -> list[str]:
+    def probe_argv(self, image: str, gpus: bool = False) -> list[str]:
         """A trivial container of ``image``: the runtime works on this node (the check)."""
-        return self.exec_argv(image, ["true"])
+        return self.exec_argv(image, ["true"], gpus)
 
     def image_id_argv(self, image: str) -> list[str]:
         """Prints the image's id: compared across the nodes by the check."""

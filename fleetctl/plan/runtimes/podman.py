@@ -48,8 +48,9 @@ class Podman(Runtime):
             *argv,
         ]
 
-    def exec_argv(self, image: str, argv: Sequence[str]) -> list[str]:
-        return [self.name, "run", "--rm", "--network", "host", image, *argv]
+    def exec_argv(self, image: str, argv: Sequence[str], gpus: bool = False) -> list[str]:
+        gpu = self.gpu_flags if gpus else ()
+        return [self.name, "run", "--rm", "--network", "host", *gpu, image, *argv]
 
     def image_id_argv(self, image: str) -> list[str]:
         return [self.name, "image", "inspect", "--format", "{{.Id}}", image]
