@@ -67,6 +67,33 @@ def gpus_from(key: str, value: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: the variables that say what each node's steps get (run --slurm's, --gpus-per-node); without
+#: them a batch step's SLURM_GPUS_ON_NODE is the exclusive node's, not a step's
+STEP_GPU_VARS = (GPUS_VAR, "SLURM_GPUS_PER_NODE")
+
+
+def tres_gpus(scontrol_show_job: str) -> int | None:
+    """GPUs per node the job asked for, from ``scontrol show job -o``'s ``TresPerNode``
+    (``gres:gpu:1``, ``gres/gpu:a100:2``; None: no GPU gres, e.g. ``gres:shard:2``)."""
+    m = re.search(r"\bTresPerNode=(\S+)", scontrol_show_job)
+    for item in m.group(1).split(",") if m else ():
+        parts = re.split(r"[:/=]", item)
+        if parts[:2] == ["gres", "gpu"] and parts[-1].isdigit() and len(parts) > 2:
+            return int(parts[-1])
+    return None
+
+
+def job_gpus_per_node(job_id: str) -> int | None:
+    """What each node's steps get under ``#SBATCH --gres=gpu:K`` (Slurm's word; None where
+    Slurm does not say or cannot be asked: the environment's count stands)."""
+    argv = ["scontrol", "show", "job", "-o", job_id]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return tres_gpus(p.stdout) if p.returncode == 0 else None
+
+
 def node_addrs(scontrol_show_node: str) -> dict[str, str]:
     """``scontrol show node -o`` → {NodeName: NodeAddr}."""
     out: dict[str, str] = {}
@@ -140,9 +167,14 @@ def apply(
     inv: Inventory, *, has_inventory: bool, env: Mapping[str, str] | None = None
 ) -> Inventory:
     """``inv`` as run inside the current allocation (unchanged outside one)."""
-    alloc = from_env(os.environ if env is None else env)
+    env = os.environ if env is None else env
+    alloc = from_env(env)
     if alloc is None:
         return inv
+    if not any(env.get(k) for k in STEP_GPU_VARS):  # a user's own sbatch script: ask Slurm
+        asked = job_gpus_per_node(alloc.job_id)
+        if asked is not None:
+            alloc = dataclasses.replace(alloc, gpus_per_node=asked)
     nodes = fleet_nodes(alloc, inv.nodes if has_inventory else None)
     names = tuple(n.name for n in nodes)
     groups = {g: tuple(h for h in names if h in set(m)) for g, m in inv.groups.items()}

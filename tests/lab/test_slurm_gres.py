@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,38 @@ def test_more_gpus_than_a_node_has_is_refused_in_one_line(slurm: dict[str, Any])
     assert res.stderr.strip().splitlines() == [
         "fleetctl: error: Slurm refused the job: Requested node configuration is not available"
     ]
+
+
+HAND_WRITTEN = """\
+#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --gres=gpu:1
+#SBATCH --output={out}
+echo "batch step: SLURM_GPUS_ON_NODE=$SLURM_GPUS_ON_NODE" >&2
+cd {code} && exec {python} -m fleetctl run --launcher torchrun --runs-dir {runs} gpus.py
+"""
+
+
+def test_a_hand_written_sbatch_with_gres_starts_one_rank_per_node(
+    slurm: dict[str, Any],
+) -> None:
+    """A user's own sbatch script (``#SBATCH --gres=gpu:1``, then ``fleetctl run``): the batch
+    step sees the exclusive node's 2 GPUs, each srun step 1; the plan follows the steps', as
+    ``run --slurm`` does (issue 40)."""
+    lab = slurm["lab"]
+    out = lab.dir / "hand-written.out"
+    script = lab.dir / "hand-written.sh"
+    script.write_text(
+        HAND_WRITTEN.format(
+            out=out, code=slurm["code"], python=sys.executable, runs=lab.dir / "gres-runs"
+        )
+    )
+    env = {**slurm["slurm"].env(), **slurm["env"]}
+    p = subprocess.run(
+        ["sbatch", "--wait", str(script)], capture_output=True, text=True, env=env, timeout=150
+    )
+    text = out.read_text() if out.exists() else ""
+    assert p.returncode == 0, p.stdout + p.stderr + text
+    assert "batch step: SLURM_GPUS_ON_NODE=2" in text, text  # what misled the plan
+    seen = sorted(ln.split("GPUS", 1)[1].split() for ln in text.splitlines() if "GPUS " in ln)
+    assert seen == [["0", "1", "0"], ["1", "1", "0"]], text  # one rank a node, its step's GPU

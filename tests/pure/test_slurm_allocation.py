@@ -8,7 +8,14 @@ from fleetctl.errors import UsageError
 from fleetctl.node import Node
 from fleetctl.plan.inventory.load import Inventory
 from fleetctl.slurm import allocation
-from fleetctl.slurm.allocation import Allocation, fleet_nodes, from_env, gpus_from, node_addrs
+from fleetctl.slurm.allocation import (
+    Allocation,
+    fleet_nodes,
+    from_env,
+    gpus_from,
+    node_addrs,
+    tres_gpus,
+)
 from fleetctl.slurm.srun import srun_argv
 from fleetctl.ssh.connection import connect
 
@@ -38,6 +45,22 @@ def test_from_env() -> None:
 )
 def test_gpus_from(key: str, value: str, gpus: int) -> None:
     assert gpus_from(key, value) == gpus
+
+
+@pytest.mark.parametrize(
+    ("line", "gpus"),
+    [
+        ("JobId=1 NumNodes=2 TRES=cpu=4,node=2 TresPerNode=gres:gpu:1 ", 1),  # Slurm 22.05
+        ("JobId=1 TresPerNode=gres/gpu:a100:2", 2),  # newer Slurm, a type
+        ("JobId=1 TresPerNode=gres:shard:2,gres:gpu:4", 4),
+        ("JobId=1 TresPerNode=gres:shard:2", None),  # shares, not GPUs: the env's count stands
+        ("JobId=1 TRES=cpu=4,mem=2M,node=2 Power=", None),  # no gres asked
+    ],
+)
+def test_tres_gpus_of_a_hand_written_sbatch(line: str, gpus: int | None) -> None:
+    """``#SBATCH --gres=gpu:K`` reaches the batch step only as the exclusive node's
+    SLURM_GPUS_ON_NODE: the steps' count is asked of ``scontrol show job``."""
+    assert tres_gpus(line) == gpus
 
 
 def test_node_addrs() -> None:
