@@ -1,5 +1,5 @@
 """``fleetctl run --slurm`` without a cluster: the batch script (golden), sbatch/scontrol/squeue
-answers (captured from slurm-wlm 22.05.8), the options forwarded inside, the run folder the
+answers (captured from slurm-wlm 22.05.8), the run record shipped inside, the run folder the
 batch job adopts, and the submitter's wait/cancel logic against a scripted Slurm."""
 
 from __future__ import annotations
