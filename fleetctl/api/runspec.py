@@ -44,13 +44,16 @@ def option(
     show_default: bool = False,
     cli: str | None = None,
     type_name: str | None = None,
+    record: Callable[[], type] | None = None,
 ) -> Any:
     """A record field and its option: ``flags`` (``--timeout``; none: library only), the
     click parameter's ``param`` name and the library keyword ``kw`` (both default to the
     field's name), the ``check`` every value passes (``None`` passes unchecked where the
-    default is ``None``; a tuple field's items are checked one by one)."""
+    default is ``None``; a tuple field's items are checked one by one); ``record``: the class
+    of a value that is a record of its own (for the JSON form, :mod:`.runspec_json`)."""
     meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
     meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
+    meta.update(record=record)
     return field(default=default, metadata=meta)
 
 
@@ -127,6 +130,18 @@ def _collective(value: Any) -> Any:
     except c.Invalid as e:
         raise c.Invalid(f"{value!r}: {e}") from None
     return value
+
+
+def _collective_cls() -> type:
+    from fleetctl.phases.collective_judge import CollectiveOptions
+
+    return CollectiveOptions
+
+
+def _collect_cls() -> type:
+    from fleetctl.phases.collect import CollectOptions
+
+    return CollectOptions
 
 
 def _collect(value: Any) -> Any:
@@ -320,7 +335,7 @@ class Collection(_Group):
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
-        None, "--collect-max", param="collect_max", check=_collect, cli="own"
+        None, "--collect-max", param="collect_max", check=_collect, cli="own", record=_collect_cls
     )
     report: bool = option(
         True, "--no-report", param="no_report",
@@ -337,7 +352,7 @@ class Collective(_Group):
     TITLE = "Collective benchmark"
 
     collective: CollectiveOptions | None = option(
-        None, "--collective", check=_collective, cli="own"
+        None, "--collective", check=_collective, cli="own", record=_collective_cls
     )
 
 
@@ -516,6 +531,22 @@ class RunSpec:
             by_group.setdefault(group, {})[name] = v
         groups = {g: replace(getattr(self, g), **changes) for g, changes in by_group.items()}
         return replace(self, **groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON data, every group's every field (``run --slurm``'s
+        run-spec.json); UsageError for a value only a library call can hold (a ``before``
+        callable)."""
+        from fleetctl.api.runspec_json import to_dict
+
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunSpec:
+        """The record of :meth:`to_dict`'s data, checked as any record is (UsageError, the
+        command's line for a bad value)."""
+        from fleetctl.api.runspec_json import from_dict
+
+        return from_dict(data)
 
     def flat(self) -> dict[str, Any]:
         """The record as ``build``'s keywords (``script`` and ``args`` included)."""

@@ -2,14 +2,16 @@
 it, and find a submitted job again (``status``/``stop``/``logs -f``). Inside an allocation
 the fleet is ``Fleet.slurm()``.
 
-The batch script runs ``fleetctl run`` inside the allocation with the options given, so the
-check, launch, first-failure teardown and run folder are the inside run's; this side
-submits, waits in the queue, streams the script's output as ``SlurmEvent``s and ends with
-the inside run's verdict. Nothing prints; events go to ``on_event``.
+The batch script runs ``fleetctl run --spec FILE`` inside the allocation (FILE: the run's
+``RunSpec`` as JSON, never argv), so the check, launch, first-failure teardown and run folder
+are the inside run's; this side submits, waits in the queue, streams the script's output as
+``SlurmEvent``s and ends with the inside run's verdict. Nothing prints; events go to
+``on_event``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -19,13 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.api.runspec import Monitor, RunSpec, Slurm
 from fleetctl.errors import FleetctlError, Interrupted
 
 if TYPE_CHECKING:
     from fleetctl.api.result import RunResult
+    from fleetctl.api.types import SSHSettings
     from fleetctl.job.runfolder import RunFolder
     from fleetctl.slurm.batch import BatchRequest
     from fleetctl.slurm.queue import JobInfo
+    from fleetctl.slurm.specfile import Inside
     from fleetctl.slurm.submit import SlurmClient, SlurmEvent
 
 
@@ -130,37 +135,37 @@ class Submission:
 
 
 def submission(
-    script: str | None,
+    script: str | RunSpec | None = None,
     args: Sequence[str] = (),
     *,
-    nodes: int | None,
-    options: Sequence[str] = (),
     runs_dir: str | os.PathLike[str] = "fleet-runs",
-    partition: str | None = None,
-    gres: str | None = None,
-    time: str | None = None,
-    account: str | None = None,
-    sbatch_args: Sequence[str] = (),
-    launcher: str | None = None,
     job_id: str | None = None,
-    job_file: str | os.PathLike[str] | None = None,
-    code: str | os.PathLike[str] | None = None,
     shared_fs: bool = True,
+    inventory: str | None = None,
+    limit: str | None = None,
+    settings: SSHSettings | None = None,
+    tail: str = "all",
+    raw_output: bool = False,
+    **keywords: Any,
 ) -> Submission:
-    """The batch job that runs ``fleetctl run OPTIONS SCRIPT ARGS…`` on ``nodes`` nodes of an
-    allocation (``options``: ``run``'s own, as argv). Nothing is submitted (a dry run prints
-    ``.script``, and :meth:`Submission.check` asks Slurm); a bad ``gres``/``time``, or a
-    control character in any value the script holds on a line (``partition``, ``account``,
-    ``sbatch_args``, …), is a UsageError here.
+    """The batch job that runs a run (``RunSpec.build(script, *args, **keywords)``, or the
+    ``RunSpec`` given as ``script``, ``keywords`` then changing it) on ``nodes`` nodes of an
+    allocation: what to ask Slurm for is the record's Slurm group (``partition=``, ``gres=``,
+    ``time=``, ``account=``, ``sbatch_args=``). Nothing is submitted (a dry run prints
+    ``.script``, and :meth:`Submission.check` asks Slurm); a bad value (the record's checks:
+    control characters too), ``gres`` or ``time`` is a UsageError here.
 
-    The options, SCRIPT and ARGS reach the run inside in a file (``run --spec``, 0600 in the
-    run folder), never on a command line: an ``--env-var`` secret is on no process list.
+    The run reaches the run inside in a file (``run --spec``, 0600 in the run folder): the
+    record's JSON form (``RunSpec.to_dict()``, without what belongs to this side: the Slurm and
+    monitor groups, ``nodes``) and ``runs_dir``, ``inventory``/``limit``, ``settings`` (how
+    the run inside reaches its hosts), ``tail``/``raw_output`` (its lines in slurm.out); never
+    on a command line: an ``env`` secret is on no process list. A ``before`` callable cannot
+    travel in a file: UsageError.
 
     ``job_file`` (a role job, instead of ``script``): read here, so a bad file is exit 2
     before anything is queued; ``nodes`` defaults to the sum of its roles' ``instances``; the
     run inside reads the copy :meth:`Submission.submit` puts in the run folder, with the code
-    folder it would have had here (``code``, else the git work tree holding the file) given
-    as ``--code``.
+    folder it would have had here (``code``, else the git work tree holding the file).
 
     ``shared_fs=False`` (``--slurm-no-shared-fs``): the batch host cannot see ``runs_dir``;
     the run inside writes its folder and output under the batch host's /tmp, the submitter
@@ -179,32 +184,47 @@ def submission(
         check_line,
         check_time,
         gres_gpus,
-        inside_argv,
         inside_command,
         render,
         role_nodes,
         spec_path,
     )
+    from fleetctl.slurm.specfile import Inside, document
 
-    for what, value in (("--partition", partition), ("--account", account)):
+    if "options" in keywords:  # the argv strings of old: the record's keywords now
+        raise TypeError(
+            "submission() takes RunSpec keywords (launcher='plain', env={...}) or a RunSpec, "
+            "no longer options=[argv strings]"
+        )
+    if isinstance(script, RunSpec):
+        if args:
+            raise TypeError("submission(RunSpec, args): the record holds its own args")
+        spec = script.replace(**keywords) if keywords else script
+    else:
+        spec = RunSpec.build(script, *args, **keywords)
+    sl = spec.slurm
+    for what, value in (("--partition", sl.partition), ("--account", sl.account)):
         if value is not None:
             check_line(what, value)
-    for arg in sbatch_args:
+    for arg in sl.sbatch_args:
         check_line("--sbatch-arg", arg)
-    gres = check_gres(gres) if gres else None
-    time = check_time(time) if time else None
+    gres = check_gres(sl.gres) if sl.gres else None
+    time = check_time(sl.time) if sl.time else None
     job_id = job_id or new_job_id()
     runs = os.path.abspath(runs_dir)
     folder = os.path.join(runs, job_id)
     copy: tuple[str, str] | None = None
-    inner = list(options)
+    nodes, launcher = spec.hosts.nodes, spec.program.launcher
+    # the run inside: the allocation's nodes, in the foreground; the rest is this side's
+    inner = dataclasses.replace(
+        spec, slurm=Slurm(), monitor=Monitor(), hosts=dataclasses.replace(spec.hosts, nodes=None)
+    )
+    job_file = spec.program.job_file
     if job_file is not None:
         from fleetctl.phases.codesync import default_code_dir
         from fleetctl.plan.roles import load_job_file
 
         src = os.fspath(job_file)
-        if script is not None:
-            raise UsageError(f"--job {src} replaces SCRIPT; got {script!r} too")
         jf = load_job_file(src)
         launcher = jf.launcher  # roles | paddle-ps: what the run inside will record
         if nodes is None:
@@ -214,14 +234,29 @@ def submission(
             if shared_fs
             else os.path.abspath(src)
         )
+        code = spec.program.code
         code_dir = os.path.abspath(code) if code is not None else str(default_code_dir(src))
         copy = (os.path.abspath(src), dest)
-        inner += [f"--job={dest}", f"--code={code_dir}"]
-    elif script is None:
+        inner = inner.replace(job_file=dest, code=code_dir)
+    elif spec.program.script is None:
         raise UsageError("missing SCRIPT (or --job FILE)")
     if nodes is None:
         raise UsageError("--slurm needs --nodes N (the nodes to ask Slurm for)")
-    inner.append(f"--runs-dir={runs if shared_fs else PRIVATE_ROOT.format(job=job_id)}")
+    if settings is None:
+        from fleetctl.api.types import SSHSettings
+
+        settings = SSHSettings()
+    s = settings
+    inside = Inside(
+        runs_dir=runs if shared_fs else PRIVATE_ROOT.format(job=job_id),
+        inventory=inventory,
+        limit=limit,
+        known_hosts=s.known_hosts,
+        accept_new=s.accept_new,
+        connect_timeout=s.connect_timeout,
+        tail=tail,
+        raw_output=raw_output,
+    )
     command = inside_command(sys.executable, spec_path(folder, job_id, private=not shared_fs))
     paths = [_python_path(), *(os.environ.get("PYTHONPATH") or "").split(os.pathsep)]
     env = {RUN_ID_VAR: job_id, "PYTHONPATH": os.pathsep.join(dict.fromkeys(x for x in paths if x))}
@@ -234,29 +269,29 @@ def submission(
         folder=folder,
         chdir=os.getcwd(),
         command=command,
-        partition=partition,
+        partition=sl.partition,
         gres=gres,
         time=time,
-        account=account,
-        extra=tuple(sbatch_args),
+        account=sl.account,
+        extra=tuple(sl.sbatch_args),
         env=env,
         private=not shared_fs,
-        spec=inside_argv(inner, script, tuple(args)),
+        spec=document(inner.to_dict(), inside),
     )
     return Submission(req, render(req), launcher, copy)
 
 
 def submit(
-    script: str | None,
+    script: str | RunSpec | None = None,
     args: Sequence[str] = (),
     *,
-    nodes: int | None = None,
     detach: bool = False,
     **options: Any,
 ) -> SlurmJob:
-    """:func:`submission` then ``sbatch``: the queued :class:`SlurmJob` (its ``wait()``,
+    """:func:`submission` (a ``RunSpec``, or its keywords: ``nodes=``, ``launcher=``,
+    ``partition=``, …) then ``sbatch``: the queued :class:`SlurmJob` (its ``wait()``,
     ``lines()``, ``stop()`` act on the Slurm job)."""
-    return submission(script, args, nodes=nodes, **options).submit(detach=detach)
+    return submission(script, args, **options).submit(detach=detach)
 
 
 class SlurmJob:
@@ -513,12 +548,19 @@ class SlurmJob:
         )
 
 
-def read_spec(path: str | os.PathLike[str]) -> list[str]:
-    """The run a batch script's ``fleetctl run --spec FILE`` stands for, as ``run``'s
-    arguments (fleetctl.slurm.specfile: its only reader and writer)."""
+def read_spec(path: str | os.PathLike[str]) -> tuple[RunSpec, Inside]:
+    """The run a batch script's ``fleetctl run --spec FILE`` stands for: its checked record
+    and what the run inside needs beside it (fleetctl.slurm.specfile: the file's only reader
+    and writer). UsageError naming the file for one that is not a spec, or holds a value the
+    record refuses (the command's line for it)."""
+    from fleetctl.errors import UsageError
     from fleetctl.slurm.specfile import read
 
-    return read(path)
+    data, inside = read(path)
+    try:
+        return RunSpec.from_dict(data), inside
+    except UsageError as e:
+        raise UsageError(f"--spec {os.fspath(path)}: {e}") from None
 
 
 def _python_path() -> str:

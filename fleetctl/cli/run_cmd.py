@@ -131,25 +131,25 @@ def run_command(
     or the roles of a job file (--job)."""
     from fleetctl.cli.slurm_run import check_flags, run_slurm
 
+    ctx = click.get_current_context()
     if params["spec_file"] is not None:
-        return _run_spec(click.get_current_context(), params["spec_file"])
+        return _run_spec(ctx, params["spec_file"])
     check_flags(params)
-    if params["slurm"]:  # submitted: the same run happens inside the allocation
-        return run_slurm(click.get_current_context())
+    slurm = params["slurm"]
     # RunSpec's fields, as its keywords (checked by the record, as a library call's)
     keywords = spec_keywords(
         params,
         *("program", "hosts", "supervision", "retry", "container", "monitor", "collection"),
-        "observe",
+        *("observe", "slurm") if slurm else ("observe",),
     )
-    if full and not (dry_run and as_json):
+    if full and not (dry_run and as_json) and not slurm:
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
     collect = collect_settings(params["collect_max"], params["collect_exclude"])
     collective = (
         None
-        if dry_run
+        if dry_run and not slurm  # the plan alone: no check runs (--slurm ships it inside)
         else collective_settings(
             params["collective"],
             params["collective_size"],
@@ -160,8 +160,41 @@ def run_command(
     )
     # the whole request, checked before the inventory is read (as Fleet.run's keywords are)
     spec = RunSpec.build(script, *script_args, **keywords, collective=collective, collect=collect)
+    if slurm:  # submitted: the same run happens inside the allocation, from this record
+        return run_slurm(ctx, spec, ssh)
+    _run(
+        spec,
+        inventory=inventory,
+        limit=limit,
+        ssh=ssh,
+        runs_dir=runs_dir,
+        tail=tail,
+        raw_output=raw_output,
+        dry_run=dry_run,
+        as_json=as_json,
+        full=full,
+        no_slurm=params["no_slurm"],
+    )
+
+
+def _run(
+    spec: RunSpec,
+    *,
+    inventory: str | None,
+    limit: str | None,
+    ssh: SSHOptions,
+    runs_dir: str,
+    tail: str,
+    raw_output: bool,
+    dry_run: bool = False,
+    as_json: bool = False,
+    full: bool = False,
+    no_slurm: bool = False,
+) -> None:
+    """Run (or plan) the checked record on the selection: inside a Slurm allocation its nodes
+    (srun steps), else the inventory's over SSH (or this machine)."""
     in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-    if in_slurm and not params["no_slurm"]:  # inside an allocation: its nodes, via srun
+    if in_slurm and not no_slurm:  # inside an allocation: its nodes, via srun
         from fleetctl.api import Fleet
 
         s = ssh.settings
@@ -195,11 +228,14 @@ def run_command(
 
 
 def _run_spec(ctx: click.Context, path: str) -> None:
-    """``run --spec FILE``: ``run`` with the arguments the file holds (fleetctl.slurm.specfile),
-    and nothing else on the command line."""
+    """``run --spec FILE`` (what ``run --slurm``'s batch script runs): the record and the
+    selection the file holds (fleetctl.slurm.specfile), built from its JSON without a second
+    parse of options; nothing else on the command line."""
     from click.core import ParameterSource
 
     from fleetctl.api.slurm import read_spec
+    from fleetctl.api.types import SSHSettings
+    from fleetctl.cli.options import DEFAULT_FANOUT
 
     given = [
         name
@@ -208,11 +244,23 @@ def _run_spec(ctx: click.Context, path: str) -> None:
     ]
     if given:
         raise UsageError(f"--spec {path}: the whole run is in the file; got {given[0]} too")
-    argv = read_spec(path)
-    with run_command.make_context("run", argv, parent=ctx.parent) as inner:
-        if inner.params.get("spec_file") is not None:
-            raise UsageError(f"--spec {path}: the file names another --spec")
-        run_command.invoke(inner)
+    spec, inside = read_spec(path)
+    settings = SSHSettings(
+        known_hosts=inside.known_hosts,
+        accept_new=inside.accept_new,
+        connect_timeout=inside.connect_timeout,
+    )
+    if inside.tail not in ("all", "none") and not inside.tail.isdigit():
+        raise UsageError(f"--spec {path}: 'inside': tail {inside.tail!r} is not all|RANK|none")
+    _run(
+        spec,
+        inventory=inside.inventory,
+        limit=inside.limit,
+        ssh=SSHOptions(settings, DEFAULT_FANOUT),
+        runs_dir=inside.runs_dir,
+        tail=inside.tail,
+        raw_output=inside.raw_output,
+    )
 
 
 def _render_run(job: Job, *, as_json: bool, monitor_wanted: bool) -> None:

@@ -1,10 +1,11 @@
 """``fleetctl run --slurm``: the options, and the submit → wait → follow → report flow.
 
-The batch script runs ``fleetctl run`` inside the allocation with the job options given here
-(every option the user set, except the Slurm and submit-side ones; carried in a file,
-``run --spec``, so that no value is on the batch node's process list), so the check, launch,
-first-failure teardown and run folder are the inside run's; this side submits, shows the
-queue, streams the script's output and ends with the inside run's exit code.
+The batch script runs ``fleetctl run --spec FILE`` inside the allocation: FILE holds the
+run's ``RunSpec`` (built here from the options, as any run's is) as JSON, without the Slurm and
+submit-side groups, so no value is on the batch node's process list and nothing is parsed
+twice. The check, launch, first-failure teardown and run folder are the inside run's; this
+side submits, shows the queue, streams the script's output and ends with the inside run's
+exit code.
 """
 
 from __future__ import annotations
@@ -18,35 +19,10 @@ from fleetctl.cli.options import spec_options
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import RunSpec
     from fleetctl.api.slurm import Submission
     from fleetctl.api.types import SlurmEvent
-
-#: run_command's parameters that belong to this side, not to the run inside the allocation
-_NOT_FORWARDED = frozenset(
-    {
-        "slurm",
-        "no_slurm",
-        "partition",
-        "gres",
-        "slurm_time",
-        "account",
-        "sbatch_args",
-        "queue_timeout",
-        "dry_run",
-        "detach",
-        "no_monitor",
-        "monitor_lost_timeout",
-        "runs_dir",
-        "nodes_wanted",
-        "as_json",
-        "full",
-        "script",
-        "script_args",
-        "job_file",  # --job: the submission passes its copy in the run folder, and --code
-        "slurm_no_shared_fs",
-        "spec_file",  # run --spec: the run inside reads its options from the file
-    }
-)
+    from fleetctl.cli.options import SSHOptions
 
 
 def slurm_options(f: Any) -> Any:
@@ -80,80 +56,47 @@ def slurm_options(f: Any) -> Any:
 
 def check_flags(params: dict[str, Any]) -> None:
     """Slurm options given without --slurm are mistakes, not no-ops."""
+    from dataclasses import fields
+
+    from fleetctl.api.runspec import Slurm, keyword
+
     if params.get("slurm"):
         if params.get("no_slurm"):
             raise UsageError("--slurm and --no-slurm contradict each other")
         return
     given = [
-        flag
-        for name, flag in (
-            ("partition", "--partition"),
-            ("gres", "--gres"),
-            ("slurm_time", "--time"),
-            ("account", "--account"),
-            ("sbatch_args", "--sbatch-arg"),
-            ("queue_timeout", "--queue-timeout"),
-            ("slurm_no_shared_fs", "--slurm-no-shared-fs"),
-        )
-        if params.get(name)
+        f.metadata["flags"][0]
+        for f in fields(Slurm)
+        if params.get(f.metadata.get("param") or keyword(f))
     ]
+    if params.get("slurm_no_shared_fs"):
+        given.append("--slurm-no-shared-fs")
     if given:
         raise UsageError(f"{', '.join(given)}: only with --slurm")
 
 
-def forwarded_options(ctx: click.Context) -> list[str]:
-    """The options the user set, as argv for the run inside the allocation."""
-    from click.core import ParameterSource
-
-    skip = _NOT_FORWARDED | ({"code_dir"} if ctx.params.get("job_file") else set())
-    out: list[str] = []
-    for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name in skip or p.name is None:
-            continue
-        source = ctx.get_parameter_source(p.name)
-        if source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
-            continue
-        value = ctx.params.get(p.name)
-        long = next((o for o in p.opts if o.startswith("--")), p.opts[0])
-        if p.is_flag:
-            if value:
-                out.append(long)
-            elif p.secondary_opts:
-                out.append(p.secondary_opts[0])
-        elif p.multiple:
-            out += [f"{long}={v}" for v in value]
-        elif value is not None:
-            out.append(f"{long}={value}")
-    return out
-
-
-def run_slurm(ctx: click.Context) -> None:
-    """``fleetctl run --slurm``: see the module docstring. Exit codes: the inside run's
-    (0, 3, 4, 130), 2 for a request Slurm refuses, 5 for ``--queue-timeout``."""
+def run_slurm(ctx: click.Context, spec: RunSpec, ssh: SSHOptions) -> None:
+    """``fleetctl run --slurm`` of the run ``spec`` (built from the options): see the module
+    docstring. Exit codes: the inside run's (0, 3, 4, 130), 2 for a request Slurm refuses, 5
+    for ``--queue-timeout``."""
     from fleetctl.api import slurm
 
     p = ctx.params
     if p.get("full"):
         raise UsageError("--full applies to --dry-run --json without --slurm (the plan)")
-    if p.get("slurm_no_shared_fs") and p.get("detach"):
+    if p.get("slurm_no_shared_fs") and spec.monitor.detach:
         raise UsageError(
             "--slurm-no-shared-fs needs this side to pull the run folder home: no --detach"
         )
     sub = slurm.submission(
-        p["script"],
-        p["script_args"],
-        nodes=p["nodes_wanted"],
-        job_file=p.get("job_file"),
-        code=p.get("code_dir") if p.get("job_file") else None,
-        shared_fs=not p.get("slurm_no_shared_fs"),
-        options=forwarded_options(ctx),
+        spec,
         runs_dir=p["runs_dir"],
-        partition=p.get("partition"),
-        gres=p.get("gres"),
-        time=p.get("slurm_time"),
-        account=p.get("account"),
-        sbatch_args=tuple(p.get("sbatch_args") or ()),
-        launcher=p.get("launcher"),
+        shared_fs=not p.get("slurm_no_shared_fs"),
+        inventory=p.get("inventory"),
+        limit=p.get("limit"),
+        settings=ssh.settings,
+        tail=p["tail"],
+        raw_output=bool(p.get("raw_output")),
     )
     if p.get("dry_run"):
         unchecked = sub.check()  # Slurm refusing the job: exit 2 here, as a submission would
@@ -161,7 +104,7 @@ def run_slurm(ctx: click.Context) -> None:
             click.echo(json.dumps(_dry_run_document(sub), indent=2))
         else:
             click.echo(sub.script, nl=False)
-        for line in _plan_lines(sub, p):
+        for line in _plan_lines(sub, spec):
             click.echo(line, err=True)
         click.echo(
             f"fleetctl: dry run: not checked by Slurm: {unchecked}"
@@ -170,7 +113,12 @@ def run_slurm(ctx: click.Context) -> None:
             err=True,
         )
         return
-    _submit_and_follow(sub, detach=bool(p.get("detach")), p=p)
+    _submit_and_follow(
+        sub,
+        detach=spec.monitor.detach,
+        as_json=bool(p.get("as_json")),
+        queue_timeout=spec.slurm.queue_timeout,
+    )
 
 
 def _dry_run_document(sub: Submission) -> dict[str, Any]:
@@ -182,19 +130,19 @@ def _dry_run_document(sub: Submission) -> dict[str, Any]:
         "folder": req.folder,
         "sbatch_script": sub.script,
         "command": list(req.command),
-        "spec": {"file": req.spec_file, "argv": list(req.spec or ())},
+        "spec": {"file": req.spec_file, "content": req.spec},
         "job_file": None
         if sub.job_file is None
         else {"from": sub.job_file[0], "copy": sub.job_file[1]},
     }
 
 
-def _plan_lines(sub: Submission, p: dict[str, Any]) -> list[str]:
+def _plan_lines(sub: Submission, spec: RunSpec) -> list[str]:
     req = sub.request
     what = (
         f"the role job {sub.job_file[0]} (copied to {sub.job_file[1]} at submit)"
         if sub.job_file
-        else f"launcher {p.get('launcher')}, SCRIPT {p['script']}"
+        else f"launcher {spec.program.launcher}, SCRIPT {spec.program.script}"
     )
     return [
         f"fleetctl: dry run: would submit the script above with `sbatch --parsable` "
@@ -206,8 +154,9 @@ def _plan_lines(sub: Submission, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> None:
-    as_json = bool(p.get("as_json"))
+def _submit_and_follow(
+    sub: Submission, *, detach: bool, as_json: bool, queue_timeout: float | None
+) -> None:
     job = sub.submit(detach=detach)
     slurm_job = job.slurm_job_id
     click.echo(f"fleetctl: job {job.job_id} submitted as Slurm job {slurm_job}", err=True)
@@ -223,12 +172,12 @@ def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> N
             click.echo(f"{slurm_job} {job.job_id}")
         return
     if not as_json:
-        job.wait(emit, queue_timeout=p.get("queue_timeout"))
+        job.wait(emit, queue_timeout=queue_timeout)
         return
     # --json: stdout is the run's document alone (as `run --json`: no live lines), printed
     # whatever the verdict, before its error (if any) ends the command
     try:
-        job.wait(_emit_json, queue_timeout=p.get("queue_timeout"))
+        job.wait(_emit_json, queue_timeout=queue_timeout)
     finally:
         doc = job.document()
         if doc is not None:

@@ -19,6 +19,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.slurm.specfile import SPEC_FILE, dumps
@@ -96,9 +97,10 @@ class BatchRequest:
     #: --slurm-no-shared-fs: the batch host cannot see ``folder``; output and the run
     #: folder stay under ``private_root`` there until the submitter pulls them
     private: bool = False
-    #: the inside run's arguments (``run --spec``'s file): written into the run folder by the
-    #: submitter, or (``private``) by the script on the batch host from a here-document
-    spec: tuple[str, ...] | None = None
+    #: the run inside's spec (``run --spec``'s file, ``fleetctl.slurm.specfile.document``):
+    #: written into the run folder by the submitter, or (``private``) by the script on the
+    #: batch host from a here-document
+    spec: Mapping[str, Any] | None = None
 
     @property
     def spec_file(self) -> str:
@@ -299,14 +301,6 @@ def adopted_job_id(env: Mapping[str, str]) -> str | None:
     if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
         return None
     return env.get(RUN_ID_VAR) or None
-
-
-def inside_argv(
-    options: Sequence[str], script: str | None, script_args: Sequence[str]
-) -> tuple[str, ...]:
-    """``OPTIONS SCRIPT ARGS…``: the job the run inside the allocation runs (no SCRIPT for a
-    role job: ``--job`` is among the options), carried in its spec file."""
-    return (*options, *([script] if script else []), *script_args)
 
 
 def inside_command(python: str, spec_file: str) -> tuple[str, ...]:

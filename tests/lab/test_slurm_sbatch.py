@@ -34,11 +34,12 @@ if os.environ["RANK"] == "1":
     sys.exit(7)
 time.sleep(600)  # fleetctl_slurm_sleeper
 """
-#: prints a digest of K (the job sees it), then holds the rank until the test says go
+#: prints a digest of SECRET_TOKEN (the job sees it), then holds the rank until the test says go
 SECRET_SCRIPT = """\
 import hashlib, os, sys, time
 from pathlib import Path
-print("K", hashlib.sha256(os.environ.get("K", "").encode()).hexdigest(), flush=True)
+token = os.environ.get("SECRET_TOKEN", "")
+print("SECRET_TOKEN", hashlib.sha256(token.encode()).hexdigest(), flush=True)
 gate = Path(sys.argv[1])
 (gate / ("ready-" + os.environ["RANK"])).write_text(str(os.getpid()))
 deadline = time.monotonic() + 120
@@ -356,29 +357,41 @@ def _processes() -> dict[int, tuple[bytes, list[str]]]:
     return found
 
 
+def _host_cmdlines(lab: Lab, host: str) -> list[str]:
+    """Every command line a lab host's own /proc lists (its pid namespace), NULs as spaces;
+    the reading shell's own holds no value (it only names /proc)."""
+    dump = r"for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null; echo; done"
+    return lab.exec(host, ["sh", "-c", dump], check=True).stdout.splitlines()
+
+
 def test_an_env_var_secret_is_on_no_command_line_of_the_cluster(
     slurm: dict[str, Any], runs: Path
 ) -> None:
-    """``--env-var K=secret``: while the job runs no process of the batch node or the job's
-    nodes (the batch script's fleetctl, srun steps, supervisors, ranks) has the secret on its
-    command line; the ranks still have K (issue 40). The submitter's own command line is the
-    user's, typed on the login node: left aside."""
+    """``run --slurm --env-var SECRET_TOKEN=…``: while the job runs no process of the
+    controller (slurmctld, this machine) or of any lab host (the batch script's fleetctl, srun
+    steps, supervisors, ranks; each host's own /proc read too) has the value, or any option,
+    on its command line; the run inside got them from run-spec.json (the ``RunSpec`` as JSON:
+    the ranks have SECRET_TOKEN, and ``--tail 0`` reached the run inside: one rank's lines in
+    slurm.out) (issues 35, 40). The submitter's own command line is the user's, typed on the
+    login node: left aside."""
     import hashlib
     import secrets
 
+    lab: Lab = slurm["lab"]
     secret = f"s3cret-{secrets.token_hex(8)}"
     gate = runs / "gate"
     gate.mkdir()
     proc = start_cli_process(
         "run", "--slurm", "--nodes", "2", "--launcher", "plain", "--runs-dir", str(runs),
-        "--env-var", f"K={secret}", "secret.py", str(gate),
+        "--env-var", f"SECRET_TOKEN={secret}", "--tail", "0", "secret.py", str(gate),
         env=slurm["env"], cwd=slurm["code"],
     )  # fmt: skip
     try:
         wait_for(lambda: len(list(gate.glob("ready-*"))) == 2, 120, what="both ranks running")
         procs = _processes()
+        on_hosts = {h.name: _host_cmdlines(lab, h.name) for h in lab.hosts}
         # the scan sees the job's processes: each rank (its pid as its node's namespace shows
-        # it) is here, with K in its environment
+        # it) is here, with SECRET_TOKEN in its environment
         for ready in gate.glob("ready-*"):
             ranks = [
                 pid
@@ -387,12 +400,26 @@ def test_an_env_var_secret_is_on_no_command_line_of_the_cluster(
             ]
             assert len(ranks) == 1, (ready.name, ranks)
             environ = Path(f"/proc/{ranks[0]}/environ").read_bytes().split(b"\0")
-            assert f"K={secret}".encode() in environ
-        holders = [
+            assert f"SECRET_TOKEN={secret}".encode() in environ
+        cmdlines = [
             argv.replace(bytes(1), b" ").decode(errors="replace")
             for pid, (argv, _) in procs.items()
-            if secret.encode() in argv and pid != proc.pid
+            if pid != proc.pid
         ]
+        # ... the controller's slurmctld, and each host's slurmd in that host's own /proc, with
+        # the job's ranks on its 2 hosts
+        assert any("slurmctld -D" in c for c in cmdlines)
+        assert all(any("slurmd -D" in c for c in on_hosts[h.name]) for h in lab.hosts)
+        assert sum(any("secret.py" in c for c in lines) for lines in on_hosts.values()) == 2
+        # (this machine's other processes may be anyone's: the secret alone is this test's)
+        holders = [c for c in cmdlines if secret in c]
+        holders += [
+            c
+            for lines in on_hosts.values()
+            for c in lines
+            if secret in c or "--env-var" in c or "--tail" in c
+        ]
+        inside = [c for lines in on_hosts.values() for c in lines if " -m fleetctl run " in c]
         (gate / "go").touch()
         out, err = proc.communicate(timeout=120)
     finally:
@@ -401,6 +428,16 @@ def test_an_env_var_secret_is_on_no_command_line_of_the_cluster(
             proc.kill()
             proc.communicate()
     assert holders == [], holders
+    (folder,) = (p for p in runs.iterdir() if p.is_dir() and p != gate)
+    spec = folder / "run-spec.json"
+    assert inside and all(
+        c.split()[1:] == ["-m", "fleetctl", "run", f"--spec={spec}"] for c in inside
+    ), inside
     assert proc.returncode == 0, out + err
     digest = hashlib.sha256(secret.encode()).hexdigest()
-    assert out.count(f"K {digest}") == 2, out
+    assert out.count(f"SECRET_TOKEN {digest}") == 1, out  # --tail 0: rank 0's lines alone
+    logs = [p.read_text() for p in folder.glob("*-node*/console.log")]
+    assert sum(f"SECRET_TOKEN {digest}" in t for t in logs) == 2, logs
+    doc = json.loads(spec.read_text())
+    assert doc["format"] == "fleetctl-run-spec/1" and spec.stat().st_mode & 0o777 == 0o600
+    assert doc["spec"]["program"]["env"] == {"SECRET_TOKEN": secret}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 from pathlib import Path
@@ -138,7 +139,9 @@ def test_the_library_refuses_a_control_character_too(
     value: object = f"{good[kwarg]}{char}touch PWN"
     if kwarg == "sbatch_args":
         value = ("--comment=x", value)
-    with pytest.raises(UsageError, match=f"^{name} ") as err:
+    # the record's check ("Invalid value for '--partition': …") or the batch script's
+    named = f"^({re.escape(name)} |Invalid value for '{re.escape(name)}')"
+    with pytest.raises(UsageError, match=named) as err:
         slurm.submission("job.py", nodes=1, **{kwarg: value})  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
 
@@ -215,6 +218,7 @@ def test_the_options_travel_in_a_private_file_not_in_the_batch_script(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fleetctl.api import slurm
+    from fleetctl.api.runspec import RunSpec
     from fleetctl.slurm.submit import SlurmClient
 
     secret = f"hunter2-{secrets.token_hex(4)}"
@@ -222,35 +226,70 @@ def test_the_options_travel_in_a_private_file_not_in_the_batch_script(
     monkeypatch.setattr(SlurmClient, "sbatch", lambda self, script: sent.append(script) or "42")
     sub = slurm.submission(
         "job.py", ["--lr", "1"], nodes=2, runs_dir=tmp_path / "runs",
-        options=[f"--env-var=TOKEN={secret}", "--launcher=plain"],
+        env={"TOKEN": secret}, launcher="plain", grace=2,
     )  # fmt: skip
     job = sub.submit(detach=True)
     spec = job.run_folder / "run-spec.json"
     assert secret not in sent[0] and secret not in (job.run_folder / "sbatch.sh").read_text()
     assert sent[0].rstrip().endswith(f"-m fleetctl run --spec={spec}")
-    assert specfile.read(spec) == [
-        f"--env-var=TOKEN={secret}", "--launcher=plain", f"--runs-dir={tmp_path}/runs",
-        "job.py", "--lr", "1",
-    ]  # fmt: skip
+    data, inside = specfile.read(spec)
+    assert RunSpec.from_dict(data) == RunSpec.build(
+        "job.py", "--lr", "1", env={"TOKEN": secret}, launcher="plain", grace=2
+    )
+    assert inside == specfile.Inside(runs_dir=f"{tmp_path}/runs")
     assert (spec.stat().st_mode & 0o777, job.run_folder.stat().st_mode & 0o777) == (0o600, 0o700)
+
+
+def test_a_python_callable_cannot_be_submitted(tmp_path: Path) -> None:
+    from fleetctl.api import slurm
+
+    def prepare(nodes: object, settings: object) -> None:
+        pass
+
+    with pytest.raises(UsageError, match=r"'--before': a Python callable \('prepare'\)"):
+        slurm.submission("job.py", nodes=1, runs_dir=tmp_path, before=prepare)
+    with pytest.raises(TypeError, match="no longer options="):
+        slurm.submission("job.py", nodes=1, options=["--launcher=plain"])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_cli_forwards_env_vars_through_the_spec_file(tmp_path: Path, sbatch: Path) -> None:
     res = _run(tmp_path, sbatch, "--env-var=TOKEN=hunter2", "--dry-run", "--json")
     doc = json.loads(res.stdout)  # type: ignore[attr-defined]
     assert "hunter2" not in doc["sbatch_script"] and "hunter2" not in " ".join(doc["command"])
-    assert "--env-var=TOKEN=hunter2" in doc["spec"]["argv"]
+    assert doc["spec"]["content"]["spec"]["program"]["env"] == {"TOKEN": "hunter2"}
+
+
+RANK_SCRIPT = """\
+import os, sys
+print("token", os.environ["TOKEN"], "args", sys.argv[1:], flush=True)
+"""
 
 
 def test_run_spec_runs_the_run_the_file_holds(tmp_path: Path) -> None:
-    (tmp_path / "job.py").write_text("print(1)\n")
+    """``run --spec FILE`` builds the record from the file's JSON (no option parsed): the
+    rank gets the env and ARGS, the run folder is where ``inside`` says."""
+    from fleetctl.api.runspec import RunSpec
+
+    (tmp_path / "job.py").write_text(RANK_SCRIPT)
     spec = tmp_path / "spec.json"
-    specfile.write(spec, ["--env-var=TOKEN=a b'c", "--dry-run", "--json", "job.py", "x"])
+    run = RunSpec.build("job.py", "x y", launcher="plain", env={"TOKEN": "a b'c"}, report=False)
+    inside = specfile.Inside(runs_dir=str(tmp_path / "inside-runs"), tail="0")
+    specfile.write(spec, specfile.document(run.to_dict(), inside))
     res = run_cli("run", f"--spec={spec}", cwd=tmp_path)
     assert res.exit_code == 0, res.stderr
-    plan = json.loads(res.stdout)
-    node = plan["nodes"][0]
-    assert node["env"]["TOKEN"] == "a b'c" and node["argv"][-2:] == ["job.py", "x"]
+    assert "token a b'c args ['x y']" in res.stdout
+    assert len(list((tmp_path / "inside-runs").iterdir())) == 1
+
+
+def _doc(spec: object = None, inside: object = None) -> str:
+    return json.dumps(
+        {
+            "format": specfile.FORMAT,
+            "spec": {"program": {"script": "job.py"}} if spec is None else spec,
+            "inside": {"runs_dir": "runs"} if inside is None else inside,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -259,23 +298,34 @@ def test_run_spec_runs_the_run_the_file_holds(tmp_path: Path) -> None:
         (None, ["--launcher=plain"], "the whole run is in the file; got launcher"),
         (None, ["job.py"], "the whole run is in the file; got script"),
         ("{", [], "not a fleetctl run spec"),
-        ('{"format": "other", "argv": []}', [], "not a fleetctl run spec"),
-        ('{"format": "fleetctl-run-argv/1", "argv": [1]}', [], "'argv' must be a list"),
-        ('{"format": "fleetctl-run-argv/1", "argv": ["--spec=x"]}', [], "another --spec"),
+        ('{"format": "fleetctl-run-argv/1", "argv": []}', [], "not a fleetctl run spec"),
+        (_doc(spec=[]), [], "'spec' must be a JSON object"),
+        (
+            _doc({"supervision": {"timeout": "nan"}}),
+            [],
+            "Invalid value for '--timeout': 'nan' is not a finite number",
+        ),
+        (_doc({"program": {"env": {"A\n": "1"}}}), [], "Invalid value for '--env-var'"),
+        (_doc({"retry": {"retries": 2}}), [], "unknown field retry.retries"),
+        (_doc(inside={}), [], "'inside': no runs_dir"),
+        (_doc(inside={"runs_dir": 1}), [], "'inside': runs_dir 1 is not a str"),
+        (_doc(inside={"runs_dir": "r", "tail": "x"}), [], "tail 'x' is not all|RANK|none"),
         ("missing", [], "cannot read it"),
     ],
 )
-def test_a_bad_spec_is_one_line_exit_2(
+def test_a_bad_spec_is_one_line_exit_2_naming_the_file(
     tmp_path: Path, content: str | None, args: list[str], msg: str
 ) -> None:
     spec = tmp_path / "spec.json"
     if content is None:
-        specfile.write(spec, ["--dry-run", "job.py"])
+        spec.write_text(_doc())
     elif content != "missing":
         spec.write_text(content)
     res = run_cli("run", f"--spec={spec}", *args, cwd=tmp_path)
     assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(f"fleetctl: error: --spec {spec}: "), res.stderr
     assert msg in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_without_a_shared_filesystem_the_script_writes_the_spec_privately(tmp_path: Path) -> None:
@@ -283,7 +333,8 @@ def test_without_a_shared_filesystem_the_script_writes_the_spec_privately(tmp_pa
     here-document, 0600 in a 0700 folder, the values byte-exact; then the run inside reads it."""
     job = f"t{secrets.token_hex(4)}"
     root = Path(f"/tmp/fleetctl-slurm-{job}")
-    argv = ("--env-var=K=a'b\"c $HOME `id` \\n\n\x01é", "job.py")
+    env = {"K": "a'b\"c $HOME `id` \\n\n\x01é", "FLEETCTL_RUN_SPEC_END": "x\nFLEETCTL_RUN_SPEC_END"}
+    doc = specfile.document({"program": {"env": env}}, specfile.Inside(runs_dir=str(root)))
     copy = tmp_path / "copy"
     inside = (
         f"cp {root}/run-spec.json {copy}; stat -c %a {root} {root}/run-spec.json "
@@ -291,14 +342,14 @@ def test_without_a_shared_filesystem_the_script_writes_the_spec_privately(tmp_pa
     )
     req = BatchRequest(
         nodes=1, job_id=job, folder="/nowhere", chdir="/", command=("sh", "-c", inside),
-        private=True, spec=argv,
+        private=True, spec=doc,
     )  # fmt: skip
     try:
         p = subprocess.run(["sh", "-c", render(req)], capture_output=True, text=True, timeout=30)
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     assert p.returncode == 0, p.stderr
-    assert tuple(specfile.read(copy)) == argv
+    assert specfile.read(copy) == (doc["spec"], specfile.Inside(runs_dir=str(root)))
     assert (tmp_path / "modes").read_text().split() == ["700", "600"]
 
 
@@ -308,7 +359,7 @@ def test_without_a_shared_filesystem_a_planted_folder_is_not_written(tmp_path: P
     os.symlink(tmp_path, root)  # another user's link where the job's folder goes
     req = BatchRequest(
         nodes=1, job_id=job, folder="/nowhere", chdir="/", command=("true",), private=True,
-        spec=("--env-var=K=secret", "job.py"),
+        spec=specfile.document({}, specfile.Inside(runs_dir=str(root))),
     )  # fmt: skip
     try:
         p = subprocess.run(["sh", "-c", render(req)], capture_output=True, text=True, timeout=30)

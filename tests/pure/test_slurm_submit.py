@@ -1,12 +1,11 @@
 """``fleetctl run --slurm`` without a cluster: the batch script (golden), sbatch/scontrol/squeue
-answers (captured from slurm-wlm 22.05.8), the options forwarded inside, the run folder the
+answers (captured from slurm-wlm 22.05.8), the run record shipped inside, the run folder the
 batch job adopts, and the submitter's wait/cancel logic against a scripted Slurm."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import pytest
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
@@ -19,7 +18,6 @@ from fleetctl.slurm.batch import (
     adopted_job_id,
     check_gres,
     check_time,
-    inside_argv,
     inside_command,
     parse_job_id,
     render,
@@ -41,10 +39,9 @@ def test_batch_script_with_every_option_matches_golden() -> None:
         command=inside_command(
             "/opt/conda/bin/python", "/shared/runs/20261126-120000-abcdef/run-spec.json"
         ),
-        spec=inside_argv(
-            ["--launcher=torchrun", "--env-var=A=x y", "--runs-dir=/shared/runs"],
-            "train.py",
-            ["--epochs", "2", "$HOME"],
+        spec=specfile.document(  # in the run folder, not in the script
+            {"program": {"script": "train.py", "env": {"A": "x y"}}},
+            specfile.Inside(runs_dir="/shared/runs"),
         ),
         partition="gpu",
         gres="gpu:1",
@@ -191,30 +188,36 @@ def test_batch_job_adopts_the_folder_its_submitter_made(
         RunFolder.create(tmp_path, "j1")  # outside Slurm: never
 
 
-def _ctx(*args: str) -> click.Context:
-    from fleetctl.cli.run_cmd import run_command
+def test_the_spec_file_holds_the_options_record_without_the_submit_side(tmp_path: Path) -> None:
+    """The run inside gets the record the options make (``RunSpec.to_dict()``), less what
+    belongs to this side (the Slurm and monitor groups, --nodes), and the selection."""
+    import json
 
-    return run_command.make_context("run", list(args))
+    from fleetctl.api.helpers import parse_size
+    from fleetctl.api.runspec import RunSpec
+    from fleetctl.api.types import CollectOptions
 
-
-def test_forwarded_options_are_the_job_options_the_user_set() -> None:
-    from fleetctl.cli.slurm_run import forwarded_options
-
-    ctx = _ctx(
-        "--slurm", "--nodes", "3", "--partition", "gpu", "--gres", "gpu:1", "--time", "10",
-        "--queue-timeout", "60", "--runs-dir", "/r", "--launcher", "torchrun",
-        "--env-var", "A=1", "--env-var", "B=2", "--no-check", "--grace", "2",
-        "--launcher-arg=--max-restarts=1", "train.py", "--epochs", "2",
+    (tmp_path / "train.py").write_text("print(1)\n")
+    res = run_cli(
+        "run", "--slurm", "--nodes", "3", "--partition", "gpu", "--gres", "gpu:1", "--time",
+        "10", "--queue-timeout", "60", "--runs-dir", str(tmp_path / "r"), "--launcher",
+        "torchrun", "--env-var", "A=1", "--env-var", "B=2", "--no-check", "--grace", "2",
+        "--launcher-arg=--max-restarts=1", "--collect-max", "1M", "--tail", "0", "--dry-run",
+        "--json", "train.py", "--epochs", "2",
+        cwd=tmp_path, env={"PATH": "/nonexistent"},
     )  # fmt: skip
-    assert forwarded_options(ctx) == [
-        "--launcher=torchrun",
-        "--launcher-arg=--max-restarts=1",
-        "--env-var=A=1",
-        "--env-var=B=2",
-        "--no-check",
-        "--grace=2.0",
-    ]
-    assert ctx.params["script"] == "train.py" and ctx.params["script_args"] == ("--epochs", "2")
+    assert res.exit_code == 0, res.stderr
+    content = json.loads(res.stdout)["spec"]["content"]
+    assert content["format"] == "fleetctl-run-spec/1"
+    assert RunSpec.from_dict(content["spec"]) == RunSpec.build(
+        "train.py", "--epochs", "2", launcher="torchrun", env={"A": "1", "B": "2"},
+        check=False, grace=2, launcher_args=["--max-restarts=1"],
+        collect=CollectOptions(max_bytes=parse_size("1M")),
+    )  # fmt: skip
+    assert content["inside"] == {
+        "runs_dir": str(tmp_path / "r"), "inventory": None, "limit": None, "known_hosts": None,
+        "accept_new": False, "connect_timeout": 10.0, "tail": "0", "raw_output": False,
+    }  # fmt: skip
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
@@ -292,17 +295,17 @@ def test_batch_script_for_a_role_job_matches_golden(
     monkeypatch.setattr(slurm, "_python_path", lambda: "/LIB")
     sub = slurm.submission(
         None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs", job_id="j1",
-        options=["--grace=2.0"], partition="gpu",
+        grace=2.0, partition="gpu",
     )  # fmt: skip
     text = sub.script.replace(sys.executable, "PY").replace(str(tmp_path), "/T")
     assert text == (CASES / "sbatch_role_job.sh").read_text()
     assert sub.request.nodes == 3
-    assert sub.request.spec == (  # what the run inside reads from run-spec.json
-        "--grace=2.0",
-        f"--job={tmp_path}/runs/j1/job-file/job.yml",
-        f"--code={code}",
-        f"--runs-dir={tmp_path}/runs",
-    )
+    spec = sub.request.spec  # what the run inside reads from run-spec.json
+    assert spec is not None and spec["inside"]["runs_dir"] == f"{tmp_path}/runs"
+    program = spec["spec"]["program"]
+    assert program["job_file"] == f"{tmp_path}/runs/j1/job-file/job.yml"
+    assert (program["code"], spec["spec"]["supervision"]["grace"]) == (str(code), 2.0)
+    assert spec["spec"]["slurm"]["partition"] is None  # this side's: in the script
     assert sub.job_file == (str(code / "job.yml"), str(tmp_path / "runs/j1/job-file/job.yml"))
 
 
@@ -321,7 +324,8 @@ def test_a_role_job_is_copied_into_the_run_folder_at_submit(
     assert (job.run_folder / "job-file" / "job.yml").read_text() == ROLE_JOB
     assert job.record["job_file"] == "job-file/job.yml"
     spec = job.run_folder / "run-spec.json"
-    assert f"--job={job.run_folder}/job-file/job.yml" in specfile.read(spec)
+    data, _ = specfile.read(spec)
+    assert data["program"]["job_file"] == f"{job.run_folder}/job-file/job.yml"
     assert (spec.stat().st_mode & 0o777, job.run_folder.stat().st_mode & 0o777) == (0o600, 0o700)
     assert job.document() is None  # queued: the run inside has not written its record
 
@@ -356,8 +360,9 @@ def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> 
     assert doc["job_file"]["from"] == str(code / "job.yml")
     assert doc["sbatch_script"].startswith("#!/bin/sh\n") and not (tmp_path / "runs").exists()
     assert doc["spec"]["file"] == f"{doc['folder']}/run-spec.json"
-    assert f"--code={code}" in doc["spec"]["argv"]
-    assert f"--job={doc['folder']}/job-file/job.yml" in doc["spec"]["argv"]
+    program = doc["spec"]["content"]["spec"]["program"]
+    assert program["code"] == str(code)
+    assert program["job_file"] == f"{doc['folder']}/job-file/job.yml"
     assert doc["command"][-1] == f"--spec={doc['spec']['file']}"
 
 
@@ -389,7 +394,10 @@ def test_batch_script_without_a_shared_filesystem_matches_golden() -> None:
         command=inside_command("python3", "/tmp/fleetctl-slurm-j1/run-spec.json"),
         env={"FLEETCTL_RUN_ID": "j1"},
         private=True,
-        spec=("--runs-dir=/tmp/fleetctl-slurm-j1", "--env-var=T='it's' \"x\"", "job.py"),
+        spec=specfile.document(
+            {"program": {"script": "job.py", "env": {"T": "'it's' \"x\""}}},
+            specfile.Inside(runs_dir="/tmp/fleetctl-slurm-j1"),
+        ),
     )
     assert render(req) == (CASES / "sbatch_private.sh").read_text()
     assert (req.output, req.inside_folder) == (
@@ -440,8 +448,10 @@ def test_submission_without_a_shared_filesystem_runs_inside_under_the_batch_host
         None, nodes=None, job_file="job.yml", runs_dir=tmp_path / "runs", job_id="j1",
         shared_fs=False,
     )  # fmt: skip
-    assert sub.request.private and "--runs-dir=/tmp/fleetctl-slurm-j1" in sub.request.spec
-    assert f"--job={code}/job.yml" in sub.request.spec  # read where it is, with the code
+    spec = sub.request.spec
+    assert sub.request.private and spec is not None
+    assert spec["inside"]["runs_dir"] == "/tmp/fleetctl-slurm-j1"
+    assert spec["spec"]["program"]["job_file"] == f"{code}/job.yml"  # where it is, with the code
     assert sub.request.command[-1] == "--spec=/tmp/fleetctl-slurm-j1/run-spec.json"
     assert "#SBATCH --output=/tmp/fleetctl-slurm-j1.out\n" in sub.script
 

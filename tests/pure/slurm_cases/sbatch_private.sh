@@ -11,7 +11,7 @@ export FLEETCTL_RUN_ID=j1
 # the run's options, for `fleetctl run --spec` (0600 in a 0700 folder, never on
 # a command line)
 (umask 077 && mkdir -p /tmp/fleetctl-slurm-j1 && [ ! -L /tmp/fleetctl-slurm-j1 ] && [ -O /tmp/fleetctl-slurm-j1 ] && chmod 700 /tmp/fleetctl-slurm-j1 && cat >/tmp/fleetctl-slurm-j1/run-spec.json) <<'FLEETCTL_RUN_SPEC_END' || { echo "fleetctl-slurm: cannot write /tmp/fleetctl-slurm-j1/run-spec.json (a folder of another user?)" >&2; exit 3; }
-{"format": "fleetctl-run-argv/1", "argv": ["--runs-dir=/tmp/fleetctl-slurm-j1", "--env-var=T='it's' \"x\"", "job.py"]}
+{"format": "fleetctl-run-spec/1", "spec": {"program": {"script": "job.py", "env": {"T": "'it's' \"x\""}}}, "inside": {"runs_dir": "/tmp/fleetctl-slurm-j1", "inventory": null, "limit": null, "known_hosts": null, "accept_new": false, "connect_timeout": 10.0, "tail": "all", "raw_output": false}}
 FLEETCTL_RUN_SPEC_END
 # no shared filesystem: fleetctl runs as a child (TERM passed on: scancel --batch);
 # once it has ended the submitter pulls the run folder by an srun step and says so
