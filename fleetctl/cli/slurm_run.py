@@ -209,7 +209,9 @@ def _plan_lines(sub: Submission, p: dict[str, Any]) -> list[str]:
 def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> None:
     as_json = bool(p.get("as_json"))
     job = sub.submit(detach=detach)
-    slurm_job = job.slurm_job_id
+    submitted = job.submitted
+    assert submitted is not None  # the sbatch executor's job
+    slurm_job = submitted.slurm_job_id
     click.echo(f"fleetctl: job {job.job_id} submitted as Slurm job {slurm_job}", err=True)
     if detach:
         click.echo(
@@ -223,14 +225,14 @@ def _submit_and_follow(sub: Submission, *, detach: bool, p: dict[str, Any]) -> N
             click.echo(f"{slurm_job} {job.job_id}")
         return
     if not as_json:
-        job.wait(emit, queue_timeout=p.get("queue_timeout"))
+        job.wait(on_event=emit, queue_timeout=p.get("queue_timeout"), check=True)
         return
     # --json: stdout is the run's document alone (as `run --json`: no live lines), printed
     # whatever the verdict, before its error (if any) ends the command
     try:
-        job.wait(_emit_json, queue_timeout=p.get("queue_timeout"))
+        job.wait(on_event=_emit_json, queue_timeout=p.get("queue_timeout"), check=True)
     finally:
-        doc = job.document()
+        doc = submitted.document()
         if doc is not None:
             click.echo(json.dumps(doc, indent=2))
 
