@@ -10,7 +10,6 @@ watch → teardown → collect), run in this thread; the result is rendered here
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -160,10 +159,9 @@ def run_command(
     )
     # the whole request, checked before the inventory is read (as Fleet.run's keywords are)
     spec = RunSpec.build(script, *script_args, **keywords, collective=collective, collect=collect)
-    in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-    if in_slurm and not params["no_slurm"]:  # inside an allocation: its nodes, via srun
-        from fleetctl.api import Fleet
+    from fleetctl.api import Fleet
 
+    if Fleet.in_slurm() and not params["no_slurm"]:  # inside an allocation: its nodes, via srun
         s = ssh.settings
         fleet = Fleet.slurm(
             inventory,
