@@ -201,7 +201,12 @@ class Submitted:
         when the Slurm job ended before fleetctl ran in it, Interrupted (130) on Ctrl-C (the
         Slurm job cancelled, verified)."""
         from fleetctl.slurm.batch import ERROR_FILE, OUTPUT_FILE, SlurmError
+        from fleetctl.slurm.queue import JobInfo
         from fleetctl.slurm.submit import run_submitted
+
+        if self._client.show(self.slurm_job_id) is None:  # forgotten (MinJobAge): long over
+            last = f"{self.record.get('state') or 'UNKNOWN'} (last seen)"
+            return self.verdict(JobInfo(self.slurm_job_id, last), forgotten=True)
 
         def on_state(info: JobInfo) -> None:
             self.record.update(state=info.state, reason=info.reason, nodelist=info.nodes)
@@ -241,9 +246,10 @@ class Submitted:
             raise
         return self.verdict(info)
 
-    def verdict(self, info: JobInfo) -> RunResult:
-        """The inside run's result once the Slurm job ended (``info``: its last state);
-        JobFailed when fleetctl never ran inside it (the reason and where to look)."""
+    def verdict(self, info: JobInfo, *, forgotten: bool = False) -> RunResult:
+        """The inside run's result once the Slurm job ended (``info``: its last state;
+        ``forgotten``: Slurm no longer knows the job, so the run folder's record alone says
+        how it ended); JobFailed when fleetctl never ran inside it (where to look)."""
         from fleetctl.api.result import RunResult
         from fleetctl.errors import JobFailed, RunFolderError
 
@@ -267,6 +273,9 @@ class Submitted:
                 f"inside it; {see}"
             )
         assert job is not None
+        if forgotten:
+            last = {"job_id": slurm_job, "state": self.record.get("state")}
+            return dataclasses.replace(RunResult.from_record(job, run.path), slurm=last)
         if info.state == "COMPLETED" and not info.exit_code and status == "succeeded":
             code = 0
         elif status == "interrupted":

@@ -122,6 +122,29 @@ def test_a_submitted_jobs_verdict_is_returned_not_raised_with_its_slurm_job(
     assert (done.ok, done.exit_code, sub.error(done)) == (True, 0, None)
 
 
+class _Forgotten:
+    """A Slurm that no longer knows the job (``MinJobAge`` passed)."""
+
+    def show(self, job: str) -> None:
+        return None
+
+
+def test_waiting_on_a_job_slurm_has_forgotten_reads_the_run_folder(tmp_path: Path) -> None:
+    run = _folder(tmp_path, FAILED, slurm="42")
+    sub = Submitted(run, "42", {"job_id": "42", "state": "COMPLETED"}, client=_Forgotten())  # type: ignore[arg-type]
+    result = sub.wait()
+    assert (result.ok, result.exit_code, result.slurm) == (
+        False,
+        3,
+        {"job_id": "42", "state": "COMPLETED"},
+    )
+    run.write_job(JobRecord.from_dict({**SUCCEEDED, "folder": str(run.path)}))
+    assert sub.wait().ok
+    run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
+    with pytest.raises(JobFailed, match=r"job 42 ended COMPLETED \(last seen\) before fleetctl"):
+        sub.wait()
+
+
 def test_attach_tells_the_executor_from_the_run_folder(tmp_path: Path) -> None:
     run = _folder(tmp_path, {**SUCCEEDED, "executor": "sbatch"}, slurm="42")
     job = Job.attach("j1", tmp_path)
