@@ -1,12 +1,34 @@
-"""Outcomes of a fan-out: one entry per node, success or exception, never just the first error."""
+"""Outcomes of a fan-out: one entry per node, success or exception, never just the first error.
+
+Every result the library returns speaks one protocol (:class:`Outcome`): ``ok``,
+``exit_code`` (the command's: 0 when ok), ``failed`` (host → what went wrong there; empty
+when ok) and ``to_dict()`` (JSON-ready). ``FleetResult`` here and ``fleetctl.api.RunResult``
+(a job's verdict, direct or submitted) are the two shapes that carry it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class Outcome(Protocol):
+    """What every per-host result answers (``FleetResult``, ``RunResult``)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def failed(self) -> Mapping[str, Any]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -21,6 +43,15 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "exit_code": self.exit_code,
+            "ok": self.ok,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+        }
 
 
 class Cancelled(Exception):
@@ -61,3 +92,26 @@ class FleetResult(Generic[T], Mapping[str, "T | BaseException"]):
     @property
     def ok(self) -> bool:
         return all(not isinstance(v, BaseException) for v in self.outcomes.values())
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every node succeeded, else 1 (a fan-out's own failure)."""
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """host → ``{"ok": true, "value": …}`` or ``{"ok": false, "error": "…"}`` (and
+        ``"cancelled": true``), with ``ok``, ``exit_code`` and ``failed`` (host → message)."""
+
+        def one(v: Any) -> dict[str, Any]:
+            if isinstance(v, Cancelled):
+                return {"ok": False, "cancelled": True, "error": str(v)}
+            if isinstance(v, BaseException):
+                return {"ok": False, "error": f"{type(v).__name__}: {v}"}
+            return {"ok": True, "value": v.to_dict() if hasattr(v, "to_dict") else v}
+
+        return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "failed": {h: str(e) for h, e in self.failed.items()},
+            "nodes": {h: one(v) for h, v in self.outcomes.items()},
+        }

@@ -99,6 +99,37 @@ class Fleet:
         inv = local_inventory()
         return cls(inv.nodes, groups=inv.groups, **options)
 
+    @staticmethod
+    def in_slurm(env: Mapping[str, str] | None = None) -> str | None:
+        """The Slurm job id of the allocation this process runs in (``SLURM_JOB_ID``; ``env``:
+        instead of ``os.environ``); None outside one."""
+        from fleetctl.slurm import allocation
+
+        return allocation.job_id(os.environ if env is None else env)
+
+    @classmethod
+    def from_environment(
+        cls,
+        inventory: str | os.PathLike[str] | None = None,
+        limit: str | None = None,
+        *,
+        slurm: bool = True,
+        **options: Any,
+    ) -> Fleet:
+        """The fleet ``fleetctl run`` would use here: inside a Slurm allocation (and
+        ``slurm``) its nodes (:meth:`slurm`), else the inventory's hosts
+        (:meth:`from_inventory`), else this machine (:meth:`local`). ``slurm=False`` is
+        ``--no-slurm``."""
+        if slurm and cls.in_slurm() is not None:
+            return cls.slurm(inventory, limit, **options)
+        if inventory is not None:
+            return cls.from_inventory(inventory, limit, **options)
+        if limit:
+            raise UsageError(
+                "--limit needs an inventory (-i FILE); without one the fleet is this machine alone"
+            )
+        return cls.local(**options)
+
     @classmethod
     def slurm(
         cls,

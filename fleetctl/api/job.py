@@ -30,12 +30,14 @@ if TYPE_CHECKING:
         StatusReport,
         StopReport,
     )
+    from fleetctl.api.submitted import Submitted
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.jobrecord import JobRecord
     from fleetctl.job.monitor_process import SpawnedMonitor
     from fleetctl.job.result import JobEvent, JobResult
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
+    from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.ssh.connection import SSHSettings
 
 LINE_BUFFER = 100_000  # lines held for lines() until read; older ones are dropped (all on disk)
@@ -110,6 +112,7 @@ class Job:
         self._following = False
         self._details: JobResult | None = None
         self._monitor: SpawnedMonitor | None = None
+        self._submitted: Submitted | None = None  # the sbatch executor's side, if submitted
 
     # -- starting ---------------------------------------------------------------------------
     @classmethod
@@ -123,7 +126,13 @@ class Job:
         connect_timeout: float = 10.0,
     ) -> Job:
         """The job ``job_id`` (a unique prefix is enough) of ``runs_dir``, running or ended:
-        ``fleetctl logs/status/stop``'s way back to it. RunFolderError if there is none."""
+        ``fleetctl logs/status/stop``'s way back to it. RunFolderError if there is none.
+
+        The run folder says which executor made it (job.json ``executor``): a job ``run
+        --slurm`` submitted (``"sbatch"``) is reached through Slurm from here — its
+        ``status()`` carries Slurm's state, ``lines()`` follow the batch script's output,
+        ``stop()`` is a verified ``scancel`` — every other job through its nodes."""
+        from fleetctl.api.submitted import Submitted
         from fleetctl.job.records import latest_attempt
         from fleetctl.ssh.connection import SSHSettings
 
@@ -131,8 +140,32 @@ class Job:
         settings = SSHSettings(
             known_hosts=known_hosts, accept_new=accept_new, connect_timeout=connect_timeout
         )
-        full = folder.load_job().job_id or folder.job_id
-        return cls._found(full, runs_dir, settings)
+        record = folder.load_job()
+        job = cls._found(record.job_id or folder.job_id, runs_dir, settings)
+        if record.executor in (None, "sbatch"):  # None: a folder older than the field
+            from fleetctl.job.runfolder import RunFolder
+
+            job._submitted = Submitted.of(RunFolder(Path(runs_dir) / job.job_id))
+        return job
+
+    @classmethod
+    def _submitted_job(cls, submitted: Submitted, runs_dir: str | Path) -> Job:
+        """The job ``Submission.submit`` queued (the sbatch executor)."""
+        job = cls._found(submitted.job_id, runs_dir, None)
+        job._submitted = submitted
+        return job
+
+    @property
+    def executor(self) -> str:
+        """``"sbatch"``: submitted by ``run --slurm``, reached through Slurm; ``"direct"``:
+        run on its nodes over SSH, locally or by ``srun`` steps."""
+        return "direct" if self._submitted is None else "sbatch"
+
+    @property
+    def submitted(self) -> Submitted | None:
+        """The sbatch executor's side of a submitted job (Slurm job id, ``slurm.json``,
+        Slurm's state, the batch script's events); None for a direct one."""
+        return self._submitted
 
     @classmethod
     def _found(cls, job_id: str, runs_dir: str | Path, settings: SSHSettings | None) -> Job:
@@ -255,7 +288,10 @@ class Job:
 
     @property
     def done(self) -> bool:
-        """The job ended (for a detached job: as its record says now)."""
+        """The job ended (for a detached job: as its record says now; for a submitted one:
+        it left Slurm's queue)."""
+        if self._submitted is not None:
+            return not self._submitted.queued()
         if self._thread is not None and not self._ended.is_set():
             return False
         if self._thread is not None and self._error is not None:
@@ -270,7 +306,12 @@ class Job:
 
         A job running here: from its start (up to the last 100,000 unread). A detached or
         attached-by-id job: the collected logs of an ended job, else followed live from the
-        nodes. ``timeout``: seconds to wait for each next line (WaitTimeout)."""
+        nodes. A submitted job: the batch script's output, live, until the Slurm job ended
+        (a node's line with its rank and host; fleetctl's own lines with rank -1, host '').
+        ``timeout``: seconds to wait for each next line (WaitTimeout)."""
+        if self._submitted is not None:
+            yield from self._submitted.lines(timeout)
+            return
         while True:
             line = self._lines.get(timeout)
             if line is None:
@@ -316,11 +357,49 @@ class Job:
                 yield line
             t.join(5.0)
 
-    def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the job ended; its :class:`RunResult`. Raises what stopped it before
-        launch (CheckError, PushError, …), WaitTimeout after ``timeout`` (the job runs on).
-        Ctrl-C while waiting stops the job on every node, then raises KeyboardInterrupt."""
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        check: bool = False,
+        on_event: Callable[[SlurmEvent], None] | None = None,
+        queue_timeout: float | None = None,
+    ) -> RunResult:
+        """Block until the job ended; its :class:`RunResult`, whatever the verdict. Raises
+        what stopped it before launch (CheckError, PushError, …), WaitTimeout after
+        ``timeout`` (the job runs on); ``check``: a result that is not ``ok`` raises its
+        error (``RunResult.error()``: JobFailed 3, LogsIncomplete 4, Interrupted 130).
+        Ctrl-C while waiting stops the job on every node, then raises KeyboardInterrupt.
+
+        A submitted job (``executor == "sbatch"``): waits in the queue, then follows it to
+        its end (``on_event``: the batch script's ``SlurmEvent``s), with the same result
+        (``exit_code``: the inside run's; ``slurm``: the Slurm job). It raises what kept it
+        from running inside: QueueTimeout (5, after ``queue_timeout`` s; cancelled),
+        UsageError (2, it can never start), JobFailed (3, the Slurm job ended before fleetctl
+        ran in it), Interrupted (130: Ctrl-C, the Slurm job cancelled, verified)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._submitted is not None:
+            sub = self._submitted
+            while deadline is not None and sub.queued():  # the job runs on after a timeout
+                if time.monotonic() > deadline:
+                    raise WaitTimeout(f"job {self.job_id} still running after {timeout:g} s")
+                time.sleep(POLL)
+            result = sub.wait(on_event, queue_timeout=queue_timeout)
+            err = sub.error(result) if check else None
+            if err is not None:
+                raise err
+            return result
+        if on_event is not None or queue_timeout is not None:
+            from fleetctl.errors import UsageError
+
+            raise UsageError("wait(on_event=, queue_timeout=): only for a submitted job")
+        result = self._wait(deadline, timeout)
+        err = result.error() if check else None
+        if err is not None:
+            raise err
+        return result
+
+    def _wait(self, deadline: float | None, timeout: float | None) -> RunResult:
         ran_here = self._thread is None and self._details is not None
         if ran_here and self._result is not None and not self._result.detached:
             return self._result  # ended in this thread (``foreground=True``)
@@ -377,7 +456,23 @@ class Job:
         could not be verified clean (``check=False``: the report says so, nothing raised).
         ``ended_too``: a job whose record says it ended is torn down and verified all the
         same (the command's way). ``collect_max``/``collect_exclude``: bytes per node and
-        globs left on the nodes, instead of the run's. ``on_note``: one line per step."""
+        globs left on the nodes, instead of the run's. ``on_note``: one line per step.
+
+        A submitted job still in Slurm's queue: ``scancel``, SIGTERM to the fleetctl inside
+        first (it stops the ranks on every node, verified, and collects), then verified gone
+        from the queue with every step (SlurmError if not); the report holds that teardown
+        and ``slurm``. One that left the queue is stopped as any other (``ended_too``)."""
+        if self._submitted is not None and self._submitted.queued():
+            sj = self._submitted.slurm_job_id
+            if on_note is not None:
+                on_note(f"job {self.job_id}: scancel Slurm job {sj}")
+            report = self._submitted.stop()
+            if report is not None:
+                if on_note is not None:
+                    on_note(f"job {self.job_id}: Slurm job {sj} gone from the queue, no step left")
+                if check and not report.verified:
+                    raise JobFailed(f"job {report.job_id}: teardown could not verify every node")
+                return report
         if self._thread is not None and not self._ended.is_set():
             self._stop_asked.set()
             self._stop_running(grace)
@@ -396,11 +491,16 @@ class Job:
     # -- coming back to it ------------------------------------------------------------------
     def status(self) -> StatusReport:
         """``fleetctl status``: the record, every node's state (the supervisors asked while
-        the job may run), its monitor and controller, and a hint what to do next."""
+        the job may run), its monitor and controller, and a hint what to do next. A
+        submitted job: with ``slurm`` (Slurm's line in ``now``); while it waits in the queue,
+        only the record (no node yet)."""
         from fleetctl.api import lifecycle
 
-        with self._handle() as h:
-            return lifecycle.status(h)
+        def inside() -> StatusReport:
+            with self._handle() as h:
+                return lifecycle.status(h)
+
+        return inside() if self._submitted is None else self._submitted.status(inside)
 
     def collect(
         self, *, collect_max: int | None = None, collect_exclude: Sequence[str] | None = None

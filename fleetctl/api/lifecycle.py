@@ -47,6 +47,8 @@ class StatusReport:
     running_nodes: int | None = None  # live only
     controller: dict[str, Any] | None = None  # live, attached: pid, host, alive
     hint: str | None = None  # what to do next, one line
+    #: a submitted job (the sbatch executor): slurm.json, ``now`` Slurm's line
+    slurm: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -65,6 +67,8 @@ class StatusReport:
         if self.hint is not None:
             data["hint"] = self.hint
         data["monitor"] = self.monitor
+        if self.slurm is not None:
+            data["slurm"] = self.slurm
         return data
 
 
@@ -78,6 +82,9 @@ class StopReport:
     status: str
     monitor: str | None = None  # "monitor pid N exited", None: no live monitor
     collected: list[NodeCollect] = field(default_factory=list)
+    #: a submitted job stopped by scancel: its Slurm job id and state (the teardown is the
+    #: fleetctl's inside the allocation, from job.json)
+    slurm: dict[str, Any] | None = None
 
     @property
     def verified(self) -> bool:
@@ -89,7 +96,7 @@ class StopReport:
             "teardown": self.teardown.to_dict(),
             "status": self.status,
             "monitor": self.monitor,
-        }
+        } | ({} if self.slurm is None else {"slurm": self.slurm})
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fleetctl.errors import FleetctlError
     from fleetctl.job.jobrecord import FailureRecord, JobRecord
 
 
@@ -57,10 +58,62 @@ class RunResult:
     errors: list[str] = field(default_factory=list)
     detached: bool = False  # still running under its supervisors (``run(detach=True)``)
     logs_incomplete: list[str] = field(default_factory=list)  # hosts whose logs are not home
+    #: a job ``run --slurm`` submitted (the sbatch executor): its Slurm job id and last state
+    slurm: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.detached
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host → how its node failed (``exit code 1``, ``lost (…)``), in rank order: the
+        same shape as a fan-out's ``FleetResult.failed`` (host → what went wrong)."""
+        from fleetctl.job.result import NodeOutcome
+
+        out: dict[str, str] = {}
+        for n in sorted(self.nodes, key=lambda n: int(n.get("rank", 0))):
+            state = str(n.get("state") or "")
+            if state not in ("failed", "lost", "start_failed"):  # job/state.py BAD
+                continue
+            how = NodeOutcome(
+                int(n.get("rank", 0)),
+                str(n.get("host")),
+                str(n.get("address") or ""),
+                state=state,
+                exit_code=n.get("exit_code"),
+                signal=n.get("signal"),
+                reason=n.get("reason"),
+            ).how()
+            out[str(n.get("host"))] = how
+        ff = self.first_failure
+        if ff is not None and ff.host not in out:
+            out = {ff.host: ff.reason, **out}
+        return out
+
+    def error(self) -> FleetctlError | None:
+        """The error the command exits with for this result (None: it succeeded, or runs on
+        detached): Interrupted (130), LogsIncomplete (4), else JobFailed (3)."""
+        from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete
+
+        if self.ok or self.detached:
+            return None
+        what = f"job {self.job_id}: {self.reason}"
+        if self.exit_code == 130:
+            return Interrupted(what)
+        if self.exit_code == 4:
+            return LogsIncomplete(what)
+        return JobFailed(what)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field, plus ``ok``, ``reason`` and ``failed``."""
+        import dataclasses
+
+        data = dataclasses.asdict(self)
+        data["run_folder"] = str(self.run_folder)
+        if self.slurm is None:
+            del data["slurm"]
+        return {**data, "ok": self.ok, "reason": self.reason, "failed": self.failed}
 
     @property
     def reason(self) -> str:

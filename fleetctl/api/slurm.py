@@ -1,6 +1,7 @@
-"""Slurm from outside an allocation: submit a run (``fleetctl run --slurm``), follow it, stop
-it, and find a submitted job again (``status``/``stop``/``logs -f``). Inside an allocation
-the fleet is ``Fleet.slurm()``.
+"""Slurm from outside an allocation: submit a run (``fleetctl run --slurm``). The queued job
+is a :class:`fleetctl.api.job.Job` whose executor is ``"sbatch"`` (fleetctl.api.submitted:
+waiting, following, stopping it); ``Job.attach`` finds it again. Inside an allocation the
+fleet is ``Fleet.slurm()`` (or ``Fleet.from_environment()``).
 
 The batch script runs ``fleetctl run --spec FILE`` inside the allocation (FILE: the run's
 ``RunSpec`` as JSON, never argv), so the check, launch, first-failure teardown and run folder
@@ -15,23 +16,19 @@ import dataclasses
 import os
 import shutil
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.api.runspec import Monitor, RunSpec, Slurm
-from fleetctl.errors import FleetctlError, Interrupted
+from fleetctl.errors import FleetctlError
 
 if TYPE_CHECKING:
-    from fleetctl.api.result import RunResult
+    from fleetctl.api.job import Job
     from fleetctl.api.types import SSHSettings
-    from fleetctl.job.runfolder import RunFolder
     from fleetctl.slurm.batch import BatchRequest
-    from fleetctl.slurm.queue import JobInfo
     from fleetctl.slurm.specfile import Inside
-    from fleetctl.slurm.submit import SlurmClient, SlurmEvent
 
 
 @dataclass(frozen=True)
@@ -68,10 +65,12 @@ class Submission:
             return e.one_line()
         return None
 
-    def submit(self, *, detach: bool = False) -> SlurmJob:
+    def submit(self, *, detach: bool = False) -> Job:
         """``sbatch`` it: the run folder (``slurm.json``, the script, a queued job.json)
         first, so the batch job adopts it; nothing is left when sbatch refuses (UsageError,
-        exit 2, or SlurmError)."""
+        exit 2, or SlurmError). The queued :class:`Job` (``executor == "sbatch"``): its
+        ``wait()``, ``lines()``, ``status()``, ``stop()`` act on the Slurm job, as
+        ``Job.attach(job_id)``'s do later."""
         from fleetctl.job.jobrecord import JobRecord
         from fleetctl.job.runfolder import RunFolder
         from fleetctl.slurm.batch import ERROR_FILE
@@ -120,6 +119,7 @@ class Submission:
                 detached=detach,
                 launcher=self.launcher,
                 folder=str(run.path),
+                executor="sbatch",
             )
         )
         try:
@@ -131,7 +131,10 @@ class Submission:
         run.write_slurm(record)
         with run.editing_job() as job:  # unless the run inside has written it already
             job.extra.setdefault("slurm", {"job_id": slurm_job})
-        return SlurmJob(run, slurm_job, record, client)
+        from fleetctl.api.job import Job
+        from fleetctl.api.submitted import Submitted
+
+        return Job._submitted_job(Submitted(run, slurm_job, record, client), run.path.parent)
 
 
 def submission(
@@ -287,265 +290,11 @@ def submit(
     *,
     detach: bool = False,
     **options: Any,
-) -> SlurmJob:
+) -> Job:
     """:func:`submission` (a ``RunSpec``, or its keywords: ``nodes=``, ``launcher=``,
-    ``partition=``, …) then ``sbatch``: the queued :class:`SlurmJob` (its ``wait()``,
-    ``lines()``, ``stop()`` act on the Slurm job)."""
+    ``partition=``, …) then ``sbatch``: the queued :class:`Job` (``executor == "sbatch"``; its
+    ``wait()``, ``lines()``, ``status()``, ``stop()`` act on the Slurm job)."""
     return submission(script, args, **options).submit(detach=detach)
-
-
-class SlurmJob:
-    """A job ``run --slurm`` submitted: its run folder here and its Slurm job id."""
-
-    def __init__(
-        self,
-        run: RunFolder,
-        slurm_job_id: str,
-        record: dict[str, Any],
-        client: SlurmClient | None = None,
-    ) -> None:
-        from fleetctl.slurm.submit import SlurmClient
-
-        self._run = run
-        self.slurm_job_id = slurm_job_id
-        self.record = record  # slurm.json: state, nodes, partition, …
-        self._client = client or SlurmClient()
-        self._result: RunResult | None = None  # once wait() (or lines()) saw it end
-
-    @property
-    def job_id(self) -> str:
-        return self._run.job_id
-
-    @property
-    def run_folder(self) -> Path:
-        return Path(self._run.path)
-
-    @classmethod
-    def find(cls, runs_dir: str | os.PathLike[str], job: str) -> SlurmJob | None:
-        """The submitted job ``job`` (a unique prefix) of ``runs_dir``; None when there is no
-        such run folder or it was not submitted to Slurm."""
-        from fleetctl.errors import RunFolderError
-        from fleetctl.job.runfolder import load_run
-
-        try:
-            folder = load_run(runs_dir, job)
-        except RunFolderError:
-            return None  # the command's own lookup reports it
-        record = folder.load_slurm()
-        if not (record and record.get("job_id")):
-            return None
-        return cls(folder, str(record["job_id"]), record)
-
-    # -- reading ----------------------------------------------------------------------------
-    def status(self) -> str | None:
-        """job.json's status (``queued`` until the run inside starts; None: unreadable)."""
-        from fleetctl.errors import RunFolderError
-
-        try:
-            return str(self._run.load_job().status)
-        except RunFolderError:
-            return None
-
-    def slurm_state(self) -> str:
-        """Slurm's view now, one line (state, reason, queue position), or the last seen."""
-        from fleetctl.slurm.queue import describe
-
-        sj = self.slurm_job_id
-        info = self._client.show(sj)
-        if info is None:
-            return f"{self.record.get('state')} (last seen)"
-        pos = self._client.position(sj) if info.state == "PENDING" else None
-        return describe(info, pos)
-
-    def document(self) -> dict[str, Any] | None:
-        """``run --slurm --json``: the document ``fleetctl run --json`` prints (the run
-        inside wrote it as job.json: the same keys and values), its ``slurm`` naming the Slurm
-        job and its last state; None while the run inside has not written it (queued, or it
-        never ran)."""
-        from fleetctl.errors import RunFolderError
-
-        try:
-            job = self._run.load_job()
-        except RunFolderError:
-            return None
-        if job.status in ("queued", "cancelled") and not job.nodes:
-            return None
-        doc = job.to_dict()
-        slurm = doc.get("slurm") if isinstance(doc.get("slurm"), dict) else {}
-        doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.get("state")}
-        return doc
-
-    def queued(self) -> bool:
-        """Still in Slurm's queue (pending or running, or a step left)."""
-        sj = self.slurm_job_id
-        return self._client.queued(sj) or self._client.queued(sj, steps=True)
-
-    def follow(self, on_event: Callable[[SlurmEvent], None]) -> None:
-        """``logs -f``: the batch script's output and error lines, live, until it ends
-        (waiting in the queue first, with a ``waiting`` event on every change)."""
-        from fleetctl.slurm.batch import ERROR_FILE, OUTPUT_FILE
-        from fleetctl.slurm.submit import follow, wait_started
-
-        sj = self.slurm_job_id
-        info = self._client.show(sj)
-        out, err = self.run_folder / OUTPUT_FILE, self.run_folder / ERROR_FILE
-        if info is not None and info.pending:
-            info = wait_started(self._client, sj, on_event, queue_timeout=None)
-        follow(self._client, sj, out, on_event, err)
-
-    # -- waiting ----------------------------------------------------------------------------
-    def wait(
-        self,
-        on_event: Callable[[SlurmEvent], None] | None = None,
-        *,
-        queue_timeout: float | None = None,
-    ) -> RunResult:
-        """Wait in the queue, stream the output (``on_event``: ``waiting``, ``started``,
-        ``line``, ``errline``, ``cancelling``, …), then the inside run's verdict. Raises as
-        the command exits: QueueTimeout (5) after ``queue_timeout`` s in the queue
-        (cancelled), UsageError (2) for a job that can never start, JobFailed /
-        SlurmJobFailed (the inside run's code: 3 or 4) when it did not succeed, Interrupted
-        (130) on Ctrl-C (the Slurm job cancelled, verified)."""
-        from fleetctl.slurm.batch import ERROR_FILE, OUTPUT_FILE, SlurmError
-        from fleetctl.slurm.submit import run_submitted
-
-        if self._result is not None:
-            return self._result
-
-        def on_state(info: JobInfo) -> None:
-            self.record.update(state=info.state, reason=info.reason, nodelist=info.nodes)
-            self._run.write_slurm(self.record)
-
-        private = None
-        if self.record.get("private"):  # no shared filesystem: through the batch host
-            from fleetctl.slurm.private import PrivateFollower
-
-            private = PrivateFollower(
-                self._client,
-                self.slurm_job_id,
-                self.run_folder,
-                output=str(self.record["output"]),
-                error=str(self.record["error"]),
-                inside_folder=str(self.record["inside_folder"]),
-            )
-        try:
-            info = run_submitted(
-                self._client,
-                self.slurm_job_id,
-                self.run_folder / OUTPUT_FILE,
-                on_event or (lambda ev: None),
-                queue_timeout=queue_timeout,
-                on_state=on_state,
-                error=self.run_folder / ERROR_FILE,
-                private=private,
-            )
-        except KeyboardInterrupt:
-            self._mark("interrupted", "the submitter was stopped: scancel")
-            raise Interrupted(
-                f"job {self.job_id}: Slurm job {self.slurm_job_id} cancelled"
-            ) from None
-        except FleetctlError as e:
-            if not isinstance(e, SlurmError):
-                self._mark("cancelled", e.one_line())
-            raise
-        self._result = self._verdict(info)
-        return self._result
-
-    def lines(self, *, queue_timeout: float | None = None) -> Iterator[str]:
-        """The batch script's output lines (stdout and stderr) as they come, until the job
-        ended; then :meth:`wait`'s errors, if any, are raised here."""
-        import queue
-
-        q: queue.Queue[str | None] = queue.Queue()
-        error: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                self.wait(
-                    lambda ev: q.put(ev.text) if ev.kind in ("line", "errline") else None,
-                    queue_timeout=queue_timeout,
-                )
-            except BaseException as e:  # raised again in the reader's thread
-                error.append(e)
-            finally:
-                q.put(None)
-
-        t = threading.Thread(target=work, daemon=True, name=f"fleetctl-slurm-{self.job_id}")
-        t.start()
-        while (line := q.get()) is not None:
-            yield line
-        t.join(5.0)
-        if error:
-            raise error[0]
-
-    def stop(self) -> bool:
-        """``scancel`` (SIGTERM to the fleetctl inside first: it tears the ranks down and
-        brings the logs home), verified by the queue. False when the job had already left the
-        queue (then the ordinary ``Job.attach(…).stop()`` verifies the nodes)."""
-        if not self.queued():
-            return False
-        self._client.cancel(self.slurm_job_id, graceful=True)
-        self.record["state"] = "CANCELLED"
-        self._run.write_slurm(self.record)
-        if self.status() == "queued":
-            with self._run.editing_job() as rec:
-                rec.status, rec.verdict = "cancelled", "fleetctl stop: scancel before it started"
-        return True
-
-    # -- internals ----------------------------------------------------------------------------
-    def _mark(self, status: str, verdict: str) -> None:
-        """The job never ran inside (still queued, or refused): say how it ended."""
-        from fleetctl.errors import RunFolderError
-
-        try:
-            with self._run.editing_job() as job:
-                if job.status == "queued":
-                    job.status, job.verdict = status, verdict
-        except (OSError, RunFolderError):
-            pass
-
-    def _verdict(self, info: JobInfo) -> RunResult:
-        """The inside run's verdict (its own summary lines were streamed); raised unless it
-        succeeded."""
-        from fleetctl.api.result import RunResult
-        from fleetctl.errors import JobFailed, RunFolderError
-        from fleetctl.job.records import describe_failure
-        from fleetctl.slurm.batch import SlurmJobFailed
-
-        job_id, slurm_job, run = self.job_id, self.slurm_job_id, self._run
-        try:
-            job = run.load_job()
-        except RunFolderError:
-            job = None
-        status = job.status if job is not None else None
-        if info.state == "COMPLETED" and not info.exit_code and status == "succeeded":
-            assert job is not None
-            return RunResult.from_record(job, run.path)
-        code = info.exit_code if info.exit_code else None
-        if status in (None, "queued"):
-            self._mark("failed", f"Slurm job {slurm_job} ended {info.state} before the run")
-            err = run.path / "slurm.err"
-            see = (
-                f"see {err}"
-                if err.exists() or self.record.get("private")
-                else f"no {err.name} was written here: if the batch host cannot see "
-                f"{run.path.parent}, submit with --slurm-no-shared-fs"
-            )
-            raise JobFailed(
-                f"job {job_id}: Slurm job {slurm_job} ended {info.state} before fleetctl ran "
-                f"inside it; {see}"
-            )
-        assert job is not None
-        if status == "interrupted":
-            raise Interrupted(f"job {job_id}: Slurm job {slurm_job} {info.state}: interrupted")
-        ff = job.first_failure.to_dict() if job.first_failure is not None else None
-        what = describe_failure(ff) or job.verdict or status
-        if status == "succeeded" and code == 4:
-            what = "succeeded, but LOGS INCOMPLETE (the inside run's lines above say which)"
-        raise SlurmJobFailed(
-            f"job {job_id} (Slurm job {slurm_job}, {info.state}): {what}",
-            exit_code=code if code in (2, 3, 4) else 3,
-        )
 
 
 def read_spec(path: str | os.PathLike[str]) -> tuple[RunSpec, Inside]:
@@ -570,4 +319,4 @@ def _python_path() -> str:
     return str(Path(fleetctl.__file__).resolve().parent.parent)
 
 
-__all__ = ["SlurmJob", "Submission", "read_spec", "submission", "submit"]
+__all__ = ["Submission", "read_spec", "submission", "submit"]

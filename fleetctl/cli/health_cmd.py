@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 
 import click
@@ -62,7 +61,9 @@ def health_command(
         click.echo(f"{s.host}: out: {s.why()}")
         for e in s.entries:
             click.echo(f"  {e.source}{f' job {e.job_id}' if e.job_id else ''}: {e.evidence}")
-    in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
+    from fleetctl.api import Fleet
+
+    in_slurm = Fleet.in_slurm() is not None
     for s in held if in_slurm else []:
         click.echo(shlex.join(health.drain_argv(s)), err=as_json)
         if drain:

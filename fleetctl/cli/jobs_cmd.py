@@ -85,12 +85,12 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
 def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Per-node state of JOB (asks the node supervisors while it may be running)."""
     from fleetctl.api import Job
-    from fleetctl.cli.slurm_jobs import status_hook
+    from fleetctl.cli.slurm_jobs import show_status
 
-    if status_hook(runs_dir, job, as_json):  # submitted to Slurm, never ran inside yet
+    found = Job.attach(job, runs_dir)
+    report = found.status()
+    if show_status(found, report, as_json):  # submitted to Slurm, never ran inside yet
         return
-
-    report = Job.attach(job, runs_dir).status()
     states = report.nodes
     data = report.to_dict()
     if as_json:
@@ -163,16 +163,17 @@ def logs_command(
     from fleetctl import JobEvent, LogLine
     from fleetctl.api import Job
     from fleetctl.cli import render
-    from fleetctl.cli.slurm_jobs import logs_follow_hook
+    from fleetctl.cli.slurm_jobs import follow_logs
 
-    if follow and node is None and logs_follow_hook(runs_dir, job):  # a `run --slurm` job
+    found = Job.attach(job, runs_dir)
+    if follow and node is None and follow_logs(found):  # a `run --slurm` job: its output
         return
     live = render.LiveLog(tail="all", raw=raw_output)
 
     def show(line: LogLine) -> None:
         live(JobEvent("line", line.text, line.node_rank, line.host))
 
-    problem = Job.attach(job, runs_dir).logs(show, node=node, follow=follow, lines=lines)
+    problem = found.logs(show, node=node, follow=follow, lines=lines)
     if problem.missing:
         names = ", ".join(f"{r} {hh}" for r, hh in problem.missing)
         click.echo(f"fleetctl: no collected logs for node(s) {names}", err=True)
@@ -204,11 +205,8 @@ def stop_command(
 ) -> None:
     """Stop JOB on every node (by job id), verify nothing is left, collect its logs."""
     from fleetctl.api import Job
-    from fleetctl.cli.slurm_jobs import stop_hook
 
-    if stop_hook(runs_dir, job):  # a `run --slurm` job still queued: scancel, verified
-        return
-
+    # a `run --slurm` job still in the queue: scancel, verified (the library's)
     stopped = Job.attach(job, runs_dir).stop(
         grace,
         collect=not no_collect,

@@ -10,7 +10,6 @@ watch → teardown → collect), run in this thread; the result is rendered here
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -193,10 +192,9 @@ def _run(
 ) -> None:
     """Run (or plan) the checked record on the selection: inside a Slurm allocation its nodes
     (srun steps), else the inventory's over SSH (or this machine)."""
-    in_slurm = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-    if in_slurm and not no_slurm:  # inside an allocation: its nodes, via srun
-        from fleetctl.api import Fleet
+    from fleetctl.api import Fleet
 
+    if Fleet.in_slurm() and not no_slurm:  # inside an allocation: its nodes, via srun
         s = ssh.settings
         fleet = Fleet.slurm(
             inventory,

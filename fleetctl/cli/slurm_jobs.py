@@ -1,10 +1,8 @@
-"""``status``/``stop``/``logs -f`` of a job ``run --slurm`` submitted: Slurm's side of it.
+"""``status``/``logs -f`` of a job ``run --slurm`` submitted: the lines Slurm's side adds.
 
-A submitted job's controller is the fleetctl inside its batch script, so from outside
-``stop`` is ``scancel`` (SIGTERM to that fleetctl first: it tears the ranks down, verified,
-and brings the logs home) verified by the queue; ``logs -f`` follows the script's output
-files; ``status`` adds Slurm's state to the run folder's. Jobs not submitted this way are
-not touched here (each hook returns False and the command goes on as before).
+The work is the library's (``Job.attach(id)`` of a submitted job: its executor is
+``"sbatch"``; ``status()`` carries Slurm's state, ``stop()`` is a verified ``scancel``,
+``submitted.follow()`` the batch script's output); this module only renders it.
 """
 
 from __future__ import annotations
@@ -14,63 +12,36 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from fleetctl.api import Job
+    from fleetctl.api.lifecycle import StatusReport
     from fleetctl.api.types import SlurmEvent
 
 
-def status_hook(runs_dir: str, job: str, as_json: bool) -> bool:
-    """Print Slurm's line; True when that is all there is (the job never ran inside)."""
+def show_status(job: Job, report: StatusReport, as_json: bool) -> bool:
+    """Slurm's line of a submitted job; True when that is all there is (it never ran
+    inside: no node to show)."""
     import json
 
-    from fleetctl.api.slurm import SlurmJob
-
-    found = SlurmJob.find(runs_dir, job)
-    if found is None:
+    if report.slurm is None or job.submitted is None:
         return False
-    slurm_line = found.slurm_state()
-    status = found.status()
+    waiting = not report.nodes and report.status in ("queued", "unknown")
     if as_json:
-        if status not in (None, "queued"):
-            return False  # the run folder's full report (it carries slurm.job_id too)
-        click.echo(
-            json.dumps(
-                {
-                    "job_id": found.job_id,
-                    "status": status,
-                    "slurm": {**found.record, "now": slurm_line},
-                },
-                indent=2,
-            )
-        )
+        if not waiting:
+            return False  # the full report (with slurm) follows
+        click.echo(json.dumps(report.to_dict(), indent=2))
         return True
-    click.echo(f"job {found.job_id}: Slurm job {found.slurm_job_id}: {slurm_line}")
-    return status in (None, "queued")
+    now = report.slurm.get("now")
+    click.echo(f"job {job.job_id}: Slurm job {job.submitted.slurm_job_id}: {now}")
+    return waiting
 
 
-def stop_hook(runs_dir: str, job: str) -> bool:
-    """scancel a submitted job still in Slurm's queue, verified; True when done here."""
-    from fleetctl.api.slurm import SlurmJob
-
-    found = SlurmJob.find(runs_dir, job)
-    if found is None or not found.queued():
-        return False  # not submitted, or already over: the ordinary stop verifies the nodes
-    sj = found.slurm_job_id
-    click.echo(f"fleetctl: job {found.job_id}: scancel Slurm job {sj}", err=True)
-    found.stop()
-    click.echo(
-        f"fleetctl: job {found.job_id} stopped; Slurm job {sj} gone from the queue, no step left",
-        err=True,
-    )
-    return True
-
-
-def logs_follow_hook(runs_dir: str, job: str) -> bool:
-    """``logs -f``: the batch script's output, live, until the Slurm job ends."""
-    from fleetctl.api.slurm import SlurmJob
-
-    found = SlurmJob.find(runs_dir, job)
-    if found is None:
+def follow_logs(job: Job) -> bool:
+    """``logs -f``: the batch script's output, live, until the Slurm job ends; False for a
+    job not submitted (its nodes' logs are followed as usual)."""
+    sub = job.submitted
+    if sub is None:
         return False
-    sj = found.slurm_job_id
+    sj = sub.slurm_job_id
 
     def emit(ev: SlurmEvent) -> None:
         if ev.kind in ("line", "errline"):
@@ -78,5 +49,5 @@ def logs_follow_hook(runs_dir: str, job: str) -> bool:
         elif ev.kind == "waiting":
             click.echo(f"fleetctl: Slurm job {sj}: {ev.text}", err=True)
 
-    found.follow(emit)
+    sub.follow(emit)
     return True

@@ -158,7 +158,9 @@ def _submit_and_follow(
     sub: Submission, *, detach: bool, as_json: bool, queue_timeout: float | None
 ) -> None:
     job = sub.submit(detach=detach)
-    slurm_job = job.slurm_job_id
+    submitted = job.submitted
+    assert submitted is not None  # the sbatch executor's job
+    slurm_job = submitted.slurm_job_id
     click.echo(f"fleetctl: job {job.job_id} submitted as Slurm job {slurm_job}", err=True)
     if detach:
         click.echo(
@@ -172,14 +174,14 @@ def _submit_and_follow(
             click.echo(f"{slurm_job} {job.job_id}")
         return
     if not as_json:
-        job.wait(emit, queue_timeout=queue_timeout)
+        job.wait(on_event=emit, queue_timeout=queue_timeout, check=True)
         return
     # --json: stdout is the run's document alone (as `run --json`: no live lines), printed
     # whatever the verdict, before its error (if any) ends the command
     try:
-        job.wait(_emit_json, queue_timeout=queue_timeout)
+        job.wait(on_event=_emit_json, queue_timeout=queue_timeout, check=True)
     finally:
-        doc = job.document()
+        doc = submitted.document()
         if doc is not None:
             click.echo(json.dumps(doc, indent=2))
 

@@ -65,6 +65,8 @@ class JobContext:
         )
         if slurm_job is not None:  # run inside an allocation: `status`/`stop` find it by this
             self.result.slurm = {"job_id": str(slurm_job)}
+            if self.folder.load_slurm() is not None:  # adopted from `run --slurm`: its record
+                self.result.executor = "sbatch"
         self.result.nodes = [
             NodeOutcome(i, n.name, n.address, n.train_addr) for i, n in enumerate(nodes)
         ]

@@ -111,6 +111,8 @@ class JobRecord:
     stack_nodes: list[dict[str, Any]] | None = None
     completion: dict[str, Any] | None = None  # a role job's policy, for the monitor
     monitor: dict[str, Any] | None = None  # the detached job's monitor: identity, phase, log
+    #: what runs it: "sbatch" (``run --slurm`` submitted it), else "direct" (left out)
+    executor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -192,6 +194,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "stack_nodes": (list, _NONE),
         "completion": (dict, _NONE),
         "monitor": (dict, _NONE),
+        "executor": (str, _NONE),
     },
 }
 _REQUIRED = {
@@ -207,7 +210,7 @@ _OBJ_ITEMS = frozenset(
 # JobRecord keys left out of the file while None (JobResult.to_dict writes them only when set)
 _OPTIONAL = frozenset(
     {"attempts", "failed_ranks", "culprits", "left_out", "stacks", "stack_nodes", "completion"}
-    | {"monitor", "resumed_from", "slow", "membership"}
+    | {"monitor", "resumed_from", "slow", "membership", "executor"}
 )
 
 

@@ -140,6 +140,7 @@ class JobResult:
     membership: list[dict[str, Any]] | None = None
     # Inside a Slurm allocation: {"job_id": …} of the allocation (fleetctl.slurm)
     slurm: dict[str, Any] | None = None
+    executor: str | None = None  # "sbatch": a run inside an allocation `run --slurm` made
     # Where the controller's time went: each phase's start (wall clock) and this process's CPU
     # seconds so far, its own threads and its waited-for children (rsync, ssh) apart.
     phases: list[dict[str, Any]] = field(default_factory=list)
@@ -267,6 +268,7 @@ class JobResult:
             | ({} if self.resumed_from is None else {"resumed_from": self.resumed_from})
             | ({} if self.membership is None else {"membership": self.membership})
             | ({} if self.slurm is None else {"slurm": self.slurm})
+            | ({} if self.executor is None else {"executor": self.executor})
             | (
                 {}
                 if self.stacks is None

@@ -324,7 +324,9 @@ class RunFolder:
 def _submitted_for_this_job(path: Path) -> bool:
     """``path`` was made by ``run --slurm`` for the Slurm job this process runs in (its
     record is written before sbatch, so the job id may not be in it yet)."""
-    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+    from fleetctl.slurm.allocation import job_id
+
+    job = job_id(os.environ)
     if not job or os.environ.get("FLEETCTL_RUN_ID") != path.name:
         return False
     try:

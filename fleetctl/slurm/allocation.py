@@ -39,9 +39,15 @@ class Allocation:
     gpus_per_node: int | None = None
 
 
+def job_id(env: Mapping[str, str]) -> str | None:
+    """The Slurm job this process runs in (``SLURM_JOB_ID``, or the older ``SLURM_JOBID``);
+    None outside an allocation. The one reader of these variables (``Fleet.in_slurm``)."""
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
 def from_env(env: Mapping[str, str]) -> Allocation | None:
     """The allocation this process runs in (None outside one)."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    job = job_id(env)
     if not job:
         return None
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")

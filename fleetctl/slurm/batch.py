@@ -298,7 +298,9 @@ def submit_error(stderr: str, returncode: int) -> FleetctlError:
 
 def adopted_job_id(env: Mapping[str, str]) -> str | None:
     """Inside the batch script ``fleetctl run --slurm`` submitted: the job id to run as."""
-    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+    from fleetctl.slurm.allocation import job_id
+
+    if not job_id(env):
         return None
     return env.get(RUN_ID_VAR) or None
 

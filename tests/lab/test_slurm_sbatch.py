@@ -317,8 +317,13 @@ def test_a_job_that_waits_past_queue_timeout_is_cancelled_exit_5(
 
 
 def test_detach_then_status_logs_and_stop_reach_the_slurm_job(
-    slurm: dict[str, Any], runs: Path
+    slurm: dict[str, Any], runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The command's status, then the library's ``Job.attach`` of the same submitted job: live
+    status and lines, and a stop that leaves the queue empty and nothing on the nodes."""
+    from fleetctl.api import Job
+    from fleetctl.testing.jobs import assert_nothing_left, job_processes_left
+
     res = _submit(slurm, runs, "--nodes", "3", "--detach", "--launcher", "plain", "sleep.py")
     assert res.exit_code == 0, res.stderr
     sj, job_id = res.stdout.split()
@@ -331,10 +336,31 @@ def test_detach_then_status_logs_and_stop_reach_the_slurm_job(
     wait_for(started, 120, what="the detached Slurm job running on 3 nodes")
     st = run_cli_process("status", "--runs-dir", str(runs), job_id, env=env, cwd=code)
     assert f"Slurm job {sj}: RUNNING" in st.stdout, st.stdout + st.stderr
-    stop = run_cli_process("stop", "--runs-dir", str(runs), job_id, env=env, cwd=code)
-    assert stop.exit_code == 0, stop.stderr
-    assert "gone from the queue, no step left" in stop.stderr
+
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # this process asks Slurm too
+    job = Job.attach(job_id[:12], runs)
+    assert (job.job_id, job.executor, job.record.executor) == (job_id, "sbatch", "sbatch")
+    assert job.submitted is not None and job.submitted.slurm_job_id == sj and not job.done
+    report = job.status()
+    assert report.slurm is not None and report.slurm["now"].startswith("RUNNING"), report
+    assert (report.status, report.running_nodes) == ("running", 3), report.to_dict()
+    seen: set[tuple[int, str]] = set()
+    lines = job.lines(timeout=60)
+    for line in lines:
+        if line.text.startswith("started"):
+            seen.add((line.node_rank, line.host))
+        if len(seen) == 3:
+            break
+    lines.close()
+    assert seen == {(0, "node1"), (1, "node2"), (2, "node3")}
+    inventory = slurm["lab"].inventory_path
+    assert sorted(job_processes_left(inventory, job_id)) == ["node1", "node2", "node3"]
+    stopped = job.stop()
+    assert stopped is not None and stopped.verified, stopped
+    assert stopped.slurm is not None and stopped.slurm["job_id"] == sj
+    assert job.done and job.status().slurm is not None
     _nothing_left(slurm, sj)
+    assert_nothing_left(inventory, job_id)
     logs = run_cli_process("logs", "-f", "--runs-dir", str(runs), job_id, env=env, cwd=code)
     assert logs.exit_code == 0 and logs.stdout.count("started") == 3, logs.stdout
 

@@ -322,12 +322,13 @@ def test_a_role_job_is_copied_into_the_run_folder_at_submit(
     job = sub.submit()
     (code / "job.yml").write_text("edited after submit\n")  # the queued job keeps its copy
     assert (job.run_folder / "job-file" / "job.yml").read_text() == ROLE_JOB
-    assert job.record["job_file"] == "job-file/job.yml"
+    assert job.executor == "sbatch" and job.record.executor == "sbatch"
+    assert job.submitted is not None and job.submitted.record["job_file"] == "job-file/job.yml"
     spec = job.run_folder / "run-spec.json"
     data, _ = specfile.read(spec)
     assert data["program"]["job_file"] == f"{job.run_folder}/job-file/job.yml"
     assert (spec.stat().st_mode & 0o777, job.run_folder.stat().st_mode & 0o777) == (0o600, 0o700)
-    assert job.document() is None  # queued: the run inside has not written its record
+    assert job.submitted.document() is None  # queued: the run inside has not written its record
 
 
 def test_a_role_without_instances_needs_nodes(tmp_path: Path) -> None:
@@ -368,7 +369,7 @@ def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> 
 
 def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Path) -> None:
     """--json prints what `run --json` would (the inside run's job.json), naming the Slurm job."""
-    from fleetctl.api.slurm import SlurmJob
+    from fleetctl.api.submitted import Submitted
     from fleetctl.job.jobrecord import JobRecord
 
     run = RunFolder.create(tmp_path, "j1")
@@ -378,7 +379,7 @@ def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Pa
         "first_failure": None, "slurm": {"job_id": "42"}, "folder": str(run.path),
     }  # fmt: skip
     run.write_job(JobRecord.from_dict(doc, source="job.json"))
-    job = SlurmJob(run, "42", {"job_id": "42", "state": "FAILED"}, client=object())  # type: ignore[arg-type]
+    job = Submitted(run, "42", {"job_id": "42", "state": "FAILED"}, client=object())  # type: ignore[arg-type]
     got = job.document()
     assert got is not None
     assert got["slurm"] == {"job_id": "42", "state": "FAILED"}
@@ -478,19 +479,19 @@ def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
 ) -> None:
     """Without a shared filesystem slurmstepd cannot open the output in the run folder: the job
     fails at once and no slurm.err comes; the error says what to do."""
-    from fleetctl.api.slurm import SlurmJob
+    from fleetctl.api.submitted import Submitted
     from fleetctl.errors import JobFailed
     from fleetctl.job.jobrecord import JobRecord
 
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
-    job = SlurmJob(run, "5", {"job_id": "5"}, client=object())  # type: ignore[arg-type]
+    job = Submitted(run, "5", {"job_id": "5"}, client=object())  # type: ignore[arg-type]
     with pytest.raises(JobFailed, match="submit with --slurm-no-shared-fs"):
-        job._verdict(JobInfo("5", "FAILED", exit_code=1))
+        job.verdict(JobInfo("5", "FAILED", exit_code=1))
     (run.path / "slurm.err").write_text("python: not found\n")
     run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
     with pytest.raises(JobFailed, match=r"before fleetctl ran inside it; see .*slurm\.err$"):
-        job._verdict(JobInfo("5", "FAILED", exit_code=1))
+        job.verdict(JobInfo("5", "FAILED", exit_code=1))
 
 
 class FakeSlurm:
