@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.slurm.nodestate import NodeStateWatch
     from fleetctl.ssh.connection import Connection, SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 DEFAULT_GRACE = 5.0
 DEFAULT_DEADMAN = 10.0
@@ -108,18 +108,18 @@ def run_job(
     options: RunOptions | None = None,
     *,
     on_event: Callable[[JobEvent], None] | None = None,
-    fleet: Fleet | None = None,
+    fleet: FanOut | None = None,
 ) -> JobResult:
     """Run ``spec`` on ``nodes`` (rank order). Returns the result; raises only before launch.
 
     A ``fleet`` given by the caller is reused and left open; otherwise one is made and closed.
     """
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     options = options or RunOptions()
     job = JobContext(spec, nodes, options, on_event or (lambda e: None))
     own = fleet is None
-    fleet = fleet or Fleet(nodes, options.settings)
+    fleet = fleet or FanOut(nodes, options.settings)
     interrupted = False
     try:
         job.save()
@@ -148,7 +148,7 @@ def run_job(
     return job.result
 
 
-def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
+def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
     """How the watcher reaches a silent node again: a new connection (the old transport may
     be dead), tried again and again until the deadline (``time.monotonic()``), each try short
     (a link coming back answers the next try at once, not after the kernel's SYN back-off);
@@ -182,7 +182,7 @@ def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
     return reattach
 
 
-def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
+def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
     plan, options = job.plan, job.options
     assert plan is not None
@@ -293,7 +293,7 @@ def _slurm_node_state(job: JobContext, watch: Watch) -> NodeStateWatch | None:
     return NodeStateWatch(list(ranks), lambda name, why: watch.lose(ranks[name], why)).start()
 
 
-def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: float | None) -> None:
+def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: float | None) -> None:
     """Feed the watcher's events to the job until every node ended or the first failure."""
     pending = set(job.launched)
     started = job.progress = time.monotonic()
@@ -349,7 +349,7 @@ def _limit_reached(job: JobContext, deadline: float | None, started: float) -> s
     return None
 
 
-def _dump_stacks(job: JobContext, fleet: Fleet) -> None:
+def _dump_stacks(job: JobContext, fleet: FanOut) -> None:
     """Every rank's stack before the teardown, folded so the odd rank out shows."""
     from fleetctl.job.stacks import fold
     from fleetctl.phases.stacks import dump_stacks

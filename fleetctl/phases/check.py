@@ -54,7 +54,7 @@ from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection, SSHSettings, Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 __all__ = [
     "CHECKS",
@@ -377,7 +377,7 @@ def cache_key(nodes: Sequence[Node], settings: SSHSettings, options: CheckOption
 # ----------------------------------------------------------------------------------- entry
 
 
-def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckReport:
+def check_fleet(fleet: FanOut, options: CheckOptions | None = None) -> CheckReport:
     """Check every host and every pair of hosts; never raises for a failed check.
 
     Connects the fleet (connections stay open for the next phases), pings from here, runs the
@@ -464,7 +464,7 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     return report
 
 
-def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions) -> Any:
+def _start_collective(fleet: FanOut, nodes: Sequence[Node], options: CheckOptions) -> Any:
     """``--collective``: the node programs started now, so torch imports while the check runs
     (the slow part on small nodes); None without it."""
     if options.collective is None or len(nodes) < 2:
@@ -477,7 +477,7 @@ def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions
 
 
 def _collective(
-    fleet: Fleet,
+    fleet: FanOut,
     nodes: Sequence[Node],
     report: CheckReport,
     options: CheckOptions,
@@ -506,7 +506,7 @@ def _mesh_wait(options: CheckOptions, n: int) -> float:
 
 
 def _run_sessions(
-    fleet: Fleet, nodes: Sequence[Node], options: CheckOptions
+    fleet: FanOut, nodes: Sequence[Node], options: CheckOptions
 ) -> dict[str, ProbeOutcome | BaseException]:
     mesh = options.mesh and len(nodes) > 1
     allow_lo = options.allow_loopback or len(fleet.nodes) == 1

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.connection import Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -224,7 +224,7 @@ class CheckReport:
             parts.append(self.collective.summary())
         return "; ".join(parts)
 
-    def prime(self, fleet: Fleet) -> None:
+    def prime(self, fleet: FanOut) -> None:
         """Give the fleet's open SSH connections the homes the probe reported (no SFTP lookup)."""
         for node in fleet.connected:
             home = self.homes.get(node.name)

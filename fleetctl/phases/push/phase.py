@@ -26,14 +26,14 @@ from fleetctl.ssh.connection import SSHConnection
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 
 
 def push(
-    fleet: Fleet,
+    fleet: FanOut,
     *,
     code: str | Path | None,
     env_archive: str | Path | None = None,
@@ -52,7 +52,7 @@ def push(
 class _Push(_Transfer, _PeerDistribution):
     def __init__(
         self,
-        fleet: Fleet,
+        fleet: FanOut,
         code: str | Path | None,
         env_archive: str | Path | None,
         options: PushOptions,
