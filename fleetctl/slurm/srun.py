@@ -10,20 +10,14 @@ alone, and a teardown command on a node is one more step beside the supervisor's
 from __future__ import annotations
 
 import base64
-import contextlib
-import os
 import shlex
-import signal
-import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import RemoteCommandError
-from fleetctl.results import CommandResult
 from fleetctl.slurm.allocation import JOB_VAR
-from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
-from fleetctl.ssh.procstream import ProcessStream
+from fleetctl.ssh.execclient import ExecConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -51,9 +45,12 @@ def srun_argv(job_id: str, node: str, line: str) -> list[str]:
     ]
 
 
-class SrunConnection(Connection):
-    """A node's commands and streams, each run as an srun step on the node. No invoke here:
-    paramiko may be importing with invoke held off in another thread (``sshconfig``)."""
+class SrunConnection(ExecConnection):
+    """A node's commands and streams, each run as an srun step on the node (``ExecConnection``
+    runs it; a step's session is killed whole at a timeout). No invoke here: paramiko may be
+    importing with invoke held off in another thread (``sshconfig``)."""
+
+    new_session = True
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -61,47 +58,8 @@ class SrunConnection(Connection):
         self._home: str | None = None
         self._lock = threading.Lock()
 
-    def _wrap(self, command: Command) -> list[str]:
-        return srun_argv(self.job_id, self.node.name, to_shell(command))
-
-    def run(
-        self, command: Command, *, timeout: float, stdin: bytes | None = None, check: bool = False
-    ) -> CommandResult:
-        line = to_shell(command)
-        proc = subprocess.Popen(
-            self._wrap(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(stdin or b"", timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # srun gone: Slurm ends the step
-            proc.communicate()
-            raise RemoteCommandError(
-                self.node.label,
-                line,
-                None,
-                f"{self.node.label}: `{line}` timed out after {timeout:g}s",
-            ) from e
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        result = CommandResult(
-            line, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        )
-        return self._checked(command, result, check)
-
-    def start(self, command: Command) -> Stream:
-        proc = subprocess.Popen(
-            self._wrap(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return ProcessStream(proc)
+    def argv(self, line: str) -> list[str]:
+        return srun_argv(self.job_id, self.node.name, line)
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = self.expand(remote)
