@@ -128,8 +128,6 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
             known_present=known_present,
             allow_secrets=options.allow_secrets,
             check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
-            # srun-reached nodes (a Slurm allocation) have no SSH for rsync: their own put
-            use_rsync=not any(n.vars.get("fleetctl_connection") == "srun" for n in job.nodes),
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts

@@ -45,8 +45,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
-    from fleetctl.slurm.nodestate import NodeStateWatch
-    from fleetctl.ssh.connection import Connection, SSHSettings
+    from fleetctl.ssh.connection import Connection, HealthWatch, SSHSettings
     from fleetctl.ssh.fanout import FanOut
 
 DEFAULT_GRACE = 5.0
@@ -173,7 +172,7 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
         except BaseException:
             conn.close()
             raise
-        conn.settings = fleet.settings  # from here on it is the node's connection, as dialled
+        conn.use_settings(fleet.settings)  # from here on it is the node's connection, as dialled
         run.conn = conn
         # the old connection closes, its stream with it: the supervisor sees EOF and runs on
         fleet.adopt(run.node, conn)
@@ -270,27 +269,32 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     job.launched = {np.node_rank for np in plan.nodes}
     job.launch_thread = threading.Thread(target=launch_all, daemon=True, name="launch")
     job.launch_thread.start()
-    slurm_nodes = _slurm_node_state(job, watch)
+    health = _watch_health(job, watch)
     try:
         _watch_until_done(job, fleet, watch, limit=options.timeout)
     finally:
-        if slurm_nodes is not None:
-            slurm_nodes.stop()
+        for h in health:
+            h.stop()
 
 
-def _slurm_node_state(job: JobContext, watch: Watch) -> NodeStateWatch | None:
-    """Inside a Slurm allocation: a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in
-    Slurm's words (``fleetctl.slurm.nodestate``); None for SSH nodes."""
-    from fleetctl.slurm.allocation import is_srun
+def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
+    """Each transport's health source beside the connections, for its nodes of the plan: inside
+    a Slurm allocation a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in Slurm's words
+    (``SrunConnection.watch_health``); SSH has none."""
+    from fleetctl.ssh.connection import transport
 
     assert job.plan is not None
-    srun = {n.name for n in job.nodes if is_srun(n)}
-    ranks = {np.host: np.node_rank for np in job.plan.nodes if np.host in srun}
-    if not ranks:
-        return None
-    from fleetctl.slurm.nodestate import NodeStateWatch
-
-    return NodeStateWatch(list(ranks), lambda name, why: watch.lose(ranks[name], why)).start()
+    ranks = {np.host: np.node_rank for np in job.plan.nodes}
+    by_transport: dict[type[Connection], list[str]] = {}
+    for n in job.nodes:
+        if n.name in ranks:
+            by_transport.setdefault(transport(n), []).append(n.name)
+    started = []
+    for cls, names in by_transport.items():
+        h = cls.watch_health(names, lambda name, why: watch.lose(ranks[name], why))
+        if h is not None:
+            started.append(h)
+    return started
 
 
 def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: float | None) -> None:

@@ -277,19 +277,14 @@ class PingResult:
 
 
 def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingResult:
-    """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port."""
-    if node.local:
-        return PingResult("skip", "local")
-    if node.vars.get("fleetctl_connection") == "srun":  # a Slurm node: reached by slurmd
-        # no SSH port to try, and its ssh_config resolution would import paramiko (~40 ms
-        # CPU) for a run inside an allocation that never opens an SSH connection
-        return PingResult("skip", "reached by srun")
-    from fleetctl.ssh import sshconfig
+    """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port.
+    Where to, or whether at all, the node's transport says (``Connection.ping_target``)."""
+    from fleetctl.ssh.connection import transport
 
-    target = sshconfig.resolve(node, settings)  # the connection's own answer, ssh_config aliases
-    host, port = target.hostname, target.port
-    if target.proxied:
-        return PingResult("skip", "behind a jump host")
+    target = transport(node).ping_target(node, settings)
+    if target.skip:
+        return PingResult("skip", target.skip)
+    host, port = target.host, target.port
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as e:

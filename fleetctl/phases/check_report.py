@@ -225,12 +225,12 @@ class CheckReport:
         return "; ".join(parts)
 
     def prime(self, fleet: FanOut) -> None:
-        """Give the fleet's open SSH connections the homes the probe reported (no SFTP lookup)."""
+        """Give the fleet's open connections the homes the probe reported (no SFTP lookup, no
+        srun step)."""
         for node in fleet.connected:
             home = self.homes.get(node.name)
-            conn = fleet.connection(node)
-            if home and hasattr(conn, "set_home"):
-                conn.set_home(home)
+            if home:
+                fleet.connection(node).remember_home(home)
 
     def to_dict(self) -> dict[str, Any]:
         return {

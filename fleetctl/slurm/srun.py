@@ -12,17 +12,21 @@ from __future__ import annotations
 import base64
 import shlex
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RemoteCommandError
-from fleetctl.slurm.allocation import JOB_VAR
+from fleetctl.slurm.allocation import JOB_VAR, srun_vars
+from fleetctl.ssh.connection import PingTarget
 from fleetctl.ssh.execclient import ExecConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.ssh.connection import HealthWatch, SSHSettings
 
 FILE_TIMEOUT = 600.0  # a put/get/listdir step, file bytes included
+REACH_KEY = "slurm_job"  # connect.json: the Slurm job whose steps reach the node
 
 
 def srun_argv(job_id: str, node: str, line: str) -> list[str]:
@@ -52,8 +56,8 @@ class SrunConnection(ExecConnection):
 
     new_session = True
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
+        super().__init__(node)
         self.job_id = str(node.vars[JOB_VAR])
         self._home: str | None = None
         self._lock = threading.Lock()
@@ -97,7 +101,7 @@ class SrunConnection(ExecConnection):
                 self._home = res.stdout
             return self._home
 
-    def set_home(self, home: str) -> None:
+    def remember_home(self, home: str) -> None:
         """Record the home the check's probe reported: each ``$HOME`` lookup is a job step
         (slurmctld round trips), and ``expand`` asks it per node before the launch."""
         with self._lock:
@@ -105,3 +109,30 @@ class SrunConnection(ExecConnection):
 
     def close(self) -> None:
         pass
+
+    # -- capabilities -----------------------------------------------------------------------
+    @classmethod
+    def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
+        """None: slurmd reaches the node, there is no SSH port to try (and resolving its
+        ssh_config would import paramiko, ~40 ms of CPU, for a run that never opens SSH)."""
+        return PingTarget(skip="reached by srun")
+
+    @classmethod
+    def watch_health(
+        cls, names: Sequence[str], on_lost: Callable[[str, str], bool]
+    ) -> HealthWatch | None:
+        """Slurm's own word on its nodes (``nodestate``): one DOWN/NOT_RESPONDING is lost at
+        once instead of after the heartbeats' silence."""
+        from fleetctl.slurm.nodestate import NodeStateWatch
+
+        return NodeStateWatch(names, on_lost).start()
+
+    @classmethod
+    def reach_fields(cls, node: Node) -> dict[str, Any]:
+        """The Slurm job: a later ``status``/``stop`` reaches the node by a step of that job."""
+        return {REACH_KEY: node.vars[JOB_VAR]} if JOB_VAR in node.vars else {}
+
+    @classmethod
+    def reach_vars(cls, fields: Mapping[str, Any]) -> dict[str, str]:
+        job = fields.get(REACH_KEY)
+        return {} if job is None else srun_vars(str(job))

@@ -15,12 +15,16 @@ import os
 import signal
 import subprocess
 from abc import abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fleetctl.errors import RemoteCommandError
 from fleetctl.results import CommandResult
 from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
 from fleetctl.ssh.procstream import ProcessStream
+
+if TYPE_CHECKING:
+    from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
 
 KILL_WAIT = 1.0  # after a timeout's kill: how long the output may take to end
 
@@ -32,6 +36,9 @@ class ExecConnection(Connection):
     #: the process gets a session of its own, and a timeout kills the whole session (an srun
     #: step); otherwise it stays in ours, so Ctrl-C reaches it, and a timeout kills it alone
     new_session: ClassVar[bool] = False
+
+    def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
+        self.node = node  # no SSH: ``settings`` does not apply
 
     @abstractmethod
     def argv(self, line: str) -> list[str]:

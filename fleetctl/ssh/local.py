@@ -6,23 +6,44 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetctl.ssh.connection import PingTarget
 from fleetctl.ssh.execclient import ExecConnection
+from fleetctl.ssh.openssh import RsyncTarget
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.ssh.connection import SSHSettings
 
 
 class LocalConnection(ExecConnection):
     """This machine, without SSH: same commands, run by ``/bin/sh -c``."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    can_rsync = True  # from folder to folder, no remote shell
 
     def argv(self, line: str) -> list[str]:
         return ["/bin/sh", "-c", line]
+
+    def rsync_target(self, path: str) -> RsyncTarget:
+        return RsyncTarget((), path)
+
+    def upload(self, local: Path, remote: str, progress: Callable[[int, int], None]) -> None:
+        """A copy in 1 MiB chunks (progress per chunk) to ``remote.part``, renamed into place."""
+        part = remote + ".part"
+        size, done = local.stat().st_size, 0
+        with open(local, "rb") as fi, open(part, "wb") as fo:
+            for chunk in iter(lambda: fi.read(1 << 20), b""):
+                fo.write(chunk)
+                done += len(chunk)
+                progress(done, size)
+        os.replace(part, remote)
+
+    @classmethod
+    def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
+        return PingTarget(skip="local")
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = Path(self.expand(remote))

@@ -522,7 +522,7 @@ def test_put_get_listdir_home_and_expand(conn: SSHConnection, tmp_path: Path) ->
     assert conn.expand("~") == "/root"
     assert conn.expand("~/.fleetctl/x") == "/root/.fleetctl/x"
     assert conn.expand("/abs/~/x") == "/abs/~/x"
-    conn.set_home("/home/elsewhere")
+    conn.remember_home("/home/elsewhere")
     assert conn.expand("~/w") == "/home/elsewhere/w"
 
 

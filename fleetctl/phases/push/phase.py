@@ -21,7 +21,6 @@ from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOpt
 from fleetctl.phases.push.state import ENVINFO_SRC, _node_error, _one_line, _State
 from fleetctl.phases.push.transfer import _Transfer
 from fleetctl.results import FleetResult
-from fleetctl.ssh.connection import SSHConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -171,9 +170,7 @@ class _Push(_Transfer, _PeerDistribution):
         cfg: dict[str, Any] = {
             "workdir": node.workdir,
             "keep": self.options.keep_snapshots,
-            "want_manifest": True
-            if self.options.use_rsync and self._have_local_rsync
-            else "always",
+            "want_manifest": True if self._rsync_reaches(conn) else "always",
             "check_torch": self.options.check_torch,
             "verify_timeout": self.options.verify_timeout,
         }
@@ -184,8 +181,7 @@ class _Push(_Transfer, _PeerDistribution):
         out = self._remote(
             node, conn, "probe", cfg, self.options.command_timeout + self.options.verify_timeout
         )
-        if isinstance(conn, SSHConnection):
-            conn.set_home(out["home"])
+        conn.remember_home(out["home"])
         st.workdir = st.result.workdir = out["workdir"]
         st.workdir_id = out.get("workdir_id")
         st.rsync, st.free = out.get("rsync"), int(out.get("free", 0))
