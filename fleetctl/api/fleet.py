@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.execute import ExecResult, NodeRun
 
 DEFAULT_RUNS_DIR = "fleet-runs"
-DEFAULT_FANOUT = 64  # as fleetctl.ssh.fleet.DEFAULT_FANOUT (not imported: no SSH code yet)
+DEFAULT_FANOUT = 64  # as fleetctl.ssh.fanout.DEFAULT_FANOUT (not imported: no SSH code yet)
 
 
 def probe_timeout_arg(value: float) -> float:
@@ -510,6 +510,6 @@ class Fleet:
         return group.group(self._nodes, self.settings, config)
 
     def _ssh(self) -> Any:
-        from fleetctl.ssh.fleet import Fleet as SSHFleet
+        from fleetctl.ssh.fanout import FanOut
 
-        return SSHFleet(self._nodes, self.settings, fanout=self.fanout)
+        return FanOut(self._nodes, self.settings, fanout=self.fanout)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 @dataclass
@@ -139,7 +139,7 @@ def run_attempts(
     *,
     on_event: Callable[[JobEvent], None] | None = None,
     on_result: Callable[[JobResult], None] | None = None,
-    fleet: Fleet | None = None,
+    fleet: FanOut | None = None,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
 ) -> AttemptsResult:
@@ -151,12 +151,12 @@ def run_attempts(
     from fleetctl.job.result import JobEvent
     from fleetctl.job.retry import Failure
     from fleetctl.job.run import run_job
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     emit = on_event or (lambda e: None)
     rng = rng or random.Random()
     own = fleet is None
-    fleet = fleet or Fleet(nodes, options.settings)
+    fleet = fleet or FanOut(nodes, options.settings)
     out = AttemptsResult()
     base = spec.job_id
     base_folder = Path(options.runs_dir) / base
@@ -186,7 +186,7 @@ def run_attempts(
                     if options.elastic:  # the hosts a lost node's place may go to, in order
                         free = [x for x in nodes if x not in chosen and x.name not in left_out]
                         aopts = dataclasses.replace(aopts, spares=tuple(free))
-                    with Fleet(chosen, options.settings) as afleet:
+                    with FanOut(chosen, options.settings) as afleet:
                         result = run_job(aspec, chosen, aopts, on_event=on_event, fleet=afleet)
                 else:
                     result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
@@ -313,7 +313,7 @@ def _relayed(options: RunOptions) -> dict[str, Any] | None:
     return relay.report.to_dict() if relay is not None and relay.report is not None else None
 
 
-def _reconnect(fleet: Fleet, last: JobResult | None) -> list[str]:
+def _reconnect(fleet: FanOut, last: JobResult | None) -> list[str]:
     """Drop the connections a retry must not reuse: nodes the last attempt lost or could not
     start on, and any whose transport died (a rebooted node). Returns their names."""
     from fleetctl.job.state import NodeState

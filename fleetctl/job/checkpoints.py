@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
     from fleetctl.job.result import JobResult
     from fleetctl.node import Node
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 @dataclass
@@ -55,7 +55,7 @@ def relay_source(pool: Sequence[Node], results: Sequence[JobResult]) -> RelaySou
     return None
 
 
-def relay_before_launch(job: JobContext, fleet: Fleet, shared: Sequence[Sequence[str]]) -> None:
+def relay_before_launch(job: JobContext, fleet: FanOut, shared: Sequence[Sequence[str]]) -> None:
     """Copy the last attempt's checkpoints into this attempt's work folders (see module doc).
     Raises ``PushError`` when a node could not take them."""
     relay = job.options.relay

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fleetctl.phases.check import CheckReport
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 # cells a finished job's own processes cannot explain away (ports are the job's business)
 _CAUSES = ("ssh", "ping", "python", "nic", "addr", "gpu", "disk")
@@ -51,7 +51,7 @@ def culprits(report: CheckReport) -> list[str]:
 
 
 def post_mortem(
-    fleet: Fleet,
+    fleet: FanOut,
     spec: JobSpec,
     *,
     skip: Iterable[str] = (),
@@ -62,7 +62,7 @@ def post_mortem(
     the run wait longer: a post-mortem that fails or runs late says so instead of hiding the
     job's own failure (a probe still running is left to finish in the background)."""
     from fleetctl.phases.check import CheckOptions, check_fleet
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     skip = set(skip)
     nodes = [n for n in fleet.nodes if n.name not in skip]
@@ -82,7 +82,7 @@ def post_mortem(
     settings = dataclasses.replace(
         fleet.settings, connect_timeout=min(fleet.settings.connect_timeout, limit)
     )
-    sub = Fleet(nodes, settings, fanout=fleet.fanout)
+    sub = FanOut(nodes, settings, fanout=fleet.fanout)
     for node in nodes:
         if node.name not in shared:
             continue

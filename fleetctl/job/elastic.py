@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.launch import NodeRun
     from fleetctl.phases.watch import Event, Watch
     from fleetctl.plan.rankplan import NodePlan
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 def iso(t: float) -> str:
@@ -41,7 +41,7 @@ def iso(t: float) -> str:
 class Membership:
     """The spares of one elastic attempt and the changes made so far."""
 
-    def __init__(self, job: JobContext, fleet: Fleet, watch: Watch) -> None:
+    def __init__(self, job: JobContext, fleet: FanOut, watch: Watch) -> None:
         self.job, self.fleet, self.watch = job, fleet, watch
         self.spares: list[Node] = list(job.options.spares)
         self.threads: list[threading.Thread] = []
@@ -115,10 +115,10 @@ class Membership:
         from fleetctl.job.prepare import plan_document
         from fleetctl.phases.collect import CollectOptions
         from fleetctl.phases.launch import node_spec, start_node
-        from fleetctl.ssh.fleet import Fleet
+        from fleetctl.ssh.fanout import FanOut
 
         job, options = self.job, self.job.options
-        own = Fleet([spare], options.settings)
+        own = FanOut([spare], options.settings)
         digest = self._push(own, spare)
         slot = self._slot(rank, digest)
         conn = own.connection(spare)
@@ -143,7 +143,7 @@ class Membership:
         )
         return start_node(spare, conn, spec, python=spare.python)
 
-    def _push(self, fleet: Fleet, spare: Node) -> str | None:
+    def _push(self, fleet: FanOut, spare: Node) -> str | None:
         options = self.job.options
         if options.code is None and options.env_archive is None:
             return None

@@ -16,10 +16,10 @@ from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
     from fleetctl.ssh.connection import Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
-def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
+def finish(job: JobContext, fleet: FanOut, interrupted: bool) -> None:
     """Teardown (verify), wait for the supervisors' last words, collect, write job.json."""
     watch, plan = job.watch, job.plan
     job.state.stopping = True
@@ -96,7 +96,7 @@ def _lost_hosts(job: JobContext) -> set[str]:
     return {n.host for n in job.result.nodes if n.state == NodeState.LOST}
 
 
-def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
+def _teardown(job: JobContext, fleet: FanOut, *, hard: bool) -> None:
     from fleetctl.phases.teardown import teardown
 
     assert job.watch is not None and job.plan is not None
@@ -154,7 +154,7 @@ def _teardown(job: JobContext, fleet: Fleet, *, hard: bool) -> None:
         )
 
 
-def _collect(job: JobContext, fleet: Fleet, streams: dict[str, Stream] | None = None) -> None:
+def _collect(job: JobContext, fleet: FanOut, streams: dict[str, Stream] | None = None) -> None:
     from fleetctl.phases.collect import (
         CollectInterrupted,
         check_console,
@@ -244,7 +244,7 @@ def _blame_first_rank(job: JobContext) -> None:
     job.failure_line(now=True)  # the live line names who the summary does
 
 
-def _post_mortem(job: JobContext, fleet: Fleet) -> None:
+def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
     from fleetctl.job.culprit import post_mortem
 

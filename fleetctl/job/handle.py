@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.teardown import NodeStop, TeardownReport
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 from fleetctl.job.records import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
 from fleetctl.job.supervisors import (
@@ -54,7 +54,7 @@ class JobHandle:
         self._plan: Plan | None = None
         self.stop_time: float | None = None
         self.settings = settings
-        self._fleet: Fleet | None = None
+        self._fleet: FanOut | None = None
 
     @property
     def job_id(self) -> str:
@@ -77,11 +77,11 @@ class JobHandle:
         return self.job.live
 
     @property
-    def fleet(self) -> Fleet:
+    def fleet(self) -> FanOut:
         if self._fleet is None:
-            from fleetctl.ssh.fleet import Fleet
+            from fleetctl.ssh.fanout import FanOut
 
-            self._fleet = Fleet(self.nodes, self.settings)
+            self._fleet = FanOut(self.nodes, self.settings)
         return self._fleet
 
     def close(self) -> None:

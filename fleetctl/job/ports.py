@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.phases.check_report import HeldProbe
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 PORT_SPAN = 64  # ports tried from the default when none was given
 MAX_SPAN_TRIES = 8  # paddle: bases tried when a port of the span is taken on another node
@@ -40,7 +40,7 @@ class ClaimFolderError(LaunchError):
 
 
 def reserve_master_port(
-    fleet: Fleet,
+    fleet: FanOut,
     node0: Node,
     spec: JobSpec,
     *,
@@ -87,7 +87,7 @@ def reserve_master_port(
 
 
 def _claim(
-    fleet: Fleet,
+    fleet: FanOut,
     node: Node,
     cands: list[int],
     job: str,
@@ -140,7 +140,7 @@ def _held_call(
     return None
 
 
-def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
+def _unclaim(fleet: FanOut, nodes: Sequence[Node], base: int, job: str, span: int) -> None:
     """Give back the job's claims of base..base+span-1 on ``nodes`` (best effort: a claim
     left behind goes stale once its claimer is gone)."""
     source = remote.inline("port_probe.py")
@@ -155,7 +155,7 @@ def _unclaim(fleet: Fleet, nodes: Sequence[Node], base: int, job: str, span: int
 
 
 def _claim_everywhere(
-    fleet: Fleet,
+    fleet: FanOut,
     nodes: Sequence[Node],
     base: int,
     job: str,

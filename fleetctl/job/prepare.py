@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.launchers import Launcher
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 # plan.json is the full form (every node's env and argv whole, easy to read) up to this many
@@ -29,7 +29,7 @@ FULL_PLAN_MAX_NODES = 256
 PROBE_HOLD = 900.0
 
 
-def prepare(job: JobContext, fleet: Fleet) -> None:
+def prepare(job: JobContext, fleet: FanOut) -> None:
     """Connect, check, push and plan; writes plan.json. Raises on anything that blocks launch."""
     import dataclasses
 
@@ -128,8 +128,6 @@ def prepare(job: JobContext, fleet: Fleet) -> None:
             known_present=known_present,
             allow_secrets=options.allow_secrets,
             check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
-            # srun-reached nodes (a Slurm allocation) have no SSH for rsync: their own put
-            use_rsync=not any(n.vars.get("fleetctl_connection") == "srun" for n in job.nodes),
         )
         report = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts

@@ -54,14 +54,17 @@ def write_connect(
     collect: dict[str, Any] | None = None,
 ) -> None:
     """Record how to reach the job's nodes again (no env values, no secrets), and what
-    collecting their logs brings home (``collect``: cap and excludes of the run)."""
+    collecting their logs brings home (``collect``: cap and excludes of the run), with what
+    each node's transport keeps to reach it the same way (a Slurm job's steps)."""
+    from fleetctl.ssh.connection import reach_fields
+
     data = {
         "inventory": os.path.abspath(inventory) if inventory else None,
         "limit": limit,
         "collect": collect,
         "nodes": [
             {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
-            | _slurm_fields(n)
+            | reach_fields(n)
             for n in nodes
         ],
     }
@@ -80,27 +83,20 @@ def _node_fields(n: Node) -> dict[str, Any]:
     return {k: getattr(n, k) for k in _NODE_FIELDS}
 
 
-def _slurm_fields(n: Node) -> dict[str, Any]:
-    """A node of a Slurm allocation is reached again by an srun step of that job."""
-    from fleetctl.slurm.allocation import JOB_VAR, is_srun
-
-    return {"slurm_job": n.vars[JOB_VAR]} if is_srun(n) and JOB_VAR in n.vars else {}
-
-
 def load_nodes(folder: RunFolder) -> list[Node]:
     """The job's nodes in rank order: ``connect.json``, else what ``plan.json`` knows."""
     if folder.has_connect:
+        from fleetctl.ssh.connection import reached_vars
+
         data = folder.load_connect()
         try:
             nodes = []
-            for d in data["nodes"]:
-                job = d.get("slurm_job")
-                d = {k: v for k, v in d.items() if k in _NODE_FIELDS}
+            for entry in data["nodes"]:
+                d = {k: v for k, v in entry.items() if k in _NODE_FIELDS}
                 d["groups"] = tuple(d.get("groups") or ())
-                if job is not None:  # an srun step of that Slurm job, not SSH
-                    from fleetctl.slurm.allocation import CONNECTION_VAR, JOB_VAR
-
-                    d["vars"] = {CONNECTION_VAR: "srun", JOB_VAR: str(job)}
+                reached = reached_vars(entry)  # e.g. a step of that Slurm job, not SSH
+                if reached:
+                    d["vars"] = reached
                 nodes.append(Node(**d))
             return nodes
         except (KeyError, TypeError, AttributeError) as e:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 PORT_PROBE_TIMEOUT = 20.0
 
@@ -44,7 +44,7 @@ PORT_PROBE = remote.inline("port_probe.py")  # answers D {"free": [...]}
 
 
 def probe_free_ports(
-    fleet: Fleet, job_id: str, counts: Mapping[str, int], *, spare: int = 16
+    fleet: FanOut, job_id: str, counts: Mapping[str, int], *, spare: int = 16
 ) -> dict[str, list[int]]:
     """Ask each host which of its candidate ports bind now (one remote command per host)."""
     by_name = {n.name: n for n in fleet.nodes}
@@ -113,7 +113,7 @@ class RolePlanner:
         spec: JobSpec,
         facts: Mapping[str, NodeFacts] | None,
         code_digest: str | None,
-        fleet: Fleet,
+        fleet: FanOut,
     ) -> tuple[Plan, RoleLayout]:
         # Retried attempts keep the hosts but get fresh ports (the old ones may linger).
         by_name = {n.name: n for n in nodes}
@@ -134,7 +134,7 @@ class RolePlanner:
         )
         return plan, RoleLayout(self.job, tuple(tasks), ports)
 
-    def _claim_plain_masters(self, fleet: Fleet, tasks: Sequence[Task], spec: JobSpec) -> JobSpec:
+    def _claim_plain_masters(self, fleet: FanOut, tasks: Sequence[Task], spec: JobSpec) -> JobSpec:
         """A plain role's tasks meet at MASTER_ADDR:MASTER_PORT (``init_process_group``) on
         its first task's host: claim that port there for this job, like torchrun's (without
         --master-port the first free one; every plain role then uses it)."""

@@ -45,9 +45,8 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
-    from fleetctl.slurm.nodestate import NodeStateWatch
-    from fleetctl.ssh.connection import Connection, SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.connection import Connection, HealthWatch, SSHSettings
+    from fleetctl.ssh.fanout import FanOut
 
 DEFAULT_GRACE = 5.0
 DEFAULT_DEADMAN = 10.0
@@ -108,18 +107,18 @@ def run_job(
     options: RunOptions | None = None,
     *,
     on_event: Callable[[JobEvent], None] | None = None,
-    fleet: Fleet | None = None,
+    fleet: FanOut | None = None,
 ) -> JobResult:
     """Run ``spec`` on ``nodes`` (rank order). Returns the result; raises only before launch.
 
     A ``fleet`` given by the caller is reused and left open; otherwise one is made and closed.
     """
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     options = options or RunOptions()
     job = JobContext(spec, nodes, options, on_event or (lambda e: None))
     own = fleet is None
-    fleet = fleet or Fleet(nodes, options.settings)
+    fleet = fleet or FanOut(nodes, options.settings)
     interrupted = False
     try:
         job.save()
@@ -148,7 +147,7 @@ def run_job(
     return job.result
 
 
-def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
+def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
     """How the watcher reaches a silent node again: a new connection (the old transport may
     be dead), tried again and again until the deadline (``time.monotonic()``), each try short
     (a link coming back answers the next try at once, not after the kernel's SYN back-off);
@@ -173,7 +172,7 @@ def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
         except BaseException:
             conn.close()
             raise
-        conn.settings = fleet.settings  # from here on it is the node's connection, as dialled
+        conn.use_settings(fleet.settings)  # from here on it is the node's connection, as dialled
         run.conn = conn
         # the old connection closes, its stream with it: the supervisor sees EOF and runs on
         fleet.adopt(run.node, conn)
@@ -182,7 +181,7 @@ def _reattacher(fleet: Fleet) -> Callable[[NodeRun, float], list[Frame]]:
     return reattach
 
 
-def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
+def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
     plan, options = job.plan, job.options
     assert plan is not None
@@ -270,30 +269,35 @@ def _launch_and_watch(job: JobContext, fleet: Fleet) -> None:
     job.launched = {np.node_rank for np in plan.nodes}
     job.launch_thread = threading.Thread(target=launch_all, daemon=True, name="launch")
     job.launch_thread.start()
-    slurm_nodes = _slurm_node_state(job, watch)
+    health = _watch_health(job, watch)
     try:
         _watch_until_done(job, fleet, watch, limit=options.timeout)
     finally:
-        if slurm_nodes is not None:
-            slurm_nodes.stop()
+        for h in health:
+            h.stop()
 
 
-def _slurm_node_state(job: JobContext, watch: Watch) -> NodeStateWatch | None:
-    """Inside a Slurm allocation: a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in
-    Slurm's words (``fleetctl.slurm.nodestate``); None for SSH nodes."""
-    from fleetctl.slurm.allocation import is_srun
+def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
+    """Each transport's health source beside the connections, for its nodes of the plan: inside
+    a Slurm allocation a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in Slurm's words
+    (``SrunConnection.watch_health``); SSH has none."""
+    from fleetctl.ssh.connection import transport
 
     assert job.plan is not None
-    srun = {n.name for n in job.nodes if is_srun(n)}
-    ranks = {np.host: np.node_rank for np in job.plan.nodes if np.host in srun}
-    if not ranks:
-        return None
-    from fleetctl.slurm.nodestate import NodeStateWatch
+    ranks = {np.host: np.node_rank for np in job.plan.nodes}
+    by_transport: dict[type[Connection], list[str]] = {}
+    for n in job.nodes:
+        if n.name in ranks:
+            by_transport.setdefault(transport(n), []).append(n.name)
+    started = []
+    for cls, names in by_transport.items():
+        h = cls.watch_health(names, lambda name, why: watch.lose(ranks[name], why))
+        if h is not None:
+            started.append(h)
+    return started
 
-    return NodeStateWatch(list(ranks), lambda name, why: watch.lose(ranks[name], why)).start()
 
-
-def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: float | None) -> None:
+def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: float | None) -> None:
     """Feed the watcher's events to the job until every node ended or the first failure."""
     pending = set(job.launched)
     started = job.progress = time.monotonic()
@@ -349,7 +353,7 @@ def _limit_reached(job: JobContext, deadline: float | None, started: float) -> s
     return None
 
 
-def _dump_stacks(job: JobContext, fleet: Fleet) -> None:
+def _dump_stacks(job: JobContext, fleet: FanOut) -> None:
     """Every rank's stack before the teardown, folded so the odd rank out shows."""
     from fleetctl.job.stacks import fold
     from fleetctl.phases.stacks import dump_stacks

@@ -40,7 +40,7 @@ def choose_nodes(
     from fleetctl.phases.check import CheckOptions, check_fleet
     from fleetctl.plan.launchers import launcher_for
     from fleetctl.results import FleetResult
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     left_out = dict(ruled_out)
     held = _ledger()
@@ -63,7 +63,7 @@ def choose_nodes(
             collective=options.collective,
             probe_timeout=options.probe_timeout,
         )
-        with Fleet(candidates, options.settings) as fleet:
+        with FanOut(candidates, options.settings) as fleet:
             report = check_fleet(fleet, opts)
         names = {x.name for x in candidates}
         for line in culprits(report):

@@ -20,7 +20,7 @@ from fleetctl.remote.records import RecordError, SupervisorState
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
 STATUS_TIMEOUT = 30.0
@@ -28,7 +28,7 @@ STATUS_TIMEOUT = 30.0
 # ------------------------------------------------------------------------------ node side
 
 
-def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict[str, str]:
+def ensure_supervisor(fleet: FanOut, nodes: Sequence[Node] | None = None) -> dict[str, str]:
     """Make sure this fleetctl's supervisor is on every node (for status/stop/pack); returns
     node name -> its path. Uploads it (atomically) only where it is missing."""
     from fleetctl.phases.launch import install_program, supervisor_path
@@ -43,7 +43,7 @@ def ensure_supervisor(fleet: Fleet, nodes: Sequence[Node] | None = None) -> dict
 
 
 def request_stop(
-    fleet: Fleet,
+    fleet: FanOut,
     plan: Plan,
     nodes: Sequence[Node],
     *,
@@ -113,7 +113,7 @@ class NodeReport:
 
 
 def node_states(
-    fleet: Fleet,
+    fleet: FanOut,
     plan: Plan,
     nodes: Sequence[Node],
     *,

@@ -54,7 +54,7 @@ from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection, SSHSettings, Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 __all__ = [
     "CHECKS",
@@ -277,19 +277,14 @@ class PingResult:
 
 
 def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingResult:
-    """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port."""
-    if node.local:
-        return PingResult("skip", "local")
-    if node.vars.get("fleetctl_connection") == "srun":  # a Slurm node: reached by slurmd
-        # no SSH port to try, and its ssh_config resolution would import paramiko (~40 ms
-        # CPU) for a run inside an allocation that never opens an SSH connection
-        return PingResult("skip", "reached by srun")
-    from fleetctl.ssh import sshconfig
+    """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port.
+    Where to, or whether at all, the node's transport says (``Connection.ping_target``)."""
+    from fleetctl.ssh.connection import transport
 
-    target = sshconfig.resolve(node, settings)  # the connection's own answer, ssh_config aliases
-    host, port = target.hostname, target.port
-    if target.proxied:
-        return PingResult("skip", "behind a jump host")
+    target = transport(node).ping_target(node, settings)
+    if target.skip:
+        return PingResult("skip", target.skip)
+    host, port = target.host, target.port
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as e:
@@ -377,7 +372,7 @@ def cache_key(nodes: Sequence[Node], settings: SSHSettings, options: CheckOption
 # ----------------------------------------------------------------------------------- entry
 
 
-def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckReport:
+def check_fleet(fleet: FanOut, options: CheckOptions | None = None) -> CheckReport:
     """Check every host and every pair of hosts; never raises for a failed check.
 
     Connects the fleet (connections stay open for the next phases), pings from here, runs the
@@ -464,7 +459,7 @@ def check_fleet(fleet: Fleet, options: CheckOptions | None = None) -> CheckRepor
     return report
 
 
-def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions) -> Any:
+def _start_collective(fleet: FanOut, nodes: Sequence[Node], options: CheckOptions) -> Any:
     """``--collective``: the node programs started now, so torch imports while the check runs
     (the slow part on small nodes); None without it."""
     if options.collective is None or len(nodes) < 2:
@@ -477,7 +472,7 @@ def _start_collective(fleet: Fleet, nodes: Sequence[Node], options: CheckOptions
 
 
 def _collective(
-    fleet: Fleet,
+    fleet: FanOut,
     nodes: Sequence[Node],
     report: CheckReport,
     options: CheckOptions,
@@ -506,7 +501,7 @@ def _mesh_wait(options: CheckOptions, n: int) -> float:
 
 
 def _run_sessions(
-    fleet: Fleet, nodes: Sequence[Node], options: CheckOptions
+    fleet: FanOut, nodes: Sequence[Node], options: CheckOptions
 ) -> dict[str, ProbeOutcome | BaseException]:
     mesh = options.mesh and len(nodes) > 1
     allow_lo = options.allow_loopback or len(fleet.nodes) == 1

@@ -29,7 +29,7 @@ from fleetctl.plan.launchers.base import SHELL, kind_of
 from fleetctl.plan.rankplan import NodeFacts, Plan, container_python
 from fleetctl.plan.runtimes import ORDER, runtime
 from fleetctl.results import FleetResult
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import JobSpec
@@ -329,7 +329,7 @@ def _problem(data: Mapping, want: ImageWant) -> str | None:
 
 
 def check_images(
-    fleet: Fleet, want: Mapping[str, ImageWant], *, recheck: bool = False
+    fleet: FanOut, want: Mapping[str, ImageWant], *, recheck: bool = False
 ) -> dict[str, ImageFacts]:
     """host -> what its image check found (the runtime it uses, the image's torch); raises
     CheckError naming every host that cannot run. ``recheck``: run the probe's container even

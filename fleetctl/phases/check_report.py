@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.connection import Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -224,13 +224,13 @@ class CheckReport:
             parts.append(self.collective.summary())
         return "; ".join(parts)
 
-    def prime(self, fleet: Fleet) -> None:
-        """Give the fleet's open SSH connections the homes the probe reported (no SFTP lookup)."""
+    def prime(self, fleet: FanOut) -> None:
+        """Give the fleet's open connections the homes the probe reported (no SFTP lookup, no
+        srun step)."""
         for node in fleet.connected:
             home = self.homes.get(node.name)
-            conn = fleet.connection(node)
-            if home and hasattr(conn, "set_home"):
-                conn.set_home(home)
+            if home:
+                fleet.connection(node).remember_home(home)
 
     def to_dict(self) -> dict[str, Any]:
         return {

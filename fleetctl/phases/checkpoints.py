@@ -30,7 +30,7 @@ from fleetctl.results import FleetResult
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection, SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 T = TypeVar("T")
 
@@ -164,7 +164,7 @@ def relay_method(hosts: int, size: int, peer_addr: str | None) -> str:
 
 
 def relay_checkpoints(
-    fleet: Fleet,
+    fleet: FanOut,
     source: RelaySource,
     targets: Sequence[RelayTarget],
     *,
@@ -310,7 +310,7 @@ def list_checkpoints(
 
 
 def _missing_sets(
-    fleet: Fleet,
+    fleet: FanOut,
     todo: Sequence[RelayTarget],
     manifest: dict[str, list[Any]],
     base: dict[str, Any],
@@ -353,7 +353,7 @@ def _missing_sets(
 
 
 def _send_set(
-    fleet: Fleet,
+    fleet: FanOut,
     source: RelaySource,
     conn: Connection,
     files: Sequence[str],
@@ -406,7 +406,7 @@ def _send_set(
 
 
 def _source_connection(
-    fleet: Fleet, source: RelaySource, report: RelayReport
+    fleet: FanOut, source: RelaySource, report: RelayReport
 ) -> tuple[Connection | None, bool]:
     """The fleet's connection when the source runs this attempt too, else a new one."""
     from fleetctl.ssh.connection import connect
@@ -421,7 +421,7 @@ def _source_connection(
 
 
 def _by_peer(
-    fleet: Fleet,
+    fleet: FanOut,
     source: RelaySource,
     conn: Connection,
     packed: dict[str, Any],
@@ -466,7 +466,7 @@ def _by_peer(
 
 
 def _by_controller(
-    fleet: Fleet,
+    fleet: FanOut,
     source: RelaySource,
     conn: Connection,
     packed: dict[str, Any],

@@ -4,7 +4,8 @@ A snapshot is content-addressed: the digest covers every shipped file's path, ki
 content hash, so an unchanged tree maps to the same ``W/code/<digest>/`` on every node and a
 no-op push only has to ask whether that folder exists. Content hashes are cached by
 (size, mtime, inode), so re-digesting an unchanged tree reads no file.
-rsync's ``ssh`` is ``fleetctl.ssh.openssh.ssh_argv`` (fleetctl's trust settings).
+How rsync reaches a node (its ``ssh`` with fleetctl's trust settings) is the connection's
+answer (``Connection.rsync_target``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import stat
 import subprocess
 from dataclasses import dataclass, field
@@ -24,13 +24,11 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
 from fleetctl.remote.keyscan import KeyScan
-from fleetctl.ssh.openssh import ssh_argv  # rsync's -e (re-exported for older imports)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.ssh.openssh import RsyncTarget
 
 IGNORE_FILE = ".fleetignore"
 # Never shipped, whatever .gitignore says: version-control and VM state (``.vagrant/`` holds the
@@ -482,23 +480,17 @@ def snapshot(
 # ----------------------------------------------------------------------- rsync
 
 
-def rsync_target(node: Node, path: str) -> str:
-    host = f"[{node.address}]" if ":" in node.address else node.address
-    return f"{host}:{path}"
-
-
 def rsync_argv(
-    node: Node,
-    settings: SSHSettings,
+    target: RsyncTarget,
     src: Path,
-    dest: str,
     *,
     files_from: str,
     link_dest: str | None,
     io_timeout: int,
 ) -> list[str]:
-    """rsync of the listed files into ``dest`` (a fresh temp dir), hard-linking unchanged files
-    from ``link_dest`` (the newest previous snapshot) so only changes cross the wire."""
+    """rsync of the listed files into ``target`` (a fresh temp dir on the node, as its
+    connection reaches it), hard-linking unchanged files from ``link_dest`` (the newest
+    previous snapshot) so only changes cross the wire."""
     argv = [
         "rsync",
         "-a",
@@ -511,8 +503,4 @@ def rsync_argv(
     ]
     if link_dest:
         argv.append(f"--link-dest={link_dest}")
-    if node.local:
-        return [*argv, f"{src}/", f"{dest}/"]
-    argv += ["-e", shlex.join(ssh_argv(node, settings))]
-    # --protect-args: the remote path travels inside the rsync protocol, never re-split by a shell
-    return [*argv, "--protect-args", f"{src}/", rsync_target(node, dest + "/")]
+    return [*argv, *target.options, f"{src}/", target.dest]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import Connection, Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 COLLECT_TIMEOUT = 60.0  # s without a byte from the node before a transfer counts as failed
 COLLECT_ATTEMPTS = 3  # a failed transfer is retried, asking only for what is not home yet
@@ -393,7 +393,7 @@ def collect_node(
 
 
 def collect(
-    fleet: Fleet,
+    fleet: FanOut,
     plan: Plan,
     folder: Path,
     *,
@@ -504,7 +504,7 @@ def _per_node(
     return out
 
 
-def _live(fleet: Fleet, node: Node, conn: Connection) -> Connection:
+def _live(fleet: FanOut, node: Node, conn: Connection) -> Connection:
     """``conn``, or a new connection when its transport died (a broken transfer can take the
     SSH session with it, e.g. a key re-exchange that timed out)."""
     try:

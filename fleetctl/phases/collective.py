@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.connection import Connection, Stream
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 KINDS = frozenset("IRPDK")
 START_WAIT = 60.0  # s for rank 0 to import torch and open the store
@@ -104,7 +104,7 @@ def _argv(python: str, wait: float) -> list[str]:
     return [python, "-c", remote.inline("collective.py"), json.dumps({"wait": wait})]
 
 
-def start_programs(fleet: Fleet, nodes: Sequence[Node], wait: float) -> Started:
+def start_programs(fleet: FanOut, nodes: Sequence[Node], wait: float) -> Started:
     """Start the node program on every node of ``nodes`` with its own python, to import torch
     while the caller still checks the fleet; each waits ``wait`` s for its part at most. A node
     where it did not start is started again by :func:`run_collective`."""
@@ -137,7 +137,7 @@ def node_args(
 
 
 def run_collective(
-    fleet: Fleet,
+    fleet: FanOut,
     nodes: Sequence[Node],
     facts: Mapping[str, NodeFacts],
     options: CollectiveOptions,

@@ -32,7 +32,7 @@ from fleetctl.results import FleetResult
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 SAVABLE = ("podman", "docker")  # apptainer's image is a SIF file: copy it like any file
 QUERY_TIMEOUT = 120.0
@@ -92,7 +92,7 @@ def local_image_id(image: str, rt: str = "podman") -> str:
 
 
 def push_image(
-    fleet: Fleet,
+    fleet: FanOut,
     image: str,
     *,
     container_runtime: str | None = None,
@@ -113,7 +113,7 @@ def push_image(
 
 class _ImagePush:
     def __init__(
-        self, fleet: Fleet, image: str, rt: str | None, peer: bool | None, image_id: str | None
+        self, fleet: FanOut, image: str, rt: str | None, peer: bool | None, image_id: str | None
     ) -> None:
         self.fleet, self.image, self.peer = fleet, image, peer
         self.fanout = PEER_FANOUT

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 DUMP_TIMEOUT = 60.0  # s per node: py-spy takes well under a second per process
 
@@ -100,7 +100,7 @@ def local_py_spy() -> Path | None:
 
 
 def dump_stacks(
-    fleet: Fleet,
+    fleet: FanOut,
     plan: Plan,
     *,
     pythons: dict[str, str],

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 @dataclass
@@ -119,7 +119,7 @@ def stop_on_node(
 
 
 def teardown(
-    fleet: Fleet,
+    fleet: FanOut,
     plan: Plan,
     *,
     grace: float,

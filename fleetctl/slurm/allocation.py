@@ -138,7 +138,7 @@ def fleet_nodes(
     addrs: Callable[[Sequence[str]], Mapping[str, str]] = _scontrol_addrs,
 ) -> tuple[Node, ...]:
     """The allocation's nodes in Slurm's order, each marked for srun. Pure given the callables."""
-    marks = {CONNECTION_VAR: "srun", JOB_VAR: alloc.job_id}
+    marks = srun_vars(alloc.job_id)
     if inventory is not None:
         by_name = {n.name: n for n in inventory}
         missing = [h for h in alloc.hosts if h not in by_name]
@@ -188,6 +188,11 @@ def apply(
         groups = {"all": names, "ungrouped": names}
     digest = hashlib.sha256(f"{inv.digest}\0slurm\0{alloc.job_id}\0{','.join(names)}".encode())
     return dataclasses.replace(inv, nodes=nodes, groups=groups, digest=digest.hexdigest())
+
+
+def srun_vars(job_id: str) -> dict[str, str]:
+    """The vars that make a node reached by steps of Slurm job ``job_id`` (``SrunConnection``)."""
+    return {CONNECTION_VAR: "srun", JOB_VAR: job_id}
 
 
 def is_srun(node: Node) -> bool:

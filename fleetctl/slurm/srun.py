@@ -10,25 +10,23 @@ alone, and a teardown command on a node is one more step beside the supervisor's
 from __future__ import annotations
 
 import base64
-import contextlib
-import os
 import shlex
-import signal
-import subprocess
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RemoteCommandError
-from fleetctl.results import CommandResult
-from fleetctl.slurm.allocation import JOB_VAR
-from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
-from fleetctl.ssh.procstream import ProcessStream
+from fleetctl.slurm.allocation import JOB_VAR, srun_vars
+from fleetctl.ssh.connection import PingTarget
+from fleetctl.ssh.execclient import ExecConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.ssh.connection import HealthWatch, SSHSettings
 
 FILE_TIMEOUT = 600.0  # a put/get/listdir step, file bytes included
+REACH_KEY = "slurm_job"  # connect.json: the Slurm job whose steps reach the node
 
 
 def srun_argv(job_id: str, node: str, line: str) -> list[str]:
@@ -51,57 +49,21 @@ def srun_argv(job_id: str, node: str, line: str) -> list[str]:
     ]
 
 
-class SrunConnection(Connection):
-    """A node's commands and streams, each run as an srun step on the node. No invoke here:
-    paramiko may be importing with invoke held off in another thread (``sshconfig``)."""
+class SrunConnection(ExecConnection):
+    """A node's commands and streams, each run as an srun step on the node (``ExecConnection``
+    runs it; a step's session is killed whole at a timeout). No invoke here: paramiko may be
+    importing with invoke held off in another thread (``sshconfig``)."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    new_session = True
+
+    def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
+        super().__init__(node)
         self.job_id = str(node.vars[JOB_VAR])
         self._home: str | None = None
         self._lock = threading.Lock()
 
-    def _wrap(self, command: Command) -> list[str]:
-        return srun_argv(self.job_id, self.node.name, to_shell(command))
-
-    def run(
-        self, command: Command, *, timeout: float, stdin: bytes | None = None, check: bool = False
-    ) -> CommandResult:
-        line = to_shell(command)
-        proc = subprocess.Popen(
-            self._wrap(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(stdin or b"", timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # srun gone: Slurm ends the step
-            proc.communicate()
-            raise RemoteCommandError(
-                self.node.label,
-                line,
-                None,
-                f"{self.node.label}: `{line}` timed out after {timeout:g}s",
-            ) from e
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        result = CommandResult(
-            line, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        )
-        return self._checked(command, result, check)
-
-    def start(self, command: Command) -> Stream:
-        proc = subprocess.Popen(
-            self._wrap(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return ProcessStream(proc)
+    def argv(self, line: str) -> list[str]:
+        return srun_argv(self.job_id, self.node.name, line)
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> None:
         dest = self.expand(remote)
@@ -139,7 +101,7 @@ class SrunConnection(Connection):
                 self._home = res.stdout
             return self._home
 
-    def set_home(self, home: str) -> None:
+    def remember_home(self, home: str) -> None:
         """Record the home the check's probe reported: each ``$HOME`` lookup is a job step
         (slurmctld round trips), and ``expand`` asks it per node before the launch."""
         with self._lock:
@@ -147,3 +109,30 @@ class SrunConnection(Connection):
 
     def close(self) -> None:
         pass
+
+    # -- capabilities -----------------------------------------------------------------------
+    @classmethod
+    def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
+        """None: slurmd reaches the node, there is no SSH port to try (and resolving its
+        ssh_config would import paramiko, ~40 ms of CPU, for a run that never opens SSH)."""
+        return PingTarget(skip="reached by srun")
+
+    @classmethod
+    def watch_health(
+        cls, names: Sequence[str], on_lost: Callable[[str, str], bool]
+    ) -> HealthWatch | None:
+        """Slurm's own word on its nodes (``nodestate``): one DOWN/NOT_RESPONDING is lost at
+        once instead of after the heartbeats' silence."""
+        from fleetctl.slurm.nodestate import NodeStateWatch
+
+        return NodeStateWatch(names, on_lost).start()
+
+    @classmethod
+    def reach_fields(cls, node: Node) -> dict[str, Any]:
+        """The Slurm job: a later ``status``/``stop`` reaches the node by a step of that job."""
+        return {REACH_KEY: node.vars[JOB_VAR]} if JOB_VAR in node.vars else {}
+
+    @classmethod
+    def reach_vars(cls, fields: Mapping[str, Any]) -> dict[str, str]:
+        job = fields.get(REACH_KEY)
+        return {} if job is None else srun_vars(str(job))

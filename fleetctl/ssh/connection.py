@@ -1,6 +1,10 @@
-"""One node: run commands, stream a long-running command, copy files. SSH or local.
+"""One node: run commands, stream a long-running command, copy files. SSH, local or srun.
 
-``Connection`` is the protocol every phase uses. ``SSHConnection`` is one paramiko transport to
+``Connection`` is the protocol every phase uses; what differs between transports (how rsync
+reaches the node, where the controller pings, a home a probe reported, a push's upload with
+progress, a reconnect's settings, a health source beside the connection, what a run folder
+keeps to reach the node again) is asked of it, never tested by kind outside ``ssh/`` and
+``slurm/`` (``tests/pure/test_transport_guard.py``). ``SSHConnection`` is one paramiko transport to
 the node (dialled by ``dial``: ssh_config through ``sshconfig``, ProxyJump hops, host keys),
 opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap channels on
 its one transport instead of new handshakes. Host keys: ``hostkeys``. ``LocalConnection``
@@ -17,10 +21,10 @@ import shlex
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fleetctl.errors import ConnectError, RemoteCommandError
 from fleetctl.results import CommandResult
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     import paramiko
 
     from fleetctl.node import Node
+    from fleetctl.ssh.openssh import RsyncTarget
 
 Command = str | Sequence[str]
 
@@ -108,14 +113,85 @@ class Stream(ABC):
         return None
 
 
+@dataclass(frozen=True)
+class PingTarget:
+    """Where the controller pings a node (``host``, ``port`` for the TCP fallback), or why it
+    does not (``skip``: the node is this machine, behind a jump host, reached by slurmd)."""
+
+    host: str = ""
+    port: int = 0
+    skip: str = ""
+
+
+class HealthWatch(Protocol):
+    """A started watcher of nodes' health from a source beside their connections."""
+
+    def stop(self) -> None: ...
+
+
 class Connection(ABC):
-    """One node's command and file channel. Thread-safe: phases fan out over it."""
+    """One node's command and file channel. Thread-safe: phases fan out over it.
+
+    Besides the channel, a transport answers the questions its callers would otherwise settle
+    by testing its kind; the defaults here are a transport's that has none of the extras.
+    """
 
     node: Node
+
+    #: a push may send code with rsync (``rsync_target``); otherwise it sends files with
+    #: ``upload`` (a Slurm node: no SSH for rsync's shell)
+    can_rsync: ClassVar[bool] = False
 
     def alive(self) -> bool:
         """Whether the channel can still carry a command (False: reconnect before use)."""
         return True
+
+    # -- capabilities: asked instead of testing the kind -------------------------------------
+    def rsync_target(self, path: str) -> RsyncTarget:
+        """How rsync reaches ``path`` on the node (only where ``can_rsync``)."""
+        raise NotImplementedError(f"{self.node.label}: rsync cannot reach this node")
+
+    def upload(self, local: Path, remote: str, progress: Callable[[int, int], None]) -> None:
+        """``put`` for a push: ``remote`` (absolute) appears whole or not at all, and
+        ``progress(done, total)`` hears the bytes as they go (here: once, at the end)."""
+        self.put(local, remote)
+        size = local.stat().st_size
+        progress(size, size)
+
+    def remember_home(self, home: str) -> None:
+        """Take the home a probe already reported, saving the lookup ``home`` would make
+        (nothing to save where the home costs nothing)."""
+        return None
+
+    def use_settings(self, settings: SSHSettings) -> None:
+        """From now on use ``settings``: a node reached again with a short connect timeout
+        keeps the fleet's own once it answered (nothing to do without SSH settings)."""
+        return None
+
+    @classmethod
+    def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
+        """Where the controller's reachability ping for ``node`` goes, or why it is skipped.
+        A class question: the check pings beside connecting, before any connection exists."""
+        return PingTarget(skip="no address to ping")
+
+    @classmethod
+    def watch_health(
+        cls, names: Sequence[str], on_lost: Callable[[str, str], bool]
+    ) -> HealthWatch | None:
+        """Start watching these nodes from a source beside their connections (Slurm's node
+        states): ``on_lost(name, reason)`` when it says one is gone. None: no such source."""
+        return None
+
+    @classmethod
+    def reach_fields(cls, node: Node) -> dict[str, Any]:
+        """What a run folder's connect.json keeps, beyond the node's inventory fields, so that
+        ``status``/``stop``/``collect`` reach it the same way later (``reached_vars`` reads it)."""
+        return {}
+
+    @classmethod
+    def reach_vars(cls, fields: Mapping[str, Any]) -> dict[str, str]:
+        """The node vars that ``reach_fields`` stood for (empty: not this transport's)."""
+        return {}
 
     @abstractmethod
     def run(
@@ -211,6 +287,8 @@ class SSHConnection(Connection):
     as 128+N, streams both ways, and ``put`` renames a ``.part`` file into place.
     """
 
+    can_rsync = True
+
     def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
         self.node = node
         self.settings = settings or SSHSettings()
@@ -219,6 +297,38 @@ class SSHConnection(Connection):
         self._home: str | None = None
         self._clients = dial.dial(node, self.settings)  # jump hosts first, the node's last
         self.client: paramiko.SSHClient = self._clients[-1]
+
+    # -- capabilities -----------------------------------------------------------------------
+    def rsync_target(self, path: str) -> RsyncTarget:
+        """OpenSSH with this connection's trust settings as rsync's shell (``openssh``)."""
+        from fleetctl.ssh.openssh import rsync_target
+
+        return rsync_target(self.node, self.settings, path)
+
+    def upload(self, local: Path, remote: str, progress: Callable[[int, int], None]) -> None:
+        """SFTP on a channel of its own (parallel uploads don't serialise behind ``put``'s
+        session), progress per SFTP write, through ``remote.part`` and a rename."""
+        part = remote + ".part"
+        sftp = self.client.open_sftp()
+        try:
+            sftp.put(str(local), part, callback=progress, confirm=True)
+            sftp.posix_rename(part, remote)
+        finally:
+            sftp.close()
+
+    def use_settings(self, settings: SSHSettings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
+        """The address the connection itself resolves (ssh_config aliases); a node behind a
+        jump host cannot be pinged from here."""
+        from fleetctl.ssh import sshconfig
+
+        target = sshconfig.resolve(node, settings)
+        if target.proxied:
+            return PingTarget(skip="behind a jump host")
+        return PingTarget(target.hostname, target.port)
 
     @property
     def jump_clients(self) -> list[paramiko.SSHClient]:
@@ -402,7 +512,7 @@ class SSHConnection(Connection):
                 self._home = sftp.normalize(".")
         return self._home
 
-    def set_home(self, home: str) -> None:
+    def remember_home(self, home: str) -> None:
         """Record the home a probe already reported, saving an SFTP round trip."""
         self._home = home
 
@@ -424,18 +534,41 @@ def _short(line: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def connect(node: Node, settings: SSHSettings | None = None) -> Connection:
-    """The right connection for a node: local for the embedded default, an srun step for a
-    node of the Slurm allocation fleetctl runs in, SSH otherwise."""
+def transport(node: Node) -> type[Connection]:
+    """The connection class that reaches ``node``: local for the embedded default, an srun
+    step for a node of the Slurm allocation fleetctl runs in, SSH otherwise. The one place
+    that reads a node's kind; everyone else asks the class or its connection."""
     if node.local:
         from fleetctl.ssh.local import LocalConnection
 
-        return LocalConnection(node)
+        return LocalConnection
     if node.vars.get("fleetctl_connection") == "srun":  # a node of this Slurm allocation
         from fleetctl.slurm.srun import SrunConnection
 
-        return SrunConnection(node)
-    return SSHConnection(node, settings)
+        return SrunConnection
+    return SSHConnection
+
+
+def connect(node: Node, settings: SSHSettings | None = None) -> Connection:
+    """A new connection to ``node`` by its transport (``transport``)."""
+    return transport(node)(node, settings)  # type: ignore[call-arg]  # each transport's own
+
+
+def reach_fields(node: Node) -> dict[str, Any]:
+    """What connect.json keeps to reach ``node`` the same way again (its transport's answer)."""
+    return transport(node).reach_fields(node)
+
+
+def reached_vars(fields: Mapping[str, Any]) -> dict[str, str]:
+    """The node vars a connect.json entry's ``reach_fields`` stand for (empty: SSH)."""
+    from fleetctl.slurm.srun import SrunConnection
+    from fleetctl.ssh.local import LocalConnection
+
+    for cls in (LocalConnection, SrunConnection, SSHConnection):
+        found = cls.reach_vars(fields)
+        if found:
+            return found
+    return {}
 
 
 def __getattr__(name: str) -> object:

@@ -29,7 +29,7 @@ from fleetctl.results import Cancelled
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 REMOTE_FAILURE = 3
 UNREACHABLE_RC = 255
@@ -180,7 +180,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def execute(
-    fleet: Fleet,
+    fleet: FanOut,
     command: str,
     *,
     timeout: float,

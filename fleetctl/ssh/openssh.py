@@ -8,11 +8,30 @@ from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import SSHSettings
+
+
+@dataclass(frozen=True)
+class RsyncTarget:
+    """How rsync reaches a folder of a node: its options (the remote shell) and the destination
+    argument, as ``Connection.rsync_target`` answers for its transport."""
+
+    options: tuple[str, ...]
+    dest: str
+
+
+def rsync_target(node: Node, settings: SSHSettings, path: str) -> RsyncTarget:
+    """``path`` on ``node`` over OpenSSH with fleetctl's trust settings (``ssh_argv``).
+    ``--protect-args``: the remote path travels inside the rsync protocol, never re-split by a
+    shell."""
+    host = f"[{node.address}]" if ":" in node.address else node.address
+    shell = shlex.join(ssh_argv(node, settings))
+    return RsyncTarget(("-e", shell, "--protect-args"), f"{host}:{path}")
 
 
 def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:

@@ -26,7 +26,7 @@ from fleetctl.node import Node
 from fleetctl.phases.check import CheckOptions, CheckReport, check_fleet
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.pytest_plugin import lab_login, skip_or_fail
 
 pytestmark = pytest.mark.lab
@@ -36,7 +36,7 @@ def run_check(
     nodes: list[Node] | tuple[Node, ...], settings: SSHSettings | None = None, **opts: Any
 ) -> CheckReport:
     opts.setdefault("cache_ttl", 0)
-    with Fleet(nodes, settings or SSHSettings(connect_timeout=5)) as fleet:
+    with FanOut(nodes, settings or SSHSettings(connect_timeout=5)) as fleet:
         return check_fleet(fleet, CheckOptions(**opts))
 
 
@@ -121,7 +121,7 @@ def test_all_good_lab_with_two_networks_passes(lab3: Lab) -> None:
 def test_a_fanout_smaller_than_the_fleet_still_meshes_every_host(lab3: Lab) -> None:
     """Connections go --fanout at a time, but the mesh needs every probe up at once: with a
     fanout of 1, the 3 hosts still test each other (before: each waited alone, then gave up)."""
-    with Fleet(lab_nodes(lab3), SSHSettings(connect_timeout=5), fanout=1) as fleet:
+    with FanOut(lab_nodes(lab3), SSHSettings(connect_timeout=5), fanout=1) as fleet:
         report = check_fleet(fleet, CheckOptions(cache_ttl=0))
     assert report.ok and report.mesh_failures == [] and report.mesh_skipped == []
     for h in lab3.hosts:

@@ -16,7 +16,7 @@ from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.plan.rankplan import NodeFacts
 from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.infra import node_host, node_leftovers
 
@@ -33,7 +33,7 @@ def _bench(lab: Lab) -> CollectiveReport:
     them), so this test holds the collective, not the probe."""
     nodes = load_inventory(lab.inventory_path).nodes
     facts = {h.name: NodeFacts(train_addr=h.data_addr, nic=h.data_nic) for h in lab.hosts}
-    with Fleet(nodes, SSHSettings(connect_timeout=5)) as fleet:
+    with FanOut(nodes, SSHSettings(connect_timeout=5)) as fleet:
         return run_collective(fleet, nodes, facts, OPTS)
 
 
@@ -89,7 +89,7 @@ def test_a_hung_node_is_named_alone_with_its_stacks(make_lab) -> None:
     facts = {h.name: NodeFacts(train_addr=h.data_addr, nic=h.data_nic) for h in lab.hosts}
     opts = CollectiveOptions(size=2 * MiB, timeout=8.0)
     got: list[CollectiveReport] = []
-    with Fleet(nodes, SSHSettings(connect_timeout=5)) as fleet:
+    with FanOut(nodes, SSHSettings(connect_timeout=5)) as fleet:
         bench = threading.Thread(
             target=lambda: got.append(run_collective(fleet, nodes, facts, opts)), daemon=True
         )

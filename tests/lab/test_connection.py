@@ -27,7 +27,7 @@ from fleetctl.errors import ConnectError, HostKeyError, RemoteCommandError
 from fleetctl.lab import Lab
 from fleetctl.node import Node
 from fleetctl.ssh.connection import SSHConnection, SSHSettings, connect
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 
 pytestmark = pytest.mark.lab
 
@@ -522,7 +522,7 @@ def test_put_get_listdir_home_and_expand(conn: SSHConnection, tmp_path: Path) ->
     assert conn.expand("~") == "/root"
     assert conn.expand("~/.fleetctl/x") == "/root/.fleetctl/x"
     assert conn.expand("/abs/~/x") == "/abs/~/x"
-    conn.set_home("/home/elsewhere")
+    conn.remember_home("/home/elsewhere")
     assert conn.expand("~/w") == "/home/elsewhere/w"
 
 
@@ -542,13 +542,13 @@ def test_sftp_on_a_cut_link_fails_instead_of_hanging(
             within(15, lambda: c.listdir("/tmp"))
 
 
-# ---------------------------------------------------------------------------------- Fleet
+# ---------------------------------------------------------------------------------- FanOut
 
 
 def test_fleet_connect_keeps_every_nodes_outcome(lab3: Lab) -> None:
     nodes = [lab_node(lab3, h.name) for h in lab3.hosts]
     lab3.kill_sshd("node2")
-    with Fleet(nodes, settings(connect_timeout=3)) as fleet:
+    with FanOut(nodes, settings(connect_timeout=3)) as fleet:
         res = fleet.connect()
         assert list(res) == ["node1", "node2", "node3"]
         assert set(res.succeeded) == {"node1", "node3"}

@@ -18,7 +18,7 @@ from fleetctl.lab import Lab
 from fleetctl.node import Node
 from fleetctl.phases.push import NodePush, PushEvent, PushOptions, push
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.envbuild import EnvCache, build_env, nccl_from_wheel
 from fleetctl.testing.pytest_plugin import lab_login
 
@@ -93,7 +93,7 @@ def test_push_to_three_hosts_then_second_push_transfers_nothing(
     env = envs.get("nccl")
     src = project(tmp_path / "proj")
     nodes = lab_nodes(lab3, wd)
-    with Fleet(nodes) as fleet:
+    with FanOut(nodes) as fleet:
         report = push(fleet, code=src, env_archive=env.archive, options=PushOptions(peer=False))
         sha = report.env_sha256["node1"]
         assert set(report.env_sha256.values()) == {sha}
@@ -134,7 +134,7 @@ def test_peer_distribution_sends_the_archive_about_once(lab3: Lab, wd: str, envs
     size = env.archive.stat().st_size
     train = {h.name: h.data_addr for h in lab3.hosts}
     assert all(train.values())
-    with Fleet(lab_nodes(lab3, wd)) as fleet:
+    with FanOut(lab_nodes(lab3, wd)) as fleet:
         report = push(
             fleet,
             code=None,
@@ -163,7 +163,7 @@ def test_host_with_a_different_archive_is_a_nccl_mismatch_naming_it(
         dataclasses.replace(n, env_archive=str(other if n.name == "node3" else good))
         for n in lab_nodes(lab3, wd)
     ]
-    with Fleet(nodes) as fleet, pytest.raises(PushError) as ei:
+    with FanOut(nodes) as fleet, pytest.raises(PushError) as ei:
         push(fleet, code=None, env_archive=None)
     result = ei.value.result
     assert set(result.failed) == {"node3"}
@@ -180,7 +180,7 @@ def test_disk_too_small_for_the_archive_fails_before_upload(
     env = envs.get("noise")  # ~3 MiB, needs ~6 MiB free
     lab3.disk_full(VICTIM, f"{wd}/envs", "4m")
     try:
-        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+        with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
         err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.stage == "disk" and err.enospc
@@ -196,7 +196,7 @@ def test_disk_full_while_unpacking_leaves_no_half_env(lab3: Lab, wd: str, envs: 
     env = envs.get("ballast")  # small archive, 16 MiB unpacked
     lab3.disk_full(VICTIM, f"{wd}/envs", "2m")
     try:
-        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+        with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
         err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.enospc and err.stage == "unpack"
@@ -219,7 +219,7 @@ def test_disk_filling_up_during_upload_is_a_clear_error_and_cleans_up(
             filled.append(sh(lab3, VICTIM, f"head -c 7M /dev/zero > {wd}/envs/filler; df"))
 
     try:
-        with Fleet(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
+        with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(
                 fleet,
                 code=None,
@@ -246,7 +246,7 @@ def test_host_without_rsync_gets_the_sftp_fallback_with_a_warning(
     lab3.exec(VICTIM, ["mount", "--bind", "/dev/null", rsync], check=True)
     try:
         assert sh(lab3, VICTIM, "command -v rsync || echo none").strip() == "none"
-        with Fleet(lab_nodes(lab3, wd)) as fleet:
+        with FanOut(lab_nodes(lab3, wd)) as fleet:
             report = push(fleet, code=src)
             (src / "train.py").write_text("print('v2')\n")
             second = push(fleet, code=src)
@@ -306,7 +306,7 @@ def test_real_nccl_from_the_wheel_reports_its_version(
     lib = nccl_from_wheel(nccl_wheel, tmp_path / "nccl" / "libnccl.so.2")
     env = build_env(tmp_path / "env", nccl_lib=lib, tag="real", fmt="tar")  # no compression
     node = lab_nodes(lab3, wd)[0]
-    with Fleet([node]) as fleet:
+    with FanOut([node]) as fleet:
         report = push(
             fleet, code=None, env_archive=env.archive, options=PushOptions(require_nccl=True)
         )

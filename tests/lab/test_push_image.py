@@ -172,7 +172,7 @@ def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> N
     relays it. No archive is left on any node."""
     from fleetctl.api.fleet import Fleet as ApiFleet
     from fleetctl.phases.push_image import push_image
-    from fleetctl.ssh.fleet import Fleet as SSHFleet
+    from fleetctl.ssh.fanout import FanOut
 
     hd = lab.host_dir("node1")
     bashrc = hd / "bashrc"
@@ -184,7 +184,7 @@ def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> N
             on_node(lab, host, f"podman rmi -f {IMAGE} >/dev/null 2>&1 || true")
         assert image_ids(lab) == {"node1": "", "node2": "", "node3": ""}
         api = ApiFleet.from_inventory(str(lab.inventory_path))
-        with SSHFleet(api.nodes, api.settings) as fleet:
+        with FanOut(api.nodes, api.settings) as fleet:
             report = push_image(fleet, IMAGE, peer_fanout=1)
         nodes = report.nodes
         got = {h: (nodes[h].status, nodes[h].via, nodes[h].source) for h in nodes}

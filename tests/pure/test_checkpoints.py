@@ -23,7 +23,7 @@ from fleetctl.phases.checkpoints import (
     relay_method,
 )
 from fleetctl.plan.rankplan import JobSpec, make_plan
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.cli_runner import run_cli
 
 
@@ -138,7 +138,7 @@ def test_rank_0s_snapshot_reaches_a_fresh_node_and_not_one_sharing_its_workdir(
         RelayTarget(n2, str(work2), str(snap2)),
         RelayTarget(n3, str(work1), str(snap1)),
     ]
-    with Fleet([n1, n2, n3]) as fleet:
+    with FanOut([n1, n2, n3]) as fleet:
         report = relay_checkpoints(fleet, source, targets)
     assert (work2 / "snapshot.pt").read_bytes() == b"epoch=12"
     assert (work2 / "train.py").exists()
@@ -179,7 +179,7 @@ def test_a_second_relay_sends_a_node_only_the_files_it_does_not_hold(tmp_path: P
     before = {n: (w / "snapshot.pt").stat().st_mtime_ns for n, (_, _, w) in others.items()}
     source = RelaySource(n1, str(work1), str(snap1), attempt=2)
     targets = [RelayTarget(node, str(work), str(snap)) for node, snap, work in others.values()]
-    with Fleet([n1, *(node for node, _s, _w in others.values())]) as fleet:
+    with FanOut([n1, *(node for node, _s, _w in others.values())]) as fleet:
         report = relay_checkpoints(fleet, source, targets)
     assert report.nodes == {
         "n2": "up to date (2 file(s) there)",
@@ -203,7 +203,7 @@ def test_over_the_cap_nothing_is_copied_and_the_report_says_why(tmp_path: Path) 
     (work1 / "snapshot.pt").write_bytes(b"x" * 100)
     n2, snap2, work2 = folders(tmp_path, "n2")
     report = RelayReport("n1", 1)
-    with Fleet([n1, n2]) as fleet:
+    with FanOut([n1, n2]) as fleet:
         relay_checkpoints(
             fleet,
             RelaySource(n1, str(work1), str(snap1)),
@@ -229,7 +229,7 @@ def test_the_peer_relay_fetches_from_the_sources_server(
     (work1 / "ckpt").mkdir()
     (work1 / "ckpt" / "last.ckpt").write_bytes(b"w" * 5000)
     n2, snap2, work2 = folders(tmp_path, "n2")
-    with Fleet([n1, n2]) as fleet:
+    with FanOut([n1, n2]) as fleet:
         report = relay_checkpoints(
             fleet,
             RelaySource(n1, str(work1), str(snap1), train_addr="127.0.0.1"),

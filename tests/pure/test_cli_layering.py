@@ -58,9 +58,9 @@ def test_the_guard_sees_imports_inside_functions_and_type_checking_blocks(tmp_pa
     sample.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from fleetctl.job.result import JobResult\n"
-        "def f():\n    import fleetctl.ssh.fleet\n    from fleetctl.api.types import Plan\n"
+        "def f():\n    import fleetctl.ssh.fanout\n    from fleetctl.api.types import Plan\n"
     )
-    assert internal_imports(sample) == {"fleetctl.job.result", "fleetctl.ssh.fleet"}
+    assert internal_imports(sample) == {"fleetctl.job.result", "fleetctl.ssh.fanout"}
 
 
 def test_the_moved_commands_stay_moved() -> None:

@@ -187,7 +187,7 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
     from fleetctl.node import Node
     from fleetctl.phases.collect import collect
     from fleetctl.plan.rankplan import JobSpec, make_plan
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
     from fleetctl.ssh.local import LocalConnection
 
     node = Node.localhost(name="n0", workdir=str(tmp_path / "w"))
@@ -206,7 +206,7 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
 
     monkeypatch.setattr(LocalConnection, "start", start)
     home = tmp_path / "home"
-    with Fleet([node]) as fleet:
+    with FanOut([node]) as fleet:
         ensure_supervisor(fleet)
         [got] = collect(
             fleet,

@@ -11,11 +11,11 @@ import pytest
 from fleetctl.errors import UsageError
 from fleetctl.node import Node
 from fleetctl.ssh.execute import ExecResult, NodeRun, command_line, execute, group_identical
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 
 
-def local_fleet(*names: str) -> Fleet:
-    return Fleet([Node(name=n, address="127.0.0.1", local=True) for n in names])
+def local_fleet(*names: str) -> FanOut:
+    return FanOut([Node(name=n, address="127.0.0.1", local=True) for n in names])
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_group_identical_folds_same_output_and_status() -> None:
 
 def test_a_node_without_its_python_still_runs_the_command_under_coreutils_timeout() -> None:
     node = Node(name="n1", address="127.0.0.1", local=True, python="/nonexistent/python3")
-    with Fleet([node]) as fleet:
+    with FanOut([node]) as fleet:
         ok = execute(fleet, "echo fine", timeout=10)
         late = execute(fleet, "echo started; sleep 30.129", timeout=0.5)
     assert ok.ok and ok.runs[0].stdout == "fine\n"

@@ -1,5 +1,5 @@
-"""``LocalConnection.run`` through invoke: byte-exact stdin and output, shell exit codes, and a
-timeout that holds even when a background child keeps the output pipe open."""
+"""``LocalConnection.run`` (``ExecConnection``): byte-exact stdin and output, shell exit
+codes, and a timeout that holds even when a background child keeps the output pipe open."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def local() -> LocalConnection:
 
 
 def test_binary_stdin_reaches_the_command_byte_for_byte_and_fast(local: LocalConnection) -> None:
-    data = os.urandom(1 << 20)  # invoke's own stdin pump: one byte per 10 ms, as text
+    data = os.urandom(1 << 20)  # invoke (the old runner) pumped 1 byte per 10 ms
     t0 = time.monotonic()
     r = local.run("sha256sum", stdin=data, timeout=30)
     assert time.monotonic() - t0 < 10
@@ -37,8 +37,8 @@ def test_without_stdin_the_command_reads_eof_at_once(local: LocalConnection) -> 
     assert local.run("cat; echo done", timeout=10).stdout == "done\n"
 
 
-def test_utf8_output_across_invokes_read_chunks_is_not_garbled(local: LocalConnection) -> None:
-    # 999 ASCII bytes, then a 2-byte character split by invoke's 1000-byte read boundary
+def test_utf8_output_across_read_chunks_is_not_garbled(local: LocalConnection) -> None:
+    # 999 ASCII bytes, then a 2-byte character across a 1000-byte read boundary
     r = local.run("printf '%999s' ''; printf 'é\\n' >&2; printf 'é\\n'", timeout=10)
     assert r.stdout == " " * 999 + "é\n"
     assert r.stderr == "é\n"

@@ -248,7 +248,7 @@ def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
     from fleetctl.job.culprit import post_mortem
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     probed: list[list[str]] = []
     release = threading.Event()
@@ -260,7 +260,7 @@ def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
         raise RuntimeError("too late")
 
     monkeypatch.setattr(check, "check_fleet", slow_check)
-    fleet = Fleet([Node(name=f"node{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)])
+    fleet = FanOut([Node(name=f"node{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)])
     t0 = time.monotonic()
     try:
         said = post_mortem(fleet, JobSpec(script="t.py", job_id="j1"), skip={"node3"}, limit=0.5)

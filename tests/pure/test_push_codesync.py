@@ -16,10 +16,10 @@ from fleetctl.phases.codesync import (
     list_files,
     rsync_argv,
     snapshot,
-    ssh_argv,
 )
 from fleetctl.phases.envpack import archive_info, nccl_version
 from fleetctl.ssh.connection import SSHSettings
+from fleetctl.ssh.openssh import rsync_target, ssh_argv
 from fleetctl.testing.files import tree
 
 # (patterns, path, is_dir, ignored) — gitignore semantics, checked against git below.
@@ -173,10 +173,8 @@ def test_rsync_uses_openssh_with_fleetctl_trust_settings() -> None:
     )
     settings = SSHSettings(connect_timeout=7, ssh_config="/dev/null")
     argv = rsync_argv(
-        node,
-        settings,
+        rsync_target(node, settings, "/home/u/.fleetctl/code/.tmp-x/"),
         Path("/src"),
-        "/home/u/.fleetctl/code/.tmp-x",
         files_from="/tmp/list",
         link_dest="/home/u/.fleetctl/code/old",
         io_timeout=60,

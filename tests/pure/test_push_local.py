@@ -12,7 +12,7 @@ import pytest
 from fleetctl.errors import NodePushError, PushError
 from fleetctl.node import Node
 from fleetctl.phases.push import NodePush, PushOptions, env_path_prefix, push
-from fleetctl.ssh.fleet import Fleet
+from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.envbuild import EnvCache
 
 
@@ -46,7 +46,7 @@ def test_push_ships_code_and_env_rewrites_prefix_and_reads_nccl(
 ) -> None:
     env = envs.get("nccl")
     w = tmp_path / "w"
-    with Fleet([local("n1", w)]) as fleet:
+    with FanOut([local("n1", w)]) as fleet:
         report = push(fleet, code=code_tree(tmp_path / "src"), env_archive=env.archive)
     res = report.nodes["n1"]
     sha = report.env_sha256["n1"]
@@ -70,7 +70,7 @@ def test_push_ships_code_and_env_rewrites_prefix_and_reads_nccl(
 
 def test_second_push_transfers_nothing(tmp_path: Path, envs: EnvCache) -> None:
     src = code_tree(tmp_path / "src")
-    with Fleet([local("n1", tmp_path / "w")]) as fleet:
+    with FanOut([local("n1", tmp_path / "w")]) as fleet:
         first = push(fleet, code=src, env_archive=envs.get("nccl").archive)
         again = push(fleet, code=src, env_archive=envs.get("nccl").archive)
     assert first.controller_bytes > 0
@@ -89,7 +89,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
 
     src = code_tree(tmp_path / "src")
     n1, n2 = local("n1", tmp_path / "w1"), local("n2", tmp_path / "w2")
-    with Fleet([n1]) as fleet:
+    with FanOut([n1]) as fleet:
         first = push(fleet, code=src, env_archive=None)
     calls: list[tuple[str, str]] = []
     real = push_mod._Push._remote
@@ -99,7 +99,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
         return real(self, node, conn, mode, cfg, timeout)
 
     monkeypatch.setattr(push_mod._Push, "_remote", counting)
-    with Fleet([n1, n2]) as fleet:
+    with FanOut([n1, n2]) as fleet:
         again = push(
             fleet, code=src, env_archive=None, options=PushOptions(known_present=frozenset({"n1"}))
         )
@@ -120,7 +120,7 @@ def test_unpack_needs_no_python_on_path(
         real = next(Path(d) / tool for d in ("/usr/bin", "/bin") if (Path(d) / tool).exists())
         (bindir / tool).symlink_to(real)
     monkeypatch.setenv("PATH", str(bindir))
-    with Fleet([local("n1", tmp_path / "w", python=os.path.realpath(sys.executable))]) as fleet:
+    with FanOut([local("n1", tmp_path / "w", python=os.path.realpath(sys.executable))]) as fleet:
         report = push(fleet, code=None, env_archive=env.archive)
     final = Path(report.env_dirs["n1"])
     assert (final / "bin/conda-unpack").read_text().startswith("#!/usr/bin/env python\n")
@@ -132,7 +132,7 @@ def test_corrupt_archive_leaves_no_half_env(tmp_path: Path, envs: EnvCache) -> N
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(data[: len(data) // 2])
     w = tmp_path / "w"
-    with Fleet([local("n1", w)]) as fleet, pytest.raises(PushError) as ei:
+    with FanOut([local("n1", w)]) as fleet, pytest.raises(PushError) as ei:
         push(fleet, code=None, env_archive=bad)
     err = ei.value.result["n1"]
     assert isinstance(err, NodePushError) and err.stage == "unpack"
@@ -144,7 +144,7 @@ def test_env_without_nccl_is_an_error_only_when_the_job_uses_nccl(
     tmp_path: Path, envs: EnvCache
 ) -> None:
     archive = envs.get("no-nccl").archive
-    with Fleet([local("n1", tmp_path / "w")]) as fleet:
+    with FanOut([local("n1", tmp_path / "w")]) as fleet:
         report = push(fleet, code=None, env_archive=archive)
         assert report.nodes["n1"].nccl_version is None
         with pytest.raises(PushError) as ei:
@@ -163,7 +163,7 @@ def test_nccl_mismatch_names_the_odd_node_and_keeps_every_outcome(
         local("b", tmp_path / "b", env_archive=str(other)),
         local("c", tmp_path / "c", env_archive=str(good)),
     ]
-    with Fleet(nodes) as fleet, pytest.raises(PushError) as ei:
+    with FanOut(nodes) as fleet, pytest.raises(PushError) as ei:
         push(fleet, code=None, env_archive=None)
     result = ei.value.result
     assert set(result.failed) == {"b"}
@@ -176,7 +176,7 @@ def test_sftp_fallback_sends_only_changed_files_and_links_the_rest(tmp_path: Pat
     src = code_tree(tmp_path / "src")
     (src / "big.bin").write_bytes(os.urandom(200_000))
     opts = PushOptions(use_rsync=False)
-    with Fleet([local("n1", tmp_path / "w")]) as fleet:
+    with FanOut([local("n1", tmp_path / "w")]) as fleet:
         first = push(fleet, code=src, options=opts)
         (src / "train.py").write_text("print('changed')\n")
         second = push(fleet, code=src, options=opts)
@@ -193,7 +193,7 @@ def test_sftp_fallback_sends_only_changed_files_and_links_the_rest(tmp_path: Pat
 
 def test_old_snapshots_are_pruned(tmp_path: Path) -> None:
     src = code_tree(tmp_path / "src")
-    with Fleet([local("n1", tmp_path / "w")]) as fleet:
+    with FanOut([local("n1", tmp_path / "w")]) as fleet:
         dirs = []
         for i in range(4):
             (src / "train.py").write_text(f"print({i})\n")
@@ -211,7 +211,7 @@ def test_peer_distribution_on_loopback_sends_the_archive_about_once(
     size = env.archive.stat().st_size
     nodes = [local(f"n{i}", tmp_path / f"w{i}") for i in range(5)]
     events = []
-    with Fleet(nodes) as fleet:
+    with FanOut(nodes) as fleet:
         report = push(
             fleet,
             code=None,
@@ -238,5 +238,5 @@ def test_bad_archive_name_is_a_usage_error(tmp_path: Path) -> None:
 
     z = tmp_path / "env.zip"
     z.write_bytes(b"PK")
-    with Fleet([local("n1", tmp_path / "w")]) as fleet, pytest.raises(UsageError, match="tar"):
+    with FanOut([local("n1", tmp_path / "w")]) as fleet, pytest.raises(UsageError, match="tar"):
         push(fleet, code=None, env_archive=z)

@@ -9,10 +9,10 @@ import pytest
 
 from fleetctl.errors import InventoryError
 from fleetctl.node import Node
-from fleetctl.phases.codesync import ssh_argv
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh import sshconfig
 from fleetctl.ssh.connection import SSHSettings
+from fleetctl.ssh.openssh import ssh_argv
 from fleetctl.ssh.sshargs import SSHArgs, parse_ssh_args
 
 MAPPED = [

@@ -12,9 +12,9 @@ import pytest
 
 from fleetctl.errors import SSHConfigError
 from fleetctl.node import Node
-from fleetctl.phases.codesync import ssh_argv
 from fleetctl.ssh import sshconfig
 from fleetctl.ssh.connection import SSHSettings
+from fleetctl.ssh.openssh import ssh_argv
 
 CONFIG = """\
 Host gpu01

@@ -479,7 +479,7 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
 ) -> None:
     """Launch and collect run at most ``fanout`` nodes at once: three nodes through one worker
     still all run; job.json's ``phases`` name each phase with the controller's CPU so far."""
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     code = tmp_path / "code"
     code.mkdir()
@@ -487,7 +487,7 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(3)]
     spec = JobSpec(script="ok.py", job_id=jid("t-fanout-1"), launcher="plain")
     options = RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0)
-    with Fleet(nodes, options.settings, fanout=1) as fleet:
+    with FanOut(nodes, options.settings, fanout=1) as fleet:
         result = run_job(spec, nodes, options, fleet=fleet)
     assert result.exit_code == 0, result.to_dict()
     assert [n.exit_code for n in result.nodes] == [0, 0, 0]

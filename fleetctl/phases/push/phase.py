@@ -21,19 +21,18 @@ from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOpt
 from fleetctl.phases.push.state import ENVINFO_SRC, _node_error, _one_line, _State
 from fleetctl.phases.push.transfer import _Transfer
 from fleetctl.results import FleetResult
-from fleetctl.ssh.connection import SSHConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.ssh.connection import Connection
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 
 
 def push(
-    fleet: Fleet,
+    fleet: FanOut,
     *,
     code: str | Path | None,
     env_archive: str | Path | None = None,
@@ -52,7 +51,7 @@ def push(
 class _Push(_Transfer, _PeerDistribution):
     def __init__(
         self,
-        fleet: Fleet,
+        fleet: FanOut,
         code: str | Path | None,
         env_archive: str | Path | None,
         options: PushOptions,
@@ -171,9 +170,7 @@ class _Push(_Transfer, _PeerDistribution):
         cfg: dict[str, Any] = {
             "workdir": node.workdir,
             "keep": self.options.keep_snapshots,
-            "want_manifest": True
-            if self.options.use_rsync and self._have_local_rsync
-            else "always",
+            "want_manifest": True if self._rsync_reaches(conn) else "always",
             "check_torch": self.options.check_torch,
             "verify_timeout": self.options.verify_timeout,
         }
@@ -184,8 +181,7 @@ class _Push(_Transfer, _PeerDistribution):
         out = self._remote(
             node, conn, "probe", cfg, self.options.command_timeout + self.options.verify_timeout
         )
-        if isinstance(conn, SSHConnection):
-            conn.set_home(out["home"])
+        conn.remember_home(out["home"])
         st.workdir = st.result.workdir = out["workdir"]
         st.workdir_id = out.get("workdir_id")
         st.rsync, st.free = out.get("rsync"), int(out.get("free", 0))

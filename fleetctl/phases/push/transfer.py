@@ -20,7 +20,6 @@ from fleetctl.phases import codesync
 from fleetctl.phases.envpack import human_bytes
 from fleetctl.phases.push.peers import _FetchFailed
 from fleetctl.phases.push.state import _one_line, _State
-from fleetctl.ssh.connection import SSHConnection
 
 if TYPE_CHECKING:
     from fleetctl.ssh.connection import Connection
@@ -30,13 +29,18 @@ class _Transfer:
     """The transfer stages of :class:`~fleetctl.phases.push.phase._Push` (a mixin)."""
 
     # code ----------------------------------------------------------------------------------
+    def _rsync_reaches(self, conn: Connection) -> bool:
+        """rsync sends the code: the options allow it, this machine has it, and it can reach
+        the node (``Connection.can_rsync``: not a Slurm node, which has no SSH for its shell)."""
+        return self.options.use_rsync and self._have_local_rsync and conn.can_rsync
+
     def _send_code(self, st: _State, conn: Connection) -> None:
         snap = self.snap
         if snap is None or st.code_present or st.code_pending is not None:
             return
         tmp = f".tmp-{snap.digest}-{secrets.token_hex(4)}"
         pending: dict[str, Any] = {"digest": snap.digest, "tmp": tmp, "manifest": snap.manifest}
-        if self.options.use_rsync and st.rsync and self._have_local_rsync:
+        if st.rsync and self._rsync_reaches(conn):
             st.result.bytes_sent += self._rsync(st, conn, tmp)
             st.result.code_method = "rsync"
         else:
@@ -45,7 +49,7 @@ class _Transfer:
                 if not st.rsync
                 else "rsync not found on this machine"
                 if not self._have_local_rsync
-                else "rsync disabled"
+                else "rsync disabled"  # by the options, or rsync cannot reach the node (Slurm)
             )
             st.result.warnings.append(f"{why}: code sent over SFTP (content-hash delta)")
             prev = st.prev_manifest or {}
@@ -74,10 +78,8 @@ class _Transfer:
             listing = f.name
         timeout = self.options.transfer_timeout
         argv = codesync.rsync_argv(
-            node,
-            self.fleet.settings,
+            conn.rsync_target(dest + "/"),
             snap.root,
-            dest,
             files_from=listing,
             link_dest=link,
             io_timeout=int(min(timeout, 300)),
@@ -115,21 +117,8 @@ class _Transfer:
         def tick(done: int, total: int) -> None:
             self.emit(node.name, stage, done, total or size)
 
-        part = remote + ".part"
         try:
-            if isinstance(conn, SSHConnection):
-                sftp = conn.client.open_sftp()  # own channel: parallel uploads don't serialise
-                try:
-                    sftp.put(str(local), part, callback=tick, confirm=True)
-                    sftp.posix_rename(part, remote)
-                finally:
-                    sftp.close()
-            elif not conn.node.local:  # an srun step (fleetctl.slurm): its own put
-                conn.put(local, remote)
-                tick(size, size)
-            else:
-                _copy_local(local, part, tick)
-                os.replace(part, remote)
+            conn.upload(local, remote, tick)  # through remote.part, by the node's transport
         except Exception as e:
             free = None
             with contextlib.suppress(Exception):
@@ -210,16 +199,6 @@ class _Transfer:
         st.verify = out.get("verify")
         if out.get("fetched"):
             st.result.env_source = out["fetched"].get("peer")
-
-
-def _copy_local(src: Path, dest: str, tick: Callable[[int, int], None]) -> None:
-    size = src.stat().st_size
-    done = 0
-    with open(src, "rb") as fi, open(dest, "wb") as fo:
-        for chunk in iter(lambda: fi.read(1 << 20), b""):
-            fo.write(chunk)
-            done += len(chunk)
-            tick(done, size)
 
 
 _PROGRESS = re.compile(rb"^\s*([\d,.]+)\s+\d+%")

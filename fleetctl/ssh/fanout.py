@@ -1,5 +1,8 @@
 """Many nodes: open one connection per node in parallel and fan work out over them.
 
+``FanOut`` is the engine under every phase (and under the public ``fleetctl.api.Fleet``, the
+one class called ``Fleet``): it holds the connections, it never decides what runs.
+
 Every node's outcome is kept (``FleetResult``): a fan-out never reports only the first error.
 Every wait is bounded; a node still busy at the deadline is recorded as timed out.
 """
@@ -30,7 +33,7 @@ class NodeTimeout(FleetctlError):
     exit_code = 3
 
 
-class Fleet:
+class FanOut:
     """The selected nodes and their open connections, in rank order. Use as a context manager."""
 
     def __init__(
@@ -207,7 +210,7 @@ class Fleet:
         for conn in conns:
             conn.close()
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> FanOut:
         return self
 
     def __exit__(self, *exc: object) -> None:

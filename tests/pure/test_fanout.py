@@ -1,4 +1,4 @@
-"""``Fleet`` fan-out semantics without a network: LocalConnection nodes, or a fake ``connect``.
+"""``FanOut`` fan-out semantics without a network: LocalConnection nodes, or a fake ``connect``.
 
 Every node's outcome is kept (value, its own exception, ``Cancelled`` for work that never
 started, ``NodeTimeout`` past the deadline), results come back in rank order whatever order the
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-import fleetctl.ssh.fleet as fleet_mod
+import fleetctl.ssh.fanout as fleet_mod
 from fleetctl.errors import ConnectError, FleetctlError
 from fleetctl.node import Node
 from fleetctl.results import Cancelled
 from fleetctl.ssh.connection import Connection, LocalConnection, SSHSettings
-from fleetctl.ssh.fleet import Fleet, NodeTimeout
+from fleetctl.ssh.fanout import FanOut, NodeTimeout
 
 
 def local_nodes(n: int) -> list[Node]:
@@ -56,7 +56,7 @@ def test_connect_keeps_every_nodes_outcome(monkeypatch: pytest.MonkeyPatch) -> N
         return LocalConnection(node)
 
     monkeypatch.setattr(fleet_mod, "connect", fake_connect)
-    with Fleet(nodes) as fleet:
+    with FanOut(nodes) as fleet:
         res = fleet.connect()
         assert list(res) == ["n0", "n1", "n2", "n3"]  # rank order
         assert set(res.succeeded) == {"n0", "n1", "n3"}
@@ -89,7 +89,7 @@ def test_connect_still_running_at_the_deadline_is_a_timeout_not_cancelled(
 
     monkeypatch.setattr(fleet_mod, "connect", fake_connect)
     # connect()'s own deadline is connect_timeout * 2 + 5 s.
-    with Fleet(local_nodes(3), SSHSettings(connect_timeout=0.01)) as fleet:
+    with FanOut(local_nodes(3), SSHSettings(connect_timeout=0.01)) as fleet:
         res = fleet.connect()
     assert set(res.succeeded) == {"n0", "n2"}
     assert isinstance(res.failed.get("n1"), NodeTimeout), res.outcomes
@@ -101,7 +101,7 @@ def test_connect_of_no_nodes_connects_nothing(monkeypatch: pytest.MonkeyPatch) -
         raise AssertionError(f"connected {node.name}")
 
     monkeypatch.setattr(fleet_mod, "connect", fake_connect)
-    with Fleet(local_nodes(2)) as fleet:
+    with FanOut(local_nodes(2)) as fleet:
         assert dict(fleet.connect([])) == {}
 
 
@@ -113,7 +113,7 @@ def test_map_runs_real_commands_and_keeps_rank_order() -> None:
         delay = (len(nodes) - int(node.name[1:])) * 0.02
         return conn.run(["sh", "-c", f"sleep {delay}; echo {node.name}"], timeout=10).stdout
 
-    with Fleet(nodes) as fleet:
+    with FanOut(nodes) as fleet:
         out = fleet.map(fn, timeout=20)
     assert list(out) == [n.name for n in nodes]
     assert out.succeeded == {n.name: f"{n.name}\n" for n in nodes}
@@ -126,7 +126,7 @@ def test_map_keeps_each_failure_and_runs_everything_without_fail_fast() -> None:
             raise RuntimeError(f"{node.name} broke")
         return node.name
 
-    with Fleet(local_nodes(5), fanout=2) as fleet:
+    with FanOut(local_nodes(5), fanout=2) as fleet:
         out = fleet.map(fn, timeout=10)
     assert set(out.failed) == {"n1", "n3"}
     assert str(out.failed["n3"]) == "n3 broke"
@@ -149,7 +149,7 @@ def test_map_fail_fast_cancels_work_not_yet_started() -> None:
         time.sleep(0.2)
         return node.name
 
-    with Fleet(nodes, fanout=2) as fleet:
+    with FanOut(nodes, fanout=2) as fleet:
         out = fleet.map(fn, timeout=10, fail_fast=True)
     assert sorted(started) == ["n0", "n1"]  # nothing started after the failure
     assert isinstance(out["n0"], RuntimeError)
@@ -169,7 +169,7 @@ def test_map_fail_fast_with_one_worker_starts_nothing_after_the_failure() -> Non
             raise RuntimeError("boom")
         return node.name
 
-    with Fleet(local_nodes(5), fanout=1) as fleet:
+    with FanOut(local_nodes(5), fanout=1) as fleet:
         out = fleet.map(fn, timeout=10, fail_fast=True)
     # The freed worker takes the next queued node at once; it must not run it.
     assert started == ["n0"]
@@ -184,7 +184,7 @@ def test_node_over_the_map_timeout_is_a_node_timeout_and_the_others_succeed(
             release.wait(30)  # stuck (a hung remote command)
         return node.name
 
-    with Fleet(local_nodes(3)) as fleet:
+    with FanOut(local_nodes(3)) as fleet:
         out = fleet.map(fn, timeout=0.5)
     assert out.succeeded == {"n0": "n0", "n2": "n2"}
     err = out["n1"]
@@ -213,7 +213,7 @@ def test_fanout_bound_is_respected_and_reached() -> None:
             with lock:
                 active -= 1
 
-    with Fleet(local_nodes(9), fanout=3) as fleet:
+    with FanOut(local_nodes(9), fanout=3) as fleet:
         out = fleet.map(fn, timeout=20)
     assert out.ok and len(out) == 9
     assert peak == 3
@@ -221,7 +221,7 @@ def test_fanout_bound_is_respected_and_reached() -> None:
     # width= overrides the fleet's bound for one call.
     active = peak = 0
     group = threading.Barrier(2, timeout=10)
-    with Fleet(local_nodes(6), fanout=64) as fleet:
+    with FanOut(local_nodes(6), fanout=64) as fleet:
         out = fleet.map(fn, timeout=20, width=2)
     assert out.ok and peak == 2
 
@@ -234,7 +234,7 @@ def test_map_on_a_subset_and_on_no_nodes() -> None:
         called.append(node.name)
         return node.name
 
-    with Fleet(nodes) as fleet:
+    with FanOut(nodes) as fleet:
         out = fleet.map(fn, timeout=10, nodes=[nodes[3], nodes[1]])
         assert list(out) == ["n3", "n1"] and out.ok
         called.clear()
@@ -250,7 +250,7 @@ def test_drop_reconnects_and_close_closes_every_connection(
 
     monkeypatch.setattr(fleet_mod, "connect", fake_connect)
     CountingConnection.closed = 0
-    fleet = Fleet(local_nodes(3))
+    fleet = FanOut(local_nodes(3))
     with fleet:
         first = fleet.connection("n1")
         assert fleet.connection("n1") is first  # one connection per node, reused
@@ -357,7 +357,7 @@ def test_dropping_a_node_forgets_its_connect_error_so_the_next_use_retries(
 
     monkeypatch.setattr(fleet_mod, "connect", fake_connect)
     node = Node("n1", "10.0.0.1")
-    fleet = Fleet([node])
+    fleet = FanOut([node])
     assert isinstance(fleet.connect()["n1"], ConnectError)
     up["now"] = True
     with pytest.raises(ConnectError):
