@@ -218,7 +218,7 @@ class Fleet:
         from fleetctl.phases.push import PushOptions, push
 
         if code is not None:
-            shipped: str | os.PathLike[str] | None = os.fspath(code)
+            shipped: str | Path | None = os.fspath(code)
         else:
             shipped = None if path is None else default_code_dir(os.fspath(path))
         options = PushOptions(
@@ -431,6 +431,15 @@ class Fleet:
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
     ) -> Job: ...
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: bool,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job | Plan: ...
     def run_spec(
         self,
         spec: RunSpec,

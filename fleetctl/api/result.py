@@ -123,12 +123,17 @@ def _first_failure(ff: FailureRecord | None) -> FirstFailure | None:
     if ff is None:
         return None
     from fleetctl.job.result import NodeOutcome
+    from fleetctl.job.state import NodeState
 
+    try:
+        state = NodeState(ff.state or "failed")
+    except ValueError:  # a state a later fleetctl wrote: still a failure
+        state = NodeState.FAILED
     how = NodeOutcome(
         ff.rank,
         str(ff.host),
         ff.address or "",
-        state=ff.state or "failed",
+        state=state,
         exit_code=ff.exit_code,
         signal=ff.signal,
         reason=ff.reason,

@@ -49,7 +49,7 @@ def option(
     click parameter's ``param`` name and the library keyword ``kw`` (both default to the
     field's name), the ``check`` every value passes (``None`` passes unchecked where the
     default is ``None``; a tuple field's items are checked one by one)."""
-    meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
+    meta: dict[str, Any] = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
     meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
     return field(default=default, metadata=meta)
 
@@ -62,7 +62,8 @@ def hint(f: Any) -> str:
 
 
 def keyword(f: Any) -> str:
-    return f.metadata.get("kw") or f.name
+    name: str = f.metadata.get("kw") or f.name
+    return name
 
 
 def refuse(f: Any, message: str) -> UsageError:
@@ -103,9 +104,10 @@ class _Group:
 
 def _path(value: Any) -> str:
     try:
-        return os.fspath(value)
+        path: str = os.fspath(value)
     except TypeError:
         raise c.Invalid(f"{value!r} is not a path") from None
+    return path
 
 
 def _before(value: Any) -> Any:

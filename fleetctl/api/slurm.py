@@ -336,7 +336,8 @@ class SlurmJob:
         if job.status in ("queued", "cancelled") and not job.nodes:
             return None
         doc = job.to_dict()
-        slurm = doc.get("slurm") if isinstance(doc.get("slurm"), dict) else {}
+        slurm = doc.get("slurm")
+        slurm = slurm if isinstance(slurm, dict) else {}
         doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.get("state")}
         return doc
 
