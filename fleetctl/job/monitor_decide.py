@@ -212,9 +212,9 @@ def decide(
             else:
                 kinds[s.rank] = "running"
             continue
-        since = watch.unreachable_since.pop(s.rank, None)
-        if since is not None:
-            notes.append(f"node {s.rank} ({s.host}) answers again after {now - since:.1f}s")
+        missed = watch.unreachable_since.pop(s.rank, None)
+        if missed is not None:
+            notes.append(f"node {s.rank} ({s.host}) answers again after {now - missed:.1f}s")
         kinds[s.rank] = kind
         if kind in ("failed", "lost"):
             when = s.end_time if s.end_time is not None else now
