@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.report import PushEvent, PushReport
     from fleetctl.phases.push_image import ImagePushReport
     from fleetctl.plan.rankplan import Plan
+    from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.execute import ExecResult, NodeRun
 
@@ -330,7 +331,7 @@ class Fleet:
         on_failure: str | None = None,
         on_end: str | None = None,
         hook_timeout: float = 60.0,
-        on_slow: str = "warn",
+        on_slow: OnSlow = "warn",
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,

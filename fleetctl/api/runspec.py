@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
-from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES, PROBE_TIMEOUT, PROBE_TIMEOUT_MAX
+from fleetctl.plan.userinput import (
+    MAX_BACKOFF,
+    MAX_RETRIES,
+    ON_SLOW,
+    PROBE_TIMEOUT,
+    PROBE_TIMEOUT_MAX,
+    OnSlow,
+)
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -265,8 +272,8 @@ class Supervision(_Group):
         "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
         "longer of 1800 s and it; else none.",
     )  # fmt: skip
-    on_slow: str = option(
-        "warn", "--on-slow", check=c.OneOf(("warn", "stop", "off")), show_default=True,
+    on_slow: OnSlow = option(
+        "warn", "--on-slow", check=c.OneOf(ON_SLOW), show_default=True,
         help="A node the others wait for, named within a minute (docs/health.md): warn, stop "
         "the job (a retry with spares runs without it), or off (no watching).",
     )  # fmt: skip
