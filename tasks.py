@@ -15,9 +15,10 @@ TIERS = {"pure": "tests/pure", "lab": "tests/lab", "e2e": "tests/e2e", "all": "t
 
 @task
 def lint(c: Context) -> None:
-    """ruff: lint and format check (what CI runs first)."""
+    """ruff: lint and format check (what CI runs first); mypy (tests/pure/test_types.py)."""
     c.run("python3 -m ruff check .", pty=False)
     c.run("python3 -m ruff format --check .", pty=False)
+    c.run("python3 -m mypy", pty=False)
 
 
 @task(help={"tier": "pure | lab | e2e | all (lab and e2e need root)"})

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fleetctl.errors import FleetError, UsageError
 
@@ -108,7 +108,7 @@ def _load_module(path: Path, spec: str) -> Any:
 
 def _find(module: Any, name: str) -> Callable[..., Any] | None:
     """A module-level task (``@task`` or a plain function), else one of its ``ns`` Collection."""
-    func = getattr(module, name, None)
+    func: Callable[..., Any] | None = getattr(module, name, None)
     if callable(func):
         return func
     for attr in ("ns", "namespace"):
@@ -116,8 +116,9 @@ def _find(module: Any, name: str) -> Callable[..., Any] | None:
         tasks = getattr(coll, "tasks", None)
         if isinstance(tasks, dict):
             for key in (name, name.replace("_", "-")):
-                if callable(tasks.get(key)):
-                    return tasks[key]
+                task: Callable[..., Any] | None = tasks.get(key)
+                if callable(task):
+                    return task
     return None
 
 
@@ -299,11 +300,11 @@ class _ThreadRouted:
     """sys.stdout/sys.stderr while tasks run: a task thread's writes go to its node's stream,
     every other thread's (and a write the sink itself makes) to the real one."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: TextIO) -> None:
         self.real = real
 
     def write(self, text: str) -> int:
-        stream = getattr(_node, "stream", None)
+        stream: _Lines | None = getattr(_node, "stream", None)
         if stream is None or getattr(_node, "busy", False):
             return self.real.write(text)
         _node.busy = True

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.report import PushEvent, PushReport
     from fleetctl.phases.push_image import ImagePushReport
     from fleetctl.plan.rankplan import Plan
+    from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.execute import ExecResult, NodeRun
 
@@ -249,7 +250,7 @@ class Fleet:
         from fleetctl.phases.push import PushOptions, push
 
         if code is not None:
-            shipped: str | os.PathLike[str] | None = os.fspath(code)
+            shipped: str | Path | None = os.fspath(code)
         else:
             shipped = None if path is None else default_code_dir(os.fspath(path))
         options = PushOptions(
@@ -361,7 +362,7 @@ class Fleet:
         on_failure: str | None = None,
         on_end: str | None = None,
         hook_timeout: float = 60.0,
-        on_slow: str = "warn",
+        on_slow: OnSlow = "warn",
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -462,6 +463,15 @@ class Fleet:
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
     ) -> Job: ...
+    @overload
+    def run_spec(
+        self,
+        spec: RunSpec,
+        *,
+        dry_run: bool,
+        foreground: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> Job | Plan: ...
     def run_spec(
         self,
         spec: RunSpec,

@@ -70,6 +70,7 @@ class RunResult:
         """Host → how its node failed (``exit code 1``, ``lost (…)``), in rank order: the
         same shape as a fan-out's ``FleetResult.failed`` (host → what went wrong)."""
         from fleetctl.job.result import NodeOutcome
+        from fleetctl.job.state import NodeState
 
         out: dict[str, str] = {}
         for n in sorted(self.nodes, key=lambda n: int(n.get("rank", 0))):
@@ -80,7 +81,7 @@ class RunResult:
                 int(n.get("rank", 0)),
                 str(n.get("host")),
                 str(n.get("address") or ""),
-                state=state,
+                state=NodeState(state),
                 exit_code=n.get("exit_code"),
                 signal=n.get("signal"),
                 reason=n.get("reason"),
@@ -176,12 +177,17 @@ def _first_failure(ff: FailureRecord | None) -> FirstFailure | None:
     if ff is None:
         return None
     from fleetctl.job.result import NodeOutcome
+    from fleetctl.job.state import NodeState
 
+    try:
+        state = NodeState(ff.state or "failed")
+    except ValueError:  # a state a later fleetctl wrote: still a failure
+        state = NodeState.FAILED
     how = NodeOutcome(
         ff.rank,
         str(ff.host),
         ff.address or "",
-        state=ff.state or "failed",
+        state=state,
         exit_code=ff.exit_code,
         signal=ff.signal,
         reason=ff.reason,

@@ -14,6 +14,8 @@ from fleetctl.api.runspec import BeforeHook, RunSpec
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
@@ -35,7 +37,7 @@ def prepare(
     nodes: Sequence[Node],
     groups: Mapping[str, Sequence[str]],
     settings: SSHSettings,
-    runs_dir: str | os.PathLike[str],
+    runs_dir: str | Path,
     inventory: str | None,
     limit: str | None,
     dry_run: bool = False,

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
-from fleetctl.plan.userinput import MAX_BACKOFF, MAX_RETRIES, PROBE_TIMEOUT, PROBE_TIMEOUT_MAX
+from fleetctl.plan.userinput import (
+    MAX_BACKOFF,
+    MAX_RETRIES,
+    ON_SLOW,
+    PROBE_TIMEOUT,
+    PROBE_TIMEOUT_MAX,
+    OnSlow,
+)
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -51,7 +58,7 @@ def option(
     field's name), the ``check`` every value passes (``None`` passes unchecked where the
     default is ``None``; a tuple field's items are checked one by one); ``record``: the class
     of a value that is a record of its own (for the JSON form, :mod:`.runspec_json`)."""
-    meta = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
+    meta: dict[str, Any] = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
     meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
     meta.update(record=record)
     return field(default=default, metadata=meta)
@@ -65,7 +72,8 @@ def hint(f: Any) -> str:
 
 
 def keyword(f: Any) -> str:
-    return f.metadata.get("kw") or f.name
+    name: str = f.metadata.get("kw") or f.name
+    return name
 
 
 def refuse(f: Any, message: str) -> UsageError:
@@ -106,9 +114,10 @@ class _Group:
 
 def _path(value: Any) -> str:
     try:
-        return os.fspath(value)
+        path: str = os.fspath(value)
     except TypeError:
         raise c.Invalid(f"{value!r} is not a path") from None
+    return path
 
 
 def _before(value: Any) -> Any:
@@ -278,8 +287,8 @@ class Supervision(_Group):
         "launch: stalled at start-up, stopped (exit 3). Default with --stall-timeout: the "
         "longer of 1800 s and it; else none.",
     )  # fmt: skip
-    on_slow: str = option(
-        "warn", "--on-slow", check=c.OneOf(("warn", "stop", "off")), show_default=True,
+    on_slow: OnSlow = option(
+        "warn", "--on-slow", check=c.OneOf(ON_SLOW), show_default=True,
         help="A node the others wait for, named within a minute (docs/health.md): warn, stop "
         "the job (a retry with spares runs without it), or off (no watching).",
     )  # fmt: skip

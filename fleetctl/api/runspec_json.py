@@ -108,7 +108,7 @@ def _nested(f: Any, cls: type, value: Any) -> Any:
 
     if not isinstance(value, Mapping):
         raise refuse(f, f"{value!r} is not a JSON object")
-    by_name = {g.name: g for g in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    by_name = {g.name: g for g in dataclasses.fields(cls)}
     unknown = sorted(set(value) - set(by_name))
     if unknown:
         raise refuse(f, f"unknown key {unknown[0]!r}")

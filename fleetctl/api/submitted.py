@@ -139,7 +139,8 @@ class Submitted:
         if job.status in ("queued", "cancelled") and not job.nodes:
             return None
         doc = job.to_dict()
-        slurm = doc.get("slurm") if isinstance(doc.get("slurm"), dict) else {}
+        said = doc.get("slurm")
+        slurm: dict[str, Any] = said if isinstance(said, dict) else {}
         doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.get("state")}
         return doc
 

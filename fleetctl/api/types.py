@@ -22,6 +22,7 @@ _NAMES = {
     # a run: its plan, events, result, collection, monitor, stacks
     "Plan": "fleetctl.plan.rankplan",
     "JobEvent": "fleetctl.job.result",
+    "EventKind": "fleetctl.job.result",
     "JobResult": "fleetctl.job.result",
     "NodeOutcome": "fleetctl.job.result",
     "NodeCollect": "fleetctl.phases.collect",
@@ -38,6 +39,7 @@ __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
     from fleetctl.job.monitor_process import SpawnedMonitor as SpawnedMonitor
+    from fleetctl.job.result import EventKind as EventKind
     from fleetctl.job.result import JobEvent as JobEvent
     from fleetctl.job.result import JobResult as JobResult
     from fleetctl.job.result import NodeOutcome as NodeOutcome

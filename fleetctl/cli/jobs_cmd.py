@@ -158,7 +158,7 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
 @click.argument("job")
 def logs_command(
     runs_dir: str, node: str | None, follow: bool, lines: int | None, raw_output: bool, job: str
-):
+) -> None:
     """Show JOB's logs with node prefixes: collected ones, or live from the nodes."""
     from fleetctl import JobEvent, LogLine
     from fleetctl.api import Job

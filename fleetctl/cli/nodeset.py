@@ -125,7 +125,9 @@ def expand(nodeset: str) -> list[str]:
 
 def _top_level(nodeset: str) -> list[str]:
     """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for c in nodeset:
         if c == "[":
             depth += 1

@@ -80,7 +80,7 @@ class Count(click.IntRange):
 
     integer = True
     check = Number.check
-    convert = Number.convert  # type: ignore[assignment]
+    convert = Number.convert
 
     def __init__(self, min: int | None = None, max: int | None = MAX_COUNT) -> None:
         super().__init__(min=min, max=max)
@@ -106,14 +106,14 @@ class Checked(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-class CheckedChoice(click.Choice):  # type: ignore[type-arg]
+class CheckedChoice(click.Choice):
     """A word of a list (help shows ``[a|b]``), refused with the record's message."""
 
     def __init__(self, check: Any) -> None:
         super().__init__(check.words())
         self.check = check
 
-    convert = Checked.convert  # type: ignore[assignment]
+    convert = Checked.convert
 
 
 def field_type(kw: str) -> click.ParamType:

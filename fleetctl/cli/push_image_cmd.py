@@ -33,7 +33,7 @@ def push_image_main(
     except PushError as e:
         if not hasattr(e, "report"):
             raise
-        error, report = e, e.report  # type: ignore[attr-defined]
+        error, report = e, e.report
     failures = failures_of(error)
     if as_json:
         write_json(report, error, failures)

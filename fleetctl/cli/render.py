@@ -92,8 +92,8 @@ def print_check_report(report: CheckReport, console: Console | None = None) -> N
         )
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
-    for host, check, reason in report.failures:
-        console.print(f"[red]✗[/] {escape(host)} {check}: {escape(reason)}")
+    for name, check, reason in report.failures:
+        console.print(f"[red]✗[/] {escape(name)} {check}: {escape(reason)}")
     when = (
         f" (cached result, {max(0, int(_now() - report.checked_at))} s old)"
         if report.cached

@@ -22,7 +22,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
     lines: list[str] = []
     ff = result.failed_node
     slow = getattr(result, "slow", None)  # the node named slow during the run (docs/health.md)
-    slow_first = bool(slow) and ff is not None and slow.get("rank") == ff.rank
+    slow_first = bool(slow and ff is not None and slow.get("rank") == ff.rank)
     by_state: dict[str, list[int]] = {}
     for node in result.nodes:
         if ff is None or node.rank != ff.rank:
@@ -98,15 +98,15 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
             ]
             lines.append("where every rank was (innermost Python frame):")
             lines.extend("  " + line for line in stack_lines(groups))
-            for n in result.stack_nodes or []:
-                if n.get("methods", {}).get("faulthandler"):
+            for sn in result.stack_nodes or []:
+                if sn.get("methods", {}).get("faulthandler"):
                     lines.append(
-                        f"  node {n['rank']} ({n['host']}): py-spy could not read "
-                        f"{n['methods']['faulthandler']} process(es); faulthandler wrote their "
+                        f"  node {sn['rank']} ({sn['host']}): py-spy could not read "
+                        f"{sn['methods']['faulthandler']} process(es); faulthandler wrote their "
                         "threads to the node's console.log"
                     )
-                if n.get("error"):
-                    lines.append(f"  node {n['rank']} ({n['host']}): no stacks: {n['error']}")
+                if sn.get("error"):
+                    lines.append(f"  node {sn['rank']} ({sn['host']}): no stacks: {sn['error']}")
     elif result.status == "interrupted":
         rest = others()
         where = f"all {n} nodes" if n != 1 else "its node"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.result import JobEvent, JobResult, NodeOutcome
+from fleetctl.job.result import EventKind, JobEvent, JobResult, NodeOutcome
 from fleetctl.job.runfolder import RunFolder
 from fleetctl.job.state import JobState, NodeState, exit_state
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
@@ -153,7 +153,7 @@ class JobContext:
 
     def emit(
         self,
-        kind: str,
+        kind: EventKind,
         text: str = "",
         *,
         rank: int | None = None,

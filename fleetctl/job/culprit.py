@@ -33,7 +33,7 @@ def culprits(report: CheckReport) -> list[str]:
     out: list[str] = []
     hosts = list(report.hosts)
     # a host in (nearly) every failed pair is the one whose link is down, not its peers
-    pairs = Counter()
+    pairs: Counter[str] = Counter()
     for m in report.mesh_failures:
         pairs[m.src] += 1
         pairs[m.dst] += 1

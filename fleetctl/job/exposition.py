@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,12 +81,14 @@ def families(s: JobSample) -> list[Metric]:
 
     node_labels = ["job_id", "host", "node_rank"]
 
-    def per_node(kind: type, name: str, doc: str, extra: list[str] | None = None) -> Metric:
+    Family = GaugeMetricFamily | CounterMetricFamily
+
+    def per_node(kind: type[Family], name: str, doc: str, extra: list[str] | None = None) -> Family:
         m = kind(name, doc, labels=node_labels + (extra or []))
         out.append(m)
         return m
 
-    state = per_node(
+    node_state = per_node(
         GaugeMetricFamily, "fleetctl_node_state", "The node's state (value 1).", ["state"]
     )
     lines = per_node(CounterMetricFamily, "fleetctl_node_lines", "Output lines streamed.")
@@ -106,7 +108,7 @@ def families(s: JobSample) -> list[Metric]:
     )
     for n in s.nodes:
         key = [*job, n.host, str(n.node_rank)]
-        state.add_metric([*key, n.state], 1)
+        node_state.add_metric([*key, n.state], 1)
         lines.add_metric(key, n.lines)
         nbytes.add_metric(key, n.bytes)
         if n.last_line is not None:
@@ -124,15 +126,15 @@ def render(s: JobSample) -> bytes:
     return generate_latest(_registry(lambda: s))
 
 
-def _registry(sample: object) -> CollectorRegistry:
+def _registry(sample: Callable[[], JobSample]) -> CollectorRegistry:
     from prometheus_client.registry import CollectorRegistry
 
     class _Collector:
         def collect(self) -> Iterator[Metric]:
-            yield from families(sample())  # type: ignore[operator]
+            yield from families(sample())
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector())  # type: ignore[arg-type]
+    registry.register(_Collector())
     return registry
 
 

@@ -216,7 +216,7 @@ def _blame_first_rank(job: JobContext) -> None:
     after its victim's, or after our stop reached it. The node supervisors' clocks decide."""
     from fleetctl.job.ranks import rank_exits
 
-    first = (job.result.failed_ranks or [None])[0]
+    first = job.result.failed_ranks[0] if job.result.failed_ranks else None
     before = job.result.failed_node
     if first is None or before is None:
         return

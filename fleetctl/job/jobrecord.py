@@ -22,7 +22,7 @@ from fleetctl.errors import RunFolderError
 from fleetctl.job.state import LIVE_STATES
 
 _NONE = type(None)
-_T = TypeVar("_T")
+_T = TypeVar("_T", "NodeRecord", "FailureRecord", "JobRecord")  # the records _from_dict makes
 
 
 @dataclass

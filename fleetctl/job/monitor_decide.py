@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from fleetctl.job.jobrecord import FailureRecord
 from fleetctl.job.runfolder import iso
@@ -24,6 +24,10 @@ DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate 
 DEFAULT_GRACE = 5.0
 MONITOR_REASON = "stopped by the job monitor"
 ENDED = frozenset({"succeeded", "failed", "lost"})
+
+# How the job ends (Decision.action; see there) and what one node's answer says (_classify)
+Action = Literal["fail", "done", "external", "give_up"]
+NodeVerdict = Literal["running", "succeeded", "failed", "lost", "unreachable", "external"]
 
 # ---------------------------------------------------------------------------- the decision
 
@@ -46,11 +50,11 @@ class Decision:
     ``done`` (every node ended; ``status`` says how), ``external`` (someone else stops it),
     ``give_up`` (no node to blame: ``--timeout`` passed or the job stalled; ``reason``)."""
 
-    action: str
+    action: Action
     status: str | None = None
     rank: int | None = None
     host: str | None = None
-    state: str | None = None  # failed or lost, for ``fail``
+    state: Literal["failed", "lost"] | None = None  # for ``fail``
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
@@ -88,7 +92,7 @@ class Decision:
         return "the job is being stopped from another terminal"
 
 
-def _classify(s: NodeReport) -> tuple[str, str | None]:
+def _classify(s: NodeReport) -> tuple[NodeVerdict, str | None]:
     """A supervisor's answer as running / succeeded / failed / lost / unreachable / external,
     with a reason for the bad ones."""
     if s.state == "unreachable":
@@ -182,7 +186,7 @@ def decide(
     Updates ``watch`` (unreachable streaks, what was already reported).
     """
     notes: list[str] = []
-    kinds: dict[int, str] = {}
+    kinds: dict[int, NodeVerdict] = {}
     bad: list[tuple[float, Decision]] = []
     for s in states:
         kind, why = _classify(s)
@@ -212,9 +216,9 @@ def decide(
             else:
                 kinds[s.rank] = "running"
             continue
-        since = watch.unreachable_since.pop(s.rank, None)
-        if since is not None:
-            notes.append(f"node {s.rank} ({s.host}) answers again after {now - since:.1f}s")
+        missed = watch.unreachable_since.pop(s.rank, None)
+        if missed is not None:
+            notes.append(f"node {s.rank} ({s.host}) answers again after {now - missed:.1f}s")
         kinds[s.rank] = kind
         if kind in ("failed", "lost"):
             when = s.end_time if s.end_time is not None else now

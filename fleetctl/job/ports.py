@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import MutableMapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import LaunchError
@@ -56,6 +56,7 @@ def reserve_master_port(
     (one that does not answer is let go and dropped from it)."""
     base = spec.master_port
     cands = [base] if spec.master_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
+    busy: dict[str, str] = {}
     for attempt in range(MAX_SPAN_TRIES):
         free, busy = _claim(fleet, node0, cands, spec.job_id, span, held)
         if not free:
@@ -94,11 +95,12 @@ def _claim(
     span: int,
     held: MutableMapping[str, HeldProbe] | None = None,
 ) -> tuple[list[int], dict[str, str]]:
-    args: dict = {"candidates": cands, "need": 1, "claim": {"job": job}}
+    args: dict[str, Any] = {"candidates": cands, "need": 1, "claim": {"job": job}}
     if span > 1:
         args["span"] = span
     source = remote.inline("port_probe.py")
-    data, detail = _held_call(held, node, source, json.dumps(args)), "(held probe)"
+    data: Any = _held_call(held, node, source, json.dumps(args))  # JSON: checked below
+    detail = "(held probe)"
     if data is None:
         conn = fleet.connection(node)
         res = conn.run(
@@ -118,7 +120,7 @@ def _claim(
 
 def _held_call(
     held: MutableMapping[str, HeldProbe] | None, node: Node, source: str, arg: str
-) -> object | None:
+) -> Any:
     """``source`` run with ``arg`` by the node's held probe; its ``D`` payload, or None when
     there is no usable probe or it did not answer (then it is let go: the launch starts the
     supervisor by a command of its own)."""

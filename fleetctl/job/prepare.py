@@ -129,18 +129,18 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
             allow_secrets=options.allow_secrets,
             check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
         )
-        report = push_mod.push(
+        pushed_to = push_mod.push(
             fleet, code=options.code, env_archive=options.env_archive, options=popts
         )
-        for w in report.code_warnings:  # checkpoints or data in the code folder
+        for w in pushed_to.code_warnings:  # checkpoints or data in the code folder
             job.emit("warning", w)
-        code_digest = report.code_digest
+        code_digest = pushed_to.code_digest
         for n in job.nodes:
-            prefix = push_mod.env_path_prefix(report, n.name)
+            prefix = push_mod.env_path_prefix(pushed_to, n.name)
             if prefix:
                 job.path_prepend[n.name] = [prefix]
                 f = facts.get(n.name) or NodeFacts()
-                pushed = report.nodes.get(n.name)  # the env's torch (push verified it)
+                pushed = pushed_to.nodes.get(n.name)  # the env's torch (push verified it)
                 torch = (pushed.torch_version if pushed else None) or f.torch
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python", torch=torch)
     if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet

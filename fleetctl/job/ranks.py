@@ -59,6 +59,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
         here = result.folder / rel if rel else None
         pids = _rank_pids(here)
         for local in range(nproc):
+            seen = pids.get(str(local))
             logs: list[str] = []
             if here is not None and here.is_dir():
                 logs = [str(p.relative_to(result.folder)) for p in files(
@@ -70,7 +71,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
                     "node": node.host,
                     "node_rank": node.rank,
                     "local_rank": local,
-                    "pid": (pids.get(str(local)) or [None])[-1],
+                    "pid": seen[-1] if seen else None,
                     "logs": logs,
                 }
             )

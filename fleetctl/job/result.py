@@ -8,7 +8,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl.job.runfolder import iso
 from fleetctl.job.state import JobStatus, NodeState, node_state
@@ -21,14 +21,19 @@ if TYPE_CHECKING:
 
 TAIL_LINES = 200  # per node, kept in memory for the summary when logs cannot be collected
 
+# What a JobEvent says (its ``kind``; the same word starts its line in events.log)
+EventKind = Literal[
+    "phase", "line", "lines", "notice", "exit", "lost", "failure", "teardown", "collect",
+    "warning", "done", "started", "progress",
+]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class JobEvent:
-    """What the CLI shows. ``kind``: phase, line, lines, notice, exit, lost, failure,
-    teardown, collect, warning. ``rank``/``host`` name the node for node events; ``lines``
-    holds a node's output lines that arrived together (kind ``lines``)."""
+    """What the CLI shows. ``kind``: an :data:`EventKind`. ``rank``/``host`` name the node for
+    node events; ``lines`` holds a node's output lines that arrived together (kind ``lines``)."""
 
-    kind: str
+    kind: EventKind
     text: str = ""
     rank: int | None = None
     host: str | None = None

@@ -31,7 +31,7 @@ import re
 import signal as _signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.errors import UsageError
 
@@ -62,7 +62,7 @@ class Failure:
     ``kind``: exit (non-zero code), signal, lost, start_failed, interrupted, error.
     """
 
-    kind: str
+    kind: Literal["exit", "signal", "lost", "start_failed", "interrupted", "error"]
     exit_code: int | None = None
     signal: int | None = None
     log_tail: tuple[str, ...] = ()
@@ -76,6 +76,7 @@ class Failure:
         get = node.get if isinstance(node, dict) else lambda k: getattr(node, k, None)
         state = get("state")
         sig, code = get("signal"), get("exit_code")
+        kind: Literal["exit", "signal", "lost", "start_failed"]
         if state == "lost":
             kind = "lost"
         elif state == "start_failed":

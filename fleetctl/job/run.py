@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
+    from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.connection import Connection, HealthWatch, SSHSettings
     from fleetctl.ssh.fanout import FanOut
 
@@ -82,7 +83,7 @@ class RunOptions:
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
     timeout: float | None = None  # s of wall clock from launch, then the job is stopped
     stall_timeout: float | None = None  # s with no output line from any node, then stopped
-    on_slow: str = "warn"  # a node named slow (fleetctl.job.pace): warn, stop, off
+    on_slow: OnSlow = "warn"  # a node named slow (fleetctl.job.pace): warn, stop, off
     # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
     startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect

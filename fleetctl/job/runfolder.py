@@ -356,7 +356,7 @@ def read_job(path: Path) -> JobRecord:
     return JobRecord.from_dict(read_json(path), source=str(path))
 
 
-def load_run(runs_dir: str | Path, job_id: str) -> RunFolder:
+def load_run(runs_dir: str | os.PathLike[str], job_id: str) -> RunFolder:
     """The folder of ``job_id`` (a unique prefix is enough); RunFolderError if none/ambiguous."""
     check_job_id(job_id)
     root = Path(runs_dir)

@@ -339,7 +339,7 @@ class Plan:
                 script=d.get("script", ""),
                 args=tuple(d.get("args") or ()),
                 master_addr=d.get("master_addr") or first_env.get("MASTER_ADDR", ""),
-                master_port=int(d.get("master_port") or first_env.get("MASTER_PORT", 0)),
+                master_port=int(d.get("master_port") or first_env.get("MASTER_PORT") or 0),
                 ips=tuple(d.get("ips") or (n.train_addr for n in nodes)),
                 nnodes=int(d.get("nnodes") or len(nodes)),
                 nproc_per_node=int(d.get("nproc_per_node") or 1),

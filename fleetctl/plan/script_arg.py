@@ -165,7 +165,9 @@ def module_in_code(module: str, where: Path) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
 
 
-def installed_module(kind: str, script: str, code_dir: str | None, folder: str) -> str | None:
+def installed_module(
+    kind: str, script: str, code_dir: str | Path | None, folder: str
+) -> str | None:
     """``run -m MODULE`` of a module not in the pushed code (``accelerate.commands.launch``, a
     pip-installed trainer): the module the node python must find installed (the check asks);
     None for a script, or a module of the code."""

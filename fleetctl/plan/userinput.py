@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 MAX_INPUT_BYTES = 32 << 20  # 32 MiB: a 10,000-host inventory with vars is well under 5 MiB
 MAX_YAML_VALUES = 1_000_000  # values a document stands for once its aliases are expanded
@@ -24,6 +24,9 @@ MAX_BACKOFF = 300.0  # s between attempts
 # modules, so the CLI's option table reads them without importing the check.
 PROBE_TIMEOUT = 30.0
 PROBE_TIMEOUT_MAX = 600.0
+# run --on-slow: what a node the others wait for (fleetctl.job.pace) makes the run do
+OnSlow = Literal["warn", "stop", "off"]
+ON_SLOW: tuple[OnSlow, ...] = get_args(OnSlow)
 
 
 def read_user_file(

@@ -16,6 +16,12 @@ from __future__ import annotations
 
 import json
 
+TYPE_CHECKING = False  # the type checker reads the block; a node never imports typing (start-up)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _R = TypeVar("_R", bound="Record")
+
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
 _REQUIRED = object()
 
@@ -24,7 +30,7 @@ class RecordError(ValueError):
     """A record's value of the wrong type, or a required one missing."""
 
 
-def _parse(annotation: str) -> tuple:
+def _parse(annotation: str) -> tuple[type, type | None, bool]:
     """``"list[str] | None"`` -> (list, str, True): the type, its items' type, nullable."""
     parts = [p.strip() for p in annotation.split("|")]
     nullable = "None" in parts
@@ -69,29 +75,37 @@ class Record:
         return {f[0]: getattr(self, f[0]) for f in self.fields()}
 
     @classmethod
-    def from_dict(cls, data: object):  # -> the subclass
+    def from_dict(cls: type[_R], data: object) -> _R:
         """The record a JSON document holds: missing keys defaulted, unknown keys ignored."""
         if not isinstance(data, dict):
             raise RecordError(f"{cls.KIND}: not a JSON object")
         return cls(**{f[0]: data[f[0]] for f in cls.fields() if f[0] in data})
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.to_dict() == self.to_dict()  # type: ignore[attr-defined]
+        return (
+            isinstance(other, Record)
+            and type(other) is type(self)
+            and other.to_dict() == self.to_dict()
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.to_dict()!r})"
 
 
-def _check(kind: str, name: str, value: object, typ: type, item: object, nullable: bool):
+def _check(
+    kind: str, name: str, value: object, typ: type, item: type | None, nullable: bool
+) -> object:
     if value is None and nullable:
         return None
     ok = isinstance(value, typ) and not (typ is not bool and isinstance(value, bool))
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         ok, value = True, float(value)
     if ok and item is not None:
-        items = value.values() if isinstance(value, dict) else value  # type: ignore[attr-defined]
-        ok = all(isinstance(v, item) for v in items)  # type: ignore[arg-type]
-        typ_name = f"{typ.__name__} of {item.__name__}"  # type: ignore[attr-defined]
+        items = (
+            value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        )
+        ok = all(isinstance(v, item) for v in items)
+        typ_name = f"{typ.__name__} of {item.__name__}"
     else:
         typ_name = typ.__name__
     if not ok:

@@ -32,7 +32,7 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     folder = Path(folder)
     target = Path(out) if out is not None else folder / REPORT_FILE
     text = build_report(folder, out=target)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=target.parent or ".")
+    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -400,7 +400,7 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
         return None
     fr = next(
         (r for r in job.failed_ranks or [] if r.get("node") == ff.host),
-        (job.failed_ranks or [None])[0],
+        job.failed_ranks[0] if job.failed_ranks else None,
     )
     lines: list[str] = []
     if fr is not None:

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 from fleetctl.report import svg
 
 if TYPE_CHECKING:
+    import jinja2
+
     from fleetctl.report.model import Report
 
 
-def _env():  # type: ignore[no-untyped-def]  # jinja2.Environment, imported lazily
+def _env() -> jinja2.Environment:  # jinja2: imported here, lazily
     import jinja2
 
     env = jinja2.Environment(

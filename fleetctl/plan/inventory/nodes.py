@@ -93,7 +93,7 @@ class _Fields:
             value, ok = int(value), True
         if not ok or value < lo or (hi is not None and value > hi):
             raise self.fail(key, f"{key} must be {what}, got {value!r}")
-        return value
+        return int(value)
 
 
 def _build_node(model: _Model, host: _Host) -> Node:

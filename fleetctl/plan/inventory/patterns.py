@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable
+from functools import partial
 
 from fleetctl.errors import InventoryError
 from fleetctl.plan.inventory.model import _group_hosts, _Host, _Model
@@ -24,6 +25,10 @@ def _split_host_pattern(pattern: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def _limit_file_error(part: str, path: str, msg: str) -> InventoryError:
+    return InventoryError(f"--limit {part}: {msg}", path=path, field="limit")
+
+
 def _split_limit(limit: str, path: str) -> list[str]:
     if limit.count("[") != limit.count("]"):
         # Ansible's splitter silently drops an unbalanced bracket: `~[` became `~`, a regex
@@ -35,9 +40,7 @@ def _split_limit(limit: str, path: str) -> list[str]:
             raw = read_user_file(
                 part[1:],
                 "limit file",
-                lambda msg, part=part: InventoryError(
-                    f"--limit {part}: {msg}", path=path, field="limit"
-                ),
+                partial(_limit_file_error, part, path),
             )
             lines = raw.decode("utf-8", "replace").splitlines()
             out.extend(s.strip() for s in lines if s.strip())

@@ -13,11 +13,11 @@ from fleetctl.plan.inventory.ranges import _expand_hostpattern
 from fleetctl.plan.userinput import YamlTooBig, check_yaml_size
 
 
-class _Map(dict):  # type: ignore[type-arg]
+class _Map(dict[Any, Any]):
     """A YAML mapping that remembers its line and each key's line."""
 
     line: int | None = None
-    lines: dict[Any, int]
+    lines: dict[Any, int | None]
 
 
 class _Vault(str):
@@ -41,7 +41,7 @@ class _YamlError(Exception):
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
+class _Loader(_BaseLoader):
     """SafeLoader (YAML 1.1, like Ansible's) that records line numbers and refuses duplicate
     keys, which PyYAML would otherwise drop silently."""
 
@@ -195,6 +195,8 @@ def _yaml_group(model: _Model, name: Any, body: Any, line: int | None) -> str:
                 names, port = _expand_hostpattern(model, pattern, hline)
                 for hname in names:
                     model.add_host(hname, group, port, hline)
-                    for var, val in (host_vars or {}).items():
+                    if host_vars is None:
+                        continue
+                    for var, val in host_vars.items():
                         model.set_host_var(hname, var, val, host_vars.lines.get(var))
     return group

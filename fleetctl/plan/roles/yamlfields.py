@@ -91,7 +91,7 @@ def known(keys: frozenset[str]) -> str:
     return ", ".join(sorted(keys))
 
 
-def get_str(m: LocatedMap, key: str, at: Any, *, default: str | None) -> Any:
+def get_str(m: LocatedMap, key: str, at: Any, *, default: str | None) -> str | None:
     if key not in m or m[key] is None:
         return default
     v = m[key]
