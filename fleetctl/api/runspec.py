@@ -303,6 +303,11 @@ class Retry(_Group):
         help="torchrun with --nodes N: an elastic rendezvous; a lost node is replaced by a "
         "spare while the other nodes' agents run on (docs/commands/run.md, Elastic jobs).",
     )  # fmt: skip
+    min_nodes: int | None = option(
+        None, "--min-nodes", check=c.count(1), metavar="N",
+        help="With --elastic: when a node is lost and no spare is left, go on with the others "
+        "if at least N remain (default: --nodes, end the job).",
+    )  # fmt: skip
     resume: str | None = option(
         None, "--resume", check=c.TEXT, metavar="JOB|last",
         help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
@@ -498,6 +503,7 @@ class RunSpec:
             )
         if p.job_file is not None and p.script is not None:
             raise UsageError(f"--job {p.job_file} replaces SCRIPT; got {p.script!r} too")
+        _check_elastic(self)
 
     @classmethod
     def build(cls, script: str | None = None, *args: str, **kw: Any) -> RunSpec:
@@ -520,6 +526,20 @@ class RunSpec:
     def flat(self) -> dict[str, Any]:
         """The record as ``build``'s keywords (``script`` and ``args`` included)."""
         return {kw: getattr(getattr(self, group), name) for kw, (group, name) in KEYWORDS.items()}
+
+
+def _check_elastic(spec: RunSpec) -> None:
+    """``--min-nodes``: only with ``--elastic``, at most ``--nodes``."""
+    rt, wanted = spec.retry, spec.hosts.nodes
+    if rt.min_nodes is None:
+        return
+    if not rt.elastic:
+        raise UsageError(
+            f"--min-nodes {rt.min_nodes} needs --elastic (a job without it ends when a node "
+            "is lost)"
+        )
+    if wanted is not None and rt.min_nodes > wanted:
+        raise UsageError(f"--min-nodes {rt.min_nodes} is more than --nodes {wanted}")
 
 
 KEYWORDS: dict[str, tuple[str, str]] = _keywords()
