@@ -81,7 +81,7 @@ def prepare(
     wanted = spec.hosts.nodes
     if wanted is not None and wanted > len(nodes):
         raise UsageError(f"--nodes {wanted}: the selection has only {len(nodes)} host(s)")
-    elastic = _elastic(spec, wanted, len(nodes))
+    elastic = _elastic(spec, wanted, nodes)
     now = datetime.now(timezone.utc)
     job = JobSpec(
         script=script or "",
@@ -210,21 +210,23 @@ def _before_hook(before: str | BeforeHook | None, inventory: str | None) -> Befo
     return load_task(before)
 
 
-def _elastic(spec: RunSpec, wanted: int | None, pool: int) -> str | None:
-    """``run --elastic``: the node range of the elastic rendezvous, or None; UsageError where
-    it cannot work. ``MIN:POOL``: a round needs ``--min-nodes`` (default N) nodes, and a full
-    round has room for a spare (torch puts a node that finds the round full on a redundancy
-    list that never trains)."""
-    p, rt = spec.program, spec.retry
-    if not rt.elastic:
+def _elastic(spec: RunSpec, wanted: int | None, nodes: Sequence[Node]) -> str | None:
+    """``run --elastic``: the node range of the elastic rendezvous, or None (RunSpec refused
+    what it cannot do; here what needs the selection). ``MIN:POOL``: a round needs
+    ``--min-nodes`` (default N) nodes, and a full round has room for a spare (torch puts a node
+    that finds the round full on a redundancy list that never trains)."""
+    rt = spec.retry
+    if not rt.elastic or wanted is None:
         return None
-    from fleetctl.plan.launchers import launcher_for
+    from fleetctl.slurm.allocation import is_srun
 
-    if not launcher_for(p.launcher).elastic:
-        raise UsageError(f"--elastic: launcher {p.launcher} has no elastic rendezvous (torchrun)")
-    if wanted is None:
-        raise UsageError("--elastic needs --nodes N (the hosts past N are the spares)")
-    if p.job_file is not None or spec.monitor.detach:
-        raise UsageError("--elastic: not with --job or --detach (an attached torchrun run)")
+    if any(is_srun(n) for n in nodes):
+        raise UsageError("--elastic: not inside a Slurm allocation yet (SSH nodes only)")
+    pool = len(nodes)
+    if pool <= wanted and rt.min_nodes is None:
+        raise UsageError(
+            f"--elastic --nodes {wanted}: the selection has no spare host ({pool} host(s)) and "
+            "there is no --min-nodes: a lost node would end the job as without --elastic"
+        )
     low = wanted if rt.min_nodes is None else rt.min_nodes
     return f"{low}:{max(wanted, pool)}"

@@ -529,16 +529,35 @@ class RunSpec:
 
 
 def _check_elastic(spec: RunSpec) -> None:
-    """``--min-nodes``: only with ``--elastic``, at most ``--nodes``."""
-    rt, wanted = spec.retry, spec.hosts.nodes
-    if rt.min_nodes is None:
-        return
-    if not rt.elastic:
+    """What ``--elastic`` cannot do (yet), and ``--min-nodes`` only with it, at most
+    ``--nodes``: one line each (exit 2), before any host is reached."""
+    p, rt, wanted = spec.program, spec.retry, spec.hosts.nodes
+    if rt.min_nodes is not None and not rt.elastic:
         raise UsageError(
             f"--min-nodes {rt.min_nodes} needs --elastic (a job without it ends when a node "
             "is lost)"
         )
-    if wanted is not None and rt.min_nodes > wanted:
+    if not rt.elastic:
+        return
+    from fleetctl.plan.launchers import launcher_for
+
+    if p.job_file is not None:
+        raise UsageError("--elastic: not with a role job (--job): one torchrun world only")
+    if not launcher_for(p.launcher).elastic:
+        raise UsageError(
+            f"--elastic: launcher {p.launcher} has no elastic rendezvous (torchrun only)"
+        )
+    if spec.monitor.detach:
+        raise UsageError(
+            "--elastic: not with --detach yet (the job monitor does not replace a lost node)"
+        )
+    if wanted is None:
+        raise UsageError("--elastic needs --nodes N (the hosts past N are the spares)")
+    if wanted < 2:
+        raise UsageError(
+            "--elastic needs --nodes 2 or more (node 0 holds the rendezvous: its loss ends the job)"
+        )
+    if rt.min_nodes is not None and rt.min_nodes > wanted:
         raise UsageError(f"--min-nodes {rt.min_nodes} is more than --nodes {wanted}")
 
 

@@ -134,6 +134,8 @@ def run_command(
     if params["spec_file"] is not None:
         return _run_spec(click.get_current_context(), params["spec_file"])
     check_flags(params)
+    if params["slurm"] and params["elastic"]:  # refused before sbatch, not in the allocation
+        raise UsageError("--elastic: not with --slurm yet (SSH nodes only)")
     if params["slurm"]:  # submitted: the same run happens inside the allocation
         return run_slurm(click.get_current_context())
     # RunSpec's fields, as its keywords (checked by the record, as a library call's)

@@ -87,7 +87,9 @@ def test_without_elastic_the_static_rendezvous_is_unchanged(tmp_path: Path) -> N
     [
         ({"elastic": True}, "--elastic needs --nodes N"),
         ({"elastic": True, "nodes": 2, "launcher": "plain"}, "launcher plain has no elastic"),
-        ({"elastic": True, "nodes": 2, "detach": True}, "not with --job or --detach"),
+        ({"elastic": True, "nodes": 2, "detach": True}, "not with --detach yet"),
+        ({"elastic": True, "nodes": 1}, "needs --nodes 2 or more"),
+        ({"elastic": True, "nodes": 3}, "no spare host .3 host.s.. and there is no --min-nodes"),
     ],
 )
 def test_elastic_is_refused_where_it_cannot_work(
@@ -98,6 +100,37 @@ def test_elastic_is_refused_where_it_cannot_work(
     options = {"launcher": "torchrun", **options}
     with pytest.raises(UsageError, match=why):
         fleet.run(str(tmp_path / "train.py"), dry_run=True, **options)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--slurm"], "--elastic: not with --slurm yet (SSH nodes only)"),
+        (["--job", "job.yaml"], "--elastic: not with a role job (--job): one torchrun world only"),
+        (
+            ["--detach", "train.py"],
+            "--elastic: not with --detach yet (the job monitor does not replace a lost node)",
+        ),
+        (
+            ["--launcher", "deepspeed", "train.py"],
+            "--elastic: launcher deepspeed has no elastic rendezvous (torchrun only)",
+        ),
+    ],
+)
+def test_what_elastic_cannot_do_yet_is_one_line_before_any_host(
+    tmp_path: Path, argv: list[str], line: str
+) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "job.yaml").write_text("roles: {}\n")
+    (tmp_path / "hosts.ini").write_text(
+        "node1 ansible_host=10.0.0.1\nnode2 ansible_host=10.0.0.2\n"
+    )
+    res = run_cli(
+        "run", "-i", "hosts.ini", "--elastic", "--nodes", "2", "--dry-run", *argv, cwd=tmp_path
+    )
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"fleetctl: error: {line}"], res.stderr
+    assert not (tmp_path / "fleet-runs").exists()
 
 
 def test_the_command_refuses_it_in_one_line(tmp_path: Path) -> None:
