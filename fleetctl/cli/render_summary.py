@@ -169,6 +169,8 @@ def _membership(result: JobResult) -> list[str]:
         else:
             joined = "its spare did not start"
         out.append(f"  node {c['rank']}: {c['left']} lost ({c['why']}); {joined}")
+        if c.get("warning"):  # a spare that started from step 0 (fleetctl.job.stepwatch)
+            out.append(f"    warning: {c['warning']}")
     if changes:
         each = ", each given to a spare" if all(c.get("joined") for c in changes) else ""
         out.insert(0, f"  {len(changes)} lost node(s){each} (--elastic):")

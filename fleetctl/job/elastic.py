@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError
+from fleetctl.job.stepwatch import StepWatch
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
@@ -48,6 +49,19 @@ class Membership:
         self.job, self.fleet, self.watch = job, fleet, watch
         self.spares: list[Node] = list(job.options.spares)
         self.threads: list[threading.Thread] = []
+        self.steps = StepWatch()  # a spare that starts from step 0 (fleetctl.job.stepwatch)
+        self.changes: dict[int, dict[str, Any]] = {}  # slot -> its latest change
+
+    def lines(self, ev: Event) -> None:
+        """A slot's output lines: said once, live and in its change, when a spare's first step
+        shows that it started afresh while the others resumed."""
+        fresh = self.steps.lines(ev.rank, ev.lines)
+        change = self.changes.get(ev.rank)
+        if fresh is None or change is None:
+            return
+        change["warning"] = fresh.line()
+        self.job.emit("warning", fresh.line(), rank=ev.rank, ts=ev.time)
+        self.job.save()
 
     def lost(self, ev: Event) -> bool:
         """Node ``ev.rank`` was lost: True when a spare takes its place (the caller goes on
@@ -75,6 +89,8 @@ class Membership:
             "notice", f"lost ({ev.text}); spare {spare.name} joining", rank=ev.rank, ts=ev.time
         )
         self._take_slot(ev.rank, spare)
+        self.changes[ev.rank] = change
+        self.steps.spare(ev.rank, spare.name)
         t = threading.Thread(
             target=self._join, args=(ev.rank, spare, change, when), daemon=True, name="spare"
         )
@@ -103,6 +119,7 @@ class Membership:
         node = job.result.nodes[ev.rank]
         node.reason, node.end_time = ev.text, ev.heard if ev.heard is not None else ev.time
         node.state = job.state.end(ev.rank, NodeState.LEFT, node.end_time).state
+        self.steps.gone(ev.rank)
         job.emit(
             "notice",
             f"lost ({ev.text}); no spare left, going on with {left} nodes (--min-nodes {low})",

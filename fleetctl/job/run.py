@@ -311,6 +311,8 @@ def _watch_until_done(job: JobContext, fleet: Fleet, watch: Watch, *, limit: flo
             if job.state.states[ev.rank].ended:  # --min-nodes: the job goes on without it
                 pending.discard(ev.rank)
             continue
+        if ev is not None and ev.kind == "lines" and elastic is not None:
+            elastic.lines(ev)
         if ev is not None:
             on_event(job, ev)
             if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:

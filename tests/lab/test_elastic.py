@@ -141,6 +141,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     assert any("[2 node3] lost" in x and "spare node4 joining" in x for x in err), said()
     assert "  1 lost node(s), each given to a spare (--elastic):" in err, said()
     assert any(x.startswith("  node 2: node3 lost (no heartbeat") for x in err), said()
+    assert not any("(spare) started at" in x for x in err), said()  # it resumed
     job = json.loads((runs / job_id / "job.json").read_text())
     assert job["status"] == "succeeded" and not job["errors"], job
     [change] = job["membership"]
