@@ -4,14 +4,18 @@ survivors and the spare), the same torchrun DDP job (gloo, 1 rank per node) on 4
 
 The job keeps its step in its working folder (pytorch/examples' elastic habit: every worker
 start loads it, the world agrees on the MAX) and prints ``STEP <step> <time>`` after every
-step. Once the 3-node world is at step 8 the lab cuts node3's link. From the job's own clocks
-(lab hosts share this machine's): the cut to the spare's first step, and to the first moment
-every rank of the world has stepped again (the slowest rank's first step after the cut).
+step. Once the 3-node world is at step 8 the lab cuts node rank 2's link (the spare: the host
+the job did not start on). Each sample has a health ledger of its own
+(``FLEETCTL_STATE_DIR``), else the host lost in one sample is left out of the next. From the
+job's own clocks (lab hosts share this machine's): the cut to the spare's first step, and to
+the first moment every rank of the world has stepped again (the slowest rank's first step
+after the cut).
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,20 +47,20 @@ while step < total:
     time.sleep(0.2)
 """
 
-STEP_RE = re.compile(r"^\[\d+ (\S+)\] (?:\[rank \d+\] )?STEP (\d+) (\d+\.\d+)$")
+STEP_RE = re.compile(r"^\[(\d+) (\S+)\] (?:\[rank \d+\] )?STEP (\d+) (\d+\.\d+)$")
 HOSTS = 4
 NODES = 3
 STEPS = 60
 CUT_AT = 8  # the world's step when the link is cut
 
 
-def _steps(path: Path) -> list[tuple[str, int, float]]:
-    """(host, step, time) of every STEP line fleetctl printed, in order."""
+def _steps(path: Path) -> list[tuple[int, str, int, float]]:
+    """(node rank, host, step, time) of every STEP line fleetctl printed, in order."""
     out = []
     for line in path.read_text(errors="replace").splitlines():
         m = STEP_RE.match(line)
         if m:
-            out.append((m.group(1), int(m.group(2)), float(m.group(3))))
+            out.append((int(m.group(1)), m.group(2), int(m.group(3)), float(m.group(4))))
     return out
 
 
@@ -67,36 +71,38 @@ class ElasticBench:
     def run(self, repeats: int) -> list[Result]:
         if len(self.p.lab.hosts) < HOSTS:
             raise RuntimeError(f"needs {HOSTS} lab hosts (--hosts {HOSTS})")
-        victim, spare = self.p.lab.hosts[NODES - 1].name, self.p.lab.hosts[NODES].name
         common = ["--launcher", "torchrun", "--nproc-per-node", "1", "--nodes", str(NODES)]
         common += ["--no-check", "--lost-timeout", "3", "--deadman", "4", "--grace", "2"]
         rows = [
-            (Result("elastic", f"run --elastic: spare {spare} joins", HOSTS), ["--elastic"]),
+            (Result("elastic", "run --elastic: the spare joins", HOSTS), ["--elastic"]),
             (
-                Result("elastic", f"run --max-retries 1: a full retry with {spare}", HOSTS),
+                Result("elastic", "run --max-retries 1: a full retry with the spare", HOSTS),
                 ["--max-retries", "1"],
             ),
         ]
         out = []
         for row, extra in rows:
             row.note = (
-                f"cut {victim}'s link at step {CUT_AT}; timing: the cut to every rank's first "
-                "step after it (the job's clocks); default --lost-timeout 3 here"
+                f"node rank 2's link cut at step {CUT_AT}; timing: the cut to every rank's first "
+                "step after it (the job's clocks); --lost-timeout 3"
             )
-            out.append(
-                repeat(row, repeats, lambda extra=extra: self._once(common + extra, victim, spare))
-            )
+            out.append(repeat(row, repeats, lambda extra=extra: self._once(common + extra)))
         return out
 
-    def _once(self, argv: list[str], victim: str, spare: str) -> tuple[float, dict[str, Any]]:
-        stdout = self.p.work / "elastic-stdout.log"
-        cut: dict[str, float] = {}
+    def _once(self, argv: list[str]) -> tuple[float, dict[str, Any]]:
+        work = Path(tempfile.mkdtemp(dir=self.p.work, prefix="elastic-"))
+        stdout = work / "stdout.log"
+        # a health ledger of its own: the host lost here must not be left out of the next sample
+        self.p.env["FLEETCTL_STATE_DIR"] = str(work / "state")
+        cut: dict[str, Any] = {}
 
         def during(proc: Any, runs: Path, before: set) -> None:
             deadline = time.time() + 150
             while time.time() < deadline and proc.poll() is None:
-                if stdout.exists() and any(s >= CUT_AT for _, s, _ in _steps(stdout)):
-                    cut["t"] = time.time()
+                seen = _steps(stdout) if stdout.exists() else []
+                if any(s >= CUT_AT for _, _, s, _ in seen):
+                    victim = next(h for rank, h, _, _ in seen if rank == NODES - 1)
+                    cut.update(t=time.time(), victim=victim, world={h for _, h, _, _ in seen})
                     self.p.lab.cut_link(victim)
                     return
                 time.sleep(0.05)
@@ -113,24 +119,27 @@ class ElasticBench:
                 stdout_path=stdout,
             )
         finally:
+            self.p.env.pop("FLEETCTL_STATE_DIR", None)
             if cut:
-                self.p.lab.heal_link(victim)
+                self.p.lab.heal_link(cut["victim"])
         if "t" not in cut:
             raise SampleFailed(f"the world never reached step {CUT_AT}: {r['why']}")
         if r["rc"] != 0:
             raise SampleFailed(f"exit {r['rc']}: {r['why']}")
-        after = [(h, s, t) for h, s, t in _steps(stdout) if t > cut["t"]]
+        [spare] = [h.name for h in self.p.lab.hosts[:HOSTS] if h.name not in cut["world"]]
+        after = [(h, s, t) for _, h, s, t in _steps(stdout) if t > cut["t"]]
         first: dict[str, float] = {}
         for h, _, t in after:
             first.setdefault(h, t)
-        hosts = [h for h in first if h != victim]
+        hosts = [h for h in first if h != cut["victim"]]
         if spare not in first or len(hosts) < NODES:
             raise SampleFailed(f"not every rank stepped after the cut: {sorted(first)}")
         lost = [t for t, k, text in r["events"] if k == "lost" or " lost (" in text]
-        resumed = min(s for h, s, _ in after if h == spare)
+        if not lost:
+            raise SampleFailed(f"{cut['victim']} was not lost: {r['why']}")
         return max(first[h] for h in hosts) - cut["t"], {
-            "cut → lost s": (lost[0] - cut["t"]) if lost else None,
+            "cut → lost s": lost[0] - cut["t"],
             "cut → spare's first step s": first[spare] - cut["t"],
-            "spare's first step": resumed,
+            "spare's first step": min(s for h, s, _ in after if h == spare),
             "cut → exit s": r["t0"] + r["wall"] - cut["t"],
         }

@@ -71,9 +71,9 @@ SECTIONS: list[tuple[str, str, str]] = [
         "3a. A lost node: a hot spare (`run --elastic`) vs a full retry",
         "`fleetctl run --nodes 3` on 4 hosts (`--hosts 4`) of a torchrun DDP job (gloo, one rank "
         "per node) that keeps its step in its working folder and prints it with the time after "
-        "every step; at step 8 the lab cuts node3's link. `--elastic`: the spare node4 joins the "
-        "same rendezvous while node1's and node2's agents run on; `--max-retries 1`: the "
-        "attempt ends, every node is torn down and attempt 2 starts on node1, node2 and node4. "
+        "every step; at step 8 the lab cuts node rank 2's link. `--elastic`: the spare joins the "
+        "same rendezvous while the other two nodes' agents run on; `--max-retries 1`: the "
+        "attempt ends, every node is torn down and attempt 2 starts on the two and the spare. "
         "Timing: from the cut to every rank's first step after it (the slowest rank's), from "
         "the job's own clocks; `--lost-timeout 3`. One sample each on a shared 2-core machine.",
     ),
