@@ -208,6 +208,7 @@ class PhaseBench:
         wall = time.time() - t0
         reader.join(5)
         folders = [p for p in runs.iterdir() if p not in before] if runs.exists() else []
+        folders = [p for p in folders if "." not in p.name]  # a retry's JOB.2: JOB's sibling
         if len(folders) != 1:
             raise SampleFailed(
                 f"fleetctl run exit {proc.returncode}, no run folder: {tail(''.join(err_chunks))}"

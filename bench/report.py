@@ -67,6 +67,17 @@ SECTIONS: list[tuple[str, str, str]] = [
         "teardown call's own duration). Default --lost-timeout 5.",
     ),
     (
+        "elastic",
+        "3a. A lost node: a hot spare (`run --elastic`) vs a full retry",
+        "`fleetctl run --nodes 3` on 4 hosts (`--hosts 4`) of a torchrun DDP job (gloo, one rank "
+        "per node) that keeps its step in its working folder and prints it with the time after "
+        "every step; at step 8 the lab cuts node rank 2's link. `--elastic`: the spare joins the "
+        "same rendezvous while the other two nodes' agents run on; `--max-retries 1`: the "
+        "attempt ends, every node is torn down and attempt 2 starts on the two and the spare. "
+        "Timing: from the cut to every rank's first step after it (the slowest rank's), from "
+        "the job's own clocks; `--lost-timeout 3`. One sample each on a shared 2-core machine.",
+    ),
+    (
         "stall",
         "3b. Hung job: stall detection",
         "`fleetctl run --stall-timeout 3` (8 hosts) of a script whose every rank prints one "
@@ -525,8 +536,9 @@ def write_report(
         "",
         "Reproduce (root, ~30 min): `python bench/run.py --hosts 32 --out docs/benchmarks.md`; "
         "smoke: `--quick --hosts 2`; one part: `--only fanout,ssh` (fanout, ssh, teardown, lost, "
-        "stall, push, logs, pipeline, containers, slurm, scale, fleet; scale needs no lab and no "
-        "root, fleet brings up labs of 64 and 128 hosts of its own, `--fleet-sizes 8` to change). "
+        "elastic (4 hosts), stall, push, logs, pipeline, containers, slurm, scale, fleet; scale "
+        "needs no lab and no root, fleet brings up labs of 64 and 128 hosts of its own, "
+        "`--fleet-sizes 8` to change). "
         "Raw results: the `.json` next to this file; `--render docs/benchmarks.json` rewrites "
         "this page from them without measuring; `--merge docs/benchmarks.json` re-measures the "
         "parts named by `--only` into it.",
@@ -540,6 +552,7 @@ def write_report(
         "remote": "ssh",
         "teardown": "teardown",
         "lost": "lost",
+        "elastic": "elastic",
         "stall": "stall",
         "push": "push",
         "logs": "logs",

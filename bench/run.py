@@ -36,6 +36,7 @@ MEASUREMENTS = (
     "ssh",
     "teardown",
     "lost",
+    "elastic",
     "stall",
     "push",
     "logs",
@@ -141,6 +142,7 @@ def precompile() -> str:
 def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The measurements that need the lab, by name."""
     from containers import ContainerBench
+    from elastic import ElasticBench
     from fanout import FanoutBench, ssh_profile
     from phases import PhaseBench
     from slurm import SlurmBench
@@ -154,6 +156,7 @@ def lab_steps(lab: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "ssh": lambda: ssh_profile(lab, work, args.repeat, quick=args.quick),
         "teardown": lambda: phases.teardown(args.repeat),
         "lost": lambda: phases.lost_node(args.repeat),
+        "elastic": lambda: ElasticBench(phases).run(args.repeat),
         "stall": lambda: phases.stall(args.repeat),
         "push": lambda: phases.push(args.repeat),
         "logs": lambda: phases.logs(args.repeat),

@@ -83,7 +83,7 @@ def prepare(
     wanted = spec.hosts.nodes
     if wanted is not None and wanted > len(nodes):
         raise UsageError(f"--nodes {wanted}: the selection has only {len(nodes)} host(s)")
-    elastic = _elastic(rt.elastic, wanted, len(nodes), p.launcher, p.job_file, spec.monitor.detach)
+    elastic = _elastic(spec, wanted, nodes)
     now = datetime.now(timezone.utc)
     job = JobSpec(
         script=script or "",
@@ -161,6 +161,7 @@ def prepare(
         collect=spec.collection.collect,
         nodes_wanted=wanted,
         elastic=elastic is not None,
+        min_nodes=rt.min_nodes,
         checkpoint_dir=checkpoint_dir,
         relay=relay,
         probe_timeout=spec.hosts.probe_timeout,
@@ -211,20 +212,23 @@ def _before_hook(before: str | BeforeHook | None, inventory: str | None) -> Befo
     return load_task(before)
 
 
-def _elastic(
-    on: bool, wanted: int | None, pool: int, launcher: str, job_file: object, detach: bool
-) -> str | None:
-    """``run --elastic``: the node range of the elastic rendezvous, or None; UsageError where
-    it cannot work. ``N:POOL``: a round needs N nodes, and a full round has room for a spare
-    (torch puts a node that finds the round full on a redundancy list that never trains)."""
-    if not on:
+def _elastic(spec: RunSpec, wanted: int | None, nodes: Sequence[Node]) -> str | None:
+    """``run --elastic``: the node range of the elastic rendezvous, or None (RunSpec refused
+    what it cannot do; here what needs the selection). ``MIN:POOL``: a round needs
+    ``--min-nodes`` (default N) nodes, and a full round has room for a spare (torch puts a node
+    that finds the round full on a redundancy list that never trains)."""
+    rt = spec.retry
+    if not rt.elastic or wanted is None:
         return None
-    from fleetctl.plan.launchers import launcher_for
+    from fleetctl.ssh.connection import transport
 
-    if not launcher_for(launcher).elastic:
-        raise UsageError(f"--elastic: launcher {launcher} has no elastic rendezvous (torchrun)")
-    if wanted is None:
-        raise UsageError("--elastic needs --nodes N (the hosts past N are the spares)")
-    if job_file is not None or detach:
-        raise UsageError("--elastic: not with --job or --detach (an attached torchrun run)")
-    return f"{wanted}:{max(wanted, pool)}"
+    if not all(transport(n).can_join_elastic for n in nodes):
+        raise UsageError("--elastic: not inside a Slurm allocation yet (SSH nodes only)")
+    pool = len(nodes)
+    if pool <= wanted and rt.min_nodes is None:
+        raise UsageError(
+            f"--elastic --nodes {wanted}: the selection has no spare host ({pool} host(s)) and "
+            "there is no --min-nodes: a lost node would end the job as without --elastic"
+        )
+    low = wanted if rt.min_nodes is None else rt.min_nodes
+    return f"{low}:{max(wanted, pool)}"

@@ -327,6 +327,11 @@ class Retry(_Group):
         help="torchrun with --nodes N: an elastic rendezvous; a lost node is replaced by a "
         "spare while the other nodes' agents run on (docs/commands/run.md, Elastic jobs).",
     )  # fmt: skip
+    min_nodes: int | None = option(
+        None, "--min-nodes", check=c.count(1), metavar="N",
+        help="With --elastic: when a node is lost and no spare is left, go on with the others "
+        "if at least N remain (default: --nodes, end the job).",
+    )  # fmt: skip
     resume: str | None = option(
         None, "--resume", check=c.TEXT, metavar="JOB|last",
         help="Continue an earlier job: its rank 0's checkpoint files (its work folder, or "
@@ -510,18 +515,9 @@ class RunSpec:
     slurm: Slurm = field(default_factory=Slurm)
 
     def __post_init__(self) -> None:
-        p = self.program
-        if p.env_style is not None and p.job_file is None:
-            raise UsageError(
-                "--env-style names role env variables: it needs a role job (--job FILE)"
-            )
-        if p.job_file is not None and p.launcher_args:
-            raise UsageError(
-                "--launcher-arg applies to SCRIPT's launcher; a role job (--job) sets "
-                "each role's command in the job file"
-            )
-        if p.job_file is not None and p.script is not None:
-            raise UsageError(f"--job {p.job_file} replaces SCRIPT; got {p.script!r} too")
+        from fleetctl.api.runspec_rules import check
+
+        check(self)  # what one group cannot see: the rules across groups
 
     @classmethod
     def build(cls, script: str | None = None, *args: str, **kw: Any) -> RunSpec:

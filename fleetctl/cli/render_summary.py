@@ -33,6 +33,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         for state, verb in (
             ("stopped", "were stopped"),
             ("lost", "were lost"),
+            ("left", "left the job (--min-nodes)"),
             ("failed", "also failed"),
             ("start_failed", "could not start"),
             ("succeeded", "had succeeded"),
@@ -58,6 +59,9 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         elif n == 1:  # "All 1 node succeeded" reads as a template
             only = result.nodes[0]
             lines.append(f"Node {only.rank} ({only.host}) succeeded{dur}.")
+        elif any(node.state == "left" for node in result.nodes):  # run --elastic --min-nodes
+            ok = [node.rank for node in result.nodes if node.state == "succeeded"]
+            lines.append(f"{len(ok)} of {n} nodes succeeded{dur}; {others()}.")
         else:
             lines.append(f"All {n} nodes succeeded{dur}.")
         lines += _membership(result)
@@ -152,15 +156,22 @@ def _rank_errors(failed: list[dict[str, Any]], tail: list[str]) -> list[str]:
 
 
 def _membership(result: JobResult) -> list[str]:
-    """``run --elastic``: each lost node a spare replaced, and how long it took."""
+    """``run --elastic``: each lost node, the spare that took its place and how long it took
+    (or the smaller world the job went on with)."""
     changes = getattr(result, "membership", None) or []
     out = []
     for c in changes:
         took = "" if c.get("seconds") is None else f" {c['seconds']:.1f} s after its last word"
-        joined = (
-            f"spare {c['joined']} joined{took}" if c.get("joined_at") else "its spare did not start"
-        )
+        if c.get("joined") is None:
+            joined = f"no spare left, went on with {c.get('world')} nodes"
+        elif c.get("joined_at"):
+            joined = f"spare {c['joined']} joined{took}"
+        else:
+            joined = "its spare did not start"
         out.append(f"  node {c['rank']}: {c['left']} lost ({c['why']}); {joined}")
+        if c.get("warning"):  # a spare that started from step 0 (fleetctl.job.stepwatch)
+            out.append(f"    warning: {c['warning']}")
     if changes:
-        out.insert(0, f"  {len(changes)} lost node(s), each given to a spare (--elastic):")
+        each = ", each given to a spare" if all(c.get("joined") for c in changes) else ""
+        out.insert(0, f"  {len(changes)} lost node(s){each} (--elastic):")
     return out

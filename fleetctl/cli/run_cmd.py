@@ -134,6 +134,8 @@ def run_command(
     if params["spec_file"] is not None:
         return _run_spec(ctx, params["spec_file"])
     check_flags(params)
+    if params["slurm"] and params["elastic"]:  # refused before sbatch, not in the allocation
+        raise UsageError("--elastic: not with --slurm yet (SSH nodes only)")
     slurm = params["slurm"]
     # RunSpec's fields, as its keywords (checked by the record, as a library call's)
     keywords = spec_keywords(

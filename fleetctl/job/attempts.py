@@ -48,6 +48,7 @@ class Attempt:
     nodes: list[str] | None = None  # --nodes N: the hosts this attempt ran on
     left_out: dict[str, str] | None = None  # --nodes N: hosts left out, and why
     checkpoints: dict[str, Any] | None = None  # a retry: what was relayed from rank 0, and how
+    membership: list[dict[str, Any]] | None = None  # run --elastic: who left, who joined
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,6 +92,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "nodes": (list, _NONE),
     "left_out": (dict, _NONE),
     "checkpoints": (dict, _NONE),
+    "membership": (list, _NONE),
 }
 
 
@@ -228,6 +230,7 @@ def run_attempts(
                 ended_by=None if ff is None else f"node {ff.rank} ({ff.host}): {ff.how()}",
                 decision=None,
                 checkpoints=_relayed(aopts),
+                membership=result.membership,
             )
             from fleetctl.job.spares import faulty_hosts, remember_faulty
 
@@ -321,7 +324,7 @@ def _reconnect(fleet: FanOut, last: JobResult | None) -> list[str]:
     bad = {
         n.host
         for n in (last.nodes if last is not None else [])
-        if n.state in (NodeState.LOST, NodeState.START_FAILED)
+        if n.state in (NodeState.LOST, NodeState.LEFT, NodeState.START_FAILED)
     }
     for node in fleet.connected:
         if not fleet.connection(node).alive():

@@ -8,8 +8,11 @@ plan and a supervisor whose torchrun joins the same rendezvous; the survivors' t
 stay the same processes and restart their workers into the new round (a membership change),
 the workers load the newest checkpoint. The lost node is left to its dead-man switch (it cannot
 hear us). Everything said goes through the job's events (``events.log``, the live lines) and
-job.json's ``membership``. Not taken over (the job ends as without ``--elastic``): node 0 (it
-holds the rendezvous), a loss once no spare is left, a loss while the job is being stopped.
+job.json's ``membership``. With no spare left and ``--min-nodes M``, the job goes on without
+the lost node while at least M nodes remain (its slot ``left``; torchrun's node range is
+``M:POOL``, so the survivors' next round closes with fewer nodes). Not taken over (the job ends
+as without ``--elastic``): node 0 (it holds the rendezvous), a loss once no spare is left (and
+too few nodes would remain), a loss while the job is being stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError
+from fleetctl.job.stepwatch import StepWatch
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
@@ -45,6 +49,19 @@ class Membership:
         self.job, self.fleet, self.watch = job, fleet, watch
         self.spares: list[Node] = list(job.options.spares)
         self.threads: list[threading.Thread] = []
+        self.steps = StepWatch()  # a spare that starts from step 0 (fleetctl.job.stepwatch)
+        self.changes: dict[int, dict[str, Any]] = {}  # slot -> its latest change
+
+    def lines(self, ev: Event) -> None:
+        """A slot's output lines: said once, live and in its change, when a spare's first step
+        shows that it started afresh while the others resumed."""
+        fresh = self.steps.lines(ev.rank, ev.lines)
+        change = self.changes.get(ev.rank)
+        if fresh is None or change is None:
+            return
+        change["warning"] = fresh.line()
+        self.job.emit("warning", fresh.line(), rank=ev.rank, ts=ev.time)
+        self.job.save()
 
     def lost(self, ev: Event) -> bool:
         """Node ``ev.rank`` was lost: True when a spare takes its place (the caller goes on
@@ -52,32 +69,64 @@ class Membership:
         job = self.job
         if ev.rank == 0 or job.stopping or job.plan is None:
             return False
-        if not self.spares:
-            job.emit("notice", "no spare left: the job ends", rank=ev.rank, ts=ev.time)
-            return False
-        spare = self.spares.pop(0)
-        old = job.result.nodes[ev.rank]
         when = ev.heard if ev.heard is not None else ev.time
         change: dict[str, Any] = {
             "rank": ev.rank,
-            "left": old.host,
+            "left": job.result.nodes[ev.rank].host,
             "why": ev.text,
             "left_at": iso(when),
             "lost_at": iso(ev.time),
-            "joined": spare.name,
+            "joined": None,
             "joined_at": None,
             "seconds": None,  # from its last word to the spare's start
         }
+        if not self.spares:
+            return self._shrink(ev, change)
+        spare = self.spares.pop(0)
+        change["joined"] = spare.name
         job.result.membership = [*(job.result.membership or []), change]
         job.emit(
             "notice", f"lost ({ev.text}); spare {spare.name} joining", rank=ev.rank, ts=ev.time
         )
         self._take_slot(ev.rank, spare)
+        self.changes[ev.rank] = change
+        self.steps.spare(ev.rank, spare.name)
         t = threading.Thread(
             target=self._join, args=(ev.rank, spare, change, when), daemon=True, name="spare"
         )
         self.threads.append(t)
         t.start()
+        job.save()
+        return True
+
+    def _shrink(self, ev: Event, change: dict[str, Any]) -> bool:
+        """No spare left: with ``--min-nodes`` and enough nodes left, the slot is left empty
+        (its node ``left``, no failure) and the survivors' agents close their next round with
+        fewer nodes; else False (the job ends)."""
+        from fleetctl.job.state import NodeState
+
+        job = self.job
+        low = job.options.min_nodes
+        left = sum(
+            1 for r, s in enumerate(job.state.states) if r != ev.rank and not (s.bad or s.ended)
+        )
+        if low is None or left < low:
+            why = "" if low is None else f" and {left} node(s) would remain (--min-nodes {low})"
+            job.emit("notice", f"no spare left{why}: the job ends", rank=ev.rank, ts=ev.time)
+            return False
+        change["world"] = left
+        job.result.membership = [*(job.result.membership or []), change]
+        node = job.result.nodes[ev.rank]
+        node.reason, node.end_time = ev.text, ev.heard if ev.heard is not None else ev.time
+        node.state = job.state.end(ev.rank, NodeState.LEFT, node.end_time).state
+        self.steps.gone(ev.rank)
+        job.emit(
+            "notice",
+            f"lost ({ev.text}); no spare left, going on with {left} nodes (--min-nodes {low})",
+            rank=ev.rank,
+            ts=ev.time,
+        )
+        job.sync()
         job.save()
         return True
 

@@ -93,7 +93,7 @@ def finish(job: JobContext, fleet: FanOut, interrupted: bool) -> None:
 
 
 def _lost_hosts(job: JobContext) -> set[str]:
-    return {n.host for n in job.result.nodes if n.state == NodeState.LOST}
+    return {n.host for n in job.result.nodes if n.state in (NodeState.LOST, NodeState.LEFT)}
 
 
 def _teardown(job: JobContext, fleet: FanOut, *, hard: bool) -> None:

@@ -73,8 +73,8 @@ class NodeOutcome:
 
     def how(self) -> str:
         """``exit code 1``, ``signal 9 (SIGKILL)``, ``lost (…)``, ``could not start (…)``."""
-        if self.state == NodeState.LOST:
-            return f"lost ({self.reason})" if self.reason else "lost"
+        if self.state in (NodeState.LOST, NodeState.LEFT):
+            return f"{self.state} ({self.reason})" if self.reason else str(self.state)
         if self.state == NodeState.START_FAILED:
             return f"could not start ({self.reason})" if self.reason else "could not start"
         also = f"; {self.problem}" if self.problem else ""
@@ -179,8 +179,11 @@ class JobResult:
 
     @property
     def logs_incomplete(self) -> list[str]:
-        """Hosts whose logs should be home and are not (skipped, a failed or cut transfer)."""
-        return [c.host for c in self.collected if c.incomplete]
+        """Hosts whose logs should be home and are not (skipped, a failed or cut transfer).
+        A node the job went on without (``left``, run --elastic --min-nodes) is not one: it
+        was cut off, so its logs were never coming home; the succeeded job exits 0."""
+        left = {n.rank for n in self.nodes if n.state == NodeState.LEFT}
+        return [c.host for c in self.collected if c.incomplete and c.rank not in left]
 
     def node(self, rank: int) -> NodeOutcome:
         return self.nodes[rank]

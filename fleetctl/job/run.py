@@ -76,6 +76,7 @@ class RunOptions:
     nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
     elastic: bool = False  # --elastic: a lost node's place goes to a spare, the job runs on
     spares: tuple[Node, ...] = ()  # --elastic: the hosts that may take a lost node's place
+    min_nodes: int | None = None  # --elastic --min-nodes: no spare left, go on with this many
     collective: CollectiveOptions | None = None  # --collective: benchmark after the check
     left_out: dict[str, str] | None = None  # --nodes N: hosts this attempt left out, and why
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
@@ -312,7 +313,11 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: fl
     while pending:
         ev = watch.get(0.2)
         if ev is not None and ev.kind == "lost" and elastic is not None and elastic.lost(ev):
+            if job.state.states[ev.rank].ended:  # --min-nodes: the job goes on without it
+                pending.discard(ev.rank)
             continue
+        if ev is not None and ev.kind == "lines" and elastic is not None:
+            elastic.lines(ev)
         if ev is not None:
             on_event(job, ev)
             if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:

@@ -40,6 +40,7 @@ class NodeState(_Str):
     STOPPED = "stopped"  # ended by our teardown (a peer failed, stop, Ctrl-C)
     LOST = "lost"  # stopped answering; its dead-man switch or the monitor stops it
     START_FAILED = "start_failed"  # the job could not start there
+    LEFT = "left"  # lost, and the job went on without it (run --elastic --min-nodes)
 
     @property
     def ended(self) -> bool:
@@ -245,7 +246,8 @@ class JobState:
             v = self.policy.verdict(self.states)
             if v is not None:
                 return JobStatus(v.status)
-        if all(s is NodeState.SUCCEEDED for s in self.states):
+        done = [s for s in self.states if s is not NodeState.LEFT]
+        if done and all(s is NodeState.SUCCEEDED for s in done):
             return JobStatus.SUCCEEDED
         if NodeState.STOPPED in self.states and not any(s.bad for s in self.states):
             return JobStatus.STOPPED

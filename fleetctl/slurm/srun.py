@@ -55,6 +55,7 @@ class SrunConnection(ExecConnection):
     importing with invoke held off in another thread (``sshconfig``)."""
 
     new_session = True
+    can_join_elastic = False
 
     def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
         super().__init__(node)

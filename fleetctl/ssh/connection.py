@@ -141,6 +141,9 @@ class Connection(ABC):
     #: a push may send code with rsync (``rsync_target``); otherwise it sends files with
     #: ``upload`` (a Slurm node: no SSH for rsync's shell)
     can_rsync: ClassVar[bool] = False
+    #: a lost node's slot may be given to a spare inside the same job (``run --elastic``):
+    #: not a Slurm allocation's node, whose membership is Slurm's
+    can_join_elastic: ClassVar[bool] = True
 
     def alive(self) -> bool:
         """Whether the channel can still carry a command (False: reconnect before use)."""

@@ -141,6 +141,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     assert any("[2 node3] lost" in x and "spare node4 joining" in x for x in err), said()
     assert "  1 lost node(s), each given to a spare (--elastic):" in err, said()
     assert any(x.startswith("  node 2: node3 lost (no heartbeat") for x in err), said()
+    assert not any("(spare) started at" in x for x in err), said()  # it resumed
     job = json.loads((runs / job_id / "job.json").read_text())
     assert job["status"] == "succeeded" and not job["errors"], job
     [change] = job["membership"]
@@ -150,3 +151,76 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     assert "done rank=" in (runs / job_id / "2-node4" / "console.log").read_text()
     events = (runs / job_id / "events.log").read_text()
     assert "spare node4 joining" in events
+
+
+def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
+    make_lab: Any, tmp_path: Path
+) -> None:
+    """3 hosts, ``--nodes 3 --min-nodes 2``, no spare: node3 is cut off, the two others' workers
+    give up on it (the script's 8 s collective timeout), their agents close a round of 2 and the
+    job succeeds with node3's slot ``left``."""
+    lab: Lab = make_lab(3, networks=2)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN.replace("seconds=30", "seconds=6"))
+    runs = tmp_path / "runs"
+    proc = start_cli_process(
+        "run", "-i", str(lab.inventory_path), "--launcher", "torchrun",
+        "--nproc-per-node", "1", "--nodes", "3", "--elastic", "--min-nodes", "2", "--no-check",
+        "--lost-timeout", "3", "--deadman", "4", "--grace", "2", "--runs-dir", str(runs),
+        "--code-dir", str(code), str(code / "train.py"), "12",
+        cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda f=f, into=into: into.extend(x.rstrip() for x in f))
+        for f, into in ((proc.stdout, out), (proc.stderr, err))
+    ]
+    for t in readers:
+        t.daemon = True
+        t.start()
+
+    def said() -> str:
+        return "\n".join([*out[-60:], "--- stderr ---", *err[-30:]])
+
+    def world(n: int, least: int) -> bool:
+        return any(
+            (m := re.match(r"\[\d node\d\] step=(\d+) rank=\d world=(\d)", x))
+            and int(m.group(1)) >= least
+            and int(m.group(2)) == n
+            for x in out
+        )
+
+    try:
+        wait_for(lambda: world(3, 3), 90, what="the 3-node world at step 3", interval=0.1)
+        lab.cut_link("node3")
+        lab.cut_link("node3", "data")
+        cut = time.monotonic()
+        wait_for(lambda: world(2, 1), 45, what="the 2-node world training", detail=said)
+        print(f"cut to the 2-node world's first step: {time.monotonic() - cut:.1f} s")
+        assert proc.wait(120) == 0, said()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        lab.heal_link("node3")
+        lab.heal_link("node3", "data")
+    for t in readers:
+        t.join(10)
+    job_id = next(
+        m.group(1)
+        for x in err
+        if (m := re.search(r"launching torchrun on 3 node\(s\), job (\S+)$", x))
+    )
+    line = "no spare left, going on with 2 nodes (--min-nodes 2)"
+    assert any("[2 node3] lost (" in x and x.endswith(line) for x in err), said()
+    assert any(x.startswith("2 of 3 nodes succeeded") for x in err), said()
+    job = json.loads((runs / job_id / "job.json").read_text())
+    assert job["status"] == "succeeded" and not job["errors"], job
+    assert [n["state"] for n in job["nodes"]] == ["succeeded", "succeeded", "left"], job["nodes"]
+    [change] = job["membership"]
+    assert (change["rank"], change["left"], change["joined"], change["world"]) == (
+        2, "node3", None, 2
+    ), change  # fmt: skip
+    assert line in (runs / job_id / "events.log").read_text()

@@ -26,6 +26,7 @@ CURRENT = {
     "nodes": ["a", "c"],
     "left_out": {"b": "failed its check"},
     "checkpoints": {"files": 2, "bytes": 10, "via": "upload"},
+    "membership": [{"rank": 2, "left": "c", "joined": None, "world": 2}],
 }
 # before run --nodes (0bc97f7) and the relay: no nodes, left_out, checkpoints
 OLDER = {k: CURRENT[k] for k in list(CURRENT)[:8]} | {"backoff": 2}

@@ -30,6 +30,7 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("retry_backoff", 301, ("--retry-backoff=301",)),
     ("monitor_lost_timeout", -INF, ("--monitor-lost-timeout=-inf",)),
     ("nodes", 0, ("--nodes=0",)),
+    ("min_nodes", 0, ("--min-nodes=0", "--elastic", "--nodes=1")),
     ("master_port", 70000, ("--master-port=70000",)),
     ("nproc_per_node", 0, ("--nproc-per-node=0",)),
     ("launcher", "mpirun", ("--launcher=mpirun",)),

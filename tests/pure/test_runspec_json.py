@@ -18,7 +18,8 @@ from tests.pure.test_runspec import BAD
 
 CASES = Path(__file__).parent / "runspec_cases"
 
-#: every field away from its default but the role job's two (a role job replaces SCRIPT)
+#: every field away from its default but the role job's two (a role job replaces SCRIPT) and
+#: --elastic's (torchrun, no --detach)
 SCRIPT_CASE: dict[str, Any] = dict(
     script="train.py", args=("--lr", "0.1", "a b"), launcher="plain", nproc_per_node=2,
     master_port=29600, launcher_args=("--x=1",), env={"TOKEN": "s3cret", "EMPTY": ""},
@@ -28,7 +29,7 @@ SCRIPT_CASE: dict[str, Any] = dict(
     grace=2.5, lost_timeout=7, deadman=3, timeout=600, stall_timeout=60, startup_timeout=900,
     on_slow="stop",
     max_retries=2, retry_on=("exit:1,2", "lost"), no_retry_on=("signal:KILL",),
-    retry_backoff=1.5, checkpoint_dir="ckpt", elastic=True, resume="last",
+    retry_backoff=1.5, checkpoint_dir="ckpt", resume="last",
     collect=CollectOptions(max_bytes=1 << 20, exclude=("*.pt",)), report=False,
     collective=CollectiveOptions(size=1 << 20, min_fraction=0.25, floor=1.5, timeout=30,
                                  iters=5, backend="gloo"),
@@ -43,6 +44,8 @@ SCRIPT_CASE: dict[str, Any] = dict(
 SPECS: dict[str, dict[str, Any]] = {
     "script.json": SCRIPT_CASE,
     "role.json": dict(job_file="job.yml", env_style="pai", collect=CollectOptions(max_bytes=None)),
+    # torchrun only, in the foreground: what --elastic allows
+    "elastic.json": dict(script="train.py", nodes=3, elastic=True, min_nodes=2),
 }
 
 

@@ -46,6 +46,7 @@ def test_each_transport_answers_for_its_nodes(
     assert transport(node) is cls
     assert cls.ping_target(node, SETTINGS) == ping
     assert cls.can_rsync is rsync
+    assert cls.can_join_elastic is not kept  # a Slurm node's membership is Slurm's
     assert reach_fields(node) == kept
     # read back from connect.json: the same transport, the same Slurm job
     assert transport(Node(node.name, node.address, vars=reached_vars(kept))) is (
