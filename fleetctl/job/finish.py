@@ -76,6 +76,7 @@ def finish(job: JobContext, fleet: Fleet, interrupted: bool) -> None:
     job.failure_line(now=True)  # the watch is over: a held first failure is settled
     if job.result.status == JobStatus.FAILED and job.result.first_failure is not None:
         _post_mortem(job, fleet)
+    _proof(job)
     try:
         _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
     except KeyboardInterrupt as e:
@@ -253,6 +254,17 @@ def _post_mortem(job: JobContext, fleet: Fleet) -> None:
     job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first
     for line in found:
         job.emit("notice", f"likely cause: {line}")
+
+
+def _proof(job: JobContext) -> None:
+    """After a stall, a lost node or a collective timeout: a collective among the reachable
+    hosts proves the culprit (``fleetctl.job.proof``); bounded, and never the run's outcome."""
+    from fleetctl.job.proof import record
+
+    try:
+        record(job)
+    except (Exception, KeyboardInterrupt) as e:
+        job.result.errors.append(f"post-mortem proof: {type(e).__name__}: {e}")
 
 
 def _redact(job: JobContext) -> None:
