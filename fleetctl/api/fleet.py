@@ -332,7 +332,7 @@ class Fleet:
         hook_timeout: float = 60.0,
         on_slow: str = "warn",
         post_mortem: bool = True,
-        post_mortem_timeout: float = 20.0,
+        post_mortem_timeout: float = 30.0,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,

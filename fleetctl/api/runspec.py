@@ -274,7 +274,7 @@ class Supervision(_Group):
         "reachable hosts to prove the culprit (docs/health.md, The post-mortem's proof).",
     )  # fmt: skip
     post_mortem_timeout: float = option(
-        20.0, "--post-mortem-timeout", check=c.seconds(1, 300), show_default=True,
+        30.0, "--post-mortem-timeout", check=c.seconds(1, 300), show_default=True,
         help="Seconds the post-mortem's proof may take at most (it never changes the exit "
         "code or the culprit named).",
     )  # fmt: skip

@@ -15,23 +15,24 @@ culprit already named stay as they were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
 from fleetctl.job.state import JobStatus, NodeState
+from fleetctl.phases.collective_judge import CollectiveOptions
+from fleetctl.plan.rankplan import NodeFacts
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
     from fleetctl.job.result import JobResult
-    from fleetctl.node import Node
-    from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
-    from fleetctl.plan.rankplan import NodeFacts
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.phases.collective import Started
+    from fleetctl.phases.collective_judge import CollectiveReport
 
 SIZE = 1 << 20  # bytes per transfer: a dead or 50 Mbit/s link shows at once, a good one in ms
 DIAL = 2.0  # s at least to open each host's SSH connection (a lost one's is the proof)
@@ -103,48 +104,95 @@ class Proof:
         }
 
 
-def prove(job: JobContext, why: str) -> Proof | None:
-    """Run the proof for ``job`` (ended on ``why``) within ``--post-mortem-timeout`` s; None
-    where it cannot run (no plan, a container job: the host's python may have no torch)."""
-    from fleetctl.phases.collective_judge import CollectiveOptions
-    from fleetctl.plan.rankplan import NodeFacts
-    from fleetctl.ssh.connection import SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+class Ahead:
+    """The proof's own connections and node programs, started in the background as the job's
+    teardown begins, so that each node imports torch while its job is stopped (as
+    ``check --collective`` overlaps it with the probe). ``close`` ends them all (EOF)."""
 
-    plan, limit = job.plan, job.options.post_mortem_timeout
-    if plan is None or any(np.container for np in plan.nodes):
+    def __init__(self, job: JobContext, why: str) -> None:
+        from fleetctl.ssh.connection import SSHSettings
+        from fleetctl.ssh.fleet import Fleet
+
+        assert job.plan is not None
+        self.why, self.limit = why, job.options.post_mortem_timeout
+        pythons = {np.host: np.python for np in job.plan.nodes}
+        self.nodes = [
+            dataclasses.replace(n, python=pythons[n.name]) for n in job.nodes if n.name in pythons
+        ]
+        self.facts = {
+            np.host: NodeFacts(train_addr=np.train_addr, nic=np.nic, python=np.python)
+            for np in job.plan.nodes
+        }
+        settings = job.options.settings or SSHSettings()
+        dial = min(settings.connect_timeout, max(DIAL, self.limit / 6))
+        self.fleet = Fleet(self.nodes, dataclasses.replace(settings, connect_timeout=dial))
+        self.unreachable: list[str] = []
+        self.started: Started | None = None
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._start, daemon=True, name="post-mortem-ahead")
+        self._thread.start()
+
+    def _start(self) -> None:
+        from fleetctl.phases.collective import start_programs
+
+        with contextlib.suppress(Exception):
+            res = self.fleet.connect()
+            self.unreachable = [n.name for n in self.nodes if n.name in res.failed]
+            if not self.unreachable and not self._closed.is_set():
+                # each waits for its part until the proof's limit after a teardown's worth
+                self.started = start_programs(self.fleet, self.nodes, self.limit + 60.0)
+
+    def ready(self, deadline: float) -> bool:
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
+    def close(self) -> None:
+        self._closed.set()
+        started = self.started
+        if started is not None:
+            started.close()
+        self.fleet.close()  # EOF to every node program still running: they exit at once
+
+
+def start(job: JobContext) -> Ahead | None:
+    """As the teardown begins: the proof's connections and programs when a proof is wanted
+    and can run (not ``--no-post-mortem``; no container job: the host's python may have no
+    torch)."""
+    job.sync()
+    why = wanted(job.result) if job.options.post_mortem else None
+    plan = job.plan
+    if why is None or plan is None or any(np.container for np in plan.nodes):
         return None
+    return Ahead(job, why)
+
+
+def prove(job: JobContext, ahead: Ahead) -> Proof:
+    """Run the proof on what ``ahead`` started, within ``--post-mortem-timeout`` s from now;
+    closes ``ahead``."""
     started = time.monotonic()
-    proof = Proof(why, limit)
-    facts = {
-        np.host: NodeFacts(train_addr=np.train_addr, nic=np.nic, python=np.python)
-        for np in plan.nodes
-    }
-    by_name = {n.name: n for n in job.nodes}
-    nodes = [by_name[np.host] for np in plan.nodes if np.host in by_name]
+    limit = ahead.limit
+    proof = Proof(ahead.why, limit)
     proof.cut = [
-        n.name for n in nodes if any(c.startswith(n.name + _CUT) for c in job.result.culprits or [])
+        n.name
+        for n in ahead.nodes
+        if any(c.startswith(n.name + _CUT) for c in job.result.culprits or [])
     ]
-    settings = job.options.settings or SSHSettings()
-    settings = dataclasses.replace(
-        settings, connect_timeout=min(settings.connect_timeout, max(DIAL, limit / 6))
-    )
     opts = CollectiveOptions(size=SIZE, iters=2, timeout=limit)
-    fleet = Fleet(nodes, settings)
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            _run(proof, fleet, nodes, facts, opts, started + limit, box)
+            _run(proof, ahead, opts, started + limit, box)
         except Exception as e:  # the job's own failure stays the story
             proof.finding = Finding("error", (), f"{type(e).__name__}: {e}")
+            box["done"] = True
 
     t = threading.Thread(target=work, daemon=True, name="post-mortem-proof")
     t.start()
     try:
         t.join(limit)
     finally:
-        fleet.close()  # EOF to every node program still running: they exit at once
+        ahead.close()
     t.join(CLOSE_WAIT)
     proof = dataclasses.replace(proof, rounds=list(proof.rounds))  # a late thread writes no more
     if "done" not in box:
@@ -156,25 +204,19 @@ def prove(job: JobContext, why: str) -> Proof | None:
 
 
 def _run(
-    proof: Proof,
-    fleet: Fleet,
-    nodes: Sequence[Node],
-    facts: Mapping[str, NodeFacts],
-    opts: CollectiveOptions,
-    deadline: float,
-    box: dict[str, Any],
+    proof: Proof, ahead: Ahead, opts: CollectiveOptions, deadline: float, box: dict[str, Any]
 ) -> None:
-    res = fleet.connect([n for n in nodes if n.name not in proof.cut])
-    proof.unreachable = [n.name for n in nodes if n.name in res.failed]
-    if proof.unreachable or proof.cut or len(nodes) < 2:
+    if not ahead.ready(deadline):
+        raise TimeoutError("no SSH connection within the limit")
+    proof.unreachable = [h for h in ahead.unreachable if h not in proof.cut]
+    if proof.unreachable or proof.cut or len(ahead.nodes) < 2:
         # one fault at a time: the host out of reach is the proof, and a collective among
         # the others would cost seconds to say they pass
         box["done"] = True
         return
-    proof.hosts = [n.name for n in nodes]
-    by_name = {n.name: n for n in nodes}
+    proof.hosts = [n.name for n in ahead.nodes]
     if len(proof.hosts) <= ALL_PAIRS_UP_TO:  # one collective measures every link
-        (rep,) = _round(fleet, [proof.hosts], by_name, facts, opts, deadline)
+        (rep,) = _round(ahead, [proof.hosts], opts, deadline)
         proof.rounds.append(Round((tuple(proof.hosts),), (not rep.ok,), (_note(rep),)))
         proof.finding = _judged(rep, proof.hosts)
         box["done"] = True
@@ -182,7 +224,7 @@ def _run(
     plan = box["plan"] = Bisect(proof.hosts)
     best = 0.0  # the best median link of a passing group so far: what "slow" is measured by
     while groups := plan.groups():
-        reps = _round(fleet, groups, by_name, facts, opts, deadline)
+        reps = _round(ahead, groups, opts, deadline)
         best = max([best, *(r.median for r in reps if r.ok)])
         bad = [not r.ok or r.median < opts.min_fraction * best for r in reps]
         plan.feed(bad, [_note(r) for r in reps])
@@ -193,23 +235,22 @@ def _run(
 
 
 def _round(
-    fleet: Fleet,
-    groups: Sequence[Sequence[str]],
-    by_name: Mapping[str, Node],
-    facts: Mapping[str, NodeFacts],
-    opts: CollectiveOptions,
-    deadline: float,
+    ahead: Ahead, groups: Sequence[Sequence[str]], opts: CollectiveOptions, deadline: float
 ) -> list[CollectiveReport]:
-    """Each group's collective, all at once (the groups are disjoint), within ``deadline``."""
+    """Each group's collective, all at once (the groups are disjoint), within ``deadline``;
+    the programs started ahead serve the first round."""
     from fleetctl.phases.collective import run_collective
 
     left = max(1.0, deadline - time.monotonic())
     opts = dataclasses.replace(opts, timeout=left)
+    by_name = {n.name: n for n in ahead.nodes}
     out: list[Any] = [None] * len(groups)
 
     def one(i: int) -> None:
         members = [by_name[h] for h in groups[i]]
-        out[i] = run_collective(fleet, members, facts, opts, start_wait=left)
+        out[i] = run_collective(
+            ahead.fleet, members, ahead.facts, opts, ahead.started, start_wait=left
+        )
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(groups))]
     for t in threads:
@@ -248,16 +289,15 @@ def _judged(rep: CollectiveReport, hosts: Sequence[str]) -> Finding:
     return Finding("several", tuple(failed), "; ".join(f"{h}: {first[h]}" for h in failed[:3]))
 
 
-def record(job: JobContext) -> None:
-    """The post-mortem's proof into the result and the live output, when one is wanted and not
-    turned off (``--no-post-mortem``)."""
-    why = wanted(job.result) if job.options.post_mortem else None
-    if why is None:
+def record(job: JobContext, ahead: Ahead | None) -> None:
+    """The post-mortem's proof into the result and the live output (``ahead``: what
+    :func:`start` began; None: no proof wanted)."""
+    if ahead is None:
         return
-    job.emit("phase", f"checking every host: a collective among them, after {why} (post-mortem)")
-    proof = prove(job, why)
-    if proof is None:
-        return
+    job.emit(
+        "phase", f"checking every host: a collective among them, after {ahead.why} (post-mortem)"
+    )
+    proof = prove(job, ahead)
     job.result.post_mortem = proof.to_dict()
     for line in proof.lines():
         job.emit("notice", f"post-mortem proof: {line.strip()}")

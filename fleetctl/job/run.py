@@ -87,7 +87,7 @@ class RunOptions:
     # after a stall, a lost node or a collective timeout: a collective among the reachable
     # hosts proves the culprit (fleetctl.job.proof), within this many seconds
     post_mortem: bool = True
-    post_mortem_timeout: float = 20.0
+    post_mortem_timeout: float = 30.0
     # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
     startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect

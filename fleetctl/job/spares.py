@@ -133,6 +133,14 @@ def proven(post_mortem: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def remember_proven(result: JobResult) -> None:
+    """The hosts the post-mortem's proof named, into the health ledger (a run without
+    retries or spares: ``run_attempts`` records them with every other faulty host)."""
+    named = proven(result.post_mortem)
+    if named:
+        remember_faulty(result, {h: w for h, w in faulty_hosts(result).items() if h in named})
+
+
 def remember_faulty(result: JobResult, faulty: Mapping[str, str]) -> None:
     """Record each host an attempt showed unfit in the health ledger (``lost``: lost or could
     not start; ``failure``: named by the post-mortem), so later runs leave it out too."""

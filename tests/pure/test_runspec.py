@@ -140,7 +140,7 @@ def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
         "startup_timeout": None,
         "on_slow": "warn",
         "post_mortem": True,
-        "post_mortem_timeout": 20.0,
+        "post_mortem_timeout": 30.0,
         "probe_timeout": 30.0,
     }
     RunSpec.build("t.py", **got)  # the keywords are the record's
