@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli
@@ -45,6 +46,17 @@ def _throttle_once_launched(lab: Lab, host: str, runs: Path, done: threading.Eve
         time.sleep(0.2)
 
 
+def _inventory_on_data(lab: Lab, path: Path) -> Path:
+    """The lab's inventory with each host's data address as its training address
+    (``fleetctl_addr``), so that ``--no-check`` still trains over the data network."""
+    doc = yaml.safe_load(lab.inventory_path.read_text())
+    hosts = doc["all"]["children"]["nodes"]["hosts"]
+    for h in lab.hosts:
+        hosts[h.name]["fleetctl_addr"] = h.data_addr
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def _no_collective_left(lab: Lab) -> None:
     for h in lab.hosts:
         cmd = "grep -l '[f]leetctl-collective' /proc/[0-9]*/cmdline 2>/dev/null || true"
@@ -64,10 +76,11 @@ def test_a_stalled_job_s_post_mortem_names_the_host_whose_link_went_slow(
     throttle = threading.Thread(
         target=_throttle_once_launched, args=(lab, slow, runs, done), daemon=True
     )
+    inventory = _inventory_on_data(lab, tmp_path / "hosts.yml")
     throttle.start()
     try:
         res = run_cli(
-            *["run", "-i", str(lab.inventory_path), "--nproc-per-node", "1"],
+            *["run", "-i", str(inventory), "--launcher", "plain", "--no-check"],
             *["--runs-dir", str(runs), "--code-dir", str(code), "--on-slow", "off"],
             *["--stall-timeout", "3", "--timeout", "120"],
             str(code / "steps.py"),
