@@ -5,6 +5,8 @@ the summary prints it."""
 from __future__ import annotations
 
 from itertools import combinations
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,3 +183,62 @@ def test_the_proof_names_the_host_out_of_reach_the_finding_and_each_round() -> N
 def test_each_finding_reads_as_one_line(finding: Finding, line: str) -> None:
     (got,) = proof_lines(finding, [], hosts=["a", "b"])
     assert got.split(" (collective among")[0] == line
+
+
+def _result(states: list[str], *, verdict: str | None = None, tail: str = "") -> Any:
+    from fleetctl.job.result import JobResult, NodeOutcome
+
+    nodes = [NodeOutcome(i, f"n{i + 1}", f"10.0.0.{i + 1}", state=s) for i, s in enumerate(states)]
+    failed = next((i for i, s in enumerate(states) if s == "failed"), None)
+    if failed is not None and tail:
+        nodes[failed].tail.extend(tail.splitlines())
+    return JobResult("j1", Path("/nonexistent"), "failed", nodes, failed, verdict=verdict)
+
+
+@pytest.mark.parametrize(
+    "states,verdict,tail,why",
+    [
+        (["stopped", "lost", "stopped"], None, "", "a lost node"),
+        (["stopped", "stopped"], "stalled: no progress on any node for 4 s", "", "a stall"),
+        (
+            ["failed", "stopped"],
+            None,
+            "[E] Watchdog caught collective operation timeout",
+            "a collective timeout",
+        ),
+        (
+            ["failed", "stopped"],
+            None,
+            "RuntimeError: Connection closed by peer [10.0.0.2]:3",
+            "a collective timeout",
+        ),
+        (["failed", "stopped"], None, "ZeroDivisionError: division by zero", None),
+        (["stopped", "stopped"], "timed out after 4 s", "", None),
+    ],
+)
+def test_the_proof_runs_after_a_stall_a_lost_node_or_a_collective_timeout_only(
+    states: list[str], verdict: str | None, tail: str, why: str | None
+) -> None:
+    from fleetctl.job.proof import wanted
+
+    assert wanted(_result(states, verdict=verdict, tail=tail)) == why
+
+
+def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
+    from fleetctl.job.spares import faulty_hosts, proven
+
+    proof = {
+        "unreachable": ["n2"],
+        "cut": [],
+        "finding": {"kind": "link", "hosts": ["n1", "n3"]},
+        "named": ["n2", "n1", "n3"],
+    }
+    assert proven(proof) == {
+        "n2": "unreachable over SSH after the job",
+        "n1": "slow or dead link n1 - n3 (post-mortem collective)",
+        "n3": "slow or dead link n1 - n3 (post-mortem collective)",
+    }
+    result = _result(["stopped", "stopped", "stopped"], verdict="stalled")
+    result.post_mortem = proof
+    assert set(faulty_hosts(result)) == {"n1", "n2", "n3"}
+    assert proven(None) == {}
