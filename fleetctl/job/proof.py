@@ -141,6 +141,8 @@ class Ahead:
             if not self.unreachable and not self._closed.is_set():
                 # each waits for its part until the proof's limit after a teardown's worth
                 self.started = start_programs(self.fleet, self.nodes, self.limit + 60.0)
+        if self._closed.is_set():  # closed while starting (a reconnect on a closed fleet)
+            self.close()
 
     def ready(self, deadline: float) -> bool:
         self._thread.join(max(0.0, deadline - time.monotonic()))

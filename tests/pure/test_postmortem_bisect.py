@@ -242,3 +242,22 @@ def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
     result.post_mortem = proof
     assert set(faulty_hosts(result)) == {"n1", "n2", "n3"}
     assert proven(None) == {}
+
+
+def test_the_summary_prints_the_proof_under_a_stall_s_verdict() -> None:
+    from fleetctl.cli.render_summary import run_summary_lines
+
+    result = _result(["stopped", "stopped", "stopped"], verdict="stalled: no progress for 3 s")
+    result.post_mortem = {
+        "lines": [
+            "n3 is slow or dead: slow node (recv side) (collective among n1, n2, n3: 1 round, 9 s)",
+            "  round 1: n1+n2+n3 failed (n3: slow node (recv side))",
+        ]
+    }
+    lines = run_summary_lines(result)
+    assert lines[1:3] == [
+        "  post-mortem proof: n3 is slow or dead: slow node (recv side) "
+        "(collective among n1, n2, n3: 1 round, 9 s)",
+        "    round 1: n1+n2+n3 failed (n3: slow node (recv side))",
+    ]
+    assert lines[0].startswith("Job j1 failed: stalled: no progress for 3 s")
