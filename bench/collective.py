@@ -74,7 +74,7 @@ def main() -> int:
     from fleetctl.phases.collective_judge import CollectiveOptions, MiB
     from fleetctl.plan.inventory import load_inventory
     from fleetctl.ssh.connection import SSHSettings
-    from fleetctl.ssh.fleet import Fleet
+    from fleetctl.ssh.fanout import FanOut
 
     size = int(args.size_mib * MiB)
     print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -89,13 +89,13 @@ def main() -> int:
         try:
             nodes = load_inventory(lab.inventory_path).nodes
             settings = SSHSettings(connect_timeout=10)
-            with Fleet(nodes, settings) as fleet:
+            with FanOut(nodes, settings) as fleet:
                 t = time.monotonic()
                 plain = check_fleet(fleet, CheckOptions(cache_ttl=0))
                 t_plain = time.monotonic() - t
             coll_opts = CollectiveOptions(size=size)
             r0 = remote_cpu(lab)
-            with Fleet(nodes, settings) as fleet:
+            with FanOut(nodes, settings) as fleet:
                 t, c0 = time.monotonic(), time.process_time()
                 rep = check_fleet(fleet, CheckOptions(cache_ttl=0, collective=coll_opts))
                 t_coll = time.monotonic() - t

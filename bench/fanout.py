@@ -210,11 +210,11 @@ class FanoutBench:
         from fleetctl.plan.inventory import load_inventory
         from fleetctl.ssh.connection import SSHSettings
         from fleetctl.ssh.execute import execute
-        from fleetctl.ssh.fleet import Fleet
+        from fleetctl.ssh.fanout import FanOut
 
         row = Result("fanout", "fleetctl, connections already open (in-process)", n)
         nodes = load_inventory(self.inventory(n)).nodes
-        with Fleet(nodes, SSHSettings()) as fleet:
+        with FanOut(nodes, SSHSettings()) as fleet:
             conn = fleet.connect()
             if not conn.ok:
                 row.failed = f"connect failed: {list(conn.failed.values())[:1]}"

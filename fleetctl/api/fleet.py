@@ -364,6 +364,8 @@ class Fleet:
         on_end: str | None = None,
         hook_timeout: float = 60.0,
         on_slow: OnSlow = "warn",
+        post_mortem: bool = True,
+        post_mortem_timeout: float = 30.0,
         dry_run: bool = False,
         foreground: bool = False,
         on_event: Callable[[JobEvent], None] | None = None,
@@ -382,7 +384,9 @@ class Fleet:
         (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``resume``: an
         earlier job's id (or ``"last"``) whose checkpoint files every node gets before launch
         (``checkpoint_dir``: which folder). ``report=False``: no ``report.html`` written into
-        the run folder at the end (``Job.report()`` makes one later). ``before``: a
+        the run folder at the end (``Job.report()`` makes one later). ``post_mortem=False``:
+        no collective among the reachable hosts to prove the culprit after a stall, a lost
+        node or a collective timeout (``post_mortem_timeout``: its limit in s). ``before``: a
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``). ``collective``: the
@@ -405,6 +409,8 @@ class Fleet:
             env=env,
             stall_timeout=stall_timeout,
             on_slow=on_slow,
+            post_mortem=post_mortem,
+            post_mortem_timeout=post_mortem_timeout,
             startup_timeout=startup_timeout,
             timeout=timeout,
             detach=detach,

@@ -148,6 +148,8 @@ def prepare(
         timeout=timeout,
         stall_timeout=stall_timeout,
         on_slow=sup.on_slow,
+        post_mortem=sup.post_mortem,
+        post_mortem_timeout=sup.post_mortem_timeout,
         startup_timeout=sup.startup_timeout,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,

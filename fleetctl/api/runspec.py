@@ -292,6 +292,16 @@ class Supervision(_Group):
         help="A node the others wait for, named within a minute (docs/health.md): warn, stop "
         "the job (a retry with spares runs without it), or off (no watching).",
     )  # fmt: skip
+    post_mortem: bool = option(
+        True, "--no-post-mortem", param="no_post_mortem",
+        help="After a stall, a lost node or a collective timeout, run no collective among the "
+        "reachable hosts to prove the culprit (docs/health.md, The post-mortem's proof).",
+    )  # fmt: skip
+    post_mortem_timeout: float = option(
+        30.0, "--post-mortem-timeout", check=c.seconds(1, 300), show_default=True,
+        help="Seconds the post-mortem's proof may take at most (it never changes the exit "
+        "code or the culprit named).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(f"{head}: {how}{after}" + (f"; {rest}." if rest else "."))
         for cause in result.culprits or []:
             lines.append(f"  likely cause: {cause}")
+        lines += _proof(result)
         if result.failed_ranks:
             from fleetctl.api.helpers import describe_rank as describe
 
@@ -93,6 +94,7 @@ def run_summary_lines(result: JobResult, *, tail_lines: int = 20) -> list[str]:
         lines.append(
             f"Job {result.job_id} failed: {result.verdict}" + (f"; {rest}." if rest else ".")
         )
+        lines += _proof(result)
         if result.stacks is not None:
             from fleetctl.api.types import StackGroup
 
@@ -175,3 +177,13 @@ def _membership(result: JobResult) -> list[str]:
         each = ", each given to a spare" if all(c.get("joined") for c in changes) else ""
         out.insert(0, f"  {len(changes)} lost node(s){each} (--elastic):")
     return out
+
+
+def _proof(result: JobResult) -> list[str]:
+    """The post-mortem's proof under the verdict (docs/health.md): its finding, then its
+    rounds."""
+    proof = getattr(result, "post_mortem", None) or {}
+    return [
+        f"    {line.strip()}" if line.startswith("  ") else f"  post-mortem proof: {line}"
+        for line in proof.get("lines") or []
+    ]

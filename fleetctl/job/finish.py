@@ -15,6 +15,7 @@ from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
+    from fleetctl.job.proof import Ahead
     from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
 
@@ -43,53 +44,60 @@ def finish(job: JobContext, fleet: FanOut, interrupted: bool) -> None:
             job.save()
             job.emit("done", "detached", log=True)
             return
-    hard = False
+    ahead = _proof_ahead(job)  # the proof's programs import torch during the teardown
     try:
+        hard = False
         try:
-            _teardown(job, fleet, hard=False)
+            try:
+                _teardown(job, fleet, hard=False)
+            except KeyboardInterrupt:
+                hard = True
+                job.emit("notice", "second Ctrl-C: killing without grace")
+                _teardown(job, fleet, hard=True)
         except KeyboardInterrupt:
-            hard = True
-            job.emit("notice", "second Ctrl-C: killing without grace")
-            _teardown(job, fleet, hard=True)
-    except KeyboardInterrupt:
-        job.result.errors.append("teardown interrupted a third time; not verified")
-    # The supervisors report their job's end once it is stopped: record, then stop reading.
-    try:
-        watch.wait_ended(1.0 if hard else 5.0)
+            job.result.errors.append("teardown interrupted a third time; not verified")
+        # The supervisors report their job's end once it is stopped: record, then stop reading.
+        try:
+            watch.wait_ended(1.0 if hard else 5.0)
+            drain(job)
+        except KeyboardInterrupt:
+            pass
+        for rank in watch.running():
+            node = job.result.nodes[rank]
+            if node.state == NodeState.RUNNING:
+                node.reason = "no exit report after teardown"
+                node.state = job.state.end(rank, NodeState.LOST, time.time()).state
+        # Supervisors that reported their exit wait on their channel to send the run folder.
+        in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
+        watch.close(keep=in_band)
         drain(job)
-    except KeyboardInterrupt:
-        pass
-    for rank in watch.running():
-        node = job.result.nodes[rank]
-        if node.state == NodeState.RUNNING:
-            node.reason = "no exit report after teardown"
-            node.state = job.state.end(rank, NodeState.LOST, time.time()).state
-    # Supervisors that reported their exit wait on their channel to send the run folder.
-    in_band = {r for r, ev in watch.ended.items() if ev.kind == "exit"}
-    watch.close(keep=in_band)
-    drain(job)
-    for node in job.result.nodes:
-        if node.state == NodeState.PENDING and node.rank not in watch.runs:
-            node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
-    job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
-    job.sync()
-    job.failure_line(now=True)  # the watch is over: a held first failure is settled
-    if job.result.status == JobStatus.FAILED and job.result.first_failure is not None:
-        _post_mortem(job, fleet)
-    try:
-        _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
-    except KeyboardInterrupt as e:
-        if not hasattr(e, "results"):  # CollectInterrupted recorded itself
-            job.result.errors.append("log collection interrupted")
+        for node in job.result.nodes:
+            if node.state == NodeState.PENDING and node.rank not in watch.runs:
+                node.state = job.state.end(node.rank, NodeState.START_FAILED, time.time()).state
+        job.state.settle(interrupted=interrupted, external=EXTERNAL_STOP_REASON)
+        job.sync()
+        job.failure_line(now=True)  # the watch is over: a held first failure is settled
+        if job.result.status == JobStatus.FAILED and job.result.first_failure is not None:
+            _post_mortem(job, fleet)
+        _proof(job, ahead)
+        try:
+            _collect(job, fleet, {watch.runs[r].node.name: watch.runs[r].stream for r in in_band})
+        except KeyboardInterrupt as e:
+            if not hasattr(e, "results"):  # CollectInterrupted recorded itself
+                job.result.errors.append("log collection interrupted")
+        finally:
+            for r in in_band:  # collected or not, nothing more to say on these channels
+                with contextlib.suppress(Exception):
+                    watch.runs[r].stream.close()
+            job.close_spools(set(job.spools))  # still open (collection failed): keep every copy
+        job.result.ended = time.time()
+        job.result.mark_phase(f"done: {job.result.status}", job.result.ended)
+        job.save()
+        job.emit("done", job.result.status, log=True)
+
     finally:
-        for r in in_band:  # collected or not, nothing more to say on these channels
-            with contextlib.suppress(Exception):
-                watch.runs[r].stream.close()
-        job.close_spools(set(job.spools))  # still open (collection failed): keep every copy
-    job.result.ended = time.time()
-    job.result.mark_phase(f"done: {job.result.status}", job.result.ended)
-    job.save()
-    job.emit("done", job.result.status, log=True)
+        if ahead is not None:
+            ahead.close()
 
 
 def _lost_hosts(job: JobContext) -> set[str]:
@@ -253,6 +261,27 @@ def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first
     for line in found:
         job.emit("notice", f"likely cause: {line}")
+
+
+def _proof_ahead(job: JobContext) -> Ahead | None:
+    from fleetctl.job.proof import start
+
+    try:
+        return start(job)
+    except Exception as e:  # never the run's outcome
+        job.result.errors.append(f"post-mortem proof: {type(e).__name__}: {e}")
+        return None
+
+
+def _proof(job: JobContext, ahead: Ahead | None) -> None:
+    """After a stall, a lost node or a collective timeout: a collective among the reachable
+    hosts proves the culprit (``fleetctl.job.proof``); bounded, and never the run's outcome."""
+    from fleetctl.job.proof import record
+
+    try:
+        record(job, ahead)
+    except (Exception, KeyboardInterrupt) as e:
+        job.result.errors.append(f"post-mortem proof: {type(e).__name__}: {e}")
 
 
 def _redact(job: JobContext) -> None:

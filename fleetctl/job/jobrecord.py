@@ -104,6 +104,9 @@ class JobRecord:
     failed_ranks: list[dict[str, Any]] | None = None
     culprits: list[str] | None = None
     slow: dict[str, Any] | None = None  # the node named slow during the run (job/pace.py)
+    post_mortem: dict[str, Any] | None = (
+        None  # the collective's proof of the culprit (job/proof.py)
+    )
     left_out: dict[str, str] | None = None
     resumed_from: dict[str, Any] | None = None  # run --resume: the earlier job's relay
     membership: list[dict[str, Any]] | None = None  # run --elastic: who left, who joined
@@ -187,6 +190,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "failed_ranks": (list, _NONE),
         "culprits": (list, _NONE),
         "slow": (dict, _NONE),
+        "post_mortem": (dict, _NONE),
         "left_out": (dict, _NONE),
         "resumed_from": (dict, _NONE),
         "membership": (list, _NONE),
@@ -210,7 +214,7 @@ _OBJ_ITEMS = frozenset(
 # JobRecord keys left out of the file while None (JobResult.to_dict writes them only when set)
 _OPTIONAL = frozenset(
     {"attempts", "failed_ranks", "culprits", "left_out", "stacks", "stack_nodes", "completion"}
-    | {"monitor", "resumed_from", "slow", "membership", "executor"}
+    | {"monitor", "resumed_from", "slow", "membership", "executor", "post_mortem"}
 )
 
 

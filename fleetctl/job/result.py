@@ -136,6 +136,10 @@ class JobResult:
     # The node the others waited for, named during the run (fleetctl.job.pace.SlowVerdict
     # as a dict: rank, host, busy, peers_wait, compute_ratio, throttled, rounds, why, line)
     slow: dict[str, Any] | None = None
+    # The post-mortem's proof: a collective among the reachable hosts after a stall, a lost
+    # node or a collective timeout (fleetctl.job.proof.Proof as a dict: hosts, unreachable,
+    # cut, finding, rounds, elapsed, lines)
+    post_mortem: dict[str, Any] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
     # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
@@ -272,6 +276,7 @@ class JobResult:
             | ({} if not self.failed_ranks else {"failed_ranks": self.failed_ranks})
             | ({} if self.culprits is None else {"culprits": self.culprits})
             | ({} if self.slow is None else {"slow": self.slow})
+            | ({} if self.post_mortem is None else {"post_mortem": self.post_mortem})
             | ({} if self.left_out is None else {"left_out": self.left_out})
             | ({} if self.resumed_from is None else {"resumed_from": self.resumed_from})
             | ({} if self.membership is None else {"membership": self.membership})

@@ -85,6 +85,10 @@ class RunOptions:
     timeout: float | None = None  # s of wall clock from launch, then the job is stopped
     stall_timeout: float | None = None  # s with no output line from any node, then stopped
     on_slow: OnSlow = "warn"  # a node named slow (fleetctl.job.pace): warn, stop, off
+    # after a stall, a lost node or a collective timeout: a collective among the reachable
+    # hosts proves the culprit (fleetctl.job.proof), within this many seconds
+    post_mortem: bool = True
+    post_mortem_timeout: float = 30.0
     # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
     startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect

@@ -170,7 +170,10 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
     want = options.nodes_wanted
     spares = want is not None and want < len(request.nodes)
     if not request.retry.max_retries and not spares:
+        from fleetctl.job.spares import remember_proven
+
         result = run_job(request.spec, request.nodes, options, on_event=on_event)
+        remember_proven(result)  # run_attempts remembers every faulty host itself
     else:
         from fleetctl.job.attempts import run_attempts
 

@@ -142,9 +142,13 @@ def run_collective(
     facts: Mapping[str, NodeFacts],
     options: CollectiveOptions,
     ahead: Started | None = None,
+    *,
+    start_wait: float = START_WAIT,
 ) -> CollectiveReport:
     """Benchmark ``nodes`` (≥ 2, in rank order) and judge it, on the programs started
-    ``ahead`` where there are; never raises for a slow or failing node: the report names it."""
+    ``ahead`` where there are; never raises for a slow or failing node: the report names it.
+    ``start_wait``: s for rank 0 to import torch and open the store (the post-mortem's is
+    its own time limit)."""
     started = time.monotonic()
     names = [n.name for n in nodes]
     master = facts[names[0]].train_addr or nodes[0].address
@@ -156,7 +160,7 @@ def run_collective(
     lock = threading.Lock()
     # rank 0's store, a node's own limit from its part + its watchdog's word, a SIGABRT's
     # command and dump, the channel's close, slack
-    limit = START_WAIT + 5 + options.timeout + 10 + 2 * ABORT_WAIT + 3 + 5
+    limit = start_wait + 5 + options.timeout + 10 + 2 * ABORT_WAIT + 3 + 5
 
     def work(node: Node, conn: Connection) -> None:
         rank = names.index(node.name)
@@ -165,7 +169,7 @@ def run_collective(
         args = node_args(rank, len(names), master, f.nic if f else None, options, names)
         stream = ahead.take(node.name, python) if ahead is not None else None
         if stream is None:
-            stream = conn.start(_argv(python, 2 * START_WAIT + 10))
+            stream = conn.start(_argv(python, 2 * start_wait + 10))
         lines = FrameStream(stream, KINDS, json_kinds="IPDK")
         step = "start"
         pid: list[int] = []  # the node program's, from its first frame
@@ -182,7 +186,7 @@ def run_collective(
             if rank == 0:
                 stream.send((json.dumps(args) + "\n").encode())
                 deadline = time.monotonic() + options.timeout + 10
-                got = next_frame("RD", time.monotonic() + START_WAIT)
+                got = next_frame("RD", time.monotonic() + start_wait)
                 if got is not None and got.kind == "R":
                     port.set(int(got.payload))
                 else:
@@ -190,7 +194,7 @@ def run_collective(
                     _record(got, node.name, lines, step)
                     return
             else:
-                p = port.wait(time.monotonic() + START_WAIT + 5)
+                p = port.wait(time.monotonic() + start_wait + 5)
                 if p is None:
                     with lock:
                         errors[node.name] = "rank 0 did not start the collective"

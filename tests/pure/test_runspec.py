@@ -23,6 +23,7 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("timeout", NAN, ("--timeout=nan",)),
     ("grace", -1, ("--grace=-1",)),
     ("on_slow", "kill", ("--on-slow=kill",)),
+    ("post_mortem_timeout", 0.5, ("--post-mortem-timeout=0.5",)),
     ("stall_timeout", INF, ("--stall-timeout=inf",)),
     ("lost_timeout", 0, ("--lost-timeout=0",)),
     ("max_retries", -2, ("--max-retries=-2",)),
@@ -139,6 +140,8 @@ def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
         "stall_timeout": None,
         "startup_timeout": None,
         "on_slow": "warn",
+        "post_mortem": True,
+        "post_mortem_timeout": 30.0,
         "probe_timeout": 30.0,
     }
     RunSpec.build("t.py", **got)  # the keywords are the record's
