@@ -10,6 +10,8 @@ import pytest
 
 from fleetctl.lab import box
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_the_cache_entry_is_named_by_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     first = box.recipe_hash()
@@ -45,3 +47,12 @@ def test_box_needs_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     with pytest.raises(box.LabError, match="needs root"):
         box.build_box(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_vagrantfile_uses_the_box_and_isolated_libvirt_networks() -> None:
+    text = (ROOT / "Vagrantfile").read_text()
+    assert 'config.vm.box = "fleetctl/bookworm64"' in text
+    assert box.BOX_NAME == "fleetctl/bookworm64"
+    assert 'lv.management_network_mode = "none"' in text
+    assert text.count('libvirt__forward_mode: "none"') == 2
+    assert not re.search(r"\bnat\b", re.sub(r"#.*", "", text), re.I)
