@@ -1,0 +1,119 @@
+"""The VM tier: the repository's Vagrantfile on libvirt (3 VMs with their own kernels, booted on
+plain qemu), brought up once per session and destroyed at its end.
+
+Not part of the main CI pass (minutes of TCG boot on a shared machine): it is collected only
+with ``FLEETCTL_VMS=1`` (tests/conftest.py) and needs root, vagrant, vagrant-libvirt, libvirtd
+and the box from ``fleetctl lab box``. docs/lab.md, "Vagrant (real VMs)", says how to run it.
+
+``FLEETCTL_VMS_KEEP=1`` leaves the VMs running at the end (to look at them); the next session
+reuses them (``vagrant up`` on running VMs is quick). Otherwise everything the Vagrantfile
+created is removed even when the session fails: ``vagrant destroy -f``, then every libvirt
+domain and network with the Vagrantfile's names that is still there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.testing.pytest_plugin import skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "inventories" / "vagrant.yml"
+NODES = ("node1", "node2", "node3")
+DOMAINS = tuple(f"fleetctl-{n}" for n in NODES)  # the Vagrantfile's LIBVIRT_PREFIX
+NETWORKS = ("fleetctl-vagrant", "fleetctl-mgmt", "fleetctl-data")
+UP_TIMEOUT = float(os.environ.get("FLEETCTL_VMS_UP_TIMEOUT", "2400"))
+DESTROY_TIMEOUT = 600.0
+
+
+def _gist(out: str) -> str:
+    """Vagrant's output without its progress lines and Ruby backtraces: the error is above."""
+    lines = [
+        ln
+        for ln in out.replace("\r", "\n").splitlines()
+        if ln.strip() and "Progress:" not in ln and not ln.lstrip().startswith("from /")
+    ]
+    return "\n".join(lines[-60:])
+
+
+def sh(argv: list[str], timeout: float, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``argv`` in ROOT in its own process group, killed as a group past ``timeout``."""
+    p = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=30)
+        pytest.fail(f"{' '.join(argv)} took over {timeout:.0f}s:\n{_gist(out)}", pytrace=False)
+    res = subprocess.CompletedProcess(argv, p.returncode, out, "")
+    if check and p.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited {p.returncode}:\n{_gist(out)}", pytrace=False)
+    return res
+
+
+def virsh(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return sh(["virsh", "-c", "qemu:///system", *args], 120, check=check)
+
+
+def remove_everything() -> None:
+    """``vagrant destroy -f``, then the Vagrantfile's domains, volumes and networks by name."""
+    sh(["vagrant", "destroy", "-f"], DESTROY_TIMEOUT, check=False)
+    for dom in DOMAINS:
+        if virsh("domstate", dom).returncode == 0:
+            virsh("destroy", dom)
+            virsh("undefine", dom, "--remove-all-storage", "--nvram")
+    for net in NETWORKS:
+        if virsh("net-info", net).returncode == 0:
+            virsh("net-destroy", net)
+            virsh("net-undefine", net)
+
+
+def require_vms() -> None:
+    if os.geteuid() != 0:
+        skip_or_fail("the VM tier needs root (libvirt's system instance)")
+    for tool in ("vagrant", "virsh", "ansible-playbook"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"the VM tier needs {tool} (docs/lab.md, 'Vagrant (real VMs)')")
+    boxes = sh(["vagrant", "box", "list"], 120, check=False).stdout
+    if "fleetctl/bookworm64" not in boxes:
+        skip_or_fail("no box fleetctl/bookworm64: run `fleetctl lab box` first")
+
+
+@pytest.fixture
+def power_off() -> Callable[[str], None]:
+    """Cut a VM's power: ``virsh destroy`` kills its qemu (no shutdown, no FIN, no RST)."""
+
+    def cut(node: str) -> None:
+        virsh("destroy", f"fleetctl-{node}", check=True)
+
+    return cut
+
+
+@pytest.fixture(scope="session")
+def vagrant_fleet() -> Iterator[Path]:
+    """The 3 VMs up and bootstrapped; yields inventories/vagrant.yml."""
+    require_vms()
+    t0 = time.monotonic()
+    try:
+        sh(["vagrant", "up"], UP_TIMEOUT)
+        print(f"vagrant up: {time.monotonic() - t0:.0f}s")
+        yield INVENTORY
+    finally:
+        if os.environ.get("FLEETCTL_VMS_KEEP") != "1":
+            remove_everything()
