@@ -95,6 +95,25 @@ def require_vms() -> None:
         skip_or_fail("no box fleetctl/bookworm64: run `fleetctl lab box` first")
 
 
+ADDRESSES = {"node1": "192.168.56.11", "node2": "192.168.56.12", "node3": "192.168.56.13"}
+KEYDIR = ROOT / ".vagrant" / "fleetctl"
+
+
+@pytest.fixture
+def vm_sh() -> Callable[[str, str], subprocess.CompletedProcess[str]]:
+    """``vm_sh(node, command)``: a shell command on a VM as ``vagrant`` over the management
+    network, host key pinned (the Vagrantfile's known_hosts), 60 s at most."""
+
+    def run(node: str, command: str) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={KEYDIR / 'known_hosts'}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-i", str(KEYDIR / "id_ed25519"),
+                f"vagrant@{ADDRESSES[node]}", command]  # fmt: skip
+        return sh(argv, 60, check=False)
+
+    return run
+
+
 @pytest.fixture
 def power_off() -> Callable[[str], None]:
     """Cut a VM's power: ``virsh destroy`` kills its qemu (no shutdown, no FIN, no RST)."""
