@@ -3,6 +3,8 @@ hides the developer's SSH agent and ~/.ssh/config come from the plugin below."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fleetctl.testing.envbuild import EnvCache
@@ -28,9 +30,12 @@ def envs(tmp_path_factory: pytest.TempPathFactory) -> EnvCache:
 
 def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
     """tests/infra checks real fleets named with ``--hosts``; the lab tests run them against lab
-    hosts through a nested pytest. A plain suite run leaves them out instead of skipping them."""
+    hosts through a nested pytest. A plain suite run leaves them out instead of skipping them;
+    so it does tests/vms (minutes of VMs) unless ``FLEETCTL_VMS=1``."""
     if collection_path.name == "infra" and collection_path.parent.name == "tests":
         return not config.getoption("hosts", default=None) or None
+    if collection_path.name == "vms" and collection_path.parent.name == "tests":
+        return os.environ.get("FLEETCTL_VMS") != "1" or None  # the VM tier: docs/lab.md
     return None
 
 

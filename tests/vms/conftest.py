@@ -1,0 +1,140 @@
+"""The VM tier: the repository's Vagrantfile on libvirt (3 VMs with their own kernels, booted on
+plain qemu), brought up once per session and destroyed at its end.
+
+Not part of the main CI pass (minutes of TCG boot on a shared machine): it is collected only
+with ``FLEETCTL_VMS=1`` (tests/conftest.py) and needs root, vagrant, vagrant-libvirt, libvirtd
+and the box from ``fleetctl lab box``. docs/lab.md, "Vagrant (real VMs)", says how to run it.
+
+``FLEETCTL_VMS_KEEP=1`` leaves the VMs running at the end (to look at them); the next session
+reuses them (``vagrant up`` on running VMs is quick). Otherwise everything the Vagrantfile
+created is removed even when the session fails: ``vagrant destroy -f``, then every libvirt
+domain and network with the Vagrantfile's names that is still there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.testing.pytest_plugin import skip_or_fail
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "inventories" / "vagrant.yml"
+NODES = ("node1", "node2", "node3")
+DOMAINS = tuple(f"fleetctl-{n}" for n in NODES)  # the Vagrantfile's LIBVIRT_PREFIX
+NETWORKS = ("fleetctl-vagrant", "fleetctl-mgmt", "fleetctl-data")
+UP_TIMEOUT = float(os.environ.get("FLEETCTL_VMS_UP_TIMEOUT", "2400"))
+DESTROY_TIMEOUT = 600.0
+
+
+def _gist(out: str) -> str:
+    """Vagrant's output without its progress lines and Ruby backtraces: the error is above."""
+    lines = [
+        ln
+        for ln in out.replace("\r", "\n").splitlines()
+        if ln.strip() and "Progress:" not in ln and not ln.lstrip().startswith("from /")
+    ]
+    return "\n".join(lines[-60:])
+
+
+def sh(argv: list[str], timeout: float, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``argv`` in ROOT in its own process group, killed as a group past ``timeout``."""
+    p = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=30)
+        pytest.fail(f"{' '.join(argv)} took over {timeout:.0f}s:\n{_gist(out)}", pytrace=False)
+    res = subprocess.CompletedProcess(argv, p.returncode, out, "")
+    if check and p.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} exited {p.returncode}:\n{_gist(out)}", pytrace=False)
+    return res
+
+
+def virsh(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return sh(["virsh", "-c", "qemu:///system", *args], 120, check=check)
+
+
+def remove_everything() -> None:
+    """``vagrant destroy -f``, then the Vagrantfile's domains, volumes and networks by name."""
+    sh(["vagrant", "destroy", "-f"], DESTROY_TIMEOUT, check=False)
+    for dom in DOMAINS:
+        if virsh("domstate", dom).returncode == 0:
+            virsh("destroy", dom)
+            virsh("undefine", dom, "--remove-all-storage", "--nvram")
+    for net in NETWORKS:
+        if virsh("net-info", net).returncode == 0:
+            virsh("net-destroy", net)
+            virsh("net-undefine", net)
+
+
+def require_vms() -> None:
+    if os.environ.get("FLEETCTL_VMS") != "1":  # named on the command line without it
+        pytest.skip("the VM tier runs only with FLEETCTL_VMS=1 (minutes of VMs)")
+    if os.geteuid() != 0:
+        skip_or_fail("the VM tier needs root (libvirt's system instance)")
+    for tool in ("vagrant", "virsh", "ansible-playbook"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"the VM tier needs {tool} (docs/lab.md, 'Vagrant (real VMs)')")
+    boxes = sh(["vagrant", "box", "list"], 120, check=False).stdout
+    if "fleetctl/bookworm64" not in boxes:
+        skip_or_fail("no box fleetctl/bookworm64: run `fleetctl lab box` first")
+
+
+ADDRESSES = {"node1": "192.168.56.11", "node2": "192.168.56.12", "node3": "192.168.56.13"}
+KEYDIR = ROOT / ".vagrant" / "fleetctl"
+
+
+@pytest.fixture
+def vm_sh() -> Callable[[str, str], subprocess.CompletedProcess[str]]:
+    """``vm_sh(node, command)``: a shell command on a VM as ``vagrant`` over the management
+    network, host key pinned (the Vagrantfile's known_hosts), 60 s at most."""
+
+    def run(node: str, command: str) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={KEYDIR / 'known_hosts'}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-i", str(KEYDIR / "id_ed25519"),
+                f"vagrant@{ADDRESSES[node]}", command]  # fmt: skip
+        return sh(argv, 60, check=False)
+
+    return run
+
+
+@pytest.fixture
+def power_off() -> Callable[[str], None]:
+    """Cut a VM's power: ``virsh destroy`` kills its qemu (no shutdown, no FIN, no RST)."""
+
+    def cut(node: str) -> None:
+        virsh("destroy", f"fleetctl-{node}", check=True)
+
+    return cut
+
+
+@pytest.fixture(scope="session")
+def vagrant_fleet() -> Iterator[Path]:
+    """The 3 VMs up and bootstrapped; yields inventories/vagrant.yml."""
+    require_vms()
+    t0 = time.monotonic()
+    try:
+        sh(["vagrant", "up"], UP_TIMEOUT)
+        print(f"vagrant up: {time.monotonic() - t0:.0f}s")
+        yield INVENTORY
+    finally:
+        if os.environ.get("FLEETCTL_VMS_KEEP") != "1":
+            remove_everything()
