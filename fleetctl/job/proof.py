@@ -163,11 +163,16 @@ class Ahead:
 def start(job: JobContext) -> Ahead | None:
     """As the teardown begins: the proof's connections and programs when a proof is wanted
     and can run (not ``--no-post-mortem``; no container job: the host's python may have no
-    torch)."""
+    torch; no Slurm allocation's nodes: Slurm's word on a node is the proof there, and a step
+    to a node it marked DOWN would only wait out the limit)."""
+    from fleetctl.ssh.connection import transport
+
     job.sync()
     why = wanted(job.result) if job.options.post_mortem else None
     plan = job.plan
     if why is None or plan is None or any(np.container for np in plan.nodes):
+        return None
+    if not all(transport(n).can_prove_post_mortem for n in job.nodes):
         return None
     return Ahead(job, why)
 

@@ -56,6 +56,7 @@ class SrunConnection(ExecConnection):
 
     new_session = True
     can_join_elastic = False
+    can_prove_post_mortem = False
 
     def __init__(self, node: Node, settings: SSHSettings | None = None) -> None:
         super().__init__(node)

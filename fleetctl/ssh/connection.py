@@ -144,6 +144,9 @@ class Connection(ABC):
     #: a lost node's slot may be given to a spare inside the same job (``run --elastic``):
     #: not a Slurm allocation's node, whose membership is Slurm's
     can_join_elastic: ClassVar[bool] = True
+    #: after a failure, the post-mortem's own collective may prove the culprit; not where a
+    #: scheduler's word on its nodes is the proof (an srun step to a DOWN node would only wait)
+    can_prove_post_mortem: ClassVar[bool] = True
 
     def alive(self) -> bool:
         """Whether the channel can still carry a command (False: reconnect before use)."""

@@ -47,6 +47,7 @@ def test_each_transport_answers_for_its_nodes(
     assert cls.ping_target(node, SETTINGS) == ping
     assert cls.can_rsync is rsync
     assert cls.can_join_elastic is not kept  # a Slurm node's membership is Slurm's
+    assert cls.can_prove_post_mortem is not kept  # and Slurm's word on it is the proof
     assert reach_fields(node) == kept
     # read back from connect.json: the same transport, the same Slurm job
     assert transport(Node(node.name, node.address, vars=reached_vars(kept))) is (
