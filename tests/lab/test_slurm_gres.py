@@ -127,8 +127,8 @@ def test_a_hand_written_sbatch_with_gres_starts_one_rank_per_node(
     step sees the exclusive node's 2 GPUs, each srun step 1; the plan follows the steps', as
     ``run --slurm`` does (issue 40)."""
     lab = slurm["lab"]
-    out = lab.dir / "hand-written.out"
-    script = lab.dir / "hand-written.sh"
+    out = slurm["code"] / "hand-written.out"  # in the code folder: the fixture removes it
+    script = slurm["code"] / "hand-written.sh"
     script.write_text(
         HAND_WRITTEN.format(
             out=out, code=slurm["code"], python=sys.executable, runs=lab.dir / "gres-runs"
