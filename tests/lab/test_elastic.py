@@ -65,21 +65,19 @@ def agents(lab: Lab, host: str, job_id: str) -> set[int]:
     }
 
 
-def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_on(
-    make_lab: Any, tmp_path: Path
-) -> None:
-    lab: Lab = make_lab(4, networks=2)
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(TRAIN)
-    runs = tmp_path / "runs"
-    proc = start_cli_process(
+def _start(lab: Lab, runs: Path, code: Path, steps: str, *extra: str) -> Any:
+    """``run --elastic --nodes 3 EXTRA`` of train.py for ``steps`` steps, in its own session."""
+    return start_cli_process(
         "run", "-i", str(lab.inventory_path), "--launcher", "torchrun",
-        "--nproc-per-node", "1", "--nodes", "3", "--elastic", "--no-check",
+        "--nproc-per-node", "1", "--nodes", "3", "--elastic", *extra, "--no-check",
         "--lost-timeout", "3", "--deadman", "4", "--grace", "2", "--runs-dir", str(runs),
-        "--code-dir", str(code), str(code / "train.py"), "70",
+        "--code-dir", str(code), str(code / "train.py"), steps,
         cwd=ROOT, start_new_session=True,
     )  # fmt: skip
+
+
+def _read(proc: Any) -> tuple[list[str], list[str], list[threading.Thread], Any]:
+    """(stdout lines, stderr lines, their reader threads, ``said()``: both tails for a message)."""
     out: list[str] = []
     err: list[str] = []
     readers = [
@@ -92,6 +90,20 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
 
     def said() -> str:
         return "\n".join([*out[-60:], "--- stderr ---", *err[-30:]])
+
+    return out, err, readers, said
+
+
+def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_on(
+    make_lab: Any, tmp_path: Path
+) -> None:
+    lab: Lab = make_lab(4, networks=2)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    runs = tmp_path / "runs"
+    proc = _start(lab, runs, code, "70")
+    out, err, readers, said = _read(proc)
 
     try:
         wait_for(
@@ -164,25 +176,8 @@ def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
     code.mkdir()
     (code / "train.py").write_text(TRAIN.replace("seconds=30", "seconds=6"))
     runs = tmp_path / "runs"
-    proc = start_cli_process(
-        "run", "-i", str(lab.inventory_path), "--launcher", "torchrun",
-        "--nproc-per-node", "1", "--nodes", "3", "--elastic", "--min-nodes", "2", "--no-check",
-        "--lost-timeout", "3", "--deadman", "4", "--grace", "2", "--runs-dir", str(runs),
-        "--code-dir", str(code), str(code / "train.py"), "12",
-        cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
-    out: list[str] = []
-    err: list[str] = []
-    readers = [
-        threading.Thread(target=lambda f=f, into=into: into.extend(x.rstrip() for x in f))
-        for f, into in ((proc.stdout, out), (proc.stderr, err))
-    ]
-    for t in readers:
-        t.daemon = True
-        t.start()
-
-    def said() -> str:
-        return "\n".join([*out[-60:], "--- stderr ---", *err[-30:]])
+    proc = _start(lab, runs, code, "12", "--min-nodes", "2")
+    out, err, readers, said = _read(proc)
 
     def world(n: int, least: int) -> bool:
         return any(
