@@ -138,7 +138,7 @@ def test_a_stop_before_the_launch_ends_the_run_there(tmp_path: Path, code: Path)
 
     def before(nodes, settings) -> None:  # the stop arrives while the run is still preparing
         stopper.start()
-        assert box["job"]._stop_asked.wait(30)
+        assert box["job"]._executor._stop_asked.wait(30)  # type: ignore[attr-defined]
 
     box["job"] = job = local(tmp_path).run(
         str(code / "job.py"), launcher="plain", code=code, before=before
