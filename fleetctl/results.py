@@ -1,9 +1,12 @@
 """Outcomes of a fan-out: one entry per node, success or exception, never just the first error.
 
-Every result the library returns speaks one protocol (:class:`Outcome`): ``ok``,
-``exit_code`` (the command's: 0 when ok), ``failed`` (host → what went wrong there; empty
-when ok) and ``to_dict()`` (JSON-ready). ``FleetResult`` here and ``fleetctl.api.RunResult``
-(a job's verdict, direct or submitted) are the two shapes that carry it.
+Every result the library returns for many hosts speaks one protocol (:class:`Outcome`): ``ok``,
+``exit_code`` (the command's: 0 when ok), ``failed`` (host → what went wrong there, in rank
+order; empty when ok) and ``to_dict()`` (JSON-ready, with ``ok``, ``exit_code`` and ``failed``
+among its keys). ``FleetResult`` here, ``fleetctl.api.RunResult`` (a job's verdict, direct or
+submitted), ``ExecResult`` (``fleetctl exec``) and ``CheckReport`` (``fleetctl check``) carry
+it (``tests/pure/test_outcomes.py`` holds each to one contract). ``CommandResult`` is one
+host's value inside a fan-out (``ok``, ``exit_code``, ``to_dict()``; no host to name).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ T = TypeVar("T")
 
 @runtime_checkable
 class Outcome(Protocol):
-    """What every per-host result answers (``FleetResult``, ``RunResult``)."""
+    """What every result over hosts answers (``FleetResult``, ``RunResult``, ``ExecResult``,
+    ``CheckReport``)."""
 
     @property
     def ok(self) -> bool: ...

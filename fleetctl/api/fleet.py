@@ -296,7 +296,8 @@ class Fleet:
         a sequence: quoted one by one, reaching the program literally), stopped there with
         everything it started after ``timeout`` s. Never raises for a failing host: the
         result's ``runs`` (rank order: ``node``, ``stdout``, ``stderr``, ``exit_code``,
-        ``status``), ``ok``, ``failed``, ``exit_code()``, ``gathered()`` (clush ``-b``).
+        ``status``), ``ok``, ``failed`` (host → ``exit 7``), ``exit_code`` (``max_rc``:
+        ``-S``'s), ``gathered()`` (clush ``-b``).
         ``on_result`` gets each host's run as it finishes, in a worker thread. Loads only the
         SSH layer (``fleetctl exec`` starts fast)."""
         from fleetctl.ssh.execute import command_line, execute

@@ -3,10 +3,12 @@
 Its controller is the fleetctl inside the batch script, so from here ``stop`` is ``scancel``
 (SIGTERM to that fleetctl first: it tears the ranks down, verified, and brings the logs
 home) verified by the queue, the live lines are the script's output file, and the status is
-Slurm's beside the run folder's. :class:`fleetctl.api.job.Job` holds one of these for a job
-whose run folder says ``executor: "sbatch"`` and answers ``status()``, ``lines()``,
-``wait()`` and ``stop()`` through it; the command line (``status``/``stop``/``logs -f`` and
-``run --slurm``) calls the same methods.
+Slurm's beside the run folder's. It has the executor interface (``fleetctl.api.executor``):
+:class:`fleetctl.api.job.Job` holds one of these for a job whose run folder says ``executor:
+"sbatch"`` and hands ``status()``, ``lines()``, ``wait()`` and ``stop()`` to it; what the run
+inside left in the run folder (its nodes' states, a stop once the job left the queue) is
+reached through a :class:`fleetctl.api.direct.Direct` of the same folder. The command line
+(``status``/``stop``/``logs -f`` and ``run --slurm``) calls the same methods.
 """
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.api.direct import Direct
+from fleetctl.api.executor import ExecutorKind, LineFeed, wait_until
 from fleetctl.api.result import LogLine
-from fleetctl.errors import FleetctlError, Interrupted
+from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import RunResult
+    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.result import JobResult
     from fleetctl.job.runfolder import RunFolder
     from fleetctl.slurm.queue import JobInfo
     from fleetctl.slurm.submit import SlurmClient, SlurmEvent
+    from fleetctl.ssh.connection import SSHSettings
 
 #: ``[rank host] text``: a node's line as the run inside prints it (cli/render.LiveLog)
 _NODE_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?\[(\d+) ([^\]\s]+)\](?:\x1b\[0m)? ?(.*)$")
@@ -42,7 +51,12 @@ def log_line(text: str) -> LogLine:
 
 
 class Submitted:
-    """A submitted job's Slurm side: its run folder here, its Slurm job id, ``slurm.json``."""
+    """A submitted job: its run folder here, its Slurm job id, ``slurm.json``; the run inside
+    through :class:`Direct` of the same folder (``settings``: to reach its nodes)."""
+
+    kind: ExecutorKind = "sbatch"
+    details: JobResult | None = None  # the run's whole result is the inside fleetctl's
+    monitor: SpawnedMonitor | None = None
 
     def __init__(
         self,
@@ -50,6 +64,7 @@ class Submitted:
         slurm_job_id: str,
         record: dict[str, Any],
         client: SlurmClient | None = None,
+        settings: SSHSettings | None = None,
     ) -> None:
         from fleetctl.slurm.submit import SlurmClient
 
@@ -57,15 +72,32 @@ class Submitted:
         self.slurm_job_id = slurm_job_id
         self.record = record  # slurm.json: state, nodes, partition, …
         self._client = client or SlurmClient()
+        self._inside = Direct.found(run.job_id, run.path.parent, settings)
 
     @classmethod
-    def of(cls, run: RunFolder) -> Submitted | None:
+    def of(cls, run: RunFolder, settings: SSHSettings | None = None) -> Submitted | None:
         """The Slurm side of ``run``; None when it was not submitted (or sbatch never
         answered: nothing was queued)."""
         record = run.load_slurm()
         if not (record and record.get("job_id")):
             return None
-        return cls(run, str(record["job_id"]), record)
+        return cls(run, str(record["job_id"]), record, settings=settings)
+
+    @classmethod
+    def found(
+        cls, run: RunFolder, record: JobRecord, settings: SSHSettings | None
+    ) -> Submitted | None:
+        """``Job.attach``'s executor for ``run`` when its job.json (``record``) says
+        ``executor: "sbatch"``, or says nothing (a folder older than the field) and
+        slurm.json names a Slurm job; None: a direct job."""
+        if record.executor not in (None, "sbatch"):
+            return None
+        return cls.of(run, settings)
+
+    @property
+    def submitted(self) -> Submitted:
+        """The Slurm side (``Job.submitted``): this executor itself."""
+        return self
 
     @property
     def job_id(self) -> str:
@@ -101,16 +133,21 @@ class Submitted:
         sj = self.slurm_job_id
         return self._client.queued(sj) or self._client.queued(sj, steps=True)
 
-    def status(self, inside: Callable[[], StatusReport]) -> StatusReport:
-        """``fleetctl status``: ``inside()`` (the run folder's report: every node asked) once
-        the run inside has started, else what the queued record says; either way with
-        ``slurm`` (slurm.json plus ``now``: Slurm's line)."""
+    @property
+    def done(self) -> bool:
+        """It left Slurm's queue."""
+        return not self.queued()
+
+    def status(self) -> StatusReport:
+        """``fleetctl status``: the run folder's report (every node asked) once the run
+        inside has started, else what the queued record says; either way with ``slurm``
+        (slurm.json plus ``now``: Slurm's line)."""
         from fleetctl.api.lifecycle import StatusReport
 
         slurm = {**self.record, "now": self.slurm_state()}
         status = self.job_status()
         if status not in (None, "queued"):
-            report = inside()
+            report = self._inside.status()
         else:
             report = StatusReport(
                 job_id=self.job_id,
@@ -162,9 +199,7 @@ class Submitted:
         """The batch script's output lines (stdout, then stderr as they come) as
         :class:`LogLine`, until the Slurm job ended; :meth:`follow`'s errors raised here.
         ``timeout``: seconds to wait for each next line (WaitTimeout)."""
-        from fleetctl.api.job import _Lines
-
-        feed = _Lines()
+        feed = LineFeed()
         error: list[BaseException] = []
 
         def work() -> None:
@@ -190,8 +225,9 @@ class Submitted:
     # -- waiting ----------------------------------------------------------------------------
     def wait(
         self,
-        on_event: Callable[[SlurmEvent], None] | None = None,
+        timeout: float | None = None,
         *,
+        on_event: Callable[[SlurmEvent], None] | None = None,
         queue_timeout: float | None = None,
     ) -> RunResult:
         """Wait in the queue, stream the output (``on_event``: ``waiting``, ``started``,
@@ -200,7 +236,16 @@ class Submitted:
         running inside, as the command exits: QueueTimeout (5) after ``queue_timeout`` s in
         the queue (cancelled), UsageError (2) for a job that can never start, JobFailed (3)
         when the Slurm job ended before fleetctl ran in it, Interrupted (130) on Ctrl-C (the
-        Slurm job cancelled, verified)."""
+        Slurm job cancelled, verified). ``timeout``: WaitTimeout while it is still queued
+        then (the job runs on; its output is followed only once it left the queue)."""
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            wait_until(lambda: self.done, deadline, f"job {self.job_id}", timeout)
+        return self._follow(on_event, queue_timeout)
+
+    def _follow(
+        self, on_event: Callable[[SlurmEvent], None] | None, queue_timeout: float | None
+    ) -> RunResult:
         from fleetctl.slurm.batch import ERROR_FILE, OUTPUT_FILE, SlurmError
         from fleetctl.slurm.queue import JobInfo
         from fleetctl.slurm.submit import run_submitted
@@ -252,7 +297,7 @@ class Submitted:
         ``forgotten``: Slurm no longer knows the job, so the run folder's record alone says
         how it ended); JobFailed when fleetctl never ran inside it (where to look)."""
         from fleetctl.api.result import RunResult
-        from fleetctl.errors import JobFailed, RunFolderError
+        from fleetctl.errors import RunFolderError
 
         job_id, slurm_job, run = self.job_id, self.slurm_job_id, self._run
         try:
@@ -310,16 +355,46 @@ class Submitted:
         return SlurmJobFailed(f"{where}: {what}", exit_code=result.exit_code)
 
     # -- stopping ---------------------------------------------------------------------------
-    def stop(self) -> StopReport | None:
-        """``scancel`` (SIGTERM to the fleetctl inside first: it tears the ranks down and
-        brings the logs home), verified by the queue (SlurmError if the job stays). The
-        report holds the inside run's teardown (from job.json) and ``slurm``. None when the
-        job had already left the queue (then the run folder's stop verifies the nodes)."""
+    def stop(
+        self,
+        grace: float = 5.0,
+        *,
+        collect: bool = True,
+        collect_max: int | None = None,
+        collect_exclude: Sequence[str] | None = None,
+        ended_too: bool = False,
+        check: bool = True,
+        on_note: Callable[[str], None] | None = None,
+    ) -> StopReport | None:
+        """Still in the queue: ``scancel`` (SIGTERM to the fleetctl inside first: it tears
+        the ranks down and brings the logs home), verified by the queue (SlurmError if the
+        job stays); the report holds the inside run's teardown (from job.json) and
+        ``slurm``, and JobFailed (``check``) says a node was not verified clean. A job that
+        left the queue is stopped through its run folder as a direct one (``ended_too``)."""
+        if not self.queued():
+            return self._inside.stop(
+                grace,
+                collect=collect,
+                collect_max=collect_max,
+                collect_exclude=collect_exclude,
+                ended_too=ended_too,
+                check=check,
+                on_note=on_note,
+            )
+        sj = self.slurm_job_id
+        if on_note is not None:
+            on_note(f"job {self.job_id}: scancel Slurm job {sj}")
+        report = self._scancel()
+        if on_note is not None:
+            on_note(f"job {self.job_id}: Slurm job {sj} gone from the queue, no step left")
+        if check and not report.verified:
+            raise JobFailed(f"job {report.job_id}: teardown could not verify every node")
+        return report
+
+    def _scancel(self) -> StopReport:
         from fleetctl.api.lifecycle import StopReport
         from fleetctl.errors import RunFolderError
 
-        if not self.queued():
-            return None
         self._client.cancel(self.slurm_job_id, graceful=True)
         self.record["state"] = "CANCELLED"
         self._run.write_slurm(self.record)

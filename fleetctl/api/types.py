@@ -38,6 +38,7 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
+    from fleetctl.api.result import RunResult
     from fleetctl.job.monitor_process import SpawnedMonitor as SpawnedMonitor
     from fleetctl.job.result import EventKind as EventKind
     from fleetctl.job.result import JobEvent as JobEvent
@@ -53,10 +54,17 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.report import PushReport as PushReport
     from fleetctl.plan.inventory import Inventory as Inventory
     from fleetctl.plan.rankplan import Plan as Plan
+    from fleetctl.results import FleetResult, Outcome
     from fleetctl.slurm.submit import SlurmEvent as SlurmEvent
     from fleetctl.ssh.connection import SSHSettings as SSHSettings
     from fleetctl.ssh.execute import ExecResult as ExecResult
     from fleetctl.ssh.execute import NodeRun as NodeRun
+
+    def _outcomes(
+        e: ExecResult, c: CheckReport, r: RunResult, f: FleetResult[Any]
+    ) -> tuple[Outcome, ...]:
+        """For mypy only: each result the calls return answers the one result protocol."""
+        return (e, c, r, f)
 
 
 def __getattr__(name: str) -> Any:

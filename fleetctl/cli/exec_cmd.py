@@ -74,8 +74,8 @@ def _print_failures(result: ExecResult) -> None:
     from fleetctl.cli.nodeset import fold
 
     by_status: dict[str, list[str]] = {}
-    for run in result.failed:
-        by_status.setdefault(run.status, []).append(run.node)
+    for node, status in result.failed.items():
+        by_status.setdefault(status, []).append(node)
     for status, names in by_status.items():
         sys.stderr.write(f"fleetctl: {fold(names)}: {status}\n")
     sys.stderr.flush()
@@ -183,14 +183,14 @@ def exec_command(
     result = fleet.exec(command, timeout=timeout, on_result=_print_run if stream else None)
     if as_json:
         data = result.to_dict()
-        data["exit_code"] = result.exit_code(max_rc=max_rc)
+        data["exit_code"] = result.max_rc if max_rc else result.exit_code
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         sys.stdout.flush()
     elif gather:
         _print_gathered(result)
     if not result.ok and not as_json:
         _print_failures(result)
-    code = result.exit_code(max_rc=max_rc)
+    code = result.max_rc if max_rc else result.exit_code
     if code:
         late = [r for r in result.runs if r.timed_out]
         if late:

@@ -158,7 +158,9 @@ class MeshFailure:
 
 @dataclass
 class CheckReport:
-    """Everything preflight found. ``ok`` is False when any cell failed or any pair failed.
+    """Everything preflight found. ``ok`` is False when any cell failed or any pair failed;
+    ``exit_code``, ``failed`` (host → what) and ``to_dict()`` complete the one result
+    protocol (``fleetctl.results.Outcome``).
 
     ``facts`` feeds ``make_plan``; ``homes`` lets later phases skip the SFTP home lookup
     (see ``prime``); ``code_present``/``env_present`` let push skip a round trip.
@@ -206,6 +208,27 @@ class CheckReport:
         ] + [(h, "collective", why) for h, why in (self.collective or _NO_COLL).failures]
 
     @property
+    def exit_code(self) -> int:
+        """The command's: 0 when every check passed, else ``CheckError``'s (3)."""
+        from fleetctl.errors import CheckError
+
+        return 0 if self.ok else CheckError.exit_code
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host → what failed there, in rank order: its failed cells (``disk: 0.4 GiB
+        free; gpu: …``), a mesh pair under its source (``mesh → node3: tcp``), the
+        collective's verdict on it; the one result protocol's shape. Empty when ok."""
+        what: dict[str, list[str]] = {}
+        for host, check, reason in self.failures:
+            what.setdefault(host, []).append(f"{check}: {reason}" if reason else check)
+        for f in self.mesh_failures:
+            what.setdefault(f.src, []).append(f"mesh → {f.dst}: {', '.join(f.problems)}")
+        rank = {h: i for i, h in enumerate(self.hosts)}
+        hosts = sorted(what, key=lambda h: rank.get(h, len(rank)))
+        return {h: "; ".join(what[h]) for h in hosts}
+
+    @property
     def failed_hosts(self) -> list[str]:
         coll = set(self.collective.failed_hosts) if self.collective else set()
         return [h.name for h in self.hosts.values() if not h.ok or h.name in coll]
@@ -235,6 +258,8 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "exit_code": self.exit_code,
+            "failed": self.failed,
             "summary": self.summary(),
             "checks": list(CHECKS),
             "hosts": [h.to_dict() for h in self.hosts.values()],

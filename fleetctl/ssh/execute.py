@@ -77,7 +77,8 @@ class NodeRun:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """Every selected node's outcome, in rank order."""
+    """Every selected node's outcome, in rank order; the one result protocol
+    (``fleetctl.results.Outcome``: ``ok``, ``exit_code``, ``failed``, ``to_dict()``)."""
 
     command: str
     runs: tuple[NodeRun, ...]
@@ -88,17 +89,28 @@ class ExecResult:
         return all(r.ok for r in self.runs)
 
     @property
-    def failed(self) -> tuple[NodeRun, ...]:
+    def failed(self) -> dict[str, str]:
+        """Host → how the command failed there (``exit 7``, ``timed out after 5s: …``, the
+        connection's error), in rank order; empty when ok."""
+        return {r.node: r.status for r in self.runs if not r.ok}
+
+    @property
+    def failed_runs(self) -> tuple[NodeRun, ...]:
+        """The failed hosts' whole runs (output included), in rank order."""
         return tuple(r for r in self.runs if not r.ok)
 
-    def exit_code(self, *, max_rc: bool = False) -> int:
-        """0 if all ok; 124 if it timed out anywhere, else 3; or with ``max_rc`` the largest
-        remote code (124 = timed out, 255 = not run)."""
+    @property
+    def exit_code(self) -> int:
+        """The command's: 0 if all ok; 124 if it timed out anywhere, else 3."""
         if self.ok:
             return 0
-        if not max_rc:
-            return TIMED_OUT_RC if any(r.timed_out for r in self.runs) else REMOTE_FAILURE
-        return max(_rc(r) for r in self.runs)
+        return TIMED_OUT_RC if any(r.timed_out for r in self.runs) else REMOTE_FAILURE
+
+    @property
+    def max_rc(self) -> int:
+        """``exec -S`` (clush/pdsh ``-S``): the largest remote exit code, 124 for a host where
+        it timed out, 255 for one where it could not run; 0 if all ok."""
+        return max((_rc(r) for r in self.runs), default=0)
 
     def gathered(self) -> list[tuple[list[str], NodeRun]]:
         """Nodes with identical output and status grouped (clush ``-b``), first-seen order."""
@@ -108,7 +120,8 @@ class ExecResult:
         return {
             "command": self.command,
             "ok": self.ok,
-            "exit_code": self.exit_code(),
+            "exit_code": self.exit_code,
+            "failed": self.failed,
             "seconds": round(self.seconds, 4),
             "nodes": [r.to_dict() for r in self.runs],
         }

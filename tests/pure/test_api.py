@@ -138,7 +138,7 @@ def test_a_stop_before_the_launch_ends_the_run_there(tmp_path: Path, code: Path)
 
     def before(nodes, settings) -> None:  # the stop arrives while the run is still preparing
         stopper.start()
-        assert box["job"]._stop_asked.wait(30)
+        assert box["job"]._executor._stop_asked.wait(30)  # type: ignore[attr-defined]
 
     box["job"] = job = local(tmp_path).run(
         str(code / "job.py"), launcher="plain", code=code, before=before
@@ -329,10 +329,10 @@ def test_exec_on_this_machine_keeps_every_hosts_outcome(tmp_path: Path) -> None:
     fleet = local(tmp_path)
     seen: list[str] = []
     r = fleet.exec(["echo", "a b;c"], timeout=30, on_result=lambda run: seen.append(run.node))
-    assert r.ok and r.exit_code() == 0 and [x.stdout for x in r.runs] == ["a b;c\n"]
+    assert r.ok and r.exit_code == 0 and [x.stdout for x in r.runs] == ["a b;c\n"]
     assert seen == [r.runs[0].node] and len(r.gathered()) == 1
     bad = fleet.exec("echo out; exit 7", timeout=30)
-    assert not bad.ok and bad.exit_code() == 3 and bad.runs[0].exit_code == 7
+    assert not bad.ok and bad.exit_code == 3 and bad.runs[0].exit_code == 7
 
 
 def test_a_dry_run_returns_the_plan_and_starts_nothing(tmp_path: Path, code: Path) -> None:

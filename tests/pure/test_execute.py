@@ -57,7 +57,7 @@ def test_execute_keeps_every_node_in_rank_order_and_reports_each_once() -> None:
     assert [r.node for r in result.runs] == ["c", "a", "b"]
     assert sorted(seen) == ["a", "b", "c"] and not overlap
     assert all(r.ok and r.stdout == "a b;c\n" and r.exit_code == 0 for r in result.runs)
-    assert result.ok and result.exit_code() == 0 and result.exit_code(max_rc=True) == 0
+    assert result.ok and result.exit_code == 0 and result.max_rc == 0
 
 
 def test_failures_exit_3_or_the_largest_remote_code() -> None:
@@ -66,8 +66,8 @@ def test_failures_exit_3_or_the_largest_remote_code() -> None:
     assert not result.ok
     assert [r.status for r in result.runs] == ["exit 7", "exit 7"]
     assert all(r.stderr == "oops\n" for r in result.runs)
-    assert result.exit_code() == 3
-    assert result.exit_code(max_rc=True) == 7
+    assert result.exit_code == 3
+    assert result.max_rc == 7
 
 
 def _sleeping(seconds: str) -> list[int]:
@@ -95,7 +95,7 @@ def test_timeout_stops_the_command_and_its_children_and_exits_124() -> None:
     assert run.error is not None and run.error.startswith("timed out after 0.5s: ")
     assert "process(es) stopped with SIGTERM" in run.error and "still running" not in run.error
     assert run.stderr == ""  # the node's time-out line became the error, not output
-    assert result.exit_code() == 124 and result.exit_code(max_rc=True) == 124
+    assert result.exit_code == 124 and result.max_rc == 124
     assert result.to_dict()["nodes"][0]["timed_out"] is True
     assert _sleeping(secs) == []  # the shell, its child and the setsid escapee are all gone
 
@@ -105,7 +105,7 @@ def test_a_command_that_ends_in_time_keeps_its_own_status_and_stderr() -> None:
         result = execute(fleet, "echo err >&2; kill -TERM $$", timeout=30)
     (run,) = result.runs
     assert not run.timed_out and run.exit_code == 143 and run.stderr == "err\n"
-    assert result.exit_code() == 3
+    assert result.exit_code == 3
 
 
 def test_exit_code_with_an_unreachable_node() -> None:
@@ -115,11 +115,13 @@ def test_exit_code_with_an_unreachable_node() -> None:
         NodeRun("c", "c", 4),
     )
     res = ExecResult("hostname", runs, 0.1)
-    assert res.exit_code() == 3
-    assert res.exit_code(max_rc=True) == 255
-    assert [r.node for r in res.failed] == ["b", "c"]
+    assert res.exit_code == 3
+    assert res.max_rc == 255
+    assert res.failed == {"b": "b: connection refused by 10.0.0.2:22", "c": "exit 4"}
+    assert [r.node for r in res.failed_runs] == ["b", "c"]
     d = res.to_dict()
     assert d["exit_code"] == 3 and d["nodes"][1]["error"].endswith("refused by 10.0.0.2:22")
+    assert d["failed"] == res.failed
 
 
 def test_group_identical_folds_same_output_and_status() -> None:
@@ -144,6 +146,6 @@ def test_a_node_without_its_python_still_runs_the_command_under_coreutils_timeou
         late = execute(fleet, "echo started; sleep 30.129", timeout=0.5)
     assert ok.ok and ok.runs[0].stdout == "fine\n"
     (run,) = late.runs
-    assert run.timed_out and run.stdout == "started\n" and late.exit_code() == 124
+    assert run.timed_out and run.stdout == "started\n" and late.exit_code == 124
     assert run.error is not None and "coreutils timeout" in run.error
     assert _sleeping("30.129") == []
