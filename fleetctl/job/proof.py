@@ -76,6 +76,7 @@ class Proof:
     finding: Finding = dataclasses.field(default_factory=lambda: Finding("none"))
     rounds: list[Round] = dataclasses.field(default_factory=list)
     elapsed: float = 0.0
+    programs: int = 0  # node programs started: one per host when every round reused its own
 
     @property
     def named(self) -> list[str]:
@@ -103,6 +104,7 @@ class Proof:
             "finding": self.finding.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
             "elapsed": round(self.elapsed, 3),
+            "programs": self.programs,
             "named": self.named,
             "lines": self.lines(),
         }
@@ -144,7 +146,7 @@ class Ahead:
             self.unreachable = [n.name for n in self.nodes if n.name in res.failed]
             if not self.unreachable and not self._closed.is_set():
                 # each waits for its part until the proof's limit after a teardown's worth
-                self.started = start_programs(self.fleet, self.nodes, self.limit + 60.0)
+                self.started = start_programs(self.fleet, self.nodes, self.limit + 60.0, many=True)
         if self._closed.is_set():  # closed while starting (a reconnect on a closed fleet)
             self.close()
 
@@ -211,6 +213,7 @@ def prove(job: JobContext, ahead: Ahead) -> Proof:
         left = bisect.suspects() if isinstance(bisect, Bisect) else tuple(proof.hosts)
         proof.finding = Finding("unfinished", left, f"limit {limit:g} s")
     proof.elapsed = time.monotonic() - started
+    proof.programs = ahead.started.starts if ahead.started is not None else 0
     return proof
 
 
