@@ -68,11 +68,25 @@ class _Port:
 
 class Started:
     """Node programs started ahead (importing torch, then waiting for their part): host →
-    (python, stream). ``take`` hands one over; ``close`` ends the rest (EOF: they exit)."""
+    (python, stream). ``take`` hands one over; ``close`` ends the rest (EOF: they exit).
+    ``many``: each takes several parts in a row (the post-mortem's rounds): a program that
+    answered its part is handed back (``give``) for the next, torch imported once."""
 
-    def __init__(self, streams: Mapping[str, tuple[str, Stream]] | None = None) -> None:
+    def __init__(
+        self, streams: Mapping[str, tuple[str, Stream]] | None = None, *, many: bool = False
+    ) -> None:
         self._streams = dict(streams or {})
         self._lock = threading.Lock()
+        self.many = many
+        self.starts = len(self._streams)  # node programs started, ahead and after
+
+    def give(self, host: str, python: str, stream: Stream) -> None:
+        with self._lock:
+            self._streams[host] = (python, stream)
+
+    def count_start(self) -> None:
+        with self._lock:
+            self.starts += 1
 
     def take(self, host: str, python: str) -> Stream | None:
         """The stream started on ``host`` with ``python``; None (and that one closed) else."""
@@ -104,17 +118,20 @@ def _argv(python: str, wait: float) -> list[str]:
     return [python, "-c", remote.inline("collective.py"), json.dumps({"wait": wait})]
 
 
-def start_programs(fleet: FanOut, nodes: Sequence[Node], wait: float) -> Started:
+def start_programs(
+    fleet: FanOut, nodes: Sequence[Node], wait: float, *, many: bool = False
+) -> Started:
     """Start the node program on every node of ``nodes`` with its own python, to import torch
-    while the caller still checks the fleet; each waits ``wait`` s for its part at most. A node
-    where it did not start is started again by :func:`run_collective`."""
+    while the caller still checks the fleet; each waits ``wait`` s for its part at most (for
+    each part, ``many``). A node where it did not start is started again by
+    :func:`run_collective`."""
 
     def work(node: Node, conn: Connection) -> tuple[str, Stream]:
         python = conn.expand(node.python)
         return python, conn.start(_argv(python, wait + START_WAIT))
 
     res = fleet.map(work, timeout=30.0, nodes=list(nodes), width=max(1, len(nodes)))
-    return Started({h: v for h, v in res.outcomes.items() if isinstance(v, tuple)})
+    return Started({h: v for h, v in res.outcomes.items() if isinstance(v, tuple)}, many=many)
 
 
 def node_args(
@@ -167,9 +184,15 @@ def run_collective(
         f = facts.get(node.name)
         python = conn.expand((f.python if f else None) or node.python)
         args = node_args(rank, len(names), master, f.nic if f else None, options, names)
+        many = ahead is not None and ahead.many
+        if many:
+            args["more"] = True  # it waits for the next part after this one
         stream = ahead.take(node.name, python) if ahead is not None else None
         if stream is None:
             stream = conn.start(_argv(python, 2 * start_wait + 10))
+            if ahead is not None:
+                ahead.count_start()
+        answered: list[bool] = []
         lines = FrameStream(stream, KINDS, json_kinds="IPDK")
         step = "start"
         pid: list[int] = []  # the node program's, from its first frame
@@ -214,14 +237,18 @@ def run_collective(
                         silent.add(node.name)
                         hung[node.name] = f"(silent after step {step}; stacks by SIGABRT)\n{stacks}"
                     return
-                _record(got, node.name, lines, step)
+                answered.append(_record(got, node.name, lines, step))
                 return
         finally:
             if rank == 0 and not port.done:
                 port.set(None)
-            _end(stream)
+            if ahead is not None and many and answered == [True]:
+                ahead.give(node.name, python, stream)  # alive, waiting for its next part
+            else:
+                _end(stream)
 
-    def _record(got: Any, host: str, lines: FrameStream, step: str) -> None:
+    def _record(got: Any, host: str, lines: FrameStream, step: str) -> bool:
+        """Record ``host``'s answer; True when it was its figures (the program lives on)."""
         with lock:
             if got is None:
                 silent.add(host)
@@ -231,8 +258,10 @@ def run_collective(
                 hung[host] = f"(stuck after step {data.get('step')})\n{data.get('stacks', '')}"
             elif got.kind == "D" and isinstance(got.data(), dict):
                 results[host] = got.data()
+                return "error" not in results[host]
             else:
                 errors[host] = f"collective program ended: {lines.tail or 'no answer'}"
+        return False
 
     res = fleet.map(work, timeout=limit, nodes=list(nodes), width=len(nodes))
     for host, e in res.failed.items():

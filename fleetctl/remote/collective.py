@@ -24,6 +24,12 @@ exits even when the interpreter is stuck. ``I <json>`` (first) gives the pid: a 
 past its deadline (stopped, the GIL held) gets SIGABRT, and faulthandler, enabled on stdout,
 writes every thread's stack as it dies. EOF on stdin (the controller gone or done) ends the
 process at once.
+
+Several parts in a row (the post-mortem's bisection rounds, ``fleetctl.job.proof``): a part
+with ``"more": true`` leaves the program waiting (up to ``wait`` s again) for the next one after
+its ``D``, with torch imported once — on the lab an import is seconds of CPU per host and round,
+the round's collective a fraction of one. Each part opens its own store and process group,
+destroyed after its ``D``; each begins with ``I``, as the first.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import contextlib
 import gc
 import json
 import os
+import queue
 import sys
 import tempfile
 import threading
@@ -84,21 +91,19 @@ def ib_ports(root: str = IB_ROOT) -> list:
     return out
 
 
-def _watch_stdin(part: list, ready: threading.Event) -> None:
-    """The first line: this node's part (a JSON object); EOF: the controller is gone (or done
-    with this node), exit now."""
+def _watch_stdin(parts: queue.Queue) -> None:
+    """Each line: this node's next part (a JSON object; None when it is not one); EOF: the
+    controller is gone (or done with this node), exit now."""
     stream = sys.stdin.buffer
     while True:
         line = stream.readline()
         if not line:
             os._exit(3)
-        if not ready.is_set():
-            try:
-                got = json.loads(line.decode())
-            except ValueError:
-                got = None
-            part.append(got if isinstance(got, dict) else None)
-            ready.set()
+        try:
+            got = json.loads(line.decode())
+        except ValueError:
+            got = None
+        parts.put(got if isinstance(got, dict) else None)
 
 
 def _watchdog(progress: dict) -> None:
@@ -248,22 +253,47 @@ def main(start: dict) -> int:
     # the backstop: even an interpreter stuck without the GIL leaves, stacks on stdout
     faulthandler.dump_traceback_later(wait + 5, exit=True, file=sys.stdout)
     threading.Thread(target=_watchdog, args=(progress,), daemon=True).start()
-    part: list = []
-    ready = threading.Event()
-    threading.Thread(target=_watch_stdin, args=(part, ready), daemon=True).start()
+    parts: queue.Queue = queue.Queue()
+    threading.Thread(target=_watch_stdin, args=(parts,), daemon=True).start()
     ib = ib_ports(start.get("ib_root") or IB_ROOT)
-    import datetime
-
     torch = _import_torch(wait)
     if isinstance(torch, BaseException):
         say("D", {"error": f"cannot import torch with {sys.executable}: {torch}", "ib": ib})
         return 0
+    first = True
+    while True:
+        progress["step"] = "waiting for its part"
+        try:
+            args = parts.get(timeout=max(0.0, progress["deadline"] - time.monotonic()))
+        except queue.Empty:
+            args = None
+        if not args:
+            say("D", {"error": "no part from the controller", "ib": ib})
+            return 0
+        if not first:
+            say("I", {"pid": os.getpid()})
+        first = False
+        try:
+            part(torch, args, progress, ib)
+        except Exception as e:  # one part's failure is data; the next part starts clean
+            if not args.get("more"):
+                raise
+            say("D", {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"})
+            with contextlib.suppress(Exception):
+                torch.distributed.destroy_process_group()
+        if not args.get("more"):
+            return 0
+        progress["deadline"] = time.monotonic() + wait  # the next part, as the first
+        faulthandler.cancel_dump_traceback_later()
+        faulthandler.dump_traceback_later(wait + 5, exit=True, file=sys.stdout)
+
+
+def part(torch, args: dict, progress: dict, ib: list) -> None:
+    """One part: its store and process group, the benchmark, ``D``, the group destroyed."""
+    import datetime
+    import faulthandler
+
     dist = torch.distributed
-    progress["step"] = "waiting for its part"
-    if not ready.wait(max(0.0, progress["deadline"] - time.monotonic())) or not part[0]:
-        say("D", {"error": "no part from the controller", "ib": ib})
-        return 0
-    args = part[0]
     rank, world = int(args["rank"]), int(args["world"])
     # rank 0 serves the store: it speaks last, so its exit does not cut a peer's store
     # connection (an error) before that peer's own watchdog said its stacks
@@ -280,7 +310,7 @@ def main(start: dict) -> int:
     backend = args.get("backend") or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         say("D", {"error": "backend nccl but torch sees no GPU", "ib": ib})
-        return 0
+        return
     device = "cuda:0" if backend == "nccl" else "cpu"
     # past the watchdog's deadline: a peer stuck in a collective says its stacks (``K``), not
     # gloo's timeout error, so the silent node stays the one named
@@ -292,7 +322,7 @@ def main(start: dict) -> int:
     else:
         if not args.get("port"):
             say("D", {"error": "no rendezvous port from the controller", "ib": ib})
-            return 0
+            return
         store = dist.TCPStore(master, int(args["port"]), world, False, timeout=op_timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=op_timeout)
     iters = max(1, int(args.get("iters", 3)))
@@ -427,7 +457,6 @@ def main(start: dict) -> int:
         },
     )
     dist.destroy_process_group()
-    return 0
 
 
 def program() -> None:

@@ -2,7 +2,8 @@
 data link is throttled mid-run (tc tbf, 50 Mbit/s into it) stalls; after the stall the
 collective programs of ``check --collective`` run among the three hosts and name node3, under
 the verdict, in job.json and in the health ledger; the exit code stays the stall's and nothing
-is left on any host."""
+is left on any host. Past eight hosts the proof bisects: its rounds run on one node program per
+host, torch imported once."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetctl.job import proof as proof_module
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.jobs import assert_nothing_left, launched_job_id
+from fleetctl.testing.proofs import lab_proof_job
+from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -57,10 +61,13 @@ def _inventory_on_data(lab: Lab, path: Path) -> Path:
     return path
 
 
+def _collectives_left(lab: Lab) -> list[str]:
+    cmd = "grep -l '[f]leetctl-collective' /proc/[0-9]*/cmdline 2>/dev/null || true"
+    return [h.name for h in lab.hosts if lab.exec(h.name, ["sh", "-c", cmd]).stdout.strip()]
+
+
 def _no_collective_left(lab: Lab) -> None:
-    for h in lab.hosts:
-        cmd = "grep -l '[f]leetctl-collective' /proc/[0-9]*/cmdline 2>/dev/null || true"
-        assert lab.exec(h.name, ["sh", "-c", cmd]).stdout.strip() == "", h.name
+    assert _collectives_left(lab) == []
 
 
 def test_a_stalled_job_s_post_mortem_names_the_host_whose_link_went_slow(
@@ -109,3 +116,22 @@ def test_a_stalled_job_s_post_mortem_names_the_host_whose_link_went_slow(
     assert "post-mortem proof:" in held["evidence"] and "slow node (recv side)" in held["evidence"]
     assert_nothing_left(lab.inventory_path, job_id)
     _no_collective_left(lab)
+
+
+def test_the_bisection_s_rounds_run_on_one_node_program_per_host(make_lab, monkeypatch) -> None:
+    """The rounds a fleet past eight hosts runs, on four (the all-pairs short-cut off): the
+    halves, then the slow host with a host proven good; every round on the programs started
+    ahead (four in all: torch imported once per host), all of them gone once it named it."""
+    lab = make_lab(4, networks=2)
+    slow = lab.hosts[2].name
+    monkeypatch.setattr(proof_module, "ALL_PAIRS_UP_TO", 2)
+    lab.slow_link(slow, "data", "50mbit")
+    try:
+        job = lab_proof_job(lab, 60.0)
+        proof = proof_module.prove(job, proof_module.Ahead(job, "a test"))
+    finally:
+        lab.clear_slow(slow, "data")
+    assert proof.finding.kind == "node" and proof.finding.hosts == (slow,), proof.lines()
+    assert len(proof.rounds) == 2, proof.lines()
+    assert proof.programs == 4, proof.to_dict()
+    wait_for(lambda: not _collectives_left(lab), 10.0, what="every node program ended")

@@ -143,3 +143,103 @@ def test_a_torch_that_needs_numpy_says_numpy_was_kept_out(py38: str, tmp_path: P
         timeout=60,
     )
     assert "numpy is kept out of the collective's torch import" in out.stdout, out
+
+
+# A stand-in torch for one rank alone: its import and each process group are logged, so a test
+# sees how many times the program imported torch and made and destroyed a group.
+PARTS_TORCH = """\
+import os
+def log(word):
+    with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
+        f.write(word + "\\n")
+log("import")
+__version__ = "0+stand-in"
+float32 = float64 = None
+class T:
+    def __init__(self, v):
+        self.v = list(v)
+    def item(self):
+        return self.v[0]
+    def tolist(self):
+        return list(self.v)
+def ones(n, dtype=None, device=None):
+    return T([1.0] * n)
+def zeros(n, dtype=None, device=None):
+    return T([0.0] * n)
+def tensor(v, dtype=None, device=None):
+    return T(v)
+class cuda:
+    @staticmethod
+    def is_available():
+        return False
+"""
+PARTS_DIST = """\
+from torch import log
+class ReduceOp:
+    MAX = "max"
+class TCPStore:
+    def __init__(self, host, port, world, is_master, timeout=None, wait_for_workers=True):
+        self.port = port or 29500
+def init_process_group(backend, store=None, rank=0, world_size=1, timeout=None):
+    log("init " + backend)
+def destroy_process_group():
+    log("destroy")
+def all_reduce(t, op=None):
+    pass
+def barrier():
+    pass
+"""
+
+
+def test_one_program_runs_several_parts_in_a_row_with_torch_imported_once(
+    py38: str, tmp_path: Path
+) -> None:
+    """The post-mortem's rounds on one program per host: a part with ``more`` leaves it
+    waiting for the next (its ``I`` again, a fresh store and group), the last part ends it."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(PARTS_TORCH)
+    (tmp_path / "torch" / "distributed.py").write_text(PARTS_DIST)
+    log = tmp_path / "torch.log"
+    part = {
+        "rank": 0,
+        "world": 1,
+        "master_addr": "127.0.0.1",
+        "size": 16,
+        "iters": 2,
+        "shifts": [],
+        "deadline": 20,
+        "op_timeout": 20,
+    }
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAKE_TORCH_LOG": str(log)}
+    proc = subprocess.Popen(
+        [py38, "-S", "-c", remote.inline("collective.py"), json.dumps({"wait": 20})],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    kinds, pids = [], set()
+    try:
+        for more in (True, True, False):
+            proc.stdin.write(json.dumps({**part, "more": more}) + "\n")
+            proc.stdin.flush()
+            while True:
+                kind, _, payload = proc.stdout.readline().rstrip("\n").partition(" ")
+                assert kind, f"the program ended early: {kinds}"
+                kinds.append(kind)
+                if kind == "I":
+                    pids.add(json.loads(payload)["pid"])
+                if kind == "D":
+                    data = json.loads(payload)
+                    assert "error" not in data and data["allreduce"]["bytes"] == 16, data
+                    break
+        assert proc.wait(timeout=30) == 0  # the last part (no ``more``) ended it, stdin open
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdin.close()
+        proc.stdout.close()
+    assert kinds == ["I", "R", "P", "P", "D"] * 3, kinds
+    assert len(pids) == 1
+    assert log.read_text().split("\n") == ["import", *["init gloo", "destroy"] * 3, ""]
