@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.members import Member
     from fleetctl.job.stacks import StackGroup
     from fleetctl.job.supervisors import NodeReport
     from fleetctl.phases.collect import CollectOptions, NodeCollect
@@ -49,6 +50,8 @@ class StatusReport:
     hint: str | None = None  # what to do next, one line
     #: a submitted job (the sbatch executor): slurm.json, ``now`` Slurm's line
     slurm: dict[str, Any] | None = None
+    #: run --elastic: each slot's holder and the hosts that lost theirs (fleetctl.job.members)
+    members: list[Member] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -69,6 +72,8 @@ class StatusReport:
         data["monitor"] = self.monitor
         if self.slurm is not None:
             data["slurm"] = self.slurm
+        if self.members is not None:
+            data["members"] = [m.to_dict() for m in self.members]
         return data
 
 
@@ -135,6 +140,7 @@ class StacksReport:
 
 
 def status(h: JobHandle) -> StatusReport:
+    from fleetctl.job.members import members
     from fleetctl.job.monitor_process import monitor_status
 
     states = h.status()
@@ -147,6 +153,7 @@ def status(h: JobHandle) -> StatusReport:
         attempt=h.job.attempt,
         nodes=states,
         left_out=dict(h.job.left_out or {}),
+        members=members(h.job),
     )
     if h.live:
         running = [s for s in states if s.state == "running" or s.processes]

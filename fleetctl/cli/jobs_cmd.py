@@ -85,6 +85,7 @@ def runs_command(runs_dir: str, as_json: bool) -> None:
 def status_command(runs_dir: str, as_json: bool, job: str) -> None:
     """Per-node state of JOB (asks the node supervisors while it may be running)."""
     from fleetctl.api import Job
+    from fleetctl.cli.render_summary import member_lines
     from fleetctl.cli.slurm_jobs import show_status
 
     found = Job.attach(job, runs_dir)
@@ -139,6 +140,8 @@ def status_command(runs_dir: str, as_json: bool, job: str) -> None:
         click.echo(f"  [{s.rank} {s.host}] {s.state}{how}{procs}{err}")
     for host, why in sorted(data["left_out"].items()):
         click.echo(f"  [- {host}] left out: {why}")
+    for line in member_lines(data.get("members") or []):
+        click.echo(line)
     if data.get("hint"):
         click.echo(data["hint"], err=True)
 

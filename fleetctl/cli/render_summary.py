@@ -4,6 +4,7 @@ collected."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.cli.render import fold_ranks, stack_lines
@@ -164,18 +165,45 @@ def _membership(result: JobResult) -> list[str]:
     out = []
     for c in changes:
         took = "" if c.get("seconds") is None else f" {c['seconds']:.1f} s after its last word"
-        if c.get("joined") is None:
+        if c.get("not_replaced"):  # node 0: it held the rendezvous (fleetctl.job.elastic)
+            joined = f"not replaced: {c['not_replaced']}"
+        elif c.get("joined") is None:
             joined = f"no spare left, went on with {c.get('world')} nodes"
         elif c.get("joined_at"):
             joined = f"spare {c['joined']} joined{took}"
         else:
             joined = "its spare did not start"
         out.append(f"  node {c['rank']}: {c['left']} lost ({c['why']}); {joined}")
+        for host, why in sorted((c.get("skipped") or {}).items()):  # failed its fresh check
+            out.append(f"    spare {host} skipped: {why}")
         if c.get("warning"):  # a spare that started from step 0 (fleetctl.job.stepwatch)
             out.append(f"    warning: {c['warning']}")
     if changes:
         each = ", each given to a spare" if all(c.get("joined") for c in changes) else ""
         out.insert(0, f"  {len(changes)} lost node(s){each} (--elastic):")
+    return out
+
+
+def member_lines(members: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``fleetctl status`` of a ``run --elastic`` job: each slot's holder and the hosts that
+    lost theirs, in aligned columns (``StatusReport.to_dict()["members"]``)."""
+    if not members:
+        return []
+    rows = [
+        (
+            f"slot {m['slot']}",
+            str(m["host"]),
+            str(m["state"]),
+            "since " + (m["since"] or "-").replace("T", " ")[:19],
+            f"({m['why']})" if m.get("why") else "",
+        )
+        for m in members
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    out = ["  members (--elastic):"]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r[:3], widths, strict=False)]
+        out.append(("    " + "  ".join([*cells, r[3], r[4]])).rstrip())
     return out
 
 

@@ -42,16 +42,7 @@ class JobContext:
         self._emit_cb = emit
         self.folder = RunFolder.create(options.runs_dir, spec.job_id)
         self._saved_at, self._dirty = 0.0, False  # job.json: last write, a write pending
-        with contextlib.suppress(OSError):  # how `fleetctl status/logs/stop JOB` reconnect
-            from fleetctl.job.records import nodes_as_reached, write_connect
-
-            write_connect(
-                self.folder.path,
-                nodes_as_reached(nodes, options.settings),
-                inventory=options.inventory,
-                limit=options.limit,
-                collect=options.collect.to_dict() if options.collect else None,
-            )
+        self.write_connect()
         self.result = JobResult(
             job_id=spec.job_id,
             folder=self.folder.path,
@@ -59,6 +50,8 @@ class JobContext:
             attempt=options.attempt,
             detached=options.detach,
             left_out=options.left_out,
+            # run --elastic: who left, who joined (fleetctl.job.elastic); `status` lists members
+            membership=[] if options.elastic else None,
         )
         slurm_job = next(
             (n.vars["fleetctl_slurm_job"] for n in nodes if "fleetctl_slurm_job" in n.vars), None
@@ -144,6 +137,21 @@ class JobContext:
     @property
     def stopping(self) -> bool:
         return self.state.stopping
+
+    def write_connect(self) -> None:
+        """connect.json: how `fleetctl status/logs/stop JOB` reach the job's nodes (again
+        when a spare took a lost node's place, run --elastic)."""
+        from fleetctl.job.records import nodes_as_reached, write_connect
+
+        options = self.options
+        with contextlib.suppress(OSError):
+            write_connect(
+                self.folder.path,
+                nodes_as_reached(self.nodes, options.settings),
+                inventory=options.inventory,
+                limit=options.limit,
+                collect=options.collect.to_dict() if options.collect else None,
+            )
 
     def sync(self) -> None:
         """The state machine's verdict into the result (what job.json and the CLI show)."""

@@ -2,17 +2,20 @@
 
 torchrun runs with a c10d rendezvous on node 0's training address and the node range N:N
 (``fleetctl.plan.launchers.torchrun``). When a node other than node 0 is lost, the attempt
-does not end: its place (its rank slot in the job) goes to the next spare. The spare gets the
-code (push), the newest files of rank 0's work folder (the relay retries use), its own rank
-plan and a supervisor whose torchrun joins the same rendezvous; the survivors' torchrun agents
-stay the same processes and restart their workers into the new round (a membership change),
-the workers load the newest checkpoint. The lost node is left to its dead-man switch (it cannot
-hear us). Everything said goes through the job's events (``events.log``, the live lines) and
-job.json's ``membership``. With no spare left and ``--min-nodes M``, the job goes on without
-the lost node while at least M nodes remain (its slot ``left``; torchrun's node range is
-``M:POOL``, so the survivors' next round closes with fewer nodes). Not taken over (the job ends
-as without ``--elastic``): node 0 (it holds the rendezvous), a loss once no spare is left (and
-too few nodes would remain), a loss while the job is being stopped.
+does not end: its place (its rank slot in the job) goes to the next spare that passes a fresh
+check (``fleetctl.job.spares.check_spare``: a dead spare is skipped, not left to hang the
+rendezvous). The spare gets the code (push), the newest files of rank 0's work folder (the
+relay retries use), its own rank plan and a supervisor whose torchrun joins the same
+rendezvous; the survivors' torchrun agents stay the same processes and restart their workers
+into the new round (a membership change), the workers load the newest checkpoint. The lost
+node is left to its dead-man switch (it cannot hear us). Everything said goes through the
+job's events (``events.log``, the live lines) and job.json's ``membership`` (``status`` shows
+the members from it: ``fleetctl.job.members``). With no spare left and ``--min-nodes M``, the
+job goes on without the lost node while at least M nodes remain (its slot ``left``;
+torchrun's node range is ``M:POOL``, so the survivors' next round closes with fewer nodes).
+Not taken over (the job ends as without ``--elastic``): node 0 (its agent hosts the c10d
+store the others keep their rendezvous in; said why, ``NODE0_LOST``), a loss once no spare is
+left (and too few nodes would remain), a loss while the job is being stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ if TYPE_CHECKING:
     from fleetctl.phases.watch import Event, Watch
     from fleetctl.plan.rankplan import NodePlan
     from fleetctl.ssh.fanout import FanOut
+
+
+#: why node 0's loss ends the job even with --elastic (docs/commands/run.md, Elastic jobs)
+NODE0_LOST = (
+    "node 0 hosts the job's rendezvous store (torchrun's c10d --rdzv-endpoint) and the "
+    "other nodes' agents cannot go on without it: the job ends (with --max-retries the "
+    "next attempt relaunches every node, a spare in its place)"
+)
 
 
 def iso(t: float) -> str:
@@ -67,7 +78,7 @@ class Membership:
         """Node ``ev.rank`` was lost: True when a spare takes its place (the caller goes on
         watching), False when the job ends as it would without ``--elastic``."""
         job = self.job
-        if ev.rank == 0 or job.stopping or job.plan is None:
+        if job.stopping or job.plan is None:
             return False
         when = ev.heard if ev.heard is not None else ev.time
         change: dict[str, Any] = {
@@ -80,9 +91,15 @@ class Membership:
             "joined_at": None,
             "seconds": None,  # from its last word to the spare's start
         }
-        if not self.spares:
+        if ev.rank == 0:  # the job ends: on the record why no spare took its place
+            change["not_replaced"] = NODE0_LOST
+            job.result.membership = [*(job.result.membership or []), change]
+            job.emit("notice", f"not replaced (--elastic): {NODE0_LOST}", rank=0, ts=ev.time)
+            return False
+        found = self._live_spare(ev, change)
+        if found is None:
             return self._shrink(ev, change)
-        spare = self.spares.pop(0)
+        spare, own = found
         change["joined"] = spare.name
         job.result.membership = [*(job.result.membership or []), change]
         job.emit(
@@ -92,12 +109,38 @@ class Membership:
         self.changes[ev.rank] = change
         self.steps.spare(ev.rank, spare.name)
         t = threading.Thread(
-            target=self._join, args=(ev.rank, spare, change, when), daemon=True, name="spare"
+            target=self._join, args=(ev.rank, spare, own, change, when), daemon=True, name="spare"
         )
         self.threads.append(t)
         t.start()
         job.save()
         return True
+
+    def _live_spare(self, ev: Event, change: dict[str, Any]) -> tuple[Node, FanOut] | None:
+        """The next spare that passes a fresh check (``fleetctl.job.spares.check_spare``),
+        with its connection; each one that fails is skipped for good, said live, in
+        events.log and in the change (``skipped``: host -> why). None: no live spare left."""
+        from fleetctl.job.spares import check_spare
+        from fleetctl.ssh.fanout import FanOut
+
+        job = self.job
+        while self.spares:
+            spare = self.spares.pop(0)
+            own = FanOut([spare], job.options.settings)
+            began = time.monotonic()
+            try:
+                why = check_spare(own, job.spec, job.options)
+            except FleetctlError as e:
+                why = e.one_line()
+            if why is None:
+                change["check_seconds"] = round(time.monotonic() - began, 3)
+                return spare, own
+            own.close()
+            change.setdefault("skipped", {})[spare.name] = why
+            job.emit(
+                "warning", f"spare {spare.name} skipped: failed its check: {why}", rank=ev.rank
+            )
+        return None
 
     def _shrink(self, ev: Event, change: dict[str, Any]) -> bool:
         """No spare left: with ``--min-nodes`` and enough nodes left, the slot is left empty
@@ -144,11 +187,13 @@ class Membership:
         job.result.nodes[rank] = NodeOutcome(rank, spare.name, spare.address, spare.train_addr)
         job.state.states[rank] = NodeState.PENDING
 
-    def _join(self, rank: int, spare: Node, change: dict[str, Any], cut: float) -> None:
+    def _join(
+        self, rank: int, spare: Node, own: FanOut, change: dict[str, Any], cut: float
+    ) -> None:
         from fleetctl.phases.watch import Event
 
         try:
-            run = self._start(rank, spare)
+            run = self._start(rank, spare, own)
         except BaseException as e:  # the slot's outcome: could not start, the job ends
             why = e.one_line() if isinstance(e, FleetctlError) else f"{type(e).__name__}: {e}"
             self.watch.events.put(Event("start_failed", rank, spare.name, time.time(), why))
@@ -159,15 +204,13 @@ class Membership:
         self.watch.events.put(Event("started", rank, spare.name, run.started, "spare joined"))
         self.watch.attach(run)
 
-    def _start(self, rank: int, spare: Node) -> NodeRun:
+    def _start(self, rank: int, spare: Node, own: FanOut) -> NodeRun:
         """Code, plan, checkpoints, supervisor: the spare's torchrun joins the rendezvous."""
         from fleetctl.job.prepare import plan_document
         from fleetctl.phases.collect import CollectOptions
         from fleetctl.phases.launch import node_spec, start_node
-        from fleetctl.ssh.fanout import FanOut
 
         job, options = self.job, self.job.options
-        own = FanOut([spare], options.settings)
         digest = self._push(own, spare)
         slot = self._slot(rank, digest)
         conn = own.connection(spare)
@@ -179,6 +222,7 @@ class Membership:
         job.result.plan = job.plan
         job.result.nodes[rank].train_addr = slot.train_addr
         job.folder.write_plan(plan_document(job.plan))
+        job.write_connect()  # `fleetctl status/stop/collect` reach the spare, not the lost node
         self._relay(spare, slot)
         spec = node_spec(
             slot,

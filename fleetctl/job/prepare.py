@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from fleetctl.job.context import JobContext
+    from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
+    from fleetctl.phases.check import CheckOptions
     from fleetctl.plan.launchers import Launcher
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.fanout import FanOut
@@ -34,7 +36,6 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     import dataclasses
 
     from fleetctl.plan.rankplan import NodeFacts, make_plan
-    from fleetctl.plan.script_arg import installed_module
 
     spec, options = job.spec, job.options
     job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
@@ -46,35 +47,9 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     # --image: the launcher runs on the image's python, asked by the image check, not the host's
     in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
     if options.check:
-        from fleetctl.phases.check import CheckOptions, check_fleet
+        from fleetctl.phases.check import check_fleet
 
-        copts = options.check_options or CheckOptions(
-            master_port=spec.master_port,
-            check_master_port=spec.master_port_fixed,
-            recheck=options.recheck,
-            allow_busy_gpus=options.allow_busy_gpus,
-            collective=options.collective,
-            backend=spec.backend,
-            # one process per node (plain): the GPU counts do not matter
-            uniform_gpus=not _launcher(spec.launcher).one_process_per_node
-            and spec.nproc_per_node == "auto",
-            # with an env pushed, the env's python runs the launcher: push verifies it there
-            launcher_module=None if options.env_archive else launcher_module(spec.launcher),
-            # -m MODULE not in the pushed code: the node python must find it installed
-            script_module=None
-            if options.env_archive
-            else installed_module(spec.kind or "", spec.script, options.code, spec.folder),
-            # no launcher import tells torch's version (plain): the probe looks it up
-            torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
-            container_hosts=in_image,
-            probe_timeout=options.probe_timeout,
-        )
-        if options.check_options is None and options.code is not None:
-            from fleetctl.phases import codesync
-
-            # the probe also looks for this snapshot, so a no-op push needs no round trip
-            snap = codesync.snapshot(options.code, allow_secrets=options.allow_secrets)
-            copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
+        copts = check_options(spec, options, in_image)
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
         job.held, report.held = report.held, {}
@@ -187,6 +162,45 @@ def plan_document(plan: Plan) -> dict[str, Any]:
     from fleetctl.plan.shared import share_values
 
     return share_values(doc)
+
+
+def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -> CheckOptions:
+    """The run's check (``--check-options`` of the API, else what the job needs of a node):
+    the launch's preflight, and a spare's fresh check before it joins (run --elastic).
+    ``in_image``: the hosts whose launcher runs in the job's image."""
+    import dataclasses
+
+    from fleetctl.phases.check import CheckOptions
+    from fleetctl.plan.script_arg import installed_module
+
+    copts = options.check_options or CheckOptions(
+        master_port=spec.master_port,
+        check_master_port=spec.master_port_fixed,
+        recheck=options.recheck,
+        allow_busy_gpus=options.allow_busy_gpus,
+        collective=options.collective,
+        backend=spec.backend,
+        # one process per node (plain): the GPU counts do not matter
+        uniform_gpus=not _launcher(spec.launcher).one_process_per_node
+        and spec.nproc_per_node == "auto",
+        # with an env pushed, the env's python runs the launcher: push verifies it there
+        launcher_module=None if options.env_archive else launcher_module(spec.launcher),
+        # -m MODULE not in the pushed code: the node python must find it installed
+        script_module=None
+        if options.env_archive
+        else installed_module(spec.kind or "", spec.script, options.code, spec.folder),
+        # no launcher import tells torch's version (plain): the probe looks it up
+        torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
+        container_hosts=tuple(in_image),
+        probe_timeout=options.probe_timeout,
+    )
+    if options.check_options is None and options.code is not None:
+        from fleetctl.phases import codesync
+
+        # the probe also looks for this snapshot, so a no-op push needs no round trip
+        snap = codesync.snapshot(options.code, allow_secrets=options.allow_secrets)
+        copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
+    return copts
 
 
 def launcher_module(name: str) -> str | None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
+    from fleetctl.ssh.fanout import FanOut
 
 
 def choose_nodes(
@@ -162,3 +163,35 @@ def remember_faulty(result: JobResult, faulty: Mapping[str, str]) -> None:
                 evidence=evidence,
                 job_id=result.job_id,
             )
+
+
+def check_spare(fleet: FanOut, spec: JobSpec, options: RunOptions) -> str | None:
+    """A spare about to take a lost node's place (run --elastic), checked afresh on ``fleet``
+    (it alone): the run's probe (reachable, its python, disk, GPUs and their health as the
+    plan needs), with no cache (it was checked before the job, maybe hours ago), no mesh (its
+    peers are training), no master port (node 0 keeps that) and no import of the launcher or
+    the job's module (``import torch``: 10-15 s on a loaded lab host, 1 s without; the spare's
+    agent imports it next, and one that cannot fails its start as before). None when it
+    passes, else why in one line: a dead spare is skipped, not left to hang the rendezvous."""
+    import dataclasses
+
+    from fleetctl.job.prepare import check_options
+    from fleetctl.phases import check_containers as cc
+    from fleetctl.phases.check import check_fleet
+
+    in_image = [x.name for x in fleet.nodes if cc.image_of(x, spec.image)]
+    opts = dataclasses.replace(
+        check_options(spec, options, in_image),
+        recheck=True,
+        mesh=False,
+        check_master_port=False,
+        collective=None,
+        hold=0.0,
+        launcher_module=None,
+        script_module=None,
+        torch_version=False,
+    )
+    report = check_fleet(fleet, opts)
+    if report.ok:
+        return None
+    return "; ".join(f"{check}: {why}" for _, check, why in report.failures) or report.summary()

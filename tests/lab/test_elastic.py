@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fleetctl.lab import Lab
-from fleetctl.testing.cli_runner import start_cli_process
+from fleetctl.testing.cli_runner import run_cli, start_cli_process
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
@@ -140,6 +140,16 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
         start = next(x for x in out if x.startswith("[2 node4] start "))
         loaded = int(re.search(r"loaded=(\d+)", start).group(1))  # type: ignore[union-attr]
         assert loaded > 0 and first["world"] == 3 and first["step"] > loaded, (start, first)
+        # `status` during the run: the spare holds node3's slot, node3 is lost
+        st = run_cli("status", "--runs-dir", str(runs), job_id, cwd=ROOT)
+        assert st.exit_code == 0, st.stderr
+        assert re.search(
+            r"^    slot 2  node4  running  since .*\(spare for node3\)$", st.stdout, re.M
+        ), st.stdout
+        assert re.search(r"^    slot 2  node3  lost     since .*\(no heartbeat", st.stdout, re.M), (
+            st.stdout
+        )
+        assert "  [2 node4] running" in st.stdout, st.stdout
         assert took < 30, said()
         assert proc.wait(120) == 0, said()
     finally:
@@ -163,20 +173,27 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     assert "done rank=" in (runs / job_id / "2-node4" / "console.log").read_text()
     events = (runs / job_id / "events.log").read_text()
     assert "spare node4 joining" in events
+    ended = run_cli("status", "--runs-dir", str(runs), job_id, "--json", cwd=ROOT).json
+    assert [(m["slot"], m["host"], m["state"]) for m in ended["members"]] == [
+        (0, "node1", "succeeded"), (1, "node2", "succeeded"), (2, "node4", "succeeded"),
+        (2, "node3", "lost"),
+    ], ended["members"]  # fmt: skip
 
 
-def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
+def test_a_dead_spare_is_skipped_and_with_min_nodes_the_job_goes_on_with_the_nodes_left(
     make_lab: Any, tmp_path: Path
 ) -> None:
-    """3 hosts, ``--nodes 3 --min-nodes 2``, no spare: node3 is cut off, the two others' workers
-    give up on it (the script's 8 s collective timeout), their agents close a round of 2 and the
-    job succeeds with node3's slot ``left``."""
-    lab: Lab = make_lab(3, networks=2)
+    """4 hosts, ``--nodes 3 --min-nodes 2``; the spare node4 is cut off (SSH) mid-run, then
+    node3: node4 fails its fresh check and is skipped (it does not join and hang the
+    rendezvous), no spare is left, the two others' workers give up on node3 (the script's 6 s
+    collective timeout), their agents close a round of 2 and the job succeeds with node3's slot
+    ``left``."""
+    lab: Lab = make_lab(4, networks=2)
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(TRAIN.replace("seconds=30", "seconds=6"))
     runs = tmp_path / "runs"
-    proc = _start(lab, runs, code, "12", "--min-nodes", "2")
+    proc = _start(lab, runs, code, "12", "--min-nodes", "2", "--connect-timeout", "3")
     out, err, readers, said = _read(proc)
 
     def world(n: int, least: int) -> bool:
@@ -189,6 +206,7 @@ def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
 
     try:
         wait_for(lambda: world(3, 3), 90, what="the 3-node world at step 3", interval=0.1)
+        lab.cut_link("node4")  # the spare: SSH to it times out
         lab.cut_link("node3")
         lab.cut_link("node3", "data")
         cut = time.monotonic()
@@ -199,6 +217,7 @@ def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        lab.heal_link("node4")
         lab.heal_link("node3")
         lab.heal_link("node3", "data")
     for t in readers:
@@ -208,6 +227,8 @@ def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
         for x in err
         if (m := re.search(r"launching torchrun on 3 node\(s\), job (\S+)$", x))
     )
+    skipped = "spare node4 skipped: failed its check: "
+    assert any(x.startswith(f"fleetctl: [2 node3] warning: {skipped}") for x in err), said()
     line = "no spare left, going on with 2 nodes (--min-nodes 2)"
     assert any("[2 node3] lost (" in x and x.endswith(line) for x in err), said()
     assert any(x.startswith("2 of 3 nodes succeeded") for x in err), said()
@@ -218,4 +239,6 @@ def test_with_min_nodes_and_no_spare_the_job_goes_on_with_the_nodes_left(
     assert (change["rank"], change["left"], change["joined"], change["world"]) == (
         2, "node3", None, 2
     ), change  # fmt: skip
-    assert line in (runs / job_id / "events.log").read_text()
+    assert list(change["skipped"]) == ["node4"], change
+    events = (runs / job_id / "events.log").read_text()
+    assert line in events and f"[2 node3] {skipped}" in events, events
