@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
+from fleetctl.job.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
     MAX_BACKOFF,
     MAX_RETRIES,
@@ -278,6 +279,13 @@ class Supervision(_Group):
         help="Seconds the post-mortem's proof may take at most (it never changes the exit "
         "code or the culprit named).",
     )  # fmt: skip
+    slow_rounds: int = option(
+        AGREE, "--slow-rounds", check=c.count(1, WINDOW), show_default=True, metavar="N",
+        help=f"Rounds of pace reports (one every ~2 s) of the last {WINDOW} that must name the "
+        "same node, and no other, before it is named slow: fewer name it sooner, more only a "
+        "node that stays slow.",
+    )  # fmt: skip
+
     # what a detached job's monitor enforces and records in job.json (`fleetctl monitor`)
     MONITORED = ("grace", "timeout", "stall_timeout", "startup_timeout")
 

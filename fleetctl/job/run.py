@@ -191,7 +191,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
         from fleetctl.job.pace import PaceJudge
 
         if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
-            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes})
+            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
             pace = {}  # the sampler's defaults (fleetctl.remote.pace)
     job.state.launch()
     job.sync()
