@@ -12,6 +12,7 @@ Pure and cheap to import (no click): the library must not pay for the command li
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -196,3 +197,61 @@ def split_host_port(text: str) -> tuple[str, int]:
     """A checked ``HOST:PORT`` (:func:`host_port`) as (host, port); IPv6 without brackets."""
     host, _, port = text.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+# ------------------------------------------------- checks of RunSpec's path and record fields
+
+
+def path(value: Any) -> str:
+    try:
+        out: str = os.fspath(value)
+    except TypeError:
+        raise Invalid(f"{value!r} is not a path") from None
+    return out
+
+
+def before(value: Any) -> Any:
+    """``--before``: a callable (a library call's) as it is, else its text."""
+    return value if callable(value) else TEXT(value)
+
+
+def collective_options(value: Any) -> Any:
+    """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
+    from fleetctl.phases.collective_judge import CollectiveOptions
+
+    if not isinstance(value, CollectiveOptions):
+        raise Invalid(f"{value!r} is not a CollectiveOptions")
+    try:
+        count(4, 1 << 36)(value.size)
+        Number(0, 1)(value.min_fraction)
+        if value.floor is not None:
+            Number(0, 1 << 20)(value.floor)
+        seconds(1, 3600)(value.timeout)
+    except Invalid as e:
+        raise Invalid(f"{value!r}: {e}") from None
+    return value
+
+
+def collective_cls() -> type:
+    """The record class of ``RunSpec``'s ``collective`` (its JSON form)."""
+    from fleetctl.phases.collective_judge import CollectiveOptions
+
+    return CollectiveOptions
+
+
+def collect_cls() -> type:
+    """The record class of ``RunSpec``'s ``collect`` (its JSON form)."""
+    from fleetctl.phases.collect import CollectOptions
+
+    return CollectOptions
+
+
+def collect_options(value: Any) -> Any:
+    """``CollectOptions`` with a cap of 0 or more bytes."""
+    from fleetctl.phases.collect import CollectOptions
+
+    if not isinstance(value, CollectOptions):
+        raise Invalid(f"{value!r} is not a CollectOptions")
+    if value.max_bytes is not None:
+        count(0, None)(value.max_bytes)
+    return value

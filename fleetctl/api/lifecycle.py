@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import threading
 
+    from fleetctl.api.runspec import Observe
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.jobrecord import JobRecord
     from fleetctl.job.members import Member
@@ -290,49 +291,35 @@ def monitor(
     settings: SSHSettings | None,
     *,
     poll: float | None,
-    lost_timeout: float | None,
-    grace: float | None,
-    timeout: float | None,
-    stall_timeout: float | None,
+    lost_after: float | None,
+    given: Mapping[str, float],
     chase_lost: float,
-    startup_timeout: float | None = None,
     stop_event: threading.Event,
     on_note: Note,
-    metrics_addr: str | None = None,
-    metrics_textfile: str | None = None,
-    on_failure: str | None = None,
-    on_end: str | None = None,
-    hook_timeout: float = 60.0,
+    observe: Observe | None = None,
     report: bool = True,
 ) -> str:
     """``fleetctl monitor``: watch the detached job until it ends (first failure: stop it
-    everywhere, then collect). Unset values: what its last monitor used, else the defaults.
-    ``metrics_addr``/``metrics_textfile``, ``on_failure``/``on_end``: as ``run``'s
-    (docs/metrics.md). Returns the outcome in a word."""
+    everywhere, then collect). ``given``: the run's limits and grace by keyword
+    (``Supervision.MONITORED``); what is not given, what its last monitor used, else the
+    defaults. ``observe``: metrics and hooks, as ``run``'s (docs/metrics.md). Returns the
+    outcome in a word."""
+    from fleetctl.api.runspec import Supervision
     from fleetctl.job import monitor as mon
-    from fleetctl.job.hooks import Hooks
 
     last = last_monitor(runs_dir, job_id)
-    if grace is None:
-        grace = float(last["grace"]) if last.get("grace") is not None else mon.DEFAULT_GRACE
+    recorded = {k: last[k] for k in Supervision.MONITORED if last.get(k) is not None}
     result = mon.monitor_job(
         runs_dir,
         job_id,
         settings,
         poll=poll or float(last.get("poll") or mon.DEFAULT_POLL),
-        lost_timeout=lost_timeout or float(last.get("lost_timeout") or mon.DEFAULT_LOST_TIMEOUT),
-        grace=grace,
+        lost_after=lost_after or float(last.get(mon.LOST_KEY) or mon.DEFAULT_LOST_TIMEOUT),
+        sup=Supervision(**{**recorded, **given}),
         stop_event=stop_event,
         on_note=on_note,
         chase_lost=chase_lost,
-        timeout=timeout if timeout is not None else last.get("timeout"),
-        stall_timeout=stall_timeout if stall_timeout is not None else last.get("stall_timeout"),
-        startup_timeout=(
-            startup_timeout if startup_timeout is not None else last.get("startup_timeout")
-        ),
-        metrics_addr=metrics_addr,
-        metrics_textfile=metrics_textfile,
-        hooks=Hooks(on_failure, on_end, hook_timeout) or None,
+        observe=observe,
         report=report,
     )
     return str(result.outcome)

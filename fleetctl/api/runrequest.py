@@ -45,7 +45,6 @@ def prepare(
     """Build the job's request from a checked record (``RunSpec`` refused its bad values when
     it was made): what needs the fleet (the script on disk, the role job, ``--nodes`` against
     the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
-    from fleetctl.job.hooks import Hooks
     from fleetctl.job.run import RunOptions
     from fleetctl.job.submit import JobRequest, RetryRequest
     from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
@@ -103,8 +102,7 @@ def prepare(
         container_runtime=spec.container.container_runtime,
         elastic=elastic,
     )
-    timeout, stall_timeout = sup.timeout, sup.stall_timeout
-    collective = spec.collective.collective
+    watched = spec.collective
     planner = None
     job_retry = None
     run_nodes: Sequence[Node] = nodes
@@ -122,9 +120,8 @@ def prepare(
         )
         job, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner
         job_retry = planner.job.retry
-        timeout = timeout if timeout is not None else planner.job.timeout
-        stall_timeout = stall_timeout if stall_timeout is not None else planner.job.stall_timeout
-        collective = collective or planner.job.collective  # the job file's key
+        # the job file's limits and collective where the command line gave none
+        sup, watched = sup.filled(planner.job), watched.filled(planner.job)
         run_nodes = planner.nodes
     # what the real run would refuse, a dry run refuses too
     retry_policy = retry.policy(job_retry)
@@ -142,15 +139,7 @@ def prepare(
     options = RunOptions(
         runs_dir=runs_dir,
         check=spec.hosts.check,
-        grace=sup.grace,
-        lost_timeout=sup.lost_timeout,
-        deadman=sup.deadman,
-        timeout=timeout,
-        stall_timeout=stall_timeout,
-        on_slow=sup.on_slow,
-        post_mortem=sup.post_mortem,
-        post_mortem_timeout=sup.post_mortem_timeout,
-        startup_timeout=sup.startup_timeout,
+        supervision=sup,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,
         settings=settings,
@@ -168,20 +157,16 @@ def prepare(
         relay=relay,
         probe_timeout=spec.hosts.probe_timeout,
         before_launch=before,
-        collective=collective,
+        collective=watched.collective,
     )
-    obs = spec.observe
     request = JobRequest(
         job,
         run_nodes,
         options,
         retry=retry_policy,
-        monitor=spec.monitor.monitor,
-        monitor_lost_timeout=spec.monitor.monitor_lost_timeout,
+        monitor=spec.monitor,
         report=spec.collection.report,
-        metrics_addr=obs.metrics_addr,
-        metrics_textfile=obs.metrics_textfile,
-        hooks=Hooks(obs.on_failure, obs.on_end, obs.hook_timeout) or None,
+        observe=spec.observe,
     )
     return Prepared(request, before)
 

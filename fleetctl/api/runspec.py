@@ -15,13 +15,13 @@ job reads ``spec.<group>.<field>``), and a test (docs/api.md, "Adding a run opti
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
+from fleetctl.job.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
     MAX_BACKOFF,
     MAX_RETRIES,
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from fleetctl.phases.collect import CollectOptions
     from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.ssh.connection import SSHSettings
+
+# --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
+# joining a slow rendezvous take minutes before the job's first line
+DEFAULT_STARTUP = 1800.0
 
 BeforeHook = Callable[[Sequence["Node"], "SSHSettings | None"], None]
 
@@ -111,56 +115,29 @@ class _Group:
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
 
+    def filled(self, source: object) -> Any:
+        """A copy whose unset (None) fields take ``source``'s attribute of the same name
+        (a role job file's ``timeout:``, …: the command line wins), checked again."""
+        found = {f.name: getattr(source, f.name, None) for f in fields(self)}  # type: ignore[arg-type]
+        unset = {k: v for k, v in found.items() if v is not None and getattr(self, k) is None}
+        return replace(self, **unset) if unset else self  # type: ignore[type-var]
 
-def _path(value: Any) -> str:
-    try:
-        path: str = os.fspath(value)
-    except TypeError:
-        raise c.Invalid(f"{value!r} is not a path") from None
-    return path
-
-
-def _before(value: Any) -> Any:
-    return value if callable(value) else c.TEXT(value)
-
-
-def _collective(value: Any) -> Any:
-    """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
-    from fleetctl.phases.collective_judge import CollectiveOptions
-
-    if not isinstance(value, CollectiveOptions):
-        raise c.Invalid(f"{value!r} is not a CollectiveOptions")
-    try:
-        c.count(4, 1 << 36)(value.size)
-        c.Number(0, 1)(value.min_fraction)
-        if value.floor is not None:
-            c.Number(0, 1 << 20)(value.floor)
-        c.seconds(1, 3600)(value.timeout)
-    except c.Invalid as e:
-        raise c.Invalid(f"{value!r}: {e}") from None
-    return value
-
-
-def _collective_cls() -> type:
-    from fleetctl.phases.collective_judge import CollectiveOptions
-
-    return CollectiveOptions
-
-
-def _collect_cls() -> type:
-    from fleetctl.phases.collect import CollectOptions
-
-    return CollectOptions
-
-
-def _collect(value: Any) -> Any:
-    from fleetctl.phases.collect import CollectOptions
-
-    if not isinstance(value, CollectOptions):
-        raise c.Invalid(f"{value!r} is not a CollectOptions")
-    if value.max_bytes is not None:
-        c.count(0, None)(value.max_bytes)
-    return value
+    def argv(self, only: Sequence[str] = ()) -> list[str]:
+        """The fields (``only`` these) that differ from their defaults as the command's
+        options (``--stall-timeout 60.0``, ``--no-report``): how a detached job's monitor
+        process is told the run's settings."""
+        out: list[str] = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value, flags = getattr(self, f.name), f.metadata.get("flags")
+            if not flags or (only and f.name not in only) or value is None or value == f.default:
+                continue
+            if isinstance(value, bool):
+                out.append(flags[0])  # --no-x given for a False, --x for a True
+            elif isinstance(value, tuple):
+                out += [x for v in value for x in (flags[0], str(v))]
+            else:
+                out += [flags[0], repr(float(value)) if isinstance(value, float) else str(value)]
+        return out
 
 
 @dataclass(frozen=True)
@@ -201,7 +178,7 @@ class Program(_Group):
         help="Hint for the script (FLEET_BACKEND); default: the script decides.",
     )  # fmt: skip
     code: str | None = option(
-        None, "--code-dir", "--code", param="code_dir", check=_path, cli="dir",
+        None, "--code-dir", "--code", param="code_dir", check=c.path, cli="dir",
         help="Local folder shipped to the nodes; SCRIPT must be inside it "
         "(default: the git work tree holding SCRIPT, else SCRIPT's folder).",
     )  # fmt: skip
@@ -211,16 +188,16 @@ class Program(_Group):
         "folder; repeatable). Without it such files stop the push.",
     )  # fmt: skip
     env_archive: str | None = option(
-        None, "--env", check=_path, cli="regular",
+        None, "--env", check=c.path, cli="regular",
         help="conda-pack archive to push and run the job in (default: fleetctl_env_archive).",
     )  # fmt: skip
     before: str | BeforeHook | None = option(
-        None, "--before", check=_before, metavar="FILE:TASK",
+        None, "--before", check=c.before, metavar="FILE:TASK",
         help="A Fabric task (fabfile.py:prepare) run on every node, each with its Connection, "
         "after the check and push, before the launch; failing on a node stops the run there.",
     )  # fmt: skip
     job_file: str | None = option(
-        None, "--job", check=_path, cli="file",
+        None, "--job", check=c.path, cli="file",
         help="Role job file (roles, ports, completion policy); replaces SCRIPT.",
     )  # fmt: skip
     env_style: str | None = option(
@@ -302,6 +279,31 @@ class Supervision(_Group):
         help="Seconds the post-mortem's proof may take at most (it never changes the exit "
         "code or the culprit named).",
     )  # fmt: skip
+    slow_rounds: int = option(
+        AGREE, "--slow-rounds", check=c.count(1, WINDOW), show_default=True, metavar="N",
+        help=f"Rounds of pace reports (one every ~2 s) of the last {WINDOW} that must name the "
+        "same node, and no other, before it is named slow: fewer name it sooner, more only a "
+        "node that stays slow.",
+    )  # fmt: skip
+
+    # what a detached job's monitor enforces and records in job.json (`fleetctl monitor`)
+    MONITORED = ("grace", "timeout", "stall_timeout", "startup_timeout")
+
+    def startup_limit(self) -> float | None:
+        """Seconds from the launch to the job's first progress on any node before it is
+        stalled at start-up: ``startup_timeout``; with only ``stall_timeout``, the longer of
+        it and :data:`DEFAULT_STARTUP`; with neither, no limit."""
+        if self.startup_timeout is not None:
+            return self.startup_timeout
+        return None if self.stall_timeout is None else max(DEFAULT_STARTUP, self.stall_timeout)
+
+    def limited(self) -> bool:
+        """A limit a detached job's monitor must enforce (``--timeout`` or a stall limit)."""
+        return any(getattr(self, k) for k in self.MONITORED[1:])
+
+    def monitored(self) -> dict[str, Any]:
+        """The values the job monitor enforces, by keyword (its options, job.json's keys)."""
+        return {k: getattr(self, k) for k in self.MONITORED}
 
 
 @dataclass(frozen=True)
@@ -359,8 +361,9 @@ class Collection(_Group):
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
-        None, "--collect-max", param="collect_max", check=_collect, cli="own", record=_collect_cls
-    )
+        None, "--collect-max", param="collect_max", check=c.collect_options, cli="own",
+        record=c.collect_cls,
+    )  # fmt: skip
     report: bool = option(
         True, "--no-report", param="no_report",
         help="Write no report.html into the run folder when the run ends (`fleetctl report "
@@ -376,7 +379,7 @@ class Collective(_Group):
     TITLE = "Collective benchmark"
 
     collective: CollectiveOptions | None = option(
-        None, "--collective", check=_collective, cli="own", record=_collective_cls
+        None, "--collective", check=c.collective_options, cli="own", record=c.collective_cls
     )
 
 
@@ -451,6 +454,10 @@ class Observe(_Group):
         help="Seconds a hook may run before it (and all it started) is killed; a hook never "
         "changes the run's exit status.",
     )  # fmt: skip
+
+    def asked(self) -> bool:
+        """Metrics or a hook asked for (a hook's time limit alone asks for nothing)."""
+        return any(getattr(self, f.name) for f in fields(self) if f.default is None)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
+from fleetctl.api.runspec import RunSpec, Supervision
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
     Count,
@@ -21,7 +23,11 @@ from fleetctl.cli.options import (
     collect_max_bytes,
     collect_options,
     field_option,
+    given_keywords,
+    spec_keywords,
+    spec_options,
     ssh_options,
+    unset_options,
 )
 from fleetctl.errors import FleetctlError, JobFailed
 
@@ -319,35 +325,12 @@ def collect_command(
 )
 @click.option(
     "--lost-timeout",
+    "lost_after",
     type=Seconds(min=1),
     default=None,
     help="A node unreachable this long is lost: the job is stopped (60).",
 )
-@click.option(
-    "--grace",
-    type=Seconds(min=0),
-    default=None,
-    help="Seconds between SIGTERM and SIGKILL in the teardown (the run's, else 5).",
-)
-@click.option(
-    "--timeout",
-    "timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="Wall-clock limit from the job's launch: then it is stopped (the run's).",
-)
-@click.option(
-    "--stall-timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="No progress on any node this long: stacks dumped, the job stopped (the run's).",
-)
-@click.option(
-    "--startup-timeout",
-    type=Seconds(min=1),
-    default=None,
-    help="No first progress on any node this long after the launch: stopped (the run's).",
-)
+@unset_options(Supervision.MONITORED)  # the run's, each unset: its last monitor's
 @click.option(
     "--chase-lost",
     type=Seconds(min=0),
@@ -355,30 +338,18 @@ def collect_command(
     show_default=True,
     help="After the job ended, seconds to keep trying to stop it on lost nodes.",
 )
-@field_option("metrics_addr")
-@field_option("metrics_textfile")
-@field_option("on_failure")
-@field_option("on_end")
-@field_option("hook_timeout")
+@spec_options("observe")
 @field_option("report")
 @click.argument("job")
 def monitor_command(
     runs_dir: str,
     ssh: SSHOptions,
     poll: float | None,
-    lost_timeout: float | None,
-    grace: float | None,
-    timeout: float | None,
-    stall_timeout: float | None,
-    startup_timeout: float | None,
+    lost_after: float | None,
     chase_lost: float,
     job: str,
-    metrics_addr: str | None,
-    metrics_textfile: str | None,
-    on_failure: str | None,
-    on_end: str | None,
-    hook_timeout: float,
     no_report: bool,
+    **params: Any,
 ) -> None:
     """Watch detached JOB until it ends: on the first failure stop it everywhere, then
     collect its logs. `fleetctl run --detach` starts one; run it by hand to re-attach a
@@ -389,6 +360,8 @@ def monitor_command(
 
     from fleetctl.api import lifecycle
 
+    given = given_keywords(params, Supervision.MONITORED)
+    observe = RunSpec().replace(**spec_keywords(params, "observe")).observe
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -406,19 +379,12 @@ def monitor_command(
         job,
         ssh.settings,
         poll=poll,
-        lost_timeout=lost_timeout,
-        grace=grace,
-        timeout=timeout,
-        stall_timeout=stall_timeout,
-        startup_timeout=startup_timeout,
+        lost_after=lost_after,
+        given=given,
         chase_lost=chase_lost,
         stop_event=stop,
         on_note=note,
-        metrics_addr=metrics_addr,
-        metrics_textfile=metrics_textfile,
-        on_failure=on_failure,
-        on_end=on_end,
-        hook_timeout=hook_timeout,
+        observe=observe,
         report=not no_report,
     )
     note(f"done: {outcome}")

@@ -133,9 +133,10 @@ def field_type(kw: str) -> click.ParamType:
     return Checked(check, field_of(kw).metadata.get("type_name"))
 
 
-def _field_option(f: Any) -> Callable[[F], F]:
+def _field_option(f: Any, unset: bool = False) -> Callable[[F], F]:
     """The click option of one ``RunSpec`` field, from its metadata (``fleetctl.api.runspec
-    .option``): flags, parameter name, type and check, default, help."""
+    .option``): flags, parameter name, type and check, default, help. ``unset``: no default
+    (None when not given: the command takes the value from elsewhere)."""
     from fleetctl.api.runspec import keyword
 
     m = f.metadata
@@ -155,6 +156,8 @@ def _field_option(f: Any) -> Callable[[F], F]:
         extra.update(type=click.Path(exists=True, dir_okay=False), default=None)
     elif cli == "regular":
         extra.update(type=RegularFile(), default=None)
+    elif unset:
+        extra.update(type=field_type(kw), default=None)
     else:
         extra.update(type=field_type(kw), default=f.default)
         if m.get("show_default"):
@@ -167,6 +170,29 @@ def field_option(kw: str) -> Callable[[F], F]:
     from fleetctl.api.runspec import field_of
 
     return _field_option(field_of(kw))
+
+
+def unset_options(kws: tuple[str, ...]) -> Callable[[F], F]:
+    """The options of ``RunSpec``'s fields ``kws`` without defaults (``fleetctl monitor``'s
+    limits: unset, the job's last monitor's); :func:`given_keywords` collects them."""
+    from fleetctl.api.runspec import field_of
+
+    options = [_field_option(field_of(kw), unset=True) for kw in kws]
+
+    def decorate(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def given_keywords(params: dict[str, Any], kws: tuple[str, ...]) -> dict[str, Any]:
+    """The :func:`unset_options` the user gave, by keyword, removed from ``params``."""
+    from fleetctl.api.runspec import field_of
+
+    out = {kw: params.pop(field_of(kw).metadata.get("param") or kw) for kw in kws}
+    return {kw: v for kw, v in out.items() if v is not None}
 
 
 def spec_options(*groups: str) -> Callable[[F], F]:

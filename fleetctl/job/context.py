@@ -190,7 +190,7 @@ class JobContext:
         the second. Without ``hold``/``now`` it says a held line whose time has come."""
         with self._failure_lock:
             if hold and self._failure_due is None:
-                wait = max(0.0, self.options.lost_timeout)
+                wait = max(0.0, self.options.supervision.lost_timeout)
                 self._failure_due = time.monotonic() + wait
                 self._failure_timer = threading.Timer(wait, self.failure_line, kwargs={"now": True})
                 self._failure_timer.daemon = True
@@ -319,7 +319,7 @@ def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
     job.result.slow = verdict.to_dict()
     job.emit("warning", verdict.line(), rank=verdict.rank)
     _remember_slow(job, verdict)
-    if job.options.on_slow == "stop" and job.state.slow(verdict.rank, time.time()):
+    if job.options.supervision.on_slow == "stop" and job.state.slow(verdict.rank, time.time()):
         node = job.result.nodes[verdict.rank]
         node.reason = f"slow: {verdict.why}"
         job.result.culprits = [*(job.result.culprits or []), f"{node.host}: slow: {verdict.why}"]

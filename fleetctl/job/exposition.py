@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import CollectorRegistry
 
+    from fleetctl.api.runspec import Observe
     from fleetctl.job.metrics import JobMetrics, JobSample
 
 GB = 1e9  # the collective's GB/s (fleetctl.phases.collective_judge.GB), as bytes/s
@@ -136,6 +137,14 @@ def _registry(sample: Callable[[], JobSample]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
     return registry
+
+
+def endpoint_for(observe: Observe, metrics: Callable[[], JobMetrics]) -> MetricsEndpoint | None:
+    """The endpoint ``--metrics-addr``/``--metrics-textfile`` ask for, not started yet, of
+    the ``metrics`` made only then (None: neither asked)."""
+    if observe.metrics_addr is None and observe.metrics_textfile is None:
+        return None
+    return MetricsEndpoint(metrics(), observe.metrics_addr, observe.metrics_textfile)
 
 
 class MetricsEndpoint:

@@ -113,7 +113,7 @@ def _teardown(job: JobContext, fleet: FanOut, *, hard: bool) -> None:
     job.launch_done.wait(35.0)
     job.watch.stop_nodes(hard=hard)
     drain(job)
-    grace = 0.0 if hard else job.options.grace
+    grace = 0.0 if hard else job.options.supervision.grace
     running = [n for n in job.result.nodes if n.state == NodeState.RUNNING]
     if running:
         job.emit(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from fleetctl.job.runfolder import HOOK_LOG, RunFolder
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Observe
     from fleetctl.job.result import JobEvent, JobResult
 
 DEFAULT_HOOK_TIMEOUT = 60.0  # s (RunSpec's --hook-timeout default)
@@ -42,11 +43,10 @@ class Hooks:
     def __bool__(self) -> bool:
         return bool(self.on_failure or self.on_end)
 
-    def argv(self) -> list[str]:
-        """As ``fleetctl monitor``'s options (a detached job's monitor runs them)."""
-        out = ["--on-failure", self.on_failure] if self.on_failure else []
-        out += ["--on-end", self.on_end] if self.on_end else []
-        return [*out, "--hook-timeout", repr(float(self.timeout))] if out else []
+    @classmethod
+    def of(cls, observe: Observe) -> Hooks | None:
+        """The hooks the run's ``--on-failure``/``--on-end`` ask for (None: none)."""
+        return cls(observe.on_failure, observe.on_end, observe.hook_timeout) or None
 
 
 @dataclass(frozen=True)

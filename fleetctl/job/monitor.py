@@ -9,7 +9,7 @@ supervisor (one ``status`` command per node per poll over kept SSH connections) 
 * the first node that ends badly (non-zero exit, signal, supervisor gone, no record of the job)
   → the rest is stopped with the same teardown + verification as an attached run, every node's
   logs are collected, and job.json says **failed** with ``first_failure`` naming that node;
-* a node unreachable for longer than ``lost_timeout`` → the same, the node counts as lost;
+* a node unreachable for longer than its ``--lost-timeout`` → the same, the node counts as lost;
   shorter blips are written to events.log and tolerated;
 * every node succeeded → teardown verifies nothing is left, logs are collected, job.json
   says **succeeded**;
@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
 from fleetctl.job.handle import JobHandle
 from fleetctl.job.monitor_decide import (
-    DEFAULT_GRACE,
     DEFAULT_LOST_TIMEOUT,
     DEFAULT_POLL,
     MONITOR_REASON,
@@ -54,6 +53,7 @@ from fleetctl.job.monitor_process import identity, monitor_alive
 from fleetctl.job.runfolder import iso
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Observe, Supervision
     from fleetctl.job.exposition import MetricsEndpoint
     from fleetctl.job.hooks import Hooks
     from fleetctl.job.jobrecord import JobRecord
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
 
+# job.json's monitor entry: the key of the monitor's --lost-timeout (the run's limits and
+# grace under their RunSpec keywords: Supervision.monitored)
+LOST_KEY = "lost_timeout"
 DEFAULT_CHASE_LOST = 1800.0  # s to keep trying to stop the job on a lost node
 # A detached job has no dead-man switch: say who stops it on a node that cannot be reached.
 LOST_NOTE = "lost: cannot be reached; the monitor keeps trying to stop the job there"
@@ -143,26 +146,23 @@ def monitor_job(
     settings: SSHSettings | None = None,
     *,
     poll: float = DEFAULT_POLL,
-    lost_timeout: float = DEFAULT_LOST_TIMEOUT,
-    grace: float = DEFAULT_GRACE,
+    lost_after: float = DEFAULT_LOST_TIMEOUT,
+    sup: Supervision | None = None,
     stop_event: threading.Event | None = None,
     deadline: float | None = None,
     on_note: Callable[[str], None] | None = None,
     chase_lost: float = DEFAULT_CHASE_LOST,
-    timeout: float | None = None,
-    stall_timeout: float | None = None,
-    startup_timeout: float | None = None,
-    metrics_addr: str | None = None,
-    metrics_textfile: str | None = None,
-    hooks: Hooks | None = None,
+    observe: Observe | None = None,
     report: bool = True,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
 
-    ``metrics_addr``/``metrics_textfile``: the job's metrics while this monitor watches
-    (docs/metrics.md; an address it cannot bind is an event, never a reason to leave the job
-    unwatched); ``hooks``: run once this monitor ended the job, after its ``report``
-    (report.html, as an attached run writes it).
+    ``lost_after``: a node unreachable this long is lost (``--lost-timeout``); ``sup``: the
+    run's limits and grace, enforced here as an attached run does (``past_limit``);
+    ``observe``: the job's metrics while this monitor watches (docs/metrics.md; an address it
+    cannot bind is an event, never a reason to leave the job unwatched) and its hooks, run
+    once this monitor ended the job, after its ``report`` (report.html, as an attached run
+    writes it).
 
     ``stop_event`` set (SIGTERM/SIGINT in the CLI) while watching: return at once, job left
     running. Once a verdict is reached the teardown and collection finish regardless (each
@@ -171,7 +171,12 @@ def monitor_job(
     """
     import dataclasses
 
+    from fleetctl.api.runspec import Observe, Supervision
+    from fleetctl.job.hooks import Hooks
     from fleetctl.ssh.connection import SSHSettings
+
+    sup = sup or Supervision()
+    grace, hooks = sup.grace, Hooks.of(observe or Observe())
 
     stop_event = stop_event or threading.Event()
     note = on_note or (lambda text: None)
@@ -179,7 +184,7 @@ def monitor_job(
     # A reconnect to a node that went away must not stall the polls of the others for long.
     settings = settings or SSHSettings()
     settings = dataclasses.replace(
-        settings, connect_timeout=min(settings.connect_timeout, max(3.0, lost_timeout / 4))
+        settings, connect_timeout=min(settings.connect_timeout, max(3.0, lost_after / 4))
     )
     with JobHandle(runs_dir, job_id, settings) as h:
         folder = h.folder
@@ -187,17 +192,14 @@ def monitor_job(
             **me,
             "started": iso(time.time()),
             "poll": poll,
-            "lost_timeout": lost_timeout,
-            "grace": grace,
-            "timeout": timeout,
-            "stall_timeout": stall_timeout,
-            "startup_timeout": startup_timeout,
+            LOST_KEY: lost_after,
+            **sup.monitored(),
             "log": str(folder.monitor_log),
             "phase": "watching",
         }
         _register(h, info)
         pid = me["pid"]
-        endpoint = _endpoint(h, metrics_addr, metrics_textfile, note)
+        endpoint = _endpoint(h, observe or Observe(), note)
         metrics = endpoint.metrics if endpoint is not None else None
 
         def event(text: str) -> None:
@@ -207,7 +209,7 @@ def monitor_job(
 
         event(
             f"pid {pid} watching job {h.job_id} on {len(h.nodes)} node(s) "
-            f"(poll {poll:g}s, lost after {lost_timeout:g}s unreachable)"
+            f"(poll {poll:g}s, lost after {lost_after:g}s unreachable)"
         )
         result = MonitorResult(h.job_id, "interrupted")
         try:
@@ -216,10 +218,10 @@ def monitor_job(
                 stop_event,
                 deadline,
                 poll,
-                lost_timeout,
+                lost_after,
                 event,
                 result,
-                (timeout, stall_timeout, startup_timeout),
+                sup,
                 metrics,
             )
             if decision is None or decision.action == "external":
@@ -242,7 +244,7 @@ def monitor_job(
                 _hooks(h, hooks, decision, result, note)
             if lost and result.final:
                 until = time.monotonic() + chase_lost
-                every = max(poll, min(lost_timeout / 4, 15.0))
+                every = max(poll, min(lost_after / 4, 15.0))
                 _chase_lost(h, lost, grace, stop_event, until, every, event, pid)
             return result
         except Exception as e:
@@ -267,14 +269,14 @@ def _watch(
     stop_event: threading.Event,
     deadline: float | None,
     poll: float,
-    lost_timeout: float,
+    lost_after: float,
     event: Callable[[str], None],
     result: MonitorResult,
-    limits: tuple[float | None, float | None, float | None] = (None, None, None),
+    sup: Supervision,
     metrics: JobMetrics | None = None,
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
-    ``limits``: the job's ``--timeout``, ``--stall-timeout`` and ``--startup-timeout``."""
+    ``sup``: the job's limits."""
     from fleetctl.job.records import _parse_iso
     from fleetctl.job.supervisors import ensure_supervisor, node_states
 
@@ -282,8 +284,8 @@ def _watch(
     started = _parse_iso(h.job.started)
     watch = WatchState()
     by_name = {n.name: n for n in h.nodes}
-    # One answer may take this long; a longer silence is the lost_timeout's business.
-    timeout = max(3.0, min(15.0, lost_timeout / 4))
+    # One answer may take this long; a longer silence is ``lost_after``'s business.
+    timeout = max(3.0, min(15.0, lost_after / 4))
     with contextlib.suppress(FleetctlError):
         ensure_supervisor(h.fleet, h.nodes)  # once; polls then are one command per node
     while True:
@@ -309,23 +311,13 @@ def _watch(
         states = node_states(h.fleet, h.plan, h.nodes, ensure=False, timeout=timeout)
         if stop_event.is_set():
             return None, watch
-        decision, notes = decide(
-            states, watch, time.time(), lost_timeout=lost_timeout, policy=policy
-        )
+        decision, notes = decide(states, watch, time.time(), lost_after=lost_after, policy=policy)
         for text in notes:
             event(text)
         if metrics is not None:
             _polled(metrics, states, watch)
         if decision is None:
-            decision = limit_reached(
-                states,
-                watch,
-                time.time(),
-                started=started,
-                timeout=limits[0],
-                stall_timeout=limits[1],
-                startup_timeout=limits[2],
-            )
+            decision = limit_reached(states, watch, time.time(), started=started, sup=sup)
         if decision is not None:
             return decision, watch
         stop_event.wait(poll)
@@ -336,18 +328,20 @@ _POLLED = {"running": "running", "stopped": "stopped", "lost": "lost", "absent":
 
 
 def _endpoint(
-    h: JobHandle, addr: str | None, textfile: str | None, note: Callable[[str], None]
+    h: JobHandle, observe: Observe, note: Callable[[str], None]
 ) -> MetricsEndpoint | None:
     """The job's metrics, served while this monitor watches (None: not asked, or refused)."""
-    if addr is None and textfile is None:
-        return None
-    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.exposition import endpoint_for
     from fleetctl.job.metrics import JobMetrics
 
-    metrics = JobMetrics()
-    metrics.attempt(h.job_id, 1, [np.host for np in h.plan.nodes], 0)
+    def metrics() -> JobMetrics:
+        made = JobMetrics()
+        made.attempt(h.job_id, 1, [np.host for np in h.plan.nodes], 0)
+        return made
+
     try:
-        return MetricsEndpoint(metrics, addr, textfile).start()
+        endpoint = endpoint_for(observe, metrics)
+        return None if endpoint is None else endpoint.start()
     except UsageError as e:  # the job is watched all the same
         note(f"no metrics: {e.one_line()}")
         with contextlib.suppress(OSError):

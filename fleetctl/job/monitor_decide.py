@@ -14,12 +14,10 @@ from fleetctl.job.state import JobState, NodeState
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Supervision
     from fleetctl.plan.roles import CompletionPolicy
 
 DEFAULT_POLL = 2.0
-# --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
-# joining a slow rendezvous take minutes before the job's first line
-DEFAULT_STARTUP = 1800.0
 DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
 DEFAULT_GRACE = 5.0
 MONITOR_REASON = "stopped by the job monitor"
@@ -114,15 +112,6 @@ def _classify(s: NodeReport) -> tuple[NodeVerdict, str | None]:
     return "running", None
 
 
-def startup_limit(startup_timeout: float | None, stall_timeout: float | None) -> float | None:
-    """Seconds from the launch to the job's first progress on any node before it is called
-    stalled at start-up: ``--startup-timeout``; with only ``--stall-timeout``, the longer of it
-    and ``DEFAULT_STARTUP``; with neither, no limit."""
-    if startup_timeout is not None:
-        return startup_timeout
-    return None if stall_timeout is None else max(DEFAULT_STARTUP, stall_timeout)
-
-
 def stall_reason(quiet: float) -> str:
     return f"stalled: no progress on any node for {quiet:.0f} s"
 
@@ -131,18 +120,42 @@ def startup_reason(waited: float) -> str:
     return f"stalled at start-up: no progress on any node {waited:.0f} s after the launch"
 
 
+def past_limit(
+    sup: Supervision,
+    now: float,
+    *,
+    started: float | None,
+    progress: float | None,
+    launched: bool = True,
+) -> str | None:
+    """Why the job is past a limit of its supervision, else None — the one decision an
+    attached run and a detached job's monitor share: ``--timeout`` from ``started`` (the
+    launch); once every node ``launched``, before the job's first progress (``progress``
+    None) its start-up limit from ``started``, then its stall limit from the last
+    ``progress``. One clock for all three."""
+    if sup.timeout is not None and started is not None and now - started > sup.timeout:
+        return f"timed out after {sup.timeout:g} s"
+    if not launched:
+        return None
+    if progress is None:
+        limit = sup.startup_limit()
+        if limit is not None and started is not None and now - started > limit:
+            return startup_reason(now - started)
+        return None
+    if sup.stall_timeout is not None and now - progress > sup.stall_timeout:
+        return stall_reason(now - progress)
+    return None
+
+
 def limit_reached(
     states: Sequence[NodeReport],
     watch: WatchState,
     now: float,
     *,
     started: float | None,
-    timeout: float | None,
-    stall_timeout: float | None,
-    startup_timeout: float | None = None,
+    sup: Supervision,
 ) -> Decision | None:
-    """``--timeout`` / ``--stall-timeout`` / ``--startup-timeout`` for a detached job: a
-    ``give_up`` decision, or None.
+    """:func:`past_limit` for a detached job: a ``give_up`` decision, or None.
 
     Progress is a node's progress mark (its console log or progress file changed, by the
     node's own clock) moving between polls; only this machine's clock measures the silence,
@@ -158,16 +171,9 @@ def limit_reached(
         watch.begun, watch.last_progress = True, now
     if watch.last_progress is None:
         watch.last_progress = now
-    if timeout is not None and started is not None and now - started > timeout:
-        return Decision("give_up", "failed", reason=f"timed out after {timeout:g} s")
-    if not watch.begun:
-        limit = startup_limit(startup_timeout, stall_timeout)
-        if limit is not None and started is not None and now - started > limit:
-            return Decision("give_up", "failed", reason=startup_reason(now - started))
-        return None
-    if stall_timeout is not None and now - watch.last_progress > stall_timeout:
-        return Decision("give_up", "failed", reason=stall_reason(now - watch.last_progress))
-    return None
+    progress = watch.last_progress if watch.begun else None
+    why = past_limit(sup, now, started=started, progress=progress)
+    return None if why is None else Decision("give_up", "failed", reason=why)
 
 
 def decide(
@@ -175,7 +181,7 @@ def decide(
     watch: WatchState,
     now: float,
     *,
-    lost_timeout: float,
+    lost_after: float,
     policy: CompletionPolicy | None = None,
 ) -> tuple[Decision | None, list[str]]:
     """One poll's verdict (None: keep watching) and the event lines it gives rise to.
@@ -197,9 +203,9 @@ def decide(
             if since == now:
                 notes.append(
                     f"node {s.rank} ({s.host}) did not answer: {why or 'no reason'}; "
-                    f"tolerated up to {lost_timeout:g}s"
+                    f"tolerated up to {lost_after:g}s"
                 )
-            if now - since > lost_timeout:
+            if now - since > lost_after:
                 kinds[s.rank] = "lost"
                 reason = f"unreachable for {now - since:.0f}s" + (f": {why}" if why else "")
                 d = Decision(

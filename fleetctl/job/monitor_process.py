@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError
-from fleetctl.job.monitor_decide import DEFAULT_GRACE, DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
+from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
 from fleetctl.job.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
 if TYPE_CHECKING:
-    from fleetctl.job.hooks import Hooks
+    from fleetctl.api.runspec import Observe, Supervision
     from fleetctl.job.jobrecord import JobRecord
     from fleetctl.ssh.connection import SSHSettings
 
@@ -93,20 +93,20 @@ def spawn_monitor(
     *,
     settings: SSHSettings | None = None,
     poll: float = DEFAULT_POLL,
-    lost_timeout: float = DEFAULT_LOST_TIMEOUT,
-    grace: float = DEFAULT_GRACE,
+    lost_after: float = DEFAULT_LOST_TIMEOUT,
     wait: float = REGISTER_WAIT,
-    timeout: float | None = None,
-    stall_timeout: float | None = None,
-    startup_timeout: float | None = None,
-    metrics_addr: str | None = None,
-    metrics_textfile: str | None = None,
-    hooks: Hooks | None = None,
+    sup: Supervision | None = None,
+    observe: Observe | None = None,
     report: bool = True,
 ) -> SpawnedMonitor:
     """Start ``fleetctl monitor`` for the job in ``folder`` as its own process (own session,
     no terminal, output to ``monitor.log`` 0600), and wait (bounded) until it has recorded
-    itself in job.json."""
+    itself in job.json. ``lost_after``: its ``--lost-timeout``; ``sup``: the run's limits and
+    grace it enforces; ``observe``: the metrics it serves and the hooks it runs — as its
+    options, each group's fields that differ from their defaults (a relative
+    ``--metrics-textfile`` means the same to it: it starts in this folder)."""
+    from fleetctl.api.runspec import Observe, Supervision
+
     folder = Path(folder).resolve()
     argv = [
         sys.executable,
@@ -118,22 +118,10 @@ def spawn_monitor(
         "--poll",
         repr(float(poll)),
         "--lost-timeout",
-        repr(float(lost_timeout)),
-        "--grace",
-        repr(float(grace)),
+        repr(float(lost_after)),
+        *(sup or Supervision()).argv(Supervision.MONITORED),
+        *(observe or Observe()).argv(),
     ]
-    if timeout is not None:
-        argv += ["--timeout", repr(float(timeout))]
-    if stall_timeout is not None:
-        argv += ["--stall-timeout", repr(float(stall_timeout))]
-    if startup_timeout is not None:
-        argv += ["--startup-timeout", repr(float(startup_timeout))]
-    if metrics_addr is not None:
-        argv += ["--metrics-addr", metrics_addr]
-    if metrics_textfile is not None:
-        argv += ["--metrics-textfile", os.path.abspath(metrics_textfile)]
-    if hooks:
-        argv += hooks.argv()
     if not report:
         argv.append("--no-report")
     if settings is not None:

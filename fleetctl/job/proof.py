@@ -120,7 +120,7 @@ class Ahead:
         from fleetctl.ssh.fanout import FanOut
 
         assert job.plan is not None
-        self.why, self.limit = why, job.options.post_mortem_timeout
+        self.why, self.limit = why, job.options.supervision.post_mortem_timeout
         pythons = {np.host: np.python for np in job.plan.nodes}
         self.nodes = [
             dataclasses.replace(n, python=pythons[n.name]) for n in job.nodes if n.name in pythons
@@ -170,7 +170,7 @@ def start(job: JobContext) -> Ahead | None:
     from fleetctl.ssh.connection import transport
 
     job.sync()
-    why = wanted(job.result) if job.options.post_mortem else None
+    why = wanted(job.result) if job.options.supervision.post_mortem else None
     plan = job.plan
     if why is None or plan is None or any(np.container for np in plan.nodes):
         return None

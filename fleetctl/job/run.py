@@ -18,10 +18,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.api.runspec import Supervision
 from fleetctl.errors import FleetctlError, LaunchError
 from fleetctl.job.context import JobContext, on_event
 from fleetctl.job.finish import finish
@@ -32,7 +33,7 @@ from fleetctl.job.state import JobStatus
 from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.reattach import reattach_stream
-from fleetctl.phases.watch import DEFAULT_HEARTBEAT, DEFAULT_LOST_TIMEOUT, Event, Watch
+from fleetctl.phases.watch import DEFAULT_HEARTBEAT, Event, Watch
 
 if TYPE_CHECKING:
     from fleetctl.job.checkpoints import CheckpointRelay
@@ -45,12 +46,9 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
-    from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.connection import Connection, HealthWatch, SSHSettings
     from fleetctl.ssh.fanout import FanOut
 
-DEFAULT_GRACE = 5.0
-DEFAULT_DEADMAN = 10.0
 REATTACH_TRY = 1.0  # s for one try at a new connection to a silent node (TCP, banner, auth)
 
 
@@ -60,9 +58,9 @@ class RunOptions:
 
     runs_dir: str | Path = DEFAULT_RUNS_DIR
     check: bool = True
-    grace: float = DEFAULT_GRACE
-    lost_timeout: float = DEFAULT_LOST_TIMEOUT
-    deadman: float = DEFAULT_DEADMAN
+    # how the job is watched and stopped: limits, grace, dead-man switch, slow-node watch,
+    # post-mortem (RunSpec's group, read where each is applied)
+    supervision: Supervision = field(default_factory=Supervision)
     heartbeat: float = DEFAULT_HEARTBEAT
     code: str | Path | None = None  # local folder to push (None: nothing pushed)
     env_archive: str | Path | None = None  # conda-pack archive to push
@@ -82,15 +80,6 @@ class RunOptions:
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
     planner: RolePlanner | None = None  # role jobs; None: make_plan
     completion: CompletionPolicy | None = None  # None: the first failure ends the job
-    timeout: float | None = None  # s of wall clock from launch, then the job is stopped
-    stall_timeout: float | None = None  # s with no output line from any node, then stopped
-    on_slow: OnSlow = "warn"  # a node named slow (fleetctl.job.pace): warn, stop, off
-    # after a stall, a lost node or a collective timeout: a collective among the reachable
-    # hosts proves the culprit (fleetctl.job.proof), within this many seconds
-    post_mortem: bool = True
-    post_mortem_timeout: float = 30.0
-    # s from launch to the job's first progress on any node (None: monitor_decide.startup_limit)
-    startup_timeout: float | None = None
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
     collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
@@ -189,20 +178,20 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
 
 def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
-    plan, options = job.plan, job.options
+    plan, options, sup = job.plan, job.options, job.options.supervision
     assert plan is not None
     watch = job.watch = Watch(
-        lost_timeout=options.lost_timeout,
+        lost_timeout=sup.lost_timeout,
         heartbeat=options.heartbeat,
         reattach=_reattacher(fleet),
     )
     by_name = {n.name: n for n in job.nodes}
     pace = None
-    if options.on_slow != "off" and not options.detach and not options.planner:
+    if sup.on_slow != "off" and not options.detach and not options.planner:
         from fleetctl.job.pace import PaceJudge
 
         if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
-            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes})
+            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
             pace = {}  # the sampler's defaults (fleetctl.remote.pace)
     job.state.launch()
     job.sync()
@@ -218,8 +207,8 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
                 np,
                 conn,
                 job_id=plan.job_id,
-                deadman=options.deadman,
-                grace=options.grace,
+                deadman=sup.deadman,
+                grace=sup.grace,
                 heartbeat=options.heartbeat,
                 detach=options.detach,
                 path_prepend=job.path_prepend.get(np.host, []),
@@ -277,7 +266,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     job.launch_thread.start()
     health = _watch_health(job, watch)
     try:
-        _watch_until_done(job, fleet, watch, limit=options.timeout)
+        _watch_until_done(job, fleet, watch)
     finally:
         for h in health:
             h.stop()
@@ -303,11 +292,10 @@ def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
     return started
 
 
-def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: float | None) -> None:
+def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
     """Feed the watcher's events to the job until every node ended or the first failure."""
     pending = set(job.launched)
     started = job.progress = time.monotonic()
-    deadline = None if limit is None else started + limit
     options = job.options
     elastic = None
     if options.elastic:  # a lost node's place goes to a spare (fleetctl.job.elastic)
@@ -327,7 +315,7 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: fl
             if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:
                 return  # --on-slow stop: the slow node is the first failure; tear down
         job.flush()
-        why = _limit_reached(job, deadline, started)
+        why = _limit_reached(job, started)
         if why is not None and job.state.give_up(why):
             job.sync()
             job.emit("failure", why)
@@ -342,25 +330,18 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch, *, limit: fl
                 return
 
 
-def _limit_reached(job: JobContext, deadline: float | None, started: float) -> str | None:
-    """``--timeout`` passed, or no rank made progress for ``--stall-timeout`` (before the job's
-    first progress: ``--startup-timeout`` since ``started``): why, else None."""
-    from fleetctl.job.monitor_decide import stall_reason, startup_limit, startup_reason
+def _limit_reached(job: JobContext, started: float) -> str | None:
+    """Past ``--timeout``, or (once every node launched) a stall limit: why, else None
+    (``monitor_decide.past_limit``, the detached job monitor's decision too)."""
+    from fleetctl.job.monitor_decide import past_limit
 
-    now, options = time.monotonic(), job.options
-    if deadline is not None and now > deadline:
-        return f"timed out after {options.timeout:g} s"
-    if not job.launch_done.is_set():
-        return None
-    stall = options.stall_timeout
-    if job.begun is None:
-        limit = startup_limit(options.startup_timeout, stall)
-        if limit is not None and now - started > limit:
-            return startup_reason(now - started)
-        return None
-    if stall is not None and now - job.progress > stall:
-        return stall_reason(now - job.progress)
-    return None
+    return past_limit(
+        job.options.supervision,
+        time.monotonic(),
+        started=started,
+        progress=job.progress if job.begun is not None else None,
+        launched=job.launch_done.is_set(),
+    )
 
 
 def _dump_stacks(job: JobContext, fleet: FanOut) -> None:

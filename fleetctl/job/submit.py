@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.job.retry import RetryPolicy
 from fleetctl.job.state import JobStatus
@@ -65,34 +66,30 @@ class JobRequest:
     nodes: Sequence[Node]
     options: RunOptions  # check, push, timeouts, settings, runs dir, detach, role planner
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    monitor: bool = True  # detached: start a job monitor
-    monitor_lost_timeout: float | None = None
+    monitor: Monitor = field(default_factory=Monitor)  # detached: a job monitor, its limit
     report: bool = True  # write report.html into the job's run folder when it ends
-    metrics_addr: str | None = None  # --metrics-addr HOST:PORT, served while the run lasts
-    metrics_textfile: str | None = None  # --metrics-textfile PATH
-    hooks: Hooks | None = None  # --on-failure/--on-end, run once the job ended
+    observe: Observe = field(default_factory=Observe)  # metrics while it lasts, hooks at its end
 
     def __post_init__(self) -> None:
         if self.options.detach and self.retry.max_retries:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
-        if (
-            self.options.detach
-            and not self.monitor
-            and (self.metrics_addr or self.metrics_textfile or self.hooks)
-        ):
+        if self.options.detach and not self.monitor.monitor and self.observe.asked():
             raise UsageError(
                 "--metrics-addr/--metrics-textfile/--on-failure/--on-end of a detached job are "
                 "served and run by its job monitor: not with --no-monitor"
             )
-        if (
-            self.options.detach
-            and not self.monitor
-            and (self.options.timeout or self.options.stall_timeout or self.options.startup_timeout)
-        ):
+        if self.options.detach and not self.monitor.monitor and self.options.supervision.limited():
             raise UsageError(
                 "--timeout/--stall-timeout/--startup-timeout of a detached job are enforced by "
                 "its job monitor: not with --no-monitor"
             )
+
+    @property
+    def hooks(self) -> Hooks | None:
+        """``--on-failure``/``--on-end``, run once the job ended (None: none asked)."""
+        from fleetctl.job.hooks import Hooks
+
+        return Hooks.of(self.observe)
 
 
 @dataclass
@@ -147,13 +144,12 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
 
 def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
     """The run's metrics, listening already (None: not asked for)."""
-    if request.metrics_addr is None and request.metrics_textfile is None:
-        return None
-    from fleetctl.job.exposition import MetricsEndpoint
+    from fleetctl.job.exposition import endpoint_for
     from fleetctl.job.metrics import JobMetrics
 
-    metrics = JobMetrics(max_attempts=request.retry.max_retries + 1)
-    return MetricsEndpoint(metrics, request.metrics_addr, request.metrics_textfile).start()
+    tries = request.retry.max_retries + 1
+    endpoint = endpoint_for(request.observe, lambda: JobMetrics(max_attempts=tries))
+    return None if endpoint is None else endpoint.start()
 
 
 def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
@@ -186,7 +182,7 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
             on_event(JobEvent("notice", f"attempts: {text}"))
         result = out.final
     done = Submitted(result)
-    if done.detached and request.monitor:
+    if done.detached and request.monitor.monitor:
         done.monitor = _start_monitor(request, options, result)
     elif request.report and not done.detached:
         write_run_report(result.folder, result.job_id, on_event)
@@ -229,13 +225,8 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
     return spawn_monitor(
         folder.path,
         settings=options.settings,
-        lost_timeout=request.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
-        grace=options.grace,
-        timeout=options.timeout,
-        stall_timeout=options.stall_timeout,
-        startup_timeout=options.startup_timeout,
-        metrics_addr=request.metrics_addr,
-        metrics_textfile=request.metrics_textfile,
-        hooks=request.hooks,
+        lost_after=request.monitor.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
+        sup=options.supervision,
+        observe=request.observe,
         report=request.report,
     )

@@ -126,7 +126,7 @@ def test_the_detached_monitor_decides_as_the_attached_run_does(
         else NodeReport(r, f"n{r}", "running", processes=[1])
         for r in range(nodes)
     ]
-    d, _ = decide(reports, WatchState(), 200.0, lost_timeout=60, policy=policy)
+    d, _ = decide(reports, WatchState(), 200.0, lost_after=60, policy=policy)
     if first is not None:
         assert d is not None and d.action == "fail" and d.rank == first
     elif len(ends) == nodes:

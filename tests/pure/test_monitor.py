@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.api.runspec import Supervision
 from fleetctl.job.handle import JobHandle
 from fleetctl.job.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.monitor import monitor_job
@@ -40,42 +41,42 @@ def unreachable(rank: int) -> NodeReport:
 
 def test_the_node_that_ended_badly_first_is_the_first_failure() -> None:
     w = WatchState()
-    d, _ = decide([running(0), running(1), running(2)], w, T0, lost_timeout=60)
+    d, _ = decide([running(0), running(1), running(2)], w, T0, lost_after=60)
     assert d is None
     # Between two polls rank 2 ended (exit 1) 0.4 s before rank 1 was killed by a signal.
     states = [running(0), exited(1, None, T0 + 2.4, sig=9), exited(2, 1, T0 + 2.0)]
-    d, _ = decide(states, w, T0 + 3, lost_timeout=60)
+    d, _ = decide(states, w, T0 + 3, lost_after=60)
     assert d is not None and d.action == "fail"
     assert (d.rank, d.host, d.state, d.exit_code, d.signal) == (2, "n2", "failed", 1, None)
     ff = d.first_failure()
     assert ff is not None and ff.rank == 2 and ff.time == "2026-01-01T00:00:02.000Z"
     d, _ = decide([running(0), exited(1, None, T0 + 2.4, sig=9)], WatchState(), T0 + 3,
-                  lost_timeout=60)  # fmt: skip
+                  lost_after=60)  # fmt: skip
     assert d is not None and (d.rank, d.signal, d.exit_code) == (1, 9, None)
     assert d.describe() == "node 1 (n1) failed first: signal 9"
 
 
 def test_every_node_succeeding_ends_the_job_as_succeeded_and_each_is_reported_once() -> None:
     w = WatchState()
-    d, notes = decide([exited(0, 0, T0), running(1)], w, T0 + 1, lost_timeout=60)
+    d, notes = decide([exited(0, 0, T0), running(1)], w, T0 + 1, lost_after=60)
     assert d is None and notes == ["node 0 (n0) succeeded"]
-    d, notes = decide([exited(0, 0, T0), exited(1, 0, T0 + 2)], w, T0 + 3, lost_timeout=60)
+    d, notes = decide([exited(0, 0, T0), exited(1, 0, T0 + 2)], w, T0 + 3, lost_after=60)
     assert d is not None and (d.action, d.status) == ("done", "succeeded")
     assert notes == ["node 1 (n1) succeeded"] and d.first_failure() is None
 
 
 def test_short_blips_are_tolerated_and_a_long_silence_is_a_lost_node() -> None:
     w = WatchState()
-    d, notes = decide([running(0), unreachable(1)], w, T0, lost_timeout=60)
+    d, notes = decide([running(0), unreachable(1)], w, T0, lost_after=60)
     assert d is None and len(notes) == 1 and notes[0].startswith("node 1 (n1) did not answer")
-    d, notes = decide([running(0), unreachable(1)], w, T0 + 59, lost_timeout=60)
+    d, notes = decide([running(0), unreachable(1)], w, T0 + 59, lost_after=60)
     assert d is None and notes == []  # the same streak: said once
-    d, notes = decide([running(0), running(1)], w, T0 + 59.5, lost_timeout=60)
+    d, notes = decide([running(0), running(1)], w, T0 + 59.5, lost_after=60)
     assert d is None and notes == ["node 1 (n1) answers again after 59.5s"]
     # A new streak starts from zero: 59 s of it is still a blip, 61 s is a lost node.
-    assert decide([running(0), unreachable(1)], w, T0 + 100, lost_timeout=60)[0] is None
-    assert decide([running(0), unreachable(1)], w, T0 + 159, lost_timeout=60)[0] is None
-    d, _ = decide([running(0), unreachable(1)], w, T0 + 161, lost_timeout=60)
+    assert decide([running(0), unreachable(1)], w, T0 + 100, lost_after=60)[0] is None
+    assert decide([running(0), unreachable(1)], w, T0 + 159, lost_after=60)[0] is None
+    d, _ = decide([running(0), unreachable(1)], w, T0 + 161, lost_after=60)
     assert d is not None and (d.action, d.rank, d.state, d.unreachable) == ("fail", 1, "lost", True)
     assert (
         d.time == T0 + 100 and d.reason is not None and d.reason.startswith("unreachable for 61s")
@@ -84,18 +85,18 @@ def test_short_blips_are_tolerated_and_a_long_silence_is_a_lost_node() -> None:
 
 def test_a_dead_supervisor_or_a_missing_record_is_a_lost_node() -> None:
     for state, why in (("lost", "its supervisor died"), ("absent", "no record of the job")):
-        d, _ = decide([running(0), NodeReport(1, "n1", state)], WatchState(), T0, lost_timeout=60)
+        d, _ = decide([running(0), NodeReport(1, "n1", state)], WatchState(), T0, lost_after=60)
         assert d is not None and (d.rank, d.state, d.unreachable) == (1, "lost", False)
         assert d.reason is not None and d.reason.startswith(why)
 
 
 def test_a_stop_from_another_terminal_is_left_to_it() -> None:
     stopped = NodeReport(1, "n1", "stopped", signal=15, stop_reason=EXTERNAL_STOP_REASON)
-    d, _ = decide([running(0), stopped, exited(2, 1, T0)], WatchState(), T0, lost_timeout=60)
+    d, _ = decide([running(0), stopped, exited(2, 1, T0)], WatchState(), T0, lost_after=60)
     assert d is not None and d.action == "external"
     # Stopped on the node for another reason (its supervisor got SIGTERM): a failure.
     other = NodeReport(1, "n1", "stopped", signal=15, stop_reason="supervisor got SIGTERM")
-    d, _ = decide([running(0), other], WatchState(), T0, lost_timeout=60)
+    d, _ = decide([running(0), other], WatchState(), T0, lost_after=60)
     assert d is not None and (d.action, d.rank, d.state) == ("fail", 1, "failed")
     assert d.reason == "stopped on the node: supervisor got SIGTERM"
 
@@ -107,18 +108,18 @@ def test_a_role_min_failed_tolerates_failures_until_it_is_reached() -> None:
     )
     w = WatchState()
     states = [running(0), exited(1, 1, T0 + 1), running(2), running(3)]
-    d, notes = decide(states, w, T0 + 2, lost_timeout=60, policy=policy)
+    d, notes = decide(states, w, T0 + 2, lost_after=60, policy=policy)
     assert d is None and notes == [
         "node 1 (n1) ended badly (failed); tolerated by its role's min_failed"
     ]
-    d, notes = decide(states, w, T0 + 4, lost_timeout=60, policy=policy)
+    d, notes = decide(states, w, T0 + 4, lost_after=60, policy=policy)
     assert d is None and notes == []
     states[3] = exited(3, 2, T0 + 5)
-    d, _ = decide(states, w, T0 + 6, lost_timeout=60, policy=policy)
+    d, _ = decide(states, w, T0 + 6, lost_after=60, policy=policy)
     assert d is not None and (d.action, d.rank, d.exit_code) == ("fail", 3, 2)
     # min_failed null: failures never fail the job; it ends when every task ended.
     lax = CompletionPolicy(roles=("w", "w"), min_failed={"w": None})
-    d, _ = decide([exited(0, 1, T0), exited(1, 0, T0)], WatchState(), T0, lost_timeout=60,
+    d, _ = decide([exited(0, 1, T0), exited(1, 0, T0)], WatchState(), T0, lost_after=60,
                   policy=lax)  # fmt: skip
     assert d is not None and (d.action, d.status) == ("done", "succeeded")
 
@@ -310,7 +311,7 @@ def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks(
         ]
 
     w = WatchState()
-    kw = {"started": T0, "timeout": None, "stall_timeout": 10.0}
+    kw = {"started": T0, "sup": Supervision(stall_timeout=10.0)}
     assert limit_reached(at([5.0, 7.0]), w, T0 + 1, **kw) is None
     assert limit_reached(at([5.0, 9.0]), w, T0 + 8, **kw) is None  # node 1 moved at T0+8
     assert limit_reached(at([5.0, 9.0]), w, T0 + 17, **kw) is None
@@ -322,9 +323,7 @@ def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks(
     w2 = WatchState()
     assert limit_reached(at([1e12]), w2, T0, **kw) is None
     assert limit_reached(at([1e12]), w2, T0 + 5, **kw) is None
-    d = limit_reached(
-        at([None]), WatchState(), T0 + 31, started=T0, timeout=30.0, stall_timeout=None
-    )
+    d = limit_reached(at([None]), WatchState(), T0 + 31, started=T0, sup=Supervision(timeout=30))
     assert d is not None and d.reason == "timed out after 30 s" and d.status == "failed"
 
 
@@ -340,7 +339,7 @@ def test_a_detached_job_starting_up_is_not_stalled_until_its_start_up_limit() ->
             for r, (m, b) in enumerate(zip(marks, begun, strict=True))
         ]
 
-    kw = {"started": T0, "timeout": None, "stall_timeout": 10.0, "startup_timeout": 100.0}
+    kw = {"started": T0, "sup": Supervision(stall_timeout=10, startup_timeout=100)}
     w = WatchState()
     assert limit_reached(at([1.0, 1.0], [False, False]), w, T0 + 2, **kw) is None
     assert limit_reached(at([2.0, 1.0], [False, False]), w, T0 + 3, **kw) is None  # launcher
@@ -355,10 +354,12 @@ def test_a_detached_job_starting_up_is_not_stalled_until_its_start_up_limit() ->
     d = limit_reached(at([2.0], [False]), w, T0 + 101, **kw)
     assert d is not None and d.action == "give_up" and d.status == "failed"
     assert d.reason == "stalled at start-up: no progress on any node 101 s after the launch"
-    # the default start-up limit: only with --stall-timeout, the longer of 1800 s and it
-    from fleetctl.job.monitor_decide import startup_limit
 
-    assert (startup_limit(None, None), startup_limit(None, 6.0)) == (None, 1800.0)
-    assert (startup_limit(None, 3600.0), startup_limit(20.0, 6.0)) == (3600.0, 20.0)
-    no_stall = {**kw, "stall_timeout": None, "startup_timeout": None}
+    # the default start-up limit: only with --stall-timeout, the longer of 1800 s and it
+    def limit(startup: float | None, stall: float | None) -> float | None:
+        return Supervision(startup_timeout=startup, stall_timeout=stall).startup_limit()
+
+    assert (limit(None, None), limit(None, 6.0)) == (None, 1800.0)
+    assert (limit(None, 3600.0), limit(20.0, 6.0)) == (3600.0, 20.0)
+    no_stall = {"started": T0, "sup": Supervision()}
     assert limit_reached(at([1.0], [False]), WatchState(), T0 + 10**6, **no_stall) is None

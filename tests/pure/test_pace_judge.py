@@ -134,3 +134,21 @@ def test_each_round_gives_every_host_a_score_for_the_metrics() -> None:
         judge.add(rank, _report(busy, None))
     assert judge.count == 1
     assert judge.scores() == {"gpu01": 0.348, "gpu02": 0.455, "gpu03": 4.0}
+
+
+@pytest.mark.parametrize(("rounds", "named_in"), [(1, 0), (2, 1), (4, 3), (6, 5)])
+def test_slow_rounds_is_how_many_rounds_name_the_node_before_it_is_named(
+    rounds: int, named_in: int
+) -> None:
+    """``run --slow-rounds N`` (RunSpec's ``slow_rounds``, handed to the judge by the run):
+    a steadily slow node is named in round N; the default is the judge's own 4."""
+    from fleetctl.api.runspec import RunSpec
+
+    judge = PaceJudge(HOSTS, RunSpec.build("t.py", slow_rounds=rounds).supervision.slow_rounds)
+    seen = []
+    for i, round_ in enumerate(SLOW_GPU):
+        for rank, (busy, thr) in enumerate(round_):
+            if judge.add(rank, _report(busy, thr)) is not None:
+                seen.append(i)
+    assert seen == [named_in]
+    assert RunSpec().supervision.slow_rounds == PaceJudge(HOSTS).agree == 4

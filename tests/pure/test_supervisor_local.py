@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.api.runspec import Supervision
 from fleetctl.job.run import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
@@ -325,7 +326,9 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
     result = run_job(
         spec,
         [node],
-        RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0),
+        RunOptions(
+            runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+        ),
         on_event=events.append,
     )
     assert result.exit_code == 3 and result.status == "failed"
@@ -396,7 +399,11 @@ def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) ->
     node = Node.localhost(workdir=str(tmp_path / "w"))
     spec = JobSpec(script="timeout.py", job_id=jid("t-nccl"), launcher="plain", backend="nccl")
     result = run_job(
-        spec, [node], RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0)
+        spec,
+        [node],
+        RunOptions(
+            runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+        ),
     )
     assert result.exit_code == 3
     trace = tmp_path / "runs" / jid("t-nccl") / f"0-{node.name}" / "nccl_trace_rank_0"
@@ -486,7 +493,9 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     (code / "ok.py").write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
     nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(3)]
     spec = JobSpec(script="ok.py", job_id=jid("t-fanout-1"), launcher="plain")
-    options = RunOptions(runs_dir=tmp_path / "runs", check=False, code=code, grace=1.0)
+    options = RunOptions(
+        runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+    )
     with FanOut(nodes, options.settings, fanout=1) as fleet:
         result = run_job(spec, nodes, options, fleet=fleet)
     assert result.exit_code == 0, result.to_dict()

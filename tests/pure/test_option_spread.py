@@ -1,0 +1,115 @@
+"""A run option is named in at most 5 files of ``fleetctl/`` (issue 35): its field in
+``api/runspec.py``, ``Fleet.run``'s typed keyword (``api/fleet.py``), and its consumers; layers
+that only forward pass the option's group (``RunOptions.supervision``, ``JobRequest.observe``)
+and derived values are methods of the group (``Supervision.startup_limit``). Adding an option
+then touches the record, its consumer and a test (docs/api.md, "Adding a run option").
+
+Counted: every ``RunSpec`` field whose name is distinctive (it has an underscore, or is on
+:data:`DISTINCTIVE`), as a word in a file's text. A name that must stay in more files is an
+exception below, with why and the count it may not pass."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from fleetctl.api.runspec import GROUPS
+
+PACKAGE = Path(__file__).resolve().parents[2] / "fleetctl"
+LIMIT = 5
+DISTINCTIVE = ("deadman",)  # one word, but no other meaning in fleetctl
+
+# name -> (the most files it may be in, why it is more than LIMIT)
+EXCEPTIONS: dict[str, tuple[int, str]] = {
+    # the job spec every launcher builds its argv from: one module per launcher by design
+    # (plan/launchers/, tests/pure/test_launcher_guard.py), plus the planner and role plans
+    "nproc_per_node": (21, "JobSpec field read by each launcher, the rank plan, role plans"),
+    "master_port": (22, "JobSpec field: launchers, the check's port probe, port claims"),
+    "launcher_args": (11, "JobSpec field: each launcher places them in its argv"),
+    # also options of other commands and attributes of the inventory
+    "allow_secrets": (15, "also push's --allow-secret; the checkpoint relay's scan"),
+    "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
+    "probe_timeout": (11, "also check's --probe-timeout (CheckOptions)"),
+    "allow_busy_gpus": (9, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
+    "container_runtime": (12, "also push --image's runtime and a role job file's key"),
+    # role job file keys (plan/roles), read by the file's parser and the role planner
+    "job_file": (8, "role jobs: the planner and run --slurm's spec file name it"),
+    "env_style": (9, "a role job file's key, read by the role env builder"),
+    "max_retries": (8, "a role job file's retry: key, and RetryPolicy's field"),
+    "retry_on": (7, "a role job file's retry: key, and RetryPolicy's field"),
+    "no_retry_on": (7, "a role job file's retry: key, and RetryPolicy's field"),
+    # the same word for a second thing
+    "post_mortem": (10, "also the result's proof record (JobResult/job.json post_mortem)"),
+    "lost_timeout": (6, "also fleetctl monitor --lost-timeout's key in job.json (job/monitor)"),
+    "deadman": (8, "also the node supervisor's own field (SupervisorSpec, remote/)"),
+    "checkpoint_dir": (9, "the relay's folder after it is resolved: retries, --resume, elastic"),
+    "min_nodes": (6, "the elastic membership reads it; runspec_rules checks it with --elastic"),
+}
+
+
+def distinctive_options() -> list[str]:
+    """The names the guard counts: every RunSpec field with an underscore, or listed."""
+    names = [f.name for cls in GROUPS.values() for f in fields(cls)]  # type: ignore[arg-type]
+    return [n for n in names if "_" in n or n in DISTINCTIVE]
+
+
+def files_naming(name: str, root: Path) -> list[str]:
+    """The ``.py`` files under ``root`` whose text has ``name`` as a word (as ``grep -lw``:
+    ``stall_timeout`` but not ``--stall-timeout`` or ``stall_timeouts``)."""
+    return sorted(path for path, words in _words(root) if name in words)
+
+
+@functools.lru_cache(maxsize=4)
+def _words(root: Path) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Each file's words, read once (one set per file: a name is then a lookup)."""
+    return tuple(
+        (str(p.relative_to(root)), frozenset(re.findall(r"\w+", p.read_text())))
+        for p in root.rglob("*.py")
+    )
+
+
+def spread(root: Path, names: list[str]) -> dict[str, list[str]]:
+    """Every name over its allowance (LIMIT, or its exception's count), with its files."""
+    out = {}
+    for name in names:
+        found = files_naming(name, root)
+        allowed = EXCEPTIONS.get(name, (LIMIT, ""))[0]
+        if len(found) > allowed:
+            out[name] = found
+    return out
+
+
+def test_no_run_option_is_named_in_more_than_five_files() -> None:
+    over = spread(PACKAGE, distinctive_options())
+    assert not over, "\n".join(
+        f"{name}: {len(found)} files (allowed {EXCEPTIONS.get(name, (LIMIT,))[0]}): "
+        + " ".join(found)
+        for name, found in over.items()
+    )
+
+
+def test_every_exception_is_a_run_option_still_over_the_limit() -> None:
+    """An exception whose name went or came back under the limit is removed, so none hides
+    a new spread; its count is the ceiling (lower it when a file stops naming it)."""
+    names = distinctive_options()
+    for name, (allowed, why) in EXCEPTIONS.items():
+        assert name in names and why, name
+        assert LIMIT < len(files_naming(name, PACKAGE)) <= allowed, name
+
+
+def test_the_counter_finds_a_planted_spread(tmp_path: Path) -> None:
+    """The guard can fail: a sixth file naming an option is caught, a flag or a longer name
+    is not a mention, and five files pass."""
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text(f"x = options.stall_timeout  # {i}\n")
+    (tmp_path / "flag.py").write_text('FLAG = "--stall-timeout"; stall_timeouts = 1\n')
+    assert spread(tmp_path, ["stall_timeout"]) == {}
+    sub = tmp_path / "job"
+    sub.mkdir()
+    (sub / "planted.py").write_text("def f(stall_timeout: float) -> None: ...\n")
+    _words.cache_clear()
+    over = spread(tmp_path, ["stall_timeout"])
+    assert list(over) == ["stall_timeout"] and len(over["stall_timeout"]) == 6
+    assert "job/planted.py" in over["stall_timeout"]
