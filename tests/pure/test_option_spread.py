@@ -45,6 +45,7 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "lost_timeout": (6, "also fleetctl monitor --lost-timeout's key in job.json (job/monitor)"),
     "deadman": (8, "also the node supervisor's own field (SupervisorSpec, remote/)"),
     "checkpoint_dir": (9, "the relay's folder after it is resolved: retries, --resume, elastic"),
+    "queue_timeout": (7, "also Job.wait's keyword: the Executor protocol, both executors, Job"),
     "min_nodes": (6, "the elastic membership reads it; runspec_rules checks it with --elastic"),
 }
 
