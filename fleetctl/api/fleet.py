@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from fleetctl.api.runspec import RunSpec
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
-    from fleetctl.phases.check_report import CheckReport
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.report import CheckReport
     from fleetctl.phases.collect import CollectOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.phases.push.report import PushEvent, PushReport
     from fleetctl.phases.push_image import ImagePushReport
     from fleetctl.plan.rankplan import Plan
@@ -202,7 +202,7 @@ class Fleet:
         ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``).
         ``dcgm``: DCGM's level-1 diagnostics too, where ``dcgmi`` is installed (``--dcgm``)."""
         from fleetctl.job.prepare import launcher_module
-        from fleetctl.phases.check import CheckOptions, GiB, check_fleet
+        from fleetctl.phases.check.preflight import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
         probe_timeout = probe_timeout_arg(probe_timeout)

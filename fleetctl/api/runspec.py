@@ -33,8 +33,8 @@ from fleetctl.plan.userinput import (
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.collect import CollectOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.ssh.connection import SSHSettings
 
 BeforeHook = Callable[[Sequence["Node"], "SSHSettings | None"], None]
@@ -126,7 +126,7 @@ def _before(value: Any) -> Any:
 
 def _collective(value: Any) -> Any:
     """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
 
     if not isinstance(value, CollectiveOptions):
         raise c.Invalid(f"{value!r} is not a CollectiveOptions")
@@ -142,7 +142,7 @@ def _collective(value: Any) -> Any:
 
 
 def _collective_cls() -> type:
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
 
     return CollectiveOptions
 

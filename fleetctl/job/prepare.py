@@ -41,12 +41,12 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     facts: dict[str, NodeFacts] = {}
     known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
     shared: list[list[str]] = []  # groups of nodes that share one workdir (an NFS home)
-    from fleetctl.phases import check_containers as cc
+    from fleetctl.phases.check import image as cc
 
     # --image: the launcher runs on the image's python, asked by the image check, not the host's
     in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
     if options.check:
-        from fleetctl.phases.check import CheckOptions, check_fleet
+        from fleetctl.phases.check.preflight import CheckOptions, check_fleet
 
         copts = options.check_options or CheckOptions(
             master_port=spec.master_port,

@@ -37,7 +37,7 @@ def choose_nodes(
     """The first ``n`` healthy hosts of ``pool`` not ``ruled_out``, and every host left out
     with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
     from fleetctl.job.culprit import culprits
-    from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.phases.check.preflight import CheckOptions, check_fleet
     from fleetctl.plan.launchers import launcher_for
     from fleetctl.results import FleetResult
     from fleetctl.ssh.fanout import FanOut
