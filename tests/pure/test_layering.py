@@ -12,6 +12,7 @@ the doc's layer list). The CLI's own stricter rule is ``test_cli_layering.py``.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -94,9 +95,14 @@ def is_module(name: str, root: Path) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def imports(path: Path, root: Path) -> Iterator[str]:
+@functools.cache
+def imports(path: Path, root: Path) -> tuple[str, ...]:
     """Every fleetctl module ``path`` imports, wherever the statement is; ``from X import y``
-    names ``X.y`` where that is a module, else ``X``."""
+    names ``X.y`` where that is a module, else ``X`` (read once per test session)."""
+    return tuple(_imports(path, root))
+
+
+def _imports(path: Path, root: Path) -> Iterator[str]:
     me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
