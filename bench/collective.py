@@ -70,8 +70,8 @@ def main() -> int:
     from fleet import remote_cpu
 
     from fleetctl.lab import Lab
-    from fleetctl.phases.check import CheckOptions, check_fleet
-    from fleetctl.phases.collective_judge import CollectiveOptions, MiB
+    from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
+    from fleetctl.phases.check.preflight import CheckOptions, check_fleet
     from fleetctl.plan.inventory import load_inventory
     from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.fanout import FanOut

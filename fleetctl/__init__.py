@@ -27,7 +27,7 @@ _API = {
     "JobRecord": "fleetctl.job.jobrecord",
     "JobEvent": "fleetctl.job.result",
     "Node": "fleetctl.node",
-    "CheckReport": "fleetctl.phases.check_report",
+    "CheckReport": "fleetctl.phases.check.report",
     "PushReport": "fleetctl.phases.push.report",
     "FleetctlError": "fleetctl.errors",
     "UsageError": "fleetctl.errors",
@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from fleetctl.job.records import RunRecord as RunRecord
     from fleetctl.job.result import JobEvent as JobEvent
     from fleetctl.node import Node as Node
-    from fleetctl.phases.check_report import CheckReport as CheckReport
+    from fleetctl.phases.check.report import CheckReport as CheckReport
     from fleetctl.phases.push.report import PushReport as PushReport
 
 

@@ -217,7 +217,7 @@ def before(value: Any) -> Any:
 
 def collective_options(value: Any) -> Any:
     """``CollectiveOptions`` held to the bounds of ``--collective-size/-min/-floor/-timeout``."""
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
 
     if not isinstance(value, CollectiveOptions):
         raise Invalid(f"{value!r} is not a CollectiveOptions")
@@ -234,7 +234,7 @@ def collective_options(value: Any) -> Any:
 
 def collective_cls() -> type:
     """The record class of ``RunSpec``'s ``collective`` (its JSON form)."""
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
 
     return CollectiveOptions
 

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from fleetctl.api.runspec import RunSpec
     from fleetctl.job.result import JobEvent
     from fleetctl.node import Node
-    from fleetctl.phases.check_report import CheckReport
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.report import CheckReport
     from fleetctl.phases.collect import CollectOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.push.image import ImagePushReport
     from fleetctl.phases.push.report import PushEvent, PushReport
-    from fleetctl.phases.push_image import ImagePushReport
     from fleetctl.plan.rankplan import Plan
     from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.connection import SSHSettings
@@ -202,7 +202,7 @@ class Fleet:
         ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``).
         ``dcgm``: DCGM's level-1 diagnostics too, where ``dcgmi`` is installed (``--dcgm``)."""
         from fleetctl.job.prepare import launcher_module
-        from fleetctl.phases.check import CheckOptions, GiB, check_fleet
+        from fleetctl.phases.check.preflight import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
         probe_timeout = probe_timeout_arg(probe_timeout)
@@ -276,7 +276,7 @@ class Fleet:
         """``fleetctl push --image``: this machine's ``image`` (podman, or ``container_runtime``)
         to every host that lacks it, the id checked there. UsageError (no host dialled) when
         this machine lacks it; PushError (``.result`` per host, ``.report``) if a host failed."""
-        from fleetctl.phases.push_image import local_image_id, push_image
+        from fleetctl.phases.push.image import local_image_id, push_image
 
         image_id = local_image_id(image, container_runtime or "podman")
         with self._ssh() as fleet:

@@ -23,9 +23,9 @@ _NAMES = {
     "not_collected_line": ("fleetctl.phases.collect", "not_collected_line"),
     "INCOMPLETE_REASONS": ("fleetctl.phases.collect", "INCOMPLETE_REASONS"),
     "STREAMED_CONSOLE": ("fleetctl.job.runfolder", "STREAMED_CONSOLE"),
-    "MiB": ("fleetctl.phases.collective_judge", "MiB"),
+    "MiB": ("fleetctl.phases.check.collective_judge", "MiB"),
     # the check table's columns, a plan's shared argv positions, a failed rank in words
-    "CHECKS": ("fleetctl.phases.check_report", "CHECKS"),
+    "CHECKS": ("fleetctl.phases.check.report", "CHECKS"),
     "PROBE_TIMEOUT": ("fleetctl.plan.userinput", "PROBE_TIMEOUT"),
     "PROBE_TIMEOUT_MAX": ("fleetctl.plan.userinput", "PROBE_TIMEOUT_MAX"),
     "shared_positions": ("fleetctl.plan.shared", "shared_positions"),
@@ -37,12 +37,12 @@ __all__ = sorted(_NAMES)
 if TYPE_CHECKING:
     from fleetctl.api.fleet import DEFAULT_FANOUT as DEFAULT_FANOUT
     from fleetctl.job.runfolder import STREAMED_CONSOLE as STREAMED_CONSOLE
-    from fleetctl.phases.check_report import CHECKS as CHECKS
+    from fleetctl.phases.check.collective_judge import MiB as MiB
+    from fleetctl.phases.check.report import CHECKS as CHECKS
     from fleetctl.phases.collect import INCOMPLETE_REASONS as INCOMPLETE_REASONS
     from fleetctl.phases.collect import format_size as format_size
     from fleetctl.phases.collect import not_collected_line as not_collected_line
     from fleetctl.phases.collect import parse_size as parse_size
-    from fleetctl.phases.collective_judge import MiB as MiB
     from fleetctl.phases.envpack import human_bytes as human_bytes
     from fleetctl.plan.inventory import load_inventory as load_inventory
     from fleetctl.plan.inventory import local_inventory as local_inventory

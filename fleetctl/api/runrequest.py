@@ -70,7 +70,7 @@ def prepare(
         prog = resolve(script, script_args, code_dir, p.launcher, p.launcher_args)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
-    from fleetctl.phases.checkpoints import checkpoint_dir_arg
+    from fleetctl.phases.push.relay import checkpoint_dir_arg
 
     checkpoint_dir = checkpoint_dir_arg(rt.checkpoint_dir)
     relay = None

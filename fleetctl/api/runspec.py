@@ -33,8 +33,8 @@ from fleetctl.plan.userinput import (
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.collect import CollectOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
     from fleetctl.ssh.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,

@@ -14,11 +14,11 @@ _NAMES = {
     # exec, check, push
     "ExecResult": "fleetctl.ssh.execute",
     "NodeRun": "fleetctl.ssh.execute",
-    "CheckReport": "fleetctl.phases.check_report",
+    "CheckReport": "fleetctl.phases.check.report",
     "PushEvent": "fleetctl.phases.push.report",
     "PushReport": "fleetctl.phases.push.report",
-    "CollectiveOptions": "fleetctl.phases.collective_judge",
-    "CollectiveReport": "fleetctl.phases.collective_judge",
+    "CollectiveOptions": "fleetctl.phases.check.collective_judge",
+    "CollectiveReport": "fleetctl.phases.check.collective_judge",
     # a run: its plan, events, result, collection, monitor, stacks
     "Plan": "fleetctl.plan.rankplan",
     "JobEvent": "fleetctl.job.result",
@@ -45,11 +45,11 @@ if TYPE_CHECKING:
     from fleetctl.job.result import JobResult as JobResult
     from fleetctl.job.result import NodeOutcome as NodeOutcome
     from fleetctl.job.stacks import StackGroup as StackGroup
-    from fleetctl.phases.check_report import CheckReport as CheckReport
+    from fleetctl.phases.check.collective_judge import CollectiveOptions as CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveReport as CollectiveReport
+    from fleetctl.phases.check.report import CheckReport as CheckReport
     from fleetctl.phases.collect import CollectOptions as CollectOptions
     from fleetctl.phases.collect import NodeCollect as NodeCollect
-    from fleetctl.phases.collective_judge import CollectiveOptions as CollectiveOptions
-    from fleetctl.phases.collective_judge import CollectiveReport as CollectiveReport
     from fleetctl.phases.push.report import PushEvent as PushEvent
     from fleetctl.phases.push.report import PushReport as PushReport
     from fleetctl.plan.inventory import Inventory as Inventory

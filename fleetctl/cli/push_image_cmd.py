@@ -1,5 +1,5 @@
 """``fleetctl push --image IMAGE``: the image alone, to the nodes that lack it (see
-:mod:`fleetctl.phases.push_image`); a table per node on stdout, or ``--json``."""
+:mod:`fleetctl.phases.push.image`); a table per node on stdout, or ``--json``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A retry's checkpoints: the attempt loop names the node of rank 0 of the last attempt that
 ran (:func:`relay_source`); before launch, after push and plan, :func:`relay_before_launch`
 copies what the job wrote into its work folder there to every node of this attempt
-(``fleetctl.phases.checkpoints``). What happened is kept on the :class:`CheckpointRelay` for
+(``fleetctl.phases.push.relay``). What happened is kept on the :class:`CheckpointRelay` for
 attempts.json and said as a notice. ``run --resume JOB`` makes the first attempt's relay from
 an earlier job's folder (``fleetctl.job.resume``): then every node gets a copy, the source's
 too (its new work folder is another), and job.json's ``resumed_from`` says what came."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import NodePushError, PushError
-from fleetctl.phases.checkpoints import (
+from fleetctl.phases.push.relay import (
     CHECKPOINT_MAX,
     RelayReport,
     RelaySource,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fleetctl.job.pace import PaceJudge, SlowVerdict
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
-    from fleetctl.phases.check_report import HeldProbe
+    from fleetctl.phases.check.report import HeldProbe
     from fleetctl.phases.watch import Event, Watch
     from fleetctl.plan.rankplan import JobSpec, Plan
 
@@ -94,7 +94,7 @@ class JobContext:
 
     def release_held(self) -> None:
         """Let every held probe the launch did not use go (EOF: it exits)."""
-        from fleetctl.phases.check_report import release_probes
+        from fleetctl.phases.check.report import release_probes
 
         held, self.held = self.held, {}
         release_probes(held.values())

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleetctl.phases.check import CheckReport
+    from fleetctl.phases.check.preflight import CheckReport
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut
 
@@ -61,7 +61,7 @@ def post_mortem(
     for at most ``limit`` seconds, and return the likely causes. Never raises and never makes
     the run wait longer: a post-mortem that fails or runs late says so instead of hiding the
     job's own failure (a probe still running is left to finish in the background)."""
-    from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.phases.check.preflight import CheckOptions, check_fleet
     from fleetctl.ssh.fanout import FanOut
 
     skip = set(skip)

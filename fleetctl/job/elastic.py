@@ -269,7 +269,7 @@ class Membership:
 
     def _relay(self, spare: Node, slot: NodePlan) -> None:
         """Rank 0's newest work-folder files (or ``--checkpoint-dir``) to the spare."""
-        from fleetctl.phases.checkpoints import RelaySource, RelayTarget, relay_checkpoints
+        from fleetctl.phases.push.relay import RelaySource, RelayTarget, relay_checkpoints
 
         job = self.job
         assert job.plan is not None

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe
     from fleetctl.job.metrics import JobMetrics, JobSample
 
-GB = 1e9  # the collective's GB/s (fleetctl.phases.collective_judge.GB), as bytes/s
+GB = 1e9  # the collective's GB/s (fleetctl.phases.check.collective_judge.GB), as bytes/s
 TEXTFILE_EVERY = 5.0  # s between --metrics-textfile writes while the run lasts
 STOP_WAIT = 5.0  # s for the server's thread to end
 

@@ -26,7 +26,7 @@ from fleetctl.phases.frames import FrameStream, last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.phases.check_report import HeldProbe
+    from fleetctl.phases.check.report import HeldProbe
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut
 

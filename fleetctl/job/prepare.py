@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
-    from fleetctl.phases.check import CheckOptions
+    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.plan.launchers import Launcher
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.fanout import FanOut
@@ -42,12 +42,12 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     facts: dict[str, NodeFacts] = {}
     known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
     shared: list[list[str]] = []  # groups of nodes that share one workdir (an NFS home)
-    from fleetctl.phases import check_containers as cc
+    from fleetctl.phases.check import image as cc
 
     # --image: the launcher runs on the image's python, asked by the image check, not the host's
     in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
     if options.check:
-        from fleetctl.phases.check import check_fleet
+        from fleetctl.phases.check.preflight import check_fleet
 
         copts = check_options(spec, options, in_image)
         job.emit("phase", "checking nodes")
@@ -170,7 +170,7 @@ def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -
     ``in_image``: the hosts whose launcher runs in the job's image."""
     import dataclasses
 
-    from fleetctl.phases.check import CheckOptions
+    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.plan.script_arg import installed_module
 
     copts = options.check_options or CheckOptions(

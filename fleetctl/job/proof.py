@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
 from fleetctl.job.state import JobStatus, NodeState
-from fleetctl.phases.collective_judge import CollectiveOptions
+from fleetctl.phases.check.collective_judge import CollectiveOptions
 from fleetctl.plan.rankplan import NodeFacts
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
     from fleetctl.job.result import JobResult
-    from fleetctl.phases.collective import Started
-    from fleetctl.phases.collective_judge import CollectiveReport
+    from fleetctl.phases.check.collective import Started
+    from fleetctl.phases.check.collective_judge import CollectiveReport
 
 # a link or node this far below the median fails a group: the fault that stalled a job is
 # severe (a dead link, a NIC at 1/100), while 8 lab hosts sharing 2 cores spread their links
@@ -139,7 +139,7 @@ class Ahead:
         self._thread.start()
 
     def _start(self) -> None:
-        from fleetctl.phases.collective import start_programs
+        from fleetctl.phases.check.collective import start_programs
 
         with contextlib.suppress(Exception):
             res = self.fleet.connect()
@@ -266,7 +266,7 @@ def _round(
 ) -> list[CollectiveReport]:
     """Each group's collective, all at once (the groups are disjoint), within ``deadline``;
     the programs started ahead serve the first round."""
-    from fleetctl.phases.collective import run_collective
+    from fleetctl.phases.check.collective import run_collective
 
     left = max(1.0, deadline - time.monotonic())
     opts = dataclasses.replace(opts, timeout=left)

@@ -143,7 +143,7 @@ class JobResult:
     # --nodes N: the hosts of the selection this attempt did not run on, and why
     left_out: dict[str, str] | None = None
     # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
-    # (fleetctl.phases.checkpoints.RelayReport.to_dict, with its "job")
+    # (fleetctl.phases.push.relay.RelayReport.to_dict, with its "job")
     resumed_from: dict[str, Any] | None = None
     # run --elastic: who left and who joined, when and why (fleetctl.job.elastic)
     membership: list[dict[str, Any]] | None = None

@@ -46,7 +46,7 @@ def resolve(
         load_plan,
     )
     from fleetctl.job.runfolder import RunFolder, check_job_id, read_job
-    from fleetctl.phases.checkpoints import RelaySource
+    from fleetctl.phases.push.relay import RelaySource
 
     bad = f"--resume {text!r}"
     if not text or text != text.strip() or any(c in text for c in "\0\n\r"):
@@ -94,7 +94,7 @@ def check_files(
     """Before anything starts: the earlier job's node lists its checkpoint files. UsageError
     (exit 2) when there are none or too many to relay; what the node says when it cannot be
     asked (ConnectError: exit 3), one line."""
-    from fleetctl.phases.checkpoints import CHECKPOINT_MAX, list_checkpoints
+    from fleetctl.phases.push.relay import CHECKPOINT_MAX, list_checkpoints
 
     src, job = relay.source, relay.resume
     try:

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from fleetctl.job.metrics import JobObserver
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
-    from fleetctl.phases.check import CheckOptions
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.frames import Frame
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec

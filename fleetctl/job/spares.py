@@ -38,7 +38,7 @@ def choose_nodes(
     """The first ``n`` healthy hosts of ``pool`` not ``ruled_out``, and every host left out
     with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
     from fleetctl.job.culprit import culprits
-    from fleetctl.phases.check import CheckOptions, check_fleet
+    from fleetctl.phases.check.preflight import CheckOptions, check_fleet
     from fleetctl.plan.launchers import launcher_for
     from fleetctl.results import FleetResult
     from fleetctl.ssh.fanout import FanOut
@@ -176,8 +176,8 @@ def check_spare(fleet: FanOut, spec: JobSpec, options: RunOptions) -> str | None
     import dataclasses
 
     from fleetctl.job.prepare import check_options
-    from fleetctl.phases import check_containers as cc
-    from fleetctl.phases.check import check_fleet
+    from fleetctl.phases.check import image as cc
+    from fleetctl.phases.check.preflight import check_fleet
 
     in_image = [x.name for x in fleet.nodes if cc.image_of(x, spec.image)]
     opts = dataclasses.replace(

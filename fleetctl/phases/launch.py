@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fleetctl.node import Node
-    from fleetctl.phases.check_report import HeldProbe
+    from fleetctl.phases.check.report import HeldProbe
     from fleetctl.plan.rankplan import NodePlan
     from fleetctl.ssh.connection import Connection, Stream
 

@@ -1,7 +1,7 @@
 """The collective preflight's node side: real torch.distributed traffic over the training NIC.
 
 ``python -c SOURCE '{"wait": S}'``, one process per node, started by the controller on every
-node at once (``fleetctl.phases.collective``), while the check still runs: torch's import, the
+node at once (``fleetctl.phases.check.collective``), while the check still runs: torch's import, the
 slow part on a small node, overlaps the probe and the mesh. Stdlib at module level (it imports
 on Python 3.8 without torch); torch is imported inside :func:`main`, on the node, with the
 node's python, then the program waits (up to ``wait`` s) for its part: one JSON line on stdin

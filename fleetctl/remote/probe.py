@@ -27,7 +27,7 @@ optionally takes part in the N×N mesh test on the same channel. Every message i
 
 Arguments come as one JSON object in ``sys.argv[1]`` (installed as ``W/bin/probe_<sha12>.py``
 and run from there, else shipped packed: see ``bootstrap.py`` and
-``fleetctl.phases.check.probe_command``); ``envinfo`` in it carries
+``fleetctl.phases.check.preflight.probe_command``); ``envinfo`` in it carries
 the source of ``envinfo.py``. The facts are ``facts.py``'s, the bounded waits ``waits.py``'s;
 the mesh test is here. Every wait here is bounded. Must stay importable by an older
 node python (3.7+): no third-party imports, no newer syntax.
@@ -395,7 +395,7 @@ def main() -> int:
 
 
 def program() -> None:
-    """Run as the node's program, installed (``fleetctl.phases.check.probe_command``)."""
+    """Run as the node's program, installed (``fleetctl.phases.check.preflight.probe_command``)."""
     sys.exit(main())
 
 

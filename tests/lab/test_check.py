@@ -23,7 +23,7 @@ import yaml
 
 from fleetctl.lab import Lab
 from fleetctl.node import Node
-from fleetctl.phases.check import CheckOptions, CheckReport, check_fleet
+from fleetctl.phases.check.preflight import CheckOptions, CheckReport, check_fleet
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fanout import FanOut

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from fleetctl.lab import Lab
-from fleetctl.phases.collective import run_collective
-from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport, MiB
+from fleetctl.phases.check.collective import run_collective
+from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport, MiB
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.plan.rankplan import NodeFacts
 from fleetctl.ssh.connection import SSHSettings

@@ -70,7 +70,7 @@ def test_a_sparse_mesh_on_eight_hosts_tests_fewer_pairs_and_still_names_a_cut_ho
     of its 7 peers, the healthy lab passes, and when node5 can no longer send to any peer on
     the data network (its NIC still up: a blackhole route per peer) node5 alone fails the
     mesh, every failing pair being one of its own."""
-    from fleetctl.phases.mesh_plan import mesh_peers
+    from fleetctl.phases.check.mesh_plan import mesh_peers
     from fleetctl.testing.cli_runner import run_cli
 
     lab = make_lab(8, networks=2)

@@ -171,7 +171,7 @@ def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> N
     node2 (the newest holder serves first), so the controller sends the image once and node2
     relays it. No archive is left on any node."""
     from fleetctl.api.fleet import Fleet as ApiFleet
-    from fleetctl.phases.push_image import push_image
+    from fleetctl.phases.push.image import push_image
     from fleetctl.ssh.fanout import FanOut
 
     hd = lab.host_dir("node1")

@@ -15,7 +15,7 @@ import pytest
 
 from fleetctl.errors import ConnectError, HostKeyError
 from fleetctl.node import Node
-from fleetctl.phases.check import (
+from fleetctl.phases.check.preflight import (
     CHECKS,
     CheckOptions,
     CheckReport,
@@ -204,7 +204,7 @@ def test_a_pair_that_fails_both_rounds_is_blamed_by_its_second_result() -> None:
 
 
 def test_only_the_pairs_whose_tcp_failed_are_measured_again() -> None:
-    from fleetctl.phases.check_mesh import failed_pairs
+    from fleetctl.phases.check.mesh import failed_pairs
 
     mesh = full_mesh(["a", "b", "c", "d"], {("a", "b"): {"tcp": "timed out"}})["a"]
     mesh["c"]["ping"] = "timeout"  # ping alone: a warning, TCP got through
@@ -489,7 +489,7 @@ def test_probe_command_is_one_quoted_line(python: str) -> None:
     import shlex
 
     from fleetctl import remote
-    from fleetctl.phases.check import BOOTSTRAP
+    from fleetctl.phases.check.preflight import BOOTSTRAP
 
     quoted = shlex.quote(python) if " " in python else python
     args = {"address": "10.0.0.1; rm -rf /", "nic": "$(reboot)", "workdir": "~/w $(x)"}
@@ -503,7 +503,7 @@ def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) ->
     import socket
     import subprocess
 
-    from fleetctl.phases.check import ping_host
+    from fleetctl.phases.check.preflight import ping_host
     from fleetctl.remote import probe
 
     def no_icmp(argv, **kw):  # what ping prints without CAP_NET_RAW / ping_group_range
@@ -523,7 +523,7 @@ def test_controller_pings_in_process_without_a_ping_process(monkeypatch) -> None
     """ICMP from this process (a datagram ICMP socket, or raw as root): no ``ping`` run."""
     import subprocess
 
-    from fleetctl.phases.check import ping_host
+    from fleetctl.phases.check.preflight import ping_host
     from fleetctl.remote import probe
 
     if probe.icmp_echo("", "127.0.0.1", 2.0) is None:

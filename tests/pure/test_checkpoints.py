@@ -12,7 +12,7 @@ from fleetctl.errors import UsageError
 from fleetctl.job.checkpoints import relay_source
 from fleetctl.job.result import JobResult
 from fleetctl.node import Node
-from fleetctl.phases.checkpoints import (
+from fleetctl.phases.push.relay import (
     PEER_MIN_BYTES,
     RelayReport,
     RelaySource,
@@ -220,7 +220,7 @@ def test_the_peer_relay_fetches_from_the_sources_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The large-set path, made small: every node fetches the tar from the source's serve."""
-    from fleetctl.phases import checkpoints
+    from fleetctl.phases.push import relay as checkpoints
 
     monkeypatch.setattr(checkpoints, "PEER_MIN_HOSTS", 2)
     monkeypatch.setattr(checkpoints, "PEER_MIN_BYTES", 1)

@@ -1,4 +1,4 @@
-"""The collective preflight's verdict (fleetctl.phases.collective_judge) as a golden table,
+"""The collective preflight's verdict (fleetctl.phases.check.collective_judge) as a golden table,
 and the node program's InfiniBand sysfs reader on fake trees; plus the node program imports
 on Python 3.8 without torch."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.phases.collective_judge import (
+from fleetctl.phases.check.collective_judge import (
     CollectiveOptions,
     ib_problems,
     judge,

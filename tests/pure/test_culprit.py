@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetctl.job.culprit import culprits
-from fleetctl.phases.check_report import CheckReport, CheckResult, HostReport, MeshFailure
+from fleetctl.phases.check.report import CheckReport, CheckResult, HostReport, MeshFailure
 
 
 def report(names: list[str], cut: str | None = None, cells=None) -> CheckReport:

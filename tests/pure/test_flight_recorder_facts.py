@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fleetctl.node import Node
-from fleetctl.phases.check_judge import _node_facts
+from fleetctl.phases.check.judge import _node_facts
 from fleetctl.plan.rankplan import JobSpec, make_plan
 
 PLAIN = {"torch": {"version": "2.11.0+cu130"}}  # probe asked for torch_version, no launcher

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.node import Node
-from fleetctl.phases.check import CheckOptions, probe_args
-from fleetctl.phases.check_containers import (
+from fleetctl.phases.check.image import (
     ImageFacts,
     ImageWant,
     entry,
@@ -28,6 +27,7 @@ from fleetctl.phases.check_containers import (
     wanted,
     with_image_torch,
 )
+from fleetctl.phases.check.preflight import CheckOptions, probe_args
 from fleetctl.plan.rankplan import JobSpec, NodeFacts, make_plan
 
 IMG = "img:1"

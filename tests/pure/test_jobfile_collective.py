@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.phases.collective_judge import CollectiveOptions, MiB
+from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
 from fleetctl.plan.roles.jobfile import parse_job_file
 
 ROLES = "roles:\n  worker:\n    script: train.py\n"

@@ -244,7 +244,7 @@ def test_a_peer_that_failed_before_the_silence_takes_the_blame_and_the_live_line
 def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
     monkeypatch: Any,
 ) -> None:
-    import fleetctl.phases.check as check
+    import fleetctl.phases.check.preflight as check
     from fleetctl.job.culprit import post_mortem
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec

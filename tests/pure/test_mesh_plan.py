@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.phases.check_report import CheckOptions
-from fleetctl.phases.mesh_plan import FULL_UP_TO, RANDOM_PEERS, mesh_mode, mesh_peers
+from fleetctl.phases.check.mesh_plan import FULL_UP_TO, RANDOM_PEERS, mesh_mode, mesh_peers
+from fleetctl.phases.check.report import CheckOptions
 from tests.pure.test_check_report import failing, good, judge, nodes, outcome
 
 

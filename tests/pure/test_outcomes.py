@@ -17,7 +17,7 @@ from fleetctl.api.submitted import Submitted
 from fleetctl.api.types import CheckReport, ExecResult, NodeRun
 from fleetctl.job.jobrecord import JobRecord
 from fleetctl.job.runfolder import RunFolder
-from fleetctl.phases.check_report import FAIL, OK, CheckResult, HostReport, MeshFailure
+from fleetctl.phases.check.report import FAIL, OK, CheckResult, HostReport, MeshFailure
 from fleetctl.results import Cancelled, CommandResult, FleetResult, Outcome
 from fleetctl.slurm.queue import JobInfo
 

@@ -17,7 +17,7 @@ import pytest
 
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
-from fleetctl.phases.check_containers import (
+from fleetctl.phases.check.image import (
     ImageWant,
     mismatches,
     parse,
@@ -183,7 +183,7 @@ def test_a_hung_runtime_is_said_in_time_and_its_client_killed(
 def test_an_image_id_that_started_here_is_not_probed_again(tmp_path: Path) -> None:
     """The trivial container costs a whole start: once one of this id started with this
     runtime, the node's marker skips it (a failed start leaves none; another id is probed)."""
-    from fleetctl.phases.check_containers import shell_dir
+    from fleetctl.phases.check.image import shell_dir
 
     fake = tmp_path / "bin" / "podman"
     fake.parent.mkdir()

@@ -125,7 +125,7 @@ def test_srun_argv() -> None:
 def test_probe_home_saves_the_srun_home_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check's reported home is primed into an srun connection: no ``$HOME`` job step
     (each one is slurmctld round trips) before the launch."""
-    from fleetctl.phases.check_report import CheckReport
+    from fleetctl.phases.check.report import CheckReport
 
     node = fleet_nodes(Allocation("5", ("n1",)), None, resolves=lambda h: True)[0]
     conn = connect(node)
@@ -150,7 +150,7 @@ def test_an_allocations_node_is_not_pinged_through_ssh_config(
 ) -> None:
     """srun reaches it (no SSH port to try), and resolving its ssh_config would import
     paramiko in a run that never opens an SSH connection."""
-    from fleetctl.phases.check import ping_host
+    from fleetctl.phases.check.preflight import ping_host
     from fleetctl.ssh import sshconfig
     from fleetctl.ssh.connection import SSHSettings
 

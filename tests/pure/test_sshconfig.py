@@ -176,7 +176,7 @@ def test_rsyncs_openssh_gets_the_same_file_port_and_user_the_connection_resolved
 
 
 def test_the_ping_dials_the_resolved_address_and_skips_jump_hosts(tmp_path: Path) -> None:
-    from fleetctl.phases.check import PingResult, ping_host
+    from fleetctl.phases.check.preflight import PingResult, ping_host
 
     path = tmp_path / "ssh_config"
     path.write_text("Host viajump\n  ProxyJump bastion\nHost badname\n  HostName bad..name\n")

@@ -22,8 +22,8 @@ import pytest
 # tests/remote is on sys.path (pytest's rootdir-relative import): its supervisor fixtures
 from test_programs_py38 import Jobs, drain, jid
 
-from fleetctl.phases.check import probe_command
-from fleetctl.phases.check_report import HeldProbe
+from fleetctl.phases.check.preflight import probe_command
+from fleetctl.phases.check.report import HeldProbe
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 from fleetctl.phases.launch import NodeRun, handoff_line, supervisor_path
 from fleetctl.remote.supervisor import proc_stat

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from fleetctl.phases.check import probe_command
+from fleetctl.phases.check.preflight import probe_command
 from fleetctl.phases.frames import last_data
 
 

@@ -25,8 +25,8 @@ import pytest
 
 from fleetctl import remote
 from fleetctl.node import Node
-from fleetctl.phases.check import probe_command
-from fleetctl.phases.check_report import HeldProbe
+from fleetctl.phases.check.preflight import probe_command
+from fleetctl.phases.check.report import HeldProbe
 from fleetctl.phases.frames import (
     PROBE_KINDS,
     PUSH_KINDS,

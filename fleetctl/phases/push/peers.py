@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.phases.push.serving import Serving, start_serve
 from fleetctl.phases.push.state import _State
+from fleetctl.phases.push.waves import wave
 
 if TYPE_CHECKING:
     from fleetctl.ssh.connection import Connection
@@ -45,23 +46,20 @@ class _PeerDistribution:
                     if not live:
                         fallback += [(st, "no peer could serve the archive") for st in pending]
                         break
-                    slots = [srv for srv in live for _ in range(max(1, self.options.peer_fanout))]
-                    batch, pending = pending[: len(slots)], pending[len(slots) :]
+                    assigned, pending = wave(live, pending, self.options.peer_fanout)
+                    batch = [st for st, _ in assigned]
+                    orders = {st.node.name: order for st, order in assigned}
                     keep = bool(pending)
                     failed: dict[str, str] = {}
 
                     def fetch_one(
                         st: _State,
                         conn: Connection,
-                        _batch: list = batch,
-                        _slots: list = slots,
-                        _live: list = live,
+                        _orders: dict = orders,
                         _keep: bool = keep,
                         _failed: dict = failed,
                     ) -> None:
-                        mine = _slots[_batch.index(st)]
-                        order = [mine] + [s for s in _live if s is not mine]
-                        self._fetch(st, conn, order, _keep, _failed)
+                        self._fetch(st, conn, _orders[st.node.name], _keep, _failed)
 
                     self._map(fetch_one, batch, self.options.transfer_timeout)
                     for st in batch:

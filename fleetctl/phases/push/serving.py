@@ -1,7 +1,7 @@
 """Push's ``serve`` mode on one node: a short-lived HTTP server for one file, bound to the
 node's training address, answering only a one-time bearer token. Started and stopped the one
 way here for every peer copy: the env archive's waves (``peers.py``), ``push --image``'s seed
-(``push_image.py``) and the checkpoint relay (``checkpoints.py``)."""
+(``image.py``) and the checkpoint relay (``relay.py``)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from fleetctl.plan.roles.yamlfields import (
 from fleetctl.plan.userinput import MAX_BACKOFF, MAX_NPROC, MAX_RETRIES
 
 if TYPE_CHECKING:
-    from fleetctl.phases.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.collective_judge import CollectiveOptions
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
@@ -254,7 +254,7 @@ def _collective(data: LocatedMap, at: Any) -> CollectiveOptions | None:
     """The ``collective:`` key: true, false, or a mapping of its knobs (see the module doc)."""
     import math
 
-    from fleetctl.phases.collective_judge import CollectiveOptions, MiB
+    from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
 
     v = data.get("collective")
     if v is None or v is False:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import HealthLedgerError
-from fleetctl.phases.check_report import (
+from fleetctl.phases.check.report import (
     FAIL,
     OK,
     SKIP,

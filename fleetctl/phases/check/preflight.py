@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import ConnectError
-from fleetctl.phases.check_cache import load_cached, save_cached
-from fleetctl.phases.check_health import apply_health, record_collective
-from fleetctl.phases.check_judge import build_report, fleet_clock_spread
-from fleetctl.phases.check_mesh import Rendezvous, measure_again
-from fleetctl.phases.check_report import (
+from fleetctl.phases.check.cache import load_cached, save_cached
+from fleetctl.phases.check.health_gate import apply_health, record_collective
+from fleetctl.phases.check.judge import build_report, fleet_clock_spread
+from fleetctl.phases.check.mesh import Rendezvous, measure_again
+from fleetctl.phases.check.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
+from fleetctl.phases.check.report import (
     CHECKS,
     CheckOptions,
     CheckReport,
@@ -49,7 +50,6 @@ from fleetctl.phases.check_report import (
     release_probes,
 )
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
-from fleetctl.phases.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -464,7 +464,7 @@ def _start_collective(fleet: FanOut, nodes: Sequence[Node], options: CheckOption
     (the slow part on small nodes); None without it."""
     if options.collective is None or len(nodes) < 2:
         return None
-    from fleetctl.phases.collective import start_programs
+    from fleetctl.phases.check.collective import start_programs
 
     mesh = options.mesh and len(nodes) > 1
     wait = options.probe_timeout + 20 + (2 * _mesh_wait(options, len(nodes)) if mesh else 0)
@@ -480,8 +480,8 @@ def _collective(
 ) -> Any:
     """``--collective`` over the hosts that passed (a failed host is named already; spares
     need the rest measured), when two or more did."""
-    from fleetctl.phases.collective import run_collective
-    from fleetctl.phases.collective_judge import CollectiveReport
+    from fleetctl.phases.check.collective import run_collective
+    from fleetctl.phases.check.collective_judge import CollectiveReport
 
     bad = set(report.failed_hosts)
     good = [n for n in nodes if n.name not in bad]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import NodePushError, PushError, UsageError, one_line
+from fleetctl.phases.push.waves import wave, waves_needed
 from fleetctl.plan.runtimes import runtime
 from fleetctl.results import FleetResult
 
@@ -217,7 +218,7 @@ class _ImagePush:
         servers: dict[str, tuple[Any, dict[str, Any]]] = {}
         fallback: list[Node] = []
         failed: list[tuple[Node, str]] = []  # kept an archive, then failed: no server
-        server_timeout = _waves_needed(len(pending), self.fanout) * 2 * _timeout(self.size) + 60
+        server_timeout = waves_needed(len(pending), self.fanout) * 2 * _timeout(self.size) + 60
         first = True
         try:
             while pending or first:
@@ -228,29 +229,27 @@ class _ImagePush:
                     wait=60,
                 )
                 live = [servers[h[0].name][1] for h in reversed(holders) if h[0].name in servers]
-                slots = [p for p in live for _ in range(self.fanout)]
                 if not live:  # nobody can serve: this machine sends it to each
                     fallback.extend(pending)
-                batch, pending = pending[: len(slots)], pending[len(slots) :] if live else []
+                    pending = []
+                assigned, pending = wave(live, pending, self.fanout)
+                orders = {f.name: order for f, order in assigned}
                 keep = bool(pending)
                 fetched: list[tuple[Node, str]] = []
 
                 def work(
                     node: Node,
                     c: Connection,
-                    _batch: list = batch,
-                    _slots: list = slots,
-                    _live: list = live,
+                    _orders: dict = orders,
                     _keep: bool = keep,
                     _fetched: list = fetched,
                 ) -> None:
                     if node is seed:
                         self._load(node, c, {"archive": name, "keep_archive": True}, "sftp", sent)
                         return
-                    mine = _slots[_batch.index(node)]
                     cfg = {
                         "archive": _archive_name(),
-                        "fetch": {"peers": [mine] + [p for p in _live if p is not mine]},
+                        "fetch": {"peers": _orders[node.name]},
                         "keep_archive": _keep,
                     }
                     try:
@@ -268,7 +267,7 @@ class _ImagePush:
                         with self.lock:
                             _fetched.append((node, cfg["archive"]))
 
-                self._map(work, ([seed] if first else []) + batch)
+                self._map(work, ([seed] if first else []) + [f for f, _ in assigned])
                 first = False
                 holders.extend(fetched)
         finally:
@@ -463,16 +462,6 @@ def _archive_name() -> str:
 
 def _bare(image_id: str) -> str:
     return image_id.strip().split(":", 1)[-1]
-
-
-def _waves_needed(pending: int, fanout: int) -> int:
-    """How many waves serve ``pending`` nodes from one seed (a server's lifetime)."""
-    holders, waves = 1, 1
-    while pending > holders * fanout:
-        pending -= holders * fanout
-        holders += holders * fanout
-        waves += 1
-    return waves
 
 
 def _timeout(size: int) -> float:

@@ -1,5 +1,5 @@
 """The check cache: passing reports kept for a short time per fleet + options, so ``run``
-right after ``check`` is instant (the key is :func:`fleetctl.phases.check.cache_key`)."""
+right after ``check`` is instant (the key is :func:`fleetctl.phases.check.preflight.cache_key`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from fleetctl.phases.check_report import CheckOptions, CheckReport
+from fleetctl.phases.check.report import CheckOptions, CheckReport
 
 
 def cache_dir(options: CheckOptions) -> Path:

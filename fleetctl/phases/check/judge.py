@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, FleetctlError
-from fleetctl.phases.check_mesh_judge import judge_mesh, listing, route_warnings
-from fleetctl.phases.check_report import (
+from fleetctl.phases.check.mesh_judge import judge_mesh, listing, route_warnings
+from fleetctl.phases.check.report import (
     CHECKS,
     FAIL,
     OK,
@@ -26,7 +26,7 @@ from fleetctl.ssh.loginshell import declared_type
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.phases.check import PingResult
+    from fleetctl.phases.check.preflight import PingResult
     from fleetctl.plan.rankplan import NodeFacts
 
 

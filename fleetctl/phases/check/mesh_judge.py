@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from fleetctl.phases.check_report import (
+from fleetctl.phases.check.report import (
     FAIL,
     OK,
     SKIP,

@@ -2,7 +2,7 @@
 :class:`Rendezvous` (listeners up → the frozen membership and the pairs each host tests; all
 tested → the second round; all measured again → the listeners may close), and
 :func:`measure_again` is one session's second round: its failed pairs measured once more after
-every host finished the first (``fleetctl.phases.check`` runs the sessions)."""
+every host finished the first (``fleetctl.phases.check.preflight`` runs the sessions)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.phases.mesh_plan import mesh_peers
+from fleetctl.phases.check.mesh_plan import mesh_peers
 
 if TYPE_CHECKING:
-    from fleetctl.phases.check_report import ProbeOutcome
+    from fleetctl.phases.check.report import ProbeOutcome
     from fleetctl.phases.frames import FrameStream
     from fleetctl.ssh.connection import Stream
 

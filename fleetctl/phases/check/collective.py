@@ -24,7 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
-from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport, judge, shifts
+from fleetctl.phases.check.collective_judge import (
+    CollectiveOptions,
+    CollectiveReport,
+    judge,
+    shifts,
+)
 from fleetctl.phases.frames import FrameStream
 
 if TYPE_CHECKING:

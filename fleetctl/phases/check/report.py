@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.plan.userinput import PROBE_TIMEOUT
 
 if TYPE_CHECKING:
-    from fleetctl.phases.collective_judge import CollectiveOptions, CollectiveReport
+    from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
@@ -75,7 +75,7 @@ class CheckOptions:
     container_hosts: tuple[str, ...] = ()
     code_dir: str | None = None
     mesh: bool = True
-    mesh_mode: str = "auto"  # which pairs (fleetctl.phases.mesh_plan): auto, full, sparse
+    mesh_mode: str = "auto"  # which pairs (fleetctl.phases.check.mesh_plan): auto, full, sparse
     mesh_span: int = 64
     allow_loopback: bool = False
     max_clock_skew: float = 2.0
@@ -96,7 +96,7 @@ class CheckOptions:
     # supervisor in (``fleetctl run``; CheckReport.held). 0: probes exit after the check.
     hold: float = 0.0
     # --collective: a torch.distributed benchmark over the training NICs after a passing check
-    # (fleetctl.phases.collective); None: none
+    # (fleetctl.phases.check.collective); None: none
     collective: CollectiveOptions | None = None
 
     def cache_fields(self) -> dict[str, Any]:
