@@ -353,6 +353,7 @@ class Fleet:
         resume: str | None = None,
         image: str | None = None,
         container_runtime: str | None = None,
+        runtime_timeout: float = 30.0,
         collective: CollectiveOptions | None = None,
         collect: CollectOptions | None = None,
         monitor: bool = True,
@@ -391,7 +392,8 @@ class Fleet:
         node or a collective timeout (``post_mortem_timeout``: its limit in s). ``before``: a
         Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
-        each node's launcher in a container (``container_runtime``). ``collective``: the
+        each node's launcher in a container (``container_runtime``; ``runtime_timeout``: each
+        runtime call's bound at a node's teardown). ``collective``: the
         collective benchmark in the check. ``metrics_addr``/``metrics_textfile``: Prometheus
         metrics while the run lasts; ``on_failure``/``on_end``: local commands run once it
         ended (``hook_timeout``; docs/metrics.md). ``dry_run=True``: no host reached; returns the
@@ -442,6 +444,7 @@ class Fleet:
             resume=resume,
             image=image,
             container_runtime=container_runtime,
+            runtime_timeout=runtime_timeout,
             collective=collective,
             collect=collect,
             monitor=monitor,

@@ -100,6 +100,7 @@ def prepare(
         folder=folder,
         image=spec.container.image,
         container_runtime=spec.container.container_runtime,
+        runtime_timeout=spec.container.runtime_timeout,
         elastic=elastic,
     )
     watched = spec.collective

@@ -398,6 +398,11 @@ class Container(_Group):
         None, "--container-runtime", check=c.container_runtime, metavar="podman|docker|apptainer",
         help="The runtime for --image (default: the first found on the node).",
     )  # fmt: skip
+    runtime_timeout: float = option(
+        30.0, "--runtime-timeout", check=c.seconds(1, 600), show_default=True,
+        help="Seconds each container runtime call at a node's teardown (ps, stop, rm) has: a "
+        "runtime that does not answer is cut and named, the container reported as maybe left.",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def _lost_hosts(job: JobContext) -> set[str]:
 
 
 def _teardown(job: JobContext, fleet: FanOut, *, hard: bool) -> None:
-    from fleetctl.phases.teardown import teardown
+    from fleetctl.phases.teardown import containers_wait, teardown
 
     assert job.watch is not None and job.plan is not None
     job.watch.stop_nodes(hard=hard)  # instant: over the supervisors' own channels
@@ -123,8 +123,9 @@ def _teardown(job: JobContext, fleet: FanOut, *, hard: bool) -> None:
         )
         # The supervisors got the stop over their channels: each reports its job's end with
         # its own scan for leftovers. Wait for those (bounded); only the nodes that do not
-        # answer in time get a remote stop command.
-        job.watch.wait_ended(grace + 3.0)
+        # answer in time get a remote stop command. --image: after its container's end,
+        # bounded on the node (a hung runtime is cut and said in the report).
+        job.watch.wait_ended(grace + 3.0 + containers_wait(job.plan, grace))
         drain(job)
     reported = {
         n.host: n.leftovers

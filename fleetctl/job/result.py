@@ -173,8 +173,10 @@ class JobResult:
 
     @property
     def exit_code(self) -> int:
-        if self.status == JobStatus.SUCCEEDED:  # processes left after teardown are a remote failure
-            if self.teardown is not None and self.teardown.leftovers:
+        if self.status == JobStatus.SUCCEEDED:
+            # processes left after teardown are a remote failure, and so is a node where what
+            # was left could not be checked (a hung container runtime)
+            if self.teardown is not None and (self.teardown.leftovers or self.teardown.unchecked):
                 return 3
             return 4 if self.logs_incomplete else 0
         if self.status == JobStatus.INTERRUPTED:

@@ -220,6 +220,7 @@ def _in_container(spec: dict[str, Any], np: NodePlan, conn: Connection, grace: f
             "remove": rt.remove_argv([]),
             "pid": rt.pid_argv(cs.name),
             "pidfile": cs.pidfile,
+            "timeout": c.get("timeout"),  # one runtime call's bound (--runtime-timeout)
         }
 
 

@@ -19,7 +19,7 @@ from fleetctl.phases.launch import supervisor_command, supervisor_path
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.plan.rankplan import Plan
+    from fleetctl.plan.rankplan import NodePlan, Plan
     from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
 
@@ -71,6 +71,12 @@ class TeardownReport:
     @property
     def leftovers(self) -> dict[str, list[dict[str, Any]]]:
         return {n.host: n.remaining for n in self.nodes if n.remaining}
+
+    @property
+    def unchecked(self) -> dict[str, str]:
+        """host -> why its end is not verified (the stop failed, the runtime hung); a node
+        not asked (lost, left behind by an elastic job) is not one: its entry says so."""
+        return {n.host: n.error for n in self.nodes if n.error is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +186,7 @@ def teardown(
                     found=list(rep.get("found") or []),
                     killed=list(rep.get("killed") or []),
                     remaining=list(rep.get("remaining") or []),
+                    error=containers_left(rep.get("containers"), plan.job_id, np),
                     checked_by="supervisor",
                 )
             )
@@ -190,6 +197,39 @@ def teardown(
         else:
             stops.append(NodeStop(np.host, np.node_rank, error=one_line(outcome)))
     return TeardownReport(stops, grace, time.monotonic() - t0)
+
+
+def containers_left(said: Any, job_id: str, np: NodePlan) -> str | None:
+    """``--image``: the supervisor's word that its end of the job's container is not verified
+    (``said``: the exit report's ``containers``), as one line for the operator: what failed
+    (a hung runtime names the call, ``podman stop: no answer within 30s``) and the container
+    that may be left, by name and label, with the command that removes it. None: verified."""
+    if not isinstance(said, dict) or not said.get("problem"):
+        return None
+    from fleetctl.plan.runtimes import LABEL_JOB
+    from fleetctl.plan.runtimes.base import container_name
+
+    rt = str((np.container or {}).get("runtime") or "podman")
+    name = container_name(job_id, np.node_rank)
+    why = " (the container runtime hangs)" if said.get("hung") else ""
+    return (
+        f"container not verified gone: {said['problem']}{why}; {name} (label "
+        f"{LABEL_JOB}={job_id}) may be left: remove it with `{rt} rm -f {name}`"
+    )
+
+
+def containers_wait(plan: Plan, grace: float) -> float:
+    """Seconds a supervisor may spend ending its container after its job's stop, when the
+    runtime hangs (the node's ``containers.end_bound``): the teardown waits this much longer
+    for its exit report, which says whether the container is gone. 0 without ``--image``."""
+    from fleetctl.remote.containers import CALL_TIMEOUT, end_bound
+
+    bounds = [
+        end_bound(grace, float(np.container.get("timeout") or CALL_TIMEOUT))
+        for np in plan.nodes
+        if np.container
+    ]
+    return max(bounds, default=0.0)
 
 
 def _q(s: str) -> str:

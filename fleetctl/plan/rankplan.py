@@ -90,6 +90,7 @@ class JobSpec:
     folder: str = ""
     image: str | None = None  # --image: wins over the inventory's fleetctl_image
     container_runtime: str | None = None  # --container-runtime: over fleetctl_container_runtime
+    runtime_timeout: float | None = None  # --runtime-timeout: one runtime call at teardown
     elastic: str | None = None  # run --elastic: the node range MIN:MAX (None: a static world)
 
     def __post_init__(self) -> None:
@@ -221,7 +222,11 @@ def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
             runtime(str(rt))
         except UsageError as e:
             raise PlanError(f"{where(n)}{e}") from None
-    return {"image": str(image), "runtime": None if rt is None else str(rt), "gpus": gpus}
+    said: dict[str, Any] = {"image": str(image), "runtime": None if rt is None else str(rt)}
+    said["gpus"] = gpus
+    if spec.runtime_timeout is not None:
+        said["timeout"] = float(spec.runtime_timeout)
+    return said
 
 
 def container_python(n: Node) -> str:

@@ -5,11 +5,12 @@ killed with SIGKILL (or by the OOM killer, or a crash). The supervisor starts th
 the job, out of its own process tree and session and without the job's env tags (so no stop
 sweep of the job takes it for one of the job's processes), and holds the write end of a pipe
 that is the guard's stdin. The supervisor's verified end of the containers writes ``d``: the
-guard leaves quietly. EOF without ``d`` (the supervisor died, however it died, or could not
-verify the end) makes the guard do the end itself: the job's containers stopped (SIGTERM, the
-grace, SIGKILL), removed and listed again by label, then the job's processes swept (the
-runtime's client, a rank that left the container's process group), what it did written to
-``container-guard.json`` in the node run folder.
+guard leaves quietly (after an end a hung runtime cut, said in the supervisor's exit report,
+too: the guard would hang as long again). EOF without ``d`` (the supervisor died, however it
+died, or could not verify the end) makes the guard do the end itself: the job's containers
+stopped (SIGTERM, the grace, SIGKILL), removed and listed again by label, then the job's
+processes swept (the runtime's client, a rank that left the container's process group), what
+it did written to ``container-guard.json`` in the node run folder.
 
 Node module: stdlib only, Python >= 3.8.
 """
@@ -60,13 +61,14 @@ class Guard:
         self.pid = pid
         self.fd = fd
 
-    def release(self, verified: bool) -> None:
-        """Close our end: with ``d`` when the containers' end is verified (the guard leaves),
-        without it when not (the guard tries the end itself)."""
+    def release(self, leave: bool) -> None:
+        """Close our end: with ``d`` when the containers' end is verified, or was cut by a hung
+        runtime and reported (the guard leaves), without it otherwise (the guard tries the end
+        itself)."""
         if self.fd < 0:
             return
         try:
-            if verified:
+            if leave:
                 os.write(self.fd, DONE)
         except OSError:
             pass

@@ -20,7 +20,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
 except ImportError:
     from procfs import pids, proc_stat
 
-CALL_TIMEOUT = 30.0  # one runtime command; a hung daemon never holds the teardown longer
+CALL_TIMEOUT = 30.0  # one runtime command (``cfg["timeout"]``: ``run --runtime-timeout``)
 # a removal the runtime still has under way: docker's ``run --rm`` starts removing a stopped
 # container on its own, and our ``rm --force`` then fails ("removal ... already in progress")
 # while the container is still listed for a moment; asked again until then
@@ -56,12 +56,34 @@ def _run(argv: list, timeout: float) -> tuple:
         with contextlib.suppress(OSError):
             os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        return None, "", f"{' '.join(words[:2])}: no answer within {timeout:g}s"
+        return None, "", hung_line(words, timeout)
     lines = err.decode("utf-8", "replace").strip().splitlines()
     code = p.returncode
     if code > 128:  # the shell's 128 + N: the command was ended by signal N
         code = 128 - code
     return code, out.decode("utf-8", "replace"), lines[-1] if lines else ""
+
+
+HUNG = ": no answer within "  # what a call cut at its timeout says (``hung_line``)
+
+
+def hung_line(words: list, timeout: float) -> str:
+    """A runtime call cut at its timeout, named by its first two words (``podman stop``)."""
+    return f"{' '.join(words[:2])}{HUNG}{timeout:g}s"
+
+
+def call_timeout(cfg: dict) -> float:
+    """The bound of one runtime call: the spec's ``timeout``, else ``CALL_TIMEOUT``."""
+    try:
+        return float(cfg.get("timeout") or CALL_TIMEOUT)
+    except (TypeError, ValueError):
+        return CALL_TIMEOUT
+
+
+def end_bound(grace: float, timeout: float) -> float:
+    """About the longest ``end_containers`` takes when the runtime hangs: a listing, a stop
+    (``grace`` + its call), a removal and a listing, where a hung call ends the attempt."""
+    return grace + 4 * timeout + 1.0
 
 
 def listed(cfg: dict, timeout: float = CALL_TIMEOUT) -> tuple:
@@ -160,28 +182,35 @@ def stopped_code(
     return -(signal.SIGKILL if (leftovers or {}).get("killed") else signal.SIGTERM)
 
 
-def end_containers(cfg: dict, grace: float, timeout: float = CALL_TIMEOUT) -> dict:
+def end_containers(cfg: dict, grace: float, timeout: float | None = None) -> dict:
     """Stop and remove every container labelled with the job, then check none is left.
 
     ``cfg``: ``list`` (argv printing the ids), ``stop`` and ``remove`` (argv prefixes the ids
-    are appended to). Returns ``found``, ``remaining`` (ids still listed after) and
-    ``problem`` (the last failure, None when the end is verified). A ``fleetctl stop`` on
-    this node kills every process under the supervisor, the runtime commands of this very
-    teardown included: one ended by a signal is tried again, for ``grace`` + 10 s at most."""
+    are appended to), ``timeout`` (one call's bound; ``timeout`` here wins). Returns ``found``,
+    ``remaining`` (ids still listed after) and ``problem`` (the last failure, None when the end
+    is verified); ``hung`` too when a call got no answer in time (the runtime hangs): which
+    call, the problem then. A ``fleetctl stop`` on this node kills every process under the
+    supervisor, the runtime commands of this very teardown included: one ended by a signal is
+    tried again, for ``grace`` + 10 s at most. A hung call is not: the whole end is bounded
+    by ``end_bound``."""
+    limit = call_timeout(cfg) if timeout is None else timeout
     deadline = time.monotonic() + grace + 10.0
     found: list = []
     while True:
-        said = _end_once(cfg, grace, timeout)
+        said = _end_once(cfg, grace, limit)
         found = sorted({*found, *said["found"]})
-        if not said.pop("killed") or time.monotonic() > deadline:
+        if not said.pop("killed") or said.get("hung") or time.monotonic() > deadline:
             return {**said, "found": found}
         time.sleep(0.2)
 
 
 def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
-    killed = False
+    """One attempt. A call the runtime does not answer in time ends it: a hung runtime answers
+    the next no sooner, and each would cost the teardown another ``timeout``."""
     found, problem, code = listed(cfg, timeout)
-    killed = killed or (code is not None and code < 0)
+    killed = code is not None and code < 0
+    if code is None and problem and HUNG in problem:
+        return {**_hung([], problem), "remaining": []}
     if not found and problem is None:  # verified: nothing to end (no second listing to pay)
         return {"found": [], "remaining": [], "problem": None, "killed": False}
     if found:
@@ -189,11 +218,17 @@ def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
         killed = killed or (code is not None and code < 0)
         if code != 0:  # a stop that failed is no end: removing with force kills
             problem = err or f"{cfg['stop'][0]} stop exited {code}"
+        if code is None and HUNG in problem:
+            return _hung(found, problem)
         code, _, err = _run([*cfg["remove"], *found], timeout)
         killed = killed or (code is not None and code < 0)
         if code != 0:
             problem = err or f"{cfg['remove'][0]} rm exited {code}"
+        if code is None and HUNG in problem:
+            return _hung(found, problem)
     remaining, again, code = listed(cfg, timeout)
+    if code is None and again and HUNG in again:
+        return _hung(found, again)
     settle = time.monotonic() + min(SETTLE, timeout)
     while found and remaining and again is None and time.monotonic() < settle:
         time.sleep(0.2)
@@ -208,3 +243,9 @@ def _end_once(cfg: dict, grace: float, timeout: float) -> dict:
         problem = None  # verified: whatever failed on the way, nothing of the job is left
         killed = False
     return {"found": found, "remaining": remaining, "problem": problem, "killed": killed}
+
+
+def _hung(found: list, problem: str) -> dict:
+    """The end cut at a hung call: what was found is not known to be gone."""
+    said = {"found": found, "remaining": found, "problem": problem, "killed": False}
+    return {**said, "hung": problem}

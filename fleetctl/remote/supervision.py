@@ -538,8 +538,11 @@ class Supervisor(RankTail):
         self.state.containers = ended
         if ended["problem"]:
             self.out.frame("E", f"containers of the job: {ended['problem']}".encode(), must=True)
-        if self.guard is not None:  # verified: the guard may go; else it tries the end too
-            self.guard.release(ended["problem"] is None)
+        if self.guard is not None:  # verified: the guard may go; else it tries the end too,
+            # but not after a runtime that did not answer in time: it would hang the guard as
+            # long again, a process of ours left after the job's end was reported (the report
+            # names the hung call and the container for the operator)
+            self.guard.release(ended["problem"] is None or bool(ended.get("hung")))
         if self.guard_problem:
             self.out.frame("E", self.guard_problem.encode(), must=True)
 
@@ -555,6 +558,9 @@ class Supervisor(RankTail):
         }
         if self.log_problem:
             said["problem"] = self.log_problem
+        ended = self.state.containers
+        if isinstance(ended, dict) and ended.get("problem"):  # --image: the end not verified
+            said["containers"] = {k: ended.get(k) for k in ("problem", "remaining", "hung")}
         return said
 
     def _stop(self, grace: float) -> None:

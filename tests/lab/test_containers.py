@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -316,3 +318,121 @@ def test_gpus_the_runtime_cannot_hand_over_fail_the_check_not_the_launch(
         )
         assert "nvidia-ctk cdi generate" in last and "launching" not in r.stderr
         assert containers_left(inv, only_job(runs)[0]) == {}
+
+
+# A runtime that hangs at teardown, for node3's job containers only: runc, but ``kill`` and
+# ``delete`` (a stop's signal, the removal) of a container with the job's env (FLEET_JOB_ID
+# in its OCI config; not the check's trial container) wait while the flag file is there.
+# node3's shell gets a containers.conf naming it (``CONTAINERS_CONF`` in its .bashrc), so its
+# podman (the job's client, the supervisor's ps/stop/rm, conmon's cleanup) runs it; removing
+# the flag lets every hung call finish as runc would.
+HUNG_DIR = "/tmp/fleetctl-hung-runtime"  # node3's /tmp: its folder lab.host_dir/tmp here
+HUNG_RUNC = f"""\
+#!/bin/sh
+store=/var/lib/containers/storage/overlay-containers
+case " $* " in *" kill "*|*" delete "*)
+  for a in "$@"; do
+    if grep -qs FLEET_JOB_ID "$store/$a/userdata/config.json"
+    then while [ -e {HUNG_DIR}/hang ]; do sleep 0.1; done; fi
+  done ;;
+esac
+exec {{runc}} "$@"
+"""
+HUNG_CONF = f"""\
+[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "hangrunc"
+[engine.runtimes]
+hangrunc = ["{HUNG_DIR}/hang-runc"]
+"""
+RUNTIME_COMMS = {"conmon", "podman", "runc", "sh", "sleep"}  # the runtime's, not fleetctl's
+
+
+def _ours_left(job_id: str) -> list[str]:
+    """Processes of this machine (lab hosts are its pid namespaces' children) that are
+    fleetctl's for the job: its id in their argv or a file of its run folders open; and ssh
+    clients of this (the controller's) process. The runtime's own are not counted."""
+    left = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            comm = (d / "comm").read_text().strip()
+            argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            fds = [os.readlink(f) for f in (d / "fd").iterdir()]
+        except (OSError, ValueError):
+            continue
+        if comm in RUNTIME_COMMS:
+            continue
+        if (
+            job_id in argv
+            or any(job_id in f for f in fds)
+            or (comm == "ssh" and ppid == os.getpid())
+        ):
+            left.append(f"{d.name} {comm}: {argv[:120]}")
+    return left
+
+
+def test_a_runtime_that_hangs_at_teardown_is_cut_and_named(
+    lab: Lab, code: Path, tmp_path: Path
+) -> None:
+    """node3's container runtime never answers a stop or a removal (runc's ``kill`` and
+    ``delete`` hang) when node2's rank fails: the teardown still ends within its bound
+    (``--runtime-timeout``: one cut call, not one per call), says in one line which host and
+    which runtime call hung and which container may be left, exits 3, keeps every node's
+    log, and leaves no process of fleetctl's on any host; the container is the operator's to
+    remove (this test does, once the runtime answers again). A podman stop here takes ~8 s
+    when nothing hangs (node1's): the bound leaves it room."""
+    hd = lab.host_dir("node3")
+    bashrc = hd / "bashrc"
+    if not bashrc.is_file():
+        skip_or_fail("node3 has no .bashrc of its own (the lab keeps the machine's)")
+    folder = hd / "tmp" / Path(HUNG_DIR).name
+    folder.mkdir()
+    (folder / "hang-runc").write_text(HUNG_RUNC.format(runc=shutil.which("runc") or "runc"))
+    (folder / "hang-runc").chmod(0o755)
+    (folder / "containers.conf").write_text(HUNG_CONF)
+    (folder / "hang").touch()
+    original = bashrc.read_text()
+    job_id, bound, grace = None, 15, 2
+    try:
+        bashrc.write_text(original + f"export CONTAINERS_CONF={HUNG_DIR}/containers.conf\n")
+        r = run(
+            lab.inventory_path, tmp_path, code,
+            "--image", IMAGE, "--runtime-timeout", str(bound), "fail_on_1.py",
+        )  # fmt: skip
+        job_id, job = only_job(tmp_path)
+        ours = wait_for(lambda: not _ours_left(job_id), 10, what="no fleetctl process left",
+                        detail=lambda: str(_ours_left(str(job_id))))  # fmt: skip
+    finally:
+        (folder / "hang").unlink()  # every hung runtime call goes on, as runc's
+        if job_id is not None:
+            on_node(lab.inventory_path, "node3", f"podman rm -f --ignore fleet-{job_id}-2")
+        bashrc.write_text(original)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert ours
+    name = f"fleet-{job_id}-2"
+    assert r.exit_code == 3, r.stderr
+    assert job["status"] == "failed" and job["teardown"]["verified"] is False, job["teardown"]
+    [line] = [s for s in r.stderr.splitlines() if s.startswith("error: node3: teardown: ")]
+    assert re.fullmatch(
+        rf"error: node3: teardown: container not verified gone: podman (ps|stop|rm): no answer "
+        rf"within \d+s \(the container runtime hangs\); {name} \(label fleetctl\.job={job_id}\) "
+        rf"may be left: remove it with `podman rm -f {name}`",
+        line,
+    ), line
+    assert [n["host"] for n in job["teardown"]["nodes"] if n["error"]] == ["node3"], job
+    # bounded: from the stop to the end, the grace and one cut call (the stop's: grace + bound)
+    events = (tmp_path / job_id / "events.log").read_text().splitlines()
+    at = [datetime.fromisoformat(e.split()[0].replace("Z", "+00:00")) for e in events]
+    stop = next(t for t, e in zip(at, events, strict=True) if " teardown stopping " in e)
+    took = (at[-1] - stop).total_seconds()
+    assert took < grace + (grace + bound) + 8, f"the teardown took {took:.1f}s"
+    for rank, host in enumerate(("node1", "node2", "node3")):
+        assert (tmp_path / job_id / f"{rank}-{host}" / "console.log").is_file(), (rank, host)
+    sup = json.loads((tmp_path / job_id / "2-node3" / "supervisor.json").read_text())
+    assert sup["containers"]["hung"] and sup["containers"]["remaining"], sup["containers"]
+    assert_nothing_left(lab.inventory_path, job_id)

@@ -39,6 +39,7 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("launcher", "mpirun", ("--launcher=mpirun",)),
     ("backend", "mpi", ("--backend=mpi",)),
     ("container_runtime", "lxc", ("--container-runtime=lxc", "--image=i")),
+    ("runtime_timeout", 0.5, ("--runtime-timeout=0.5", "--image=i")),
     ("env", {"A\n": "1"}, ("--env-var=A\n=1",)),
     ("launcher_args", ["--x\ntouch /tmp/PWN"], ("--launcher-arg=--x\ntouch /tmp/PWN",)),
     ("image", "img\nrm -rf ~", ("--image=img\nrm -rf ~",)),

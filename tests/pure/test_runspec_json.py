@@ -33,7 +33,7 @@ SCRIPT_CASE: dict[str, Any] = dict(
     collect=CollectOptions(max_bytes=1 << 20, exclude=("*.pt",)), report=False,
     collective=CollectiveOptions(size=1 << 20, min_fraction=0.25, floor=1.5, timeout=30,
                                  iters=5, backend="gloo"),
-    image="ghcr.io/x/y:1", container_runtime="podman",
+    image="ghcr.io/x/y:1", container_runtime="podman", runtime_timeout=12.5,
     detach=True, monitor=False, monitor_lost_timeout=90,
     metrics_addr="127.0.0.1:9400", metrics_textfile="m.prom", on_failure="page $X",
     on_end="echo end", hook_timeout=30,

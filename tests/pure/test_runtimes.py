@@ -259,14 +259,16 @@ def _role_dry_run(tmp_path: Path, text: str, *extra: str) -> list[dict]:
 
 
 def test_a_role_job_runs_in_its_job_files_image(tmp_path: Path) -> None:
-    """``image:`` and ``container_runtime:`` of the job file: every role's nodes in it."""
-    want = {"image": "reg.example/train:a", "runtime": "docker", "gpus": False}
+    """``image:`` and ``container_runtime:`` of the job file: every role's nodes in it (each
+    runtime call at teardown bounded by ``--runtime-timeout``'s default)."""
+    want = {"image": "reg.example/train:a", "runtime": "docker", "gpus": False, "timeout": 30.0}
     assert _role_dry_run(tmp_path, ROLE_JOB) == [want, want]
 
 
 def test_the_command_line_wins_over_the_job_files_image(tmp_path: Path) -> None:
-    got = _role_dry_run(tmp_path, ROLE_JOB, "--image", "mine:b", "--container-runtime", "podman")
-    assert got == [{"image": "mine:b", "runtime": "podman", "gpus": False}] * 2
+    extra = ("--image", "mine:b", "--container-runtime", "podman", "--runtime-timeout", "7")
+    got = _role_dry_run(tmp_path, ROLE_JOB, *extra)
+    assert got == [{"image": "mine:b", "runtime": "podman", "gpus": False, "timeout": 7.0}] * 2
 
 
 def test_a_role_job_without_an_image_runs_on_the_hosts(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ real thing and check every host with testinfra.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fleetctl.node import Node
@@ -62,3 +63,39 @@ def test_when_every_node_reported_clean_nothing_is_asked_and_it_is_verified() ->
         reported={"n1": clean, "n2": clean},
     )
     assert fleet.asked == [] and report.verified
+
+
+def test_a_container_a_hung_runtime_left_is_an_unverified_node_named_with_its_container() -> None:
+    """--image: the supervisor's exit report says its runtime did not answer (a cut call):
+    the node is not verified, and its one line names the call and the container to remove;
+    a succeeded job with such a node does not exit 0."""
+    from fleetctl.job.result import JobResult
+    from fleetctl.job.state import JobStatus
+    from fleetctl.phases.teardown import containers_wait
+
+    nodes = [Node(f"n{i}", f"10.0.0.{i}") for i in range(1, 3)]
+    spec = JobSpec(script="t.py", job_id="j3", image="img:1", runtime_timeout=4.0)
+    plan = make_plan(nodes, spec)
+    assert [np.container and np.container["timeout"] for np in plan.nodes] == [4.0, 4.0]
+    assert containers_wait(plan, 2.0) == 2.0 + 4 * 4.0 + 1.0  # the node's end_bound
+    assert containers_wait(make_plan(nodes, JobSpec(script="t.py", job_id="j4")), 2.0) == 0.0
+    hung = "podman stop: no answer within 6s"
+    clean = {"found": [], "killed": [], "remaining": []}
+    report = teardown(
+        AskedFleet(nodes),  # type: ignore[arg-type]
+        plan,
+        grace=2.0,
+        pythons={n.name: "python3" for n in nodes},
+        reported={
+            "n1": clean,
+            "n2": {**clean, "containers": {"problem": hung, "hung": hung, "remaining": ["c2"]}},
+        },
+    )
+    assert not report.verified and report.leftovers == {}
+    assert report.unchecked == {
+        "n2": "container not verified gone: podman stop: no answer within 6s (the container "
+        "runtime hangs); fleet-j3-1 (label fleetctl.job=j3) may be left: remove it with "
+        "`podman rm -f fleet-j3-1`"
+    }
+    result = JobResult("j3", Path("runs/j3"), JobStatus.SUCCEEDED, teardown=report)
+    assert result.exit_code == 3

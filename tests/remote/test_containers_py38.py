@@ -17,14 +17,17 @@ from fleetctl.testing.wait import wait_for
 #: podman's ps/stop/rm over a JSON file of containers (id -> {"job", "state"}); ``stuck``
 #: containers survive rm, as one whose runtime cannot kill it; ``autoremove`` ones are docker's
 #: ``run --rm``: stopped, the daemon removes them itself, our rm fails meanwhile ("already in
-#: progress") and ps lists them ``gone_after`` more times.
+#: progress") and ps lists them ``gone_after`` more times. ``FAKE_PODMAN_HANG``: the command
+#: (``ps``, ``stop``, ``rm``) that never answers, as a hung runtime's.
 FAKE = """\
-import json, os, signal, sys
+import json, os, signal, sys, time
 db = os.environ["FAKE_PODMAN_DB"]
 cs = json.load(open(db))
 args = sys.argv[1:]
 with open(db + ".log", "a") as log:
     log.write(" ".join(args) + "\\n")
+if os.environ.get("FAKE_PODMAN_HANG") == args[0]:
+    time.sleep(600)
 if args[0] == "ps" and os.environ.get("FAKE_PODMAN_TERMED") and not os.path.exists(db + ".t"):
     open(db + ".t", "w").close()  # a concurrent stop's SIGTERM to every process under the
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # supervisor: podman exits 0, silent
@@ -62,7 +65,7 @@ sys.exit(code)
 
 CALL = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); import containers; "
-    "print(json.dumps(containers.end_containers(json.loads(sys.argv[2]), 1.5, 10.0)))"
+    "print(json.dumps(containers.end_containers(json.loads(sys.argv[2]), 1.5)))"
 )
 
 
@@ -81,6 +84,7 @@ def _end(
         "list": pod.list_argv(job),
         "stop": pod.stop_argv([], 1.5),
         "remove": pod.remove_argv([]),
+        "timeout": float(extra.pop("TIMEOUT", "10")),  # one call's bound (--runtime-timeout)
     }
     env = {
         **os.environ,
@@ -192,6 +196,33 @@ def test_no_runtime_on_the_node_is_a_problem_not_a_crash(py38: str, tmp_path: Pa
     said = json.loads(out.stdout)
     assert said["found"] == [] and said["remaining"] == []
     assert said["problem"].startswith("/nonexistent/podman: "), said
+
+
+def test_a_hung_runtime_call_is_cut_named_and_ends_the_attempt(py38: str, tmp_path: Path) -> None:
+    """A stop the runtime never answers: cut at the grace plus one call's bound (the spec's
+    ``timeout``), named, and the end stops there (no removal, no listing: each would hang as
+    long); the container is said to be maybe left, not taken for gone."""
+    import time
+
+    cs = {"a1": {"job": "j1", "state": "running"}}
+    t0 = time.monotonic()
+    said, left, log = _end(py38, tmp_path, cs, "j1", FAKE_PODMAN_HANG="stop", TIMEOUT="1")
+    assert time.monotonic() - t0 < 1.5 + 1 + 5
+    assert said == {
+        "found": ["a1"],
+        "remaining": ["a1"],
+        "problem": "podman stop: no answer within 2.5s",
+        "hung": "podman stop: no answer within 2.5s",
+    }
+    assert log == ["ps -a -q --filter label=fleetctl.job=j1", "stop --time 2 a1"]
+    assert left == cs
+
+
+def test_a_hung_listing_is_no_verified_end(py38: str, tmp_path: Path) -> None:
+    said, _, log = _end(py38, tmp_path, {}, "j1", FAKE_PODMAN_HANG="ps", TIMEOUT="1")
+    hung = "podman ps: no answer within 1s"
+    assert said == {"found": [], "remaining": [], "problem": hung, "hung": hung}
+    assert log == ["ps -a -q --filter label=fleetctl.job=j1"]
 
 
 def test_a_runtime_command_killed_by_a_concurrent_stop_is_tried_again(

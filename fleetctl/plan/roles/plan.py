@@ -162,6 +162,7 @@ def _role_plans(
             work_id=base.work_id,
             image=base.image,
             container_runtime=base.container_runtime,
+            runtime_timeout=base.runtime_timeout,
         )
         try:
             plan = make_plan([t.node for t in rtasks], spec, facts or None, code_digest=code_digest)
@@ -222,6 +223,7 @@ def _paddle_ps_plans(
         work_id=base.work_id,
         image=base.image,
         container_runtime=base.container_runtime,
+        runtime_timeout=base.runtime_timeout,
     )
     plan = make_plan([t.node for t in tasks], spec, facts or None, code_digest=code_digest)
     nodes = []

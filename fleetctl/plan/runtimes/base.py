@@ -44,7 +44,7 @@ class ContainerSpec:
     @property
     def name(self) -> str:
         """The container's name (``podman ps`` shows it); teardown never goes by it."""
-        return f"fleet-{self.job_id}-{self.node_rank}"
+        return container_name(self.job_id, self.node_rank)
 
     @property
     def label_filter(self) -> str:
@@ -97,6 +97,12 @@ class Runtime:
     def remove_argv(self, ids: Sequence[str]) -> list[str] | None:
         """Removes the containers ``ids``, killing any still running."""
         return None
+
+
+def container_name(job_id: str, node_rank: int) -> str:
+    """The name of the job's container on node ``node_rank``: what an operator removes by hand
+    when the runtime did not end it (the teardown's report names it)."""
+    return f"fleet-{job_id}-{node_rank}"
 
 
 def env_flags(names: Sequence[str]) -> list[str]:
