@@ -45,7 +45,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # What the controller may import of remote/: the installer, the wire format, the supervisor's
-# records, the /proc reader and the private-key scan (the code push applies it here too).
+# records, the /proc reader, the private-key scan (the code push applies it here too) and the
+# container end's bounds (``containers.end_bound``: how long the teardown waits for a node).
 REMOTE_KIT = frozenset(
     {
         "fleetctl.remote",
@@ -53,6 +54,7 @@ REMOTE_KIT = frozenset(
         "fleetctl.remote.records",
         "fleetctl.remote.procfs",
         "fleetctl.remote.keyscan",
+        "fleetctl.remote.containers",
     }
 )
 
