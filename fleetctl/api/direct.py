@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fleetctl.api.submitted import Submitted
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
@@ -137,7 +137,7 @@ class Direct:
         return self.runs_dir / self.job_id
 
     def _verdict(self, r: JobResult) -> RunResult:
-        from fleetctl.job.state import JobStatus
+        from fleetctl.job.records.state import JobStatus
         from fleetctl.phases.collect import interrupted
 
         if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):

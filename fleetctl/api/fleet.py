@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from fleetctl.api.job import Job
     from fleetctl.api.runspec import RunSpec
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check_report import CheckReport
     from fleetctl.phases.collect import CollectOptions

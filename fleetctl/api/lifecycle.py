@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
     from fleetctl.api.runspec import Observe
     from fleetctl.job.handle import JobHandle
-    from fleetctl.job.jobrecord import JobRecord
-    from fleetctl.job.members import Member
+    from fleetctl.job.records.jobrecord import JobRecord
+    from fleetctl.job.records.members import Member
     from fleetctl.job.stacks import StackGroup
     from fleetctl.job.supervisors import NodeReport
     from fleetctl.phases.collect import CollectOptions, NodeCollect
@@ -51,7 +51,8 @@ class StatusReport:
     hint: str | None = None  # what to do next, one line
     #: a submitted job (the sbatch executor): slurm.json, ``now`` Slurm's line
     slurm: dict[str, Any] | None = None
-    #: run --elastic: each slot's holder and the hosts that lost theirs (fleetctl.job.members)
+    #: run --elastic: each slot's holder and the hosts that lost theirs
+    #: (fleetctl.job.records.members)
     members: list[Member] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,8 +142,8 @@ class StacksReport:
 
 
 def status(h: JobHandle) -> StatusReport:
-    from fleetctl.job.members import members
     from fleetctl.job.monitor_process import monitor_status
+    from fleetctl.job.records.members import members
 
     states = h.status()
     report = StatusReport(
@@ -277,7 +278,7 @@ def logs(
 
 def last_monitor(runs_dir: str | Path, job_id: str) -> dict[str, Any]:
     """The settings the job's last monitor recorded (grace, poll, timeouts), else {}."""
-    from fleetctl.job.runfolder import load_run
+    from fleetctl.job.records.runfolder import load_run
 
     record: JobRecord | None = None
     with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError
-from fleetctl.job.runfolder import ATTEMPTS_FILE, RunFolder, read_json
-from fleetctl.job.state import JobStatus
+from fleetctl.job.records.runfolder import ATTEMPTS_FILE, RunFolder, read_json
+from fleetctl.job.records.state import JobStatus
 
 if TYPE_CHECKING:
-    from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.retry import Decision, RetryPolicy
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
@@ -150,7 +150,7 @@ def run_attempts(
     ``on_result`` sees every attempt's result (the CLI prints its summary). Errors before a
     launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
     """
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
     from fleetctl.job.retry import Failure
     from fleetctl.job.run import run_job
     from fleetctl.ssh.fanout import FanOut
@@ -280,7 +280,7 @@ def _choose(
     options: RunOptions,
     emit: Callable[[JobEvent], None],
 ) -> tuple[list[Node], dict[str, str]]:
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
     from fleetctl.job.spares import choose_nodes
 
     emit(JobEvent("phase", f"choosing {want} of {len(pool)} host(s) (--nodes)"))
@@ -319,7 +319,7 @@ def _relayed(options: RunOptions) -> dict[str, Any] | None:
 def _reconnect(fleet: FanOut, last: JobResult | None) -> list[str]:
     """Drop the connections a retry must not reuse: nodes the last attempt lost or could not
     start on, and any whose transport died (a rebooted node). Returns their names."""
-    from fleetctl.job.state import NodeState
+    from fleetctl.job.records.state import NodeState
 
     bad = {
         n.host

@@ -24,7 +24,7 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
-    from fleetctl.job.result import JobResult
+    from fleetctl.job.records.result import JobResult
     from fleetctl.node import Node
     from fleetctl.ssh.fanout import FanOut
 

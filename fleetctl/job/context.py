@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.result import EventKind, JobEvent, JobResult, NodeOutcome
-from fleetctl.job.runfolder import RunFolder
-from fleetctl.job.state import JobState, NodeState, exit_state
+from fleetctl.job.records.result import EventKind, JobEvent, JobResult, NodeOutcome
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.state import JobState, NodeState, exit_state
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class JobContext:
     def write_connect(self) -> None:
         """connect.json: how `fleetctl status/logs/stop JOB` reach the job's nodes (again
         when a spare took a lost node's place, run --elastic)."""
-        from fleetctl.job.records import nodes_as_reached, write_connect
+        from fleetctl.job.records.runs import nodes_as_reached, write_connect
 
         options = self.options
         with contextlib.suppress(OSError):

@@ -10,9 +10,10 @@ rendezvous; the survivors' torchrun agents stay the same processes and restart t
 into the new round (a membership change), the workers load the newest checkpoint. The lost
 node is left to its dead-man switch (it cannot hear us). Everything said goes through the
 job's events (``events.log``, the live lines) and job.json's ``membership`` (``status`` shows
-the members from it: ``fleetctl.job.members``). With no spare left and ``--min-nodes M``, the
-job goes on without the lost node while at least M nodes remain (its slot ``left``;
-torchrun's node range is ``M:POOL``, so the survivors' next round closes with fewer nodes).
+the members from it: ``fleetctl.job.records.members``). With no spare left and
+``--min-nodes M``, the job goes on without the lost node while at least M nodes remain
+(its slot ``left``; torchrun's node range is ``M:POOL``, so the survivors' next round closes
+with fewer nodes).
 Not taken over (the job ends as without ``--elastic``): node 0 (its agent hosts the c10d
 store the others keep their rendezvous in; said why, ``NODE0_LOST``), a loss once no spare is
 left (and too few nodes would remain), a loss while the job is being stopped.
@@ -146,7 +147,7 @@ class Membership:
         """No spare left: with ``--min-nodes`` and enough nodes left, the slot is left empty
         (its node ``left``, no failure) and the survivors' agents close their next round with
         fewer nodes; else False (the job ends)."""
-        from fleetctl.job.state import NodeState
+        from fleetctl.job.records.state import NodeState
 
         job = self.job
         low = job.options.min_nodes
@@ -175,8 +176,8 @@ class Membership:
 
     def _take_slot(self, rank: int, spare: Node) -> None:
         """The rank slot is the spare's from now on: its result record, its streamed log."""
-        from fleetctl.job.result import NodeOutcome
-        from fleetctl.job.state import NodeState
+        from fleetctl.job.records.result import NodeOutcome
+        from fleetctl.job.records.state import NodeState
 
         job = self.job
         f = job.spools.pop(rank, None)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
-from fleetctl.job.state import NodeState
+from fleetctl.job.records.state import NodeState
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.job.context import drain
-from fleetctl.job.state import JobStatus, NodeState
+from fleetctl.job.records.state import JobStatus, NodeState
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:

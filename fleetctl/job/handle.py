@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.jobrecord import FailureRecord, NodeRecord
-from fleetctl.job.runfolder import iso, read_json
-from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state, node_state
+from fleetctl.job.records.jobrecord import FailureRecord, NodeRecord
+from fleetctl.job.records.runfolder import iso, read_json
+from fleetctl.job.records.state import JobState, JobStatus, NodeState, exit_state, node_state
 from fleetctl.remote.records import RecordError, SupervisorState
 from fleetctl.remote.wire import STATE_FILE
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.fanout import FanOut
 
-from fleetctl.job.records import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
+from fleetctl.job.records.runs import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
 from fleetctl.job.supervisors import (
     NodeReport,
     ensure_supervisor,

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetctl.job.runfolder import HOOK_LOG, RunFolder
+from fleetctl.job.records.runfolder import HOOK_LOG, RunFolder
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe
-    from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.records.result import JobEvent, JobResult
 
 DEFAULT_HOOK_TIMEOUT = 60.0  # s (RunSpec's --hook-timeout default)
 KILL_WAIT = 2.0  # s between SIGTERM and SIGKILL of a hook past its time
@@ -165,7 +165,7 @@ def run_hooks(
 ) -> list[HookRun]:
     """``--on-failure`` (the job failed, or could not start) then ``--on-end`` (always). Never
     raises for a hook: a failing or hanging one is a warning."""
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
 
     todo = []
     if hooks.on_failure and str(status) in FAILED:

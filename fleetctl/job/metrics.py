@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fleetctl.job.result import JobEvent, NodeOutcome
+    from fleetctl.job.records.result import JobEvent, NodeOutcome
 
 # a phase event's text → the phase the metrics name (docs/metrics.md); the others keep the last
 PHASES = (

@@ -50,14 +50,14 @@ from fleetctl.job.monitor_decide import (
     limit_reached,
 )
 from fleetctl.job.monitor_process import identity, monitor_alive
-from fleetctl.job.runfolder import iso
+from fleetctl.job.records.runfolder import iso
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe, Supervision
     from fleetctl.job.exposition import MetricsEndpoint
     from fleetctl.job.hooks import Hooks
-    from fleetctl.job.jobrecord import JobRecord
     from fleetctl.job.metrics import JobMetrics
+    from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.supervisors import NodeReport
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
@@ -277,7 +277,7 @@ def _watch(
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
     ``sup``: the job's limits."""
-    from fleetctl.job.records import _parse_iso
+    from fleetctl.job.records.runs import _parse_iso
     from fleetctl.job.supervisors import ensure_supervisor, node_states
 
     policy = _policy(h.job)

@@ -1,6 +1,6 @@
 """The job monitor's decision: one poll of every node's supervisor in, the job's verdict (or
 "keep watching") and the event lines out — through the same state machine an attached run uses
-(``fleetctl.job.state``). Pure."""
+(``fleetctl.job.records.state``). Pure."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from fleetctl.job.jobrecord import FailureRecord
-from fleetctl.job.runfolder import iso
-from fleetctl.job.state import JobState, NodeState
+from fleetctl.job.records.jobrecord import FailureRecord
+from fleetctl.job.records.runfolder import iso
+from fleetctl.job.records.state import JobState, NodeState
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
 
 if TYPE_CHECKING:

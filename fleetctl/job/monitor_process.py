@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError
 from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe, Supervision
-    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.ssh.connection import SSHSettings
 
 REGISTER_WAIT = 20.0  # s for a spawned monitor to record itself in job.json

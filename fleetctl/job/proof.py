@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
-from fleetctl.job.state import JobStatus, NodeState
+from fleetctl.job.records.state import JobStatus, NodeState
 from fleetctl.phases.collective_judge import CollectiveOptions
 from fleetctl.plan.rankplan import NodeFacts
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
-    from fleetctl.job.result import JobResult
+    from fleetctl.job.records.result import JobResult
     from fleetctl.phases.collective import Started
     from fleetctl.phases.collective_judge import CollectiveReport
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.plan.launchers import launcher_for
 
 if TYPE_CHECKING:
-    from fleetctl.job.result import JobResult
+    from fleetctl.job.records.result import JobResult
 
 # What a rank prints when a collective failed because a peer's process went away: gloo's
 # "Connection closed by peer [addr]:port. This is typically caused by a remote worker

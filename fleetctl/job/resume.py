@@ -36,7 +36,8 @@ def resolve(
     folder, code snapshot. UsageError naming the value when there is no such job or it never
     got as far as a plan."""
     from fleetctl.job.checkpoints import CheckpointRelay
-    from fleetctl.job.records import (
+    from fleetctl.job.records.runfolder import RunFolder, check_job_id, read_job
+    from fleetctl.job.records.runs import (
         ATTEMPT_RE,
         _parse_iso,
         attempt_folders,
@@ -45,7 +46,6 @@ def resolve(
         load_nodes,
         load_plan,
     )
-    from fleetctl.job.runfolder import RunFolder, check_job_id, read_job
     from fleetctl.phases.checkpoints import RelaySource
 
     bad = f"--resume {text!r}"

@@ -27,9 +27,9 @@ from fleetctl.errors import FleetctlError, LaunchError
 from fleetctl.job.context import JobContext, on_event
 from fleetctl.job.finish import finish
 from fleetctl.job.prepare import prepare
-from fleetctl.job.result import JobEvent, JobResult
-from fleetctl.job.runfolder import DEFAULT_RUNS_DIR
-from fleetctl.job.state import JobStatus
+from fleetctl.job.records.result import JobEvent, JobResult
+from fleetctl.job.records.runfolder import DEFAULT_RUNS_DIR
+from fleetctl.job.records.state import JobStatus
 from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.reattach import reattach_stream

@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import CheckError
-from fleetctl.job.state import NodeState
+from fleetctl.job.records.state import NodeState
 
 if TYPE_CHECKING:
     from fleetctl.health.ledger import HostStatus
-    from fleetctl.job.result import JobResult
+    from fleetctl.job.records.result import JobResult
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec

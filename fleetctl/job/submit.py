@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.job.records.state import JobStatus
 from fleetctl.job.retry import RetryPolicy
-from fleetctl.job.state import JobStatus
 
 if TYPE_CHECKING:
     from fleetctl.job.exposition import MetricsEndpoint
     from fleetctl.job.hooks import Hooks
     from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobEvent, JobResult
+    from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
@@ -153,7 +153,7 @@ def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
 
 
 def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
     from fleetctl.job.run import run_job
 
     options = request.options
@@ -193,8 +193,8 @@ def write_run_report(folder: str | Path, job_id: str, on_event: Callable[[JobEve
     """report.html into the job's first run folder (every attempt in it), for an attached
     run and a detached job's monitor alike. Never changes the run's outcome: a failure to
     write it is a warning."""
-    from fleetctl.job.records import ATTEMPT_RE
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
+    from fleetctl.job.records.runs import ATTEMPT_RE
 
     if not folder:
         return
@@ -215,7 +215,7 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
     from fleetctl.job.monitor import completion_record
     from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT
     from fleetctl.job.monitor_process import spawn_monitor
-    from fleetctl.job.runfolder import RunFolder
+    from fleetctl.job.records.runfolder import RunFolder
 
     folder = RunFolder(result.folder)
     record = completion_record(options.completion)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, one_line
-from fleetctl.job.runfolder import iso
+from fleetctl.job.records.runfolder import iso
 from fleetctl.node import Node
 from fleetctl.phases.frames import last_data
 from fleetctl.remote.records import RecordError, SupervisorState

@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl.errors import UsageError
 from fleetctl.job.checkpoints import relay_source
-from fleetctl.job.result import JobResult
+from fleetctl.job.records.result import JobResult
 from fleetctl.node import Node
 from fleetctl.phases.checkpoints import (
     PEER_MIN_BYTES,

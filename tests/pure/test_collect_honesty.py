@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from fleetctl.cli.render_collect import collect_lines, collect_summary_lines
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import STREAMED_CONSOLE, RunFolder
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import STREAMED_CONSOLE, RunFolder
 from fleetctl.phases.collect import (
     INTERRUPTED,
     CollectInterrupted,

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import pytest
 
 from fleetctl.errors import LogsIncomplete
-from fleetctl.job.result import JobResult
-from fleetctl.job.state import JobStatus
+from fleetctl.job.records.result import JobResult
+from fleetctl.job.records.state import JobStatus
 from fleetctl.phases.collect import NodeCollect
 from fleetctl.testing.cli_runner import run_cli
 

@@ -1,12 +1,12 @@
-"""The job state machine (fleetctl.job.state): one golden table of node ends → the job's fate,
-and the detached monitor's decision agreeing with it on the same ends."""
+"""The job state machine (fleetctl.job.records.state): one golden table of node ends → the job's
+fate, and the detached monitor's decision agreeing with it on the same ends."""
 
 from __future__ import annotations
 
 import pytest
 
 from fleetctl.job.monitor_decide import WatchState, decide
-from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state
+from fleetctl.job.records.state import JobState, JobStatus, NodeState, exit_state
 from fleetctl.job.supervisors import NodeReport
 from fleetctl.plan.roles import CompletionPolicy
 

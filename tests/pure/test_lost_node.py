@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetctl.job.state import NodeState
+from fleetctl.job.records.state import NodeState
 
 
 class _Pipe:

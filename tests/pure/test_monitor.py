@@ -12,12 +12,12 @@ import pytest
 
 from fleetctl.api.runspec import Supervision
 from fleetctl.job.handle import JobHandle
-from fleetctl.job.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.monitor import monitor_job
 from fleetctl.job.monitor_decide import MONITOR_REASON, WatchState, decide
 from fleetctl.job.monitor_process import identity, monitor_alive, monitor_status, stop_monitor
-from fleetctl.job.records import write_connect
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.runs import write_connect
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
 from fleetctl.node import Node
 from fleetctl.phases.collect import NodeCollect

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fleetctl.errors import PlanError
-from fleetctl.job.records import load_plan
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.runs import load_plan
 from fleetctl.node import Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES
 from fleetctl.plan.rankplan import JobSpec, Plan, make_plan

@@ -186,7 +186,7 @@ def test_each_finding_reads_as_one_line(finding: Finding, line: str) -> None:
 
 
 def _result(states: list[str], *, verdict: str | None = None, tail: str = "") -> Any:
-    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.records.result import JobResult, NodeOutcome
 
     nodes = [NodeOutcome(i, f"n{i + 1}", f"10.0.0.{i + 1}", state=s) for i, s in enumerate(states)]
     failed = next((i for i, s in enumerate(states) if s == "failed"), None)

@@ -133,7 +133,7 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
 
     from fleetctl.job import run as job_mod
     from fleetctl.job.attempts import run_attempts
-    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.records.result import JobResult, NodeOutcome
     from fleetctl.job.run import RunOptions
     from fleetctl.plan.rankplan import JobSpec
 
@@ -195,7 +195,7 @@ def test_a_retry_after_a_lost_node_reconnects_it_rechecks_and_records_a_failed_s
     from fleetctl.errors import CheckError
     from fleetctl.job import run as job_mod
     from fleetctl.job.attempts import run_attempts
-    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.records.result import JobResult, NodeOutcome
     from fleetctl.job.run import RunOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.results import FleetResult

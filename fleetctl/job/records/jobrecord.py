@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.state import LIVE_STATES
+from fleetctl.job.records.state import LIVE_STATES
 
 _NONE = type(None)
 _T = TypeVar("_T", "NodeRecord", "FailureRecord", "JobRecord")  # the records _from_dict makes

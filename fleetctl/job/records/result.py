@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fleetctl.job.runfolder import iso
-from fleetctl.job.state import JobStatus, NodeState, node_state
+from fleetctl.job.records.runfolder import iso
+from fleetctl.job.records.state import JobStatus, NodeState, node_state
 
 if TYPE_CHECKING:
-    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.phases.collect import NodeCollect
     from fleetctl.phases.teardown import TeardownReport
     from fleetctl.plan.rankplan import Plan
@@ -232,7 +232,7 @@ class JobResult:
 
     def to_record(self) -> JobRecord:
         """job.json's record of this result (its types checked as a file's would be)."""
-        from fleetctl.job.jobrecord import JobRecord
+        from fleetctl.job.records.jobrecord import JobRecord
 
         return JobRecord.from_dict(self.to_dict(), source=str(self.folder / "job.json"))
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.jobrecord import FailureRecord, JobRecord
-from fleetctl.job.runfolder import RunFolder, list_runs, load_run
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
+from fleetctl.job.records.runfolder import RunFolder, list_runs, load_run
 from fleetctl.node import Node
 
 if TYPE_CHECKING:

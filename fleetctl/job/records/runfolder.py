@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.jobrecord import JobRecord
+from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 
 DEFAULT_RUNS_DIR = "fleet-runs"
@@ -203,9 +203,9 @@ class RunFolder:
         self, node_folder: str, keys: Iterable[str], globs: Iterable[str]
     ) -> list[str]:
         """Rewrite the launcher's environment dumps (``globs``, the launcher's ``env_dumps``) in
-        a node folder without the values of ``keys`` (fleetctl.job.redact); returns the files
-        changed, relative to the run folder."""
-        from fleetctl.job.redact import redact_text
+        a node folder without the values of ``keys`` (fleetctl.job.records.redact); returns the
+        files changed, relative to the run folder."""
+        from fleetctl.job.records.redact import redact_text
 
         keys = sorted(set(keys))
         changed: list[str] = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.records.jobrecord import JobRecord
 
 #: node states in which a slot's holder is still a member that runs (or is about to)
 _RUNNING = {"pending", "running"}
