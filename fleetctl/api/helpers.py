@@ -29,7 +29,7 @@ _NAMES = {
     "PROBE_TIMEOUT": ("fleetctl.plan.userinput", "PROBE_TIMEOUT"),
     "PROBE_TIMEOUT_MAX": ("fleetctl.plan.userinput", "PROBE_TIMEOUT_MAX"),
     "shared_positions": ("fleetctl.plan.shared", "shared_positions"),
-    "describe_rank": ("fleetctl.job.ranks", "describe"),
+    "describe_rank": ("fleetctl.job.diagnose.ranks", "describe"),
 }
 
 __all__ = sorted(_NAMES)

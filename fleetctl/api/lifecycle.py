@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     import threading
 
     from fleetctl.api.runspec import Observe
+    from fleetctl.job.diagnose.stacks import StackGroup
     from fleetctl.job.handle import JobHandle
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.members import Member
-    from fleetctl.job.stacks import StackGroup
     from fleetctl.job.supervisors import NodeReport
     from fleetctl.phases.collect import CollectOptions, NodeCollect
     from fleetctl.phases.stacks import StackReport
@@ -226,7 +226,7 @@ def collect(h: JobHandle, options: CollectOptions | None = None) -> CollectRepor
 
 
 def stacks(h: JobHandle) -> StacksReport:
-    from fleetctl.job.stacks import fold
+    from fleetctl.job.diagnose.stacks import fold
 
     report, saved = h.stacks()
     return StacksReport(h.job_id, fold(report.stacks()), report, saved)

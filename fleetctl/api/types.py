@@ -28,7 +28,7 @@ _NAMES = {
     "NodeCollect": "fleetctl.phases.collect",
     "CollectOptions": "fleetctl.phases.collect",
     "SpawnedMonitor": "fleetctl.job.monitor_process",
-    "StackGroup": "fleetctl.job.stacks",
+    "StackGroup": "fleetctl.job.diagnose.stacks",
     # Slurm, inventories, SSH settings
     "SlurmEvent": "fleetctl.slurm.submit",
     "Inventory": "fleetctl.plan.inventory",
@@ -39,12 +39,12 @@ __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
     from fleetctl.api.result import RunResult
+    from fleetctl.job.diagnose.stacks import StackGroup as StackGroup
     from fleetctl.job.monitor_process import SpawnedMonitor as SpawnedMonitor
     from fleetctl.job.records.result import EventKind as EventKind
     from fleetctl.job.records.result import JobEvent as JobEvent
     from fleetctl.job.records.result import JobResult as JobResult
     from fleetctl.job.records.result import NodeOutcome as NodeOutcome
-    from fleetctl.job.stacks import StackGroup as StackGroup
     from fleetctl.phases.check_report import CheckReport as CheckReport
     from fleetctl.phases.collect import CollectOptions as CollectOptions
     from fleetctl.phases.collect import NodeCollect as NodeCollect

@@ -17,7 +17,7 @@ from fleetctl.job.records.state import JobState, NodeState, exit_state
 from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
-    from fleetctl.job.pace import PaceJudge, SlowVerdict
+    from fleetctl.job.diagnose.pace import PaceJudge, SlowVerdict
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check_report import HeldProbe

@@ -15,7 +15,7 @@ from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext
-    from fleetctl.job.proof import Ahead
+    from fleetctl.job.diagnose.proof import Ahead
     from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
 
@@ -222,7 +222,7 @@ def _blame_first_rank(job: JobContext) -> None:
     """The node whose rank failed first is the first failure, even when a peer's launcher ended
     first: launchers look at their ranks every 0.1-1 s, and under load the culprit's may end
     after its victim's, or after our stop reached it. The node supervisors' clocks decide."""
-    from fleetctl.job.ranks import rank_exits
+    from fleetctl.job.diagnose.ranks import rank_exits
 
     first = job.result.failed_ranks[0] if job.result.failed_ranks else None
     before = job.result.failed_node
@@ -254,7 +254,7 @@ def _blame_first_rank(job: JobContext) -> None:
 
 def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
-    from fleetctl.job.culprit import post_mortem
+    from fleetctl.job.diagnose.culprit import post_mortem
 
     job.emit("phase", "checking every host after the failure (post-mortem)")
     found = post_mortem(fleet, job.spec, skip=_lost_hosts(job))
@@ -264,7 +264,7 @@ def _post_mortem(job: JobContext, fleet: FanOut) -> None:
 
 
 def _proof_ahead(job: JobContext) -> Ahead | None:
-    from fleetctl.job.proof import start
+    from fleetctl.job.diagnose.proof import start
 
     try:
         return start(job)
@@ -275,8 +275,9 @@ def _proof_ahead(job: JobContext) -> Ahead | None:
 
 def _proof(job: JobContext, ahead: Ahead | None) -> None:
     """After a stall, a lost node or a collective timeout: a collective among the reachable
-    hosts proves the culprit (``fleetctl.job.proof``); bounded, and never the run's outcome."""
-    from fleetctl.job.proof import record
+    hosts proves the culprit (``fleetctl.job.diagnose.proof``); bounded, and never the run's
+    outcome."""
+    from fleetctl.job.diagnose.proof import record
 
     try:
         record(job, ahead)
@@ -308,7 +309,7 @@ def _redact(job: JobContext) -> None:
 
 def _rank_map(job: JobContext) -> None:
     """ranks.json, and the ranks the failing node's launcher named (the summary shows them)."""
-    from fleetctl.job.ranks import failed_ranks, rank_map
+    from fleetctl.job.diagnose.ranks import failed_ranks, rank_map
 
     try:
         ranks = rank_map(job.result)

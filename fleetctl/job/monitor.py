@@ -478,7 +478,7 @@ def _dump_stacks(h: JobHandle, event: Callable[[str], None]) -> dict[str, Any]:
     """A stalled detached job: every rank's stack before the teardown, folded into job.json."""
     import dataclasses
 
-    from fleetctl.job.stacks import fold
+    from fleetctl.job.diagnose.stacks import fold
     from fleetctl.phases.stacks import dump_stacks
 
     event("dumping the stack of every process of the job on every node")

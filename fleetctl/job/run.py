@@ -188,7 +188,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     by_name = {n.name: n for n in job.nodes}
     pace = None
     if sup.on_slow != "off" and not options.detach and not options.planner:
-        from fleetctl.job.pace import PaceJudge
+        from fleetctl.job.diagnose.pace import PaceJudge
 
         if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
             job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
@@ -346,7 +346,7 @@ def _limit_reached(job: JobContext, started: float) -> str | None:
 
 def _dump_stacks(job: JobContext, fleet: FanOut) -> None:
     """Every rank's stack before the teardown, folded so the odd rank out shows."""
-    from fleetctl.job.stacks import fold
+    from fleetctl.job.diagnose.stacks import fold
     from fleetctl.phases.stacks import dump_stacks
 
     assert job.plan is not None

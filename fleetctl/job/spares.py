@@ -37,7 +37,7 @@ def choose_nodes(
 ) -> tuple[list[Node], dict[str, str]]:
     """The first ``n`` healthy hosts of ``pool`` not ``ruled_out``, and every host left out
     with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
-    from fleetctl.job.culprit import culprits
+    from fleetctl.job.diagnose.culprit import culprits
     from fleetctl.phases.check import CheckOptions, check_fleet
     from fleetctl.plan.launchers import launcher_for
     from fleetctl.results import FleetResult
@@ -117,7 +117,7 @@ def faulty_hosts(result: JobResult) -> dict[str, str]:
 
 
 def proven(post_mortem: Mapping[str, Any] | None) -> dict[str, str]:
-    """The hosts the post-mortem's proof named (``fleetctl.job.proof``), and why in a few
+    """The hosts the post-mortem's proof named (``fleetctl.job.diagnose.proof``), and why in a few
     words (the ledger's reason)."""
     if not post_mortem:
         return {}

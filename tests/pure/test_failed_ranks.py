@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.ranks import failed_ranks
+from fleetctl.job.diagnose.ranks import failed_ranks
 
 DS_LINE = (
     "[2026-11-25 18:00:14,372] [ERROR] [launch.py:259:sigkill_handler] ['/venv/bin/python', "

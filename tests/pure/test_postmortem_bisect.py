@@ -219,7 +219,7 @@ def _result(states: list[str], *, verdict: str | None = None, tail: str = "") ->
 def test_the_proof_runs_after_a_stall_a_lost_node_or_a_collective_timeout_only(
     states: list[str], verdict: str | None, tail: str, why: str | None
 ) -> None:
-    from fleetctl.job.proof import wanted
+    from fleetctl.job.diagnose.proof import wanted
 
     assert wanted(_result(states, verdict=verdict, tail=tail)) == why
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fleetctl.cli.render_summary import run_summary_lines
-from fleetctl.job.ranks import failed_ranks, rank_error, traceback_lines
+from fleetctl.job.diagnose.ranks import failed_ranks, rank_error, traceback_lines
 from fleetctl.job.records.result import JobResult, NodeOutcome
 
 LOGS = Path(__file__).parent / "rank_logs"

@@ -103,9 +103,9 @@ class JobRecord:
     attempts: list[dict[str, Any]] | None = None
     failed_ranks: list[dict[str, Any]] | None = None
     culprits: list[str] | None = None
-    slow: dict[str, Any] | None = None  # the node named slow during the run (job/pace.py)
+    slow: dict[str, Any] | None = None  # the node named slow during the run (job/diagnose/pace.py)
     post_mortem: dict[str, Any] | None = (
-        None  # the collective's proof of the culprit (job/proof.py)
+        None  # the collective's proof of the culprit (job/diagnose/proof.py)
     )
     left_out: dict[str, str] | None = None
     resumed_from: dict[str, Any] | None = None  # run --resume: the earlier job's relay

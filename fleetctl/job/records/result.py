@@ -125,19 +125,19 @@ class JobResult:
     # With retries, on the last attempt's result: every attempt and why it ended/was retried
     # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
     attempts: list[dict[str, Any]] | None = None
-    # A stalled job: its ranks folded by innermost frame (fleetctl.job.stacks.StackGroup as
+    # A stalled job: its ranks folded by innermost frame (fleetctl.job.diagnose.stacks.StackGroup as
     # dicts), and per node how its processes were dumped.
     stacks: list[dict[str, Any]] | None = None
     stack_nodes: list[dict[str, Any]] | None = None
-    # The ranks the first failing node's launcher named (fleetctl.job.ranks.failed_ranks).
+    # The ranks the first failing node's launcher named (fleetctl.job.diagnose.ranks.failed_ranks).
     failed_ranks: list[dict[str, Any]] | None = None
-    # What a fresh check of every host found after the failure (fleetctl.job.culprit).
+    # What a fresh check of every host found after the failure (fleetctl.job.diagnose.culprit).
     culprits: list[str] | None = None
-    # The node the others waited for, named during the run (fleetctl.job.pace.SlowVerdict
+    # The node the others waited for, named during the run (fleetctl.job.diagnose.pace.SlowVerdict
     # as a dict: rank, host, busy, peers_wait, compute_ratio, throttled, rounds, why, line)
     slow: dict[str, Any] | None = None
     # The post-mortem's proof: a collective among the reachable hosts after a stall, a lost
-    # node or a collective timeout (fleetctl.job.proof.Proof as a dict: hosts, unreachable,
+    # node or a collective timeout (fleetctl.job.diagnose.proof.Proof as a dict: hosts, unreachable,
     # cut, finding, rounds, elapsed, lines)
     post_mortem: dict[str, Any] | None = None
     # --nodes N: the hosts of the selection this attempt did not run on, and why

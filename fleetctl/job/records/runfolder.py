@@ -222,7 +222,8 @@ class RunFolder:
         return changed
 
     def write_ranks(self, ranks: list[dict[str, Any]]) -> None:
-        """``ranks.json``: global rank -> node, local rank, pid, log files (fleetctl.job.ranks)."""
+        """``ranks.json``: global rank -> node, local rank, pid, log files
+        (fleetctl.job.diagnose.ranks)."""
         self._write_json(RANKS_FILE, {"ranks": ranks})
 
     @property

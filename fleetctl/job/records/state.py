@@ -219,8 +219,8 @@ class JobState:
         return True
 
     def slow(self, rank: int, when: float) -> bool:
-        """``--on-slow stop``: node ``rank`` slows the job (``fleetctl.job.pace``); it is the
-        first failure and every node is stopped (the ends that follow are ours, as after
+        """``--on-slow stop``: node ``rank`` slows the job (``fleetctl.job.diagnose.pace``); it is
+        the first failure and every node is stopped (the ends that follow are ours, as after
         ``give_up``). False when the job is already ending."""
         if self.stopping or self.first_failure is not None:
             return False

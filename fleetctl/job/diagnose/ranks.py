@@ -230,7 +230,7 @@ def rank_error(folder: Path | None, logs: Any) -> dict[str, Any]:
 
 def _with_hint(error: dict[str, Any]) -> dict[str, Any]:
     """``error`` with what to do about it, where the error is a well-known one."""
-    from fleetctl.job.hints import hint_for
+    from fleetctl.job.diagnose.hints import hint_for
 
     hint = hint_for(error["error"])
     return {**error, "hint": hint} if hint else error

@@ -3,7 +3,7 @@ the collective programs of ``check --collective`` run among the job's reachable 
 which node or link is slow or dead — all of them at once up to ``ALL_PAIRS_UP_TO`` hosts (the
 collective measures every link and its judge names the culprit), else the rounds of
 ``fleetctl.health.bisect``. A host out of reach over SSH, or whose data link the post-mortem
-probe found down (``fleetctl.job.culprit``), is its own proof: then no collective runs (one
+probe found down (``fleetctl.job.diagnose.culprit``), is its own proof: then no collective runs (one
 fault at a time; the others passing would cost seconds to say).
 
 Bounded and harmless: it runs over connections of its own, closed at its limit
@@ -46,7 +46,7 @@ _COLLECTIVE = re.compile(
     r"NCCL (timeout|error)|Watchdog caught collective operation timeout|ncclRemoteError"
     r"|Connection closed by peer|Connection reset by peer|Timed out waiting|gloo.*[Tt]imeout",
 )
-_CUT = ": data link down"  # fleetctl.job.culprit's words for a host no peer reaches
+_CUT = ": data link down"  # fleetctl.job.diagnose.culprit's words for a host no peer reaches
 
 
 def wanted(result: JobResult) -> str | None:
