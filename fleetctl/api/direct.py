@@ -26,8 +26,8 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.submit import JobRequest
     from fleetctl.node import Node
@@ -210,7 +210,7 @@ class Direct:
             yield from self._records_lines(timeout)
 
     def _records_lines(self, timeout: float | None) -> Iterator[LogLine]:
-        from fleetctl.job.logs import follow_logs
+        from fleetctl.job.monitor.logs import follow_logs
 
         with self._handle() as h:
             chosen, missing = h.select(None), []
@@ -280,7 +280,7 @@ class Direct:
     def _wait_record(self, deadline: float | None, timeout: float | None) -> RunResult:
         """A job under its supervisors: its record, once its monitor (or, with none,
         a collection from here, as ``fleetctl collect`` does) wrote how it ended."""
-        from fleetctl.job.monitor_process import monitor_status
+        from fleetctl.job.monitor.process import monitor_status
 
         while True:
             with self._handle() as h:
@@ -358,6 +358,6 @@ class Direct:
             return lifecycle.status(h)
 
     def _handle(self) -> JobHandle:
-        from fleetctl.job.handle import JobHandle
+        from fleetctl.job.monitor.handle import JobHandle
 
         return JobHandle(self.runs_dir, self.job_id, self.settings)

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
         StopReport,
     )
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.submit import JobRequest
@@ -297,7 +297,7 @@ class Job:
             return h.job
 
     def _handle(self) -> JobHandle:
-        from fleetctl.job.handle import JobHandle
+        from fleetctl.job.monitor.handle import JobHandle
 
         return JobHandle(self.runs_dir, self.job_id, self.settings)
 

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
     from fleetctl.api.runspec import Observe
     from fleetctl.job.diagnose.stacks import StackGroup
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.supervisors import NodeReport
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.members import Member
-    from fleetctl.job.supervisors import NodeReport
     from fleetctl.phases.collect import CollectOptions, NodeCollect
     from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import TeardownReport
@@ -142,7 +142,7 @@ class StacksReport:
 
 
 def status(h: JobHandle) -> StatusReport:
-    from fleetctl.job.monitor_process import monitor_status
+    from fleetctl.job.monitor.process import monitor_status
     from fleetctl.job.records.members import members
 
     states = h.status()
@@ -204,7 +204,7 @@ def stop(
 ) -> StopReport:
     """Its monitor asked to exit first (never two of us tearing down at once), then the
     teardown and verification on every node, the logs collected, job.json says stopped."""
-    from fleetctl.job.monitor_process import stop_monitor
+    from fleetctl.job.monitor.process import stop_monitor
 
     note = on_note or (lambda text: None)
     said = stop_monitor(h.folder)
@@ -252,7 +252,7 @@ def logs(
 ) -> LogsProblem:
     """Each chosen node's log into ``show(rank, host, text)``: the collected console.log, else
     (or with ``follow``) live from the nodes while the job may run."""
-    from fleetctl.job.logs import follow_logs
+    from fleetctl.job.monitor.logs import follow_logs
 
     chosen = h.select(node)
     missing = []
@@ -306,7 +306,7 @@ def monitor(
     defaults. ``observe``: metrics and hooks, as ``run``'s (docs/metrics.md). Returns the
     outcome in a word."""
     from fleetctl.api.runspec import Supervision
-    from fleetctl.job import monitor as mon
+    from fleetctl.job.monitor import watch as mon
 
     last = last_monitor(runs_dir, job_id)
     recorded = {k: last[k] for k in Supervision.MONITORED if last.get(k) is not None}

@@ -29,7 +29,7 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import RunResult
-    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.result import JobResult
     from fleetctl.job.records.runfolder import RunFolder

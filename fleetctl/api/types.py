@@ -27,7 +27,7 @@ _NAMES = {
     "NodeOutcome": "fleetctl.job.records.result",
     "NodeCollect": "fleetctl.phases.collect",
     "CollectOptions": "fleetctl.phases.collect",
-    "SpawnedMonitor": "fleetctl.job.monitor_process",
+    "SpawnedMonitor": "fleetctl.job.monitor.process",
     "StackGroup": "fleetctl.job.diagnose.stacks",
     # Slurm, inventories, SSH settings
     "SlurmEvent": "fleetctl.slurm.submit",
@@ -40,7 +40,7 @@ __all__ = sorted(_NAMES)
 if TYPE_CHECKING:
     from fleetctl.api.result import RunResult
     from fleetctl.job.diagnose.stacks import StackGroup as StackGroup
-    from fleetctl.job.monitor_process import SpawnedMonitor as SpawnedMonitor
+    from fleetctl.job.monitor.process import SpawnedMonitor as SpawnedMonitor
     from fleetctl.job.records.result import EventKind as EventKind
     from fleetctl.job.records.result import JobEvent as JobEvent
     from fleetctl.job.records.result import JobResult as JobResult

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from fleetctl.errors import RunFolderError
+from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.result import EventKind, JobEvent, JobResult, NodeOutcome
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.state import JobState, NodeState, exit_state
-from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.pace import PaceJudge, SlowVerdict
@@ -83,7 +83,7 @@ class JobContext:
         # rank's first line, or a progress touch); None: starting up (--startup-timeout)
         self.begun: float | None = None
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
-        self.observer = options.observer  # metrics: told every event (fleetctl.job.metrics)
+        self.observer = options.observer  # metrics: told every event (fleetctl.job.monitor.metrics)
         if self.observer is not None:
             nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)

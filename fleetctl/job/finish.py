@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.job.context import drain
+from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.state import JobStatus, NodeState
-from fleetctl.job.supervisors import EXTERNAL_STOP_REASON
 
 if TYPE_CHECKING:
     from fleetctl.job.context import JobContext

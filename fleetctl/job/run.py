@@ -37,7 +37,7 @@ from fleetctl.phases.watch import DEFAULT_HEARTBEAT, Event, Watch
 
 if TYPE_CHECKING:
     from fleetctl.job.checkpoints import CheckpointRelay
-    from fleetctl.job.metrics import JobObserver
+    from fleetctl.job.monitor.metrics import JobObserver
     from fleetctl.job.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
@@ -333,7 +333,7 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
 def _limit_reached(job: JobContext, started: float) -> str | None:
     """Past ``--timeout``, or (once every node launched) a stall limit: why, else None
     (``monitor_decide.past_limit``, the detached job monitor's decision too)."""
-    from fleetctl.job.monitor_decide import past_limit
+    from fleetctl.job.monitor.decide import past_limit
 
     return past_limit(
         job.options.supervision,

@@ -20,9 +20,9 @@ from fleetctl.job.records.state import JobStatus
 from fleetctl.job.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from fleetctl.job.exposition import MetricsEndpoint
-    from fleetctl.job.hooks import Hooks
-    from fleetctl.job.monitor_process import SpawnedMonitor
+    from fleetctl.job.monitor.exposition import MetricsEndpoint
+    from fleetctl.job.monitor.hooks import Hooks
+    from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.run import RunOptions
     from fleetctl.node import Node
@@ -87,7 +87,7 @@ class JobRequest:
     @property
     def hooks(self) -> Hooks | None:
         """``--on-failure``/``--on-end``, run once the job ended (None: none asked)."""
-        from fleetctl.job.hooks import Hooks
+        from fleetctl.job.monitor.hooks import Hooks
 
         return Hooks.of(self.observe)
 
@@ -122,7 +122,7 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
         done = _submit(dataclasses.replace(request, options=options), on_event)
     except FleetctlError as e:
         if request.hooks:  # could not start (check, push, plan): a failure to tell about
-            from fleetctl.job.hooks import run_hooks
+            from fleetctl.job.monitor.hooks import run_hooks
 
             job_id = request.spec.job_id
             folder = Path(options.runs_dir) / job_id
@@ -135,7 +135,7 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
         if endpoint is not None:
             endpoint.stop()
     if request.hooks and not done.detached:
-        from fleetctl.job.hooks import run_hooks
+        from fleetctl.job.monitor.hooks import run_hooks
 
         r = done.result
         run_hooks(request.hooks, r.job_id, r.status, r.folder, result=r, on_event=on_event)
@@ -144,8 +144,8 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
 
 def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
     """The run's metrics, listening already (None: not asked for)."""
-    from fleetctl.job.exposition import endpoint_for
-    from fleetctl.job.metrics import JobMetrics
+    from fleetctl.job.monitor.exposition import endpoint_for
+    from fleetctl.job.monitor.metrics import JobMetrics
 
     tries = request.retry.max_retries + 1
     endpoint = endpoint_for(request.observe, lambda: JobMetrics(max_attempts=tries))
@@ -212,9 +212,9 @@ def write_run_report(folder: str | Path, job_id: str, on_event: Callable[[JobEve
 
 
 def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) -> SpawnedMonitor:
-    from fleetctl.job.monitor import completion_record
-    from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT
-    from fleetctl.job.monitor_process import spawn_monitor
+    from fleetctl.job.monitor.decide import DEFAULT_LOST_TIMEOUT
+    from fleetctl.job.monitor.process import spawn_monitor
+    from fleetctl.job.monitor.watch import completion_record
     from fleetctl.job.records.runfolder import RunFolder
 
     folder = RunFolder(result.folder)

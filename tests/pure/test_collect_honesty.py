@@ -110,7 +110,7 @@ def test_a_node_kept_from_the_jobs_own_collection_says_nothing_was_copied_now() 
 
 
 def test_the_run_folder_names_the_controller_that_created_it(tmp_path: Path) -> None:
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.monitor.handle import JobHandle
 
     folder = RunFolder.create(tmp_path, "job-1")
     folder.write_job(JobRecord(job_id="job-1", status="running"))

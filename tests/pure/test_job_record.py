@@ -192,8 +192,8 @@ def test_runs_lists_every_readable_record_and_leaves_out_a_mistyped_one(tmp_path
     assert rows[1].left_out == {"n2": "check failed: GPU count 7, not 8"}
 
 
-READERS = ["job/handle.py", "job/records/runs.py", "job/monitor.py", "job/monitor_process.py"]
-READERS += ["api/job.py", "api/result.py", "cli/jobs_cmd.py"]
+READERS = ["job/monitor/handle.py", "job/records/runs.py", "job/monitor/watch.py"]
+READERS += ["job/monitor/process.py", "api/job.py", "api/result.py", "cli/jobs_cmd.py"]
 
 
 @pytest.mark.parametrize("module", READERS)

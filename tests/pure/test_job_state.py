@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.job.monitor_decide import WatchState, decide
+from fleetctl.job.monitor.decide import WatchState, decide
+from fleetctl.job.monitor.supervisors import NodeReport
 from fleetctl.job.records.state import JobState, JobStatus, NodeState, exit_state
-from fleetctl.job.supervisors import NodeReport
 from fleetctl.plan.roles import CompletionPolicy
 
 S, F, L, X = NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.START_FAILED

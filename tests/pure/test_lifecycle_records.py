@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.handle import JobHandle
+from fleetctl.job.monitor.handle import JobHandle
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.runs import (

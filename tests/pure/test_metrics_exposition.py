@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.exposition import render
-from fleetctl.job.hooks import Hooks, hook_env, run_hooks
-from fleetctl.job.metrics import JobMetrics, JobSample, NodeSample
+from fleetctl.job.monitor.exposition import render
+from fleetctl.job.monitor.hooks import Hooks, hook_env, run_hooks
+from fleetctl.job.monitor.metrics import JobMetrics, JobSample, NodeSample
 from fleetctl.job.records.result import JobEvent, JobResult, NodeOutcome
 from fleetctl.job.records.state import NodeState
 

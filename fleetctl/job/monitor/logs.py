@@ -22,7 +22,7 @@ from fleetctl.errors import one_line
 from fleetctl.phases.frames import FOLLOW_KINDS, FrameReader
 
 if TYPE_CHECKING:
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.monitor.handle import JobHandle
 
 
 def follow_logs(

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON, NodeReport
 from fleetctl.job.records.jobrecord import FailureRecord
 from fleetctl.job.records.runfolder import iso
 from fleetctl.job.records.state import JobState, NodeState
-from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Supervision

@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
-from fleetctl.job.handle import JobHandle
-from fleetctl.job.monitor_decide import (
+from fleetctl.job.monitor.decide import (
     DEFAULT_LOST_TIMEOUT,
     DEFAULT_POLL,
     MONITOR_REASON,
@@ -49,16 +48,17 @@ from fleetctl.job.monitor_decide import (
     decide,
     limit_reached,
 )
-from fleetctl.job.monitor_process import identity, monitor_alive
+from fleetctl.job.monitor.handle import JobHandle
+from fleetctl.job.monitor.process import identity, monitor_alive
 from fleetctl.job.records.runfolder import iso
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe, Supervision
-    from fleetctl.job.exposition import MetricsEndpoint
-    from fleetctl.job.hooks import Hooks
-    from fleetctl.job.metrics import JobMetrics
+    from fleetctl.job.monitor.exposition import MetricsEndpoint
+    from fleetctl.job.monitor.hooks import Hooks
+    from fleetctl.job.monitor.metrics import JobMetrics
+    from fleetctl.job.monitor.supervisors import NodeReport
     from fleetctl.job.records.jobrecord import JobRecord
-    from fleetctl.job.supervisors import NodeReport
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.connection import SSHSettings
 
@@ -172,7 +172,7 @@ def monitor_job(
     import dataclasses
 
     from fleetctl.api.runspec import Observe, Supervision
-    from fleetctl.job.hooks import Hooks
+    from fleetctl.job.monitor.hooks import Hooks
     from fleetctl.ssh.connection import SSHSettings
 
     sup = sup or Supervision()
@@ -277,8 +277,8 @@ def _watch(
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
     ``sup``: the job's limits."""
+    from fleetctl.job.monitor.supervisors import ensure_supervisor, node_states
     from fleetctl.job.records.runs import _parse_iso
-    from fleetctl.job.supervisors import ensure_supervisor, node_states
 
     policy = _policy(h.job)
     started = _parse_iso(h.job.started)
@@ -331,8 +331,8 @@ def _endpoint(
     h: JobHandle, observe: Observe, note: Callable[[str], None]
 ) -> MetricsEndpoint | None:
     """The job's metrics, served while this monitor watches (None: not asked, or refused)."""
-    from fleetctl.job.exposition import endpoint_for
-    from fleetctl.job.metrics import JobMetrics
+    from fleetctl.job.monitor.exposition import endpoint_for
+    from fleetctl.job.monitor.metrics import JobMetrics
 
     def metrics() -> JobMetrics:
         made = JobMetrics()
@@ -366,9 +366,9 @@ def _hooks(
     result: MonitorResult,
     note: Callable[[str], None],
 ) -> None:
-    """``--on-failure``/``--on-end`` once this monitor ended the job (fleetctl.job.hooks:
+    """``--on-failure``/``--on-end`` once this monitor ended the job (fleetctl.job.monitor.hooks:
     each hook's end is a line of events.log, and of monitor.log through ``note``)."""
-    from fleetctl.job.hooks import run_hooks
+    from fleetctl.job.monitor.hooks import run_hooks
 
     culprit = None
     if decision.action == "fail" and decision.rank is not None:
@@ -397,7 +397,7 @@ def _finish(
 ) -> None:
     """Tear the job down everywhere (verified), collect every node's logs, write job.json.
     ``lost``: nodes not answering now (not waited on; chased afterwards)."""
-    from fleetctl.job.supervisors import request_stop
+    from fleetctl.job.monitor.supervisors import request_stop
     from fleetctl.phases.collect import collect
     from fleetctl.phases.teardown import teardown
 

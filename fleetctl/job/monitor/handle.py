@@ -31,13 +31,13 @@ if TYPE_CHECKING:
     from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.fanout import FanOut
 
-from fleetctl.job.records.runs import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
-from fleetctl.job.supervisors import (
+from fleetctl.job.monitor.supervisors import (
     NodeReport,
     ensure_supervisor,
     node_states,
     request_stop,
 )
+from fleetctl.job.records.runs import _duration, _parse_iso, latest_attempt, load_nodes, load_plan
 
 # ------------------------------------------------------------------------------- the job
 
@@ -120,7 +120,7 @@ class JobHandle:
         folder has no record of it."""
         import socket
 
-        from fleetctl.job.monitor_process import monitor_alive
+        from fleetctl.job.monitor.process import monitor_alive
 
         info = self.folder.load_controller()
         if info is None:

@@ -4,8 +4,8 @@ The job core tells its observer (:class:`JobObserver`) what happens — an attem
 event (phase, a node started, lines, an exit, a loss), the collective benchmark's figures —
 and :class:`JobMetrics` keeps it as one :class:`JobSample`, copied out whole for each scrape
 (:meth:`JobMetrics.sample`). Turning a sample into Prometheus text is
-``fleetctl.job.exposition`` (the only module that imports ``prometheus_client``, and only when
-``--metrics-addr``/``--metrics-textfile`` ask for it); a run without them has no observer.
+``fleetctl.job.monitor.exposition`` (the only module that imports ``prometheus_client``, and only
+when ``--metrics-addr``/``--metrics-textfile`` ask for it); a run without them has no observer.
 
 The slow-node score comes from outside the job core: whoever judges slow nodes calls
 :meth:`JobObserver.slow_scores` (host → score) on the job's observer (``JobContext.observer``,

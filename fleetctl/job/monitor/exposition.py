@@ -3,7 +3,7 @@
 
 Imported only when a run asks for metrics: ``prometheus_client`` is an optional dependency
 (the ``metrics`` extra) and the controller never pays for it otherwise. Every scrape renders
-one :class:`~fleetctl.job.metrics.JobSample` through :func:`families` (pure: a sample in,
+one :class:`~fleetctl.job.monitor.metrics.JobSample` through :func:`families` (pure: a sample in,
 metric families out; ``tests/pure/test_metrics_exposition.py`` holds its golden text), from a
 private ``CollectorRegistry`` (never the library's global one, so nothing else a program
 registered leaks in). The names are documented in docs/metrics.md.
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from fleetctl.api.runspec import Observe
-    from fleetctl.job.metrics import JobMetrics, JobSample
+    from fleetctl.job.monitor.metrics import JobMetrics, JobSample
 
 GB = 1e9  # the collective's GB/s (fleetctl.phases.collective_judge.GB), as bytes/s
 TEXTFILE_EVERY = 5.0  # s between --metrics-textfile writes while the run lasts

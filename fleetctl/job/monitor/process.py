@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError
-from fleetctl.job.monitor_decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
+from fleetctl.job.monitor.decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
