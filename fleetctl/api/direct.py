@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.handle import JobHandle
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
-    from fleetctl.job.submit import JobRequest
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.ssh.connection import SSHSettings
@@ -111,7 +111,7 @@ class Direct:
     ) -> Direct:
         """Run ``request`` in the calling thread (Ctrl-C interrupts it there); the ended (or
         detached) job."""
-        from fleetctl.job.submit import submit
+        from fleetctl.job.run.submit import submit
 
         options = request.options
         job = cls(request.spec.job_id, options.runs_dir, options.settings)
@@ -149,7 +149,7 @@ class Direct:
         return RunResult.from_record(record, r.folder, exit_code=code)
 
     def _run(self, request: JobRequest) -> None:
-        from fleetctl.job.submit import submit
+        from fleetctl.job.run.submit import submit
 
         try:
             done = submit(request, on_event=self._event)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.result import JobEvent, JobResult
-    from fleetctl.job.submit import JobRequest
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.ssh.connection import SSHSettings

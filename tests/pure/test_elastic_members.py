@@ -121,9 +121,9 @@ def test_the_summary_says_why_node_0_was_not_replaced_and_which_spares_failed_th
     tmp_path: Path,
 ) -> None:
     from fleetctl.cli.render_summary import run_summary_lines
-    from fleetctl.job.elastic import NODE0_LOST
     from fleetctl.job.records.result import JobResult, NodeOutcome
     from fleetctl.job.records.state import JobStatus, NodeState
+    from fleetctl.job.run.elastic import NODE0_LOST
 
     r = JobResult("j", tmp_path, status=JobStatus.FAILED, started=0.0, ended=9.0)
     r.first_failure = 0

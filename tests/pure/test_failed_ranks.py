@@ -219,10 +219,10 @@ def test_a_blamed_node_stopped_by_the_teardown_fails_with_its_ranks_exit_code(
     tmp_path: Path,
 ) -> None:
     """Its launcher ended by our SIGTERM, but what the summary says of it is its rank's end."""
-    from fleetctl.job.context import JobContext
-    from fleetctl.job.finish import _blame_first_rank
     from fleetctl.job.records.state import NodeState
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.context import JobContext
+    from fleetctl.job.run.finish import _blame_first_rank
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
 

@@ -230,8 +230,8 @@ def test_the_loss_counts_from_when_the_node_was_last_heard_not_when_it_was_decla
     a node may still be lost): one line, naming the node the summary names."""
     import tempfile
 
-    from fleetctl.job.context import JobContext, on_event
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.context import JobContext, on_event
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.watch import Event
     from fleetctl.plan.rankplan import JobSpec

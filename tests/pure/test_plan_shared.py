@@ -114,7 +114,7 @@ def test_plan_json_round_trips_in_both_forms(tmp_path: Path, launcher: str) -> N
 
 
 def test_plan_json_is_compact_past_256_nodes(tmp_path: Path) -> None:
-    from fleetctl.job.prepare import FULL_PLAN_MAX_NODES, plan_document
+    from fleetctl.job.run.prepare import FULL_PLAN_MAX_NODES, plan_document
 
     for n, compact in ((FULL_PLAN_MAX_NODES, False), (FULL_PLAN_MAX_NODES + 1, True)):
         plan = make_plan(_nodes(n), JobSpec(script="t.py", job_id=JOB, launcher="paddle"))

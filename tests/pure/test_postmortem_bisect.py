@@ -225,7 +225,7 @@ def test_the_proof_runs_after_a_stall_a_lost_node_or_a_collective_timeout_only(
 
 
 def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
-    from fleetctl.job.spares import faulty_hosts, proven
+    from fleetctl.job.run.spares import faulty_hosts, proven
 
     proof = {
         "unreachable": ["n2"],

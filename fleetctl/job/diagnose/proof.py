@@ -9,7 +9,7 @@ fault at a time; the others passing would cost seconds to say).
 Bounded and harmless: it runs over connections of its own, closed at its limit
 (``--post-mortem-timeout``) so every node program gets EOF and exits at once; it never raises,
 and only adds to the result (``post_mortem`` in job.json, the summary's proof lines, the health
-ledger's evidence through ``fleetctl.job.spares.remember_faulty``): the exit code and the
+ledger's evidence through ``fleetctl.job.run.spares.remember_faulty``): the exit code and the
 culprit already named stay as they were.
 """
 
@@ -29,8 +29,8 @@ from fleetctl.phases.collective_judge import CollectiveOptions
 from fleetctl.plan.rankplan import NodeFacts
 
 if TYPE_CHECKING:
-    from fleetctl.job.context import JobContext
     from fleetctl.job.records.result import JobResult
+    from fleetctl.job.run.context import JobContext
     from fleetctl.phases.collective import Started
     from fleetctl.phases.collective_judge import CollectiveReport
 

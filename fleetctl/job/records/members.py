@@ -1,6 +1,6 @@
 """``run --elastic``: who holds each node slot of the job now, read from job.json.
 
-The running controller records every membership change (``fleetctl.job.elastic``) in
+The running controller records every membership change (``fleetctl.job.run.elastic``) in
 job.json's ``membership`` and the slot's current host in ``nodes``; ``fleetctl status`` and
 ``Job.status()`` show both as one list: each slot's holder (``running``, ``joining`` while a
 spare is being started, ``left`` when the job went on without it, or how it ended) and every

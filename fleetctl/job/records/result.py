@@ -123,7 +123,7 @@ class JobResult:
     detached: bool = False
     verdict: str | None = None  # why a role job ended early (completion policy)
     # With retries, on the last attempt's result: every attempt and why it ended/was retried
-    # (fleetctl.job.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
+    # (fleetctl.job.run.rolejob.Attempt.to_dict), so `run --json` tells the whole story.
     attempts: list[dict[str, Any]] | None = None
     # A stalled job: its ranks folded by innermost frame (fleetctl.job.diagnose.stacks.StackGroup as
     # dicts), and per node how its processes were dumped.
@@ -145,7 +145,7 @@ class JobResult:
     # run --resume JOB: the earlier job whose checkpoints were relayed first, and how
     # (fleetctl.phases.checkpoints.RelayReport.to_dict, with its "job")
     resumed_from: dict[str, Any] | None = None
-    # run --elastic: who left and who joined, when and why (fleetctl.job.elastic)
+    # run --elastic: who left and who joined, when and why (fleetctl.job.run.elastic)
     membership: list[dict[str, Any]] | None = None
     # Inside a Slurm allocation: {"job_id": …} of the allocation (fleetctl.slurm)
     slurm: dict[str, Any] | None = None

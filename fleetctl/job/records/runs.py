@@ -169,7 +169,7 @@ def describe_failure(ff: FailureRecord | dict[str, Any] | None) -> str | None:
     elif ff.state == "start_failed":
         how = "could not start" + (f" ({ff.reason})" if ff.reason else "")
     elif ff.signal is not None:
-        from fleetctl.job.retry import signal_name
+        from fleetctl.job.run.retry import signal_name
 
         how = f"signal {ff.signal} ({signal_name(ff.signal)})"
     else:

@@ -1,12 +1,12 @@
 """The job state machine, written once: node and job states, transitions, the first failure,
 the completion policy's say, and the final verdict.
 
-The attached run (``fleetctl.job.run``), the detached job monitor (``fleetctl.job.monitor.watch``)
-and the lifecycle commands that finalise a job from the nodes' records
-(``fleetctl.job.monitor.handle``) all feed what they learn — a node started, exited, was lost, could
-not start — into a :class:`JobState` and read the job's fate back from it, so "who failed first" and
-"how did the job end" mean the same thing whichever process watched the job. Pure: no I/O, no clocks
-(times are passed in).
+The attached run (``fleetctl.job.run.job``), the detached job monitor
+(``fleetctl.job.monitor.watch``) and the lifecycle commands that finalise a job from the nodes'
+records (``fleetctl.job.monitor.handle``) all feed what they learn — a node started, exited, was
+lost, could not start — into a :class:`JobState` and read the job's fate back from it, so "who
+failed first" and "how did the job end" mean the same thing whichever process watched the job. Pure:
+no I/O, no clocks (times are passed in).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from fleetctl.errors import CheckError
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from fleetctl.job.context import JobContext
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.context import JobContext
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
     from fleetctl.plan.launchers import Launcher
@@ -119,7 +119,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
                 torch = (pushed.torch_version if pushed else None) or f.torch
                 facts[n.name] = dataclasses.replace(f, python=prefix + "/python", torch=torch)
     if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet
-        from fleetctl.job.beforelog import before_output
+        from fleetctl.job.run.beforelog import before_output
 
         job.emit("phase", "before launch")
         with before_output(job):  # its output: [rank host] lines, each node's before.log
@@ -128,7 +128,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
         job.folder.write_roles(layout.to_dict())
     else:
-        from fleetctl.job.ports import reserve_master_port
+        from fleetctl.job.run.ports import reserve_master_port
 
         # paddle's endpoints are start_port + local rank on every node: all of them claimed
         per_rank = _launcher(spec.launcher).port_per_local_rank
@@ -148,7 +148,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         job.result.nodes[np.node_rank].train_addr = np.train_addr
     job.folder.write_plan(plan_document(job.plan))
     if options.relay is not None:  # a retry: the last attempt's checkpoints on every node
-        from fleetctl.job.checkpoints import relay_before_launch
+        from fleetctl.job.run.checkpoints import relay_before_launch
 
         relay_before_launch(job, fleet, shared)
 

@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetctl.job.context import drain
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.state import JobStatus, NodeState
+from fleetctl.job.run.context import drain
 
 if TYPE_CHECKING:
-    from fleetctl.job.context import JobContext
     from fleetctl.job.diagnose.proof import Ahead
+    from fleetctl.job.run.context import JobContext
     from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
 

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleetctl.job.context import JobContext
+    from fleetctl.job.run.context import JobContext
 
 LineSink = Callable[[int, str], None]  # (index of the node in the job's nodes, one line)
 BEFORE_OUTPUT: ContextVar[LineSink | None] = ContextVar("fleetctl_before_output", default=None)

@@ -138,7 +138,7 @@ class RolePlanner:
         """A plain role's tasks meet at MASTER_ADDR:MASTER_PORT (``init_process_group``) on
         its first task's host: claim that port there for this job, like torchrun's (without
         --master-port the first free one; every plain role then uses it)."""
-        from fleetctl.job.ports import reserve_master_port
+        from fleetctl.job.run.ports import reserve_master_port
         from fleetctl.plan.launchers import launcher_for
 
         for role in self.job.roles:

@@ -3,7 +3,7 @@
 torchrun runs with a c10d rendezvous on node 0's training address and the node range N:N
 (``fleetctl.plan.launchers.torchrun``). When a node other than node 0 is lost, the attempt
 does not end: its place (its rank slot in the job) goes to the next spare that passes a fresh
-check (``fleetctl.job.spares.check_spare``: a dead spare is skipped, not left to hang the
+check (``fleetctl.job.run.spares.check_spare``: a dead spare is skipped, not left to hang the
 rendezvous). The spare gets the code (push), the newest files of rank 0's work folder (the
 relay retries use), its own rank plan and a supervisor whose torchrun joins the same
 rendezvous; the survivors' torchrun agents stay the same processes and restart their workers
@@ -27,10 +27,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError
-from fleetctl.job.stepwatch import StepWatch
+from fleetctl.job.run.stepwatch import StepWatch
 
 if TYPE_CHECKING:
-    from fleetctl.job.context import JobContext
+    from fleetctl.job.run.context import JobContext
     from fleetctl.node import Node
     from fleetctl.phases.launch import NodeRun
     from fleetctl.phases.watch import Event, Watch
@@ -61,7 +61,7 @@ class Membership:
         self.job, self.fleet, self.watch = job, fleet, watch
         self.spares: list[Node] = list(job.options.spares)
         self.threads: list[threading.Thread] = []
-        self.steps = StepWatch()  # a spare that starts from step 0 (fleetctl.job.stepwatch)
+        self.steps = StepWatch()  # a spare that starts from step 0 (fleetctl.job.run.stepwatch)
         self.changes: dict[int, dict[str, Any]] = {}  # slot -> its latest change
 
     def lines(self, ev: Event) -> None:
@@ -118,10 +118,10 @@ class Membership:
         return True
 
     def _live_spare(self, ev: Event, change: dict[str, Any]) -> tuple[Node, FanOut] | None:
-        """The next spare that passes a fresh check (``fleetctl.job.spares.check_spare``),
+        """The next spare that passes a fresh check (``fleetctl.job.run.spares.check_spare``),
         with its connection; each one that fails is skipped for good, said live, in
         events.log and in the change (``skipped``: host -> why). None: no live spare left."""
-        from fleetctl.job.spares import check_spare
+        from fleetctl.job.run.spares import check_spare
         from fleetctl.ssh.fanout import FanOut
 
         job = self.job
@@ -207,7 +207,7 @@ class Membership:
 
     def _start(self, rank: int, spare: Node, own: FanOut) -> NodeRun:
         """Code, plan, checkpoints, supervisor: the spare's torchrun joins the rendezvous."""
-        from fleetctl.job.prepare import plan_document
+        from fleetctl.job.run.prepare import plan_document
         from fleetctl.phases.collect import CollectOptions
         from fleetctl.phases.launch import node_spec, start_node
 

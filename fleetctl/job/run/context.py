@@ -18,7 +18,7 @@ from fleetctl.job.records.state import JobState, NodeState, exit_state
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.pace import PaceJudge, SlowVerdict
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check_report import HeldProbe
     from fleetctl.phases.watch import Event, Watch
@@ -50,7 +50,7 @@ class JobContext:
             attempt=options.attempt,
             detached=options.detach,
             left_out=options.left_out,
-            # run --elastic: who left, who joined (fleetctl.job.elastic); `status` lists members
+            # run --elastic: who left, who joined (fleetctl.job.run.elastic); `status` lists members
             membership=[] if options.elastic else None,
         )
         slurm_job = next(

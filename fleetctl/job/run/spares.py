@@ -22,7 +22,7 @@ from fleetctl.job.records.state import NodeState
 if TYPE_CHECKING:
     from fleetctl.health.ledger import HostStatus
     from fleetctl.job.records.result import JobResult
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut
@@ -175,7 +175,7 @@ def check_spare(fleet: FanOut, spec: JobSpec, options: RunOptions) -> str | None
     passes, else why in one line: a dead spare is skipped, not left to hang the rendezvous."""
     import dataclasses
 
-    from fleetctl.job.prepare import check_options
+    from fleetctl.job.run.prepare import check_options
     from fleetctl.phases import check_containers as cc
     from fleetctl.phases.check import check_fleet
 

@@ -24,21 +24,21 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api.runspec import Supervision
 from fleetctl.errors import FleetctlError, LaunchError
-from fleetctl.job.context import JobContext, on_event
-from fleetctl.job.finish import finish
-from fleetctl.job.prepare import prepare
 from fleetctl.job.records.result import JobEvent, JobResult
 from fleetctl.job.records.runfolder import DEFAULT_RUNS_DIR
 from fleetctl.job.records.state import JobStatus
+from fleetctl.job.run.context import JobContext, on_event
+from fleetctl.job.run.finish import finish
+from fleetctl.job.run.prepare import prepare
 from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
 from fleetctl.phases.reattach import reattach_stream
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, Event, Watch
 
 if TYPE_CHECKING:
-    from fleetctl.job.checkpoints import CheckpointRelay
     from fleetctl.job.monitor.metrics import JobObserver
-    from fleetctl.job.rolejob import RolePlanner
+    from fleetctl.job.run.checkpoints import CheckpointRelay
+    from fleetctl.job.run.rolejob import RolePlanner
     from fleetctl.node import Node
     from fleetctl.phases.check import CheckOptions
     from fleetctl.phases.collective_judge import CollectiveOptions
@@ -298,8 +298,8 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
     started = job.progress = time.monotonic()
     options = job.options
     elastic = None
-    if options.elastic:  # a lost node's place goes to a spare (fleetctl.job.elastic)
-        from fleetctl.job.elastic import Membership
+    if options.elastic:  # a lost node's place goes to a spare (fleetctl.job.run.elastic)
+        from fleetctl.job.run.elastic import Membership
 
         elastic = Membership(job, fleet, watch)
     while pending:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import ConnectError, NodePushError, RunFolderError, UsageError
 
 if TYPE_CHECKING:
-    from fleetctl.job.checkpoints import CheckpointRelay
+    from fleetctl.job.run.checkpoints import CheckpointRelay
     from fleetctl.node import Node
     from fleetctl.ssh.connection import SSHSettings
 
@@ -35,7 +35,6 @@ def resolve(
     rank 0's node (as the new run's inventory names it, else as it was reached then), work
     folder, code snapshot. UsageError naming the value when there is no such job or it never
     got as far as a plan."""
-    from fleetctl.job.checkpoints import CheckpointRelay
     from fleetctl.job.records.runfolder import RunFolder, check_job_id, read_job
     from fleetctl.job.records.runs import (
         ATTEMPT_RE,
@@ -46,6 +45,7 @@ def resolve(
         load_nodes,
         load_plan,
     )
+    from fleetctl.job.run.checkpoints import CheckpointRelay
     from fleetctl.phases.checkpoints import RelaySource
 
     bad = f"--resume {text!r}"

@@ -5,7 +5,7 @@ job id ``<job>.<k>`` in ``fleet-runs/<job>.<k>/`` — its own node run folders, 
 ``FLEET_JOB_ID``, so a straggler of one attempt can never be mistaken for the next one.
 ``fleet-runs/<job>/attempts.json`` lists every attempt, how it ended and why it was (not)
 retried; ``fleetctl runs`` folds attempts into their job. Which failures are retried, and the
-backoff, is ``fleetctl.job.retry`` (pure).
+backoff, is ``fleetctl.job.run.retry`` (pure).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from fleetctl.job.records.state import JobStatus
 
 if TYPE_CHECKING:
     from fleetctl.job.records.result import JobEvent, JobResult
-    from fleetctl.job.retry import Decision, RetryPolicy
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.job import RunOptions
+    from fleetctl.job.run.retry import Decision, RetryPolicy
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut
@@ -151,8 +151,8 @@ def run_attempts(
     launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
     """
     from fleetctl.job.records.result import JobEvent
-    from fleetctl.job.retry import Failure
-    from fleetctl.job.run import run_job
+    from fleetctl.job.run.job import run_job
+    from fleetctl.job.run.retry import Failure
     from fleetctl.ssh.fanout import FanOut
 
     emit = on_event or (lambda e: None)
@@ -232,7 +232,7 @@ def run_attempts(
                 checkpoints=_relayed(aopts),
                 membership=result.membership,
             )
-            from fleetctl.job.spares import faulty_hosts, remember_faulty
+            from fleetctl.job.run.spares import faulty_hosts, remember_faulty
 
             faulty = faulty_hosts(result)
             remember_faulty(result, faulty)
@@ -281,7 +281,7 @@ def _choose(
     emit: Callable[[JobEvent], None],
 ) -> tuple[list[Node], dict[str, str]]:
     from fleetctl.job.records.result import JobEvent
-    from fleetctl.job.spares import choose_nodes
+    from fleetctl.job.run.spares import choose_nodes
 
     emit(JobEvent("phase", f"choosing {want} of {len(pool)} host(s) (--nodes)"))
     chosen, left_out = choose_nodes(pool, want, ruled_out, spec, options)
@@ -302,7 +302,7 @@ def _with_relay(
 ) -> RunOptions:
     """A retry's options with the relay of the last attempt's checkpoints (rank 0's work
     folder, or ``--checkpoint-dir``) to every node before launch."""
-    from fleetctl.job.checkpoints import CheckpointRelay, relay_source
+    from fleetctl.job.run.checkpoints import CheckpointRelay, relay_source
 
     source = relay_source(pool, results)
     if source is None:

@@ -3,7 +3,7 @@ ran (:func:`relay_source`); before launch, after push and plan, :func:`relay_bef
 copies what the job wrote into its work folder there to every node of this attempt
 (``fleetctl.phases.checkpoints``). What happened is kept on the :class:`CheckpointRelay` for
 attempts.json and said as a notice. ``run --resume JOB`` makes the first attempt's relay from
-an earlier job's folder (``fleetctl.job.resume``): then every node gets a copy, the source's
+an earlier job's folder (``fleetctl.job.run.resume``): then every node gets a copy, the source's
 too (its new work folder is another), and job.json's ``resumed_from`` says what came."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from fleetctl.phases.checkpoints import (
 from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
-    from fleetctl.job.context import JobContext
     from fleetctl.job.records.result import JobResult
+    from fleetctl.job.run.context import JobContext
     from fleetctl.node import Node
     from fleetctl.ssh.fanout import FanOut
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.job.records.state import JobStatus
-from fleetctl.job.retry import RetryPolicy
+from fleetctl.job.run.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from fleetctl.job.monitor.exposition import MetricsEndpoint
     from fleetctl.job.monitor.hooks import Hooks
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
 
@@ -154,24 +154,24 @@ def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
 
 def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitted:
     from fleetctl.job.records.result import JobEvent
-    from fleetctl.job.run import run_job
+    from fleetctl.job.run.job import run_job
 
     options = request.options
     if options.planner is not None and options.completion is None:
         options = dataclasses.replace(options, completion=options.planner.policy)
     if options.relay is not None and options.relay.resume is not None:
-        from fleetctl.job.resume import check_files
+        from fleetctl.job.run.resume import check_files
 
         check_files(options.relay, options.settings, options.allow_secrets)  # before anything
     want = options.nodes_wanted
     spares = want is not None and want < len(request.nodes)
     if not request.retry.max_retries and not spares:
-        from fleetctl.job.spares import remember_proven
+        from fleetctl.job.run.spares import remember_proven
 
         result = run_job(request.spec, request.nodes, options, on_event=on_event)
         remember_proven(result)  # run_attempts remembers every faulty host itself
     else:
-        from fleetctl.job.attempts import run_attempts
+        from fleetctl.job.run.attempts import run_attempts
 
         out = run_attempts(request.spec, request.nodes, options, request.retry, on_event=on_event)
         if len(out.attempts) > 1:
