@@ -13,9 +13,10 @@ import pytest
 from fleetctl.api.runspec import Supervision
 from fleetctl.job.monitor.decide import MONITOR_REASON, WatchState, decide
 from fleetctl.job.monitor.handle import JobHandle
-from fleetctl.job.monitor.process import identity, monitor_alive, monitor_status, stop_monitor
+from fleetctl.job.monitor.process import monitor_alive, monitor_status, stop_monitor
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON, NodeReport
 from fleetctl.job.monitor.watch import monitor_job
+from fleetctl.job.records.controller import identity
 from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.runs import write_connect

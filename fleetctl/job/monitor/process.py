@@ -1,5 +1,6 @@
-"""The job monitor as a process: who it is (pid + /proc start time + boot id, never a bare
-pid), starting one for a detached job, and asking a live one to exit."""
+"""The job monitor as a process: is it alive (by its identity, pid + /proc start time + boot id,
+never a bare pid: ``fleetctl.job.records.controller``), starting one for a detached job, and
+asking a live one to exit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import FleetctlError, RunFolderError
 from fleetctl.job.monitor.decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
+from fleetctl.job.records.controller import boot_id
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.procfs import proc_start_time
 
@@ -29,24 +31,6 @@ STOP_WAIT = 30.0  # s for a watching monitor to exit after SIGTERM (a poll in fl
 FINISH_WAIT = 180.0  # s for a monitor already tearing down / collecting to finish
 
 # ------------------------------------------------------------------------ process identity
-
-
-def boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def identity(pid: int | None = None) -> dict[str, Any]:
-    """Who a process is, beyond its pid: start time, boot, host."""
-    pid = os.getpid() if pid is None else pid
-    return {
-        "pid": pid,
-        "start_time": proc_start_time(pid),
-        "boot_id": boot_id(),
-        "host": socket.gethostname(),
-    }
 
 
 def monitor_alive(info: Any) -> bool:

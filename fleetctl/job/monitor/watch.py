@@ -49,7 +49,8 @@ from fleetctl.job.monitor.decide import (
     limit_reached,
 )
 from fleetctl.job.monitor.handle import JobHandle
-from fleetctl.job.monitor.process import identity, monitor_alive
+from fleetctl.job.monitor.process import monitor_alive
+from fleetctl.job.records.controller import identity
 from fleetctl.job.records.runfolder import iso
 
 if TYPE_CHECKING:

@@ -127,7 +127,7 @@ class RunFolder:
         except OSError as e:
             raise RunFolderError(f"{path}: cannot create run folder: {e}") from e
         folder = cls(path)
-        from fleetctl.job.monitor.process import identity
+        from fleetctl.job.records.controller import identity
 
         with contextlib.suppress(OSError):  # a note for `status`, never a reason not to run
             folder._write_json(CONTROLLER_FILE, identity())
