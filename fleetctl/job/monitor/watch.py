@@ -238,7 +238,7 @@ def monitor_job(
             if metrics is not None:
                 metrics.polled({}, phase="done", status=result.outcome, progress=None)
             if report and result.final:
-                from fleetctl.job.run.submit import write_run_report
+                from fleetctl.job.records.report import write_run_report
 
                 write_run_report(h.folder.path, h.job_id, lambda ev: event(ev.text))
             if hooks and result.final:

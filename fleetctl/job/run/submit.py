@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.job.records.report import write_run_report
 from fleetctl.job.records.state import JobStatus
 from fleetctl.job.run.retry import RetryPolicy
 
@@ -187,28 +188,6 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
     elif request.report and not done.detached:
         write_run_report(result.folder, result.job_id, on_event)
     return done
-
-
-def write_run_report(folder: str | Path, job_id: str, on_event: Callable[[JobEvent], None]) -> None:
-    """report.html into the job's first run folder (every attempt in it), for an attached
-    run and a detached job's monitor alike. Never changes the run's outcome: a failure to
-    write it is a warning."""
-    from fleetctl.job.records.result import JobEvent
-    from fleetctl.job.records.runs import ATTEMPT_RE
-
-    if not folder:
-        return
-    folder = Path(folder)
-    m = ATTEMPT_RE.match(folder.name)
-    if m and (folder.parent / m.group("base")).is_dir():
-        folder = folder.parent / m.group("base")
-    try:
-        from fleetctl.report import write_report
-
-        path = write_report(folder)
-        on_event(JobEvent("notice", f"report: {path} (`fleetctl report {job_id}`)"))
-    except Exception as e:  # a report is a convenience, never the run's verdict
-        on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
 
 
 def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) -> SpawnedMonitor:
