@@ -28,8 +28,8 @@ import yaml
 from common import Result, SampleFailed, finish_row, fleetctl_argv, repeat, run_timed, tail
 
 from fleetctl.errors import FleetctlError
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import read_job
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import read_job
 
 FAIL_SCRIPT = """
 import os, subprocess, sys, time

@@ -1,5 +1,5 @@
 """The post-mortem's time to name: on lab fleets of N hosts with one host's data link throttled
-(tc tbf, 50 Mbit/s into it), the proof of ``fleetctl.job.proof`` from a cold start (its
+(tc tbf, 50 Mbit/s into it), the proof of ``fleetctl.job.diagnose.proof`` from a cold start (its
 connections and node programs started as a teardown would start them) until it names the host:
 all pairs in one collective up to 8 hosts, the bisection beyond (``--bisect``: from 3 hosts, to
 time its rounds on a small lab). Run by hand (root, namespace
@@ -20,8 +20,8 @@ def main() -> int:
         "--bisect", action="store_true", help="bisect from 3 hosts (no all-pairs short-cut)"
     )
     args = p.parse_args()
-    from fleetctl.job import proof as proof_module
-    from fleetctl.job.proof import Ahead, prove
+    from fleetctl.job.diagnose import proof as proof_module
+    from fleetctl.job.diagnose.proof import Ahead, prove
     from fleetctl.lab import Lab
     from fleetctl.testing.proofs import lab_proof_job
 

@@ -23,9 +23,9 @@ _API = {
     "FirstFailure": "fleetctl.api",
     "LogLine": "fleetctl.api",
     "runs": "fleetctl.api",
-    "RunRecord": "fleetctl.job.records",
-    "JobRecord": "fleetctl.job.jobrecord",
-    "JobEvent": "fleetctl.job.result",
+    "RunRecord": "fleetctl.job.records.runs",
+    "JobRecord": "fleetctl.job.records.jobrecord",
+    "JobEvent": "fleetctl.job.records.result",
     "Node": "fleetctl.node",
     "CheckReport": "fleetctl.phases.check.report",
     "PushReport": "fleetctl.phases.push.report",
@@ -60,9 +60,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from fleetctl.errors import JobFailed as JobFailed
     from fleetctl.errors import PushError as PushError
     from fleetctl.errors import UsageError as UsageError
-    from fleetctl.job.jobrecord import JobRecord as JobRecord
-    from fleetctl.job.records import RunRecord as RunRecord
-    from fleetctl.job.result import JobEvent as JobEvent
+    from fleetctl.job.records.jobrecord import JobRecord as JobRecord
+    from fleetctl.job.records.result import JobEvent as JobEvent
+    from fleetctl.job.records.runs import RunRecord as RunRecord
     from fleetctl.node import Node as Node
     from fleetctl.phases.check.report import CheckReport as CheckReport
     from fleetctl.phases.push.report import PushReport as PushReport

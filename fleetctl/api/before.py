@@ -134,7 +134,7 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     from fleetctl.api.group import group
-    from fleetctl.job.beforelog import BEFORE_OUTPUT
+    from fleetctl.job.run.beforelog import BEFORE_OUTPUT
     from fleetctl.results import FleetResult
     from fleetctl.ssh.connection import SSHSettings
 

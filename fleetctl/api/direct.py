@@ -26,10 +26,10 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobEvent, JobResult
-    from fleetctl.job.submit import JobRequest
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.process import SpawnedMonitor
+    from fleetctl.job.records.result import JobEvent, JobResult
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.ssh.connection import SSHSettings
@@ -111,7 +111,7 @@ class Direct:
     ) -> Direct:
         """Run ``request`` in the calling thread (Ctrl-C interrupts it there); the ended (or
         detached) job."""
-        from fleetctl.job.submit import submit
+        from fleetctl.job.run.submit import submit
 
         options = request.options
         job = cls(request.spec.job_id, options.runs_dir, options.settings)
@@ -137,7 +137,7 @@ class Direct:
         return self.runs_dir / self.job_id
 
     def _verdict(self, r: JobResult) -> RunResult:
-        from fleetctl.job.state import JobStatus
+        from fleetctl.job.records.state import JobStatus
         from fleetctl.phases.collect import interrupted
 
         if r.status == JobStatus.INTERRUPTED or interrupted(r.collected):
@@ -149,7 +149,7 @@ class Direct:
         return RunResult.from_record(record, r.folder, exit_code=code)
 
     def _run(self, request: JobRequest) -> None:
-        from fleetctl.job.submit import submit
+        from fleetctl.job.run.submit import submit
 
         try:
             done = submit(request, on_event=self._event)
@@ -210,7 +210,7 @@ class Direct:
             yield from self._records_lines(timeout)
 
     def _records_lines(self, timeout: float | None) -> Iterator[LogLine]:
-        from fleetctl.job.logs import follow_logs
+        from fleetctl.job.monitor.logs import follow_logs
 
         with self._handle() as h:
             chosen, missing = h.select(None), []
@@ -280,7 +280,7 @@ class Direct:
     def _wait_record(self, deadline: float | None, timeout: float | None) -> RunResult:
         """A job under its supervisors: its record, once its monitor (or, with none,
         a collection from here, as ``fleetctl collect`` does) wrote how it ended."""
-        from fleetctl.job.monitor_process import monitor_status
+        from fleetctl.job.monitor.process import monitor_status
 
         while True:
             with self._handle() as h:
@@ -358,6 +358,6 @@ class Direct:
             return lifecycle.status(h)
 
     def _handle(self) -> JobHandle:
-        from fleetctl.job.handle import JobHandle
+        from fleetctl.job.monitor.handle import JobHandle
 
         return JobHandle(self.runs_dir, self.job_id, self.settings)

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import LogLine, RunResult
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobResult
+    from fleetctl.job.monitor.process import SpawnedMonitor
+    from fleetctl.job.records.result import JobResult
     from fleetctl.slurm.submit import SlurmEvent
 
 ExecutorKind = Literal["direct", "sbatch"]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from fleetctl.api.job import Job
     from fleetctl.api.runspec import RunSpec
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.report import CheckReport
@@ -201,7 +201,7 @@ class Fleet:
         ``collective``: then the torch.distributed benchmark (``check --collective``).
         ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``).
         ``dcgm``: DCGM's level-1 diagnostics too, where ``dcgmi`` is installed (``--dcgm``)."""
-        from fleetctl.job.prepare import launcher_module
+        from fleetctl.job.run.prepare import launcher_module
         from fleetctl.phases.check.preflight import CheckOptions, GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
@@ -517,7 +517,7 @@ class Fleet:
             return Job._run_here(ready.request, on_event=on_event)
         if not spec.monitor.detach:
             return Job._start(ready.request, on_event=on_event, before=ready.before)
-        from fleetctl.job.submit import submit
+        from fleetctl.job.run.submit import submit
 
         done = submit(ready.request, on_event=on_event or (lambda ev: None))
         return Job._found(done.result.job_id, self.runs_dir, self.settings)

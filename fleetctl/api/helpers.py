@@ -22,21 +22,21 @@ _NAMES = {
     "parse_size": ("fleetctl.phases.collect", "parse_size"),
     "not_collected_line": ("fleetctl.phases.collect", "not_collected_line"),
     "INCOMPLETE_REASONS": ("fleetctl.phases.collect", "INCOMPLETE_REASONS"),
-    "STREAMED_CONSOLE": ("fleetctl.job.runfolder", "STREAMED_CONSOLE"),
+    "STREAMED_CONSOLE": ("fleetctl.job.records.runfolder", "STREAMED_CONSOLE"),
     "MiB": ("fleetctl.phases.check.collective_judge", "MiB"),
     # the check table's columns, a plan's shared argv positions, a failed rank in words
     "CHECKS": ("fleetctl.phases.check.report", "CHECKS"),
     "PROBE_TIMEOUT": ("fleetctl.plan.userinput", "PROBE_TIMEOUT"),
     "PROBE_TIMEOUT_MAX": ("fleetctl.plan.userinput", "PROBE_TIMEOUT_MAX"),
     "shared_positions": ("fleetctl.plan.shared", "shared_positions"),
-    "describe_rank": ("fleetctl.job.ranks", "describe"),
+    "describe_rank": ("fleetctl.job.diagnose.ranks", "describe"),
 }
 
 __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
     from fleetctl.api.fleet import DEFAULT_FANOUT as DEFAULT_FANOUT
-    from fleetctl.job.runfolder import STREAMED_CONSOLE as STREAMED_CONSOLE
+    from fleetctl.job.records.runfolder import STREAMED_CONSOLE as STREAMED_CONSOLE
     from fleetctl.phases.check.collective_judge import MiB as MiB
     from fleetctl.phases.check.report import CHECKS as CHECKS
     from fleetctl.phases.collect import INCOMPLETE_REASONS as INCOMPLETE_REASONS

@@ -32,11 +32,11 @@ if TYPE_CHECKING:
         StopReport,
     )
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.jobrecord import JobRecord
-    from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobEvent, JobResult
-    from fleetctl.job.submit import JobRequest
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.process import SpawnedMonitor
+    from fleetctl.job.records.jobrecord import JobRecord
+    from fleetctl.job.records.result import JobEvent, JobResult
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.ssh.connection import SSHSettings
@@ -83,8 +83,8 @@ class Job:
         ``status()`` carries Slurm's state, ``lines()`` follow the batch script's output,
         ``stop()`` is a verified ``scancel`` — every other job through its nodes."""
         from fleetctl.api.submitted import Submitted
-        from fleetctl.job.records import latest_attempt
-        from fleetctl.job.runfolder import RunFolder
+        from fleetctl.job.records.runfolder import RunFolder
+        from fleetctl.job.records.runs import latest_attempt
         from fleetctl.ssh.connection import SSHSettings
 
         folder = latest_attempt(runs_dir, job_id)
@@ -297,7 +297,7 @@ class Job:
             return h.job
 
     def _handle(self) -> JobHandle:
-        from fleetctl.job.handle import JobHandle
+        from fleetctl.job.monitor.handle import JobHandle
 
         return JobHandle(self.runs_dir, self.job_id, self.settings)
 

@@ -19,11 +19,11 @@ if TYPE_CHECKING:
     import threading
 
     from fleetctl.api.runspec import Observe
-    from fleetctl.job.handle import JobHandle
-    from fleetctl.job.jobrecord import JobRecord
-    from fleetctl.job.members import Member
-    from fleetctl.job.stacks import StackGroup
-    from fleetctl.job.supervisors import NodeReport
+    from fleetctl.job.diagnose.stacks import StackGroup
+    from fleetctl.job.monitor.handle import JobHandle
+    from fleetctl.job.monitor.supervisors import NodeReport
+    from fleetctl.job.records.jobrecord import JobRecord
+    from fleetctl.job.records.members import Member
     from fleetctl.phases.collect import CollectOptions, NodeCollect
     from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import TeardownReport
@@ -51,7 +51,8 @@ class StatusReport:
     hint: str | None = None  # what to do next, one line
     #: a submitted job (the sbatch executor): slurm.json, ``now`` Slurm's line
     slurm: dict[str, Any] | None = None
-    #: run --elastic: each slot's holder and the hosts that lost theirs (fleetctl.job.members)
+    #: run --elastic: each slot's holder and the hosts that lost theirs
+    #: (fleetctl.job.records.members)
     members: list[Member] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,8 +142,8 @@ class StacksReport:
 
 
 def status(h: JobHandle) -> StatusReport:
-    from fleetctl.job.members import members
-    from fleetctl.job.monitor_process import monitor_status
+    from fleetctl.job.monitor.process import monitor_status
+    from fleetctl.job.records.members import members
 
     states = h.status()
     report = StatusReport(
@@ -203,7 +204,7 @@ def stop(
 ) -> StopReport:
     """Its monitor asked to exit first (never two of us tearing down at once), then the
     teardown and verification on every node, the logs collected, job.json says stopped."""
-    from fleetctl.job.monitor_process import stop_monitor
+    from fleetctl.job.monitor.process import stop_monitor
 
     note = on_note or (lambda text: None)
     said = stop_monitor(h.folder)
@@ -225,7 +226,7 @@ def collect(h: JobHandle, options: CollectOptions | None = None) -> CollectRepor
 
 
 def stacks(h: JobHandle) -> StacksReport:
-    from fleetctl.job.stacks import fold
+    from fleetctl.job.diagnose.stacks import fold
 
     report, saved = h.stacks()
     return StacksReport(h.job_id, fold(report.stacks()), report, saved)
@@ -251,7 +252,7 @@ def logs(
 ) -> LogsProblem:
     """Each chosen node's log into ``show(rank, host, text)``: the collected console.log, else
     (or with ``follow``) live from the nodes while the job may run."""
-    from fleetctl.job.logs import follow_logs
+    from fleetctl.job.monitor.logs import follow_logs
 
     chosen = h.select(node)
     missing = []
@@ -277,7 +278,7 @@ def logs(
 
 def last_monitor(runs_dir: str | Path, job_id: str) -> dict[str, Any]:
     """The settings the job's last monitor recorded (grace, poll, timeouts), else {}."""
-    from fleetctl.job.runfolder import load_run
+    from fleetctl.job.records.runfolder import load_run
 
     record: JobRecord | None = None
     with contextlib.suppress(Exception):  # defaults: what the last monitor of the job used
@@ -305,7 +306,7 @@ def monitor(
     defaults. ``observe``: metrics and hooks, as ``run``'s (docs/metrics.md). Returns the
     outcome in a word."""
     from fleetctl.api.runspec import Supervision
-    from fleetctl.job import monitor as mon
+    from fleetctl.job.monitor import watch as mon
 
     last = last_monitor(runs_dir, job_id)
     recorded = {k: last[k] for k in Supervision.MONITORED if last.get(k) is not None}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleetctl.errors import FleetctlError
-    from fleetctl.job.jobrecord import FailureRecord, JobRecord
+    from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,13 @@ class RunResult:
     def failed(self) -> dict[str, str]:
         """Host → how its node failed (``exit code 1``, ``lost (…)``), in rank order: the
         same shape as a fan-out's ``FleetResult.failed`` (host → what went wrong)."""
-        from fleetctl.job.result import NodeOutcome
-        from fleetctl.job.state import NodeState
+        from fleetctl.job.records.result import NodeOutcome
+        from fleetctl.job.records.state import NodeState
 
         out: dict[str, str] = {}
         for n in sorted(self.nodes, key=lambda n: int(n.get("rank", 0))):
             state = str(n.get("state") or "")
-            if state not in ("failed", "lost", "start_failed"):  # job/state.py BAD
+            if state not in ("failed", "lost", "start_failed"):  # job/records/state.py BAD
                 continue
             how = NodeOutcome(
                 int(n.get("rank", 0)),
@@ -141,7 +141,7 @@ class RunResult:
         exit_code: int | None = None,
     ) -> RunResult:
         """From job.json's record (``JobResult.to_record()``, the file, or its dict shape)."""
-        from fleetctl.job.jobrecord import JobRecord
+        from fleetctl.job.records.jobrecord import JobRecord
 
         if not isinstance(record, JobRecord):
             record = JobRecord.from_dict(record, source=str(Path(folder) / "job.json"))
@@ -176,8 +176,8 @@ def _exit_code(record: JobRecord) -> int:
 def _first_failure(ff: FailureRecord | None) -> FirstFailure | None:
     if ff is None:
         return None
-    from fleetctl.job.result import NodeOutcome
-    from fleetctl.job.state import NodeState
+    from fleetctl.job.records.result import NodeOutcome
+    from fleetctl.job.records.state import NodeState
 
     try:
         state = NodeState(ff.state or "failed")

@@ -16,7 +16,7 @@ from fleetctl.errors import UsageError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fleetctl.job.submit import JobRequest
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
     from fleetctl.ssh.connection import SSHSettings
@@ -45,8 +45,8 @@ def prepare(
     """Build the job's request from a checked record (``RunSpec`` refused its bad values when
     it was made): what needs the fleet (the script on disk, the role job, ``--nodes`` against
     the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
-    from fleetctl.job.run import RunOptions
-    from fleetctl.job.submit import JobRequest, RetryRequest
+    from fleetctl.job.run.job import RunOptions
+    from fleetctl.job.run.submit import JobRequest, RetryRequest
     from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
 
     p, sup, rt = spec.program, spec.supervision, spec.retry
@@ -75,7 +75,7 @@ def prepare(
     checkpoint_dir = checkpoint_dir_arg(rt.checkpoint_dir)
     relay = None
     if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
-        from fleetctl.job.resume import resolve as resolve_resume
+        from fleetctl.job.run.resume import resolve as resolve_resume
 
         relay = resolve_resume(rt.resume, runs_dir, nodes, checkpoint_dir)
     before = _before_hook(p.before, inventory)
@@ -108,7 +108,7 @@ def prepare(
     job_retry = None
     run_nodes: Sequence[Node] = nodes
     if job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
-        from fleetctl.job.rolejob import load_role_job
+        from fleetctl.job.run.rolejob import load_role_job
 
         role_job = load_role_job(
             job_file,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleetctl.job.records import RunRecord
+    from fleetctl.job.records.runs import RunRecord
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 
@@ -18,7 +18,7 @@ def runs(runs_dir: str | Path = DEFAULT_RUNS_DIR) -> list[RunRecord]:
     status, started, duration, first_failure in words, attempts, detached, folder, left_out;
     ``to_dict()`` is ``fleetctl runs --json``'s row). A job.json that cannot be read (or has a
     value of the wrong type) is left out, never hiding the others."""
-    from fleetctl.job.records import list_records
+    from fleetctl.job.records.runs import list_records
 
     return list_records(runs_dir)
 
@@ -31,8 +31,8 @@ def report(
     to ``out`` (default ``<run folder>/report.html``); the path written. RunFolderError when
     there is no such job or the file cannot be written (docs/report.md)."""
     from fleetctl.errors import RunFolderError
-    from fleetctl.job.records import ATTEMPT_RE
-    from fleetctl.job.runfolder import load_run
+    from fleetctl.job.records.runfolder import load_run
+    from fleetctl.job.records.runs import ATTEMPT_RE
     from fleetctl.report import write_report
 
     path = Path(job)

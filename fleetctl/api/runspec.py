@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
 from fleetctl.errors import UsageError
-from fleetctl.job.pace import AGREE, WINDOW
+from fleetctl.job.diagnose.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
     MAX_BACKOFF,
     MAX_RETRIES,

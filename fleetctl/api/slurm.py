@@ -71,8 +71,8 @@ class Submission:
         exit 2, or SlurmError). The queued :class:`Job` (``executor == "sbatch"``): its
         ``wait()``, ``lines()``, ``status()``, ``stop()`` act on the Slurm job, as
         ``Job.attach(job_id)``'s do later."""
-        from fleetctl.job.jobrecord import JobRecord
-        from fleetctl.job.runfolder import RunFolder
+        from fleetctl.job.records.jobrecord import JobRecord
+        from fleetctl.job.records.runfolder import RunFolder
         from fleetctl.slurm.batch import ERROR_FILE
         from fleetctl.slurm.submit import SlurmClient
 

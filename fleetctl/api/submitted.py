@@ -29,10 +29,10 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import RunResult
-    from fleetctl.job.jobrecord import JobRecord
-    from fleetctl.job.monitor_process import SpawnedMonitor
-    from fleetctl.job.result import JobResult
-    from fleetctl.job.runfolder import RunFolder
+    from fleetctl.job.monitor.process import SpawnedMonitor
+    from fleetctl.job.records.jobrecord import JobRecord
+    from fleetctl.job.records.result import JobResult
+    from fleetctl.job.records.runfolder import RunFolder
     from fleetctl.slurm.queue import JobInfo
     from fleetctl.slurm.submit import SlurmClient, SlurmEvent
     from fleetctl.ssh.connection import SSHSettings
@@ -335,7 +335,7 @@ class Submitted:
         """The error ``run --slurm`` exits with for ``result`` (None: it succeeded): the
         inside run's exit code, its first failure named."""
         from fleetctl.errors import RunFolderError
-        from fleetctl.job.records import describe_failure
+        from fleetctl.job.records.runs import describe_failure
         from fleetctl.slurm.batch import SlurmJobFailed
 
         if result.ok:

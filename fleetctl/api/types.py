@@ -21,14 +21,14 @@ _NAMES = {
     "CollectiveReport": "fleetctl.phases.check.collective_judge",
     # a run: its plan, events, result, collection, monitor, stacks
     "Plan": "fleetctl.plan.rankplan",
-    "JobEvent": "fleetctl.job.result",
-    "EventKind": "fleetctl.job.result",
-    "JobResult": "fleetctl.job.result",
-    "NodeOutcome": "fleetctl.job.result",
+    "JobEvent": "fleetctl.job.records.result",
+    "EventKind": "fleetctl.job.records.result",
+    "JobResult": "fleetctl.job.records.result",
+    "NodeOutcome": "fleetctl.job.records.result",
     "NodeCollect": "fleetctl.phases.collect",
     "CollectOptions": "fleetctl.phases.collect",
-    "SpawnedMonitor": "fleetctl.job.monitor_process",
-    "StackGroup": "fleetctl.job.stacks",
+    "SpawnedMonitor": "fleetctl.job.monitor.process",
+    "StackGroup": "fleetctl.job.diagnose.stacks",
     # Slurm, inventories, SSH settings
     "SlurmEvent": "fleetctl.slurm.submit",
     "Inventory": "fleetctl.plan.inventory",
@@ -39,12 +39,12 @@ __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
     from fleetctl.api.result import RunResult
-    from fleetctl.job.monitor_process import SpawnedMonitor as SpawnedMonitor
-    from fleetctl.job.result import EventKind as EventKind
-    from fleetctl.job.result import JobEvent as JobEvent
-    from fleetctl.job.result import JobResult as JobResult
-    from fleetctl.job.result import NodeOutcome as NodeOutcome
-    from fleetctl.job.stacks import StackGroup as StackGroup
+    from fleetctl.job.diagnose.stacks import StackGroup as StackGroup
+    from fleetctl.job.monitor.process import SpawnedMonitor as SpawnedMonitor
+    from fleetctl.job.records.result import EventKind as EventKind
+    from fleetctl.job.records.result import JobEvent as JobEvent
+    from fleetctl.job.records.result import JobResult as JobResult
+    from fleetctl.job.records.result import NodeOutcome as NodeOutcome
     from fleetctl.phases.check.collective_judge import CollectiveOptions as CollectiveOptions
     from fleetctl.phases.check.collective_judge import CollectiveReport as CollectiveReport
     from fleetctl.phases.check.report import CheckReport as CheckReport

@@ -165,7 +165,7 @@ def _membership(result: JobResult) -> list[str]:
     out = []
     for c in changes:
         took = "" if c.get("seconds") is None else f" {c['seconds']:.1f} s after its last word"
-        if c.get("not_replaced"):  # node 0: it held the rendezvous (fleetctl.job.elastic)
+        if c.get("not_replaced"):  # node 0: it held the rendezvous (fleetctl.job.run.elastic)
             joined = f"not replaced: {c['not_replaced']}"
         elif c.get("joined") is None:
             joined = f"no spare left, went on with {c.get('world')} nodes"
@@ -176,7 +176,7 @@ def _membership(result: JobResult) -> list[str]:
         out.append(f"  node {c['rank']}: {c['left']} lost ({c['why']}); {joined}")
         for host, why in sorted((c.get("skipped") or {}).items()):  # failed its fresh check
             out.append(f"    spare {host} skipped: {why}")
-        if c.get("warning"):  # a spare that started from step 0 (fleetctl.job.stepwatch)
+        if c.get("warning"):  # a spare that started from step 0 (fleetctl.job.run.stepwatch)
             out.append(f"    warning: {c['warning']}")
     if changes:
         each = ", each given to a spare" if all(c.get("joined") for c in changes) else ""

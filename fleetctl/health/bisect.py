@@ -1,7 +1,7 @@
 """The post-mortem's plan: which hosts run a collective together in each round, to prove the
 one slow or dead node or link after a job ended on a stall, a lost node or a collective
-timeout. Pure: the runner (``fleetctl.job.proof``) runs each round's groups at once and feeds
-back which failed; the golden table is ``tests/pure/test_postmortem_bisect.py``.
+timeout. Pure: the runner (``fleetctl.job.diagnose.proof``) runs each round's groups at once and
+feeds back which failed; the golden table is ``tests/pure/test_postmortem_bisect.py``.
 
 Up to ``ALL_PAIRS_UP_TO`` hosts one collective of them all measures every link (the collective
 program's every ring shift) and its judge names the node or link: one round. Past it, group

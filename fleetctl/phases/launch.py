@@ -8,8 +8,8 @@ and runs it — so a node costs one remote command per launch whether or not the
 there. Then the supervisor says ``R``, gets
 the JSON spec on stdin and answers ``S <json>`` once the job is running.
 
-``fleetctl.job.run`` starts every node at once, one thread per node (a job needs all its nodes at
-once: the fan-out is never narrower than the node count); as soon as a node's supervisor is up,
+``fleetctl.job.run.job`` starts every node at once, one thread per node (a job needs all its nodes
+at once: the fan-out is never narrower than the node count); as soon as a node's supervisor is up,
 its stream goes to the watcher, which starts heartbeating it.
 """
 

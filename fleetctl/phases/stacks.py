@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import FleetctlError, one_line
-from fleetctl.job.stacks import RankStack, console_stacks
+from fleetctl.job.diagnose.stacks import RankStack, console_stacks
 from fleetctl.phases.frames import STACK_KINDS, decode
 from fleetctl.phases.launch import install_file
 

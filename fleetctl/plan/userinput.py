@@ -24,7 +24,7 @@ MAX_BACKOFF = 300.0  # s between attempts
 # modules, so the CLI's option table reads them without importing the check.
 PROBE_TIMEOUT = 30.0
 PROBE_TIMEOUT_MAX = 600.0
-# run --on-slow: what a node the others wait for (fleetctl.job.pace) makes the run do
+# run --on-slow: what a node the others wait for (fleetctl.job.diagnose.pace) makes the run do
 OnSlow = Literal["warn", "stop", "off"]
 ON_SLOW: tuple[OnSlow, ...] = get_args(OnSlow)
 

@@ -25,7 +25,7 @@ past its deadline (stopped, the GIL held) gets SIGABRT, and faulthandler, enable
 writes every thread's stack as it dies. EOF on stdin (the controller gone or done) ends the
 process at once.
 
-Several parts in a row (the post-mortem's bisection rounds, ``fleetctl.job.proof``): a part
+Several parts in a row (the post-mortem's bisection rounds, ``fleetctl.job.diagnose.proof``): a part
 with ``"more": true`` leaves the program waiting (up to ``wait`` s again) for the next one after
 its ``D``, with torch imported once — on the lab an import is seconds of CPU per host and round,
 the round's collective a fraction of one. Each part opens its own store and process group,

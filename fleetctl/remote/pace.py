@@ -1,5 +1,5 @@
-"""Node side of the slow-node watch (``fleetctl/job/pace.py`` judges): where this node's ranks
-spend their time. Every ``report`` s one ``W`` frame: per local rank the share of the interval
+"""Node side of the slow-node watch (``fleetctl/job/diagnose/pace.py`` judges): where this node's
+ranks spend their time. Every ``report`` s one ``W`` frame: per local rank the share of the interval
 its main thread ran or waited for a CPU (``busy``; asleep is waiting, in a collective mostly),
 of it the share waiting for a CPU (``delay``), from /proc/PID/schedstat; its CPU seconds per
 second (``cpu``); and the share of its cpu cgroup's quota periods throttled (``throttled``,

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fleetctl.job.runfolder import REPORT_FILE
+from fleetctl.job.records.runfolder import REPORT_FILE
 
 
 def build_report(folder: str | Path, *, out: str | Path | None = None) -> str:

@@ -18,9 +18,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from fleetctl.job.jobrecord import JobRecord, NodeRecord
-from fleetctl.job.records import attempt_folders, describe_failure
-from fleetctl.job.runfolder import (
+from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
+from fleetctl.job.records.runfolder import (
     CHECK_FILE,
     COLLECTIVE_FILE,
     EVENTS_FILE,
@@ -29,6 +28,7 @@ from fleetctl.job.runfolder import (
     RunFolder,
     read_job,
 )
+from fleetctl.job.records.runs import attempt_folders, describe_failure
 from fleetctl.report.files import (
     Event,
     count_lines,

@@ -1,6 +1,6 @@
-"""A stand-in for the one job a post-mortem proof reads (``fleetctl.job.proof``): a lab fleet's
-hosts with their data addresses and NICs as the training ones, for the bench and the lab test
-that time and run the proof on its own, without a job around it."""
+"""A stand-in for the one job a post-mortem proof reads (``fleetctl.job.diagnose.proof``): a lab
+fleet's hosts with their data addresses and NICs as the training ones, for the bench and the lab
+test that time and run the proof on its own, without a job around it."""
 
 from __future__ import annotations
 

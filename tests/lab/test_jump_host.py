@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl.job.monitor_process import monitor_alive
+from fleetctl.job.monitor.process import monitor_alive
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli, run_cli_process
 from fleetctl.testing.wait import wait_for

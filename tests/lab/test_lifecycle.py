@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.monitor_process import monitor_alive
+from fleetctl.job.monitor.process import monitor_alive
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli, run_cli_process, start_cli_process

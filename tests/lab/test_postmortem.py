@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl.job import proof as proof_module
+from fleetctl.job.diagnose import proof as proof_module
 from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.jobs import assert_nothing_left, launched_job_id

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetctl.errors import FleetctlError, RunFolderError
-from fleetctl.job.attempts import Attempt, _write_attempts, read_attempts
+from fleetctl.job.run.attempts import Attempt, _write_attempts, read_attempts
 
 CURRENT = {
     "attempt": 2,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fleetctl.api import before
-from fleetctl.job.beforelog import BEFORE_OUTPUT
+from fleetctl.job.run.beforelog import BEFORE_OUTPUT
 from fleetctl.node import Node
 
 

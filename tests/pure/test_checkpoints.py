@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.checkpoints import relay_source
-from fleetctl.job.result import JobResult
+from fleetctl.job.records.result import JobResult
+from fleetctl.job.run.checkpoints import relay_source
 from fleetctl.node import Node
 from fleetctl.phases.push.relay import (
     PEER_MIN_BYTES,

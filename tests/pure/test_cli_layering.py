@@ -57,10 +57,10 @@ def test_the_guard_sees_imports_inside_functions_and_type_checking_blocks(tmp_pa
     sample = tmp_path / "sample_cmd.py"
     sample.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from fleetctl.job.result import JobResult\n"
+        "if TYPE_CHECKING:\n    from fleetctl.job.records.result import JobResult\n"
         "def f():\n    import fleetctl.ssh.fanout\n    from fleetctl.api.types import Plan\n"
     )
-    assert internal_imports(sample) == {"fleetctl.job.result", "fleetctl.ssh.fanout"}
+    assert internal_imports(sample) == {"fleetctl.job.records.result", "fleetctl.ssh.fanout"}
 
 
 def test_the_moved_commands_stay_moved() -> None:

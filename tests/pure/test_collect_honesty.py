@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from fleetctl.cli.render_collect import collect_lines, collect_summary_lines
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import STREAMED_CONSOLE, RunFolder
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import STREAMED_CONSOLE, RunFolder
 from fleetctl.phases.collect import (
     INTERRUPTED,
     CollectInterrupted,
@@ -110,7 +110,7 @@ def test_a_node_kept_from_the_jobs_own_collection_says_nothing_was_copied_now() 
 
 
 def test_the_run_folder_names_the_controller_that_created_it(tmp_path: Path) -> None:
-    from fleetctl.job.handle import JobHandle
+    from fleetctl.job.monitor.handle import JobHandle
 
     folder = RunFolder.create(tmp_path, "job-1")
     folder.write_job(JobRecord(job_id="job-1", status="running"))

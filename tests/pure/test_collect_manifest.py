@@ -183,7 +183,7 @@ class _CutAfter:
 def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleetctl.job.supervisors import ensure_supervisor
+    from fleetctl.job.monitor.supervisors import ensure_supervisor
     from fleetctl.node import Node
     from fleetctl.phases.collect import collect
     from fleetctl.plan.rankplan import JobSpec, make_plan

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.runfolder import node_folder_name
+from fleetctl.job.records.runfolder import node_folder_name
 from fleetctl.phases.unpack import extract_tar, safe_member_path
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetctl.job.culprit import culprits
+from fleetctl.job.diagnose.culprit import culprits
 from fleetctl.phases.check.report import CheckReport, CheckResult, HostReport, MeshFailure
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from fleetctl.cli.render_summary import member_lines
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.members import members
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.members import members
 
 T0 = "2026-11-29T06:00:00.000+00:00"
 T_LOST = "2026-11-29T06:00:41.500+00:00"
@@ -121,9 +121,9 @@ def test_the_summary_says_why_node_0_was_not_replaced_and_which_spares_failed_th
     tmp_path: Path,
 ) -> None:
     from fleetctl.cli.render_summary import run_summary_lines
-    from fleetctl.job.elastic import NODE0_LOST
-    from fleetctl.job.result import JobResult, NodeOutcome
-    from fleetctl.job.state import JobStatus, NodeState
+    from fleetctl.job.records.result import JobResult, NodeOutcome
+    from fleetctl.job.records.state import JobStatus, NodeState
+    from fleetctl.job.run.elastic import NODE0_LOST
 
     r = JobResult("j", tmp_path, status=JobStatus.FAILED, started=0.0, ended=9.0)
     r.first_failure = 0

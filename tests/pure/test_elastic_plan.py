@@ -151,8 +151,8 @@ def test_a_node_the_job_went_on_without_fails_nothing_and_is_said_in_the_summary
     tmp_path: Path,
 ) -> None:
     from fleetctl.cli.render_summary import run_summary_lines
-    from fleetctl.job.result import JobResult, NodeOutcome
-    from fleetctl.job.state import JobState, JobStatus, NodeState
+    from fleetctl.job.records.result import JobResult, NodeOutcome
+    from fleetctl.job.records.state import JobState, JobStatus, NodeState
     from fleetctl.phases.collect import NodeCollect
 
     state = JobState(3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.job.stepwatch import StepWatch, steps
+from fleetctl.job.run.stepwatch import StepWatch, steps
 
 LINES = [
     ("[rank 2] step=41 rank=2 world=3 sum=3", {"step": 41}),

@@ -18,8 +18,8 @@ from fleetctl.api.direct import Direct
 from fleetctl.api.executor import Executor, WaitTimeout
 from fleetctl.api.submitted import Submitted
 from fleetctl.errors import FleetctlError, JobFailed
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.slurm.queue import JobInfo
 
 JOB_PY = Path(__file__).resolve().parents[2] / "fleetctl" / "api" / "job.py"

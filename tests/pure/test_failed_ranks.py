@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.ranks import failed_ranks
+from fleetctl.job.diagnose.ranks import failed_ranks
 
 DS_LINE = (
     "[2026-11-25 18:00:14,372] [ERROR] [launch.py:259:sigkill_handler] ['/venv/bin/python', "
@@ -150,7 +150,7 @@ def test_deepspeed_names_the_first_failing_rank_of_any_node_not_of_the_first_nod
 def test_the_node_whose_rank_failed_first_becomes_the_first_failure() -> None:
     """A peer's launcher may end first (its rank died of the culprit's error); the culprit's
     node, failed or reached by our stop before its launcher ended, takes the blame."""
-    from fleetctl.job.state import JobState, NodeState
+    from fleetctl.job.records.state import JobState, NodeState
 
     for culprit_end in (NodeState.FAILED, NodeState.STOPPED):
         st = JobState(3)
@@ -219,10 +219,10 @@ def test_a_blamed_node_stopped_by_the_teardown_fails_with_its_ranks_exit_code(
     tmp_path: Path,
 ) -> None:
     """Its launcher ended by our SIGTERM, but what the summary says of it is its rank's end."""
-    from fleetctl.job.context import JobContext
-    from fleetctl.job.finish import _blame_first_rank
-    from fleetctl.job.run import RunOptions
-    from fleetctl.job.state import NodeState
+    from fleetctl.job.records.state import NodeState
+    from fleetctl.job.run.context import JobContext
+    from fleetctl.job.run.finish import _blame_first_rank
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
 

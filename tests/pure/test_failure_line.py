@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.api.runspec import Supervision
-from fleetctl.job.context import JobContext, on_event
-from fleetctl.job.run import RunOptions
+from fleetctl.job.run.context import JobContext, on_event
+from fleetctl.job.run.job import RunOptions
 from fleetctl.node import Node
 from fleetctl.phases.watch import Event
 from fleetctl.plan.rankplan import JobSpec

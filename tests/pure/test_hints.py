@@ -1,5 +1,5 @@
-"""What to do about a failed rank's well-known error (fleetctl.job.hints): a golden table of
-real errors (the first captured from pytorch/examples' ddp-tutorial-series/multinode.py run on
+"""What to do about a failed rank's well-known error (fleetctl.job.diagnose.hints): a golden table
+of real errors (the first captured from pytorch/examples' ddp-tutorial-series/multinode.py run on
 CPU lab hosts), errors that must get no hint, and one real local run of a CUDA-only script."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.hints import hint_for
+from fleetctl.job.diagnose.hints import hint_for
 
 CUDA_ONLY = [  # pytorch/examples multinode.py under torchrun on a CPU-only torch 2.13
     "Traceback (most recent call last):",

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import pytest
 
 from fleetctl.errors import LogsIncomplete
-from fleetctl.job.result import JobResult
-from fleetctl.job.state import JobStatus
+from fleetctl.job.records.result import JobResult
+from fleetctl.job.records.state import JobStatus
 from fleetctl.phases.collect import NodeCollect
 from fleetctl.testing.cli_runner import run_cli
 
@@ -66,11 +66,11 @@ class _Handle:
 def test_collect_exits_non_zero_while_a_node_stays_incomplete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: bool, code: int, as_json: bool
 ) -> None:
-    import fleetctl.job.handle
+    import fleetctl.job.monitor.handle
     from fleetctl.api import Job
 
     monkeypatch.setattr(_Handle, "results", _collected(tmp_path, lost=lost))
-    monkeypatch.setattr(fleetctl.job.handle, "JobHandle", _Handle)
+    monkeypatch.setattr(fleetctl.job.monitor.handle, "JobHandle", _Handle)
     found = classmethod(lambda cls, job, runs_dir, **kw: cls._found(job, runs_dir, None))
     monkeypatch.setattr(Job, "attach", found)
     res = run_cli("collect", *(["--json"] if as_json else []), "20260101-000000-abcdef")

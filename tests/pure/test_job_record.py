@@ -1,6 +1,6 @@
-"""job.json as one type (``fleetctl.job.jobrecord``): files of every age read back and written
-again unchanged, a value of the wrong type refused in one line naming the file and the key, and
-the attached run's writer and every reader agreeing on the shape."""
+"""job.json as one type (``fleetctl.job.records.jobrecord``): files of every age read back and
+written again unchanged, a value of the wrong type refused in one line naming the file and the
+key, and the attached run's writer and every reader agreeing on the shape."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.jobrecord import FailureRecord, JobRecord, NodeRecord
-from fleetctl.job.result import JobResult, NodeOutcome
-from fleetctl.job.runfolder import RunFolder, list_runs
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, NodeRecord
+from fleetctl.job.records.result import JobResult, NodeOutcome
+from fleetctl.job.records.runfolder import RunFolder, list_runs
 
 SAMPLES = Path(__file__).parent / "job_records"
 FILES = sorted(SAMPLES.glob("*.json"))
@@ -192,8 +192,8 @@ def test_runs_lists_every_readable_record_and_leaves_out_a_mistyped_one(tmp_path
     assert rows[1].left_out == {"n2": "check failed: GPU count 7, not 8"}
 
 
-READERS = ["job/handle.py", "job/records.py", "job/monitor.py", "job/monitor_process.py"]
-READERS += ["api/job.py", "api/result.py", "cli/jobs_cmd.py"]
+READERS = ["job/monitor/handle.py", "job/records/runs.py", "job/monitor/watch.py"]
+READERS += ["job/monitor/process.py", "api/job.py", "api/result.py", "cli/jobs_cmd.py"]
 
 
 @pytest.mark.parametrize("module", READERS)

@@ -1,13 +1,13 @@
-"""The job state machine (fleetctl.job.state): one golden table of node ends → the job's fate,
-and the detached monitor's decision agreeing with it on the same ends."""
+"""The job state machine (fleetctl.job.records.state): one golden table of node ends → the job's
+fate, and the detached monitor's decision agreeing with it on the same ends."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleetctl.job.monitor_decide import WatchState, decide
-from fleetctl.job.state import JobState, JobStatus, NodeState, exit_state
-from fleetctl.job.supervisors import NodeReport
+from fleetctl.job.monitor.decide import WatchState, decide
+from fleetctl.job.monitor.supervisors import NodeReport
+from fleetctl.job.records.state import JobState, JobStatus, NodeState, exit_state
 from fleetctl.plan.roles import CompletionPolicy
 
 S, F, L, X = NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.START_FAILED
@@ -230,8 +230,8 @@ def test_the_loss_counts_from_when_the_node_was_last_heard_not_when_it_was_decla
     a node may still be lost): one line, naming the node the summary names."""
     import tempfile
 
-    from fleetctl.job.context import JobContext, on_event
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.context import JobContext, on_event
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.watch import Event
     from fleetctl.plan.rankplan import JobSpec

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.handle import JobHandle
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.records import (
+from fleetctl.job.monitor.handle import JobHandle
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.runs import (
     describe_failure,
     latest_attempt,
     list_records,
     load_nodes,
     write_connect,
 )
-from fleetctl.job.runfolder import RunFolder
 from fleetctl.node import Node
 from fleetctl.phases.collect import NodeCollect
 
@@ -198,7 +198,7 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
 
 
 def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:
-    from fleetctl.job.records import nodes_as_reached
+    from fleetctl.job.records.runs import nodes_as_reached
     from fleetctl.ssh.connection import SSHSettings
 
     folder = _job(tmp_path, "j2")

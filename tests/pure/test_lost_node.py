@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetctl.job.state import NodeState
+from fleetctl.job.records.state import NodeState
 
 
 class _Pipe:
@@ -146,8 +146,8 @@ def test_a_node_that_cannot_be_reached_anew_is_lost_only_at_the_timeout() -> Non
 def _torchrun_result(tmp_path: Path, exits: dict[int, list[dict]]) -> Any:
     """A finished 3-node torchrun job whose node 2 was lost; node folders with the node
     supervisors' ``rank_exits.json`` for the nodes that were collected."""
-    from fleetctl.job.context import JobContext
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.run.context import JobContext
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
 
@@ -183,8 +183,8 @@ def _lost_then(job: Any, peer_state: NodeState, peer_end: float) -> None:
 def test_ranks_our_stop_ended_are_never_a_first_failure(tmp_path: Path) -> None:
     """Links cut: node 2 is lost, the others are stopped; torchrun turns our SIGTERM into
     exit code 1 on rank 0. Those rank ends came after the stop reached their node."""
-    from fleetctl.job.finish import _blame_first_rank
-    from fleetctl.job.ranks import failed_ranks
+    from fleetctl.job.diagnose.ranks import failed_ranks
+    from fleetctl.job.run.finish import _blame_first_rank
 
     exits = {
         0: [{"local": 0, "pid": 7, "code": 1, "at": 15.1, "after_stop": True}],
@@ -205,10 +205,10 @@ def test_a_peer_that_failed_after_the_lost_node_went_silent_is_its_victim(
     """Host crashed mid-DDP: a peer's gloo collective broke at once (exit 1, before any stop),
     but node 2 was silent since before: node 2 stays the first failure, its loss is what the
     retry rule sees, and with a spare the retry runs."""
-    from fleetctl.job.finish import _blame_first_rank
-    from fleetctl.job.ranks import failed_ranks
-    from fleetctl.job.retry import Failure, RetryPolicy
-    from fleetctl.job.spares import faulty_hosts
+    from fleetctl.job.diagnose.ranks import failed_ranks
+    from fleetctl.job.run.finish import _blame_first_rank
+    from fleetctl.job.run.retry import Failure, RetryPolicy
+    from fleetctl.job.run.spares import faulty_hosts
 
     job, events = _torchrun_result(tmp_path, {0: [{"local": 0, "pid": 7, "code": 1, "at": 10.1}]})
     _lost_then(job, NodeState.FAILED, 10.3)
@@ -227,8 +227,8 @@ def test_a_peer_that_failed_after_the_lost_node_went_silent_is_its_victim(
 def test_a_peer_that_failed_before_the_silence_takes_the_blame_and_the_live_line(
     tmp_path: Path,
 ) -> None:
-    from fleetctl.job.finish import _blame_first_rank
-    from fleetctl.job.ranks import failed_ranks
+    from fleetctl.job.diagnose.ranks import failed_ranks
+    from fleetctl.job.run.finish import _blame_first_rank
 
     job, events = _torchrun_result(tmp_path, {0: [{"local": 0, "pid": 7, "code": 1, "at": 9.5}]})
     _lost_then(job, NodeState.FAILED, 10.3)
@@ -245,7 +245,7 @@ def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
     monkeypatch: Any,
 ) -> None:
     import fleetctl.phases.check.preflight as check
-    from fleetctl.job.culprit import post_mortem
+    from fleetctl.job.diagnose.culprit import post_mortem
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.exposition import render
-from fleetctl.job.metrics import JobSample, NodeSample
+from fleetctl.job.monitor.exposition import render
+from fleetctl.job.monitor.metrics import JobSample, NodeSample
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

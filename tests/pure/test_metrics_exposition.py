@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.exposition import render
-from fleetctl.job.hooks import Hooks, hook_env, run_hooks
-from fleetctl.job.metrics import JobMetrics, JobSample, NodeSample
-from fleetctl.job.result import JobEvent, JobResult, NodeOutcome
-from fleetctl.job.state import NodeState
+from fleetctl.job.monitor.exposition import render
+from fleetctl.job.monitor.hooks import Hooks, hook_env, run_hooks
+from fleetctl.job.monitor.metrics import JobMetrics, JobSample, NodeSample
+from fleetctl.job.records.result import JobEvent, JobResult, NodeOutcome
+from fleetctl.job.records.state import NodeState
 
 J = 'job_id="j1"'
 

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from fleetctl.api.runspec import Supervision
-from fleetctl.job.handle import JobHandle
-from fleetctl.job.jobrecord import FailureRecord, JobRecord
-from fleetctl.job.monitor import monitor_job
-from fleetctl.job.monitor_decide import MONITOR_REASON, WatchState, decide
-from fleetctl.job.monitor_process import identity, monitor_alive, monitor_status, stop_monitor
-from fleetctl.job.records import write_connect
-from fleetctl.job.runfolder import RunFolder
-from fleetctl.job.supervisors import EXTERNAL_STOP_REASON, NodeReport
+from fleetctl.job.monitor.decide import MONITOR_REASON, WatchState, decide
+from fleetctl.job.monitor.handle import JobHandle
+from fleetctl.job.monitor.process import monitor_alive, monitor_status, stop_monitor
+from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON, NodeReport
+from fleetctl.job.monitor.watch import monitor_job
+from fleetctl.job.records.controller import identity
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.runs import write_connect
 from fleetctl.node import Node
 from fleetctl.phases.collect import NodeCollect
 from fleetctl.phases.teardown import NodeStop, TeardownReport
@@ -302,7 +303,7 @@ def test_collect_after_a_monitor_died_mid_teardown_still_says_failed(tmp_path: P
 
 
 def test_a_detached_job_times_out_by_its_start_and_stalls_by_its_progress_marks() -> None:
-    from fleetctl.job.monitor_decide import limit_reached
+    from fleetctl.job.monitor.decide import limit_reached
 
     def at(marks: list[float | None], begun: bool = True) -> list[NodeReport]:
         return [
@@ -331,7 +332,7 @@ def test_a_detached_job_starting_up_is_not_stalled_until_its_start_up_limit() ->
     """Before any node says the job began (a rank's first line, a progress touch), only the
     start-up limit counts, from the launch; the launcher's own lines move the marks but do
     not start the stall clock, which starts at the first node's begin."""
-    from fleetctl.job.monitor_decide import limit_reached
+    from fleetctl.job.monitor.decide import limit_reached
 
     def at(marks: list[float], begun: list[bool]) -> list[NodeReport]:
         return [

@@ -15,8 +15,8 @@ import pytest
 from fleetctl.api import RunResult
 from fleetctl.api.submitted import Submitted
 from fleetctl.api.types import CheckReport, ExecResult, NodeRun
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.phases.check.report import FAIL, OK, CheckResult, HostReport, MeshFailure
 from fleetctl.results import Cancelled, CommandResult, FleetResult, Outcome
 from fleetctl.slurm.queue import JobInfo

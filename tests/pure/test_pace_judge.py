@@ -1,5 +1,5 @@
-"""The slow-node judge (``fleetctl.job.pace``) as a golden table: rounds of node reports in,
-the node named (or nobody) out. Healthy fleets, noisy or alike, must never name anyone."""
+"""The slow-node judge (``fleetctl.job.diagnose.pace``) as a golden table: rounds of node reports
+in, the node named (or nobody) out. Healthy fleets, noisy or alike, must never name anyone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.pace import PaceJudge
+from fleetctl.job.diagnose.pace import PaceJudge
 
 HOSTS = {0: "gpu01", 1: "gpu02", 2: "gpu03"}
 Row = tuple[float, float | None]  # (busy, throttled) of one node in one round

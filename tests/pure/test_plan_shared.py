@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fleetctl.errors import PlanError
-from fleetctl.job.records import load_plan
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.job.records.runs import load_plan
 from fleetctl.node import Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES
 from fleetctl.plan.rankplan import JobSpec, Plan, make_plan
@@ -114,7 +114,7 @@ def test_plan_json_round_trips_in_both_forms(tmp_path: Path, launcher: str) -> N
 
 
 def test_plan_json_is_compact_past_256_nodes(tmp_path: Path) -> None:
-    from fleetctl.job.prepare import FULL_PLAN_MAX_NODES, plan_document
+    from fleetctl.job.run.prepare import FULL_PLAN_MAX_NODES, plan_document
 
     for n, compact in ((FULL_PLAN_MAX_NODES, False), (FULL_PLAN_MAX_NODES + 1, True)):
         plan = make_plan(_nodes(n), JobSpec(script="t.py", job_id=JOB, launcher="paddle"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetctl.job.proof import _measured_again
+from fleetctl.job.diagnose.proof import _measured_again
 from fleetctl.phases.check.collective_judge import CollectiveReport
 
 SLOW = "slow node (recv side) busbw 0.006 GB/s < 0.18 GB/s (0.25 x fleet median 0.73 GB/s)"

@@ -186,7 +186,7 @@ def test_each_finding_reads_as_one_line(finding: Finding, line: str) -> None:
 
 
 def _result(states: list[str], *, verdict: str | None = None, tail: str = "") -> Any:
-    from fleetctl.job.result import JobResult, NodeOutcome
+    from fleetctl.job.records.result import JobResult, NodeOutcome
 
     nodes = [NodeOutcome(i, f"n{i + 1}", f"10.0.0.{i + 1}", state=s) for i, s in enumerate(states)]
     failed = next((i for i, s in enumerate(states) if s == "failed"), None)
@@ -219,13 +219,13 @@ def _result(states: list[str], *, verdict: str | None = None, tail: str = "") ->
 def test_the_proof_runs_after_a_stall_a_lost_node_or_a_collective_timeout_only(
     states: list[str], verdict: str | None, tail: str, why: str | None
 ) -> None:
-    from fleetctl.job.proof import wanted
+    from fleetctl.job.diagnose.proof import wanted
 
     assert wanted(_result(states, verdict=verdict, tail=tail)) == why
 
 
 def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
-    from fleetctl.job.spares import faulty_hosts, proven
+    from fleetctl.job.run.spares import faulty_hosts, proven
 
     proof = {
         "unreachable": ["n2"],

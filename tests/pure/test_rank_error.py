@@ -8,8 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fleetctl.cli.render_summary import run_summary_lines
-from fleetctl.job.ranks import failed_ranks, rank_error, traceback_lines
-from fleetctl.job.result import JobResult, NodeOutcome
+from fleetctl.job.diagnose.ranks import failed_ranks, rank_error, traceback_lines
+from fleetctl.job.records.result import JobResult, NodeOutcome
 
 LOGS = Path(__file__).parent / "rank_logs"
 RANK1 = (LOGS / "torchrun_2.13_rank1_stderr.log").read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fleetctl.job.redact import REDACTED, redact_text
+from fleetctl.job.records.redact import REDACTED, redact_text
 
 KEYS = ("WANDB_API_KEY", "DB_PASS")
 

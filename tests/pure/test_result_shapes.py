@@ -13,8 +13,8 @@ import pytest
 from fleetctl.api import Fleet, Job, RunResult
 from fleetctl.api.submitted import Submitted, log_line
 from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.results import Cancelled, CommandResult, FleetResult, Outcome
 from fleetctl.slurm.batch import SlurmJobFailed
 from fleetctl.slurm.queue import JobInfo

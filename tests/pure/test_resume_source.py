@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.resume import resolve
+from fleetctl.job.run.resume import resolve
 from fleetctl.node import Node
 from fleetctl.plan.rankplan import JobSpec, make_plan
 from fleetctl.testing.cli_runner import run_cli

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleetctl.errors import UsageError
-from fleetctl.job.retry import Failure, RetryPolicy, backoff_delay, parse_rule
+from fleetctl.job.run.retry import Failure, RetryPolicy, backoff_delay, parse_rule
 
 TB = (
     "Traceback (most recent call last):",
@@ -131,10 +131,10 @@ def test_the_attempt_loop_retries_until_the_budget_is_spent(tmp_path, monkeypatc
     the real policy; the lab test runs real jobs)."""
     import json
 
-    from fleetctl.job import run as job_mod
-    from fleetctl.job.attempts import run_attempts
-    from fleetctl.job.result import JobResult, NodeOutcome
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.records.result import JobResult, NodeOutcome
+    from fleetctl.job.run import job as job_mod
+    from fleetctl.job.run.attempts import run_attempts
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.plan.rankplan import JobSpec
 
     seen: list[tuple[str, int]] = []
@@ -193,10 +193,10 @@ def test_a_retry_after_a_lost_node_reconnects_it_rechecks_and_records_a_failed_s
     import json
 
     from fleetctl.errors import CheckError
-    from fleetctl.job import run as job_mod
-    from fleetctl.job.attempts import run_attempts
-    from fleetctl.job.result import JobResult, NodeOutcome
-    from fleetctl.job.run import RunOptions
+    from fleetctl.job.records.result import JobResult, NodeOutcome
+    from fleetctl.job.run import job as job_mod
+    from fleetctl.job.run.attempts import run_attempts
+    from fleetctl.job.run.job import RunOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.results import FleetResult
 

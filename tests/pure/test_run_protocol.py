@@ -14,7 +14,7 @@ import pytest
 
 from fleetctl.cli.render import LiveLog, fold_ranks
 from fleetctl.cli.render_summary import run_summary_lines
-from fleetctl.job.result import JobResult, NodeOutcome
+from fleetctl.job.records.result import JobResult, NodeOutcome
 from fleetctl.phases.frames import Frame, FrameReader, parse_block, parse_frame
 from fleetctl.phases.launch import exit_code_of, start_command
 
@@ -203,7 +203,7 @@ class _Out:
 
 @pytest.mark.parametrize(("tail", "shown"), [("all", [0, 1]), ("0", [0]), ("none", [])])
 def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list[int]) -> None:
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
 
     out, err = _Out(), _Out()
     live = LiveLog(tail=tail, colour=False, out=out, err=err)
@@ -213,7 +213,7 @@ def test_live_lines_carry_the_node_prefix_and_follow_tail(tail: str, shown: list
 
 
 def test_live_lines_are_coloured_per_node_on_request() -> None:
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
 
     out = _Out()
     live = LiveLog(colour=True, out=out, err=_Out())
@@ -224,7 +224,7 @@ def test_live_lines_are_coloured_per_node_on_request() -> None:
 
 
 def test_a_batch_of_lines_is_one_write_with_every_line_prefixed() -> None:
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
 
     out = _Out()
     live = LiveLog(colour=False, out=out, err=_Out())
@@ -330,7 +330,7 @@ def test_job_output_reaches_the_terminal_with_colours_only(line: str, shown: str
 def test_live_output_is_made_safe_unless_raw_output_is_asked_for() -> None:
     import io
 
-    from fleetctl.job.result import JobEvent
+    from fleetctl.job.records.result import JobEvent
 
     line = "step 1 \x1b]0;owned\x07"
     for raw, want in ((False, "[0 n1] step 1 \\x1b]0;owned\\x07\n"), (True, f"[0 n1] {line}\n")):

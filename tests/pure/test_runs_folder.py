@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.job.jobrecord import JobRecord
-from fleetctl.job.runfolder import RunFolder, RunFolderError, iso, list_runs, load_run
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder, RunFolderError, iso, list_runs, load_run
 
 
 def test_a_run_folder_is_private_and_never_reused(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_a_run_folder_lock_held_too_long_is_an_error_not_a_hang(
     import os
 
     from fleetctl.errors import RunFolderError
-    from fleetctl.job import runfolder as runs
+    from fleetctl.job.records import runfolder as runs
 
     folder = runs.RunFolder.create(tmp_path, "j-lock")
     monkeypatch.setattr(runs, "LOCK_TIMEOUT", 0.3)

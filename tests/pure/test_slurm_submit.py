@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
-from fleetctl.job.runfolder import RunFolder
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.slurm import specfile
 from fleetctl.slurm.batch import (
     BatchRequest,
@@ -370,7 +370,7 @@ def test_dry_run_of_a_role_job_shows_the_script_and_the_copy(tmp_path: Path) -> 
 def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Path) -> None:
     """--json prints what `run --json` would (the inside run's job.json), naming the Slurm job."""
     from fleetctl.api.submitted import Submitted
-    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.records.jobrecord import JobRecord
 
     run = RunFolder.create(tmp_path, "j1")
     doc = {
@@ -481,7 +481,7 @@ def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
     fails at once and no slurm.err comes; the error says what to do."""
     from fleetctl.api.submitted import Submitted
     from fleetctl.errors import JobFailed
-    from fleetctl.job.jobrecord import JobRecord
+    from fleetctl.job.records.jobrecord import JobRecord
 
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
@@ -600,7 +600,7 @@ def test_slurm_error_is_exit_3() -> None:
 
 def test_connect_json_keeps_the_slurm_job_of_srun_nodes(tmp_path: Path) -> None:
     """So `status`/`stop`/`logs` of an inside run reach its nodes by srun steps, not SSH."""
-    from fleetctl.job.records import load_nodes, write_connect
+    from fleetctl.job.records.runs import load_nodes, write_connect
     from fleetctl.node import Node
     from fleetctl.slurm.allocation import is_srun
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.cli.render import stack_lines
-from fleetctl.job.stacks import RankStack, console_stacks, fold, innermost_frame
+from fleetctl.job.diagnose.stacks import RankStack, console_stacks, fold, innermost_frame
 
 PYSPY_WAITING = """\
 Process 4242: /usr/bin/python3 train.py

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.api.runspec import Supervision
-from fleetctl.job.run import RunOptions, run_job
+from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
 from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path

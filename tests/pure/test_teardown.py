@@ -69,8 +69,8 @@ def test_a_container_a_hung_runtime_left_is_an_unverified_node_named_with_its_co
     """--image: the supervisor's exit report says its runtime did not answer (a cut call):
     the node is not verified, and its one line names the call and the container to remove;
     a succeeded job with such a node does not exit 0."""
-    from fleetctl.job.result import JobResult
-    from fleetctl.job.state import JobStatus
+    from fleetctl.job.records.result import JobResult
+    from fleetctl.job.records.state import JobStatus
     from fleetctl.phases.teardown import containers_wait
 
     nodes = [Node(f"n{i}", f"10.0.0.{i}") for i in range(1, 3)]

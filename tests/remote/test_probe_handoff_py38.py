@@ -191,7 +191,7 @@ class _NoCommands:
 def test_node_0s_held_probe_claims_the_port_in_place_then_its_supervisor_adopts_it(
     probes: Probes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleetctl.job.ports import reserve_master_port
+    from fleetctl.job.run.ports import reserve_master_port
     from fleetctl.plan.rankplan import JobSpec
 
     claims = tmp_path / "claims"

@@ -62,7 +62,7 @@ reserved per task (label ``paddle``; ``gloo`` on server 0 for paddle's gloo HTTP
 
 Free ports: :func:`candidate_ports` proposes a deterministic window per host (below Linux's
 ephemeral range, so the kernel never hands them to outgoing connections meanwhile), the node
-answers which are bindable (a one-shot bind test, ``fleetctl.job.rolejob``), and
+answers which are bindable (a one-shot bind test, ``fleetctl.job.run.rolejob``), and
 :func:`assign_ports` hands them out — tasks on one host never share a port.
 """
 

@@ -412,7 +412,7 @@ def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
             v = [v]
         if not isinstance(v, list) or not all(isinstance(x, (str, int)) for x in v):
             raise UsageError(f"{at(r, key)}: {key} must be a list of rules")
-        from fleetctl.job.retry import parse_rule
+        from fleetctl.job.run.retry import parse_rule
 
         for i, x in enumerate(v):
             line = r.key_lines.get(key, r.line)

@@ -1,0 +1,34 @@
+"""report.html, written into a job's run folder when it ends: by the attached run
+(``fleetctl.job.run.submit``) and by a detached job's monitor (``fleetctl.job.monitor.watch``)
+alike, so neither imports the other for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetctl.job.records.result import JobEvent
+
+
+def write_run_report(folder: str | Path, job_id: str, on_event: Callable[[JobEvent], None]) -> None:
+    """report.html into the job's first run folder (every attempt in it), for an attached
+    run and a detached job's monitor alike. Never changes the run's outcome: a failure to
+    write it is a warning."""
+    from fleetctl.job.records.result import JobEvent
+    from fleetctl.job.records.runs import ATTEMPT_RE
+
+    if not folder:
+        return
+    folder = Path(folder)
+    m = ATTEMPT_RE.match(folder.name)
+    if m and (folder.parent / m.group("base")).is_dir():
+        folder = folder.parent / m.group("base")
+    try:
+        from fleetctl.report import write_report
+
+        path = write_report(folder)
+        on_event(JobEvent("notice", f"report: {path} (`fleetctl report {job_id}`)"))
+    except Exception as e:  # a report is a convenience, never the run's verdict
+        on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
