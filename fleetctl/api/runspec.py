@@ -364,7 +364,7 @@ class Collection(_Group):
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
-        None, "--collect-max", param="collect_max", check=sub.collect_options,
+        None, sub.COLLECT[0].flag, param="collect_max", check=sub.collect_options,
         record=sub.collect_cls, subs=sub.COLLECT,
     )  # fmt: skip
     report: bool = option(
@@ -382,7 +382,7 @@ class Collective(_Group):
     TITLE = "Collective benchmark"
 
     collective: CollectiveOptions | None = option(
-        None, "--collective", check=sub.collective_options, record=sub.collective_cls,
+        None, sub.COLLECTIVE[0].flag, check=sub.collective_options, record=sub.collective_cls,
         subs=sub.COLLECTIVE,
     )  # fmt: skip
 

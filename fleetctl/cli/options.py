@@ -428,6 +428,13 @@ def ssh_options(
     return decorate
 
 
+def _collect_max_flag() -> str:
+    from fleetctl.api.runspec import field_of
+
+    flag: str = field_of("collect").metadata["subs"][0].flag
+    return flag
+
+
 def collect_options(f: F) -> F:
     """``--collect-max SIZE`` and ``--collect-exclude GLOB`` (``RunSpec``'s ``collect``): what
     log collection brings home. The command gets ``collect_max`` (``None``: not given) and
@@ -446,7 +453,7 @@ def collect_settings(
     try:
         cap = base.max_bytes if collect_max is None else parse_size(collect_max)
     except UsageError as e:
-        raise click.BadParameter(str(e), param_hint="--collect-max") from e
+        raise click.BadParameter(str(e), param_hint=_collect_max_flag()) from e
     exclude = tuple(collect_exclude) if collect_exclude else base.exclude
     return CollectOptions(max_bytes=cap, exclude=exclude)
 
@@ -481,4 +488,4 @@ def collect_max_bytes(collect_max: str | None) -> int | None:
     try:
         return parse_size(collect_max)
     except UsageError as e:
-        raise click.BadParameter(str(e), param_hint="--collect-max") from e
+        raise click.BadParameter(str(e), param_hint=_collect_max_flag()) from e
