@@ -247,8 +247,7 @@ def given_keywords(params: dict[str, Any], kws: tuple[str, ...]) -> dict[str, An
 def spec_options(*groups: str) -> Callable[[F], F]:
     """The click options of ``RunSpec``'s fields in ``groups`` (``"program"``, ``"retry"``, …),
     in the record's order, generated from the fields' metadata: adding a field adds its
-    option; a record-valued field adds its sub-options (:func:`sub_options`). Fields the
-    command declares itself (``cli="own"``) are left out."""
+    option; a record-valued field adds its sub-options (:func:`sub_options`)."""
     from dataclasses import fields
 
     from fleetctl.api.runspec import GROUPS, keyword
@@ -257,7 +256,7 @@ def spec_options(*groups: str) -> Callable[[F], F]:
         sub_options(keyword(f)) if f.metadata.get("subs") else _field_option(f)
         for g in groups
         for f in fields(GROUPS[g])  # type: ignore[arg-type]
-        if f.metadata.get("flags") and f.metadata.get("cli") != "own"
+        if f.metadata.get("flags")
     ]
 
     def decorate(fn: F) -> F:
@@ -281,7 +280,7 @@ def spec_keywords(params: dict[str, Any], *groups: str) -> dict[str, Any]:
         for f in fields(GROUPS[g]):  # type: ignore[arg-type]
             m = f.metadata
             name = m.get("param") or keyword(f)
-            if not m.get("flags") or m.get("cli") == "own" or name not in params:
+            if not m.get("flags") or name not in params:
                 continue
             if m.get("subs"):
                 out[keyword(f)] = sub_record(keyword(f), params)
