@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.api import checks as c
+from fleetctl.api import runspec_collective as sub
 from fleetctl.errors import UsageError
 from fleetctl.job.diagnose.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
@@ -56,15 +57,17 @@ def option(
     cli: str | None = None,
     type_name: str | None = None,
     record: Callable[[], type] | None = None,
+    subs: tuple[Any, ...] = (),
 ) -> Any:
     """A record field and its option: ``flags`` (``--timeout``; none: library only), the
     click parameter's ``param`` name and the library keyword ``kw`` (both default to the
     field's name), the ``check`` every value passes (``None`` passes unchecked where the
     default is ``None``; a tuple field's items are checked one by one); ``record``: the class
-    of a value that is a record of its own (for the JSON form, :mod:`.runspec_json`)."""
+    of a value that is a record of its own (for the JSON form, :mod:`.runspec_json`), ``subs``
+    the flags that make it (:mod:`.runspec_collective`; ``flags`` then names the field)."""
     meta: dict[str, Any] = {"flags": flags, "help": help, "check": check, "param": param, "kw": kw}
     meta.update(metavar=metavar, show_default=show_default, cli=cli, type_name=type_name)
-    meta.update(record=record)
+    meta.update(record=record, subs=subs)
     return field(default=default, metadata=meta)
 
 
@@ -355,14 +358,14 @@ class Retry(_Group):
 @dataclass(frozen=True)
 class Collection(_Group):
     """What the run leaves in its run folder: the logs collection brings home
-    (``--collect-max``, ``--collect-exclude``: the command's own options, shared with
-    ``fleetctl collect``) and the report written at its end."""
+    (``--collect-max``, ``--collect-exclude``: its sub-options, shared with ``fleetctl
+    collect``) and the report written at its end."""
 
     TITLE = "Collection"
 
     collect: CollectOptions | None = option(
-        None, "--collect-max", param="collect_max", check=c.collect_options, cli="own",
-        record=c.collect_cls,
+        None, sub.COLLECT[0].flag, param="collect_max", check=sub.collect_options,
+        record=sub.collect_cls, subs=sub.COLLECT,
     )  # fmt: skip
     report: bool = option(
         True, "--no-report", param="no_report",
@@ -373,14 +376,15 @@ class Collection(_Group):
 
 @dataclass(frozen=True)
 class Collective(_Group):
-    """The collective benchmark in the check (``--collective`` and its knobs: the command's
-    own options, shared with ``fleetctl check``)."""
+    """The collective benchmark in the check (``--collective`` and its knobs: its
+    sub-options, shared with ``fleetctl check``)."""
 
     TITLE = "Collective benchmark"
 
     collective: CollectiveOptions | None = option(
-        None, "--collective", check=c.collective_options, cli="own", record=c.collective_cls
-    )
+        None, sub.COLLECTIVE[0].flag, check=sub.collective_options, record=sub.collective_cls,
+        subs=sub.COLLECTIVE,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

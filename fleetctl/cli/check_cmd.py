@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from fleetctl.api.names import BACKENDS, DEFAULT_MASTER_PORT, LAUNCHERS
 from fleetctl.cli import cli
-from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
     Number,
     SSHOptions,
@@ -24,6 +24,8 @@ from fleetctl.cli.options import (
     limit_option,
     open_fleet,
     ssh_options,
+    sub_options,
+    sub_record,
 )
 
 
@@ -81,7 +83,7 @@ from fleetctl.cli.options import (
     help="Also run DCGM's level-1 diagnostics (dcgmi diag -r 1) where dcgmi is installed "
     "(a minute or two per host).",
 )
-@collective_options
+@sub_options("collective")  # RunSpec's, as run's
 def check_command(
     inventory: str | None,
     limit: str | None,
@@ -96,11 +98,7 @@ def check_command(
     probe_timeout: float,
     dcgm: bool,
     ssh: SSHOptions,
-    collective: bool = False,
-    collective_size: float = 32.0,
-    collective_min: float = 0.5,
-    collective_floor: float | None = None,
-    collective_timeout: float = 120.0,
+    **collective: Any,
 ) -> None:
     """Check SSH, ping, training NICs, the N×N mesh, GPUs and their health, ports, disk and
     tools on every host.
@@ -125,9 +123,7 @@ def check_command(
         min_free_gib=min_free,
         probe_timeout=probe_timeout,
         dcgm=dcgm,
-        collective=collective_settings(
-            collective, collective_size, collective_min, collective_floor, collective_timeout
-        ),
+        collective=sub_record("collective", collective),
     )
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")

@@ -116,6 +116,14 @@ class CheckedChoice(click.Choice):
     convert = Checked.convert
 
 
+def number_type(check: Any) -> click.ParamType:
+    """The click type of a ``checks.Number``: its check, with click's help for ranges."""
+    if check.integer:
+        return Count(min=check.min, max=check.max)
+    cls = Seconds if check.name == "seconds" else Number
+    return cls(min=check.min, max=check.max, min_open=check.min_open, max_open=check.max_open)
+
+
 def field_type(kw: str) -> click.ParamType:
     """The click type of ``RunSpec``'s field ``kw`` (its library keyword): its check, with
     click's help for ranges and choices."""
@@ -124,13 +132,54 @@ def field_type(kw: str) -> click.ParamType:
 
     check = field_of(kw).metadata["check"]
     if isinstance(check, checks.Number):
-        if check.integer:
-            return Count(min=check.min, max=check.max)  # type: ignore[arg-type]
-        cls = Seconds if check.name == "seconds" else Number
-        return cls(min=check.min, max=check.max, min_open=check.min_open, max_open=check.max_open)
+        return number_type(check)
     if isinstance(check, checks.OneOf):
         return CheckedChoice(check)
     return Checked(check, field_of(kw).metadata.get("type_name"))
+
+
+def _sub_option(s: Any) -> Callable[[F], F]:
+    """The click option of one sub-option of a record-valued field (``--collective-size``:
+    ``fleetctl.api.runspec_collective.Sub``)."""
+    extra: dict[str, Any] = {"help": s.help, "metavar": s.metavar}
+    if isinstance(s.default, bool):
+        extra.update(is_flag=True)
+    elif s.multiple:
+        extra.update(multiple=True)
+    else:
+        extra.update(default=s.default, show_default=s.show_default or None)
+        if s.check is not None and not s.text:
+            extra.update(type=number_type(s.check))
+    return click.option(s.flag, s.param, **extra)
+
+
+def sub_options(kw: str) -> Callable[[F], F]:
+    """The options of ``RunSpec``'s record-valued field ``kw`` (``collective``: ``--collective``
+    and its ``--collective-*``; ``collect``: ``--collect-max``, ``--collect-exclude``), from
+    the field's ``subs``: ``run``, ``check`` and ``collect`` share one definition;
+    :func:`sub_record` makes the record of them."""
+    from fleetctl.api.runspec import field_of
+
+    options = [_sub_option(s) for s in field_of(kw).metadata["subs"]]
+
+    def decorate(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def sub_record(kw: str, params: dict[str, Any]) -> Any:
+    """The record of field ``kw``'s :func:`sub_options` (removed from ``params``):
+    ``CollectiveOptions`` (None without ``--collective``) or ``CollectOptions``."""
+    from fleetctl.api.runspec import field_of
+    from fleetctl.api.runspec_collective import collective_record
+
+    values = {s.param: params.pop(s.param) for s in field_of(kw).metadata["subs"]}
+    if kw == "collect":
+        return collect_settings(values["collect_max"], values["collect_exclude"])
+    return collective_record(values)
 
 
 def _field_option(f: Any, unset: bool = False) -> Callable[[F], F]:
@@ -198,16 +247,16 @@ def given_keywords(params: dict[str, Any], kws: tuple[str, ...]) -> dict[str, An
 def spec_options(*groups: str) -> Callable[[F], F]:
     """The click options of ``RunSpec``'s fields in ``groups`` (``"program"``, ``"retry"``, …),
     in the record's order, generated from the fields' metadata: adding a field adds its
-    option. Fields the command declares itself (``cli="own"``) are left out."""
+    option; a record-valued field adds its sub-options (:func:`sub_options`)."""
     from dataclasses import fields
 
-    from fleetctl.api.runspec import GROUPS
+    from fleetctl.api.runspec import GROUPS, keyword
 
     options = [
-        _field_option(f)
+        sub_options(keyword(f)) if f.metadata.get("subs") else _field_option(f)
         for g in groups
         for f in fields(GROUPS[g])  # type: ignore[arg-type]
-        if f.metadata.get("flags") and f.metadata.get("cli") != "own"
+        if f.metadata.get("flags")
     ]
 
     def decorate(fn: F) -> F:
@@ -231,7 +280,10 @@ def spec_keywords(params: dict[str, Any], *groups: str) -> dict[str, Any]:
         for f in fields(GROUPS[g]):  # type: ignore[arg-type]
             m = f.metadata
             name = m.get("param") or keyword(f)
-            if not m.get("flags") or m.get("cli") == "own" or name not in params:
+            if not m.get("flags") or name not in params:
+                continue
+            if m.get("subs"):
+                out[keyword(f)] = sub_record(keyword(f), params)
                 continue
             value = params.pop(name)
             if isinstance(f.default, bool) and m["flags"][0].startswith("--no-"):
@@ -375,29 +427,18 @@ def ssh_options(
     return decorate
 
 
-def collect_options(f: F) -> F:
-    """``--collect-max SIZE`` and ``--collect-exclude GLOB``: what log collection brings home.
+def _collect_max_flag() -> str:
+    from fleetctl.api.runspec import field_of
 
-    The command gets ``collect_max`` (``None``: not given) and ``collect_exclude``; turn them
-    into ``CollectOptions`` with :func:`collect_settings`.
-    """
-    f = click.option(
-        "--collect-exclude",
-        "collect_exclude",
-        multiple=True,
-        metavar="GLOB",
-        help="Leave files matching GLOB (path in the run folder, or file name) on the nodes; "
-        "they are listed in job.json as excluded. Repeatable.",
-    )(f)
-    f = click.option(
-        "--collect-max",
-        "collect_max",
-        default=None,
-        metavar="SIZE",
-        help="Bytes per node to bring home (e.g. 500M, 2G, unlimited; default 256M). Logs "
-        "go first; bigger files beyond it are listed in job.json as over the cap.",
-    )(f)
-    return f
+    flag: str = field_of("collect").metadata["subs"][0].flag
+    return flag
+
+
+def collect_options(f: F) -> F:
+    """``--collect-max SIZE`` and ``--collect-exclude GLOB`` (``RunSpec``'s ``collect``): what
+    log collection brings home. The command gets ``collect_max`` (``None``: not given) and
+    ``collect_exclude``; turn them into ``CollectOptions`` with :func:`collect_settings`."""
+    return sub_options("collect")(f)
 
 
 def collect_settings(
@@ -411,7 +452,7 @@ def collect_settings(
     try:
         cap = base.max_bytes if collect_max is None else parse_size(collect_max)
     except UsageError as e:
-        raise click.BadParameter(str(e), param_hint="--collect-max") from e
+        raise click.BadParameter(str(e), param_hint=_collect_max_flag()) from e
     exclude = tuple(collect_exclude) if collect_exclude else base.exclude
     return CollectOptions(max_bytes=cap, exclude=exclude)
 
@@ -446,4 +487,4 @@ def collect_max_bytes(collect_max: str | None) -> int | None:
     try:
         return parse_size(collect_max)
     except UsageError as e:
-        raise click.BadParameter(str(e), param_hint="--collect-max") from e
+        raise click.BadParameter(str(e), param_hint=_collect_max_flag()) from e

@@ -17,12 +17,9 @@ import click
 
 from fleetctl.api.runspec import RunSpec
 from fleetctl.cli import cli
-from fleetctl.cli.collective_opts import collective_options, collective_settings
 from fleetctl.cli.options import (
     Checked,
     SSHOptions,
-    collect_options,
-    collect_settings,
     inventory_option,
     limit_option,
     open_fleet,
@@ -97,9 +94,7 @@ __all__ = ["NprocType", "new_job_id", "parse_env_vars", "run_command"]
     help="Pass the job's control sequences to the terminal as they are (default: colours "
     "only; the logs on disk are always byte-exact).",
 )
-@spec_options("container", "monitor", "retry", "collection", "observe")
-@collect_options
-@collective_options
+@spec_options("container", "monitor", "retry", "collection", "collective", "observe")
 @slurm_options
 @click.option(
     "--spec",
@@ -141,26 +136,16 @@ def run_command(
     keywords = spec_keywords(
         params,
         *("program", "hosts", "supervision", "retry", "container", "monitor", "collection"),
-        *("observe", "slurm") if slurm else ("observe",),
+        *("collective", "observe", "slurm") if slurm else ("collective", "observe"),
     )
     if full and not (dry_run and as_json) and not slurm:
         raise UsageError("--full applies to --dry-run --json (the plan printed as JSON)")
     if tail not in ("all", "none") and not tail.isdigit():
         raise click.BadParameter(f"{tail!r}: use all, none or a node rank", param_hint="--tail")
-    collect = collect_settings(params["collect_max"], params["collect_exclude"])
-    collective = (
-        None
-        if dry_run and not slurm  # the plan alone: no check runs (--slurm ships it inside)
-        else collective_settings(
-            params["collective"],
-            params["collective_size"],
-            params["collective_min"],
-            params["collective_floor"],
-            params["collective_timeout"],
-        )
-    )
+    if dry_run and not slurm:  # the plan alone: no check runs (--slurm ships it inside)
+        keywords["collective"] = None
     # the whole request, checked before the inventory is read (as Fleet.run's keywords are)
-    spec = RunSpec.build(script, *script_args, **keywords, collective=collective, collect=collect)
+    spec = RunSpec.build(script, *script_args, **keywords)
     if slurm:  # submitted: the same run happens inside the allocation, from this record
         return run_slurm(ctx, spec, ssh)
     _run(

@@ -102,7 +102,7 @@ def test_a_bad_value_in_the_file_is_refused_with_the_commands_line(
         ({"retry": {"max_retries": 2.5}}, "Invalid value for '--max-retries': '2.5' is not a"),
         ({"collection": {"collect": {"max_bytes": "1G"}}}, "'--collect-max': max_bytes: '1G'"),
         ({"collection": {"collect": {"cap": 1}}}, "'--collect-max': unknown key 'cap'"),
-        ({"collective": {"collective": {"size": 2}}}, "Invalid value for '--collective': "),
+        ({"collective": {"collective": {"size": 2}}}, "Invalid value for '--collective-size': "),
         ({"program": {"script": "a.py", "job_file": "j.yml"}}, "--job j.yml replaces SCRIPT"),
     ],
 )
