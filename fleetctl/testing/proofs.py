@@ -35,7 +35,8 @@ def lab_proof_job(lab: Lab, limit: float) -> Any:
         plan=plan,
         nodes=list(nodes),
         options=SimpleNamespace(
-            post_mortem_timeout=limit, settings=SSHSettings(connect_timeout=10)
+            supervision=SimpleNamespace(post_mortem_timeout=limit),
+            settings=SSHSettings(connect_timeout=10),
         ),
         result=SimpleNamespace(culprits=None),
     )
