@@ -181,7 +181,8 @@ def run_attempts(
                 for name in dropped:
                     emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
                 if not spares:  # with spares a lost host is ruled out: nothing to wait for
-                    _await_lost(fleet, dropped, options.reboot_timeout, emit)
+                    lost = [x for x in nodes if x.name in dropped]
+                    _await_lost(fleet, lost, options.reboot_timeout, emit)
                 aopts = _with_relay(aopts, nodes, out.results)
             try:
                 if spares:
@@ -338,10 +339,12 @@ def _reconnect(fleet: FanOut, last: JobResult | None) -> list[str]:
 
 
 def _await_lost(
-    fleet: FanOut, names: Sequence[str], timeout: float, emit: Callable[[JobEvent], None]
+    fleet: FanOut, lost: Sequence[Node], timeout: float, emit: Callable[[JobEvent], None]
 ) -> None:
     """Wait (``--reboot-timeout``) for the dropped hosts to answer SSH again, each new
     connection becoming the fleet's: a rebooting host is not spent as a failed retry."""
+    if not lost or timeout <= 0:
+        return
     from fleetctl.job.comeback import await_hosts
     from fleetctl.job.result import JobEvent
     from fleetctl.ssh.connection import connect
@@ -353,7 +356,6 @@ def _await_lost(
         conn.use_settings(settings)  # from here on it is the node's connection, as dialled
         fleet.adopt(node, conn)
 
-    lost = [x for x in fleet.nodes if x.name in set(names)]
     await_hosts(lost, timeout, dial, say=lambda m: emit(JobEvent("notice", m)))
 
 
