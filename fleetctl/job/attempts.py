@@ -353,6 +353,11 @@ def _await_lost(
 
     def dial(node: Node, seconds: float) -> None:
         conn = connect(node, dataclasses.replace(settings, connect_timeout=seconds))
+        try:  # a host still booting answers the handshake long before it runs a command
+            conn.run(["true"], timeout=seconds, check=True)
+        except BaseException:
+            conn.close()
+            raise
         conn.use_settings(settings)  # from here on it is the node's connection, as dialled
         fleet.adopt(node, conn)
 

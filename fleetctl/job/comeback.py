@@ -4,8 +4,10 @@ A host lost mid-run has often rebooted (a kernel panic, a watchdog, a power cycl
 again minutes later. Reached at once, it refuses SSH or times out while it boots, so the retry
 would fail before launch and ``--max-retries 1`` would be spent on a host that was coming back.
 So each such host is dialled again and again (short tries: a host coming back answers the next
-one) until it answers or ``--reboot-timeout`` passes. A host that does not come back is left to
-the retry, whose check or push then names it as usual: the wait never fails a run itself.
+one) until it runs a command (``true``: on a VM still booting under qemu, SSH answered 4 min
+after the reset but a session channel still timed out) or ``--reboot-timeout`` passes. A host
+that does not come back is left to the retry, whose check or push then names it as usual: the
+wait never fails a run itself.
 """
 
 from __future__ import annotations
