@@ -341,6 +341,7 @@ class Fleet:
         retry_on: Sequence[str] = (),
         no_retry_on: Sequence[str] = (),
         retry_backoff: float | None = None,
+        reboot_timeout: float = 300.0,
         allow_secrets: Sequence[str] = (),
         allow_busy_gpus: bool = False,
         before: str | Callable[[Sequence[Node], SSHSettings | None], None] | None = None,
@@ -384,7 +385,8 @@ class Fleet:
         folder shipped (default: the git work tree holding the script). ``job_file``: a
         role job instead of ``script`` (``--job``; ``env_style``: its variables' names).
         ``nodes``: run on that many hosts that pass the check, the others spares for retries
-        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``). ``resume``: an
+        (``max_retries``, ``retry_on``, ``no_retry_on``, ``retry_backoff``; ``reboot_timeout``: how
+        long a retry waits for a lost host to answer SSH again). ``resume``: an
         earlier job's id (or ``"last"``) whose checkpoint files every node gets before launch
         (``checkpoint_dir``: which folder). ``report=False``: no ``report.html`` written into
         the run folder at the end (``Job.report()`` makes one later). ``post_mortem=False``:
@@ -432,6 +434,7 @@ class Fleet:
             retry_on=retry_on,
             no_retry_on=no_retry_on,
             retry_backoff=retry_backoff,
+            reboot_timeout=reboot_timeout,
             allow_secrets=allow_secrets,
             allow_busy_gpus=allow_busy_gpus,
             before=before,

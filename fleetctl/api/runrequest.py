@@ -157,6 +157,7 @@ def prepare(
         checkpoint_dir=checkpoint_dir,
         relay=relay,
         probe_timeout=spec.hosts.probe_timeout,
+        reboot_timeout=rt.reboot_timeout,
         before_launch=before,
         collective=watched.collective,
     )

@@ -331,6 +331,11 @@ class Retry(_Group):
         None, "--retry-backoff", check=c.seconds(0, MAX_BACKOFF),
         help="First wait between attempts in seconds (doubles, jittered, max 300).",
     )  # fmt: skip
+    reboot_timeout: float = option(
+        300.0, "--reboot-timeout", check=c.seconds(0, 3600), show_default=True,
+        help="Before a retry, wait up to this long for a host the failed attempt lost (a "
+        "reboot, a link back) to answer SSH again; 0: no wait.",
+    )  # fmt: skip
     checkpoint_dir: str | None = option(
         None, "--checkpoint-dir", check=c.TEXT, metavar="DIR",
         help="With --max-retries or --resume: the folder whose files rank 0's node relays to "

@@ -49,8 +49,10 @@ PACKAGES = (
     "sudo",
     "ifupdown",
     "isc-dhcp-client",
+    # torch for DDP runs on the VMs (1.13, CPU, gloo): Debian's own, no pip index needed.
+    "python3-torch",
 )
-DISK_SIZE = "3G"
+DISK_SIZE = "6G"  # torch and its libraries: ~1.5 GB more
 # ttyS0 for the serial log; eth0.. names so the box's interfaces file knows its first NIC.
 CMDLINE = "root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet"
 BUILD_TIMEOUT = 3600.0  # mmdebstrap over the network, then the initramfs: minutes, bounded

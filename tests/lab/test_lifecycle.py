@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -668,12 +669,15 @@ def test_a_relative_snapshot_survives_the_retry_in_the_jobs_work_folder(
 
 
 def run_and_crash(
-    lab: Lab, runs: Path, args: list[str], rank: int, *, boot: bool
+    lab: Lab, runs: Path, args: list[str], rank: int, *, boot: bool, boot_on: str | None = None
 ) -> tuple[int, str]:
     """``fleetctl run ARGS`` as a process; once attempt 1 runs on node ``rank``, that host
-    crashes (and boots again with ``boot``). Returns exit code and stderr."""
+    crashes (and boots again with ``boot``; with ``boot_on``, only a second after a line of
+    fleetctl's stderr says it). Returns exit code and stderr."""
     host = f"node{rank + 1}"
     proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
+    if boot_on is not None:
+        return _crash_and_boot_on(lab, runs, proc, rank, boot_on)
     try:
 
         def running() -> bool:
@@ -693,6 +697,67 @@ def run_and_crash(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
     return proc.returncode, err
+
+
+def _crash_and_boot_on(
+    lab: Lab, runs: Path, proc: subprocess.Popen[str], rank: int, boot_on: str
+) -> tuple[int, str]:
+    host = f"node{rank + 1}"
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if boot_on in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: _running(runs, rank), 60, what=f"attempt 1 on {host}", interval=0.2)
+        lab.crash_host(host)
+        assert seen.wait(120), "".join(lines[-30:])
+        time.sleep(1.0)  # the retry meets a host that refuses SSH, and waits
+        lab.boot_host(host)
+        proc.wait(180)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    return proc.returncode, "".join(lines)
+
+
+def _running(runs: Path, rank: int) -> bool:
+    for job in runs.glob("*/job.json"):
+        with contextlib.suppress(ValueError, OSError, IndexError):
+            if json.loads(job.read_text())["nodes"][rank]["state"] == "running":
+                return True
+    return False
+
+
+def test_the_only_retry_waits_for_a_host_still_booting_and_succeeds_on_it(
+    lab3: Lab, tmp_path: Path, code: Path
+) -> None:
+    """node3 crashes mid-run and is still down when the one retry (--max-retries 1) begins:
+    the retry waits for it to answer SSH again (--reboot-timeout) instead of failing before
+    launch on a refused connection, and succeeds on it once it booted."""
+    runs = tmp_path / "runs"
+    args = run_args(lab3, runs, code, "--max-retries", "1", "--retry-backoff", "0.2")
+    args += ["--lost-timeout", "3", str(code / "tick.py"), "4"]
+    code, err = run_and_crash(lab3, runs, args, 2, boot=True, boot_on="to answer SSH again")
+    assert code == 0, err
+    assert "waiting up to 300s for node3 to answer SSH again (a reboot?)" in err, err
+    assert re.search(r"node3: answers SSH again after [0-9.]+s", err), err
+    [rec] = runs_json(runs)
+    attempts = json.loads((runs / rec["job_id"] / "attempts.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "succeeded"], attempts
+    assert "node 2 (node3): lost" in attempts[0]["ended_by"]
+    last = attempts[1]["job_id"]
+    assert "tick rank=2 i=" in (runs / last / "2-node3" / "console.log").read_text()
+    assert left_over(lab3, last) == {}
 
 
 def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(

@@ -31,6 +31,7 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("max_retries", -2, ("--max-retries=-2",)),
     ("deadman", 11, ("--deadman=11",)),
     ("retry_backoff", 301, ("--retry-backoff=301",)),
+    ("reboot_timeout", 3601, ("--reboot-timeout=3601",)),
     ("monitor_lost_timeout", -INF, ("--monitor-lost-timeout=-inf",)),
     ("nodes", 0, ("--nodes=0",)),
     ("min_nodes", 0, ("--min-nodes=0", "--elastic", "--nodes=1")),

@@ -29,7 +29,7 @@ SCRIPT_CASE: dict[str, Any] = dict(
     grace=2.5, lost_timeout=7, deadman=3, timeout=600, stall_timeout=60, startup_timeout=900,
     on_slow="stop", slow_rounds=2, post_mortem=False, post_mortem_timeout=12.5,
     max_retries=2, retry_on=("exit:1,2", "lost"), no_retry_on=("signal:KILL",),
-    retry_backoff=1.5, checkpoint_dir="ckpt", resume="last",
+    retry_backoff=1.5, reboot_timeout=600, checkpoint_dir="ckpt", resume="last",
     collect=CollectOptions(max_bytes=1 << 20, exclude=("*.pt",)), report=False,
     collective=CollectiveOptions(size=1 << 20, min_fraction=0.25, floor=1.5, timeout=30,
                                  iters=5, backend="gloo"),

@@ -102,16 +102,16 @@ KEYDIR = ROOT / ".vagrant" / "fleetctl"
 
 
 @pytest.fixture
-def vm_sh() -> Callable[[str, str], subprocess.CompletedProcess[str]]:
-    """``vm_sh(node, command)``: a shell command on a VM as ``vagrant`` over the management
-    network, host key pinned (the Vagrantfile's known_hosts), 60 s at most."""
+def vm_sh() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``vm_sh(node, command, timeout=60)``: a shell command on a VM as ``vagrant`` over the
+    management network, host key pinned (the Vagrantfile's known_hosts)."""
 
-    def run(node: str, command: str) -> subprocess.CompletedProcess[str]:
+    def run(node: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         argv = ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={KEYDIR / 'known_hosts'}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
                 "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-i", str(KEYDIR / "id_ed25519"),
                 f"vagrant@{ADDRESSES[node]}", command]  # fmt: skip
-        return sh(argv, 60, check=False)
+        return sh(argv, timeout, check=False)
 
     return run
 
@@ -126,10 +126,24 @@ def power_off() -> Callable[[str], None]:
     return cut
 
 
+@pytest.fixture
+def reset() -> Callable[[str], None]:
+    """Reset a VM: ``virsh reset`` restarts its CPU at once (no shutdown, no FIN, no RST),
+    and it boots again — a kernel panic's or a watchdog's reboot."""
+
+    def hard_reboot(node: str) -> None:
+        virsh("reset", f"fleetctl-{node}", check=True)
+
+    return hard_reboot
+
+
 @pytest.fixture(scope="session")
 def vagrant_fleet() -> Iterator[Path]:
     """The 3 VMs up and bootstrapped; yields inventories/vagrant.yml."""
     require_vms()
+    from fleetctl.lab.box import ensure_libvirtd
+
+    ensure_libvirtd()  # no service manager in a container: as `fleetctl lab box` does
     t0 = time.monotonic()
     try:
         sh(["vagrant", "up"], UP_TIMEOUT)

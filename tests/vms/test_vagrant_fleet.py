@@ -1,7 +1,10 @@
 """fleetctl against the Vagrantfile's 3 VMs (their own kernels, on plain qemu): the check
-passes; a data NIC downed in a VM's own kernel fails the check naming that host; a failing rank
-stops the job everywhere (exit 3); a VM powered off mid-run (``virsh destroy``: no FIN, no RST,
-its kernel gone) is named lost, the other two are torn down, and the run exits 3.
+passes; a data NIC downed in a VM's own kernel fails the check naming that host; push ships the
+code to every VM; a DDP job (gloo, the box's Debian torch) trains on the 3 VMs; a failing rank
+stops the job everywhere (exit 3); a VM reset mid-run (``virsh reset``: its kernel gone, then a
+new boot) is lost, and the one retry waits for it to answer SSH again and succeeds on it; a VM
+powered off mid-run (``virsh destroy``: no FIN, no RST, its kernel gone) is named lost, the
+other two are torn down, and the run exits 3.
 
 Order matters: the power-off test comes last (the VM stays off until the session's teardown).
 """
@@ -9,10 +12,13 @@ Order matters: the power-off test comes last (the VM stays off until the session
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,11 +27,14 @@ import pytest
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import run_cli_process, start_cli_process
 from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.vms
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+NODES = ("node1", "node2", "node3")
 
 TICK = """\
 import os, sys, time
@@ -49,10 +58,36 @@ while True:
 """
 
 
-def run_args(inventory: Path, runs: Path, code: Path, *extra: str) -> list[str]:
+def run_args(
+    inventory: Path, runs: Path, code: Path, *extra: str, check: bool = False
+) -> list[str]:
     return ["run", "-i", str(inventory), "--launcher", "plain", "--nproc-per-node", "1",
-            "--no-check", "--grace", "5", "--runs-dir", str(runs), "--code-dir", str(code),
-            *extra]  # fmt: skip
+            *([] if check else ["--no-check"]), "--grace", "5", "--runs-dir", str(runs),
+            "--code-dir", str(code), *extra]  # fmt: skip
+
+
+def running_on_all(runs: Path) -> bool:
+    """The first attempt's job.json says every node runs."""
+    for job in sorted(runs.glob("*/job.json")):
+        with contextlib.suppress(ValueError, OSError, KeyError):
+            nodes = json.loads(job.read_text())["nodes"]
+            return [n["state"] for n in nodes] == ["running"] * 3
+    return False
+
+
+def start_and_then(args: list[str], runs: Path, fault: Callable[[], None], timeout: float):
+    """``fleetctl ARGS`` as a process; once the job runs on the 3 VMs, ``fault()``. Returns
+    the exit code and stderr (the process group is killed past ``timeout``)."""
+    proc = start_cli_process(*args, cwd=ROOT, start_new_session=True)
+    try:
+        wait_for(lambda: running_on_all(runs), 600, what="the job on the 3 VMs", interval=1.0)
+        fault()
+        _out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    return proc.returncode, err
 
 
 def test_check_passes_on_the_three_vms(vagrant_fleet: Path) -> None:
@@ -63,7 +98,7 @@ def test_check_passes_on_the_three_vms(vagrant_fleet: Path) -> None:
 
 
 def test_a_data_nic_down_in_a_vms_own_kernel_fails_the_check_naming_that_host(
-    vagrant_fleet: Path, vm_sh: Callable[[str, str], subprocess.CompletedProcess[str]]
+    vagrant_fleet: Path, vm_sh: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     down = vm_sh("node3", "sudo ip link set ib0 down")
     assert down.returncode == 0, down.stdout
@@ -76,6 +111,48 @@ def test_a_data_nic_down_in_a_vms_own_kernel_fails_the_check_naming_that_host(
     failures = {(f["host"], f["check"]): f["reason"] for f in json.loads(p.stdout)["failures"]}
     assert {host for host, _ in failures} == {"node3"}, failures  # mesh: its row and column
     assert "down" in failures[("node3", "nic")], failures
+
+
+def test_push_ships_the_code_to_every_vm(
+    vagrant_fleet: Path,
+    tmp_path: Path,
+    vm_sh: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "hello.py").write_text(f"print('hello from {tmp_path.name}')\n")
+    digest = hashlib.sha256((code / "hello.py").read_bytes()).hexdigest()
+    p = run_cli_process("push", "-i", str(vagrant_fleet), "--code", str(code), "--json",
+                        cwd=ROOT, timeout=600)  # fmt: skip
+    assert p.exit_code == 0, p.stdout + p.stderr
+    for node in NODES:
+        assert node in p.stdout, p.stdout
+        found = vm_sh(node, "find ~/.fleetctl -name hello.py -exec sha256sum {} +")
+        assert digest in found.stdout, (node, found.stdout)
+
+
+def test_a_ddp_job_over_gloo_trains_on_the_three_vms(
+    vagrant_fleet: Path,
+    tmp_path: Path,
+    vm_sh: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    # the first import of torch on TCG under load: ~2.5 min (its libraries read and relocated)
+    has = vm_sh("node1", "python3 -c 'import torch; print(torch.__version__)'", timeout=600)
+    if has.returncode != 0:
+        skip_or_fail(f"the box has no torch (an older `fleetctl lab box`?): {has.stdout[-200:]}")
+    runs = tmp_path / "runs"
+    args = run_args(vagrant_fleet, runs, EXAMPLES, str(EXAMPLES / "ddp_train.py"),
+                    "--epochs", "1", "--steps", "3")  # fmt: skip
+    t0 = time.monotonic()
+    p = run_cli_process(*args, cwd=ROOT, timeout=1200)
+    print(f"DDP on the 3 VMs (torch {has.stdout.strip()}): {time.monotonic() - t0:.0f}s")
+    assert p.exit_code == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for rank in range(3):
+        assert f"done rank={rank} world=3" in p.stdout, p.stdout[-3000:]
+    assert "backend=gloo" in p.stdout
+    [job_file] = runs.glob("*/job.json")
+    job = json.loads(job_file.read_text())
+    assert job["status"] == "succeeded" and [n["exit_code"] for n in job["nodes"]] == [0, 0, 0]
 
 
 def test_a_failing_rank_stops_the_job_on_every_vm(vagrant_fleet: Path, tmp_path: Path) -> None:
@@ -93,6 +170,50 @@ def test_a_failing_rank_stops_the_job_on_every_vm(vagrant_fleet: Path, tmp_path:
     assert [n["state"] for n in job["nodes"]] == ["stopped", "failed", "stopped"], job["nodes"]
     assert job["teardown"]["verified"] is True
     assert "rank 1 fails on purpose" in (job_file.parent / "1-node2" / "console.log").read_text()
+
+
+def test_a_vm_reset_mid_run_is_waited_for_and_the_one_retry_succeeds_on_it(
+    vagrant_fleet: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    vm_sh: Callable[..., subprocess.CompletedProcess[str]],
+    reset: Callable[[str], None],
+) -> None:
+    """``virsh reset``: node2's kernel is gone at once (no FIN, no RST) and it boots again,
+    minutes on TCG. Attempt 1 loses it; the one retry (``--max-retries 1``) waits for its SSH
+    (``--reboot-timeout``) instead of failing on a host still booting, checks the fleet again
+    and runs to the end on all 3."""
+    monkeypatch.chdir(ROOT)
+    boot_id = "cat /proc/sys/kernel/random/boot_id"
+    before = vm_sh("node2", boot_id).stdout.strip()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "tick.py").write_text(TICK)
+    runs = tmp_path / "runs"
+    args = run_args(vagrant_fleet, runs, code, "--max-retries", "1", "--retry-backoff", "1",
+                    "--lost-timeout", "20", "--reboot-timeout", "900", str(code / "tick.py"),
+                    "30", check=True)  # fmt: skip
+    t0 = time.monotonic()
+    rc, err = start_and_then(args, runs, lambda: reset("node2"), 1500)
+    print(f"reset and retry: {time.monotonic() - t0:.0f}s")
+    assert rc == 0, err[-4000:]
+    after = vm_sh("node2", boot_id).stdout.strip()
+    assert before and after and before != after  # node2 did boot again
+    waited = re.search(r"node2: answers SSH again after ([0-9.]+)s", err)
+    assert "waiting up to 900s for node2 to answer SSH again" in err and waited, err[-4000:]
+    print(f"node2 answered SSH again after {waited.group(1)}s of waiting")
+    [first] = [p for p in runs.iterdir() if (p / "attempts.json").exists()]
+    attempts = json.loads((first / "attempts.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "succeeded"], attempts
+    assert attempts[0]["ended_by"].startswith("node 1 (node2): lost"), attempts[0]
+    assert attempts[0]["decision"] == "retry: retry on lost (default)", attempts[0]
+    second = runs / attempts[1]["job_id"]
+    events1 = (first / "events.log").read_text()
+    events2 = (second / "events.log").read_text()
+    assert "[1 node2]" in events1 and "lost" in events1, events1
+    assert f"job {attempts[1]['job_id']}" in events2, events2
+    for rank, node in enumerate(NODES):
+        assert "i=29" in (second / f"{rank}-{node}" / "console.log").read_text()
 
 
 def test_a_vm_powered_off_mid_run_is_lost_and_the_others_torn_down(

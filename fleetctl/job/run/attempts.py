@@ -177,8 +177,12 @@ def run_attempts(
                         "phase", f"attempt {k} of {policy.max_retries + 1}: job {aspec.job_id}"
                     )
                 )
-                for name in _reconnect(fleet, out.results[-1]):
+                dropped = _reconnect(fleet, out.results[-1])
+                for name in dropped:
                     emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
+                if not spares:  # with spares a lost host is ruled out: nothing to wait for
+                    lost = [x for x in nodes if x.name in dropped]
+                    _await_lost(fleet, lost, options.reboot_timeout, emit)
                 aopts = _with_relay(aopts, nodes, out.results)
             try:
                 if spares:
@@ -332,6 +336,32 @@ def _reconnect(fleet: FanOut, last: JobResult | None) -> list[str]:
     for name in sorted(bad):
         fleet.drop(name)
     return sorted(bad)
+
+
+def _await_lost(
+    fleet: FanOut, lost: Sequence[Node], timeout: float, emit: Callable[[JobEvent], None]
+) -> None:
+    """Wait (``--reboot-timeout``) for the dropped hosts to answer SSH again, each new
+    connection becoming the fleet's: a rebooting host is not spent as a failed retry."""
+    if not lost or timeout <= 0:
+        return
+    from fleetctl.job.records.result import JobEvent
+    from fleetctl.job.run.comeback import await_hosts
+    from fleetctl.ssh.connection import connect
+
+    settings = fleet.settings
+
+    def dial(node: Node, seconds: float) -> None:
+        conn = connect(node, dataclasses.replace(settings, connect_timeout=seconds))
+        try:  # a host still booting answers the handshake long before it runs a command
+            conn.run(["true"], timeout=seconds, check=True)
+        except BaseException:
+            conn.close()
+            raise
+        conn.use_settings(settings)  # from here on it is the node's connection, as dialled
+        fleet.adopt(node, conn)
+
+    await_hosts(lost, timeout, dial, say=lambda m: emit(JobEvent("notice", m)))
 
 
 def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:

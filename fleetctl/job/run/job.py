@@ -87,6 +87,7 @@ class RunOptions:
     # a retry: the last attempt's checkpoints, copied first (--resume: an earlier job's)
     relay: CheckpointRelay | None = None
     probe_timeout: float = 30.0  # --probe-timeout: s for each node's python to answer the check
+    reboot_timeout: float = 300.0  # --reboot-timeout: s a retry waits for a lost host's SSH
     # after the check and push, before plan and launch: (nodes, settings) -> None; what it
     # raises stops the run before anything started (`run --before`, fleetctl.api)
     before_launch: Callable[[Sequence[Node], SSHSettings | None], None] | None = None
