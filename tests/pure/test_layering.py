@@ -189,8 +189,9 @@ def eager_imports(path: Path) -> list[str]:
 
 def test_the_run_record_imports_nothing_above_the_job_core() -> None:
     """What crosses downwards stays light: importing ``api/runspec.py`` runs only its checks
-    (``api/checks.py``, the collective sub-options of ``api/runspec_collective.py``) and rooms at or below ``job`` (constants of ``job/diagnose/pace.py``,
-    ``plan/``, ``errors``), so a ``job/`` module importing the record loads no API."""
+    (``api/checks.py``, the collective sub-options of ``api/runspec_collective.py``) and
+    rooms at or below ``job`` (constants of ``job/diagnose/pace.py``, ``plan/``, ``errors``),
+    so a ``job/`` module importing the record loads no API."""
     rank = {r: i for i, rooms in enumerate(LAYERS) for r in rooms}
     for name in (*RECORDS, *RECORD_MAY_IMPORT):
         path = PACKAGE.parent / (name.replace(".", "/") + ".py")
