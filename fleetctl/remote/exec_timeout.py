@@ -9,6 +9,14 @@ seconds, SIGKILL, then the last stderr line is ``fleetctl: exec timed out after 
 the exit status 124 (as coreutils ``timeout``). Otherwise the command's status (128+N for a
 signal N, as shells say).
 
+argv ``--sweep TIMEOUT GRACE TAG RC``: what is left to do after coreutils ``timeout`` ran the
+tagged command and exited RC (124 or 137) in the shell this replaces (``exec``). A command of
+its own that exits 124 ends before TIMEOUT: then RC passes on unchanged. Otherwise the tagged
+processes outside the group ``timeout`` stopped (``setsid`` children) get SIGTERM, GRACE
+seconds, SIGKILL, and the same last stderr line and 124 as above. The common case, a command
+that ends in time, so never starts Python on the node (its start and this program's compile
+were most of a node's CPU for ``exec -- hostname``).
+
 Closing the SSH channel does not stop a command without a terminal (no SIGHUP), so the
 controller's own deadline alone would leave it running: this is the node's own deadline.
 """
@@ -29,10 +37,10 @@ except ImportError:  # an interpreter without it: the public module
     import signal  # type: ignore[no-redef]
 
 try:  # as fleetctl.remote.exec_timeout (tests); flat on a node
-    from .procfs import ended, environ_has, pids
+    from .procfs import age, ended, environ_has, pids
     from .wire import EXEC_TIMEOUT_MARK as MARK
 except ImportError:
-    from procfs import ended, environ_has, pids
+    from procfs import age, ended, environ_has, pids
     from wire import EXEC_TIMEOUT_MARK as MARK
 TIMED_OUT = 124
 SETTLE = 5.0  # s to wait for killed processes to be gone
@@ -143,9 +151,49 @@ def run(timeout: float, grace: float, tag: str, command: str) -> int:
     return TIMED_OUT
 
 
+def sweep(timeout: float, grace: float, tag: str, rc: int) -> int:
+    """After coreutils ``timeout`` exited ``rc``: stop the tagged processes it could not reach
+    (outside its process group) when it timed out; ``rc`` as it is when the command ended in
+    time (this process is the shell that ran ``timeout``: its age is the command's time)."""
+    took = age(os.getpid())  # to 10 ms (clock ticks): a time-out is never taken for an end
+    if rc not in (TIMED_OUT, 128 + 9) or (took is not None and took < timeout - 0.05):
+        return rc
+    group = "killed with SIGKILL" if rc != TIMED_OUT else "stopped with SIGTERM"
+    found = len(alive(tag))
+    for pid in tagged(tag):
+        try:  # noqa: SIM105
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = alive(tag)
+    for pid in killed:
+        try:  # noqa: SIM105
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + SETTLE
+    while alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = alive(tag)
+    how = "killed with SIGKILL" if killed else "stopped with SIGTERM"
+    tail = f"; still running: {' '.join(map(str, left))}" if left else ""
+    sys.stderr.write(
+        f"{MARK} {timeout:g}s: its process group {group} by coreutils timeout, "
+        f"{found} more process(es) {how}{tail}\n"
+    )
+    sys.stderr.flush()
+    return TIMED_OUT
+
+
 def main(argv: list) -> int:
+    if len(argv) == 5 and argv[0] == "--sweep":
+        return sweep(float(argv[1]), float(argv[2]), argv[3], int(argv[4]))
     if len(argv) != 4:
         sys.stderr.write("usage: exec_timeout TIMEOUT GRACE TAG COMMAND\n")
+        sys.stderr.write("       exec_timeout --sweep TIMEOUT GRACE TAG RC\n")
         return 2
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return run(float(argv[0]), float(argv[1]), argv[2], argv[3])

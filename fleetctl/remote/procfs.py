@@ -61,6 +61,20 @@ def proc_start_time(pid: int) -> int | None:
     return None if st is None or st[0] in ("Z", "X") else st[3]
 
 
+def age(pid: int) -> float | None:
+    """Seconds since ``pid`` started (its start time against /proc/uptime, both the kernel's
+    clock since boot); None when it is gone or /proc cannot say."""
+    start = proc_start_time(pid)
+    if start is None:
+        return None
+    try:
+        with open("/proc/uptime", "rb") as f:
+            up = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return up - start / os.sysconf("SC_CLK_TCK")
+
+
 def ended(pid: int) -> bool:
     """Whether ``pid`` has ended: gone, or a zombie nobody reaped yet."""
     st = proc_stat(pid)

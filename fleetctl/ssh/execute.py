@@ -133,32 +133,56 @@ def _rc(r: NodeRun) -> int:
     return UNREACHABLE_RC if r.exit_code is None else r.exit_code
 
 
-def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
-    """``command`` under the node's own time limit (``remote/exec_timeout.py``, shipped with
-    ``python -c``): stopped with all it started when ``timeout`` is up.
+#: coreutils ``timeout`` where every Linux distribution puts it; a link there (busybox's applet,
+#: whose options differ) is not taken for it
+TIMEOUT_BIN = "/usr/bin/timeout"
 
-    A node without that python still runs the command (``exec`` may be what installs it):
-    under coreutils ``timeout`` (its process group only), else as it is.
+
+def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
+    """``command`` under the node's own time limit: stopped with all it started when
+    ``timeout`` is up.
+
+    Where coreutils ``timeout`` is (nearly every node), it runs the tagged command and stops its
+    process group; only when it timed out does Python start (``exec_timeout.py --sweep``), to
+    stop the tagged processes that left the group (``setsid``). A command that ends in time —
+    the usual ``exec`` — so costs the node no interpreter start and no compile of the program
+    (~15 ms of a node's CPU each, more than the rest of ``exec -- hostname`` there).
+    Without that ``timeout``, ``exec_timeout.py`` runs the command itself; without that python
+    either, a ``timeout`` found on PATH stops the process group alone; else the command runs
+    as it is (``exec`` may be what installs them).
     """
     from fleetctl.remote import NO_SITE, inline
     from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
-    args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
-    src = shlex.quote(inline("exec_timeout.py"))
-    own = f"exec {py} {NO_SITE} -c {src} {shlex.join(args)}"
+    secs, grace, cmd = f"{timeout:g}", f"{KILL_GRACE:g}", shlex.quote(command)
+    program = f'{py} {NO_SITE} -c "$p"'
     said = shlex.quote(
         f"{MARK} {timeout:g}s: stopped by coreutils timeout (no {python} on the node: only "
         "the command's process group)"
     )
+    # In the background, waited for with this shell's stderr on /dev/null (the command's is
+    # the real one, and so is stdin): a shell reports a waited-for child killed by a signal
+    # ("Terminated"), and timeout dies of the signal its command died of. timeout gives the
+    # command back the SIGINT and SIGQUIT a background job starts with ignored.
+    limited = (
+        f"exec 4<&0 3>&2 2>/dev/null; FLEET_EXEC_ID={tag} {TIMEOUT_BIN} -k {grace} {secs} "
+        f"/bin/sh -c {cmd} <&4 4<&- 2>&3 3>&- & wait $!; rc=$?; exec 2>&3 3>&- 4<&-; "
+        f"case $rc in 124|137) command -v {py} >/dev/null 2>&1 && "
+        f"exec {program} --sweep {secs} {grace} {tag} $rc; "
+        f'[ "$rc" -ne 124 ] || echo {said} >&2;; esac; exit "$rc"'
+    )
+    own = f"exec {program} {shlex.join([secs, grace, tag, command])}"
     coreutils = (
-        f"timeout -k {KILL_GRACE:g} {timeout:g} /bin/sh -c {shlex.quote(command)}; rc=$?; "
+        f"timeout -k {grace} {secs} /bin/sh -c {cmd}; rc=$?; "
         f'[ "$rc" -ne 124 ] || echo {said} >&2; exit "$rc"'
     )
     return (
-        f"if command -v {py} >/dev/null 2>&1; then {own}; "
+        f"p={shlex.quote(inline('exec_timeout.py'))}; "
+        f"if [ -x {TIMEOUT_BIN} ] && [ ! -L {TIMEOUT_BIN} ]; then {limited}; "
+        f"elif command -v {py} >/dev/null 2>&1; then {own}; "
         f"elif command -v timeout >/dev/null 2>&1; then {coreutils}; "
-        f"else exec /bin/sh -c {shlex.quote(command)}; fi"
+        f"else exec /bin/sh -c {cmd}; fi"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -10,7 +11,14 @@ import pytest
 
 from fleetctl.errors import UsageError
 from fleetctl.node import Node
-from fleetctl.ssh.execute import ExecResult, NodeRun, command_line, execute, group_identical
+from fleetctl.ssh.execute import (
+    TIMEOUT_BIN,
+    ExecResult,
+    NodeRun,
+    command_line,
+    execute,
+    group_identical,
+)
 from fleetctl.ssh.fanout import FanOut
 
 
@@ -149,3 +157,43 @@ def test_a_node_without_its_python_still_runs_the_command_under_coreutils_timeou
     assert run.timed_out and run.stdout == "started\n" and late.exit_code == 124
     assert run.error is not None and "coreutils timeout" in run.error
     assert _sleeping("30.129") == []
+
+
+def _logging_python(tmp_path: Path) -> tuple[str, Path]:
+    """A node python that notes each start (its argv after ``-c CODE``), then runs as it is."""
+    log = tmp_path / "starts.log"
+    shim = tmp_path / "python3"
+    shim.write_text(
+        "#!/bin/sh\n"
+        f'shift 3; echo "$*" >> {log}\n'  # -S -c CODE ARGS...
+        f'exec {sys.executable} -S -c "$(cat {tmp_path / "code"})" "$@"\n'
+    )
+    shim.chmod(0o755)
+    return str(shim), log
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(TIMEOUT_BIN) or os.path.islink(TIMEOUT_BIN), reason="no coreutils timeout"
+)
+def test_a_command_that_ends_in_time_starts_no_python_on_the_node(tmp_path: Path) -> None:
+    """Where coreutils timeout is, Python starts on the node only when the limit was reached
+    (its start and the program's compile were most of a node's CPU for ``exec -- hostname``),
+    and a command's own exit 124 before it stays the command's."""
+    from fleetctl.remote import inline
+
+    (tmp_path / "code").write_text(inline("exec_timeout.py"))
+    python, log = _logging_python(tmp_path)
+    secs = f"{310 + os.getpid() % 1000 / 1000:.3f}"
+    node = Node(name="n1", address="127.0.0.1", local=True, python=python)
+    with FanOut([node]) as fleet:
+        ok = execute(fleet, "echo fine; exit 7", timeout=10)
+        assert not log.exists()
+        own = execute(fleet, "exit 124", timeout=10)  # timeout's own code: asked, not taken
+        late = execute(fleet, f"echo started; setsid sleep {secs} & sleep {secs}", timeout=0.5)
+    assert ok.runs[0].exit_code == 7 and ok.runs[0].stdout == "fine\n"
+    assert own.runs[0].exit_code == 124 and not own.runs[0].timed_out and own.exit_code == 3
+    (run,) = late.runs
+    assert run.timed_out and run.stdout == "started\n" and late.exit_code == 124
+    assert [x.split()[0] for x in log.read_text().splitlines()] == ["--sweep", "--sweep"]
+    assert run.error is not None and "1 more process(es) stopped with SIGTERM" in run.error
+    assert _sleeping(secs) == []

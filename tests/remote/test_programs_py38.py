@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import tarfile
@@ -787,6 +788,24 @@ def test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit(run38: R
 
     ok = run38("exec_timeout.py", ["30", "1", jid("x-ok"), "echo fine; exit 7"])
     assert ok.returncode == 7 and ok.stdout == b"fine\n" and ok.stderr == b""
+
+    # --sweep, after coreutils timeout: a 124 before the limit is the command's own ...
+    own = run38("exec_timeout.py", ["--sweep", "30", "1", jid("x-own"), "124"])
+    assert own.returncode == 124 and own.stderr == b""
+    # ... at the limit, the tagged process outside timeout's group is stopped too
+    tag = jid("x-sweep")
+    env = dict(os.environ, FLEET_EXEC_ID=tag)
+    escapee = subprocess.Popen(["sleep", secs], env=env, start_new_session=True)
+    try:
+        res = run38("exec_timeout.py", ["--sweep", "0", "1", tag, "124"])
+        assert res.returncode == 124
+        last = res.stderr.decode().splitlines()[-1]
+        assert last.startswith("fleetctl: exec timed out after 0s: its process group stopped")
+        assert last.endswith("1 more process(es) stopped with SIGTERM"), last
+        assert escapee.wait(10) == -signal.SIGTERM
+    finally:
+        escapee.kill()
+        escapee.wait(10)
 
 
 # A paddle-like launcher: each local rank writes its workerlog, and the launcher copies
