@@ -180,6 +180,12 @@ class RunFolderError(FleetctlError):
     """A controller run folder (fleet-runs/<job>) cannot be created or read."""
 
 
+class NoSuchJob(RunFolderError):
+    """The JOB given is not in the runs folder (or is an ambiguous prefix): bad input."""
+
+    exit_code = 2
+
+
 class Interrupted(FleetctlError):
     """The user pressed Ctrl-C; teardown ran."""
 

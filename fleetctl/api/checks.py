@@ -121,6 +121,17 @@ class Text:
 TEXT = Text()
 
 
+def image(value: Any) -> str:
+    """A container image (``--image``): :func:`fleetctl.plan.userinput.image_problem`."""
+    from fleetctl.plan.userinput import image_problem
+
+    text: str = TEXT(value)
+    why = image_problem(text)
+    if why:
+        raise Invalid(why)
+    return text
+
+
 def nproc(value: Any) -> int | str:
     """``--nproc-per-node``: a positive integer or ``auto`` (one per GPU, 1 without GPUs)."""
     if isinstance(value, int) and not isinstance(value, bool):

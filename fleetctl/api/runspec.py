@@ -399,7 +399,7 @@ class Container(_Group):
     TITLE = "Containers"
 
     image: str | None = option(
-        None, "--image", check=c.TEXT, metavar="IMAGE",
+        None, "--image", check=c.image, metavar="IMAGE",
         help="Run each node's launcher in one container of IMAGE (over the inventory's "
         "fleetctl_image); see docs/containers.md.",
     )  # fmt: skip

@@ -37,7 +37,12 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in self.lazy:
             importlib.import_module(self.lazy[cmd_name].module)
-        return super().get_command(ctx, cmd_name)
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:  # every typed value checked where click reads it (cli/guard.py)
+            from fleetctl.cli.guard import install
+
+            install(cmd)
+        return cmd
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

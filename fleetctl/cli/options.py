@@ -116,6 +116,13 @@ class CheckedChoice(click.Choice):
     convert = Checked.convert
 
 
+class Pairs(click.types.StringParamType):
+    """``NAME=VALUE`` (``--env-var``): the record checks each name with its own message, and a
+    value is any text (cli/guard.py leaves it alone)."""
+
+    verbatim = True
+
+
 def number_type(check: Any) -> click.ParamType:
     """The click type of a ``checks.Number``: its check, with click's help for ranges."""
     if check.integer:
@@ -196,7 +203,7 @@ def _field_option(f: Any, unset: bool = False) -> Callable[[F], F]:
     if isinstance(f.default, bool):
         extra.update(is_flag=True)
     elif cli == "pairs":
-        extra.update(multiple=True)
+        extra.update(multiple=True, type=Pairs())
     elif isinstance(f.default, tuple):
         extra.update(multiple=True, type=field_type(kw))
     elif cli == "dir":

@@ -12,8 +12,10 @@ import sys
 
 import click
 
+from fleetctl.api import checks
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
+    Checked,
     Count,
     RegularFile,
     SSHOptions,
@@ -32,7 +34,7 @@ from fleetctl.cli.options import (
 @click.option(
     "--code",
     "code_dir",
-    type=click.Path(file_okay=False),
+    type=click.Path(exists=True, file_okay=False),
     default=None,
     help="Project directory to ship (default: the git work tree holding ., else .).",
 )
@@ -75,6 +77,7 @@ from fleetctl.cli.options import (
 @click.option(
     "--image",
     default=None,
+    type=Checked(checks.image, "IMAGE"),
     help="Ship this machine's container image to the hosts that lack it (alone: no code, no env).",
 )
 @click.option(

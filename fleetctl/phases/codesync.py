@@ -423,6 +423,18 @@ class SecretError(UsageError):
     """The code folder would ship files that look like private keys."""
 
 
+def check_code_dir(root: str | os.PathLike[str]) -> None:
+    """The code directory is a folder: UsageError at once, a symlink loop included (its
+    ``resolve()`` raised RuntimeError: a traceback)."""
+    where = os.path.abspath(os.path.expanduser(os.fspath(root)))
+    try:
+        is_dir = os.path.isdir(where) and os.stat(where) is not None
+    except OSError as e:  # a symlink loop
+        raise UsageError(f"code directory {where}: {os.strerror(e.errno or 0)}") from None
+    if not is_dir:
+        raise UsageError(f"code directory {where} does not exist or is not a folder")
+
+
 def snapshot(
     root: str | Path, *, max_files: int = MAX_FILES, allow_secrets: Iterable[str] = ()
 ) -> CodeSnapshot:
@@ -430,8 +442,7 @@ def snapshot(
     implausibly large for a project (pushing ``~`` or ``/`` by accident), and SecretError when
     it holds files that look like private keys, unless each is named in ``allow_secrets``
     (paths relative to ``root``)."""
-    if not Path(root).expanduser().is_dir():
-        raise UsageError(f"code directory {Path(root).expanduser().resolve()} does not exist")
+    check_code_dir(root)
     root, files = code_files(root, max_files)
     cache = _HashCache()
     manifest: dict[str, list] = {}

@@ -6,6 +6,7 @@ values) that every YAML document fleetctl reads goes through. Pure: no printing.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from typing import Any, Literal, get_args
@@ -132,3 +133,19 @@ def check_yaml_size(node: Any) -> None:
             "(an alias bomb?); write the values out",
             node.start_mark.line + 1,
         )
+
+
+_IMAGE_RE = re.compile(r"\A[A-Za-z0-9_.][A-Za-z0-9_.:/@+=-]*\Z")
+
+
+def image_problem(text: str) -> str | None:
+    """Why ``text`` is no container image, or None: a registry reference
+    (``ghcr.io/org/img:tag``, ``img@sha256:…``) or an apptainer path or URI (``/opt/img.sif``,
+    ``docker://img``). It reaches the runtime's argv: no space, control character or leading
+    ``-``, no empty tag or name part. One rule for ``--image``, ``image:`` and
+    ``fleetctl_image``."""
+    ref = text.split("://", 1)[1] if "://" in text else text
+    ref = ref.lstrip("/") if ref.startswith("/") else ref  # an apptainer image file
+    if not _IMAGE_RE.match(ref) or "" in re.split(r"[:/@]", ref):
+        return f"{text!r} is not an image name (NAME[:TAG], REGISTRY/NAME@DIGEST, a path)"
+    return None

@@ -246,7 +246,7 @@ def test_report_command_answers_in_one_line_for_a_missing_or_damaged_job(tmp_pat
     assert r.exit_code == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "r.html") and (tmp_path / "r.html").stat().st_size
     r = run_cli("report", "nosuch", "--runs-dir", str(runs))
-    assert r.exit_code == 1 and r.stderr == f"fleetctl: error: no job nosuch in {runs}\n"
+    assert r.exit_code == 2 and r.stderr == f"fleetctl: error: no job nosuch in {runs}\n"
     (folder / "job.json").write_text('{"job_id": "x", "status": 3}')
     r = run_cli("report", str(folder))
     assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "job.json: status is 3" in r.stderr

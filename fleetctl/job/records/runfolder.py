@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.errors import NoSuchJob, RunFolderError, UsageError
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 
@@ -368,8 +368,8 @@ def load_run(runs_dir: str | os.PathLike[str], job_id: str) -> RunFolder:
     if len(matches) == 1:
         return RunFolder(matches[0])
     if not matches:
-        raise RunFolderError(f"no job {job_id} in {root}")
-    raise RunFolderError(
+        raise NoSuchJob(f"no job {job_id} in {root}")
+    raise NoSuchJob(
         f"job id {job_id} is ambiguous in {root}: " + ", ".join(sorted(p.name for p in matches))
     )
 

@@ -74,8 +74,13 @@ class _Fields:
             if required:
                 raise self.fail(key, f"{key} is empty")
             return default
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        if isinstance(value, (bool, float)) or not isinstance(value, (str, int)):
             raise self.fail(key, f"{key} must be a string, got {type(value).__name__} {value!r}")
+        bad = _CONTROL.search(str(value))
+        if bad:  # a newline in a name or path reaches a shell line or an argv on the node
+            raise self.fail(key, f"{key} {value!r} holds a control character ({bad.group()!r})")
+        if key.startswith("fleetctl_") and str(value).startswith("-"):
+            raise self.fail(key, f"{key} {value!r} starts with '-' (it would read as a flag)")
         if not isinstance(value, _Unsafe) and ("{{" in str(value) or "{%" in str(value)):
             raise self.fail(
                 key,
@@ -94,6 +99,34 @@ class _Fields:
         if not ok or value < lo or (hi is not None and value > hi):
             raise self.fail(key, f"{key} must be {what}, got {value!r}")
         return int(value)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_plan_vars(f: _Fields) -> None:
+    """The host variables read later, at plan and check time, checked here where the
+    inventory is read: a bad one is this file's line, not a failure on a node."""
+    from fleetctl.plan.userinput import image_problem
+
+    name = f.text("fleetctl_image")
+    why = image_problem(name) if name else None
+    if why:
+        raise f.fail("fleetctl_image", f"fleetctl_image: {why}")
+    f.text("fleetctl_image_python")
+    key, value = f.get("fleetctl_container_runtime")
+    if key is not None and value not in (None, ""):
+        from fleetctl.plan.runtimes import ORDER
+
+        if f.text(key) not in ORDER:
+            raise f.fail(key, f"{key} {value!r} is not one of {', '.join(ORDER)}")
+    key, value = f.get("fleetctl_ports")
+    if key is not None and value not in (None, ""):
+        ports = value if isinstance(value, list) else [value]
+        if not all(
+            isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
+        ):
+            raise f.fail(key, f"{key} must be a port 1-65535 or a list of them, got {value!r}")
 
 
 def _build_node(model: _Model, host: _Host) -> Node:
@@ -118,6 +151,7 @@ def _build_node(model: _Model, host: _Host) -> Node:
     port = f.integer(port_key, 1, 65535, "a port number 1-65535")
     ssh = _ssh_args(f)
     gpus, gpu_ids = _gpus(f)
+    _check_plan_vars(f)
     if port is None:
         port = ssh.port
     return Node(

@@ -205,7 +205,7 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
     roles = tuple(_parse_role(name, roles_raw, path) for name in roles_raw)
     job_env = get_env(data, "env", at)
     retry = _parse_retry(data, path, at)
-    script = get_str(data, "script", at, default=None)
+    script = get_str(data, "script", at, default=None, plain=True)
     args = get_args(data, "args", at)
     if launcher == "paddle-ps":
         _check_paddle_ps(roles, script, at(data, "launcher"), at(data, "roles"))
@@ -221,27 +221,50 @@ def parse_job_file(text: str, path: str = "job.yml") -> JobFile:
     return JobFile(
         path=path,
         roles=roles,
-        name=get_str(data, "name", at, default=None),
+        name=get_str(data, "name", at, default=None, plain=True),
         env_style=env_style,
         launcher=launcher,
         script=script,
         args=args,
         env=job_env,
         retry=retry,
-        backend=get_str(data, "backend", at, default=None),
+        backend=_backend(data, at),
         timeout=get_seconds(data, "timeout", at),
         stall_timeout=get_seconds(data, "stall_timeout", at),
         collective=_collective(data, at),
-        image=get_str(data, "image", at, default=None),
+        image=_image(data, at),
         container_runtime=_runtime(data, at),
     )
+
+
+def _image(data: LocatedMap, at: Any) -> str | None:
+    """``image:``, checked at its line as ``--image`` is."""
+    from fleetctl.plan.userinput import image_problem
+
+    name = get_str(data, "image", at, default=None, plain=True)
+    why = image_problem(name) if name else None
+    if why:
+        raise UsageError(f"{at(data, 'image')}: image: {why}")
+    return name
+
+
+def _backend(data: LocatedMap, at: Any) -> str | None:
+    """``backend:`` (job or role), checked at its line as ``--backend`` is."""
+    from fleetctl.plan.rankplan import BACKENDS
+
+    name = get_str(data, "backend", at, default=None)
+    if name is not None and name not in BACKENDS:
+        raise UsageError(
+            f"{at(data, 'backend')}: unknown backend {name!r} (known: {', '.join(BACKENDS)})"
+        )
+    return name
 
 
 def _runtime(data: LocatedMap, at: Any) -> str | None:
     """The ``container_runtime:`` key: one of the runtimes fleetctl knows, or absent."""
     from fleetctl.plan.runtimes import ORDER
 
-    name = get_str(data, "container_runtime", at, default=None)
+    name = get_str(data, "container_runtime", at, default=None, plain=True)
     if name is not None and name not in ORDER:
         raise UsageError(
             f"{at(data, 'container_runtime')}: unknown container runtime {name!r} "
@@ -317,7 +340,7 @@ def _parse_role(name: Any, roles: LocatedMap, path: str) -> RoleSpec:
             raise UsageError(
                 f"{at(m, 'command')}: command must be a shell string or a non-empty argv list"
             )
-    script = get_str(m, "script", at, default=None)
+    script = get_str(m, "script", at, default=None, plain=True)
     launcher = get_str(m, "launcher", at, default=None)
     if command and (script or launcher not in (None, "command")):
         raise UsageError(f"{at(m, 'command')}: role {name!r}: give command or script+launcher")
@@ -364,7 +387,7 @@ def _parse_role(name: Any, roles: LocatedMap, path: str) -> RoleSpec:
         nproc_per_node=nproc,
         min_failed=min_failed,
         min_succeeded=min_succeeded,
-        backend=get_str(m, "backend", at, default=None),
+        backend=_backend(m, at),
         where=where,
     )
 

@@ -4,6 +4,7 @@ mapping) whose errors name ``file:line: key``. Pure."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fleetctl.errors import UsageError
@@ -91,13 +92,24 @@ def known(keys: frozenset[str]) -> str:
     return ", ".join(sorted(keys))
 
 
-def get_str(m: LocatedMap, key: str, at: Any, *, default: str | None) -> str | None:
+def get_str(
+    m: LocatedMap, key: str, at: Any, *, default: str | None, plain: bool = False
+) -> str | None:
+    """A non-empty string; ``plain``: a name or path (an image, a script) that reaches an argv
+    on the node, so no control character and no leading ``-`` (it would read as a flag)."""
     if key not in m or m[key] is None:
         return default
     v = m[key]
     if not isinstance(v, str) or not v.strip():
         raise UsageError(f"{at(m, key)}: {key} must be a non-empty string")
+    if plain and (_CONTROL.search(v.strip()) or v.strip().startswith("-")):
+        raise UsageError(
+            f"{at(m, key)}: {key} {v!r} must be a plain name (no control character, no leading '-')"
+        )
     return v.strip()
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def get_int(
