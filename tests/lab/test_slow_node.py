@@ -1,7 +1,8 @@
 """A slow node named during the run, with no change to the training script: a real 3-node
 gloo DDP job under torchrun, one host's processes capped at 20% of one CPU through its own
 cpu cgroup (``lab fault cpu-cap``). That host is named within 60 s of the launch, live and
-in job.json, no healthy host is, and ``--on-slow stop`` tears the job down with nothing left
+in job.json, no healthy host is, py-spy's samples of every rank show where the peers wait,
+and ``--on-slow stop`` tears the job down with nothing left
 on any host and the summary naming the slow host with its evidence."""
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_j
         and f"failed first: slows the job ({job['slow']['why']})" in res.stderr
     ), res.stderr
     assert "throttled" in job["slow"]["why"] or "longer per step" in job["slow"]["why"]
+    # py-spy's evidence, taken in the background once named (the stop waited for it)
+    said = [ln for ln in events if f" notice [2 {slow}] py-spy: " in ln]
+    stacks = job["slow"]["stacks"]
+    assert len(said) == 1 and stacks["samples"] >= 3 and stacks["note"] is None, (said, stacks)
+    assert stacks["peers_wait"] >= 0.5 and "peers wait in " in said[0], stacks
+    assert f"{stacks['samples']} samples)" in job["slow"]["why"], job["slow"]
+    assert {n["host"] for n in stacks["nodes"] if n["wait"] + n["idle"] + n["compute"]} == {
+        h.name for h in lab.hosts[:3]
+    }, stacks
     assert "done rank=" not in out  # stopped long before its 200 s
     assert_nothing_left(lab.inventory_path, job_id)
 

@@ -213,3 +213,37 @@ class PaceJudge:
             len(self.streak),
             why,
         )
+
+
+class GroupJudges:
+    """One :class:`PaceJudge` per group of nodes that step together — a role job's roles (a
+    parameter server never waits for a trainer as a trainer's peers do) — with the same
+    interface; groups of one node are not judged. The first verdict of any group stands."""
+
+    def __init__(self, groups: list[dict[int, str]], agree: int = AGREE) -> None:
+        self.judges = [PaceJudge(g, agree) for g in groups if len(g) > 1]
+        self.verdict: SlowVerdict | None = None
+
+    @property
+    def count(self) -> int:
+        return sum(j.count for j in self.judges)
+
+    def add(self, rank: int, report: dict[str, Any]) -> SlowVerdict | None:
+        if self.verdict is not None:
+            return None
+        for j in self.judges:
+            if rank in j.nodes:
+                self.verdict = j.add(rank, report)
+                return self.verdict
+        return None
+
+    def scores(self) -> dict[str, float]:
+        return {k: v for j in self.judges for k, v in j.scores().items()}
+
+
+def judge_for(nodes: dict[int, str], roles: dict[int, str] | None, agree: int) -> GroupJudges:
+    """The judge of a job: its nodes as one group, or by role (``roles``: node rank -> role)."""
+    groups: dict[str, dict[int, str]] = {}
+    for rank, host in sorted(nodes.items()):
+        groups.setdefault(roles.get(rank, "") if roles else "", {})[rank] = host
+    return GroupJudges(list(groups.values()), agree)

@@ -17,7 +17,7 @@ from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.state import JobState, NodeState, exit_state
 
 if TYPE_CHECKING:
-    from fleetctl.job.diagnose.pace import PaceJudge, SlowVerdict
+    from fleetctl.job.diagnose.pace import GroupJudges, SlowVerdict
     from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check.report import HeldProbe
@@ -87,7 +87,8 @@ class JobContext:
         if self.observer is not None:
             nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
-        self.pace: PaceJudge | None = None  # the slow-node judge, made at launch (--on-slow)
+        self.pace: GroupJudges | None = None  # the slow-node judge, made at launch (--on-slow)
+        self.roles: dict[int, str] | None = None  # role jobs: node rank -> its role
         # every rank's py-spy samples by node rank (phases.stacks.sample_stacks), set at launch
         self.sample_stacks: Callable[[], dict[int, dict[str, Any]]] | None = None
         self.slow_pending: SlowVerdict | None = None  # named; its stack evidence on the way

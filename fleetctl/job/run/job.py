@@ -188,12 +188,13 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     )
     by_name = {n.name: n for n in job.nodes}
     pace = None
-    if sup.on_slow != "off" and not options.detach and not options.planner:
-        from fleetctl.job.diagnose.pace import PaceJudge
+    if sup.on_slow != "off" and len(plan.nodes) > 1:  # the node the others wait for
+        from fleetctl.job.diagnose.pace import judge_for
 
-        if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
-            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
-            pace = {}  # the sampler's defaults (fleetctl.remote.pace)
+        pace = {}  # the sampler's defaults (fleetctl.remote.pace); detached: the monitor's
+        if not options.detach:
+            nodes = {np.node_rank: np.host for np in plan.nodes}
+            job.pace = judge_for(nodes, job.roles, sup.slow_rounds)  # role jobs: by role
             job.sample_stacks = _stack_sampler(job, fleet)
     job.state.launch()
     job.sync()
