@@ -68,6 +68,14 @@ def test_shares_name_the_peers_wait_and_the_slow_nodes_compute() -> None:
     )
 
 
+def test_peers_asleep_outside_any_collective_are_said_so() -> None:
+    got = shares(1, [NodeSamples(0, "h1", idle=8), NodeSamples(1, "h2", compute=8)])
+    assert (got.peers_wait, got.peers_idle, got.node_compute) == (0.0, 1.0, 1.0)
+    assert got.phrase() == (
+        "peers wait in no collective, asleep elsewhere 100% of the time (py-spy, 16 samples)"
+    )
+
+
 def test_no_py_spy_is_a_one_line_note_and_no_figure() -> None:
     gone = "py-spy not available on this node"
     got = shares(1, [NodeSamples(0, "h1", error=gone), NodeSamples(1, "h2", error=gone)])

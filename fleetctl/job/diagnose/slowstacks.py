@@ -55,8 +55,9 @@ class NodeSamples:
 class SlowStacks:
     """The shares in a verdict (job.json's ``slow.stacks``). ``peers_wait``: the share of the
     peers' samples inside a collective (None: no peer sample); ``places``: that share by
-    collective; ``node_compute``: the share of the slow node's samples computing;
-    ``samples``: all classified samples; ``note``: why there is no figure, or what failed."""
+    collective; ``peers_idle``: asleep outside any; ``node_compute``: the share of the slow
+    node's samples computing; ``samples``: all classified samples; ``note``: why there is no
+    figure, or what failed."""
 
     samples: int
     peers_wait: float | None
@@ -64,6 +65,7 @@ class SlowStacks:
     node_compute: float | None
     nodes: list[NodeSamples]
     note: str | None = None
+    peers_idle: float | None = None  # the share of the peers' samples asleep elsewhere
 
     def phrase(self) -> str | None:
         """``peers wait in all_reduce 78% of the time (py-spy, 24 samples)``; None: no figure."""
@@ -74,6 +76,11 @@ class SlowStacks:
             said = f"{where[0][0]} {100 * self.peers_wait:.0f}%"
         elif where:
             said = ", ".join(f"{p} {100 * s:.0f}%" for p, s in where)
+        elif self.peers_idle:  # asleep, but in no collective: not waiting for this node
+            return (
+                f"peers wait in no collective, asleep elsewhere {100 * self.peers_idle:.0f}% "
+                f"of the time (py-spy, {self.samples} samples)"
+            )
         else:
             said = "collectives 0%"
         return f"peers wait in {said} of the time (py-spy, {self.samples} samples)"
@@ -104,4 +111,16 @@ def shares(slow: int, nodes: list[NodeSamples]) -> SlowStacks:
         node_compute=round(sum(n.compute for n in mine) / own, 3) if own else None,
         nodes=nodes,
         note=note,
+        peers_idle=round(sum(n.idle for n in peers) / seen, 3) if seen else None,
+    )
+
+
+def from_replies(slow: int, hosts: dict[int, str], report: dict[str, Any]) -> SlowStacks:
+    """The evidence from what the sampling thread posted: ``replies`` by node rank (each
+    ``phases.stacks.sample_stacks``'s answer for a node), or ``error`` (it failed whole)."""
+    if isinstance(report.get("error"), str):
+        return SlowStacks(0, None, {}, None, [], note=f"no stack samples: {report['error']}")
+    replies = report.get("replies") or {}
+    return shares(
+        slow, [NodeSamples.from_reply(r, hosts[r], got) for r, got in sorted(replies.items())]
     )

@@ -352,20 +352,12 @@ def slow_evidence(job: JobContext, report: dict[str, Any]) -> None:
     """py-spy's samples of every rank (``report``: ``replies`` by node rank, or ``error``)
     into the pending verdict: its ``why`` and ``line`` in the result, a live notice; then the
     stop it waited for, if any."""
-    from fleetctl.job.diagnose.slowstacks import NodeSamples, SlowStacks, shares
+    from fleetctl.job.diagnose.slowstacks import from_replies
 
     verdict, job.slow_pending = job.slow_pending, None
     if verdict is None:
         return
-    if isinstance(report.get("error"), str):
-        stacks = SlowStacks(0, None, {}, None, [], note=f"no stack samples: {report['error']}")
-    else:
-        hosts = {n.rank: n.host for n in job.result.nodes}
-        replies = report.get("replies") or {}
-        stacks = shares(
-            verdict.rank,
-            [NodeSamples.from_reply(r, hosts[r], got) for r, got in sorted(replies.items())],
-        )
+    stacks = from_replies(verdict.rank, {n.rank: n.host for n in job.result.nodes}, report)
     verdict = verdict.with_stacks(stacks)
     job.result.slow = verdict.to_dict()
     said = stacks.phrase()
@@ -385,19 +377,10 @@ def _stop_for_slow(job: JobContext, verdict: SlowVerdict) -> None:
 
 
 def _remember_slow(job: JobContext, verdict: SlowVerdict) -> None:
-    """The slow node into the health ledger (source ``slow``): ``run --nodes N`` leaves it
-    out next time. A ledger that cannot be written is a warning, never the job's end."""
-    from fleetctl.errors import HealthLedgerError
-    from fleetctl.health.ledger import Ledger
+    """The slow node into the health ledger (``job.monitor.slowwatch.remember_slow``)."""
+    from fleetctl.job.monitor.slowwatch import remember_slow
 
     host = job.result.nodes[verdict.rank].host
-    try:
-        Ledger().record(
-            host,
-            source="slow",
-            reason=f"slowed job {job.result.job_id}",
-            evidence=verdict.line(),
-            job_id=job.result.job_id,
-        )
-    except HealthLedgerError as e:
-        job.emit("warning", f"{host}: health ledger not written: {e}")
+    trouble = remember_slow(host, job.result.job_id, verdict.line())
+    if trouble is not None:
+        job.emit("warning", trouble)
