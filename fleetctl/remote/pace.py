@@ -20,7 +20,6 @@ except ImportError:
     from procfs import cgroup_paths, proc_cpu, proc_schedstat
 
 REPORT = 2.0  # s between reports
-PACE_FILE = "pace.json"  # a detached job's latest report, in its run folder, for ``status``
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -86,9 +85,9 @@ def watch_pace(cfg: dict, ranks, send, done) -> None:
             send(json.dumps(said, separators=(",", ":")).encode())
 
 
-def pace_file(path: str):
-    """``send`` for a detached job (no channel): the latest report into ``path`` with its
-    sequence number, which ``status`` answers and the job monitor judges as the frames."""
+def pace_file(run_dir: str):
+    """``send`` when detached: the latest report, numbered, in pace.json (``status``)."""
+    path = os.path.join(run_dir, "pace.json")
     seq = [int(read_json(path).get("seq") or 0)]
 
     def send(said: bytes) -> None:
@@ -96,9 +95,3 @@ def pace_file(path: str):
         write_json(path, {"seq": seq[0], "report": json.loads(said)})
 
     return send
-
-
-def read_pace(run_dir: str) -> dict | None:
-    """``{"seq", "report"}`` of a detached job's last report, or None."""
-    got = read_json(os.path.join(run_dir, PACE_FILE))
-    return got if isinstance(got.get("seq"), int) and isinstance(got.get("report"), dict) else None

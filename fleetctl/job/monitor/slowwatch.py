@@ -66,7 +66,9 @@ class MonitorPace:
         for st in states:
             pace = st.pace or {}
             seq = pace.get("seq")
-            if not isinstance(seq, int) or self.seen.get(st.rank) == seq:
+            if not isinstance(seq, int) or not isinstance(pace.get("report"), dict):
+                continue
+            if self.seen.get(st.rank) == seq:
                 continue
             self.seen[st.rank] = seq
             verdict = self.judge.add(st.rank, pace["report"])
