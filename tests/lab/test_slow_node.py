@@ -154,7 +154,8 @@ def test_role_jobs_and_detached_jobs_are_watched_for_a_slow_node(make_lab, tmp_p
     code.mkdir()
     (code / "spin.py").write_text(SPIN)
     (code / "roles.yml").write_text(ROLES_YML)
-    inv = ["-i", str(lab.inventory_path), "--no-check", "--runs-dir", str(runs)]
+    inv = ["-i", str(lab.inventory_path), "--no-check", "--runs-dir", str(runs), "--grace", "1"]
+    inv += ["--slow-rounds", "2", "--no-post-mortem"]  # named sooner: the CI's time
     env = {"FLEETCTL_SSH_CONFIG": "/dev/null"}
     # a role job: the worker the other workers wait for (the lone server is not judged)
     roles = run_cli(
