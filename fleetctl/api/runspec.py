@@ -290,7 +290,8 @@ class Supervision(_Group):
     )  # fmt: skip
 
     # what a detached job's monitor enforces and records in job.json (`fleetctl monitor`)
-    MONITORED = ("grace", "timeout", "stall_timeout", "startup_timeout")
+    MONITORED = ("grace", "timeout", "stall_timeout", "startup_timeout", "on_slow", "slow_rounds")
+    LIMITS = ("timeout", "stall_timeout", "startup_timeout")
 
     def startup_limit(self) -> float | None:
         """Seconds from the launch to the job's first progress on any node before it is
@@ -302,7 +303,7 @@ class Supervision(_Group):
 
     def limited(self) -> bool:
         """A limit a detached job's monitor must enforce (``--timeout`` or a stall limit)."""
-        return any(getattr(self, k) for k in self.MONITORED[1:])
+        return any(getattr(self, k) for k in self.LIMITS)
 
     def monitored(self) -> dict[str, Any]:
         """The values the job monitor enforces, by keyword (its options, job.json's keys)."""

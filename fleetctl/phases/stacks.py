@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from fleetctl.ssh.fanout import FanOut
 
 DUMP_TIMEOUT = 60.0  # s per node: py-spy takes well under a second per process
+SAMPLES = 8  # py-spy dumps per rank for a slow node's evidence, rounds over all of a node's ranks
+SAMPLE_WINDOW = 4.0  # s: no new round of them after it
+SAMPLE_TIMEOUT = 20.0  # s per node: past it, the evidence goes without that node
 
 
 @dataclass
@@ -147,3 +150,49 @@ def dump_stacks(
         else:
             nodes.append(NodeStacks(np.node_rank, np.host, error=one_line(got)))
     return StackReport(nodes)
+
+
+def sample_stacks(
+    fleet: FanOut,
+    plan: Plan,
+    *,
+    pythons: dict[str, str],
+    samples: int,
+    window: float,
+    timeout: float = SAMPLE_TIMEOUT,
+) -> dict[int, dict[str, Any]]:
+    """Every node's rank samples (``fleetctl.remote.stacksample``), in parallel: node rank ->
+    ``{"ranks": [tally, …], "error": str | None}``; a node that failed keeps its error."""
+    binary = local_py_spy()
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12] if binary else None
+    source = remote.inline("stacksample.py")
+    by_name = {n.name: n for n in fleet.nodes}
+
+    def one(node: Node, conn: Connection) -> dict[str, Any]:
+        py_spy = None
+        if binary is not None and digest is not None:
+            py_spy = posixpath.join(conn.expand(node.workdir), "bin", f"py-spy-{digest}")
+            install_file(conn, binary, py_spy, timeout=timeout)
+        args = {"job_id": plan.job_id, "py_spy": py_spy, "samples": samples, "window": window}
+        python = conn.expand(pythons.get(node.name) or node.python)
+        argv = [python, remote.NO_SITE, "-c", source, json.dumps(args)]
+        res = conn.run(argv, timeout=timeout)
+        if res.exit_code != 0:
+            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise FleetctlError(f"stack sampling exited {res.exit_code}: {tail}")
+        out: dict[str, Any] = {"ranks": [], "error": None}
+        for fr in decode(res.stdout, STACK_KINDS):
+            with contextlib.suppress(ValueError):
+                if fr.kind == "K":
+                    out["ranks"].append(fr.data())
+                elif fr.kind == "D":
+                    out["error"] = fr.data().get("error")
+        return out
+
+    todo = [by_name[np.host] for np in plan.nodes if np.host in by_name]
+    res = fleet.map(one, timeout=timeout + 10, nodes=todo)
+    got: dict[int, dict[str, Any]] = {}
+    for np in plan.nodes:
+        r = res.get(np.host)
+        got[np.node_rank] = r if isinstance(r, dict) else {"ranks": [], "error": one_line(r)}
+    return got

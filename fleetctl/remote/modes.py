@@ -14,7 +14,7 @@ import threading
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import write_json
+    from .atomic import read_json, write_json
     from .framing import frame
     from .framing import line as framed
     from .jobprocs import find_job_processes, stop_processes
@@ -22,7 +22,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
     from .records import RecordError, SupervisorState, read_state
     from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
 except ImportError:
-    from atomic import write_json
+    from atomic import read_json, write_json
     from framing import frame
     from framing import line as framed
     from jobprocs import find_job_processes, stop_processes
@@ -114,6 +114,7 @@ def cmd_status(argv: list[str]) -> int:
     state["progress"] = max(marks) if marks else None
     # the supervisor makes the progress file at the job's first line or touch (its begin())
     state["begun"] = os.path.exists(os.path.join(run_dir, PROGRESS_FILE))
+    state["pace"] = read_json(os.path.join(run_dir, "pace.json")) or None  # detached
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"
     answer("D", state)

@@ -13,8 +13,10 @@ import os
 import time
 
 try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
+    from .atomic import read_json, write_json
     from .procfs import cgroup_paths, proc_cpu, proc_schedstat
 except ImportError:
+    from atomic import read_json, write_json
     from procfs import cgroup_paths, proc_cpu, proc_schedstat
 
 REPORT = 2.0  # s between reports
@@ -81,3 +83,15 @@ def watch_pace(cfg: dict, ranks, send, done) -> None:
         said = sampler.report()
         if said is not None:
             send(json.dumps(said, separators=(",", ":")).encode())
+
+
+def pace_file(run_dir: str):
+    """``send`` when detached: the latest report, numbered, in pace.json (``status``)."""
+    path = os.path.join(run_dir, "pace.json")
+    seq = [int(read_json(path).get("seq") or 0)]
+
+    def send(said: bytes) -> None:
+        seq[0] += 1
+        write_json(path, {"seq": seq[0], "report": json.loads(said)})
+
+    return send

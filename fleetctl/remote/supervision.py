@@ -19,7 +19,7 @@ try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a
     from .containers import client_half, end_containers, main_pid, stopped_code, tells_pid
     from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from .output import Out, gap_note, write_all, write_problem
-    from .pace import watch_pace
+    from .pace import pace_file, watch_pace
     from .procfs import pid_alive, proc_stat, zombie_exit
     from .ranks import pidfd_open, rank_processes
     from .ranktail import MAX_LINE, RankTail
@@ -41,7 +41,7 @@ except ImportError:
     from containers import client_half, end_containers, main_pid, stopped_code, tells_pid
     from jobprocs import adopt_port_claims, become_subreaper, stop_processes
     from output import Out, gap_note, write_all, write_problem
-    from pace import watch_pace
+    from pace import pace_file, watch_pace
     from procfs import pid_alive, proc_stat, zombie_exit
     from ranks import pidfd_open, rank_processes
     from ranktail import MAX_LINE, RankTail
@@ -442,9 +442,11 @@ class Supervisor(RankTail):
             tailer = threading.Thread(target=self.tail_ranks, args=(ranks_done,), daemon=True)
             tailer.start()
         threading.Thread(target=self.watch_rank_pids, args=(done,), daemon=True).start()
-        if self.spec.pace is not None and not self.detach:  # where the ranks are: ``W``
+        if self.spec.pace is not None:  # where the ranks are: ``W`` (detached: a file)
             ranks = lambda: {k: v[-1] for k, v in list(self.rank_pids.items())}  # noqa: E731
             send = lambda said: self.out.frame("W", said)  # noqa: E731
+            if self.detach:
+                send = pace_file(self.run_dir)
             args = (self.spec.pace, ranks, send, done)
             threading.Thread(target=watch_pace, args=args, daemon=True).start()
         if not self.detach:

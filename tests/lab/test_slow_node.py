@@ -1,12 +1,14 @@
 """A slow node named during the run, with no change to the training script: a real 3-node
 gloo DDP job under torchrun, one host's processes capped at 20% of one CPU through its own
 cpu cgroup (``lab fault cpu-cap``). That host is named within 60 s of the launch, live and
-in job.json, no healthy host is, and ``--on-slow stop`` tears the job down with nothing left
+in job.json, no healthy host is, py-spy's samples of every rank show where the peers wait,
+and ``--on-slow stop`` tears the job down with nothing left
 on any host and the summary naming the slow host with its evidence."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 
 import pytest
@@ -95,6 +97,15 @@ def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_j
         and f"failed first: slows the job ({job['slow']['why']})" in res.stderr
     ), res.stderr
     assert "throttled" in job["slow"]["why"] or "longer per step" in job["slow"]["why"]
+    # py-spy's evidence, taken in the background once named (the stop waited for it)
+    said = [ln for ln in events if f" notice [2 {slow}] py-spy: " in ln]
+    stacks = job["slow"]["stacks"]
+    assert len(said) == 1 and stacks["samples"] >= 3 and stacks["note"] is None, (said, stacks)
+    assert stacks["peers_wait"] >= 0.5 and "peers wait in " in said[0], stacks
+    assert f"{stacks['samples']} samples)" in job["slow"]["why"], job["slow"]
+    assert {n["host"] for n in stacks["nodes"] if n["wait"] + n["idle"] + n["compute"]} == {
+        h.name for h in lab.hosts[:3]
+    }, stacks
     assert "done rank=" not in out  # stopped long before its 200 s
     assert_nothing_left(lab.inventory_path, job_id)
 
@@ -112,3 +123,78 @@ def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_j
     assert f"{slow}: left out: health ledger: slow: slowed job {job_id}" in again.stderr
     cleared = run_cli("health", "--clear", slow)
     assert cleared.exit_code == 0 and json.loads(run_cli("health", "--json").stdout)["hosts"] == []
+
+
+# One task spins on a CPU, its peers sleep: the busy-vs-asleep rule names it in a few rounds,
+# no torch needed. The role job and the detached job (its monitor) watch as a plain run does.
+SPIN = """\
+import os, sys, time
+end = time.time() + 120
+if os.environ.get(sys.argv[1]) == sys.argv[2]:
+    while time.time() < end:
+        pass
+time.sleep(max(0.0, end - time.time()))
+"""
+ROLES_YML = """\
+name: slow-roles
+roles:
+  server:
+    instances: 1
+    command: [python3, -c, "import time; time.sleep(120)"]
+  worker:
+    instances: 3
+    script: spin.py
+    args: [FLEET_ROLE_INDEX, "2"]
+"""
+
+
+def test_role_jobs_and_detached_jobs_are_watched_for_a_slow_node(make_lab, tmp_path) -> None:
+    lab = make_lab(4)
+    code, runs = tmp_path / "code", tmp_path / "runs"
+    code.mkdir()
+    (code / "spin.py").write_text(SPIN)
+    (code / "roles.yml").write_text(ROLES_YML)
+    inv = ["-i", str(lab.inventory_path), "--no-check", "--runs-dir", str(runs), "--grace", "1"]
+    inv += ["--slow-rounds", "2", "--no-post-mortem"]  # named sooner: the CI's time
+    env = {"FLEETCTL_SSH_CONFIG": "/dev/null"}
+    # a role job: the worker the other workers wait for (the lone server is not judged)
+    roles = run_cli(
+        *["run", *inv, "--code-dir", str(code), "--on-slow", "stop", "--timeout", "100"],
+        *["--job", str(code / "roles.yml")],
+        env=env,
+    )
+    out = roles.stdout + roles.stderr
+    assert roles.exit_code == 3, out
+    job = json.loads((runs / launched_job_id(roles.stderr) / "job.json").read_text())
+    assert (job["slow"]["rank"], job["slow"]["host"]) == (3, "node4"), job["slow"]
+    assert job["first_failure"]["host"] == "node4" and "slows the job" in roles.stderr, out
+    assert "py-spy: " in roles.stderr, out
+    assert_nothing_left(lab.inventory_path, job["job_id"])
+
+    # detached: its monitor judges the supervisors' pace.json reports and stops the job
+    started = time.monotonic()
+    det = run_cli(
+        *["run", *inv, *["--limit", "node1,node2,node3"], "--launcher", "plain"],
+        *["--code-dir", str(code), "--detach", "--on-slow", "stop", "--timeout", "100"],
+        *[str(code / "spin.py"), "NODE_RANK", "1"],
+        env=env,
+    )
+    assert det.exit_code == 0, det.stdout + det.stderr
+    job_id = launched_job_id(det.stderr)
+    folder = runs / job_id
+    while True:
+        job = json.loads((folder / "job.json").read_text())
+        if (
+            job["status"] not in ("running", "launching", "starting")
+            or time.monotonic() - started > 90
+        ):
+            break
+        time.sleep(1)
+    assert job["status"] == "failed", job
+    assert (job["slow"]["rank"], job["slow"]["host"]) == (1, "node2"), job["slow"]
+    assert job["slow"]["stacks"]["samples"] > 0, job["slow"]
+    assert job["first_failure"]["host"] == "node2", job["first_failure"]
+    events = (folder / "events.log").read_text()
+    assert "monitor warning [1 node2] node 1 (node2) slows the job: " in events, events
+    assert_nothing_left(lab.inventory_path, job_id)
+    run_cli("health", "--clear-all")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.job.diagnose.pace import PaceJudge
+from fleetctl.job.diagnose.pace import AGREE, PaceJudge, judge_for
 
 HOSTS = {0: "gpu01", 1: "gpu02", 2: "gpu03"}
 Row = tuple[float, float | None]  # (busy, throttled) of one node in one round
@@ -102,6 +102,7 @@ def test_the_verdict_is_typed_data_with_its_evidence() -> None:
         "throttled": None,
         "rounds": 4,
         "why": "its ranks compute ~4.2× longer per step; peers wait in collectives 78% of the time",
+        "stacks": None,  # py-spy's shares, once sampled (test_slow_stacks.py)
         "line": "node 2 (gpu03) slows the job: its ranks compute ~4.2× longer per step; peers "
         "wait in collectives 78% of the time",
     }
@@ -152,3 +153,22 @@ def test_slow_rounds_is_how_many_rounds_name_the_node_before_it_is_named(
                 seen.append(i)
     assert seen == [named_in]
     assert RunSpec().supervision.slow_rounds == PaceJudge(HOSTS).agree == 4
+
+
+def test_a_role_job_is_judged_by_role_never_across_roles() -> None:
+    """A parameter server is idle while trainers compute: judged against the trainers it would
+    look like their victim. By role, the trainer the other trainers wait for is named; the lone
+    server is not judged."""
+    hosts = {0: "ps1", 1: "tr1", 2: "tr2", 3: "tr3"}
+    roles = {0: "server", 1: "trainer", 2: "trainer", 3: "trainer"}
+    judge = judge_for(hosts, roles, AGREE)
+    assert [sorted(j.nodes) for j in judge.judges] == [[1, 2, 3]]
+    said = []
+    for _ in range(6):
+        for rank, busy in ((0, 0.05), (1, 0.2), (2, 0.25), (3, 0.95)):
+            said.append(judge.add(rank, _report(busy, None)))
+    [verdict] = [v for v in said if v is not None]
+    assert (verdict.rank, verdict.host) == (3, "tr3") and judge.count == 4
+    assert set(judge.scores()) == {"tr1", "tr2", "tr3"}
+    whole = judge_for(hosts, None, AGREE)  # no roles: one group of all four
+    assert [sorted(j.nodes) for j in whole.judges] == [[0, 1, 2, 3]]

@@ -58,3 +58,30 @@ def test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one(
     assert said["ranks"]["1"]["busy"] < 0.1, said
     assert said["ranks"]["0"]["cpu"] > 0.02 > said["ranks"]["1"]["cpu"], said  # a loaded box: low
     assert said["throttled"] == 0.75, said
+
+
+FILE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import pace
+send = pace.pace_file(sys.argv[2])
+send(b'{"ranks": {"0": {"busy": 0.9}}, "throttled": null}')
+send(b'{"ranks": {"0": {"busy": 0.2}}, "throttled": 0.5}')
+again = pace.pace_file(sys.argv[2])  # a supervisor that restarted
+again(b'{"ranks": {}, "throttled": null}')
+print(open(sys.argv[2] + "/pace.json").read())
+"""
+
+
+def test_a_detached_supervisor_keeps_its_latest_pace_report_for_status(
+    py38: str, tmp_path: Path
+) -> None:
+    """Detached (no channel), each report replaces the last in pace.json with a sequence
+    number that only grows, which ``status`` answers for the job monitor."""
+    out = subprocess.run(
+        [py38, "-c", FILE, str(Path(remote.path("supervisor.py")).parent), str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    got = json.loads(out.stdout)
+    assert got == {"seq": 3, "report": {"ranks": {}, "throttled": None}}
+    assert (tmp_path / "pace.json").stat().st_mode & 0o077 == 0

@@ -99,6 +99,7 @@ EXERCISED = {
     "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
     "spec.py": ENTRY,
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "stacksample.py": "test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent",
     "supervision.py": ENTRY,
     "supervisor.py": ENTRY,
     "waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
@@ -770,6 +771,36 @@ def test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler(
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+def test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent(
+    py38: str, run38: Run
+) -> None:
+    from fleetctl.phases.stacks import local_py_spy
+
+    py_spy = local_py_spy()
+    assert py_spy is not None, "py-spy comes with the test extras (pip install -e '.[test]')"
+    job = jid("t-sample")
+    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": "5"}
+    child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        args = {"job_id": job, "py_spy": str(py_spy), "samples": 3, "window": 30}
+        res = run38("stacksample.py", [json.dumps(args)])
+        assert res.returncode == 0, res.stderr
+        frames = decode(res.stdout, STACK_KINDS)
+        [row] = [f.data() for f in frames if f.kind == "K"]
+        assert (row["pid"], row["rank"], row["unknown"], row["error"]) == (child.pid, 5, 0, None)
+        assert row["idle"] + row["compute"] == 3 and row["wait"] == 0  # no collective in it
+        assert frames[-1].data() == {"samples": 3, "error": None}
+        assert child.poll() is None  # sampled without pausing it for good
+
+        gone = run38("stacksample.py", [json.dumps({**args, "py_spy": "/nonexistent"})])
+        [done] = [f.data() for f in decode(gone.stdout, STACK_KINDS)]
+        assert gone.returncode == 0 and done["samples"] == 0 and "py-spy" in done["error"]
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 # ------------------------------------------------------------------------------ exec timeout

@@ -23,8 +23,11 @@ no clock, no I/O.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetctl.job.diagnose.slowstacks import SlowStacks
 
 MIN_BUSY = 0.6
 MAX_PEER_BUSY = 0.5
@@ -68,7 +71,8 @@ class SlowVerdict:
     """A node named slow, with its evidence: what the result, job.json and the health ledger
     carry. ``compute_ratio``: how much longer its ranks compute per step than the peers'
     (their running shares, the step being common); ``peers_wait``: the share of time the
-    peers spent waiting (median); ``throttled``: its cgroup's throttled share (None: no quota)."""
+    peers spent waiting (median); ``throttled``: its cgroup's throttled share (None: no quota);
+    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled)."""
 
     rank: int
     host: str
@@ -78,6 +82,18 @@ class SlowVerdict:
     throttled: float | None
     rounds: int
     why: str = field(default="")
+    stacks: SlowStacks | None = None
+
+    def with_stacks(self, stacks: SlowStacks) -> SlowVerdict:
+        """The verdict with py-spy's evidence: its phrase (``peers wait in all_reduce 78% of
+        the time``) takes the place of the kernel's ``peers wait in collectives …``."""
+        why = self.why
+        said = stacks.phrase()
+        if said is not None:
+            head, _, last = why.rpartition("; ")
+            kept = head if last.startswith("peers wait in collectives") else why
+            why = f"{kept}; {said}" if kept else said
+        return replace(self, why=why, stacks=stacks)
 
     def line(self) -> str:
         """``node 2 (gpu03) slows the job: its ranks compute ~4.0× longer per step; …``"""
@@ -197,3 +213,37 @@ class PaceJudge:
             len(self.streak),
             why,
         )
+
+
+class GroupJudges:
+    """One :class:`PaceJudge` per group of nodes that step together — a role job's roles (a
+    parameter server never waits for a trainer as a trainer's peers do) — with the same
+    interface; groups of one node are not judged. The first verdict of any group stands."""
+
+    def __init__(self, groups: list[dict[int, str]], agree: int = AGREE) -> None:
+        self.judges = [PaceJudge(g, agree) for g in groups if len(g) > 1]
+        self.verdict: SlowVerdict | None = None
+
+    @property
+    def count(self) -> int:
+        return sum(j.count for j in self.judges)
+
+    def add(self, rank: int, report: dict[str, Any]) -> SlowVerdict | None:
+        if self.verdict is not None:
+            return None
+        for j in self.judges:
+            if rank in j.nodes:
+                self.verdict = j.add(rank, report)
+                return self.verdict
+        return None
+
+    def scores(self) -> dict[str, float]:
+        return {k: v for j in self.judges for k, v in j.scores().items()}
+
+
+def judge_for(nodes: dict[int, str], roles: dict[int, str] | None, agree: int) -> GroupJudges:
+    """The judge of a job: its nodes as one group, or by role (``roles``: node rank -> role)."""
+    groups: dict[str, dict[int, str]] = {}
+    for rank, host in sorted(nodes.items()):
+        groups.setdefault(roles.get(rank, "") if roles else "", {})[rank] = host
+    return GroupJudges(list(groups.values()), agree)

@@ -80,6 +80,8 @@ class Decision:
                 how = f"lost ({self.reason})" if self.reason else "lost"
             elif self.signal is not None:
                 how = f"signal {self.signal}"
+            elif self.exit_code is None and self.reason:  # still running: slow (slowwatch)
+                how = self.reason
             else:
                 how = f"exit code {self.exit_code}"
             return f"node {self.rank} ({self.host}) failed first: {how}"

@@ -94,6 +94,7 @@ class NodeReport:
     stop_reason: str | None = None  # the supervisor's, when it stopped the job
     progress: float | None = None  # the job's last output or progress-file touch (node clock)
     begun: bool = False  # the job's start-up is over there (its first line of a rank, a touch)
+    pace: dict[str, Any] | None = None  # detached: the last pace report, ``{"seq", "report"}``
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +179,7 @@ def node_states(
                 stop_reason=sup.stop_reason,
                 progress=r.get("progress"),
                 begun=r.get("begun") is True,
+                pace=r.get("pace") if isinstance(r.get("pace"), dict) else None,
             )
         )
     return out

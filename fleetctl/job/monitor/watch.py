@@ -278,12 +278,14 @@ def _watch(
 ) -> tuple[Decision | None, WatchState]:
     """Poll until a verdict; None when interrupted, past the deadline or the job ended.
     ``sup``: the job's limits."""
+    from fleetctl.job.monitor.slowwatch import MonitorPace
     from fleetctl.job.monitor.supervisors import ensure_supervisor, node_states
     from fleetctl.job.records.runs import _parse_iso
 
     policy = _policy(h.job)
     started = _parse_iso(h.job.started)
     watch = WatchState()
+    pace = MonitorPace(h, sup, event)  # the slow-node watch (docs/health.md)
     by_name = {n.name: n for n in h.nodes}
     # One answer may take this long; a longer silence is ``lost_after``'s business.
     timeout = max(3.0, min(15.0, lost_after / 4))
@@ -319,6 +321,8 @@ def _watch(
             _polled(metrics, states, watch)
         if decision is None:
             decision = limit_reached(states, watch, time.time(), started=started, sup=sup)
+        if decision is None:
+            decision = pace.poll(states)
         if decision is not None:
             return decision, watch
         stop_event.wait(poll)

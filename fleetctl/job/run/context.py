@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleetctl.errors import RunFolderError
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
@@ -17,7 +17,7 @@ from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.state import JobState, NodeState, exit_state
 
 if TYPE_CHECKING:
-    from fleetctl.job.diagnose.pace import PaceJudge, SlowVerdict
+    from fleetctl.job.diagnose.pace import GroupJudges, SlowVerdict
     from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check.report import HeldProbe
@@ -87,7 +87,11 @@ class JobContext:
         if self.observer is not None:
             nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
-        self.pace: PaceJudge | None = None  # the slow-node judge, made at launch (--on-slow)
+        self.pace: GroupJudges | None = None  # the slow-node judge, made at launch (--on-slow)
+        self.roles: dict[int, str] | None = None  # role jobs: node rank -> its role
+        # every rank's py-spy samples by node rank (phases.stacks.sample_stacks), set at launch
+        self.sample_stacks: Callable[[], dict[int, dict[str, Any]]] | None = None
+        self.slow_pending: SlowVerdict | None = None  # named; its stack evidence on the way
 
     def take_held(self, host: str) -> HeldProbe | None:
         return self.held.pop(host, None)
@@ -254,6 +258,9 @@ def on_event(job: JobContext, ev: Event) -> None:
             if verdict is not None:
                 slow_node(job, verdict)
         return
+    if ev.kind == "stacks":  # the named node's py-spy evidence came back (slow_node)
+        slow_evidence(job, ev.report or {})
+        return
     if ev.kind == "notice":
         if ev.text.endswith(EXTERNAL_STOP_REASON):
             state.stop_requested(EXTERNAL_STOP_REASON)  # `fleetctl stop` elsewhere: no failure
@@ -314,11 +321,51 @@ def drain(job: JobContext) -> None:
 
 def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
     """The one place a slow-node verdict lands: into the result (job.json, the summary, the
-    health ledger's input), a live warning, and with ``--on-slow stop`` the job's end, the
-    node named its first failure and culprit (a retry with spares leaves it out)."""
+    health ledger's input) and a live warning at once; then every rank is sampled with py-spy
+    in the background (never holding up the watch) and :func:`slow_evidence` adds the shares.
+    With ``--on-slow stop`` the job ends once they are in (or failed): the node named its
+    first failure and culprit, so a retry with spares leaves it out."""
     job.result.slow = verdict.to_dict()
     job.emit("warning", verdict.line(), rank=verdict.rank)
     _remember_slow(job, verdict)
+    sample, watch = job.sample_stacks, job.watch
+    if sample is None or watch is None:
+        _stop_for_slow(job, verdict)
+        return
+    job.slow_pending = verdict
+
+    def run() -> None:
+        from fleetctl.errors import one_line
+        from fleetctl.phases.watch import Event
+
+        try:
+            replies: dict[str, Any] = {"replies": sample()}
+        except Exception as e:  # the verdict stands without its stacks
+            replies = {"error": one_line(e)}
+        watch.events.put(Event("stacks", verdict.rank, verdict.host, time.time(), report=replies))
+
+    threading.Thread(target=run, daemon=True, name="slow-stacks").start()
+    job.save()
+
+
+def slow_evidence(job: JobContext, report: dict[str, Any]) -> None:
+    """py-spy's samples of every rank (``report``: ``replies`` by node rank, or ``error``)
+    into the pending verdict: its ``why`` and ``line`` in the result, a live notice; then the
+    stop it waited for, if any."""
+    from fleetctl.job.diagnose.slowstacks import from_replies
+
+    verdict, job.slow_pending = job.slow_pending, None
+    if verdict is None:
+        return
+    stacks = from_replies(verdict.rank, {n.rank: n.host for n in job.result.nodes}, report)
+    verdict = verdict.with_stacks(stacks)
+    job.result.slow = verdict.to_dict()
+    said = stacks.phrase()
+    job.emit("notice", f"py-spy: {said or stacks.note}", rank=verdict.rank)
+    _stop_for_slow(job, verdict)
+
+
+def _stop_for_slow(job: JobContext, verdict: SlowVerdict) -> None:
     if job.options.supervision.on_slow == "stop" and job.state.slow(verdict.rank, time.time()):
         node = job.result.nodes[verdict.rank]
         node.reason = f"slow: {verdict.why}"
@@ -330,19 +377,10 @@ def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
 
 
 def _remember_slow(job: JobContext, verdict: SlowVerdict) -> None:
-    """The slow node into the health ledger (source ``slow``): ``run --nodes N`` leaves it
-    out next time. A ledger that cannot be written is a warning, never the job's end."""
-    from fleetctl.errors import HealthLedgerError
-    from fleetctl.health.ledger import Ledger
+    """The slow node into the health ledger (``job.monitor.slowwatch.remember_slow``)."""
+    from fleetctl.job.monitor.slowwatch import remember_slow
 
     host = job.result.nodes[verdict.rank].host
-    try:
-        Ledger().record(
-            host,
-            source="slow",
-            reason=f"slowed job {job.result.job_id}",
-            evidence=verdict.line(),
-            job_id=job.result.job_id,
-        )
-    except HealthLedgerError as e:
-        job.emit("warning", f"{host}: health ledger not written: {e}")
+    trouble = remember_slow(host, job.result.job_id, verdict.line())
+    if trouble is not None:
+        job.emit("warning", trouble)

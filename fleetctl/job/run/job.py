@@ -188,12 +188,14 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     )
     by_name = {n.name: n for n in job.nodes}
     pace = None
-    if sup.on_slow != "off" and not options.detach and not options.planner:
-        from fleetctl.job.diagnose.pace import PaceJudge
+    if sup.on_slow != "off" and len(plan.nodes) > 1:  # the node the others wait for
+        from fleetctl.job.diagnose.pace import judge_for
 
-        if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
-            job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
-            pace = {}  # the sampler's defaults (fleetctl.remote.pace)
+        pace = {}  # the sampler's defaults (fleetctl.remote.pace); detached: the monitor's
+        if not options.detach:
+            nodes = {np.node_rank: np.host for np in plan.nodes}
+            job.pace = judge_for(nodes, job.roles, sup.slow_rounds)  # role jobs: by role
+            job.sample_stacks = _stack_sampler(job, fleet)
     job.state.launch()
     job.sync()
     job.result.started = time.time()
@@ -273,6 +275,17 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
             h.stop()
 
 
+def _stack_sampler(job: JobContext, fleet: FanOut) -> Callable[[], dict[int, dict[str, Any]]]:
+    """Every rank's py-spy samples once a node is named slow (``context.slow_node``)."""
+    from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
+
+    plan = job.plan
+    assert plan is not None
+    return lambda: sample_stacks(
+        fleet, plan, pythons=job.pythons, samples=SAMPLES, window=SAMPLE_WINDOW
+    )
+
+
 def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
     """Each transport's health source beside the connections, for its nodes of the plan: inside
     a Slurm allocation a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in Slurm's words
@@ -313,7 +326,7 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
             elastic.lines(ev)
         if ev is not None:
             on_event(job, ev)
-            if ev.kind == "pace" and job.result.slow is not None and job.state.gave_up:
+            if ev.kind in ("pace", "stacks") and job.result.slow is not None and job.state.gave_up:
                 return  # --on-slow stop: the slow node is the first failure; tear down
         job.flush()
         why = _limit_reached(job, started)
