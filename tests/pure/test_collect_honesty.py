@@ -121,7 +121,7 @@ def test_the_run_folder_names_the_controller_that_created_it(tmp_path: Path) -> 
     dead.wait()
     info = folder.load_controller()
     assert info is not None
-    info["pid"] = dead.pid
-    (folder.path / "controller.json").write_text(__import__("json").dumps(info))
+    info.pid = dead.pid
+    folder.write_record(info)
     ctl = JobHandle(tmp_path, "job-1").controller()
     assert ctl is not None and ctl["alive"] is False

@@ -125,11 +125,11 @@ class JobHandle:
         info = self.folder.load_controller()
         if info is None:
             return None
-        here = info.get("host") in (None, socket.gethostname())
+        here = info.host in (None, socket.gethostname())
         return {
-            "pid": info.get("pid"),
-            "host": info.get("host"),
-            "alive": monitor_alive(info) if here else None,
+            "pid": info.pid,
+            "host": info.host,
+            "alive": monitor_alive(info.to_dict()) if here else None,
         }
 
     # -- actions ------------------------------------------------------------------------

@@ -43,11 +43,13 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import RunFolderError, UsageError
+from fleetctl.job.records.files import ControllerRecord, FileRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
+from fleetctl.remote.records import RecordError
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
@@ -60,7 +62,7 @@ COLLECTIVE_FILE = "collective.json"
 CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, mesh pairs
 RANKS_FILE = "ranks.json"
 MONITOR_LOG = "monitor.log"
-CONTROLLER_FILE = "controller.json"
+CONTROLLER_FILE = ControllerRecord.FILE
 SLURM_FILE = "slurm.json"
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
@@ -70,6 +72,7 @@ HOOK_LOG = "hook-{name}.log"  # --on-failure/--on-end: the command's output (nam
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
+_F = TypeVar("_F", bound=FileRecord)
 
 
 def iso(ts: float | None) -> str | None:
@@ -130,11 +133,31 @@ class RunFolder:
         from fleetctl.job.records.controller import identity
 
         with contextlib.suppress(OSError):  # a note for `status`, never a reason not to run
-            folder._write_json(CONTROLLER_FILE, identity())
+            folder.write_record(ControllerRecord.from_dict(identity()))
         return folder
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         _write_atomic(self.path / name, json.dumps(data, indent=2) + "\n")
+
+    def write_record(self, record: FileRecord) -> None:
+        """Replace the file ``record`` is (its class's ``FILE``), atomically."""
+        self._write_json(record.FILE, record.to_dict())
+
+    def read_record(self, cls: type[_F]) -> _F:
+        """The folder's ``cls.FILE`` as its record: ``read_json``'s policy, then the record's
+        types (a RunFolderError naming the file and the key)."""
+        path = self.path / cls.FILE
+        try:
+            return cls.from_dict(read_json(path), source=str(path))
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+
+    def find_record(self, cls: type[_F]) -> _F | None:
+        """:meth:`read_record`, None when the file is not there (an older run, another kind of
+        job); a file there but malformed is still a RunFolderError."""
+        if not (self.path / cls.FILE).is_file():
+            return None
+        return self.read_record(cls)
 
     def write_plan(self, plan: dict[str, Any]) -> None:
         self._write_json(PLAN_FILE, plan)
@@ -153,10 +176,11 @@ class RunFolder:
             yield job
             self.write_job(job)
 
-    def load_controller(self) -> dict[str, Any] | None:
-        """The process that created the folder (None: not recorded, e.g. an older run)."""
+    def load_controller(self) -> ControllerRecord | None:
+        """The process that created the folder (None: not recorded, e.g. an older run, or
+        unreadable: a note, never a reason a command fails)."""
         try:
-            return read_json(self.path / CONTROLLER_FILE)
+            return self.read_record(ControllerRecord)
         except RunFolderError:
             return None
 

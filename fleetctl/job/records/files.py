@@ -1,0 +1,138 @@
+"""The run folder's JSON files as typed records, one class per file, each the only way its file
+is written and read (``RunFolder.write_record``/``read_record``).
+
+They stand on the node's record base (``fleetctl.remote.records.Record``: a class body's
+annotations are the fields, their values the defaults, types checked both ways), so the
+supervisor's ``supervisor.json`` and these are one kind of thing. :class:`FileRecord` adds what
+a file kept across fleetctl versions needs and a node does not (it would only grow the node
+programs, which travel inline: the supervisor's bundle is near ``MAX_ARG_STRLEN``):
+
+* ``EXTRA``: keys this version does not know — ``"keep"`` (written back as read: a newer
+  fleetctl's fields survive an older one's update), ``"ignore"`` or ``"refuse"``;
+* ``SCHEMA``: the ``schema`` key, absent for 1 (every file today) and written only past it; a
+  file of another schema is refused in one line rather than misread;
+* ``OMIT``: keys written only when set (given or assigned, None too: as a dict's key would be;
+  otherwise left out, as the writers before these did);
+* ``NESTED``: a field whose items (a list's) or whose object is itself a record, read and
+  written through that class, its errors keyed by path (``ranks[1].pid``).
+
+A file of the wrong shape is a one-line ``RecordError`` naming the file and the key
+(``fleet-runs/j/ranks.json: ranks[1].pid must be int or null, not str``); the run folder turns
+it into a ``RunFolderError``. Files of an older fleetctl read with defaults for what they
+predate. Field order is the order the file has always had: the JSON stays byte for byte what
+it was (``tests/pure/records/*.json`` are the golden files).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+from fleetctl.remote.records import Record, RecordError
+
+_F = TypeVar("_F", bound="FileRecord")
+
+
+class FileRecord(Record):
+    """A run-folder file's record (see the module doc); ``FILE`` names the file."""
+
+    FILE: ClassVar[str] = ""
+    EXTRA: ClassVar[str] = "keep"
+    SCHEMA: ClassVar[int] = 1
+    OMIT: ClassVar[tuple[str, ...]] = ()
+    NESTED: ClassVar[dict[str, type[FileRecord]]] = {}
+
+    def __init__(self, **values: object) -> None:
+        given = set(values)
+        super().__init__(**values)
+        self._extra: dict[str, Any] = {}
+        self._given = given  # from here on, every field assigned counts as given
+
+    def __setattr__(self, name: str, value: object) -> None:
+        given = self.__dict__.get("_given")
+        if given is not None:
+            given.add(name)
+        super().__setattr__(name, value)
+
+    @classmethod
+    def from_dict(cls: type[_F], data: object, source: str | None = None) -> _F:
+        """The record ``data`` holds; ``RecordError`` naming ``source`` (else the file's name)
+        and the key when it does not fit."""
+        try:
+            return cls._read(data)
+        except RecordError as e:
+            raise RecordError(f"{source or cls.FILE or cls.KIND}: {_reason(e)}") from None
+
+    @classmethod
+    def _read(cls: type[_F], data: object) -> _F:
+        if not isinstance(data, dict):
+            raise RecordError(f"{cls.KIND}: not a JSON object")
+        schema = data.get("schema", 1)
+        if schema != cls.SCHEMA:
+            raise RecordError(
+                f"{cls.KIND}: schema is {schema!r}, not {cls.SCHEMA} (a newer fleetctl's file?)"
+            )
+        names = {f[0] for f in cls.fields()}
+        extra = {k: v for k, v in data.items() if k not in names and k != "schema"}
+        if extra and cls.EXTRA == "refuse":
+            raise RecordError(f"{cls.KIND}: unknown key(s) {', '.join(sorted(extra))}")
+        record = cls(**{k: v for k, v in data.items() if k in names})
+        for name, item in cls.NESTED.items():
+            setattr(record, name, _nested(cls.KIND, name, getattr(record, name), item))
+        if cls.EXTRA == "keep":
+            record._extra = extra
+        return record
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.SCHEMA == 1 else {"schema": self.SCHEMA}
+        for name, *_ in self.fields():
+            value = getattr(self, name)
+            if value is None and name in self.OMIT and name not in self._given:
+                continue
+            out[name] = _plain(value) if name in self.NESTED else value
+        out.update(self._extra)
+        return out
+
+
+def _reason(e: RecordError) -> str:
+    """The error without its ``<kind>: `` head (the file's name replaces it)."""
+    return str(e).split(": ", 1)[-1]
+
+
+def _nested(kind: str, name: str, value: Any, item: type[FileRecord]) -> Any:
+    """``value`` (a list or an object, as the field's type let through) with its records read."""
+    if isinstance(value, list):
+        return [_item(kind, f"{name}[{i}]", v, item) for i, v in enumerate(value)]
+    return None if value is None else _item(kind, name, value, item)
+
+
+def _item(kind: str, where: str, value: Any, item: type[FileRecord]) -> FileRecord:
+    try:
+        return item._read(value)
+    except RecordError as e:
+        reason = _reason(e)
+        whole = reason.startswith(("not a JSON object", "unknown key", "schema is"))
+        raise RecordError(f"{kind}: {where}{': ' if whole else '.'}{reason}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+# ------------------------------------------------------------------------------ the files
+
+
+class ControllerRecord(FileRecord):
+    """``controller.json``: the ``fleetctl run`` that created the folder (``controller.identity``),
+    so ``fleetctl status`` can tell a job whose controller is gone."""
+
+    FILE = KIND = "controller.json"
+    pid: int
+    start_time: int | None = None  # /proc start time (clock ticks since boot)
+    boot_id: str | None = None
+    host: str | None = None

@@ -1,0 +1,149 @@
+"""Every file a run folder holds (docs/run-folders.md) has a typed record or a stated reason, and
+each record reads its golden file (``tests/pure/records/<file>``, written by the fleetctl before
+the records: main at 267500a) and writes it back byte for byte: old run folders read as ever.
+
+A malformed file is one line naming the file and the key; a newer fleetctl's keys survive an
+update; a file of another schema is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fleetctl.errors import RunFolderError
+from fleetctl.job.records import files
+from fleetctl.job.records.files import FileRecord
+from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.runfolder import RunFolder
+from fleetctl.remote.records import SupervisorState
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "records"
+
+#: file name -> its record class, or why it has none (yet)
+RECORDS: dict[str, type | str] = {
+    "controller.json": files.ControllerRecord,
+    "ranks.json": "TODO: rank_map's dicts (job/diagnose/ranks.py)",
+    "slurm.json": "TODO: a dict (api/slurm.py, api/submitted.py)",
+    "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
+    "supervisor.json": "SupervisorState (remote/records.py): written on the node",
+    "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
+    "connect.json": "TODO: nodes as dicts (runs.write_connect/load_nodes)",
+    "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
+    "roles.json": "TODO: the role job's layout as a dict (job/run/rolejob.py)",
+    "check.json": "TODO: the check's table as a dict",
+    "collective.json": "TODO: the collective benchmark's report as a dict",
+    "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
+    "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
+    "rank_exits.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
+    "backup_env.N.json": "paddle's, not fleetctl's (its env values redacted)",
+    "events.log": "free-form: one timestamped line per event",
+    "monitor.log": "free-form: the monitor's output",
+    "hook-on-failure.log": "free-form: the hook's output",
+    "hook-on-end.log": "free-form: the hook's output",
+    "console.log": "free-form: the launcher's output",
+    "before.log": "free-form: the --before task's output",
+    "sbatch.sh": "the batch script as submitted",
+    "slurm.out": "written by Slurm",
+    ".err": "slurm.err, written by Slurm",
+    "report.html": "made from the other files by fleetctl.report",
+    "container.pid": "podman's --pidfile",
+}
+
+
+def documented_files() -> set[str]:
+    """The controller folder's tree in docs/run-folders.md, and every JSON file it names."""
+    text = (REPO / "docs" / "run-folders.md").read_text()
+    tree = text.split("```")[1]
+    names = set(re.findall(r"[\w.-]*\.(?:json|log|sh|html|txt|pid|out|err)\b", tree))
+    return names | set(re.findall(r"`(?:[^`]*/)?([\w.-]+\.json)`", text))
+
+
+def test_every_documented_file_has_a_record_or_a_reason() -> None:
+    missing = documented_files() - RECORDS.keys()
+    assert not missing, f"give these a record (or a reason) in RECORDS: {sorted(missing)}"
+    stale = RECORDS.keys() - documented_files()
+    assert not stale, f"no longer in docs/run-folders.md: {sorted(stale)}"
+
+
+def test_every_record_class_is_in_the_table_with_a_golden_file() -> None:
+    classes = {c for c in vars(files).values() if isinstance(c, type) and c.__dict__.get("FILE")}
+    assert classes == {c for c in RECORDS.values() if isinstance(c, type)}
+    for cls in classes:
+        assert cls.FILE in RECORDS and RECORDS[cls.FILE] is cls
+        assert (GOLDEN / cls.FILE).is_file(), f"no golden {cls.FILE}"
+
+
+def goldens() -> list[tuple[str, str]]:
+    """(file, golden): ``<file>`` itself and its variants ``<stem>.<variant>.json``."""
+    out = []
+    for name, cls in sorted(RECORDS.items()):
+        if isinstance(cls, type):
+            stem = name.removesuffix(".json")
+            out += [(name, p.name) for p in sorted(GOLDEN.glob(f"{stem}.*json"))]
+    return out
+
+
+@pytest.mark.parametrize(("name", "case"), goldens())
+def test_a_record_reads_its_golden_file_and_writes_it_back_byte_for_byte(
+    name: str, case: str, tmp_path: Path
+) -> None:
+    cls = RECORDS[name]
+    assert isinstance(cls, type) and issubclass(cls, FileRecord)
+    golden = (GOLDEN / case).read_bytes()
+    folder = RunFolder(tmp_path)
+    (tmp_path / name).write_bytes(golden)
+    record = folder.read_record(cls)
+    (tmp_path / name).unlink()
+    folder.write_record(record)
+    assert (tmp_path / name).read_bytes() == golden
+    assert cls.from_dict(json.loads(golden)) == record
+
+
+#: (file, the golden document changed by this, the error after "<path>: ")
+BAD: list[tuple[str, dict[str, object], str]] = [
+    ("controller.json", {"pid": "4242"}, "pid must be int, not str"),
+    ("controller.json", {"pid": None}, "pid must be int, not NoneType"),
+    ("controller.json", {"schema": 2}, "schema is 2, not 1 (a newer fleetctl's file?)"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "error"), BAD)
+def test_a_malformed_file_is_one_line_naming_the_file_and_the_key(
+    name: str, change: dict[str, object], error: str, tmp_path: Path
+) -> None:
+    doc = {**json.loads((GOLDEN / name).read_text()), **change}
+    (tmp_path / name).write_text(json.dumps(doc))
+    cls = RECORDS[name]
+    assert isinstance(cls, type) and issubclass(cls, FileRecord)
+    with pytest.raises(RunFolderError) as e:
+        RunFolder(tmp_path).read_record(cls)
+    assert str(e.value) == f"{tmp_path / name}: {error}"
+
+
+def test_a_newer_fleetctls_keys_survive_and_an_older_file_reads_with_defaults(
+    tmp_path: Path,
+) -> None:
+    folder = RunFolder(tmp_path)
+    doc = {"pid": 1, "host": "h", "cgroup": "/x"}  # no start_time, boot_id; a key of later
+    (tmp_path / "controller.json").write_text(json.dumps(doc))
+    record = folder.read_record(files.ControllerRecord)
+    assert (record.start_time, record.boot_id, record.host) == (None, None, "h")
+    folder.write_record(record)
+    assert json.loads((tmp_path / "controller.json").read_text()) == {
+        "pid": 1,
+        "start_time": None,
+        "boot_id": None,
+        "host": "h",
+        "cgroup": "/x",
+    }
+
+
+def test_the_records_share_the_nodes_record_base() -> None:
+    """One base: the supervisor's record and the run folder's files check types the same way."""
+    assert issubclass(files.FileRecord, type(SupervisorState()).__mro__[1])
+    assert JobRecord.__module__.startswith("fleetctl.job.records")
