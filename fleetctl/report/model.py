@@ -18,6 +18,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from fleetctl.errors import RunFolderError
+from fleetctl.job.records.files import RankEntry, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
 from fleetctl.job.records.runfolder import (
     CHECK_FILE,
@@ -424,25 +426,30 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
     )
 
 
+def _rank_entries(folder: Path) -> list[RankEntry]:
+    """ranks.json's entries; none when the folder has none or it is not a ranks.json."""
+    try:
+        return (RunFolder(folder).find_record(RanksRecord) or RanksRecord()).ranks
+    except RunFolderError:
+        return []
+
+
 def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
-    data = json_object(folder / RANKS_FILE) or {}
     failed = {r.get("rank"): r for r in job.failed_ranks or []}
     rows = []
-    for r in data.get("ranks") or []:
-        if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
-            continue
-        f = failed.get(r["rank"])
+    for r in _rank_entries(folder):
+        f = failed.get(r.rank)
         code = f.get("exit_code") if f else None
         rows.append(
             RankRow(
-                rank=r["rank"],
-                host=str(r.get("node", "")),
-                node_rank=int(r.get("node_rank") or 0),
-                local_rank=r.get("local_rank"),
-                pid=r.get("pid"),
+                rank=r.rank,
+                host=r.node,
+                node_rank=r.node_rank,
+                local_rank=r.local_rank,
+                pid=r.pid,
                 outcome=(f"exit code {code}" if code is not None else "failed") if f else "",
                 failed=f is not None,
-                logs=tuple(there + str(x) for x in r.get("logs") or []),
+                logs=tuple(there + x for x in r.logs),
             )
         )
     return rows
@@ -513,11 +520,9 @@ def _progress(attempts: list[tuple[int, RunFolder, JobRecord]]) -> list[Progress
     rows = []
     for k, f, job in attempts:
         nodes = {n.host: n for n in job.nodes}
-        for r in (json_object(f.path / RANKS_FILE) or {}).get("ranks") or []:
-            if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
-                continue
-            node = nodes.get(str(r.get("node")))
-            lines = sum(count_lines(f.path / str(p)) for p in r.get("logs") or [])
+        for r in _rank_entries(f.path):
+            node = nodes.get(r.node)
+            lines = sum(count_lines(f.path / p) for p in r.logs)
             touch = None
             if node is not None:
                 try:
@@ -526,8 +531,8 @@ def _progress(attempts: list[tuple[int, RunFolder, JobRecord]]) -> list[Progress
                     touch = None
             rows.append(
                 ProgressRow(
-                    rank=r["rank"],
-                    host=str(r.get("node")),
+                    rank=r.rank,
+                    host=r.node,
                     attempt=k,
                     lines=lines,
                     start=parse_time(node.start_time) if node else None,

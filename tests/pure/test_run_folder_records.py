@@ -27,7 +27,7 @@ GOLDEN = Path(__file__).parent / "records"
 #: file name -> its record class, or why it has none (yet)
 RECORDS: dict[str, type | str] = {
     "controller.json": files.ControllerRecord,
-    "ranks.json": "TODO: rank_map's dicts (job/diagnose/ranks.py)",
+    "ranks.json": files.RanksRecord,
     "slurm.json": "TODO: a dict (api/slurm.py, api/submitted.py)",
     "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
@@ -109,6 +109,18 @@ BAD: list[tuple[str, dict[str, object], str]] = [
     ("controller.json", {"pid": "4242"}, "pid must be int, not str"),
     ("controller.json", {"pid": None}, "pid must be int, not NoneType"),
     ("controller.json", {"schema": 2}, "schema is 2, not 1 (a newer fleetctl's file?)"),
+    ("ranks.json", {"ranks": {"0": {}}}, "ranks must be list, not dict"),
+    (
+        "ranks.json",
+        {"ranks": [{"rank": 0, "node": "n", "node_rank": 0}]},
+        "ranks[0].local_rank is missing",
+    ),
+    (
+        "ranks.json",
+        {"ranks": [{"rank": 0, "node": "n", "node_rank": 0, "local_rank": 0, "pid": "7"}]},
+        "ranks[0].pid must be int or null, not str",
+    ),
+    ("ranks.json", {"ranks": ["x"]}, "ranks[0]: not a JSON object"),
 ]
 
 
@@ -141,6 +153,10 @@ def test_a_newer_fleetctls_keys_survive_and_an_older_file_reads_with_defaults(
         "host": "h",
         "cgroup": "/x",
     }
+    entry = {"rank": 0, "node": "n", "node_rank": 0, "local_rank": 0, "gpu": 3}
+    ranks = files.RanksRecord.from_dict({"ranks": [entry]})
+    assert ranks.to_dict()["ranks"] == [{**entry, "pid": None, "logs": []} | {"gpu": 3}]
+    assert folder.find_record(files.RanksRecord) is None  # not there: an older run
 
 
 def test_the_records_share_the_nodes_record_base() -> None:

@@ -136,3 +136,25 @@ class ControllerRecord(FileRecord):
     start_time: int | None = None  # /proc start time (clock ticks since boot)
     boot_id: str | None = None
     host: str | None = None
+
+
+class RankEntry(FileRecord):
+    """One global rank in ``ranks.json`` (``job.diagnose.ranks.rank_map``'s entry)."""
+
+    KIND = "rank"
+    OMIT = ("pids",)
+    rank: int
+    node: str
+    node_rank: int
+    local_rank: int
+    pid: int | None = None  # the rank's process as its supervisor saw it (None: ended first)
+    logs: list[str] = []  # noqa: RUF012 (Record copies it): relative to the run folder
+    pids: list[int] | None = None  # every process it had, when its launcher restarted it
+
+
+class RanksRecord(FileRecord):
+    """``ranks.json``: global rank -> node, node rank, local rank, pid, its log files."""
+
+    FILE = KIND = "ranks.json"
+    NESTED = {"ranks": RankEntry}  # noqa: RUF012
+    ranks: list = []  # noqa: RUF012

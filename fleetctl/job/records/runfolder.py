@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.records.files import ControllerRecord, FileRecord
+from fleetctl.job.records.files import ControllerRecord, FileRecord, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.records import RecordError
@@ -60,7 +60,7 @@ ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 COLLECTIVE_FILE = "collective.json"
 CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, mesh pairs
-RANKS_FILE = "ranks.json"
+RANKS_FILE = RanksRecord.FILE
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = ControllerRecord.FILE
 SLURM_FILE = "slurm.json"
@@ -247,8 +247,12 @@ class RunFolder:
 
     def write_ranks(self, ranks: list[dict[str, Any]]) -> None:
         """``ranks.json``: global rank -> node, local rank, pid, log files
-        (fleetctl.job.diagnose.ranks)."""
-        self._write_json(RANKS_FILE, {"ranks": ranks})
+        (fleetctl.job.diagnose.ranks), through its record (a wrong type is a RunFolderError)."""
+        try:
+            record = RanksRecord.from_dict({"ranks": ranks})
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     @property
     def monitor_log(self) -> Path:
