@@ -28,7 +28,7 @@ GOLDEN = Path(__file__).parent / "records"
 RECORDS: dict[str, type | str] = {
     "controller.json": files.ControllerRecord,
     "ranks.json": files.RanksRecord,
-    "slurm.json": "TODO: a dict (api/slurm.py, api/submitted.py)",
+    "slurm.json": files.SlurmRecord,
     "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
@@ -121,6 +121,8 @@ BAD: list[tuple[str, dict[str, object], str]] = [
         "ranks[0].pid must be int or null, not str",
     ),
     ("ranks.json", {"ranks": ["x"]}, "ranks[0]: not a JSON object"),
+    ("slurm.json", {"job_id": 42}, "job_id must be str or null, not int"),
+    ("slurm.json", {"detached": "yes"}, "detached must be bool, not str"),
 ]
 
 

@@ -158,3 +158,28 @@ class RanksRecord(FileRecord):
     FILE = KIND = "ranks.json"
     NESTED = {"ranks": RankEntry}  # noqa: RUF012
     ranks: list = []  # noqa: RUF012
+
+
+class SlurmRecord(FileRecord):
+    """``slurm.json`` (``run --slurm``): the Slurm job (None until sbatch answered), its last
+    state as seen, what was asked for, where the script, its output and the job file are
+    (``private``: on the batch host, ``--slurm-no-shared-fs``)."""
+
+    FILE = KIND = "slurm.json"
+    OMIT = ("private", "inside_folder", "job_file", "reason", "nodelist")
+    job_id: str | None = None
+    state: str | None = None  # SUBMITTING, then Slurm's (PENDING, RUNNING, …, CANCELLED)
+    nodes: int | None = None
+    partition: str | None = None
+    gres: str | None = None
+    time: str | None = None
+    account: str | None = None
+    script: str = "sbatch.sh"
+    output: str | None = None
+    error: str | None = None
+    detached: bool = False
+    private: bool | None = None
+    inside_folder: str | None = None
+    job_file: str | None = None  # relative to the run folder, or (private) where it is
+    reason: str | None = None  # why Slurm keeps it pending (as last seen)
+    nodelist: str | None = None  # Slurm's NodeList

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.records.files import ControllerRecord, FileRecord, RanksRecord
+from fleetctl.job.records.files import ControllerRecord, FileRecord, RanksRecord, SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.records import RecordError
@@ -63,7 +63,7 @@ CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, me
 RANKS_FILE = RanksRecord.FILE
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = ControllerRecord.FILE
-SLURM_FILE = "slurm.json"
+SLURM_FILE = SlurmRecord.FILE
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 BEFORE_LOG = "before.log"
@@ -184,16 +184,17 @@ class RunFolder:
         except RunFolderError:
             return None
 
-    def write_slurm(self, data: dict[str, Any], script: str | None = None) -> None:
+    def write_slurm(self, record: SlurmRecord, script: str | None = None) -> None:
         """``run --slurm``: the submitted job's record (and the batch script, once)."""
         if script is not None:
             _write_atomic(self.path / SBATCH_FILE, script)
-        self._write_json(SLURM_FILE, data)
+        self.write_record(record)
 
-    def load_slurm(self) -> dict[str, Any] | None:
-        """The Slurm job this folder was submitted as (None: not a ``run --slurm`` job)."""
+    def load_slurm(self) -> SlurmRecord | None:
+        """The Slurm job this folder was submitted as (None: not a ``run --slurm`` job, or a
+        slurm.json that is not one: the job is then found as a direct one)."""
         try:
-            return read_json(self.path / SLURM_FILE)
+            return self.read_record(SlurmRecord)
         except RunFolderError:
             return None
 
@@ -358,11 +359,10 @@ def _submitted_for_this_job(path: Path) -> bool:
     job = job_id(os.environ)
     if not job or os.environ.get("FLEETCTL_RUN_ID") != path.name:
         return False
-    try:
-        recorded = read_json(path / SLURM_FILE).get("job_id")
-    except RunFolderError:
+    record = RunFolder(path).load_slurm()
+    if record is None:
         return False
-    return recorded is None or str(recorded) == job
+    return record.job_id is None or record.job_id == job
 
 
 def read_json(path: Path) -> dict[str, Any]:
