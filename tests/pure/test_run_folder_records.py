@@ -26,13 +26,13 @@ GOLDEN = Path(__file__).parent / "records"
 
 #: file name -> its record class, or why it has none (yet)
 RECORDS: dict[str, type | str] = {
+    "connect.json": files.ConnectRecord,
     "controller.json": files.ControllerRecord,
     "ranks.json": files.RanksRecord,
     "slurm.json": files.SlurmRecord,
     "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
-    "connect.json": "TODO: nodes as dicts (runs.write_connect/load_nodes)",
     "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
     "roles.json": "TODO: the role job's layout as a dict (job/run/rolejob.py)",
     "check.json": "TODO: the check's table as a dict",
@@ -106,6 +106,13 @@ def test_a_record_reads_its_golden_file_and_writes_it_back_byte_for_byte(
 
 #: (file, the golden document changed by this, the error after "<path>: ")
 BAD: list[tuple[str, dict[str, object], str]] = [
+    ("connect.json", {"nodes": [{"name": "n"}]}, "nodes[0].address is missing"),
+    (
+        "connect.json",
+        {"nodes": [{"name": "n", "address": "a", "port": "22"}]},
+        "nodes[0].port must be int, not str",
+    ),
+    ("connect.json", {"collect": []}, "collect must be dict or null, not list"),
     ("controller.json", {"pid": "4242"}, "pid must be int, not str"),
     ("controller.json", {"pid": None}, "pid must be int, not NoneType"),
     ("controller.json", {"schema": 2}, "schema is 2, not 1 (a newer fleetctl's file?)"),

@@ -194,8 +194,8 @@ class JobHandle:
         data: dict[str, Any] = {}
         if self.folder.has_connect:
             with contextlib.suppress(RunFolderError):
-                data = self.folder.load_connect().get("collect") or {}
-        return CollectOptions.from_dict(data if isinstance(data, dict) else {})
+                data = self.folder.load_connect().collect or {}
+        return CollectOptions.from_dict(data)
 
     def collect(
         self, *, stopped: bool = False, options: CollectOptions | None = None

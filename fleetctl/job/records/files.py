@@ -183,3 +183,44 @@ class SlurmRecord(FileRecord):
     job_file: str | None = None  # relative to the run folder, or (private) where it is
     reason: str | None = None  # why Slurm keeps it pending (as last seen)
     nodelist: str | None = None  # Slurm's NodeList
+
+
+class ConnectNode(FileRecord):
+    """One node in ``connect.json``: its inventory fields (no env values, no secrets), then
+    what its transport keeps to reach it again (``reach_fields``: e.g. ``slurm_job``), kept as
+    extra keys — each transport owns its own."""
+
+    KIND = "node"
+    name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    nic: str | None = None
+    train_addr: str | None = None
+    gpus: int | None = None
+    workdir: str = "~/.fleetctl"
+    python: str = "python3"
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    proxy_jump: str | None = None
+    shell_type: str | None = None
+    local: bool = False
+    groups: list[str] = []  # noqa: RUF012 (Record copies it)
+
+    @property
+    def reach(self) -> dict[str, Any]:
+        """The transport's keys (``ssh.connection.reached_vars`` reads them)."""
+        return dict(self._extra)
+
+
+class ConnectRecord(FileRecord):
+    """``connect.json``: how ``status``/``logs``/``stop``/``collect`` reach the job's nodes
+    again, and what collecting brings home (``collect``: the run's cap and excludes)."""
+
+    FILE = KIND = "connect.json"
+    NESTED = {"nodes": ConnectNode}  # noqa: RUF012
+    inventory: str | None = None  # absolute
+    limit: str | None = None
+    collect: dict | None = None  # CollectOptions.to_dict
+    nodes: list = []  # noqa: RUF012

@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import RunFolderError, UsageError
-from fleetctl.job.records.files import ControllerRecord, FileRecord, RanksRecord, SlurmRecord
+from fleetctl.job.records.files import (
+    ConnectRecord,
+    ControllerRecord,
+    FileRecord,
+    RanksRecord,
+    SlurmRecord,
+)
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.records import RecordError
@@ -55,7 +61,7 @@ DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
-CONNECT_FILE = "connect.json"
+CONNECT_FILE = ConnectRecord.FILE
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 COLLECTIVE_FILE = "collective.json"
@@ -198,11 +204,9 @@ class RunFolder:
         except RunFolderError:
             return None
 
-    def write_connect(self, data: dict[str, Any]) -> None:
-        self._write_json(CONNECT_FILE, data)
-
-    def load_connect(self) -> dict[str, Any]:
-        return read_json(self.path / CONNECT_FILE)
+    def load_connect(self) -> ConnectRecord:
+        """How to reach the job's nodes again (``runs.write_connect`` writes it)."""
+        return self.read_record(ConnectRecord)
 
     @property
     def has_connect(self) -> bool:
