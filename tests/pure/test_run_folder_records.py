@@ -17,9 +17,8 @@ import pytest
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records import files
 from fleetctl.job.records.files import FileRecord
-from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
-from fleetctl.remote.records import SupervisorState
+from fleetctl.remote.records import Record, RecordError, SupervisorState
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "records"
@@ -170,5 +169,34 @@ def test_a_newer_fleetctls_keys_survive_and_an_older_file_reads_with_defaults(
 
 def test_the_records_share_the_nodes_record_base() -> None:
     """One base: the supervisor's record and the run folder's files check types the same way."""
-    assert issubclass(files.FileRecord, type(SupervisorState()).__mro__[1])
-    assert JobRecord.__module__.startswith("fleetctl.job.records")
+    assert issubclass(FileRecord, Record) and issubclass(SupervisorState, Record)
+    with pytest.raises(RecordError, match=r"^controller.json: pid must be int, not bool$"):
+        files.ControllerRecord.from_dict({"pid": True})
+
+
+def test_the_commands_read_a_folder_of_the_golden_files_and_refuse_a_bad_one_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A folder as the fleetctl before the records wrote it: ``status`` reads it; ``logs`` of
+    one whose connect.json has a port as a string says so in one line naming file and key."""
+    from fleetctl.testing.cli_runner import run_cli
+
+    job = "20261122-010201-eca1bc"
+    folder = tmp_path / job
+    folder.mkdir()
+    for name in ("controller.json", "connect.json", "ranks.json"):
+        (folder / name).write_bytes((GOLDEN / name).read_bytes())
+    node = {"rank": 0, "host": "gpu01", "state": "failed", "exit_code": 1}
+    (folder / "job.json").write_text(
+        json.dumps({"job_id": job, "status": "failed", "nodes": [node]})
+    )
+    res = run_cli("status", job, "--runs-dir", str(tmp_path))
+    assert (res.exit_code, res.stdout) == (0, f"job {job}: failed\n  [0 gpu01] failed exit 1\n")
+    connect = json.loads((folder / "connect.json").read_text())
+    connect["nodes"][1]["port"] = "22"
+    (folder / "connect.json").write_text(json.dumps(connect))
+    res = run_cli("logs", job, "--runs-dir", str(tmp_path))
+    assert res.exit_code == RunFolderError.exit_code
+    assert res.stderr == (
+        f"fleetctl: error: {folder / 'connect.json'}: nodes[1].port must be int, not str\n"
+    )
