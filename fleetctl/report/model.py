@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records.files import RankEntry, RanksRecord
+from fleetctl.job.records.files import CheckRecord, RankEntry, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
 from fleetctl.job.records.runfolder import (
-    CHECK_FILE,
     COLLECTIVE_FILE,
     EVENTS_FILE,
     PLAN_FILE,
@@ -270,7 +269,7 @@ def load(folder: str | Path) -> Report:
         t0=t0,
         t1=max(t1, t0 + 1e-3),
         ranks=_ranks(last_folder.path, last, there),
-        checks=_checks(plan, last, json_object(last_folder.path / CHECK_FILE)),
+        checks=_checks(plan, last, _check_record(last_folder)),
         collective=collective,
         progress=_progress(attempts),
         stacks=_stacks(last),
@@ -426,6 +425,14 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
     )
 
 
+def _check_record(folder: RunFolder) -> CheckRecord | None:
+    """check.json, when the folder has one that is one."""
+    try:
+        return folder.find_record(CheckRecord)
+    except RunFolderError:
+        return None
+
+
 def _rank_entries(folder: Path) -> list[RankEntry]:
     """ranks.json's entries; none when the folder has none or it is not a ranks.json."""
     try:
@@ -456,17 +463,16 @@ def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
 
 
 def _checks(
-    plan: dict[str, Any] | None, job: JobRecord, check: dict[str, Any] | None = None
+    plan: dict[str, Any] | None, job: JobRecord, check: CheckRecord | None = None
 ) -> list[CheckRow]:
     by_host = {n.host: n for n in job.nodes}
     cells: dict[str, tuple[CheckCell, ...]] = {}
-    for h in (check or {}).get("hosts") or []:
-        if isinstance(h, dict) and isinstance(h.get("checks"), dict):
-            cells[str(h.get("host"))] = tuple(
-                CheckCell(str(k), str(c.get("status", "")), cut_line(str(c.get("detail", ""))))
-                for k, c in h["checks"].items()
-                if isinstance(c, dict)
-            )
+    for h in check.hosts if check else []:
+        cells[h.host] = tuple(
+            CheckCell(str(k), str(c.get("status", "")), cut_line(str(c.get("detail", ""))))
+            for k, c in h.checks.items()
+            if isinstance(c, dict)
+        )
     rows = []
     for i, n in enumerate((plan or {}).get("nodes") or []):
         if not isinstance(n, dict):

@@ -25,6 +25,7 @@ GOLDEN = Path(__file__).parent / "records"
 
 #: file name -> its record class, or why it has none (yet)
 RECORDS: dict[str, type | str] = {
+    "check.json": files.CheckRecord,
     "connect.json": files.ConnectRecord,
     "controller.json": files.ControllerRecord,
     "ranks.json": files.RanksRecord,
@@ -34,7 +35,6 @@ RECORDS: dict[str, type | str] = {
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
     "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
     "roles.json": "TODO: the role job's layout as a dict (job/run/rolejob.py)",
-    "check.json": "TODO: the check's table as a dict",
     "collective.json": "TODO: the collective benchmark's report as a dict",
     "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
     "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
@@ -105,6 +105,12 @@ def test_a_record_reads_its_golden_file_and_writes_it_back_byte_for_byte(
 
 #: (file, the golden document changed by this, the error after "<path>: ")
 BAD: list[tuple[str, dict[str, object], str]] = [
+    (
+        "check.json",
+        {"hosts": [{"host": "n", "checks": []}]},
+        "hosts[0].checks must be dict, not list",
+    ),
+    ("check.json", {"warnings": ["a", 1]}, "warnings must be list of str, not list"),
     ("connect.json", {"nodes": [{"name": "n"}]}, "nodes[0].address is missing"),
     (
         "connect.json",

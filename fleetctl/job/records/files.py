@@ -224,3 +224,28 @@ class ConnectRecord(FileRecord):
     limit: str | None = None
     collect: dict | None = None  # CollectOptions.to_dict
     nodes: list = []  # noqa: RUF012
+
+
+class CheckHost(FileRecord):
+    """One host's row of ``check.json``: every check's cell (name -> status, detail)."""
+
+    KIND = "host"
+    host: str
+    label: str = ""
+    ok: bool = True
+    checks: dict = {}  # noqa: RUF012 (Record copies it): name -> {"status", "detail"}
+
+
+class CheckRecord(FileRecord):
+    """``check.json``: the check's table as the run saw it (``CheckReport.to_dict``'s table
+    keys: every host's cells, the failures, the pairs that could not talk), passing or not."""
+
+    FILE = KIND = "check.json"
+    NESTED = {"hosts": CheckHost}  # noqa: RUF012
+    ok: bool = True
+    summary: str = ""
+    checks: list[str] = []  # noqa: RUF012 (the columns, in order)
+    hosts: list = []  # noqa: RUF012
+    failures: list[dict] = []  # noqa: RUF012 ({"host", "check", "reason"})
+    mesh_failures: list[dict] = []  # noqa: RUF012 ({"src", "dst", "problems", "text"})
+    warnings: list[str] = []  # noqa: RUF012

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import RunFolderError, UsageError
 from fleetctl.job.records.files import (
+    CheckRecord,
     ConnectRecord,
     ControllerRecord,
     FileRecord,
@@ -65,7 +66,7 @@ CONNECT_FILE = ConnectRecord.FILE
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
 COLLECTIVE_FILE = "collective.json"
-CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, mesh pairs
+CHECK_FILE = CheckRecord.FILE  # the check's table: every host's cells, failures, mesh pairs
 RANKS_FILE = RanksRecord.FILE
 MONITOR_LOG = "monitor.log"
 CONTROLLER_FILE = ControllerRecord.FILE
@@ -221,8 +222,12 @@ class RunFolder:
     def write_check(self, report: dict[str, Any]) -> None:
         """``check.json``: the check's table as the run saw it (every host's cells with their
         details, the failures, the pairs that could not talk), passing or not."""
-        keep = ("ok", "summary", "checks", "hosts", "failures", "mesh_failures", "warnings")
-        self._write_json(CHECK_FILE, {k: report[k] for k in keep if k in report})
+        names = [f[0] for f in CheckRecord.fields()]
+        try:
+            record = CheckRecord.from_dict({k: report[k] for k in names if k in report})
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_collective(self, report: dict[str, Any]) -> None:
         """``collective.json``: the ``--collective`` benchmark's figures and verdict."""
