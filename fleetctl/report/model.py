@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records.files import CheckRecord, RankEntry, RanksRecord
+from fleetctl.job.records.files import CheckRecord, CollectiveRecord, RankEntry, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
 from fleetctl.job.records.runfolder import (
-    COLLECTIVE_FILE,
     EVENTS_FILE,
     PLAN_FILE,
     RANKS_FILE,
@@ -246,7 +245,7 @@ def load(folder: str | Path) -> Report:
     plan = json_object(last_folder.path / PLAN_FILE)
     collective = None
     for k, f, job in reversed(attempts):  # the latest check that measured the collective
-        collective = _collective(f.path / COLLECTIVE_FILE, job)
+        collective = _collective(f, job)
         if collective is not None:
             _mark_slow([x for x in lanes if x.attempt == k], collective)
             break
@@ -496,29 +495,24 @@ def _checks(
     return rows
 
 
-def _collective(path: Path, job: JobRecord) -> Collective | None:
-    data = json_object(path)
+def _collective(folder: RunFolder, job: JobRecord) -> Collective | None:
+    try:
+        data = folder.find_record(CollectiveRecord)
+    except RunFolderError:
+        return None
     if data is None:
         return None
-    links: dict[tuple[str, str], float] = {}
-    for x in data.get("links") or []:
-        if isinstance(x, dict) and isinstance(x.get("busbw"), (int, float)):
-            links[(str(x.get("src")), str(x.get("dst")))] = float(x["busbw"])
+    links = {(x.src, x.dst): x.busbw for x in data.links}
     order = [n.host for n in sorted(job.nodes, key=lambda n: n.rank)]
-    seen = {h for pair in links for h in pair} | set(data.get("nodes") or {})
+    seen = {h for pair in links for h in pair} | set(data.nodes)
     hosts = [h for h in order if h in seen] + sorted(seen - set(order))
-    failures = tuple(
-        (str(f.get("host")), str(f.get("reason")))
-        for f in data.get("failures") or []
-        if isinstance(f, dict)
-    )
     return Collective(
         hosts=tuple(hosts),
         links=links,
-        median=float(data.get("median_link_busbw") or 0.0),
-        threshold=float(data.get("threshold_busbw") or 0.0),
-        failures=failures,
-        allreduce=dict(data.get("allreduce") or {}),
+        median=data.median_link_busbw,
+        threshold=data.threshold_busbw,
+        failures=tuple((f.host, f.reason) for f in data.failures),
+        allreduce=dict(data.allreduce),
     )
 
 

@@ -26,6 +26,7 @@ GOLDEN = Path(__file__).parent / "records"
 #: file name -> its record class, or why it has none (yet)
 RECORDS: dict[str, type | str] = {
     "check.json": files.CheckRecord,
+    "collective.json": files.CollectiveRecord,
     "connect.json": files.ConnectRecord,
     "controller.json": files.ControllerRecord,
     "ranks.json": files.RanksRecord,
@@ -35,7 +36,6 @@ RECORDS: dict[str, type | str] = {
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
     "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
     "roles.json": "TODO: the role job's layout as a dict (job/run/rolejob.py)",
-    "collective.json": "TODO: the collective benchmark's report as a dict",
     "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
     "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
     "rank_exits.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
@@ -111,6 +111,8 @@ BAD: list[tuple[str, dict[str, object], str]] = [
         "hosts[0].checks must be dict, not list",
     ),
     ("check.json", {"warnings": ["a", 1]}, "warnings must be list of str, not list"),
+    ("collective.json", {"links": [{"src": "a", "dst": "b"}]}, "links[0].busbw is missing"),
+    ("collective.json", {"hung": {"a": None}}, "hung must be dict of str, not dict"),
     ("connect.json", {"nodes": [{"name": "n"}]}, "nodes[0].address is missing"),
     (
         "connect.json",

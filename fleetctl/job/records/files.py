@@ -249,3 +249,37 @@ class CheckRecord(FileRecord):
     failures: list[dict] = []  # noqa: RUF012 ({"host", "check", "reason"})
     mesh_failures: list[dict] = []  # noqa: RUF012 ({"src", "dst", "problems", "text"})
     warnings: list[str] = []  # noqa: RUF012
+
+
+class CollectiveLink(FileRecord):
+    """One measured link of ``collective.json``: its bus bandwidth in GB/s."""
+
+    KIND = "link"
+    src: str
+    dst: str
+    busbw: float
+
+
+class CollectiveFailure(FileRecord):
+    """A host the collective judged slow, hung or failing, and why."""
+
+    KIND = "failure"
+    host: str
+    reason: str = ""
+
+
+class CollectiveRecord(FileRecord):
+    """``collective.json`` (``--collective``): per node, per link, the all-reduce and the
+    verdict (``CollectiveReport.to_dict``)."""
+
+    FILE = KIND = "collective.json"
+    NESTED = {"links": CollectiveLink, "failures": CollectiveFailure}  # noqa: RUF012
+    ok: bool = True
+    nodes: dict = {}  # noqa: RUF012 (Record copies it): host -> its figures
+    links: list = []  # noqa: RUF012
+    allreduce: dict = {}  # noqa: RUF012
+    median_link_busbw: float = 0.0
+    threshold_busbw: float = 0.0
+    failures: list = []  # noqa: RUF012
+    hung: dict[str, str] = {}  # noqa: RUF012 (host -> its stacks, may be "")
+    elapsed: float = 0.0

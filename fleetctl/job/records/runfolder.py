@@ -48,6 +48,7 @@ from typing import Any, BinaryIO, TypeVar
 from fleetctl.errors import RunFolderError, UsageError
 from fleetctl.job.records.files import (
     CheckRecord,
+    CollectiveRecord,
     ConnectRecord,
     ControllerRecord,
     FileRecord,
@@ -65,7 +66,7 @@ EVENTS_FILE = "events.log"
 CONNECT_FILE = ConnectRecord.FILE
 ATTEMPTS_FILE = "attempts.json"
 ROLES_FILE = "roles.json"
-COLLECTIVE_FILE = "collective.json"
+COLLECTIVE_FILE = CollectiveRecord.FILE
 CHECK_FILE = CheckRecord.FILE  # the check's table: every host's cells, failures, mesh pairs
 RANKS_FILE = RanksRecord.FILE
 MONITOR_LOG = "monitor.log"
@@ -231,7 +232,11 @@ class RunFolder:
 
     def write_collective(self, report: dict[str, Any]) -> None:
         """``collective.json``: the ``--collective`` benchmark's figures and verdict."""
-        self._write_json(COLLECTIVE_FILE, report)
+        try:
+            record = CollectiveRecord.from_dict(report)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def redact_env_dumps(
         self, node_folder: str, keys: Iterable[str], globs: Iterable[str]
