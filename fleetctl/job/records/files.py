@@ -283,3 +283,24 @@ class CollectiveRecord(FileRecord):
     failures: list = []  # noqa: RUF012
     hung: dict[str, str] = {}  # noqa: RUF012 (host -> its stacks, may be "")
     elapsed: float = 0.0
+
+
+class RoleTask(FileRecord):
+    """One task of ``roles.json``: its global rank, role and index in it, host and ports."""
+
+    KIND = "task"
+    rank: int
+    role: str
+    index: int
+    host: str
+    ports: dict[str, list] = {}  # noqa: RUF012 (Record copies it): label -> port numbers
+
+
+class RolesRecord(FileRecord):
+    """``roles.json``: a role job's layout (``RoleLayout.to_dict``): the job file as parsed
+    (``JobFile.to_dict``, its own shape) and every task's ports."""
+
+    FILE = KIND = "roles.json"
+    NESTED = {"tasks": RoleTask}  # noqa: RUF012
+    job_file: dict = {}  # noqa: RUF012
+    tasks: list = []  # noqa: RUF012

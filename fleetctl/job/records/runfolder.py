@@ -53,6 +53,7 @@ from fleetctl.job.records.files import (
     ControllerRecord,
     FileRecord,
     RanksRecord,
+    RolesRecord,
     SlurmRecord,
 )
 from fleetctl.job.records.jobrecord import JobRecord
@@ -65,7 +66,7 @@ PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
 CONNECT_FILE = ConnectRecord.FILE
 ATTEMPTS_FILE = "attempts.json"
-ROLES_FILE = "roles.json"
+ROLES_FILE = RolesRecord.FILE
 COLLECTIVE_FILE = CollectiveRecord.FILE
 CHECK_FILE = CheckRecord.FILE  # the check's table: every host's cells, failures, mesh pairs
 RANKS_FILE = RanksRecord.FILE
@@ -218,7 +219,12 @@ class RunFolder:
         self._write_json(ATTEMPTS_FILE, {"attempts": list(attempts)})
 
     def write_roles(self, layout: dict[str, Any]) -> None:
-        self._write_json(ROLES_FILE, layout)
+        """``roles.json``: a role job's layout (``RoleLayout.to_dict``), through its record."""
+        try:
+            record = RolesRecord.from_dict(layout)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_check(self, report: dict[str, Any]) -> None:
         """``check.json``: the check's table as the run saw it (every host's cells with their
