@@ -71,8 +71,9 @@ class Submission:
         exit 2, or SlurmError). The queued :class:`Job` (``executor == "sbatch"``): its
         ``wait()``, ``lines()``, ``status()``, ``stop()`` act on the Slurm job, as
         ``Job.attach(job_id)``'s do later."""
+        from fleetctl.job.records.files import SlurmRecord
         from fleetctl.job.records.jobrecord import JobRecord
-        from fleetctl.job.records.runfolder import RunFolder
+        from fleetctl.job.records.runfolder import SBATCH_FILE, RunFolder
         from fleetctl.slurm.batch import ERROR_FILE
         from fleetctl.slurm.submit import SlurmClient
 
@@ -83,32 +84,28 @@ class Submission:
             from fleetctl.slurm.specfile import write
 
             write(req.spec_file, req.spec)
-        record: dict[str, Any] = {
-            "job_id": None,  # until sbatch answers: the job may start before this side goes on
-            "state": "SUBMITTING",
-            "nodes": req.nodes,
-            "partition": req.partition,
-            "gres": req.gres,
-            "time": req.time,
-            "account": req.account,
-            "script": "sbatch.sh",
-            "output": "slurm.out",
-            "error": ERROR_FILE,
-            "detached": detach,
-        }
+        record = SlurmRecord(
+            job_id=None,  # until sbatch answers: the job may start before this side goes on
+            state="SUBMITTING",
+            nodes=req.nodes,
+            partition=req.partition,
+            gres=req.gres,
+            time=req.time,
+            account=req.account,
+            script=SBATCH_FILE,
+            output="slurm.out",
+            error=ERROR_FILE,
+            detached=detach,
+        )
         if req.private:  # where the batch host keeps them until they are pulled home
-            record.update(
-                private=True,
-                output=req.output,
-                error=req.error,
-                inside_folder=req.inside_folder,
-            )
+            record.private, record.inside_folder = True, req.inside_folder
+            record.output, record.error = req.output, req.error
         if self.job_file is not None:
             src, dest = self.job_file
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
             if dest != src:  # private: the run inside reads it where it is
                 shutil.copyfile(src, dest)
-            record["job_file"] = os.path.relpath(dest, run.path) if dest != src else src
+            record.job_file = os.path.relpath(dest, run.path) if dest != src else src
         run.write_slurm(record, self.script)  # before sbatch: the batch job adopts the folder
         # job.json before the job starts: runs/status/stop see it while queued; the run
         # inside the allocation replaces it (with the Slurm job id again)
@@ -127,7 +124,7 @@ class Submission:
         except FleetctlError:
             shutil.rmtree(run.path, ignore_errors=True)  # nothing was queued: no folder either
             raise
-        record.update(job_id=slurm_job, state="PENDING")
+        record.job_id, record.state = slurm_job, "PENDING"
         run.write_slurm(record)
         with run.editing_job() as job:  # unless the run inside has written it already
             job.extra.setdefault("slurm", {"job_id": slurm_job})

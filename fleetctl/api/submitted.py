@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import RunResult
     from fleetctl.job.monitor.process import SpawnedMonitor
+    from fleetctl.job.records.files import SlurmRecord
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.job.records.result import JobResult
     from fleetctl.job.records.runfolder import RunFolder
@@ -62,7 +63,7 @@ class Submitted:
         self,
         run: RunFolder,
         slurm_job_id: str,
-        record: dict[str, Any],
+        record: SlurmRecord,
         client: SlurmClient | None = None,
         settings: SSHSettings | None = None,
     ) -> None:
@@ -79,9 +80,9 @@ class Submitted:
         """The Slurm side of ``run``; None when it was not submitted (or sbatch never
         answered: nothing was queued)."""
         record = run.load_slurm()
-        if not (record and record.get("job_id")):
+        if not (record and record.job_id):
             return None
-        return cls(run, str(record["job_id"]), record, settings=settings)
+        return cls(run, record.job_id, record, settings=settings)
 
     @classmethod
     def found(
@@ -124,7 +125,7 @@ class Submitted:
         sj = self.slurm_job_id
         info = self._client.show(sj)
         if info is None:
-            return f"{self.record.get('state')} (last seen)"
+            return f"{self.record.state} (last seen)"
         pos = self._client.position(sj) if info.state == "PENDING" else None
         return describe(info, pos)
 
@@ -144,7 +145,7 @@ class Submitted:
         (slurm.json plus ``now``: Slurm's line)."""
         from fleetctl.api.lifecycle import StatusReport
 
-        slurm = {**self.record, "now": self.slurm_state()}
+        slurm = {**self.record.to_dict(), "now": self.slurm_state()}
         status = self.job_status()
         if status not in (None, "queued"):
             report = self._inside.status()
@@ -152,7 +153,7 @@ class Submitted:
             report = StatusReport(
                 job_id=self.job_id,
                 status=status or "unknown",
-                detached=bool(self.record.get("detached")),
+                detached=self.record.detached,
                 live=status == "queued",
                 folder=str(self.run_folder),
                 attempt=1,
@@ -178,7 +179,7 @@ class Submitted:
         doc = job.to_dict()
         said = doc.get("slurm")
         slurm: dict[str, Any] = said if isinstance(said, dict) else {}
-        doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.get("state")}
+        doc["slurm"] = {**slurm, "job_id": self.slurm_job_id, "state": self.record.state}
         return doc
 
     def follow(self, on_event: Callable[[SlurmEvent], None]) -> None:
@@ -251,24 +252,25 @@ class Submitted:
         from fleetctl.slurm.submit import run_submitted
 
         if self._client.show(self.slurm_job_id) is None:  # forgotten (MinJobAge): long over
-            last = f"{self.record.get('state') or 'UNKNOWN'} (last seen)"
+            last = f"{self.record.state or 'UNKNOWN'} (last seen)"
             return self.verdict(JobInfo(self.slurm_job_id, last), forgotten=True)
 
         def on_state(info: JobInfo) -> None:
-            self.record.update(state=info.state, reason=info.reason, nodelist=info.nodes)
+            self.record.state, self.record.reason = info.state, info.reason
+            self.record.nodelist = info.nodes
             self._run.write_slurm(self.record)
 
         private = None
-        if self.record.get("private"):  # no shared filesystem: through the batch host
+        if self.record.private:  # no shared filesystem: through the batch host
             from fleetctl.slurm.private import PrivateFollower
 
             private = PrivateFollower(
                 self._client,
                 self.slurm_job_id,
                 self.run_folder,
-                output=str(self.record["output"]),
-                error=str(self.record["error"]),
-                inside_folder=str(self.record["inside_folder"]),
+                output=str(self.record.output),
+                error=str(self.record.error),
+                inside_folder=str(self.record.inside_folder),
             )
         try:
             info = run_submitted(
@@ -310,7 +312,7 @@ class Submitted:
             err = run.path / "slurm.err"
             see = (
                 f"see {err}"
-                if err.exists() or self.record.get("private")
+                if err.exists() or self.record.private
                 else f"no {err.name} was written here: if the batch host cannot see "
                 f"{run.path.parent}, submit with --slurm-no-shared-fs"
             )
@@ -320,7 +322,7 @@ class Submitted:
             )
         assert job is not None
         if forgotten:
-            last = {"job_id": slurm_job, "state": self.record.get("state")}
+            last = {"job_id": slurm_job, "state": self.record.state}
             return dataclasses.replace(RunResult.from_record(job, run.path), slurm=last)
         if info.state == "COMPLETED" and not info.exit_code and status == "succeeded":
             code = 0
@@ -340,7 +342,7 @@ class Submitted:
 
         if result.ok:
             return None
-        state = (result.slurm or {}).get("state", self.record.get("state"))
+        state = (result.slurm or {}).get("state", self.record.state)
         where = f"job {result.job_id} (Slurm job {self.slurm_job_id}, {state})"
         if result.exit_code == 130:
             return Interrupted(f"{where}: interrupted")
@@ -396,7 +398,7 @@ class Submitted:
         from fleetctl.errors import RunFolderError
 
         self._client.cancel(self.slurm_job_id, graceful=True)
-        self.record["state"] = "CANCELLED"
+        self.record.state = "CANCELLED"
         self._run.write_slurm(self.record)
         if self.job_status() == "queued":
             with self._run.editing_job() as rec:

@@ -18,10 +18,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from fleetctl.errors import RunFolderError
+from fleetctl.job.records.files import CheckRecord, CollectiveRecord, RankEntry, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
 from fleetctl.job.records.runfolder import (
-    CHECK_FILE,
-    COLLECTIVE_FILE,
     EVENTS_FILE,
     PLAN_FILE,
     RANKS_FILE,
@@ -245,7 +245,7 @@ def load(folder: str | Path) -> Report:
     plan = json_object(last_folder.path / PLAN_FILE)
     collective = None
     for k, f, job in reversed(attempts):  # the latest check that measured the collective
-        collective = _collective(f.path / COLLECTIVE_FILE, job)
+        collective = _collective(f, job)
         if collective is not None:
             _mark_slow([x for x in lanes if x.attempt == k], collective)
             break
@@ -268,7 +268,7 @@ def load(folder: str | Path) -> Report:
         t0=t0,
         t1=max(t1, t0 + 1e-3),
         ranks=_ranks(last_folder.path, last, there),
-        checks=_checks(plan, last, json_object(last_folder.path / CHECK_FILE)),
+        checks=_checks(plan, last, _check_record(last_folder)),
         collective=collective,
         progress=_progress(attempts),
         stacks=_stacks(last),
@@ -424,42 +424,54 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
     )
 
 
+def _check_record(folder: RunFolder) -> CheckRecord | None:
+    """check.json, when the folder has one that is one."""
+    try:
+        return folder.find_record(CheckRecord)
+    except RunFolderError:
+        return None
+
+
+def _rank_entries(folder: Path) -> list[RankEntry]:
+    """ranks.json's entries; none when the folder has none or it is not a ranks.json."""
+    try:
+        return (RunFolder(folder).find_record(RanksRecord) or RanksRecord()).ranks
+    except RunFolderError:
+        return []
+
+
 def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
-    data = json_object(folder / RANKS_FILE) or {}
     failed = {r.get("rank"): r for r in job.failed_ranks or []}
     rows = []
-    for r in data.get("ranks") or []:
-        if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
-            continue
-        f = failed.get(r["rank"])
+    for r in _rank_entries(folder):
+        f = failed.get(r.rank)
         code = f.get("exit_code") if f else None
         rows.append(
             RankRow(
-                rank=r["rank"],
-                host=str(r.get("node", "")),
-                node_rank=int(r.get("node_rank") or 0),
-                local_rank=r.get("local_rank"),
-                pid=r.get("pid"),
+                rank=r.rank,
+                host=r.node,
+                node_rank=r.node_rank,
+                local_rank=r.local_rank,
+                pid=r.pid,
                 outcome=(f"exit code {code}" if code is not None else "failed") if f else "",
                 failed=f is not None,
-                logs=tuple(there + str(x) for x in r.get("logs") or []),
+                logs=tuple(there + x for x in r.logs),
             )
         )
     return rows
 
 
 def _checks(
-    plan: dict[str, Any] | None, job: JobRecord, check: dict[str, Any] | None = None
+    plan: dict[str, Any] | None, job: JobRecord, check: CheckRecord | None = None
 ) -> list[CheckRow]:
     by_host = {n.host: n for n in job.nodes}
     cells: dict[str, tuple[CheckCell, ...]] = {}
-    for h in (check or {}).get("hosts") or []:
-        if isinstance(h, dict) and isinstance(h.get("checks"), dict):
-            cells[str(h.get("host"))] = tuple(
-                CheckCell(str(k), str(c.get("status", "")), cut_line(str(c.get("detail", ""))))
-                for k, c in h["checks"].items()
-                if isinstance(c, dict)
-            )
+    for h in check.hosts if check else []:
+        cells[h.host] = tuple(
+            CheckCell(str(k), str(c.get("status", "")), cut_line(str(c.get("detail", ""))))
+            for k, c in h.checks.items()
+            if isinstance(c, dict)
+        )
     rows = []
     for i, n in enumerate((plan or {}).get("nodes") or []):
         if not isinstance(n, dict):
@@ -483,29 +495,24 @@ def _checks(
     return rows
 
 
-def _collective(path: Path, job: JobRecord) -> Collective | None:
-    data = json_object(path)
+def _collective(folder: RunFolder, job: JobRecord) -> Collective | None:
+    try:
+        data = folder.find_record(CollectiveRecord)
+    except RunFolderError:
+        return None
     if data is None:
         return None
-    links: dict[tuple[str, str], float] = {}
-    for x in data.get("links") or []:
-        if isinstance(x, dict) and isinstance(x.get("busbw"), (int, float)):
-            links[(str(x.get("src")), str(x.get("dst")))] = float(x["busbw"])
+    links = {(x.src, x.dst): x.busbw for x in data.links}
     order = [n.host for n in sorted(job.nodes, key=lambda n: n.rank)]
-    seen = {h for pair in links for h in pair} | set(data.get("nodes") or {})
+    seen = {h for pair in links for h in pair} | set(data.nodes)
     hosts = [h for h in order if h in seen] + sorted(seen - set(order))
-    failures = tuple(
-        (str(f.get("host")), str(f.get("reason")))
-        for f in data.get("failures") or []
-        if isinstance(f, dict)
-    )
     return Collective(
         hosts=tuple(hosts),
         links=links,
-        median=float(data.get("median_link_busbw") or 0.0),
-        threshold=float(data.get("threshold_busbw") or 0.0),
-        failures=failures,
-        allreduce=dict(data.get("allreduce") or {}),
+        median=data.median_link_busbw,
+        threshold=data.threshold_busbw,
+        failures=tuple((f.host, f.reason) for f in data.failures),
+        allreduce=dict(data.allreduce),
     )
 
 
@@ -513,11 +520,9 @@ def _progress(attempts: list[tuple[int, RunFolder, JobRecord]]) -> list[Progress
     rows = []
     for k, f, job in attempts:
         nodes = {n.host: n for n in job.nodes}
-        for r in (json_object(f.path / RANKS_FILE) or {}).get("ranks") or []:
-            if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
-                continue
-            node = nodes.get(str(r.get("node")))
-            lines = sum(count_lines(f.path / str(p)) for p in r.get("logs") or [])
+        for r in _rank_entries(f.path):
+            node = nodes.get(r.node)
+            lines = sum(count_lines(f.path / p) for p in r.logs)
             touch = None
             if node is not None:
                 try:
@@ -526,8 +531,8 @@ def _progress(attempts: list[tuple[int, RunFolder, JobRecord]]) -> list[Progress
                     touch = None
             rows.append(
                 ProgressRow(
-                    rank=r["rank"],
-                    host=str(r.get("node")),
+                    rank=r.rank,
+                    host=r.node,
                     attempt=k,
                     lines=lines,
                     start=parse_time(node.start_time) if node else None,

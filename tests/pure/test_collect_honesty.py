@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleetctl.cli.render_collect import collect_lines, collect_summary_lines
+from fleetctl.job.records.files import ConnectRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import STREAMED_CONSOLE, RunFolder
 from fleetctl.phases.collect import (
@@ -114,14 +115,14 @@ def test_the_run_folder_names_the_controller_that_created_it(tmp_path: Path) -> 
 
     folder = RunFolder.create(tmp_path, "job-1")
     folder.write_job(JobRecord(job_id="job-1", status="running"))
-    folder.write_connect({"nodes": []})
+    folder.write_record(ConnectRecord())
     ctl = JobHandle(tmp_path, "job-1").controller()
     assert ctl is not None and ctl["pid"] == os.getpid() and ctl["alive"] is True
     dead = subprocess.Popen(["true"])
     dead.wait()
     info = folder.load_controller()
     assert info is not None
-    info["pid"] = dead.pid
-    (folder.path / "controller.json").write_text(__import__("json").dumps(info))
+    info.pid = dead.pid
+    folder.write_record(info)
     ctl = JobHandle(tmp_path, "job-1").controller()
     assert ctl is not None and ctl["alive"] is False

@@ -18,6 +18,7 @@ from fleetctl.api.direct import Direct
 from fleetctl.api.executor import Executor, WaitTimeout
 from fleetctl.api.submitted import Submitted
 from fleetctl.errors import FleetctlError, JobFailed
+from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.slurm.queue import JobInfo
@@ -50,7 +51,7 @@ class _Queue:
 def _run(tmp_path: Path, status: str = "queued") -> RunFolder:
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord(job_id="j1", status=status, folder=str(run.path), executor="sbatch"))
-    run.write_slurm({"job_id": "42", "state": "PENDING"}, "#!/bin/sh\n")
+    run.write_slurm(SlurmRecord(job_id="42", state="PENDING"), "#!/bin/sh\n")
     return run
 
 
@@ -58,7 +59,7 @@ def _executors(tmp_path: Path) -> list[Any]:
     run = _run(tmp_path)
     return [
         Direct.found("j1", tmp_path, None),
-        Submitted(run, "42", {"job_id": "42"}, client=_Queue()),  # type: ignore[arg-type]
+        Submitted(run, "42", SlurmRecord(job_id="42"), client=_Queue()),  # type: ignore[arg-type]
     ]
 
 
@@ -182,7 +183,7 @@ def test_a_queued_submitted_job_stops_by_scancel_then_through_its_run_folder(
     job: nothing to stop)."""
     run = _run(tmp_path)
     slurm = _Queue()
-    job = Job("j1", tmp_path, executor=Submitted(run, "42", {"job_id": "42"}, client=slurm))  # type: ignore[arg-type]
+    job = Job("j1", tmp_path, executor=Submitted(run, "42", SlurmRecord(job_id="42"), client=slurm))  # type: ignore[arg-type]
     status = job.status()
     assert (status.status, status.live, status.nodes) == ("queued", True, [])
     assert status.slurm is not None and "PENDING" in status.slurm["now"]

@@ -35,7 +35,7 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "allow_busy_gpus": (9, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
     "container_runtime": (12, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
-    "job_file": (8, "role jobs: the planner and run --slurm's spec file name it"),
+    "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
     "env_style": (9, "a role job file's key, read by the role env builder"),
     "max_retries": (8, "a role job file's retry: key, and RetryPolicy's field"),
     "retry_on": (7, "a role job file's retry: key, and RetryPolicy's field"),

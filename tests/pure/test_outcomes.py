@@ -15,6 +15,7 @@ import pytest
 from fleetctl.api import RunResult
 from fleetctl.api.submitted import Submitted
 from fleetctl.api.types import CheckReport, ExecResult, NodeRun
+from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.phases.check.report import FAIL, OK, CheckResult, HostReport, MeshFailure
@@ -36,7 +37,7 @@ GOOD_JOB = {"job_id": "j1", "status": "succeeded", "nodes": NODES[:1]}
 def _submitted(tmp_path: Path, record: dict[str, Any], state: str, code: int) -> RunResult:
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord.from_dict({**record, "folder": str(run.path), "executor": "sbatch"}))
-    sub = Submitted(run, "42", {"job_id": "42"}, client=object())  # type: ignore[arg-type]
+    sub = Submitted(run, "42", SlurmRecord(job_id="42"), client=object())  # type: ignore[arg-type]
     return sub.verdict(JobInfo("42", state, exit_code=code))
 
 

@@ -13,6 +13,7 @@ import pytest
 from fleetctl.api import Fleet, Job, RunResult
 from fleetctl.api.submitted import Submitted, log_line
 from fleetctl.errors import Interrupted, JobFailed, LogsIncomplete
+from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.results import Cancelled, CommandResult, FleetResult, Outcome
@@ -38,7 +39,7 @@ def _folder(tmp_path: Path, record: dict[str, Any], *, slurm: str | None = None)
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord.from_dict({**record, "folder": str(run.path)}))
     if slurm is not None:
-        run.write_slurm({"job_id": slurm, "state": "RUNNING"}, "#!/bin/sh\n")
+        run.write_slurm(SlurmRecord(job_id=slurm, state="RUNNING"), "#!/bin/sh\n")
     return run
 
 
@@ -105,7 +106,7 @@ def test_a_submitted_jobs_verdict_is_returned_not_raised_with_its_slurm_job(
     tmp_path: Path,
 ) -> None:
     run = _folder(tmp_path, FAILED, slurm="42")
-    sub = Submitted(run, "42", {"job_id": "42"}, client=object())  # type: ignore[arg-type]
+    sub = Submitted(run, "42", SlurmRecord(job_id="42"), client=object())  # type: ignore[arg-type]
     result = sub.verdict(JobInfo("42", "FAILED", exit_code=3))
     assert (result.ok, result.exit_code, result.slurm) == (
         False,
@@ -131,7 +132,7 @@ class _Forgotten:
 
 def test_waiting_on_a_job_slurm_has_forgotten_reads_the_run_folder(tmp_path: Path) -> None:
     run = _folder(tmp_path, FAILED, slurm="42")
-    sub = Submitted(run, "42", {"job_id": "42", "state": "COMPLETED"}, client=_Forgotten())  # type: ignore[arg-type]
+    sub = Submitted(run, "42", SlurmRecord(job_id="42", state="COMPLETED"), client=_Forgotten())  # type: ignore[arg-type]
     result = sub.wait()
     assert (result.ok, result.exit_code, result.slurm) == (
         False,

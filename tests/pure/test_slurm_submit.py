@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import FleetctlError, RunFolderError, UsageError
+from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.slurm import specfile
 from fleetctl.slurm.batch import (
@@ -167,13 +168,13 @@ def test_batch_job_adopts_the_folder_its_submitter_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outer = RunFolder.create(tmp_path, "j1")
-    outer.write_slurm({"job_id": None}, "#!/bin/sh\n")  # written before sbatch answers
+    outer.write_slurm(SlurmRecord(job_id=None), "#!/bin/sh\n")  # written before sbatch answers
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("FLEETCTL_RUN_ID", "j1")
     assert RunFolder.create(tmp_path, "j1").path == outer.path  # started before the record
-    outer.write_slurm({"job_id": "42"})
+    outer.write_slurm(SlurmRecord(job_id="42"))
     inner = RunFolder.create(tmp_path, "j1")
-    assert inner.path == outer.path and inner.load_slurm() == {"job_id": "42"}
+    assert inner.path == outer.path and inner.load_slurm() == SlurmRecord(job_id="42")
     assert (outer.path / "sbatch.sh").read_text() == "#!/bin/sh\n"
     monkeypatch.setenv("SLURM_JOB_ID", "43")
     with pytest.raises(RunFolderError, match="already exists"):
@@ -323,7 +324,7 @@ def test_a_role_job_is_copied_into_the_run_folder_at_submit(
     (code / "job.yml").write_text("edited after submit\n")  # the queued job keeps its copy
     assert (job.run_folder / "job-file" / "job.yml").read_text() == ROLE_JOB
     assert job.executor == "sbatch" and job.record.executor == "sbatch"
-    assert job.submitted is not None and job.submitted.record["job_file"] == "job-file/job.yml"
+    assert job.submitted is not None and job.submitted.record.job_file == "job-file/job.yml"
     spec = job.run_folder / "run-spec.json"
     data, _ = specfile.read(spec)
     assert data["program"]["job_file"] == f"{job.run_folder}/job-file/job.yml"
@@ -379,7 +380,7 @@ def test_json_document_is_the_inside_runs_record_with_the_slurm_job(tmp_path: Pa
         "first_failure": None, "slurm": {"job_id": "42"}, "folder": str(run.path),
     }  # fmt: skip
     run.write_job(JobRecord.from_dict(doc, source="job.json"))
-    job = Submitted(run, "42", {"job_id": "42", "state": "FAILED"}, client=object())  # type: ignore[arg-type]
+    job = Submitted(run, "42", SlurmRecord(job_id="42", state="FAILED"), client=object())  # type: ignore[arg-type]
     got = job.document()
     assert got is not None
     assert got["slurm"] == {"job_id": "42", "state": "FAILED"}
@@ -485,7 +486,7 @@ def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
 
     run = RunFolder.create(tmp_path, "j1")
     run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
-    job = Submitted(run, "5", {"job_id": "5"}, client=object())  # type: ignore[arg-type]
+    job = Submitted(run, "5", SlurmRecord(job_id="5"), client=object())  # type: ignore[arg-type]
     with pytest.raises(JobFailed, match="submit with --slurm-no-shared-fs"):
         job.verdict(JobInfo("5", "FAILED", exit_code=1))
     (run.path / "slurm.err").write_text("python: not found\n")

@@ -125,11 +125,11 @@ class JobHandle:
         info = self.folder.load_controller()
         if info is None:
             return None
-        here = info.get("host") in (None, socket.gethostname())
+        here = info.host in (None, socket.gethostname())
         return {
-            "pid": info.get("pid"),
-            "host": info.get("host"),
-            "alive": monitor_alive(info) if here else None,
+            "pid": info.pid,
+            "host": info.host,
+            "alive": monitor_alive(info.to_dict()) if here else None,
         }
 
     # -- actions ------------------------------------------------------------------------
@@ -194,8 +194,8 @@ class JobHandle:
         data: dict[str, Any] = {}
         if self.folder.has_connect:
             with contextlib.suppress(RunFolderError):
-                data = self.folder.load_connect().get("collect") or {}
-        return CollectOptions.from_dict(data if isinstance(data, dict) else {})
+                data = self.folder.load_connect().collect or {}
+        return CollectOptions.from_dict(data)
 
     def collect(
         self, *, stopped: bool = False, options: CollectOptions | None = None

@@ -43,25 +43,36 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from fleetctl.errors import NoSuchJob, RunFolderError, UsageError
+from fleetctl.job.records.files import (
+    CheckRecord,
+    CollectiveRecord,
+    ConnectRecord,
+    ControllerRecord,
+    FileRecord,
+    RanksRecord,
+    RolesRecord,
+    SlurmRecord,
+)
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
+from fleetctl.remote.records import RecordError
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
 PLAN_FILE = "plan.json"
 EVENTS_FILE = "events.log"
-CONNECT_FILE = "connect.json"
+CONNECT_FILE = ConnectRecord.FILE
 ATTEMPTS_FILE = "attempts.json"
-ROLES_FILE = "roles.json"
-COLLECTIVE_FILE = "collective.json"
-CHECK_FILE = "check.json"  # the check's table: every host's cells, failures, mesh pairs
-RANKS_FILE = "ranks.json"
+ROLES_FILE = RolesRecord.FILE
+COLLECTIVE_FILE = CollectiveRecord.FILE
+CHECK_FILE = CheckRecord.FILE  # the check's table: every host's cells, failures, mesh pairs
+RANKS_FILE = RanksRecord.FILE
 MONITOR_LOG = "monitor.log"
-CONTROLLER_FILE = "controller.json"
-SLURM_FILE = "slurm.json"
+CONTROLLER_FILE = ControllerRecord.FILE
+SLURM_FILE = SlurmRecord.FILE
 SBATCH_FILE = "sbatch.sh"
 STREAMED_CONSOLE = "console.streamed.log"
 BEFORE_LOG = "before.log"
@@ -70,6 +81,7 @@ HOOK_LOG = "hook-{name}.log"  # --on-failure/--on-end: the command's output (nam
 STACKS_PREFIX = "stacks-"  # + UTC time + .txt: `fleetctl stacks` dumps
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # \Z: no trailing newline
 LOCK_TIMEOUT = 30.0  # s; job.json updates take milliseconds, so a longer wait is a stuck peer
+_F = TypeVar("_F", bound=FileRecord)
 
 
 def iso(ts: float | None) -> str | None:
@@ -130,11 +142,31 @@ class RunFolder:
         from fleetctl.job.records.controller import identity
 
         with contextlib.suppress(OSError):  # a note for `status`, never a reason not to run
-            folder._write_json(CONTROLLER_FILE, identity())
+            folder.write_record(ControllerRecord.from_dict(identity()))
         return folder
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         _write_atomic(self.path / name, json.dumps(data, indent=2) + "\n")
+
+    def write_record(self, record: FileRecord) -> None:
+        """Replace the file ``record`` is (its class's ``FILE``), atomically."""
+        self._write_json(record.FILE, record.to_dict())
+
+    def read_record(self, cls: type[_F]) -> _F:
+        """The folder's ``cls.FILE`` as its record: ``read_json``'s policy, then the record's
+        types (a RunFolderError naming the file and the key)."""
+        path = self.path / cls.FILE
+        try:
+            return cls.from_dict(read_json(path), source=str(path))
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+
+    def find_record(self, cls: type[_F]) -> _F | None:
+        """:meth:`read_record`, None when the file is not there (an older run, another kind of
+        job); a file there but malformed is still a RunFolderError."""
+        if not (self.path / cls.FILE).is_file():
+            return None
+        return self.read_record(cls)
 
     def write_plan(self, plan: dict[str, Any]) -> None:
         self._write_json(PLAN_FILE, plan)
@@ -153,31 +185,31 @@ class RunFolder:
             yield job
             self.write_job(job)
 
-    def load_controller(self) -> dict[str, Any] | None:
-        """The process that created the folder (None: not recorded, e.g. an older run)."""
+    def load_controller(self) -> ControllerRecord | None:
+        """The process that created the folder (None: not recorded, e.g. an older run, or
+        unreadable: a note, never a reason a command fails)."""
         try:
-            return read_json(self.path / CONTROLLER_FILE)
+            return self.read_record(ControllerRecord)
         except RunFolderError:
             return None
 
-    def write_slurm(self, data: dict[str, Any], script: str | None = None) -> None:
+    def write_slurm(self, record: SlurmRecord, script: str | None = None) -> None:
         """``run --slurm``: the submitted job's record (and the batch script, once)."""
         if script is not None:
             _write_atomic(self.path / SBATCH_FILE, script)
-        self._write_json(SLURM_FILE, data)
+        self.write_record(record)
 
-    def load_slurm(self) -> dict[str, Any] | None:
-        """The Slurm job this folder was submitted as (None: not a ``run --slurm`` job)."""
+    def load_slurm(self) -> SlurmRecord | None:
+        """The Slurm job this folder was submitted as (None: not a ``run --slurm`` job, or a
+        slurm.json that is not one: the job is then found as a direct one)."""
         try:
-            return read_json(self.path / SLURM_FILE)
+            return self.read_record(SlurmRecord)
         except RunFolderError:
             return None
 
-    def write_connect(self, data: dict[str, Any]) -> None:
-        self._write_json(CONNECT_FILE, data)
-
-    def load_connect(self) -> dict[str, Any]:
-        return read_json(self.path / CONNECT_FILE)
+    def load_connect(self) -> ConnectRecord:
+        """How to reach the job's nodes again (``runs.write_connect`` writes it)."""
+        return self.read_record(ConnectRecord)
 
     @property
     def has_connect(self) -> bool:
@@ -187,17 +219,30 @@ class RunFolder:
         self._write_json(ATTEMPTS_FILE, {"attempts": list(attempts)})
 
     def write_roles(self, layout: dict[str, Any]) -> None:
-        self._write_json(ROLES_FILE, layout)
+        """``roles.json``: a role job's layout (``RoleLayout.to_dict``), through its record."""
+        try:
+            record = RolesRecord.from_dict(layout)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_check(self, report: dict[str, Any]) -> None:
         """``check.json``: the check's table as the run saw it (every host's cells with their
         details, the failures, the pairs that could not talk), passing or not."""
-        keep = ("ok", "summary", "checks", "hosts", "failures", "mesh_failures", "warnings")
-        self._write_json(CHECK_FILE, {k: report[k] for k in keep if k in report})
+        names = [f[0] for f in CheckRecord.fields()]
+        try:
+            record = CheckRecord.from_dict({k: report[k] for k in names if k in report})
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_collective(self, report: dict[str, Any]) -> None:
         """``collective.json``: the ``--collective`` benchmark's figures and verdict."""
-        self._write_json(COLLECTIVE_FILE, report)
+        try:
+            record = CollectiveRecord.from_dict(report)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def redact_env_dumps(
         self, node_folder: str, keys: Iterable[str], globs: Iterable[str]
@@ -223,8 +268,12 @@ class RunFolder:
 
     def write_ranks(self, ranks: list[dict[str, Any]]) -> None:
         """``ranks.json``: global rank -> node, local rank, pid, log files
-        (fleetctl.job.diagnose.ranks)."""
-        self._write_json(RANKS_FILE, {"ranks": ranks})
+        (fleetctl.job.diagnose.ranks), through its record (a wrong type is a RunFolderError)."""
+        try:
+            record = RanksRecord.from_dict({"ranks": ranks})
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     @property
     def monitor_log(self) -> Path:
@@ -330,11 +379,10 @@ def _submitted_for_this_job(path: Path) -> bool:
     job = job_id(os.environ)
     if not job or os.environ.get("FLEETCTL_RUN_ID") != path.name:
         return False
-    try:
-        recorded = read_json(path / SLURM_FILE).get("job_id")
-    except RunFolderError:
+    record = RunFolder(path).load_slurm()
+    if record is None:
         return False
-    return recorded is None or str(recorded) == job
+    return record.job_id is None or record.job_id == job
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError
+from fleetctl.job.records.files import ConnectRecord
 from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
 from fleetctl.job.records.runfolder import RunFolder, list_runs, load_run
 from fleetctl.node import Node
+from fleetctl.remote.records import RecordError
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
@@ -58,17 +60,22 @@ def write_connect(
     each node's transport keeps to reach it the same way (a Slurm job's steps)."""
     from fleetctl.ssh.connection import reach_fields
 
+    entries = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
+        | reach_fields(n)
+        for n in nodes
+    ]
     data = {
         "inventory": os.path.abspath(inventory) if inventory else None,
         "limit": limit,
         "collect": collect,
-        "nodes": [
-            {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
-            | reach_fields(n)
-            for n in nodes
-        ],
+        "nodes": entries,
     }
-    RunFolder(Path(folder)).write_connect(data)
+    try:
+        record = ConnectRecord.from_dict(data)
+    except RecordError as e:  # a node field of the wrong type: the inventory's, said so
+        raise RunFolderError(f"{folder}: {e}") from None
+    RunFolder(Path(folder)).write_record(record)
 
 
 def nodes_as_reached(nodes: Sequence[Node], settings: SSHSettings | None) -> list[Node]:
@@ -88,19 +95,15 @@ def load_nodes(folder: RunFolder) -> list[Node]:
     if folder.has_connect:
         from fleetctl.ssh.connection import reached_vars
 
-        data = folder.load_connect()
-        try:
-            nodes = []
-            for entry in data["nodes"]:
-                d = {k: v for k, v in entry.items() if k in _NODE_FIELDS}
-                d["groups"] = tuple(d.get("groups") or ())
-                reached = reached_vars(entry)  # e.g. a step of that Slurm job, not SSH
-                if reached:
-                    d["vars"] = reached
-                nodes.append(Node(**d))
-            return nodes
-        except (KeyError, TypeError, AttributeError) as e:
-            raise RunFolderError(f"{folder.path}: connect.json: unreadable: {e}") from e
+        nodes = []
+        for entry in folder.load_connect().nodes:
+            d = {k: getattr(entry, k) for k in _NODE_FIELDS}
+            d["groups"] = tuple(entry.groups)
+            reached = reached_vars(entry.reach)  # e.g. a step of that Slurm job, not SSH
+            if reached:
+                d["vars"] = reached
+            nodes.append(Node(**d))
+        return nodes
     try:
         plan = folder.load_plan()
     except RunFolderError:

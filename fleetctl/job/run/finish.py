@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetctl.errors import RunFolderError
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.state import JobStatus, NodeState
 from fleetctl.job.run.context import drain
@@ -318,5 +319,5 @@ def _rank_map(job: JobContext) -> None:
             job.folder.write_ranks(ranks)
         job.result.failed_ranks = failed_ranks(job.result, ranks) or None
         _blame_first_rank(job)
-    except OSError as e:  # a map we cannot write is a note, never a lost result
+    except (OSError, RunFolderError) as e:  # a map we cannot write is a note, not a loss
         job.result.errors.append(f"ranks.json: {e}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import CheckError
+from fleetctl.errors import CheckError, RunFolderError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -53,7 +53,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         job.emit("phase", "checking nodes")
         report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
         job.held, report.held = report.held, {}
-        with contextlib.suppress(OSError):  # the report's check table; never the run's verdict
+        with contextlib.suppress(OSError, RunFolderError):  # the check table: never the verdict
             job.folder.write_check(report.to_dict())
         if report.collective is not None:  # the figures, whether they pass or not
             job.folder.write_collective(report.collective.to_dict())
