@@ -24,6 +24,7 @@ from fleetctl.api import runspec_collective as sub
 from fleetctl.api.runspec_fields import _Group, keyword, option
 from fleetctl.api.runspec_fields import hint as hint  # re-exported: the JSON form, the CLI
 from fleetctl.api.runspec_fields import refuse as refuse
+from fleetctl.errors import UsageError
 from fleetctl.job.diagnose.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
     MAX_BACKOFF,
@@ -35,6 +36,7 @@ from fleetctl.plan.userinput import (
 )
 
 if TYPE_CHECKING:
+    from fleetctl.job.run.retry import RetryPolicy
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.collect import CollectOptions
@@ -262,6 +264,49 @@ class Retry(_Group):
         "--checkpoint-dir) are copied to every node's work folder before launch, as a retry's "
         "are.",
     )  # fmt: skip
+
+    def policy(self, job_file: Any = None) -> RetryPolicy:
+        """The attempt loop's policy: these rules first, then a role job file's ``retry:``
+        block's (``job_file``, its ``RetrySpec``), whose count and backoff fill what is unset
+        here; UsageError names a bad rule and where it came from."""
+        from fleetctl.job.run.retry import RetryPolicy
+
+        where = getattr(job_file, "where", "") or "job file"
+        count = self.max_retries
+        if count is None:
+            count = getattr(job_file, "max_retries", None) or 0
+        backoff = self.retry_backoff
+        if backoff is None and job_file is not None:
+            backoff = job_file.backoff
+        return RetryPolicy.build(
+            max_retries=count,
+            retry_on=[(r, "--retry-on") for r in self.retry_on]
+            + [(r, where) for r in getattr(job_file, "retry_on", ())],
+            no_retry_on=[(r, "--no-retry-on") for r in self.no_retry_on]
+            + [(r, where) for r in getattr(job_file, "no_retry_on", ())],
+            backoff=backoff,
+            backoff_max=getattr(job_file, "backoff_max", None),
+        )
+
+    def checkpoint_folder(self) -> str | None:
+        """The folder a retry or ``--resume`` relays, as the nodes name it (normalized;
+        None: the job's work folder); UsageError (exit 2) for one that is not a folder."""
+        from fleetctl.phases.push.relay import checkpoint_dir_arg
+
+        return checkpoint_dir_arg(self.checkpoint_dir)
+
+    def members(self, wanted: int, pool: int) -> str:
+        """``--elastic --nodes N`` on ``pool`` hosts: the rendezvous's ``MIN:MAX`` nodes. A
+        round needs ``--min-nodes`` (default N) nodes, and a full round has room for a spare
+        (torch puts a node that finds the round full on a redundancy list that never trains);
+        UsageError when a lost node could neither be replaced nor left out."""
+        if pool <= wanted and self.min_nodes is None:
+            raise UsageError(
+                f"--elastic --nodes {wanted}: the selection has no spare host ({pool} host(s)) "
+                "and there is no --min-nodes: a lost node would end the job as without --elastic"
+            )
+        low = wanted if self.min_nodes is None else self.min_nodes
+        return f"{low}:{max(wanted, pool)}"
 
 
 @dataclass(frozen=True)

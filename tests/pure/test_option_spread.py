@@ -37,16 +37,12 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (8, "role jobs: the planner and run --slurm's spec file name it"),
     "env_style": (9, "a role job file's key, read by the role env builder"),
-    "max_retries": (8, "a role job file's retry: key, and RetryPolicy's field"),
-    "retry_on": (7, "a role job file's retry: key, and RetryPolicy's field"),
-    "no_retry_on": (7, "a role job file's retry: key, and RetryPolicy's field"),
     # the same word for a second thing
     "post_mortem": (10, "also the result's proof record (JobResult/job.json post_mortem)"),
     "lost_timeout": (6, "also fleetctl monitor --lost-timeout's key in job.json (job/monitor)"),
     "deadman": (8, "also the node supervisor's own field (SupervisorSpec, remote/)"),
-    "checkpoint_dir": (9, "the relay's folder after it is resolved: retries, --resume, elastic"),
+    "checkpoint_dir": (6, "the relay's keyword for the folder once resolved: --resume, elastic"),
     "queue_timeout": (7, "also Job.wait's keyword: the Executor protocol, both executors, Job"),
-    "min_nodes": (6, "the elastic membership reads it; runspec_rules checks it with --elastic"),
 }
 
 

@@ -233,6 +233,11 @@ class RetryPolicy:
             backoff_max=DEFAULT_BACKOFF_MAX if backoff_max is None else backoff_max,
         )
 
+    @property
+    def tries(self) -> int:
+        """Attempts the job may take at most: the first and ``max_retries`` more."""
+        return 1 + self.max_retries
+
     def rules(self) -> list[Rule]:
         """Every rule in the order they are tried."""
         out = [*self.no_retry_on, *self.retry_on]
