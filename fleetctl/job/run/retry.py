@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl.errors import UsageError
+from fleetctl.job.records.jobrecord import signal_name
 
 TAIL_LINES = 50
 RETRY, NO_RETRY = "retry", "no-retry"
@@ -136,13 +137,6 @@ class Rule:
 
     def __str__(self) -> str:
         return f"{self.action} on {self.text} ({self.source})"
-
-
-def signal_name(sig: int) -> str:
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
 
 
 def _signal_number(text: str) -> int:
