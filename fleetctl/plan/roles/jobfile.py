@@ -258,9 +258,8 @@ def _collective(data: LocatedMap, at: Any) -> CollectiveOptions | None:
     v = data.get("collective")
 
     def where(key: Any) -> str:
-        return (
-            at(v, key) if key is not None and isinstance(v, LocatedMap) else at(data, "collective")
-        )
+        inside = key is not None and isinstance(v, LocatedMap)
+        return str(at(v, key) if inside else at(data, "collective"))
 
     record: CollectiveOptions | None = collective_of_file(v, where)
     return record
