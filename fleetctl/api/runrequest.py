@@ -131,7 +131,7 @@ def prepare(
     assert code_dir is not None  # resolve() or the role job settled it
     options = RunOptions(
         runs_dir=runs_dir,
-        check=spec.hosts.check,
+        hosts=spec.hosts,
         supervision=sup,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,
@@ -141,13 +141,10 @@ def prepare(
         inventory=inventory,
         limit=limit,
         allow_secrets=p.allow_secrets,
-        allow_busy_gpus=spec.hosts.allow_busy_gpus,
         collect=spec.collection.collect,
-        nodes_wanted=wanted,
         elastic=elastic is not None,
         retry=rt,
         relay=relay,
-        probe_timeout=spec.hosts.probe_timeout,
         before_launch=before,
         collective=watched.collective,
     )

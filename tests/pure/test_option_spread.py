@@ -1,6 +1,7 @@
 """A run option is named in at most 5 files of ``fleetctl/`` (issue 35): its field in
 ``api/runspec.py``, ``Fleet.run``'s typed keyword (``api/fleet.py``), and its consumers; layers
-that only forward pass the option's group (``RunOptions.supervision``, ``JobRequest.observe``)
+that only forward pass the option's group (``RunOptions.supervision``/``.retry``/``.hosts``,
+``JobRequest.observe``)
 and derived values are methods of the group (``Supervision.startup_limit``). Adding an option
 then touches the record, its consumer and a test (docs/api.md, "Adding a run option").
 
@@ -26,13 +27,13 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     # the job spec every launcher builds its argv from: one module per launcher by design
     # (plan/launchers/, tests/pure/test_launcher_guard.py), plus the planner and role plans
     "nproc_per_node": (21, "JobSpec field read by each launcher, the rank plan, role plans"),
-    "master_port": (22, "JobSpec field: launchers, the check's port probe, port claims"),
+    "master_port": (21, "JobSpec field: launchers, the check's port probe, port claims"),
     "launcher_args": (11, "JobSpec field: each launcher places them in its argv"),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (15, "also push's --allow-secret; the checkpoint relay's scan"),
     "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
-    "probe_timeout": (11, "also check's --probe-timeout (CheckOptions)"),
-    "allow_busy_gpus": (9, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
+    "probe_timeout": (9, "also check's --probe-timeout (CheckOptions), built by run's check too"),
+    "allow_busy_gpus": (7, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
     "container_runtime": (12, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (8, "role jobs: the planner and run --slurm's spec file name it"),

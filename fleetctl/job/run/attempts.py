@@ -162,7 +162,7 @@ def run_attempts(
     out = AttemptsResult()
     base = spec.job_id
     base_folder = Path(options.runs_dir) / base
-    want = options.nodes_wanted
+    want = options.hosts.nodes
     spares = want is not None and want < len(nodes)
     ruled_out: dict[str, str] = {}  # --nodes N: hosts no attempt may use again, and why
     chosen, left_out = list(nodes), None

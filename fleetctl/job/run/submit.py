@@ -135,7 +135,7 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
         from fleetctl.job.run.resume import check_files
 
         check_files(options.relay, options.settings, options.allow_secrets)  # before anything
-    want = options.nodes_wanted
+    want = options.hosts.nodes
     spares = want is not None and want < len(request.nodes)
     if request.retry.tries == 1 and not spares:
         from fleetctl.job.run.spares import remember_proven
