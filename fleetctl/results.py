@@ -21,7 +21,7 @@ T = TypeVar("T")
 @runtime_checkable
 class Outcome(Protocol):
     """What every result over hosts answers (``FleetResult``, ``RunResult``, ``ExecResult``,
-    ``CheckReport``)."""
+    ``CheckReport``; ``StatusReport``, ``StopReport``, ``CollectReport`` of a job)."""
 
     @property
     def ok(self) -> bool: ...

@@ -35,7 +35,9 @@ Note = Callable[[str], None]
 @dataclass
 class StatusReport:
     """``fleetctl status``: the job's record and every node's state (asked of the
-    supervisors while the job may run); ``to_dict()`` is ``--json``."""
+    supervisors while the job may run); ``to_dict()`` is ``--json``. A result over hosts
+    (``fleetctl.results.Outcome``): ``exit_code`` is the job's as ``run`` exits with it (0 while
+    it runs), ``failed`` each node that ended badly or could not be asked."""
 
     job_id: str
     status: str
@@ -55,8 +57,37 @@ class StatusReport:
     #: (fleetctl.job.records.members)
     members: list[Member] | None = None
 
+    @property
+    def exit_code(self) -> int:
+        from fleetctl.api.result import status_exit_code
+
+        return status_exit_code(self.status, self.live)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host → what its node says went wrong (``exit code 1``, ``signal 9``, ``lost``,
+        ``unreachable: …``), in rank order."""
+        out: dict[str, str] = {}
+        for n in sorted(self.nodes, key=lambda n: n.rank):
+            if n.error:
+                out[n.host] = f"{n.state}: {n.error}"
+            elif n.state in ("lost", "unreachable"):
+                out[n.host] = n.state
+            elif n.signal is not None:
+                out[n.host] = f"signal {n.signal}"
+            elif n.exit_code:
+                out[n.host] = f"exit code {n.exit_code}"
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "failed": self.failed,
             "job_id": self.job_id,
             "status": self.status,
             "detached": self.detached,
@@ -82,7 +113,8 @@ class StatusReport:
 @dataclass
 class StopReport:
     """``fleetctl stop``: the teardown (``verified``: nothing of the job left anywhere), what
-    was collected, the job's status after it, and what became of its monitor."""
+    was collected, the job's status after it, and what became of its monitor; a result over
+    hosts (``fleetctl.results.Outcome``), ``failed`` the hosts whose end is not verified."""
 
     job_id: str
     teardown: TeardownReport
@@ -97,8 +129,30 @@ class StopReport:
     def verified(self) -> bool:
         return bool(self.teardown.verified)
 
+    @property
+    def ok(self) -> bool:
+        return self.verified
+
+    @property
+    def exit_code(self) -> int:
+        """``fleetctl stop``'s: 0 verified, 3 (JobFailed) a node not verified."""
+        return 0 if self.verified else 3
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host → why its end is not verified (the stop's error, why it was not asked, what
+        is left), in rank order."""
+        return {
+            n.host: n.error or n.skipped or f"{len(n.remaining)} process(es) left"
+            for n in sorted(self.teardown.nodes, key=lambda n: n.rank)
+            if not n.clean
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "failed": self.failed,
             "job_id": self.job_id,
             "teardown": self.teardown.to_dict(),
             "status": self.status,
@@ -108,14 +162,37 @@ class StopReport:
 
 @dataclass
 class CollectReport:
-    """``fleetctl collect``: each node's collection and the job's status after it."""
+    """``fleetctl collect``: each node's collection and the job's status after it; a result
+    over hosts (``fleetctl.results.Outcome``), ``failed`` the hosts whose logs are not home."""
 
     job_id: str
     status: str
     collected: list[NodeCollect]
 
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        """``fleetctl collect``'s: 0 every log home, 4 (LogsIncomplete) some are not."""
+        return 0 if self.ok else 4
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host → why its logs are not all home, in rank order."""
+        out: dict[str, str] = {}
+        for c in sorted(self.collected, key=lambda c: c.rank):
+            if c.incomplete:
+                left = sorted({f["reason"] for f in c.not_collected})
+                out[c.host] = c.error or c.skipped or "not home: " + ", ".join(left)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "failed": self.failed,
             "job_id": self.job_id,
             "status": self.status,
             "collected": [c.to_dict() for c in self.collected],

@@ -163,14 +163,18 @@ class RunResult:
 
 
 def _exit_code(record: JobRecord) -> int:
-    if record.status == "interrupted":
-        return 130
     if record.status == "succeeded":
         nodes = (record.teardown or {}).get("nodes") or []
         return 3 if any(n.get("remaining") for n in nodes) else 0
-    if record.live:
-        return 0  # not ended: no verdict yet
-    return 3
+    return status_exit_code(record.status, record.live)
+
+
+def status_exit_code(status: str, live: bool) -> int:
+    """The CLI's exit code for a job in ``status``: 0 succeeded or not ended (no verdict
+    yet), 130 interrupted, else 3 (failed, stopped, timed out)."""
+    if status == "interrupted":
+        return 130
+    return 0 if status == "succeeded" or live else 3
 
 
 def _first_failure(ff: FailureRecord | None) -> FirstFailure | None:

@@ -46,18 +46,12 @@ def prepare(
     it was made): what needs the fleet (the script on disk, the role job, ``--nodes`` against
     the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
     from fleetctl.job.run.job import RunOptions
-    from fleetctl.job.run.submit import JobRequest, RetryRequest
+    from fleetctl.job.run.submit import JobRequest
     from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
 
     p, sup, rt = spec.program, spec.supervision, spec.retry
     script, args = p.script, p.args
     env = dict(p.env or {})
-    retry = RetryRequest(
-        max_retries=rt.max_retries,
-        retry_on=rt.retry_on,
-        no_retry_on=rt.no_retry_on,
-        backoff=rt.retry_backoff,
-    )
     job_file = p.job_file  # its clashes with SCRIPT and --launcher-arg: RunSpec refused them
     code_dir = p.code
     kind, folder, script_args = None, "", tuple(args)
@@ -70,14 +64,12 @@ def prepare(
         prog = resolve(script, script_args, code_dir, p.launcher, p.launcher_args)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
-    from fleetctl.phases.push.relay import checkpoint_dir_arg
-
-    checkpoint_dir = checkpoint_dir_arg(rt.checkpoint_dir)
+    relayed = rt.checkpoint_folder()  # refused before any host is reached
     relay = None
     if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
         from fleetctl.job.run.resume import resolve as resolve_resume
 
-        relay = resolve_resume(rt.resume, runs_dir, nodes, checkpoint_dir)
+        relay = resolve_resume(rt.resume, runs_dir, nodes, relayed)
     before = _before_hook(p.before, inventory)
     wanted = spec.hosts.nodes
     if wanted is not None and wanted > len(nodes):
@@ -125,7 +117,7 @@ def prepare(
         sup, watched = sup.filled(planner.job), watched.filled(planner.job)
         run_nodes = planner.nodes
     # what the real run would refuse, a dry run refuses too
-    retry_policy = retry.policy(job_retry)
+    retry_policy = rt.policy(job_retry)
     if code_dir is not None:  # `--code /` walked the whole disk before anything was said
         from fleetctl.phases.codesync import check_code_folder
 
@@ -139,7 +131,7 @@ def prepare(
     assert code_dir is not None  # resolve() or the role job settled it
     options = RunOptions(
         runs_dir=runs_dir,
-        check=spec.hosts.check,
+        hosts=spec.hosts,
         supervision=sup,
         code=os.path.abspath(code_dir),
         env_archive=p.env_archive,
@@ -149,15 +141,10 @@ def prepare(
         inventory=inventory,
         limit=limit,
         allow_secrets=p.allow_secrets,
-        allow_busy_gpus=spec.hosts.allow_busy_gpus,
         collect=spec.collection.collect,
-        nodes_wanted=wanted,
         elastic=elastic is not None,
-        min_nodes=rt.min_nodes,
-        checkpoint_dir=checkpoint_dir,
+        retry=rt,
         relay=relay,
-        probe_timeout=spec.hosts.probe_timeout,
-        reboot_timeout=rt.reboot_timeout,
         before_launch=before,
         collective=watched.collective,
     )
@@ -202,10 +189,8 @@ def _before_hook(before: str | BeforeHook | None, inventory: str | None) -> Befo
 
 
 def _elastic(spec: RunSpec, wanted: int | None, nodes: Sequence[Node]) -> str | None:
-    """``run --elastic``: the node range of the elastic rendezvous, or None (RunSpec refused
-    what it cannot do; here what needs the selection). ``MIN:POOL``: a round needs
-    ``--min-nodes`` (default N) nodes, and a full round has room for a spare (torch puts a node
-    that finds the round full on a redundancy list that never trains)."""
+    """``run --elastic``: the node range of the elastic rendezvous (``Retry.members``), or
+    None (RunSpec refused what it cannot do; here what needs the selection)."""
     rt = spec.retry
     if not rt.elastic or wanted is None:
         return None
@@ -213,11 +198,4 @@ def _elastic(spec: RunSpec, wanted: int | None, nodes: Sequence[Node]) -> str | 
 
     if not all(transport(n).can_join_elastic for n in nodes):
         raise UsageError("--elastic: not inside a Slurm allocation yet (SSH nodes only)")
-    pool = len(nodes)
-    if pool <= wanted and rt.min_nodes is None:
-        raise UsageError(
-            f"--elastic --nodes {wanted}: the selection has no spare host ({pool} host(s)) and "
-            "there is no --min-nodes: a lost node would end the job as without --elastic"
-        )
-    low = wanted if rt.min_nodes is None else rt.min_nodes
-    return f"{low}:{max(wanted, pool)}"
+    return rt.members(wanted, len(nodes))

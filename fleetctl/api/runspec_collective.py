@@ -13,6 +13,7 @@ Pure and cheap to import (no click), as :mod:`fleetctl.api.checks`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ class Sub:
     metavar: str | None = None
     multiple: bool = False
     text: bool = False
+    key: str | None = None  # its key in a role job file's ``collective:`` mapping
 
     @property
     def param(self) -> str:
@@ -79,25 +81,28 @@ COLLECTIVE: tuple[Sub, ...] = (
     ),
     Sub(
         "--collective-size", "size", 32.0, "MiB per all-reduce and per send/recv.",
-        c.Number(min=0.001, max=1 << 16), scale=MiB, show_default=True,
+        c.Number(min=0.001, max=1 << 16), scale=MiB, show_default=True, key="size_mib",
     ),
     Sub(
         "--collective-min", "min_fraction", 0.5,
         "A host or link below this fraction of the fleet's median link busbw fails.",
-        c.Number(min=0, max=1), show_default=True,
+        c.Number(min=0, max=1), show_default=True, key="min",
     ),
     Sub(
         "--collective-floor", "floor", None,
         "GB/s busbw every host, link and the fleet all-reduce must reach (off unless given).",
-        c.Number(min=0, max=1 << 20),
+        c.Number(min=0, max=1 << 20), key="floor",
     ),
     Sub(
         "--collective-timeout", "timeout", 120.0,
         "Seconds the benchmark may take on a node; past it the host is named hung, with its "
         "stacks.",
-        c.seconds(1, 3600), show_default=True,
+        c.seconds(1, 3600), show_default=True, key="timeout",
     ),
 )  # fmt: skip
+
+#: a role job file's ``collective:`` mapping: its keys, each one flag's
+FILE_KEYS: dict[str, Sub] = {s.key: s for s in COLLECTIVE if s.key}
 
 COLLECT: tuple[Sub, ...] = (
     Sub(
@@ -124,6 +129,34 @@ def collective_record(values: dict[str, Any]) -> Any:
         return None
     kw = {s.attr: s.attribute(values[s.param]) for s in COLLECTIVE if s.attr}
     return CollectiveOptions(**kw)
+
+
+def collective_of_file(value: Any, where: Callable[[Any], str]) -> Any:
+    """A role job file's ``collective:`` (``run --collective`` from the file): ``true`` for
+    the defaults, ``false`` or absent for none, or a mapping of :data:`FILE_KEYS` (``size_mib:
+    4``), each held to its flag's bounds. ``where(key)``: ``FILE:LINE`` of a key (None: of
+    ``collective:``); UsageError (exit 2), one line naming it."""
+    if value is None or value is False:
+        return None
+    values: dict[str, Any] = {s.param: s.default for s in COLLECTIVE}
+    values[COLLECTIVE[0].param] = True
+    if value is not True:
+        known = ", ".join(FILE_KEYS)
+        if not isinstance(value, Mapping):
+            raise UsageError(
+                f"{where(None)}: collective must be true, false or a mapping of {known}"
+            )
+        for key, v in value.items():
+            sub = FILE_KEYS.get(key)
+            if sub is None:
+                raise UsageError(f"{where(key)}: unknown key {key!r} (known: {known})")
+            assert sub.check is not None
+            try:
+                values[sub.param] = sub.check(v)
+            except c.Invalid as e:
+                why = str(e).rstrip(".")
+                raise UsageError(f"{where(key)}: collective {key}: {why} ({sub.flag})") from None
+    return collective_record(values)
 
 
 def collective_options(value: Any) -> Any:

@@ -38,6 +38,7 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:
+    from fleetctl.api.lifecycle import CollectReport, StatusReport, StopReport
     from fleetctl.api.result import RunResult
     from fleetctl.job.diagnose.stacks import StackGroup as StackGroup
     from fleetctl.job.monitor.process import SpawnedMonitor as SpawnedMonitor
@@ -61,10 +62,16 @@ if TYPE_CHECKING:
     from fleetctl.ssh.execute import NodeRun as NodeRun
 
     def _outcomes(
-        e: ExecResult, c: CheckReport, r: RunResult, f: FleetResult[Any]
+        e: ExecResult,
+        c: CheckReport,
+        r: RunResult,
+        f: FleetResult[Any],
+        st: StatusReport,
+        sp: StopReport,
+        co: CollectReport,
     ) -> tuple[Outcome, ...]:
         """For mypy only: each result the calls return answers the one result protocol."""
-        return (e, c, r, f)
+        return (e, c, r, f, st, sp, co)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,8 @@
 """The one result protocol (``fleetctl.results.Outcome``), one contract for every result the
-API returns over hosts: a job's verdict (direct and submitted), a fan-out, ``exec``'s result
-and ``check``'s report. Each row is a real result and what it must answer; every row goes
-through the same checks (mypy holds the types to the protocol in ``fleetctl/api/types.py``)."""
+API returns over hosts: a job's verdict (direct and submitted), a fan-out, ``exec``'s result,
+``check``'s report, and what ``status``, ``stop`` and ``collect`` return of a job. Each row is a
+real result and what it must answer; every row goes through the same checks (mypy holds the
+types to the protocol in ``fleetctl/api/types.py``)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from typing import Any
 import pytest
 
 from fleetctl.api import RunResult
+from fleetctl.api.lifecycle import CollectReport, StatusReport, StopReport
 from fleetctl.api.submitted import Submitted
 from fleetctl.api.types import CheckReport, ExecResult, NodeRun
+from fleetctl.job.monitor.supervisors import NodeReport
 from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.phases.check.report import FAIL, OK, CheckResult, HostReport, MeshFailure
+from fleetctl.phases.collect import NodeCollect
+from fleetctl.phases.teardown import NodeStop, TeardownReport
 from fleetctl.results import Cancelled, CommandResult, FleetResult, Outcome
 from fleetctl.slurm.queue import JobInfo
 
@@ -48,6 +53,18 @@ def _exec(*runs: NodeRun) -> ExecResult:
 def _check(cells: dict[str, dict[str, CheckResult]], mesh: list[MeshFailure]) -> CheckReport:
     hosts = {h: HostReport(h, h, dict(c)) for h, c in cells.items()}
     return CheckReport(hosts=hosts, mesh_failures=mesh)
+
+
+def _status(status: str, live: bool, *nodes: NodeReport) -> StatusReport:
+    return StatusReport("j1", status, False, live, "/runs/j1", 1, list(nodes), {})
+
+
+def _stop(*nodes: NodeStop) -> StopReport:
+    return StopReport("j1", TeardownReport(list(nodes), grace=5.0), "stopped")
+
+
+def _collect(*nodes: NodeCollect) -> CollectReport:
+    return CollectReport("j1", "failed", list(nodes))
 
 
 _Make = Callable[[Path], Any]
@@ -136,6 +153,57 @@ CASES: list[tuple[str, _Make, bool, int, dict[str, str]]] = [
             "node2": "mesh → node3: tcp, mtu",
             "node3": "gpu: 1 of 2 GPUs; clock: 3 s off",
         },
+    ),
+    (
+        "status running",
+        lambda p: _status("running", True, NodeReport(0, "node1", "running", pid=7)),
+        True,
+        0,
+        {},
+    ),
+    (
+        "status failed",
+        lambda p: _status(
+            "failed",
+            False,
+            NodeReport(0, "node1", "exited", exit_code=0),
+            NodeReport(1, "node2", "exited", exit_code=7),
+            NodeReport(2, "node3", "stopped", signal=9),
+            NodeReport(3, "node4", "unreachable", error="connection refused"),
+        ),
+        False,
+        3,
+        {
+            "node2": "exit code 7",
+            "node3": "signal 9",
+            "node4": "unreachable: connection refused",
+        },
+    ),
+    ("status interrupted", lambda p: _status("interrupted", False), False, 130, {}),
+    ("stop verified", lambda p: _stop(NodeStop("node1", 0, found=[42])), True, 0, {}),
+    (
+        "stop not verified",
+        lambda p: _stop(
+            NodeStop("node1", 0, found=[42]),
+            NodeStop("node2", 1, remaining=[{"pid": 43}]),
+            NodeStop("node3", 2, skipped="lost"),
+            NodeStop("node4", 3, error="ssh: connection refused"),
+        ),
+        False,
+        3,
+        {"node2": "1 process(es) left", "node3": "lost", "node4": "ssh: connection refused"},
+    ),
+    ("collect complete", lambda p: _collect(NodeCollect("node1", 0, "/r/n1")), True, 0, {}),
+    (
+        "collect incomplete",
+        lambda p: _collect(
+            NodeCollect("node1", 0, "/r/n1", not_collected=[{"reason": "over cap"}]),
+            NodeCollect("node2", 1, "/r/n2", error="ssh: connection refused"),
+            NodeCollect("node3", 2, "/r/n3", not_collected=[{"reason": "short"}]),
+        ),
+        False,
+        4,
+        {"node2": "ssh: connection refused", "node3": "not home: short"},
     ),
 ]
 

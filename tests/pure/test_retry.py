@@ -251,3 +251,52 @@ def test_a_retry_after_a_lost_node_reconnects_it_rechecks_and_records_a_failed_s
     ]
     assert data[1]["ended_by"].startswith("preflight failed (1 of 2 host(s) failed): b:")
     assert out.final.status == "succeeded"
+
+
+ROLES = "roles:\n  worker:\n    script: train.py\n"
+
+
+@pytest.mark.parametrize(
+    ("kw", "block", "tries", "rules", "backoff"),
+    [
+        ({}, "", 1, [], 5.0),
+        ({"max_retries": 2}, "", 3, [], 5.0),
+        # the job file fills what the command line left unset, and adds its rules after it
+        (
+            {"retry_on": ("exit:3",)},
+            "retry: {max_retries: 1, retry_on: [lost], no_retry_on: ['exit:2'], backoff: 4}\n",
+            2,
+            [("no-retry", "exit:2", "job.yml:1"), ("retry", "exit:3", "--retry-on"),
+             ("retry", "lost", "job.yml:1")],
+            4.0,
+        ),
+        # the command line's count and backoff win; a count of 0 given is a count
+        (
+            {"max_retries": 0, "retry_backoff": 2},
+            "retry: {max_retries: 5, backoff: 9}\n",
+            1,
+            [],
+            2.0,
+        ),
+    ],
+    ids=["none", "command line", "job file fills", "command line wins"],
+)  # fmt: skip
+def test_the_retry_group_makes_the_attempt_loops_policy(
+    kw: dict, block: str, tries: int, rules: list, backoff: float
+) -> None:
+    """``Retry.policy``: RunSpec's retry group and a role job file's ``retry:`` block."""
+    from fleetctl.api.runspec import RunSpec
+    from fleetctl.plan.roles.jobfile import parse_job_file
+
+    job_file = parse_job_file(block + ROLES).retry if block else None
+    p = RunSpec.build("t.py", **kw).retry.policy(job_file)
+    assert p.tries == tries and p.backoff == backoff
+    user = [r for r in p.rules() if r.source != "default"]
+    assert [(r.action, r.text, r.source) for r in user] == rules
+
+
+def test_a_bad_rule_of_the_command_line_is_named_by_its_flag() -> None:
+    from fleetctl.api.runspec import Retry
+
+    with pytest.raises(UsageError, match=r"^--no-retry-on: bad retry rule 'exit:x'"):
+        Retry(no_retry_on=("exit:x",)).policy()

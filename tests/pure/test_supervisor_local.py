@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.api.runspec import Supervision
+from fleetctl.api.runspec import Hosts, Supervision
 from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
@@ -327,7 +327,10 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
         spec,
         [node],
         RunOptions(
-            runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+            runs_dir=tmp_path / "runs",
+            hosts=Hosts(check=False),
+            code=code,
+            supervision=Supervision(grace=1),
         ),
         on_event=events.append,
     )
@@ -402,7 +405,10 @@ def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) ->
         spec,
         [node],
         RunOptions(
-            runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+            runs_dir=tmp_path / "runs",
+            hosts=Hosts(check=False),
+            code=code,
+            supervision=Supervision(grace=1),
         ),
     )
     assert result.exit_code == 3
@@ -426,7 +432,10 @@ def test_the_log_on_disk_keeps_the_bytes_the_terminal_gets_them_escaped(tmp_path
     live = LiveLog(colour=False, out=out, err=io.StringIO())
     spec = JobSpec(script="osc.py", job_id=jid("t-osc"), launcher="plain")
     result = run_job(
-        spec, [node], RunOptions(runs_dir=tmp_path / "runs", check=False, code=code), on_event=live
+        spec,
+        [node],
+        RunOptions(runs_dir=tmp_path / "runs", hosts=Hosts(check=False), code=code),
+        on_event=live,
     )
     assert result.exit_code == 0
     console = (tmp_path / "runs" / jid("t-osc") / f"0-{node.name}" / "console.log").read_bytes()
@@ -494,7 +503,10 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(3)]
     spec = JobSpec(script="ok.py", job_id=jid("t-fanout-1"), launcher="plain")
     options = RunOptions(
-        runs_dir=tmp_path / "runs", check=False, code=code, supervision=Supervision(grace=1)
+        runs_dir=tmp_path / "runs",
+        hosts=Hosts(check=False),
+        code=code,
+        supervision=Supervision(grace=1),
     )
     with FanOut(nodes, options.settings, fanout=1) as fleet:
         result = run_job(spec, nodes, options, fleet=fleet)

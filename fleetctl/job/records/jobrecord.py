@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,6 +51,15 @@ class NodeRecord:
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "job.json", where: str = "node") -> NodeRecord:
         return _from_dict(cls, data, source, where)
+
+
+def signal_name(sig: int) -> str:
+    """``SIGKILL`` for 9 (``SIG64`` for a number this system has no name for): how a failure
+    ended by a signal is named, in job.json's summaries and in retry rules."""
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records.files import ConnectRecord
-from fleetctl.job.records.jobrecord import FailureRecord, JobRecord
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, signal_name
 from fleetctl.job.records.runfolder import RunFolder, list_runs, load_run
 from fleetctl.node import Node
 from fleetctl.remote.records import RecordError
@@ -172,8 +172,6 @@ def describe_failure(ff: FailureRecord | dict[str, Any] | None) -> str | None:
     elif ff.state == "start_failed":
         how = "could not start" + (f" ({ff.reason})" if ff.reason else "")
     elif ff.signal is not None:
-        from fleetctl.job.run.retry import signal_name
-
         how = f"signal {ff.signal} ({signal_name(ff.signal)})"
     else:
         how = f"exit code {ff.exit_code}"

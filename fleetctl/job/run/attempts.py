@@ -145,7 +145,7 @@ def run_attempts(
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
 ) -> AttemptsResult:
-    """``run_job`` up to ``1 + policy.max_retries`` times, retrying only classified failures.
+    """``run_job`` up to ``policy.tries`` times, retrying only classified failures.
 
     ``on_result`` sees every attempt's result (the CLI prints its summary). Errors before a
     launch (check, push, plan) propagate as usual; Ctrl-C is never retried.
@@ -162,27 +162,23 @@ def run_attempts(
     out = AttemptsResult()
     base = spec.job_id
     base_folder = Path(options.runs_dir) / base
-    want = options.nodes_wanted
+    want = options.hosts.nodes
     spares = want is not None and want < len(nodes)
     ruled_out: dict[str, str] = {}  # --nodes N: hosts no attempt may use again, and why
     chosen, left_out = list(nodes), None
     try:
-        for k in range(1, policy.max_retries + 2):
+        for k in range(1, policy.tries + 1):
             aspec = dataclasses.replace(spec, job_id=attempt_job_id(base, k), work_id=base)
             # After a failure nothing the last attempt learnt is trusted: fresh check verdicts.
             aopts = dataclasses.replace(options, attempt=k, recheck=options.recheck or k > 1)
             if k > 1:
-                emit(
-                    JobEvent(
-                        "phase", f"attempt {k} of {policy.max_retries + 1}: job {aspec.job_id}"
-                    )
-                )
+                emit(JobEvent("phase", f"attempt {k} of {policy.tries}: job {aspec.job_id}"))
                 dropped = _reconnect(fleet, out.results[-1])
                 for name in dropped:
                     emit(JobEvent("notice", f"{name}: reconnecting (new SSH connection)"))
                 if not spares:  # with spares a lost host is ruled out: nothing to wait for
                     lost = [x for x in nodes if x.name in dropped]
-                    _await_lost(fleet, lost, options.reboot_timeout, emit)
+                    _await_lost(fleet, lost, options.retry.reboot_timeout, emit)
                 aopts = _with_relay(aopts, nodes, out.results)
             try:
                 if spares:
@@ -202,7 +198,7 @@ def run_attempts(
                 att.checkpoints = _relayed(aopts)
                 if spares:
                     att.left_out = left_out
-                if k > 1 and k <= policy.max_retries:  # a node still coming back: try again
+                if k > 1 and k < policy.tries:  # a node still coming back: try again
                     att.decision, att.retried = "retry: preflight failed after a node fault", True
                     att.backoff = policy.delay(k, rng.random())
                     out.attempts.append(att)
@@ -257,7 +253,7 @@ def run_attempts(
                     att.backoff = policy.delay(k, rng.random())
             _write_attempts(base_folder, out.attempts)
             if decision is None or not decision.retry:
-                if decision is not None and policy.max_retries > 0:
+                if decision is not None and policy.tries > 1:
                     emit(JobEvent("notice", f"attempt {k} {result.status}; {att.decision}"))
                 break
             emit(
@@ -311,7 +307,7 @@ def _with_relay(
     source = relay_source(pool, results)
     if source is None:
         return options
-    relay = CheckpointRelay(source, dir=options.checkpoint_dir)
+    relay = CheckpointRelay(source, dir=options.retry.checkpoint_folder())
     return dataclasses.replace(options, relay=relay)
 
 

@@ -150,7 +150,7 @@ class Membership:
         from fleetctl.job.records.state import NodeState
 
         job = self.job
-        low = job.options.min_nodes
+        low = job.options.retry.min_nodes
         left = sum(
             1 for r, s in enumerate(job.state.states) if r != ev.rank and not (s.bad or s.ended)
         )
@@ -287,7 +287,7 @@ class Membership:
             self.fleet,
             src,
             [target],
-            checkpoint_dir=job.options.checkpoint_dir,
+            checkpoint_dir=job.options.retry.checkpoint_folder(),
             allow_secrets=job.options.allow_secrets,
         )
         job.emit("warning" if report.skipped else "notice", report.summary())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.api.runspec import Supervision
+from fleetctl.api.runspec import Hosts, Retry, Supervision
 from fleetctl.errors import FleetctlError, LaunchError
 from fleetctl.job.records.result import JobEvent, JobResult
 from fleetctl.job.records.runfolder import DEFAULT_RUNS_DIR
@@ -57,7 +57,9 @@ class RunOptions:
     """How ``fleetctl run`` behaves around the job (the job itself is the ``JobSpec``)."""
 
     runs_dir: str | Path = DEFAULT_RUNS_DIR
-    check: bool = True
+    # which hosts and how they are checked first: --no-check, --nodes N (the rest are spares),
+    # busy GPUs, the probe's time (RunSpec's group, read where each is applied)
+    hosts: Hosts = field(default_factory=Hosts)
     # how the job is watched and stopped: limits, grace, dead-man switch, slow-node watch,
     # post-mortem (RunSpec's group, read where each is applied)
     supervision: Supervision = field(default_factory=Supervision)
@@ -70,11 +72,8 @@ class RunOptions:
     push_options: PushOptions | None = None
     allow_secrets: tuple[str, ...] = ()  # code files that look like keys, shipped on purpose
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
-    allow_busy_gpus: bool = False  # GPUs with another job's processes: a warning, not a failure
-    nodes_wanted: int | None = None  # --nodes N: run on N healthy hosts, the rest are spares
     elastic: bool = False  # --elastic: a lost node's place goes to a spare, the job runs on
     spares: tuple[Node, ...] = ()  # --elastic: the hosts that may take a lost node's place
-    min_nodes: int | None = None  # --elastic --min-nodes: no spare left, go on with this many
     collective: CollectiveOptions | None = None  # --collective: benchmark after the check
     left_out: dict[str, str] | None = None  # --nodes N: hosts this attempt left out, and why
     detach: bool = False  # leave the job to the node supervisors (no dead-man switch)
@@ -83,11 +82,11 @@ class RunOptions:
     inventory: str | None = None  # recorded in connect.json so other commands can reconnect
     limit: str | None = None
     collect: CollectOptions | None = None  # cap and excludes for the logs (None: defaults)
-    checkpoint_dir: str | None = None  # --checkpoint-dir: what a retry relays (None: work folder)
+    # retries: how long one waits for a lost host, what it relays, how an elastic job shrinks
+    # (RunSpec's group, read where each is applied)
+    retry: Retry = field(default_factory=Retry)
     # a retry: the last attempt's checkpoints, copied first (--resume: an earlier job's)
     relay: CheckpointRelay | None = None
-    probe_timeout: float = 30.0  # --probe-timeout: s for each node's python to answer the check
-    reboot_timeout: float = 300.0  # --reboot-timeout: s a retry waits for a lost host's SSH
     # after the check and push, before plan and launch: (nodes, settings) -> None; what it
     # raises stops the run before anything started (`run --before`, fleetctl.api)
     before_launch: Callable[[Sequence[Node], SSHSettings | None], None] | None = None

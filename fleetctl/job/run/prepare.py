@@ -46,7 +46,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
 
     # --image: the launcher runs on the image's python, asked by the image check, not the host's
     in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
-    if options.check:
+    if options.hosts.check:
         from fleetctl.phases.check.preflight import check_fleet
 
         copts = check_options(spec, options, in_image)
@@ -178,7 +178,7 @@ def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -
         master_port=spec.master_port,
         check_master_port=spec.master_port_fixed,
         recheck=options.recheck,
-        allow_busy_gpus=options.allow_busy_gpus,
+        allow_busy_gpus=options.hosts.allow_busy_gpus,
         collective=options.collective,
         backend=spec.backend,
         # one process per node (plain): the GPU counts do not matter
@@ -193,7 +193,7 @@ def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -
         # no launcher import tells torch's version (plain): the probe looks it up
         torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
         container_hosts=tuple(in_image),
-        probe_timeout=options.probe_timeout,
+        probe_timeout=options.hosts.probe_timeout,
     )
     if options.check_options is None and options.code is not None:
         from fleetctl.phases import codesync

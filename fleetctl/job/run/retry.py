@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl.errors import UsageError
+from fleetctl.job.records.jobrecord import signal_name
 
 TAIL_LINES = 50
 RETRY, NO_RETRY = "retry", "no-retry"
@@ -138,13 +139,6 @@ class Rule:
         return f"{self.action} on {self.text} ({self.source})"
 
 
-def signal_name(sig: int) -> str:
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
-
-
 def _signal_number(text: str) -> int:
     t = text.strip().upper()
     if t.isdigit():
@@ -232,6 +226,11 @@ class RetryPolicy:
             backoff=DEFAULT_BACKOFF if backoff is None else backoff,
             backoff_max=DEFAULT_BACKOFF_MAX if backoff_max is None else backoff_max,
         )
+
+    @property
+    def tries(self) -> int:
+        """Attempts the job may take at most: the first and ``max_retries`` more."""
+        return 1 + self.max_retries
 
     def rules(self) -> list[Rule]:
         """Every rule in the order they are tried."""

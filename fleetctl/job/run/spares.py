@@ -60,9 +60,9 @@ def choose_nodes(
             uniform_gpus=not launcher_for(spec.launcher).one_process_per_node
             and spec.nproc_per_node == "auto",
             recheck=options.recheck,
-            allow_busy_gpus=options.allow_busy_gpus,
+            allow_busy_gpus=options.hosts.allow_busy_gpus,
             collective=options.collective,
-            probe_timeout=options.probe_timeout,
+            probe_timeout=options.hosts.probe_timeout,
         )
         with FanOut(candidates, options.settings) as fleet:
             report = check_fleet(fleet, opts)

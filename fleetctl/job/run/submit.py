@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
@@ -31,35 +31,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RetryRequest:
-    """Retry wishes from the command line; a job file's ``retry:`` fills what is unset."""
-
-    max_retries: int | None = None
-    retry_on: tuple[str, ...] = ()
-    no_retry_on: tuple[str, ...] = ()
-    backoff: float | None = None
-
-    def policy(self, job_retry: Any = None) -> RetryPolicy:
-        """The retry policy: command-line rules first, then the job file's."""
-        where = getattr(job_retry, "where", "") or "job file"
-        max_retries = self.max_retries
-        if max_retries is None:
-            max_retries = getattr(job_retry, "max_retries", None) or 0
-        backoff = self.backoff
-        if backoff is None and job_retry is not None:
-            backoff = job_retry.backoff
-        return RetryPolicy.build(
-            max_retries=max_retries,
-            retry_on=[(r, "--retry-on") for r in self.retry_on]
-            + [(r, where) for r in getattr(job_retry, "retry_on", ())],
-            no_retry_on=[(r, "--no-retry-on") for r in self.no_retry_on]
-            + [(r, where) for r in getattr(job_retry, "no_retry_on", ())],
-            backoff=backoff,
-            backoff_max=getattr(job_retry, "backoff_max", None),
-        )
-
-
-@dataclass(frozen=True)
 class JobRequest:
     """One ``fleetctl run``: what to run where, and what to do around it."""
 
@@ -72,7 +43,7 @@ class JobRequest:
     observe: Observe = field(default_factory=Observe)  # metrics while it lasts, hooks at its end
 
     def __post_init__(self) -> None:
-        if self.options.detach and self.retry.max_retries:
+        if self.options.detach and self.retry.tries > 1:
             raise UsageError("--detach and retries do not mix: nobody watches a detached job")
         if self.options.detach and not self.monitor.monitor and self.observe.asked():
             raise UsageError(
@@ -148,7 +119,7 @@ def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
     from fleetctl.job.monitor.exposition import endpoint_for
     from fleetctl.job.monitor.metrics import JobMetrics
 
-    tries = request.retry.max_retries + 1
+    tries = request.retry.tries
     endpoint = endpoint_for(request.observe, lambda: JobMetrics(max_attempts=tries))
     return None if endpoint is None else endpoint.start()
 
@@ -164,9 +135,9 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
         from fleetctl.job.run.resume import check_files
 
         check_files(options.relay, options.settings, options.allow_secrets)  # before anything
-    want = options.nodes_wanted
+    want = options.hosts.nodes
     spares = want is not None and want < len(request.nodes)
-    if not request.retry.max_retries and not spares:
+    if request.retry.tries == 1 and not spares:
         from fleetctl.job.run.spares import remember_proven
 
         result = run_job(request.spec, request.nodes, options, on_event=on_event)

@@ -3,7 +3,9 @@ and :class:`RetrySpec`; errors name the file, line and key.
 
 Job-level ``collective:`` is ``run --collective`` from the file (the command line's flag wins):
 ``true`` for the defaults, or a mapping of ``size_mib`` (MiB per transfer), ``min`` (fraction of
-the fleet median), ``floor`` (GB/s) and ``timeout`` (s), each optional; ``false`` is off.
+the fleet median), ``floor`` (GB/s) and ``timeout`` (s), each optional; ``false`` is off. Each
+knob is its ``--collective-*`` flag's (``api/runspec_collective.py``: one definition, the same
+bounds and refusal).
 """
 
 from __future__ import annotations
@@ -77,7 +79,6 @@ _JOB_KEYS = frozenset(
         "container_runtime",
     }
 )
-_COLLECTIVE_KEYS = frozenset({"size_mib", "min", "floor", "timeout"})
 _RETRY_KEYS = frozenset({"max_retries", "retry_on", "no_retry_on", "backoff", "backoff_max"})
 
 
@@ -274,41 +275,17 @@ def _runtime(data: LocatedMap, at: Any) -> str | None:
 
 
 def _collective(data: LocatedMap, at: Any) -> CollectiveOptions | None:
-    """The ``collective:`` key: true, false, or a mapping of its knobs (see the module doc)."""
-    import math
-
-    from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
+    """The ``collective:`` key: ``run --collective``'s knobs, by the flags' one definition."""
+    from fleetctl.api.runspec_collective import collective_of_file
 
     v = data.get("collective")
-    if v is None or v is False:
-        return None
-    if v is True:
-        return CollectiveOptions()
-    if not isinstance(v, LocatedMap):
-        raise UsageError(
-            f"{at(data, 'collective')}: collective must be true, false or a mapping of "
-            f"{known(_COLLECTIVE_KEYS)}"
-        )
-    limits = {"size_mib": (0.001, 65536.0), "min": (0.0, 1.0), "floor": (0.0, 1e6)}
-    limits["timeout"] = (1.0, 3600.0)
-    got: dict[str, float] = {}
-    for key, val in v.items():
-        if key not in _COLLECTIVE_KEYS:
-            raise UsageError(
-                f"{at(v, key)}: unknown key {key!r} (known: {known(_COLLECTIVE_KEYS)})"
-            )
-        low, high = limits[key]
-        ok = isinstance(val, (int, float)) and not isinstance(val, bool)
-        if not ok or not math.isfinite(val) or not low <= val <= high:
-            raise UsageError(f"{at(v, key)}: collective {key} must be a number {low:g}..{high:g}")
-        got[key] = float(val)
-    base = CollectiveOptions()
-    return CollectiveOptions(
-        size=max(4, int(got["size_mib"] * MiB)) if "size_mib" in got else base.size,
-        min_fraction=got.get("min", base.min_fraction),
-        floor=got.get("floor"),
-        timeout=got.get("timeout", base.timeout),
-    )
+
+    def where(key: Any) -> str:
+        inside = key is not None and isinstance(v, LocatedMap)
+        return str(at(v, key) if inside else at(data, "collective"))
+
+    record: CollectiveOptions | None = collective_of_file(v, where)
+    return record
 
 
 def _parse_role(name: Any, roles: LocatedMap, path: str) -> RoleSpec:
