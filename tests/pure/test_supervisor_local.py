@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import remote
 from fleetctl.api.runspec import Supervision
 from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
@@ -227,7 +228,9 @@ def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
     second = jobs.start(jid("t-up2"), ["true"])
     drain(second, heartbeat=True)
     assert first.uploaded and not second.uploaded
-    assert (Path(supervisor_path(str(jobs.root / "w"))) / "supervisor.py").is_file()
+    assert (
+        Path(supervisor_path(str(jobs.root / "w"))) / remote.node_file("supervisor.py")
+    ).is_file()
 
 
 def test_a_job_killed_by_a_signal_reports_minus_the_signal(jobs: Jobs) -> None:

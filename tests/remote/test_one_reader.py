@@ -13,6 +13,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from conftest import node_tree
+
 from fleetctl import remote
 from fleetctl.remote.framing import dumps, line
 
@@ -74,7 +76,8 @@ VALUES = [
 def test_python_3_8_writes_frames_as_json_would(py38: str) -> None:
     """framing.dumps (json's C encoder) gives json.dumps's bytes on the node's oldest python."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import framing\n"
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from remote import framing\n"
         "vals = json.loads(sys.stdin.read())\n"
         "for v in vals:\n"
         "    for s in (False, True):\n"
@@ -83,7 +86,7 @@ def test_python_3_8_writes_frames_as_json_would(py38: str) -> None:
         "sys.stdout.buffer.write(framing.line('L', b'a line') + framing.line('H'))\n"
     )
     res = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.HERE)],
+        [py38, "-S", "-c", code, node_tree()],
         input=json.dumps(VALUES).encode(),
         capture_output=True,
         timeout=60,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import node_tree
 
 from fleetctl import remote
 from fleetctl.node import Node
@@ -61,7 +62,14 @@ def jid(name: str) -> str:
     return f"{name}-{RUN_TOKEN}"
 
 
-PROGRAMS = sorted(p.name for p in remote.HERE.glob("*.py") if p.name != "__init__.py")
+#: Every node module, by its path under fleetctl/remote/ (the installer's __init__ aside).
+MODULES = sorted(
+    str(p.relative_to(remote.HERE)) for p in remote.HERE.rglob("*.py") if p.name != "__init__.py"
+)
+#: Where the programs are, under fleetctl/remote/ (the names the installer takes).
+PROGRAM_FOLDER = "".join(f"{p}/" for p in remote.PROGRAMS.split(".")[1:])
+#: The node programs: the names the installer takes (``"supervisor.py"``).
+SHIPPED = [n[len(PROGRAM_FOLDER) :] for n in MODULES if n.startswith(PROGRAM_FOLDER)]
 ENTRY = "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job"
 #: Which Python 3.8 test under tests/remote exercises each node module (program or shared
 #: module): a new module without one fails the guard. Adding a program is one line here.
@@ -122,17 +130,17 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> N
 def test_every_module_in_fleetctl_remote_has_a_python_3_8_test() -> None:
     """The guard: every node module names a test of this tier that exists, and that test
     runs code of the module (its program's bundle holds it, or it is the program)."""
-    assert sorted(EXERCISED) == PROGRAMS, "a node module without a Python 3.8 test"
+    assert sorted(EXERCISED) == MODULES, "a node module without a Python 3.8 test"
     here = Path(__file__).parent
     defined = set()
     for f in here.glob("test_*.py"):
         defined |= set(re.findall(r"^def (test_\w+)\(", f.read_text(), re.M))
     assert {m: t for m, t in EXERCISED.items() if t not in defined} == {}
-    shipped = {f"{m}.py" for name in PROGRAMS for m in remote.modules(name)}
-    assert shipped == set(PROGRAMS)
+    shipped = {"/".join(m.split(".")[1:]) + ".py" for name in SHIPPED for m in remote.modules(name)}
+    assert shipped == set(MODULES)
 
 
-@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("name", SHIPPED)
 def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) -> None:
     """argv stays under Linux's 128 KiB per argument: inline, the argv entrance (code and
     bundle), the stdin entrance."""
@@ -145,9 +153,9 @@ def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) ->
     assert max(sizes.values()) < MAX_ARG, sizes
 
 
-@pytest.mark.parametrize("name", [*PROGRAMS, "__init__.py"])
+@pytest.mark.parametrize("name", [*MODULES, "__init__.py"])
 def test_every_file_compiles_under_python_3_8(py38: str, name: str) -> None:
-    path = remote.path(name)
+    path = remote.HERE / name
     res = subprocess.run(
         [py38, "-c", "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')", path],
         capture_output=True,
@@ -532,12 +540,13 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
 
 def test_the_probe_echoes_icmp_in_process_without_a_ping_binary(py38: str, tmp_path: Path) -> None:
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import probe; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from remote import probe; "
         "print(probe.icmp_echo('127.0.0.1', '127.0.0.1', 2.0))"
     )
     env = {**os.environ, "PATH": str(tmp_path)}  # no `ping` to fall back on
     out = subprocess.run(
-        [py38, "-c", code, str(Path(remote.path("probe.py")).parent)],
+        [py38, "-c", code, node_tree()],
         capture_output=True, text=True, timeout=30, env=env, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "ok", out.stderr
@@ -999,7 +1008,8 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
     """A rank that ended is a zombie until its launcher reaps it (deepspeed looks once a
     second): its exit status is still in /proc, which is how a failed rank is named."""
     code = (
-        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import procfs, ranks\n"
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); "
+        "from remote import procfs, ranks\n"
         "kids = []\n"
         "for how in ('exit', 'kill'):\n"
         "    pid = os.fork()\n"
@@ -1011,7 +1021,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
         "print([procfs.zombie_exit(p) for p in kids], procfs.zombie_exit(os.getpid()))\n"
     )
     out = subprocess.run(
-        [py38, "-c", code, str(Path(remote.path("supervisor.py")).parent)],
+        [py38, "-c", code, node_tree()],
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "[3, -9] None", out.stderr
@@ -1034,11 +1044,12 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
 
     def check_probe() -> str:
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); import facts\n"
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from remote import facts\n"
             "print(facts.workdir_id(sys.argv[2]))\n"
         )
         out = subprocess.run(
-            [py38, "-c", code, str(Path(remote.path("probe.py")).parent), str(w)],
+            [py38, "-c", code, node_tree(), str(w)],
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         return out.stdout.strip()
@@ -1175,14 +1186,15 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
         remote.file_argv(py38, sup, *clean), cwd=home, env=env, capture_output=True, timeout=60
     )
     assert again.returncode == 0 and again.stdout.startswith(b"D "), again.stderr
-    cached = list((Path(sup) / "__pycache__").glob("supervisor.cpython-38*.pyc"))
+    program = Path(sup) / remote.node_file("supervisor.py")
+    cached = list((program.parent / "__pycache__").glob("supervisor.cpython-38*.pyc"))
     assert len(cached) == 1
 
 
 WORKDIR_ID = """
 import os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-import {module} as m
+from remote import {module} as m
 w = sys.argv[2]
 os.makedirs(w)
 # many nodes of one shared home at once: one id for all of them
@@ -1209,7 +1221,7 @@ def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
 ) -> None:
     code = WORKDIR_ID.format(module=module)
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.path("probe.py").parent), str(tmp_path / "w")],
+        [py38, "-S", "-c", code, node_tree(), str(tmp_path / "w")],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     first, second = out.stdout.splitlines()
@@ -1251,15 +1263,17 @@ def test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_b
         facts = start(name)
         assert len(facts) == 1 and facts[0]["workdir"] == str(w), facts
         folder = Path(remote.installed_path(str(w), name))
-        installed = folder / name
-        assert sorted(p.name for p in folder.glob("*.py")) == sorted(
-            ["__main__.py", *(f"{m}.py" for m in remote.modules(name))]
+        installed = folder / remote.node_file(name)
+        mods = remote.modules(name)
+        inits = [f"{p.replace('.', '/')}/__init__.py" for p in remote.packages(mods)]
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py")) == sorted(
+            ["__main__.py", *inits, *(f"{m.replace('.', '/')}.py" for m in mods)]
         )
-        for mod in remote.modules(name):
-            assert (folder / f"{mod}.py").read_bytes() == remote.source(f"{mod}.py")
+        for mod, src in mods.items():
+            assert (folder / f"{mod.replace('.', '/')}.py").read_text() == src
         assert stat.S_IMODE(installed.stat().st_mode) == 0o600
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-        assert list((folder / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
+        assert list((installed.parent / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
         installed.write_text(STAND_IN)  # the next start must run this file, not the source
         assert start(name) == [{"stand_in": argv}]
     assert not list((w / "bin").glob("*.part")), "a temp file of the install was left"
@@ -1293,11 +1307,11 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
     code = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "import facts\n"
+        "from remote import facts\n"
         "print(json.dumps(facts.ipv4_netlink()))\n"
     )
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.path("probe.py").parent)],
+        [py38, "-S", "-c", code, node_tree()],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout) == {k: v for k, v in want.items() if v}
@@ -1306,7 +1320,7 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
 TAR_WRITE = """
 import io, sys
 sys.path.insert(0, sys.argv[1])
-import pack as s
+from remote import pack as s
 out = open(sys.argv[2], "wb")
 w = s.TarWriter(out)
 w.add_dir("ranks/empty", 0o700, 7)
@@ -1324,9 +1338,7 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
     controller's reader: folders, a long and a non-ASCII name, the resume offset, a file that
     shrank while it was sent, whole records."""
     path = tmp_path / "out.tar"
-    subprocess.run(
-        [py38, "-S", "-c", TAR_WRITE, str(remote.HERE), str(path)], timeout=60, check=True
-    )
+    subprocess.run([py38, "-S", "-c", TAR_WRITE, node_tree(), str(path)], timeout=60, check=True)
     assert path.stat().st_size % 10240 == 0
     got = {}
     with tarfile.open(path, mode="r|") as tar:
