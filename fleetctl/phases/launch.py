@@ -27,7 +27,7 @@ from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
 from fleetctl.plan.launchers import launcher_for
-from fleetctl.remote.records import RecordError, SupervisorSpec
+from fleetctl.remote.kit.records import RecordError, SupervisorSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -171,7 +171,7 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
-    if pace is not None:  # the slow-node watch: where the ranks are (remote/pace.py)
+    if pace is not None:  # the slow-node watch: where the ranks are (remote/kit/pace.py)
         spec["pace"] = pace
     if not detach:  # a closed channel is not the end: the controller may reattach
         spec["reattach"] = True

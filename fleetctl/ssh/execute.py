@@ -141,7 +141,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
     under coreutils ``timeout`` (its process group only), else as it is.
     """
     from fleetctl.remote import NO_SITE, inline
-    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
+    from fleetctl.remote.kit.wire import EXEC_TIMEOUT_MARK as MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     args = [f"{timeout:g}", f"{KILL_GRACE:g}", tag, command]
@@ -164,7 +164,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
 
 def _split_timeout(stderr: str) -> tuple[str, str | None]:
     """(stderr without the node's time-out line, that line) — None when it did not time out."""
-    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
+    from fleetctl.remote.kit.wire import EXEC_TIMEOUT_MARK as MARK
 
     body, _, last = stderr.rstrip("\n").rpartition("\n")
     if last.startswith(MARK):

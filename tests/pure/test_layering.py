@@ -50,11 +50,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 REMOTE_KIT = frozenset(
     {
         "fleetctl.remote",
-        "fleetctl.remote.wire",
-        "fleetctl.remote.records",
-        "fleetctl.remote.procfs",
-        "fleetctl.remote.keyscan",
-        "fleetctl.remote.containers",
+        "fleetctl.remote.kit.wire",
+        "fleetctl.remote.kit.records",
+        "fleetctl.remote.kit.procfs",
+        "fleetctl.remote.kit.keyscan",
+        "fleetctl.remote.kit.containers",
     }
 )
 
@@ -262,7 +262,7 @@ def test_the_checker_finds_upward_imports_wherever_they_are(tmp_path: Path) -> N
             ),
             "remote/__init__.py": "",
             "remote/supervisor.py": "",
-            "remote/wire.py": "",
+            "remote/kit/wire.py": "",
         },
     )
     found = violations(root, PLANTED_LAYERS, {}, frozenset({"fleetctl.remote"}))
@@ -278,14 +278,14 @@ def test_the_checker_takes_the_listed_exceptions_and_the_kit_only(tmp_path: Path
         tmp_path,
         {
             "job/run.py": "import fleetctl.api.checks\nfrom fleetctl.remote import supervisor\n",
-            "api/checks.py": "from fleetctl.remote.wire import X\n",
+            "api/checks.py": "from fleetctl.remote.kit.wire import X\n",
             "remote/supervisor.py": "",
-            "remote/wire.py": "",
+            "remote/kit/wire.py": "",
             "stray.py": "",
         },
     )
     upward = {("fleetctl.job.run", "fleetctl.api.checks"): "a reason"}
-    assert violations(root, PLANTED_LAYERS, upward, frozenset({"fleetctl.remote.wire"})) == [
+    assert violations(root, PLANTED_LAYERS, upward, frozenset({"fleetctl.remote.kit.wire"})) == [
         "fleetctl.job.run -> fleetctl.remote.supervisor: a node program, not the kit the "
         "controller shares",
         "fleetctl.stray: room 'stray' has no place in LAYERS",

@@ -1,4 +1,4 @@
-"""The node's container teardown (``fleetctl/remote/containers.py``, Python 3.8) against a fake
+"""The node's container teardown (``fleetctl/remote/kit/containers.py``, Python 3.8) against a fake
 ``podman`` on PATH, driven by the argv the controller's podman builder makes: every container
 labelled with the job is stopped and removed, another job's is left alone, and a container
 that will not go is reported, never hidden."""
@@ -66,7 +66,7 @@ sys.exit(code)
 
 CALL = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); "
-    "from remote import containers; "
+    "from remote.kit import containers; "
     "print(json.dumps(containers.end_containers(json.loads(sys.argv[2]), 1.5)))"
 )
 
@@ -134,7 +134,7 @@ def test_nothing_of_the_job_is_one_listing(py38: str, tmp_path: Path) -> None:
 
 PID = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); "
-    "from remote import containers; "
+    "from remote.kit import containers; "
     "print(json.dumps(containers.main_pid(json.loads(sys.argv[2]))))"
 )
 
@@ -252,7 +252,7 @@ def test_a_listing_a_concurrent_stop_made_lie_is_not_believed(py38: str, tmp_pat
 # it (the end verified: ``release``) or die without a word (SIGKILL: ``die``)
 GUARD_CALL = (
     "import json, os, sys; sys.path.insert(0, sys.argv[1]); "
-    "from remote import container_guard as g; "
+    "from remote.kit import container_guard as g; "
     "guard, why = g.start_guard(json.loads(sys.argv[2]), 'j1', 0, sys.argv[3], 1.5); "
     "print(json.dumps({'pid': guard and guard.pid, 'why': why}), flush=True); "
     "guard.release(True) if sys.argv[4] == 'release' else os.kill(os.getpid(), 9)"
@@ -329,7 +329,7 @@ time.sleep(60)
 # found, SIGKILL to it (the stop's last step), the half's status
 HALF_CALL = (
     "import json, os, signal, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); "
-    "from remote import containers, jobprocs; jobprocs.become_subreaper(); "
+    "from remote.kit import containers, jobprocs; jobprocs.become_subreaper(); "
     "p = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[3]], "
     "start_new_session=True, stdout=subprocess.PIPE); p.stdout.readline(); "
     "os.killpg(p.pid, signal.SIGTERM); "

@@ -14,19 +14,19 @@ from conftest import node_tree
 from fleetctl import remote
 from fleetctl.health.judge import judge_health
 from fleetctl.lab.health_faults import inject, write_health_files
-from fleetctl.remote import health
+from fleetctl.remote.kit import health
 
 CASES = Path(__file__).parents[1] / "pure" / "health_cases"
 READ = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from remote import health
+from remote.kit import health
 print(json.dumps(health.health_facts({"ib_root": sys.argv[2]})))
 """
 PARSE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from remote import health
+from remote.kit import health
 print(json.dumps([health.parse_smi_xml(open(sys.argv[2]).read()),
                   health.parse_xid_lines(open(sys.argv[3]).read())]))
 """

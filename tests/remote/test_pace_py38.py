@@ -1,4 +1,4 @@
-"""The slow-node sampler (``remote/pace.py``) run by Python 3.8 on real processes: a rank
+"""The slow-node sampler (``remote/kit/pace.py``) run by Python 3.8 on real processes: a rank
 that computes reads busy, one asleep (as in a collective's wait) reads idle, and a cpu
 cgroup's throttling is read from its cpu.stat."""
 
@@ -13,7 +13,7 @@ from conftest import node_tree
 SAMPLE = """
 import json, os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from remote import pace
+from remote.kit import pace
 busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
 idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 try:

@@ -84,7 +84,7 @@ def _adopt(py38: str, claims: Path, job: str) -> list:
     modules (as its bundle imports them)."""
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); "
-        "from remote import jobprocs; "
+        "from remote.kit import jobprocs; "
         "print(json.dumps(jobprocs.adopt_port_claims(sys.argv[2])))"
     )
     env = {**os.environ, "FLEETCTL_PORT_CLAIMS": str(claims)}
@@ -170,10 +170,11 @@ def test_a_claim_naming_a_live_pid_without_its_start_time_expires_after_the_grac
 
 
 def test_the_probe_and_the_supervisor_share_one_rule_for_the_per_user_claim_folder() -> None:
-    from fleetctl.remote import jobprocs, port_probe, portclaims
+    from fleetctl.remote import port_probe
+    from fleetctl.remote.kit import jobprocs, portclaims
 
     env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_PORT_CLAIMS"}
-    code = "import fleetctl.remote.portclaims as c; print(*c.names())"
+    code = "import fleetctl.remote.kit.portclaims as c; print(*c.names())"
     out = subprocess.run(
         ["python3", "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()

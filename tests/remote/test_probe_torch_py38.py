@@ -73,7 +73,7 @@ def test_the_launcher_import_reports_the_torch_it_brought(py38: str, tmp_path: P
 FOLDERS = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from remote import facts
+from remote.kit import facts
 facts.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("second interpreter"))
 print(json.dumps({"dirs": facts.site_dirs(), "torch": facts.torch_facts()}))
 """

@@ -74,43 +74,46 @@ ENTRY = "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job"
 #: Which Python 3.8 test under tests/remote exercises each node module (program or shared
 #: module): a new module without one fails the guard. Adding a program is one line here.
 EXERCISED = {
-    "atomic.py": ENTRY,
+    "kit/atomic.py": ENTRY,
     "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
-    "container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_dies",
-    "containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
+    "kit/container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_"
+    "dies",
+    "kit/containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
     "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
     "image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
     "image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
     "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
-    "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "framing.py": "test_python_3_8_writes_frames_as_json_would",
-    "health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
-    "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
-    "keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
-    "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
+    "kit/facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "kit/framing.py": "test_python_3_8_writes_frames_as_json_would",
+    "kit/health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
+    "kit/jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "kit/keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
+    "folder",
+    "kit/modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
     "the_stop",
-    "output.py": ENTRY,
-    "pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
-    "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
+    "kit/output.py": ENTRY,
+    "kit/pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
+    "kit/pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
     "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
-    "portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
+    "kit/portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
     "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "kit/procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
-    "ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
-    "records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
-    "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
-    "spec.py": ENTRY,
+    "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "kit/ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "kit/ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
+    "kit/records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
+    "kit/relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
+    "folder",
+    "kit/spec.py": ENTRY,
     "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
-    "supervision.py": ENTRY,
+    "kit/supervision.py": ENTRY,
     "supervisor.py": ENTRY,
-    "waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "wire.py": ENTRY,
-    "workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
+    "kit/waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/wire.py": ENTRY,
+    "kit/workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
     "bytecode",
 }
 #: Linux's limit on one argument (MAX_ARG_STRLEN): no shipped program may pass it.
@@ -1009,7 +1012,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
     second): its exit status is still in /proc, which is how a failed rank is named."""
     code = (
         "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); "
-        "from remote import procfs, ranks\n"
+        "from remote.kit import procfs, ranks\n"
         "kids = []\n"
         "for how in ('exit', 'kill'):\n"
         "    pid = os.fork()\n"
@@ -1045,7 +1048,7 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
     def check_probe() -> str:
         code = (
             "import sys; sys.path.insert(0, sys.argv[1]); "
-            "from remote import facts\n"
+            "from remote.kit import facts\n"
             "print(facts.workdir_id(sys.argv[2]))\n"
         )
         out = subprocess.run(
@@ -1194,7 +1197,7 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
 WORKDIR_ID = """
 import os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-from remote import {module} as m
+import remote.{module} as m
 w = sys.argv[2]
 os.makedirs(w)
 # many nodes of one shared home at once: one id for all of them
@@ -1215,7 +1218,7 @@ print(m.workdir_id(w))
 """
 
 
-@pytest.mark.parametrize("module", ["facts", "push_helper"])
+@pytest.mark.parametrize("module", ["kit.facts", "push_helper"])
 def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
     py38: str, tmp_path: Path, module: str
 ) -> None:
@@ -1307,7 +1310,7 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
     code = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from remote import facts\n"
+        "from remote.kit import facts\n"
         "print(json.dumps(facts.ipv4_netlink()))\n"
     )
     out = subprocess.run(
@@ -1320,7 +1323,7 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
 TAR_WRITE = """
 import io, sys
 sys.path.insert(0, sys.argv[1])
-from remote import pack as s
+from remote.kit import pack as s
 out = open(sys.argv[2], "wb")
 w = s.TarWriter(out)
 w.add_dir("ranks/empty", 0o700, 7)
@@ -1357,7 +1360,7 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
 def test_the_job_scan_reads_no_kernel_threads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernel threads (thousands on a big GPU host) are never a job's: the after-exit scan
     skips them instead of reading each one's environment."""
-    from fleetctl.remote import jobprocs, procfs
+    from fleetctl.remote.kit import jobprocs, procfs
 
     def flags(pid: int) -> int:
         st = procfs.proc_stat_flags(pid)

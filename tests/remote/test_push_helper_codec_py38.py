@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 if sys.argv[2] == "no-c":
     sys.modules["_json"] = None  # import _json fails: the fallback
-from remote import pushbase  # the push helper's codec
+from remote.kit import pushbase  # the push helper's codec
 values = pushbase.loads(sys.stdin.read())
 texts = [pushbase.dumps(v) for v in values]
 used_json = "json" in sys.modules  # the C half alone needs no json module

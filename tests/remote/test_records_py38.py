@@ -1,5 +1,5 @@
-"""The supervisor's typed records (``fleetctl/remote/records.py``): golden cases read the same by
-the controller's python and by Python 3.8 (the node's oldest), and a supervisor that refuses a
+"""The supervisor's typed records (``fleetctl/remote/kit/records.py``): golden cases read the same
+by the controller's python and by Python 3.8 (the node's oldest), and a supervisor that refuses a
 spec of the wrong shape with the record's own message.
 
 Tolerant of older documents (missing keys take their defaults, unknown keys are ignored),
@@ -17,7 +17,7 @@ from conftest import node_tree
 
 from fleetctl import remote
 from fleetctl.phases.frames import FrameReader
-from fleetctl.remote.records import RecordError, SupervisorSpec, SupervisorState, read_state
+from fleetctl.remote.kit.records import RecordError, SupervisorSpec, SupervisorState, read_state
 
 MIN_SPEC = {"job_id": "j", "argv": ["python3", "x.py"], "run_dir": "/r/0-n1"}
 FULL_SPEC = {
@@ -105,7 +105,7 @@ def read_here(kind: str, doc: object) -> object:
 SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from remote.records import RecordError, SupervisorSpec, SupervisorState
+from remote.kit.records import RecordError, SupervisorSpec, SupervisorState
 out = []
 for kind, doc in json.load(sys.stdin):
     cls = SupervisorSpec if kind == "spec" else SupervisorState

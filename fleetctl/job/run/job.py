@@ -193,7 +193,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
 
         if len(plan.nodes) > 1:  # a synchronous job: the node the others wait for
             job.pace = PaceJudge({np.node_rank: np.host for np in plan.nodes}, sup.slow_rounds)
-            pace = {}  # the sampler's defaults (fleetctl.remote.pace)
+            pace = {}  # the sampler's defaults (fleetctl.remote.kit.pace)
     job.state.launch()
     job.sync()
     job.result.started = time.time()
