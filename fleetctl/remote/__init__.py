@@ -1,10 +1,11 @@
-"""Programs that run on the nodes: stdlib only, Python >= 3.8, and the controller's installer.
+"""Code that runs on the nodes (stdlib only, Python >= 3.8), and the controller's installer.
 
-A node program and the node modules it imports ship as one bundle, installed once per content
-hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two entrances: argv and stdin), or run
-from memory with ``python -c`` (:func:`inline`). The controller imports only this module, the
-wire format (``wire``, and the supervisor's records: ``records``) and the /proc reader
-(``procfs``); never a program.
+``programs/`` holds what runs on a node (the supervisor, the check's probe, the push helper, …),
+``kit/`` the modules they import. A node program and the kit modules it imports ship as one
+bundle, installed once per content hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two
+entrances: argv and stdin), or run from memory with ``python -c`` (:func:`inline`). The
+controller imports this module and a few kit modules (the wire format, the supervisor's
+records, the /proc reader, …: ``tests/pure/test_layering.py``); never a program.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 # On a node this folder is the package ``remote`` (its own ``__init__`` empty: the installer
 # stays home), so node modules import each other one way, relatively, there and here.
 NODE_PACKAGE = "remote"
-# Where the programs are, in that package: ``W/bin/<name>_<sha12>/remote/<name>.py``.
-PROGRAMS = NODE_PACKAGE
+# Where the programs are, in that package: ``W/bin/<name>_<sha12>/remote/programs/<name>.py``.
+PROGRAMS = f"{NODE_PACKAGE}.programs"
 
 # Node programs are stdlib only, so their python skips ``site`` (``-S``): its .pth files cost
 # every start ~36 ms of CPU with this machine's python (an editable install's finder, certifi),

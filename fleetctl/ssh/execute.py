@@ -8,8 +8,8 @@ per-node codes are in the result; with ``max_rc`` the largest remote exit code i
 instead (``clush -S``/``pdsh -S``), 124 for a node where it timed out, 255 for a node where
 the command could not run at all (as ``ssh`` reports it).
 
-The time limit is enforced on the node (``fleetctl/remote/exec_timeout.py``): closing an SSH
-channel does not stop a command that has no terminal, so the command runs in its own session,
+The time limit is enforced on the node (``fleetctl/remote/programs/exec_timeout.py``): closing an
+SSH channel does not stop a command that has no terminal, so the command runs in its own session,
 tagged by an id in its environment, and is stopped there with everything it started.
 """
 
@@ -134,8 +134,8 @@ def _rc(r: NodeRun) -> int:
 
 
 def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
-    """``command`` under the node's own time limit (``remote/exec_timeout.py``, shipped with
-    ``python -c``): stopped with all it started when ``timeout`` is up.
+    """``command`` under the node's own time limit (``remote/programs/exec_timeout.py``, shipped
+    with ``python -c``): stopped with all it started when ``timeout`` is up.
 
     A node without that python still runs the command (``exec`` may be what installs it):
     under coreutils ``timeout`` (its process group only), else as it is.

@@ -1,4 +1,5 @@
-"""The probe's mesh test (``fleetctl.remote.probe.mesh``) run on a lab host against real kernels.
+"""The probe's mesh test (``fleetctl.remote.programs.probe.mesh``) run on a lab host against real
+kernels.
 
 A peer whose address resolution ran out while it was unreachable leaves a stale neighbour
 entry behind: the kernel fails the next packets queued on it with "No route to host" although

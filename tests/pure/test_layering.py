@@ -90,7 +90,7 @@ UPWARD: dict[tuple[str, str], str] = {
     ("fleetctl.ssh.connection", "fleetctl.slurm.srun"): "transport(node) opens an srun step",
     (
         "fleetctl.phases.check.preflight",
-        "fleetctl.remote.probe",
+        "fleetctl.remote.programs.probe",
     ): "the controller's ping is the probe's icmp_echo",
 }
 
@@ -261,7 +261,7 @@ def test_the_checker_finds_upward_imports_wherever_they_are(tmp_path: Path) -> N
                 "from .. import remote\n"
             ),
             "remote/__init__.py": "",
-            "remote/supervisor.py": "",
+            "remote/programs/supervisor.py": "",
             "remote/kit/wire.py": "",
         },
     )
@@ -277,16 +277,18 @@ def test_the_checker_takes_the_listed_exceptions_and_the_kit_only(tmp_path: Path
     root = plant(
         tmp_path,
         {
-            "job/run.py": "import fleetctl.api.checks\nfrom fleetctl.remote import supervisor\n",
+            "job/run.py": (
+                "import fleetctl.api.checks\nfrom fleetctl.remote.programs import supervisor\n"
+            ),
             "api/checks.py": "from fleetctl.remote.kit.wire import X\n",
-            "remote/supervisor.py": "",
+            "remote/programs/supervisor.py": "",
             "remote/kit/wire.py": "",
             "stray.py": "",
         },
     )
     upward = {("fleetctl.job.run", "fleetctl.api.checks"): "a reason"}
     assert violations(root, PLANTED_LAYERS, upward, frozenset({"fleetctl.remote.kit.wire"})) == [
-        "fleetctl.job.run -> fleetctl.remote.supervisor: a node program, not the kit the "
+        "fleetctl.job.run -> fleetctl.remote.programs.supervisor: a node program, not the kit the "
         "controller shares",
         "fleetctl.stray: room 'stray' has no place in LAYERS",
     ]

@@ -157,7 +157,7 @@ def test_the_node_report_folds_console_dumps_with_py_spys() -> None:
 
 
 def test_the_node_side_sends_back_the_dump_an_aborted_rank_wrote(tmp_path: Path) -> None:
-    """remote/stacks.py on this machine, py-spy out of reach: the rank is aborted, and the
+    """remote/programs/stacks.py on this machine, py-spy out of reach: the rank is aborted, and the
     D frame carries what console.log gained — its faulthandler dump, folded under its rank."""
     import json
     import os

@@ -23,7 +23,7 @@ from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
 from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.plan.rankplan import JobSpec
-from fleetctl.remote.supervisor import find_job_processes, stop_processes
+from fleetctl.remote.programs.supervisor import find_job_processes, stop_processes
 from fleetctl.ssh.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its

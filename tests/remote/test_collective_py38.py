@@ -15,7 +15,7 @@ from fleetctl import remote
 
 READ_PORTS = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); "
-    "from remote import collective as c; "
+    "from remote.programs import collective as c; "
     "assert 'torch' not in sys.modules; print(json.dumps(c.ib_ports(sys.argv[2])))"
 )
 
@@ -76,7 +76,7 @@ FAKE_TORCH = (
 )
 LOAD = (
     "import gc, json, sys, warnings; sys.path[:0] = sys.argv[1:3]; "
-    "from remote import collective as c\n"
+    "from remote.programs import collective as c\n"
     "with warnings.catch_warnings(record=True) as seen:\n"
     "    warnings.simplefilter('always')\n"
     "    torch = c.load_torch()\n"
@@ -112,7 +112,7 @@ def test_torch_is_imported_without_numpy_and_the_collector(py38: str, tmp_path: 
 
 
 def _rounds(times: list, others_settled: bool = True) -> int:
-    from fleetctl.remote.collective import best_rounds
+    from fleetctl.remote.programs.collective import best_rounds
 
     it = iter(times)
     return len(best_rounds(lambda: next(it), 3, lambda mine: mine and others_settled))
@@ -123,7 +123,7 @@ def test_the_all_reduce_stops_at_two_rounds_once_every_rank_agrees() -> None:
     assert _rounds([1.0, 1.5, 1.2]) == 3  # apart: a third
     assert _rounds([1.5, 1.0, 1.2]) == 3
     assert _rounds([1.0, 1.1, 1.2], others_settled=False) == 3  # another rank's two disagree
-    from fleetctl.remote.collective import best_rounds
+    from fleetctl.remote.programs.collective import best_rounds
 
     assert len(best_rounds(lambda: 1.0, 1, lambda mine: True)) == 1
     assert len(best_rounds(lambda: 1.0, 2, lambda mine: False)) == 2
@@ -135,7 +135,7 @@ def test_a_torch_that_needs_numpy_says_numpy_was_kept_out(py38: str, tmp_path: P
     (tmp_path / "numpy.py").write_text("")
     code = (
         "import sys; sys.path[:0] = sys.argv[1:3]; "
-        "from remote import collective as c\n"
+        "from remote.programs import collective as c\n"
         "try:\n"
         "    c.load_torch()\n"
         "except ImportError as e:\n"

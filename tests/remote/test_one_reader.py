@@ -62,7 +62,7 @@ def test_node_programs_write_frames_only_through_framing() -> None:
         if Path(name).name not in {"framing.py", "__init__.py", *OWN_STDOUT} and writers.search(src)
     }
     assert found == {}, "write frames with fleetctl/remote/kit/framing.py"
-    assert all((remote.HERE / name).is_file() for name in OWN_STDOUT)
+    assert all(remote.path(name).is_file() for name in OWN_STDOUT)
 
 
 #: values the node programs send: nested, unicode, floats, None, sorted or not

@@ -49,8 +49,7 @@ def test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one(
     stat = folder / "cpu.stat"
     stat.write_text("nr_periods 10\nnr_throttled 5\nthrottled_time 1\n")
     out = subprocess.run(
-        [py38, "-c", SAMPLE, node_tree(), str(tmp_path),
-         str(stat)],
+        [py38, "-c", SAMPLE, node_tree(), str(tmp_path), str(stat)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     said = json.loads(out.stdout)

@@ -170,8 +170,8 @@ def test_a_claim_naming_a_live_pid_without_its_start_time_expires_after_the_grac
 
 
 def test_the_probe_and_the_supervisor_share_one_rule_for_the_per_user_claim_folder() -> None:
-    from fleetctl.remote import port_probe
     from fleetctl.remote.kit import jobprocs, portclaims
+    from fleetctl.remote.programs import port_probe
 
     env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_PORT_CLAIMS"}
     code = "import fleetctl.remote.kit.portclaims as c; print(*c.names())"

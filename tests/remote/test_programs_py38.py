@@ -44,7 +44,7 @@ from fleetctl.phases.launch import (
     supervisor_source,
 )
 from fleetctl.plan.launchers import LAUNCHERS
-from fleetctl.remote.supervisor import (
+from fleetctl.remote.programs.supervisor import (
     TAR_MARKER,
     find_job_processes,
     proc_stat,
@@ -75,15 +75,17 @@ ENTRY = "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job"
 #: module): a new module without one fails the guard. Adding a program is one line here.
 EXERCISED = {
     "kit/atomic.py": ENTRY,
-    "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
+    "programs/bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "programs/collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_"
+    "ports",
     "kit/container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_"
     "dies",
     "kit/containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
-    "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
-    "image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
-    "image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
-    "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
+    "programs/envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
+    "programs/image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
+    "programs/image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
+    "programs/exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_"
+    "limit",
     "kit/facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "kit/finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/framing.py": "test_python_3_8_writes_frames_as_json_would",
@@ -96,11 +98,11 @@ EXERCISED = {
     "kit/output.py": ENTRY,
     "kit/pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
     "kit/pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
-    "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "programs/port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
     "kit/portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
-    "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "programs/probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "kit/procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
-    "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "programs/push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
     "kit/ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
@@ -108,9 +110,9 @@ EXERCISED = {
     "kit/relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
     "folder",
     "kit/spec.py": ENTRY,
-    "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "programs/stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
     "kit/supervision.py": ENTRY,
-    "supervisor.py": ENTRY,
+    "programs/supervisor.py": ENTRY,
     "kit/waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
     "kit/wire.py": ENTRY,
     "kit/workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
@@ -544,7 +546,7 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
 def test_the_probe_echoes_icmp_in_process_without_a_ping_binary(py38: str, tmp_path: Path) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from remote import probe; "
+        "from remote.programs import probe; "
         "print(probe.icmp_echo('127.0.0.1', '127.0.0.1', 2.0))"
     )
     env = {**os.environ, "PATH": str(tmp_path)}  # no `ping` to fall back on
@@ -1218,7 +1220,7 @@ print(m.workdir_id(w))
 """
 
 
-@pytest.mark.parametrize("module", ["kit.facts", "push_helper"])
+@pytest.mark.parametrize("module", ["kit.facts", "programs.push_helper"])
 def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
     py38: str, tmp_path: Path, module: str
 ) -> None:

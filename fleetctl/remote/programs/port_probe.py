@@ -26,9 +26,9 @@ import socket
 import sys
 import time
 
-from .kit.framing import frame
-from .kit.portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
-from .kit.procfs import proc_start_time
+from ..kit.framing import frame
+from ..kit.portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
+from ..kit.procfs import proc_start_time
 
 CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, launch)
 

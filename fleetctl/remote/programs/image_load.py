@@ -20,8 +20,8 @@ import errno
 import os
 import sys
 
-from .kit.finalize import fetch, sha256_file
-from .kit.pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
+from ..kit.finalize import fetch, sha256_file
+from ..kit.pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
 
 
 def _which(name: str) -> str | None:

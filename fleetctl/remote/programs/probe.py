@@ -45,9 +45,9 @@ import sys
 import threading
 import time
 
-from .kit.facts import gather
-from .kit.framing import frame
-from .kit.waits import Task, pmap, run, which
+from ..kit.facts import gather
+from ..kit.framing import frame
+from ..kit.waits import Task, pmap, run, which
 
 # subprocess is imported where a program is run: a node without GPUs runs one (rsync), and the
 # import was a tenth of the probe's CPU; shutil and contextlib are not needed at all.

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from .kit.framing import frame
+from ..kit.framing import frame
 
 FAILED = 3
 PACKAGES = ("nvidia/nccl/lib", "torch/lib")

@@ -43,16 +43,16 @@ import os
 import signal
 import sys
 
-from .kit.framing import line
-from .kit.jobprocs import find_job_processes, release_port_claims, stop_processes
-from .kit.modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
-from .kit.output import Out
-from .kit.pack import cmd_pack, pack_dir
-from .kit.procfs import proc_start_time, proc_stat
-from .kit.records import SupervisorSpec
-from .kit.spec import read_spec
-from .kit.supervision import Supervisor, ignore_signal
-from .kit.wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
+from ..kit.framing import line
+from ..kit.jobprocs import find_job_processes, release_port_claims, stop_processes
+from ..kit.modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
+from ..kit.output import Out
+from ..kit.pack import cmd_pack, pack_dir
+from ..kit.procfs import proc_start_time, proc_stat
+from ..kit.records import SupervisorSpec
+from ..kit.spec import read_spec
+from ..kit.supervision import Supervisor, ignore_signal
+from ..kit.wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
 
 # the program's entry points, and what tests still import from here (stop logic, markers)
 __all__ = [

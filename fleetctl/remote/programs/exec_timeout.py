@@ -28,8 +28,8 @@ try:
 except ImportError:  # an interpreter without it: the public module
     import signal  # type: ignore[no-redef]
 
-from .kit.procfs import ended, environ_has, pids
-from .kit.wire import EXEC_TIMEOUT_MARK as MARK
+from ..kit.procfs import ended, environ_has, pids
+from ..kit.wire import EXEC_TIMEOUT_MARK as MARK
 
 TIMED_OUT = 124
 SETTLE = 5.0  # s to wait for killed processes to be gone
