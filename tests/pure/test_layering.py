@@ -173,6 +173,21 @@ def test_fleetctl_imports_downwards_only() -> None:
     assert violations(PACKAGE) == []
 
 
+def test_the_controller_shares_only_the_node_kit_and_the_kit_imports_no_program() -> None:
+    """remote/ is two rooms: ``programs/`` (shipped to nodes by file name, never imported by the
+    controller) and ``kit/`` (what the programs import; the controller shares some of it)."""
+    assert sorted(m for m in REMOTE_KIT if not m.startswith("fleetctl.remote.kit.")) == [
+        "fleetctl.remote"
+    ]
+    kit = PACKAGE / "remote" / "kit"
+    assert [
+        f"{module_name(p, PACKAGE)} -> {t}"
+        for p in sorted(kit.rglob("*.py"))
+        for t in imports(p, PACKAGE)
+        if t.startswith("fleetctl.remote.programs")
+    ] == []
+
+
 def eager_imports(path: Path) -> list[str]:
     """The fleetctl modules importing ``path`` runs: module-level statements, not those in
     functions (run when called) or under ``TYPE_CHECKING`` (never run)."""
