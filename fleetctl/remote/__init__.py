@@ -116,10 +116,11 @@ _PRUNE = (
     "    pass\n"
 )
 
-# A node program and the node modules it imports (``from .x import …``, flat ``import x`` on a
-# node) travel as one bundle: zlib of ``{"main": stem, "modules": {stem: source}}``, named by
-# its sha256 (12 hex). INSTALLER puts the bundle's files into ``W/bin/<stem>_<sha12>/`` once
-# and imports the program from there, so every later start runs cached bytecode
+# A node program and the kit modules it imports (``from ..kit.x import …``, the same line on a
+# node) travel as one bundle: zlib of ``{"main": stem, "packages": [...], "modules": {dotted
+# name: source}, "order": [...]}``, named by its sha256 (12 hex). INSTALLER puts the bundle's
+# files, as the package ``remote``, into ``W/bin/<stem>_<sha12>/`` once and imports the program
+# from there, so every later start runs cached bytecode
 # (``__pycache__`` next to the files, per python version). Not a zip run by zipimport: that
 # compiles every module at every start (zipimport never writes .pyc), ~12 ms of CPU for the
 # supervisor alone. The folder is made under a name of its own and renamed into place (nodes
@@ -244,7 +245,8 @@ _RELATIVE = re.compile(r"^[ \t]*from (\.+)([\w.]+) import ", re.M)
 
 
 def module_name(name: str) -> str:
-    """Node program ``name``'s module on a node: ``"supervisor.py"`` -> ``remote.supervisor``."""
+    """Node program ``name``'s module on a node (``"supervisor.py"``:
+    ``remote.programs.supervisor``)."""
     return ".".join((NODE_PACKAGE, *path(name).relative_to(HERE).with_suffix("").parts))
 
 
@@ -276,7 +278,7 @@ def modules(name: str) -> dict[str, str]:
 
 
 def node_file(name: str) -> str:
-    """Node program ``name``'s file in its install folder: ``remote/supervisor.py``."""
+    """Node program ``name``'s file in its install folder: ``remote/programs/supervisor.py``."""
     return module_name(name).replace(".", "/") + ".py"
 
 
