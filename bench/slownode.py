@@ -71,7 +71,7 @@ def step_time(inventory: str, folder: Path, on_slow: str, seconds: float) -> flo
 
 def sampler_cost(reports: int = 2000, ranks: int = 8) -> float:
     """CPU seconds of one report over ``ranks`` live processes on this machine."""
-    from fleetctl.remote.pace import PaceSampler
+    from fleetctl.remote.kit.pace import PaceSampler
 
     kids = [subprocess.Popen(["sleep", "60"]) for _ in range(ranks)]
     try:
@@ -93,7 +93,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=30.0)
     args = p.parse_args()
     from fleetctl.lab import Lab
-    from fleetctl.remote.pace import REPORT
+    from fleetctl.remote.kit.pace import REPORT
 
     per = sampler_cost()
     print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -1,4 +1,4 @@
-"""The GPU and link health gate: one host's health figures (``fleetctl.remote.health``) and
+"""The GPU and link health gate: one host's health figures (``fleetctl.remote.kit.health``) and
 its last check's figures -> findings, each naming the GPU or port, the evidence and the cause.
 Pure: golden-tested with captured outputs.
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import procs
-from fleetctl.remote.procfs import cgroup_paths
+from fleetctl.remote.kit.procfs import cgroup_paths
 
 if TYPE_CHECKING:
     from fleetctl.lab.hosts import LabHost

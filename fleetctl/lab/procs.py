@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from fleetctl.remote.procfs import pids, proc_start_time, proc_stat
+from fleetctl.remote.kit.procfs import pids, proc_start_time, proc_stat
 
 
 def start_time(pid: int) -> int | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
-from fleetctl.remote.keyscan import KeyScan
+from fleetctl.remote.kit.keyscan import KeyScan
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -31,7 +31,7 @@ from fleetctl.errors import CollectError, ConnectError, FleetctlError, UsageErro
 from fleetctl.job.records.runfolder import node_folder_name
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 from fleetctl.phases.unpack import Unpacked, local_files, partial_files, unpack
-from fleetctl.remote.wire import TAR_MARKER  # the same marker at both ends
+from fleetctl.remote.kit.wire import TAR_MARKER  # the same marker at both ends
 
 if TYPE_CHECKING:
     from fleetctl.node import Node

@@ -33,7 +33,7 @@ ANSWER_KINDS = frozenset("DEL")
 PROBE_KINDS = frozenset("DRNMV")
 #: The push helper: ``D`` its answer, ``A`` where its peer server listens.
 PUSH_KINDS = frozenset("DA")
-#: remote/stacks.py: K one process's dump, D the totals.
+#: remote/programs/stacks.py: K one process's dump, D the totals.
 STACK_KINDS = frozenset("KD")
 #: ``logs``: the loader's ``U``, then log lines and notices.
 FOLLOW_KINDS = frozenset("ULE")

@@ -1,6 +1,6 @@
 """Launch: start the node supervisor on every node at once, each as ONE streamed SSH command.
 
-The supervisor (``fleetctl/remote/supervisor.py`` and the node modules it imports) lives on
+The supervisor (``fleetctl/remote/programs/supervisor.py`` and the node modules it imports) lives on
 the node in ``W/bin/supervisor_<sha12>/``, imported from there so that its bytecode is cached.
 The start command runs the installer's stdin entrance (``fleetctl.remote.stdin_argv``): when
 the folder is missing it asks for the bundle (``U``), checks its hash, installs it atomically
@@ -27,7 +27,7 @@ from fleetctl import remote
 from fleetctl.errors import LaunchError
 from fleetctl.phases.frames import Frame, FrameReader
 from fleetctl.plan.launchers import launcher_for
-from fleetctl.remote.records import RecordError, SupervisorSpec
+from fleetctl.remote.kit.records import RecordError, SupervisorSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -65,7 +65,7 @@ def start_command(python: str, sup_path: str, *args: str) -> str:
 
 
 # The same start, as Python run by a held check probe in its own process
-# (fleetctl.remote.probe.handoff) with argv ``<supervisor path> run``.
+# (fleetctl.remote.programs.probe.handoff) with argv ``<supervisor path> run``.
 HANDOFF = LOADER
 
 
@@ -171,7 +171,7 @@ def node_spec(
     }
     if collect is not None:
         spec["collect"] = collect
-    if pace is not None:  # the slow-node watch: where the ranks are (remote/pace.py)
+    if pace is not None:  # the slow-node watch: where the ranks are (remote/kit/pace.py)
         spec["pace"] = pace
     if not detach:  # a closed channel is not the end: the controller may reattach
         spec["reattach"] = True

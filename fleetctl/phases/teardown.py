@@ -222,7 +222,7 @@ def containers_wait(plan: Plan, grace: float) -> float:
     """Seconds a supervisor may spend ending its container after its job's stop, when the
     runtime hangs (the node's ``containers.end_bound``): the teardown waits this much longer
     for its exit report, which says whether the container is gone. 0 without ``--image``."""
-    from fleetctl.remote.containers import CALL_TIMEOUT, end_bound
+    from fleetctl.remote.kit.containers import CALL_TIMEOUT, end_bound
 
     bounds = [
         end_bound(grace, float(np.container.get("timeout") or CALL_TIMEOUT))

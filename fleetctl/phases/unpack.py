@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fleetctl.errors import CollectError
-from fleetctl.remote.wire import COLLECT_MANIFEST  # the same name at both ends
+from fleetctl.remote.kit.wire import COLLECT_MANIFEST  # the same name at both ends
 
 PART_PREFIX = ".fleetctl-part-"  # files being received: .fleetctl-part-NAME.SIZE.MTIME.part
 PART_RE = re.compile(r"^\.fleetctl-part-(.+)\.(\d+)\.(\d+)\.part$")

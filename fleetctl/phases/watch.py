@@ -42,7 +42,7 @@ GROUP = 64  # nodes one reader thread follows
 @dataclass(frozen=True)
 class Event:
     """Something that happened on a node. ``kind``: lines, notice, exit, lost, pace (``report``:
-    where its ranks spent the last seconds, ``fleetctl.remote.pace``).
+    where its ranks spent the last seconds, ``fleetctl.remote.kit.pace``).
 
     ``lines`` (lines): the job's output lines that arrived together, in order — one event per
     received chunk, not per line, so a chatty job costs the controller one queue hand-off and
@@ -267,7 +267,7 @@ class Watch:
             if fr.kind == "P":  # the job touched FLEET_PROGRESS_FILE
                 self._emit(run, "progress")
                 continue
-            if fr.kind == "W":  # where the node's ranks spent the last seconds (remote/pace.py)
+            if fr.kind == "W":  # where the node's ranks spent the last seconds (remote/kit/pace.py)
                 with contextlib.suppress(ValueError):
                     said = fr.data()
                     if isinstance(said, dict):

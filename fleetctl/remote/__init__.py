@@ -1,10 +1,11 @@
-"""Programs that run on the nodes: stdlib only, Python >= 3.8, and the controller's installer.
+"""Code that runs on the nodes (stdlib only, Python >= 3.8), and the controller's installer.
 
-A node program and the node modules it imports ship as one bundle, installed once per content
-hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two entrances: argv and stdin), or run
-from memory with ``python -c`` (:func:`inline`). The controller imports only this module, the
-wire format (``wire``, and the supervisor's records: ``records``) and the /proc reader
-(``procfs``); never a program.
+``programs/`` holds what runs on a node (the supervisor, the check's probe, the push helper, …),
+``kit/`` the modules they import. A node program and the kit modules it imports ship as one
+bundle, installed once per content hash under ``W/bin/<name>_<sha12>/`` (``INSTALLER``; two
+entrances: argv and stdin), or run from memory with ``python -c`` (:func:`inline`). The
+controller imports this module and a few kit modules (the wire format, the supervisor's
+records, the /proc reader, …: ``tests/pure/test_layering.py``); never a program.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# On a node this folder is the package ``remote`` (its own ``__init__`` empty: the installer
+# stays home), so node modules import each other one way, relatively, there and here.
+NODE_PACKAGE = "remote"
+# Where the programs are, in that package: ``W/bin/<name>_<sha12>/remote/programs/<name>.py``.
+PROGRAMS = f"{NODE_PACKAGE}.programs"
+
 # Node programs are stdlib only, so their python skips ``site`` (``-S``): its .pth files cost
 # every start ~36 ms of CPU with this machine's python (an editable install's finder, certifi),
 # more in a big conda env, and a no-op run starts several node programs on every node. Not for
@@ -30,7 +37,7 @@ NO_SITE = "-S"
 
 def path(name: str) -> Path:
     """The file of node program ``name`` (e.g. ``"supervisor.py"``)."""
-    return HERE / name
+    return HERE.joinpath(*PROGRAMS.split(".")[1:], name)
 
 
 def source(name: str) -> bytes:
@@ -44,15 +51,20 @@ def source(name: str) -> bytes:
 _DROP_CWD = 'import sys\nif sys.path and sys.path[0] == "":\n    del sys.path[0]\n'
 
 
-# Runs ``mods`` ([stem, source] pairs, each after the modules it imports) as modules from
-# memory: a bundle run without installing it. No import hook (importlib.util costs every
-# exec's start milliseconds): each is put in sys.modules and run, in that order.
+# Runs ``mods`` ([dotted name, source] pairs, each after the modules it imports; a package's
+# source is None) as modules from memory: a bundle run without installing it. No import hook
+# (importlib.util costs every exec's start milliseconds): each is put in sys.modules and run,
+# in that order, with its ``__package__``, so its relative imports find the others.
 _MEMORY = (
     "for k, v in mods:\n"
     "    m = type(sys)(k)\n"
     "    m.__file__ = 'fleetctl-' + k + '.py'\n"
+    "    m.__package__ = k.rpartition('.')[0]\n"
     "    sys.modules[k] = m\n"
-    "    exec(compile(v, m.__file__, 'exec'), m.__dict__)\n"
+    "    if v is None:\n"
+    "        m.__path__, m.__package__ = [], k\n"
+    "    else:\n"
+    "        exec(compile(v, m.__file__, 'exec'), m.__dict__)\n"
 )
 
 
@@ -64,11 +76,13 @@ def inline(name: str) -> str:
     Compiled inside the -c code so that the program's ``from __future__`` line stays its first
     statement; run in the -c module's own namespace, as -c would run it.
     """
-    mods = modules(name)
-    main = mods[name[: -len(".py")]]
-    rest = [[k, v] for k, v in mods.items() if k != name[: -len(".py")]]
-    serve = f"mods = {rest!r}\n" + _MEMORY if rest else ""
-    return _DROP_CWD + serve + f"exec(compile({main!r}, {'fleetctl-' + name!r}, 'exec'))\n"
+    mods, me = modules(name), module_name(name)
+    rest: list[list[str | None]] = [[k, v] for k, v in mods.items() if k != me]
+    serve = ""
+    if rest:  # the program's relative imports, from the -c module: its package is PROGRAMS
+        rest = [[k, None] for k in packages(mods)] + rest
+        serve = f"mods = {rest!r}\n" + _MEMORY + f"__package__ = {PROGRAMS!r}\n"
+    return _DROP_CWD + serve + f"exec(compile({mods[me]!r}, {'fleetctl-' + name!r}, 'exec'))\n"
 
 
 def guarded(code: str) -> str:
@@ -102,10 +116,11 @@ _PRUNE = (
     "    pass\n"
 )
 
-# A node program and the node modules it imports (``from .x import …``, flat ``import x`` on a
-# node) travel as one bundle: zlib of ``{"main": stem, "modules": {stem: source}}``, named by
-# its sha256 (12 hex). INSTALLER puts the bundle's files into ``W/bin/<stem>_<sha12>/`` once
-# and imports the program from there, so every later start runs cached bytecode
+# A node program and the kit modules it imports (``from ..kit.x import …``, the same line on a
+# node) travel as one bundle: zlib of ``{"main": stem, "packages": [...], "modules": {dotted
+# name: source}, "order": [...]}``, named by its sha256 (12 hex). INSTALLER puts the bundle's
+# files, as the package ``remote``, into ``W/bin/<stem>_<sha12>/`` once and imports the program
+# from there, so every later start runs cached bytecode
 # (``__pycache__`` next to the files, per python version). Not a zip run by zipimport: that
 # compiles every module at every start (zipimport never writes .pyc), ~12 ms of CPU for the
 # supervisor alone. The folder is made under a name of its own and renamed into place (nodes
@@ -123,16 +138,18 @@ INSTALLER = (
     "if not os.path.isdir(p):\n"
     "    import json, zlib\n"
     "    b = json.loads(zlib.decompress(BUNDLE()).decode('utf-8'))\n"
-    "    mods, main = b['modules'], b['main']\n"
+    "    mods, main, pkgs = b['modules'], b['main'], b['packages']\n"
     "    t = '%s.%d.%s.part' % (p, os.getpid(), os.urandom(4).hex())\n"
     "    try:\n"
     "        os.makedirs(d, 0o700, exist_ok=True)\n"
     "        os.mkdir(t, 0o700)\n"
-    "        for k in mods:\n"
-    "            f = os.path.join(t, k + '.py')\n"
+    "        for k in pkgs:\n"
+    "            os.mkdir(os.path.join(t, *k.split('.')), 0o700)\n"
+    "        for k in pkgs + list(mods):\n"
+    "            f = os.path.join(t, *k.split('.')) + ('/__init__' if k in pkgs else '') + '.py'\n"
     "            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
     "            with os.fdopen(fd, 'w', encoding='utf-8') as f:\n"
-    "                f.write(mods[k])\n"
+    "                f.write(mods.get(k, ''))\n"
     "        try:\n"
     "            os.rename(t, p)\n"
     "        except OSError:\n"
@@ -142,12 +159,17 @@ INSTALLER = (
     "        else:\n" + textwrap.indent(_PRUNE, " " * 12) + "        mods = None\n"
     "    except OSError:\n"
     "        __import__('shutil').rmtree(t, True)\n"
-    "        mods = [[k, mods[k]] for k in b['order']]\n"
+    "        mods = [[k, mods.get(k)] for k in b['order']]\n"
     "if sys.argv[1:] == ['--install-only']:\n"
     "    sys.exit(0 if mods is None else 1)\n"
     "if mods is None:\n"
+    # a hand-off: the probe's own package is in sys.modules, under the same name
+    f"    for k in [k for k in sys.modules if k.split('.')[0] == {NODE_PACKAGE!r}]:\n"
+    "        del sys.modules[k]\n"
     "    sys.path.insert(0, p)\n"
-    "else:\n" + textwrap.indent(_MEMORY, "    ") + "__import__(main).program()\n"
+    "else:\n"
+    + textwrap.indent(_MEMORY, "    ")
+    + f"__import__({PROGRAMS + '.'!r} + main, None, None, ['program']).program()\n"
 )
 
 # The ARGV entrance: ``python -c ARGV <install folder> <base64 bundle> ARGS…``.
@@ -196,7 +218,8 @@ RUN_FILE = (
     "    sys.path[0] = p\n"
     "else:\n"
     "    sys.path.insert(0, p)\n"
-    "__import__(p.rsplit('/', 1)[-1].rsplit('_', 1)[0]).program()\n"
+    f"__import__({PROGRAMS + '.'!r} + p.rsplit('/', 1)[-1].rsplit('_', 1)[0], None, None,"
+    " ['program']).program()\n"
 )
 
 
@@ -215,33 +238,53 @@ def stdin_entrance() -> str:
     return _DROP_CWD + STDIN_HEAD + INSTALLER
 
 
-# ``from .x import …`` at a line's start (the one form node modules import each other by). A
-# pattern, not ``ast``: launch threads ask at once, and Python 3.11.7's ast.parse is not safe
-# across threads ("AST constructor recursion depth mismatch", CPython gh-106905).
-_SIBLING = re.compile(r"^[ \t]*from \.(\w+) import ", re.M)
+# ``from .x import …`` / ``from ..kit.x import …`` at a line's start (the one form node modules
+# import each other by). A pattern, not ``ast``: launch threads ask at once, and Python 3.11.7's
+# ast.parse is not safe across threads ("AST constructor recursion depth mismatch", gh-106905).
+_RELATIVE = re.compile(r"^[ \t]*from (\.+)([\w.]+) import ", re.M)
 
 
-def _siblings(src: str) -> list[str]:
-    """The node modules a node module imports (``from .x import …``)."""
-    return _SIBLING.findall(src)
+def module_name(name: str) -> str:
+    """Node program ``name``'s module on a node (``"supervisor.py"``:
+    ``remote.programs.supervisor``)."""
+    return ".".join((NODE_PACKAGE, *path(name).relative_to(HERE).with_suffix("").parts))
+
+
+def _imported(module: str, src: str) -> list[str]:
+    """The node modules ``module`` (dotted, on a node) imports, relative ones resolved."""
+    package = module.split(".")[:-1]
+    return [
+        ".".join([*package[: len(package) - len(dots) + 1], rel])
+        for dots, rel in _RELATIVE.findall(src)
+    ]
 
 
 @functools.cache
 def modules(name: str) -> dict[str, str]:
-    """Node program ``name`` and every node module it imports, transitively: stem → source,
-    each after the modules it imports (the program last)."""
+    """Node program ``name`` and every node module it imports, transitively: dotted name on a
+    node -> source, each after the modules it imports (the program last)."""
     out: dict[str, str] = {}
 
-    def visit(stem: str) -> None:
-        if stem not in out:
-            src = source(stem + ".py").decode("utf-8")
-            out[stem] = ""  # taken: an import cycle ends here
-            for dep in _siblings(src):
+    def visit(module: str) -> None:
+        if module not in out:
+            src = HERE.joinpath(*module.split(".")[1:]).with_suffix(".py").read_text("utf-8")
+            out[module] = ""  # taken: an import cycle ends here
+            for dep in _imported(module, src):
                 visit(dep)
-            out[stem] = out.pop(stem) or src
+            out[module] = out.pop(module) or src
 
-    visit(name[: -len(".py")])
+    visit(module_name(name))
     return out
+
+
+def node_file(name: str) -> str:
+    """Node program ``name``'s file in its install folder: ``remote/programs/supervisor.py``."""
+    return module_name(name).replace(".", "/") + ".py"
+
+
+def packages(mods: dict[str, str]) -> list[str]:
+    """The packages holding ``mods`` (dotted names), each before those inside it."""
+    return sorted({m.rsplit(".", i)[0] for m in mods for i in range(1, m.count(".") + 1)})
 
 
 @functools.cache
@@ -249,8 +292,14 @@ def bundle(name: str) -> bytes:
     """Node program ``name``'s bundle (see ``INSTALLER``): the bytes its hash names."""
     mods, stem = modules(name), name[: -len(".py")]
     # ``python W/bin/<stem>_<sha12>/ MODE …`` runs it too (a folder's __main__.py)
-    main = f"import {stem}\n\n{stem}.program()\n"
-    doc = {"main": stem, "modules": {**mods, "__main__": main}, "order": list(mods)}
+    main = f"from {PROGRAMS} import {stem}\n\n{stem}.program()\n"
+    pkgs = packages(mods)
+    doc = {
+        "main": stem,
+        "packages": pkgs,
+        "modules": {**mods, "__main__": main},
+        "order": [*pkgs, *mods],
+    }
     return zlib.compress(json.dumps(doc, sort_keys=True).encode("utf-8"), 9)
 
 

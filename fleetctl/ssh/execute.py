@@ -8,8 +8,8 @@ per-node codes are in the result; with ``max_rc`` the largest remote exit code i
 instead (``clush -S``/``pdsh -S``), 124 for a node where it timed out, 255 for a node where
 the command could not run at all (as ``ssh`` reports it).
 
-The time limit is enforced on the node (``fleetctl/remote/exec_timeout.py``): closing an SSH
-channel does not stop a command that has no terminal, so the command runs in its own session,
+The time limit is enforced on the node (``fleetctl/remote/programs/exec_timeout.py``): closing an
+SSH channel does not stop a command that has no terminal, so the command runs in its own session,
 tagged by an id in its environment, and is stopped there with everything it started.
 """
 
@@ -152,7 +152,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
     as it is (``exec`` may be what installs them).
     """
     from fleetctl.remote import NO_SITE, inline
-    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
+    from fleetctl.remote.kit.wire import EXEC_TIMEOUT_MARK as MARK
 
     py = "~/" + shlex.quote(python[2:]) if python.startswith("~/") else shlex.quote(python)
     secs, grace, cmd = f"{timeout:g}", f"{KILL_GRACE:g}", shlex.quote(command)
@@ -188,7 +188,7 @@ def timed_command(command: str, python: str, timeout: float, tag: str) -> str:
 
 def _split_timeout(stderr: str) -> tuple[str, str | None]:
     """(stderr without the node's time-out line, that line) — None when it did not time out."""
-    from fleetctl.remote.wire import EXEC_TIMEOUT_MARK as MARK
+    from fleetctl.remote.kit.wire import EXEC_TIMEOUT_MARK as MARK
 
     body, _, last = stderr.rstrip("\n").rpartition("\n")
     if last.startswith(MARK):

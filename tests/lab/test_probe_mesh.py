@@ -1,4 +1,5 @@
-"""The probe's mesh test (``fleetctl.remote.probe.mesh``) run on a lab host against real kernels.
+"""The probe's mesh test (``fleetctl.remote.programs.probe.mesh``) run on a lab host against real
+kernels.
 
 A peer whose address resolution ran out while it was unreachable leaves a stale neighbour
 entry behind: the kernel fails the next packets queued on it with "No route to host" although
@@ -24,8 +25,12 @@ MESH = (
     "import json, sys, types\n"
     "for k, v in json.loads(sys.stdin.read()):\n"
     "    m = sys.modules[k] = types.ModuleType(k)\n"
-    "    exec(compile(v, k + '.py', 'exec'), m.__dict__)\n"
-    "probe = sys.modules['probe']\n"
+    "    if v is None:\n"
+    "        m.__path__, m.__package__ = [], k\n"
+    "    else:\n"
+    "        m.__package__ = k.rpartition('.')[0]\n"
+    "        exec(compile(v, k + '.py', 'exec'), m.__dict__)\n"
+    f"probe = sys.modules[{remote.module_name('probe.py')!r}]\n"
     "src, dst = sys.argv[1:3]\n"
     "out = probe.mesh(src, [{'name': 'peer', 'addr': dst, 'port': 22}], float(sys.argv[3]))\n"
     "print(json.dumps(out['peers']['peer']))\n"
@@ -35,7 +40,8 @@ MESH = (
 def run_mesh(lab: Lab, timeout: float) -> dict:
     a, b = lab.hosts
     argv = [lab.state["python"], "-c", MESH, a.data_addr or "", b.data_addr or "", str(timeout)]
-    source = json.dumps(list(remote.modules("probe.py").items()))
+    mods = remote.modules("probe.py")
+    source = json.dumps([[p, None] for p in remote.packages(mods)] + list(mods.items()))
     r = lab.exec(a.name, argv, input=source, timeout=30, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -504,7 +504,7 @@ def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) ->
     import subprocess
 
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.remote import probe
+    from fleetctl.remote.programs import probe
 
     def no_icmp(argv, **kw):  # what ping prints without CAP_NET_RAW / ping_group_range
         return subprocess.CompletedProcess(argv, 2, b"", b"ping: socket: Operation not permitted\n")
@@ -524,7 +524,7 @@ def test_controller_pings_in_process_without_a_ping_process(monkeypatch) -> None
     import subprocess
 
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.remote import probe
+    from fleetctl.remote.programs import probe
 
     if probe.icmp_echo("", "127.0.0.1", 2.0) is None:
         pytest.skip("this process may not send ICMP (not root, ping_group_range closed)")

@@ -15,7 +15,7 @@ import pytest
 from fleetctl.errors import UsageError
 from fleetctl.phases.collect import CollectOptions, NodeCollect, account, parse_size
 from fleetctl.phases.unpack import PART_PREFIX, local_files, partial_files, unpack
-from fleetctl.remote import supervisor
+from fleetctl.remote.programs import supervisor
 
 BIG = 300_000
 

@@ -15,7 +15,7 @@ from fleetctl.phases.check.collective_judge import (
     judge,
     shifts,
 )
-from fleetctl.remote import collective as node_program
+from fleetctl.remote.programs import collective as node_program
 
 SIZE = 1 << 24
 

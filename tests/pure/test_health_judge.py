@@ -14,7 +14,7 @@ import pytest
 from fleetctl.errors import HealthLedgerError
 from fleetctl.health.judge import judge_health
 from fleetctl.health.ledger import Ledger, load_last, record_sick, save_last
-from fleetctl.remote import health as node
+from fleetctl.remote.kit import health as node
 
 CASES = Path(__file__).parent / "health_cases"
 PARSERS = {

@@ -1,8 +1,8 @@
 """Issue 25: with ``--image`` the launcher runs on the image's python, so the check asks the
 image, not the host. The host probe imports no launcher module and looks up no torch on an
 image node (its python only runs the supervisor); ONE throwaway container runs the image's
-python with ``remote/image_probe.py`` (the launcher imported for real, torch's version, NCCL
-where the job uses GPUs), its passing answer kept on the node per runtime, image id, python
+python with ``remote/programs/image_probe.py`` (the launcher imported for real, torch's version,
+NCCL where the job uses GPUs), its passing answer kept on the node per runtime, image id, python
 and module, never a failure. Here: what is asked, the node's script under ``sh`` with a fake
 podman that runs the real program, what each answer means, and the facts the plan gets."""
 

@@ -144,7 +144,7 @@ def test_the_supervisor_tails_what_the_launchers_rank_files_collect(
 ) -> None:
     """The spec's rules, read by the node's ``rank_log_files``, find each rank's files and
     no other; the same files ``rank_files`` reads back from the collected folder."""
-    from fleetctl.remote.ranks import rank_log_files
+    from fleetctl.remote.kit.ranks import rank_log_files
 
     la = LAUNCHERS[name]
     rules = la.rank_logs(1, 2)
@@ -166,7 +166,7 @@ def test_the_supervisor_tails_what_the_launchers_rank_files_collect(
 
 def test_a_spec_without_rules_tails_nothing(tmp_path: Path) -> None:
     """An older spec (``layout`` by name, or no rules): no file is guessed to be a rank's."""
-    from fleetctl.remote.ranks import rank_log_files
+    from fleetctl.remote.kit.ranks import rank_log_files
 
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "stdout.log").write_text("x\n")

@@ -50,11 +50,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 REMOTE_KIT = frozenset(
     {
         "fleetctl.remote",
-        "fleetctl.remote.wire",
-        "fleetctl.remote.records",
-        "fleetctl.remote.procfs",
-        "fleetctl.remote.keyscan",
-        "fleetctl.remote.containers",
+        "fleetctl.remote.kit.wire",
+        "fleetctl.remote.kit.records",
+        "fleetctl.remote.kit.procfs",
+        "fleetctl.remote.kit.keyscan",
+        "fleetctl.remote.kit.containers",
     }
 )
 
@@ -94,7 +94,7 @@ UPWARD: dict[tuple[str, str], str] = {
     ("fleetctl.ssh.connection", "fleetctl.slurm.srun"): "transport(node) opens an srun step",
     (
         "fleetctl.phases.check.preflight",
-        "fleetctl.remote.probe",
+        "fleetctl.remote.programs.probe",
     ): "the controller's ping is the probe's icmp_echo",
 }
 
@@ -175,6 +175,21 @@ def violations(
 
 def test_fleetctl_imports_downwards_only() -> None:
     assert violations(PACKAGE) == []
+
+
+def test_the_controller_shares_only_the_node_kit_and_the_kit_imports_no_program() -> None:
+    """remote/ is two rooms: ``programs/`` (shipped to nodes by file name, never imported by the
+    controller) and ``kit/`` (what the programs import; the controller shares some of it)."""
+    assert sorted(m for m in REMOTE_KIT if not m.startswith("fleetctl.remote.kit.")) == [
+        "fleetctl.remote"
+    ]
+    kit = PACKAGE / "remote" / "kit"
+    assert [
+        f"{module_name(p, PACKAGE)} -> {t}"
+        for p in sorted(kit.rglob("*.py"))
+        for t in imports(p, PACKAGE)
+        if t.startswith("fleetctl.remote.programs")
+    ] == []
 
 
 def eager_imports(path: Path) -> list[str]:
@@ -266,8 +281,8 @@ def test_the_checker_finds_upward_imports_wherever_they_are(tmp_path: Path) -> N
                 "from .. import remote\n"
             ),
             "remote/__init__.py": "",
-            "remote/supervisor.py": "",
-            "remote/wire.py": "",
+            "remote/programs/supervisor.py": "",
+            "remote/kit/wire.py": "",
         },
     )
     found = violations(root, PLANTED_LAYERS, {}, frozenset({"fleetctl.remote"}))
@@ -282,16 +297,18 @@ def test_the_checker_takes_the_listed_exceptions_and_the_kit_only(tmp_path: Path
     root = plant(
         tmp_path,
         {
-            "job/run.py": "import fleetctl.api.checks\nfrom fleetctl.remote import supervisor\n",
-            "api/checks.py": "from fleetctl.remote.wire import X\n",
-            "remote/supervisor.py": "",
-            "remote/wire.py": "",
+            "job/run.py": (
+                "import fleetctl.api.checks\nfrom fleetctl.remote.programs import supervisor\n"
+            ),
+            "api/checks.py": "from fleetctl.remote.kit.wire import X\n",
+            "remote/programs/supervisor.py": "",
+            "remote/kit/wire.py": "",
             "stray.py": "",
         },
     )
     upward = {("fleetctl.job.run", "fleetctl.api.checks"): "a reason"}
-    assert violations(root, PLANTED_LAYERS, upward, frozenset({"fleetctl.remote.wire"})) == [
-        "fleetctl.job.run -> fleetctl.remote.supervisor: a node program, not the kit the "
+    assert violations(root, PLANTED_LAYERS, upward, frozenset({"fleetctl.remote.kit.wire"})) == [
+        "fleetctl.job.run -> fleetctl.remote.programs.supervisor: a node program, not the kit the "
         "controller shares",
         "fleetctl.stray: room 'stray' has no place in LAYERS",
     ]

@@ -1,7 +1,7 @@
 """The probe's mesh tries a failed pair once more with load-scaled timeouts: a loaded host
 answers late and passes on the second try; a cut link (no echo where other peers echo, or
 this host's own training NIC down) and "refused" (an answer) are not retried; where no peer
-echoes (ICMP filtered), a timeout is. (fleetctl/remote/probe.py runs alone on nodes; its
+echoes (ICMP filtered), a timeout is. (fleetctl/remote/programs/probe.py runs alone on nodes; its
 functions import.)"""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl.remote import probe
+from fleetctl.remote.programs import probe
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.phases.codesync import SecretError, list_files, snapshot
-from fleetctl.remote.keyscan import looks_like_private_key
+from fleetctl.remote.kit.keyscan import looks_like_private_key
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.files import tree
 

@@ -18,7 +18,7 @@ from fleetctl.errors import RunFolderError
 from fleetctl.job.records import files
 from fleetctl.job.records.files import FileRecord
 from fleetctl.job.records.runfolder import RunFolder
-from fleetctl.remote.records import Record, RecordError, SupervisorState
+from fleetctl.remote.kit.records import Record, RecordError, SupervisorState
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "records"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.phases.codesync import SecretError, snapshot
-from fleetctl.remote.keyscan import KeyScan, looks_like_private_key
+from fleetctl.remote.kit.keyscan import KeyScan, looks_like_private_key
 
 
 @pytest.fixture(scope="module")

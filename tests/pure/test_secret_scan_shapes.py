@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.phases.codesync import SecretError, snapshot
-from fleetctl.remote.keyscan import KeyScan, looks_like_private_key
+from fleetctl.remote.kit.keyscan import KeyScan, looks_like_private_key
 
 # a PuTTY file's first lines (puttygen is not installed here); the body is made up. The header
 # is split in two here: whole, this file would hold a key as the scan sees one, and a push of

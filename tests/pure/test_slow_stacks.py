@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl.job.diagnose.pace import SlowVerdict
 from fleetctl.job.diagnose.slowstacks import NodeSamples, SlowStacks, shares
-from fleetctl.remote.stacksample import classify
+from fleetctl.remote.programs.stacksample import classify
 
 DUMPS = Path(__file__).parent / "pyspy_dumps"
 

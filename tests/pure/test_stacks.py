@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import remote
 from fleetctl.cli.render import stack_lines
 from fleetctl.job.diagnose.stacks import RankStack, console_stacks, fold, innermost_frame
 
@@ -156,7 +157,7 @@ def test_the_node_report_folds_console_dumps_with_py_spys() -> None:
 
 
 def test_the_node_side_sends_back_the_dump_an_aborted_rank_wrote(tmp_path: Path) -> None:
-    """remote/stacks.py on this machine, py-spy out of reach: the rank is aborted, and the
+    """remote/programs/stacks.py on this machine, py-spy out of reach: the rank is aborted, and the
     D frame carries what console.log gained — its faulthandler dump, folded under its rank."""
     import json
     import os
@@ -180,9 +181,8 @@ def test_the_node_side_sends_back_the_dump_an_aborted_rank_wrote(tmp_path: Path)
             assert time.monotonic() < deadline and rank.poll() is None
             time.sleep(0.05)
         args = {"job_id": "j-fh", "run_dir": str(tmp_path), "py_spy": None, "abort": True}
-        root = here.parents[1]
         out = subprocess.run(
-            [sys.executable, str(root / "fleetctl" / "remote" / "stacks.py"), json.dumps(args)],
+            [sys.executable, "-c", remote.inline("stacks.py"), json.dumps(args)],
             capture_output=True, text=True, timeout=60, env={"PATH": "/nonexistent"},
         )  # fmt: skip
         assert rank.wait(timeout=10) == -6  # SIGABRT

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import remote
 from fleetctl.api.runspec import Hosts, Supervision
 from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
 from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.plan.rankplan import JobSpec
-from fleetctl.remote.supervisor import find_job_processes, stop_processes
+from fleetctl.remote.programs.supervisor import find_job_processes, stop_processes
 from fleetctl.ssh.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
@@ -227,7 +228,9 @@ def test_the_supervisor_is_uploaded_once_per_content_hash(jobs: Jobs) -> None:
     second = jobs.start(jid("t-up2"), ["true"])
     drain(second, heartbeat=True)
     assert first.uploaded and not second.uploaded
-    assert (Path(supervisor_path(str(jobs.root / "w"))) / "supervisor.py").is_file()
+    assert (
+        Path(supervisor_path(str(jobs.root / "w"))) / remote.node_file("supervisor.py")
+    ).is_file()
 
 
 def test_a_job_killed_by_a_signal_reports_minus_the_signal(jobs: Jobs) -> None:

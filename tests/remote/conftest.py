@@ -7,8 +7,12 @@ tests skip; with ``FLEETCTL_REQUIRE_LAB=1`` (CI) a missing or wrong interpreter 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,3 +81,18 @@ def run_program(
         env=env,
         timeout=timeout,
     )
+
+
+@functools.cache
+def node_tree() -> str:
+    """A folder holding ``fleetctl/remote/`` as an install folder on a node holds it: the
+    package ``remote`` (every node module; the installer stays home, its ``__init__`` empty).
+    Put first on ``sys.path``, ``from remote.X import …`` imports a node module as nodes do."""
+    root = Path(tempfile.mkdtemp(prefix="fleetctl-node-tree-"))
+    atexit.register(shutil.rmtree, root, True)
+    for src in remote.HERE.rglob("*.py"):
+        rel = src.relative_to(remote.HERE)
+        dest = root / remote.NODE_PACKAGE / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("" if rel.name == "__init__.py" else src.read_text())
+    return str(root)

@@ -9,10 +9,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from conftest import node_tree
+
 from fleetctl import remote
 
 READ_PORTS = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); import collective as c; "
+    "import json, sys; sys.path.insert(0, sys.argv[1]); "
+    "from remote.programs import collective as c; "
     "assert 'torch' not in sys.modules; print(json.dumps(c.ib_ports(sys.argv[2])))"
 )
 
@@ -25,7 +28,7 @@ def test_the_collective_program_imports_without_torch_and_reads_ib_ports(
     (port / "state").write_text("4: ACTIVE\n")
     (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
     (port / "link_layer").write_text("InfiniBand\n")
-    here = str(remote.HERE)
+    here = node_tree()
     for root, want in ((tmp_path, [("mlx5_0", "ACTIVE", 200.0)]), (tmp_path / "none", [])):
         out = subprocess.run(
             [py38, "-S", "-c", READ_PORTS, here, str(root)],
@@ -72,7 +75,8 @@ FAKE_TORCH = (
     "GC_ON = gc.isenabled()\n"
 )
 LOAD = (
-    "import gc, json, sys, warnings; sys.path[:0] = sys.argv[1:3]; import collective as c\n"
+    "import gc, json, sys, warnings; sys.path[:0] = sys.argv[1:3]; "
+    "from remote.programs import collective as c\n"
     "with warnings.catch_warnings(record=True) as seen:\n"
     "    warnings.simplefilter('always')\n"
     "    torch = c.load_torch()\n"
@@ -91,7 +95,7 @@ def test_torch_is_imported_without_numpy_and_the_collector(py38: str, tmp_path: 
     (tmp_path / "torch" / "distributed.py").write_text("")
     (tmp_path / "numpy.py").write_text("")
     out = subprocess.run(
-        [py38, "-S", "-c", LOAD, str(remote.HERE), str(tmp_path)],
+        [py38, "-S", "-c", LOAD, node_tree(), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -108,7 +112,7 @@ def test_torch_is_imported_without_numpy_and_the_collector(py38: str, tmp_path: 
 
 
 def _rounds(times: list, others_settled: bool = True) -> int:
-    from fleetctl.remote.collective import best_rounds
+    from fleetctl.remote.programs.collective import best_rounds
 
     it = iter(times)
     return len(best_rounds(lambda: next(it), 3, lambda mine: mine and others_settled))
@@ -119,7 +123,7 @@ def test_the_all_reduce_stops_at_two_rounds_once_every_rank_agrees() -> None:
     assert _rounds([1.0, 1.5, 1.2]) == 3  # apart: a third
     assert _rounds([1.5, 1.0, 1.2]) == 3
     assert _rounds([1.0, 1.1, 1.2], others_settled=False) == 3  # another rank's two disagree
-    from fleetctl.remote.collective import best_rounds
+    from fleetctl.remote.programs.collective import best_rounds
 
     assert len(best_rounds(lambda: 1.0, 1, lambda mine: True)) == 1
     assert len(best_rounds(lambda: 1.0, 2, lambda mine: False)) == 2
@@ -130,14 +134,15 @@ def test_a_torch_that_needs_numpy_says_numpy_was_kept_out(py38: str, tmp_path: P
     (tmp_path / "torch" / "__init__.py").write_text("import numpy\n")
     (tmp_path / "numpy.py").write_text("")
     code = (
-        "import sys; sys.path[:0] = sys.argv[1:3]; import collective as c\n"
+        "import sys; sys.path[:0] = sys.argv[1:3]; "
+        "from remote.programs import collective as c\n"
         "try:\n"
         "    c.load_torch()\n"
         "except ImportError as e:\n"
         "    print(e)\n"
     )
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.HERE), str(tmp_path)],
+        [py38, "-S", "-c", code, node_tree(), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,

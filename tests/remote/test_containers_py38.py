@@ -1,4 +1,4 @@
-"""The node's container teardown (``fleetctl/remote/containers.py``, Python 3.8) against a fake
+"""The node's container teardown (``fleetctl/remote/kit/containers.py``, Python 3.8) against a fake
 ``podman`` on PATH, driven by the argv the controller's podman builder makes: every container
 labelled with the job is stopped and removed, another job's is left alone, and a container
 that will not go is reported, never hidden."""
@@ -10,7 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from fleetctl import remote
+from conftest import node_tree
+
 from fleetctl.plan.runtimes import runtime
 from fleetctl.testing.wait import wait_for
 
@@ -64,7 +65,8 @@ sys.exit(code)
 """
 
 CALL = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); import containers; "
+    "import json, sys; sys.path.insert(0, sys.argv[1]); "
+    "from remote.kit import containers; "
     "print(json.dumps(containers.end_containers(json.loads(sys.argv[2]), 1.5)))"
 )
 
@@ -93,7 +95,7 @@ def _end(
         **extra,
     }
     out = subprocess.run(
-        [py38, "-c", CALL, str(remote.HERE), json.dumps(cfg)],
+        [py38, "-c", CALL, node_tree(), json.dumps(cfg)],
         capture_output=True,
         text=True,
         env=env,
@@ -131,7 +133,8 @@ def test_nothing_of_the_job_is_one_listing(py38: str, tmp_path: Path) -> None:
 
 
 PID = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); import containers; "
+    "import json, sys; sys.path.insert(0, sys.argv[1]); "
+    "from remote.kit import containers; "
     "print(json.dumps(containers.main_pid(json.loads(sys.argv[2]))))"
 )
 
@@ -144,7 +147,7 @@ def test_the_main_pid_is_read_from_the_runtimes_pid_file(py38: str, tmp_path: Pa
 
     def ask() -> object:
         out = subprocess.run(
-            [py38, "-c", PID, str(remote.HERE), json.dumps(cfg)],
+            [py38, "-c", PID, node_tree(), json.dumps(cfg)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -188,7 +191,7 @@ def test_a_container_that_will_not_go_is_reported(py38: str, tmp_path: Path) -> 
 def test_no_runtime_on_the_node_is_a_problem_not_a_crash(py38: str, tmp_path: Path) -> None:
     cfg = {"list": ["/nonexistent/podman", "ps"], "stop": ["x"], "remove": ["x"]}
     out = subprocess.run(
-        [py38, "-c", CALL, str(remote.HERE), json.dumps(cfg)],
+        [py38, "-c", CALL, node_tree(), json.dumps(cfg)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -248,7 +251,8 @@ def test_a_listing_a_concurrent_stop_made_lie_is_not_believed(py38: str, tmp_pat
 # the supervisor's side of the guard, in a process of its own: start it, then either release
 # it (the end verified: ``release``) or die without a word (SIGKILL: ``die``)
 GUARD_CALL = (
-    "import json, os, sys; sys.path.insert(0, sys.argv[1]); import container_guard as g; "
+    "import json, os, sys; sys.path.insert(0, sys.argv[1]); "
+    "from remote.kit import container_guard as g; "
     "guard, why = g.start_guard(json.loads(sys.argv[2]), 'j1', 0, sys.argv[3], 1.5); "
     "print(json.dumps({'pid': guard and guard.pid, 'why': why}), flush=True); "
     "guard.release(True) if sys.argv[4] == 'release' else os.kill(os.getpid(), 9)"
@@ -270,7 +274,7 @@ def _guard(py38: str, tmp_path: Path, how: str) -> tuple[dict, Path, Path]:
     run_dir.mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_PODMAN_DB": str(db)}
     out = subprocess.run(
-        [py38, "-c", GUARD_CALL, str(remote.HERE), json.dumps(cfg), str(run_dir), how],
+        [py38, "-c", GUARD_CALL, node_tree(), json.dumps(cfg), str(run_dir), how],
         capture_output=True,
         text=True,
         env=env,
@@ -325,7 +329,7 @@ time.sleep(60)
 # found, SIGKILL to it (the stop's last step), the half's status
 HALF_CALL = (
     "import json, os, signal, subprocess, sys, time; sys.path.insert(0, sys.argv[1]); "
-    "import containers, jobprocs; jobprocs.become_subreaper(); "
+    "from remote.kit import containers, jobprocs; jobprocs.become_subreaper(); "
     "p = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[3]], "
     "start_new_session=True, stdout=subprocess.PIPE); p.stdout.readline(); "
     "os.killpg(p.pid, signal.SIGTERM); "
@@ -343,7 +347,7 @@ def test_the_half_of_a_two_process_client_says_how_the_job_ended(py38: str) -> N
     said = {}
     for kind in ("two", "one"):
         out = subprocess.run(
-            [py38, "-c", HALF_CALL, str(remote.HERE), TWO_HALVES, kind],
+            [py38, "-c", HALF_CALL, node_tree(), TWO_HALVES, kind],
             capture_output=True,
             text=True,
             timeout=60,

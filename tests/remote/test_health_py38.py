@@ -9,22 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import node_tree
+
 from fleetctl import remote
 from fleetctl.health.judge import judge_health
 from fleetctl.lab.health_faults import inject, write_health_files
-from fleetctl.remote import health
+from fleetctl.remote.kit import health
 
 CASES = Path(__file__).parents[1] / "pure" / "health_cases"
 READ = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import health
+from remote.kit import health
 print(json.dumps(health.health_facts({"ib_root": sys.argv[2]})))
 """
 PARSE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import health
+from remote.kit import health
 print(json.dumps([health.parse_smi_xml(open(sys.argv[2]).read()),
                   health.parse_xid_lines(open(sys.argv[3]).read())]))
 """
@@ -44,7 +46,7 @@ def test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes(
 
     def read() -> dict:
         out = subprocess.run(
-            [py38, "-S", "-c", READ, str(remote.HERE), ib_root],
+            [py38, "-S", "-c", READ, node_tree(), ib_root],
             capture_output=True,
             text=True,
             timeout=60,
@@ -79,7 +81,7 @@ def test_python_3_8_parses_the_captures_as_the_controller_does(py38: str) -> Non
         ("smi_a100_driver470.xml", "journalctl_xid.txt"),
     ):
         out = subprocess.run(
-            [py38, "-S", "-c", PARSE, str(remote.HERE), str(CASES / xml), str(CASES / log)],
+            [py38, "-S", "-c", PARSE, node_tree(), str(CASES / xml), str(CASES / log)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -1,6 +1,6 @@
-"""``fleetctl/remote/image_load.py`` (``push --image``'s node side) run by Python 3.8 against a
-fake ``podman`` on PATH, with the argv the controller's podman builder makes: the query finds
-the runtime and the image's id, a load takes the archive (uploaded, or fetched from push's
+"""``fleetctl/remote/programs/image_load.py`` (``push --image``'s node side) run by Python 3.8
+against a fake ``podman`` on PATH, with the argv the controller's podman builder makes: the query
+finds the runtime and the image's id, a load takes the archive (uploaded, or fetched from push's
 ``serve`` on a peer), answers the new id and leaves no archive behind, a failing load says why
 and leaves none either."""
 

@@ -1,5 +1,5 @@
-"""``remote/image_probe.py`` as an image's python runs it in the ``--image`` check (issue 25),
-here by Python 3.8 from memory (``remote.inline``, as shipped): the launcher's module imported
+"""``remote/programs/image_probe.py`` as an image's python runs it in the ``--image`` check (issue
+25), here by Python 3.8 from memory (``remote.inline``, as shipped): the launcher's module imported
 for real (its error in the host check's words), torch's version from the package's metadata,
 NCCL found where torch finds it; exit 3 for a failing answer (the node never keeps it). And
 the program in a container of the lab's test image (Debian's python3, no torch, no NCCL)."""

@@ -1,5 +1,5 @@
-"""One /proc reader (``remote/procfs.py``) and one frame writer (``remote/framing.py``): guards
-that fail when a second parser or writer appears, and the writer run by Python 3.8.
+"""One /proc reader (``remote/kit/procfs.py``) and one frame writer (``remote/kit/framing.py``):
+guards that fail when a second parser or writer appears, and the writer run by Python 3.8.
 
 The guards read source text, as a reviewer would grep: /proc/PID/stat and /proc/PID/environ
 are opened, and /proc is listed, only in procfs.py (anywhere under fleetctl/); a node program
@@ -13,8 +13,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from conftest import node_tree
+
 from fleetctl import remote
-from fleetctl.remote.framing import dumps, line
+from fleetctl.remote.kit.framing import dumps, line
 
 ROOT = Path(remote.__file__).resolve().parent.parent.parent  # the checkout
 #: what only procfs.py may do: open a process's stat or environ, list /proc
@@ -39,9 +41,9 @@ def test_only_procfs_parses_proc_stat_or_environ_or_lists_proc() -> None:
     found = {
         name: sorted({m.group(0).strip() for m in PROC_PARSERS.finditer(src)})
         for name, src in _sources(ROOT / "fleetctl").items()
-        if name != "fleetctl/remote/procfs.py" and PROC_PARSERS.search(src)
+        if name != "fleetctl/remote/kit/procfs.py" and PROC_PARSERS.search(src)
     }
-    assert found == {}, "use fleetctl/remote/procfs.py, the one /proc reader"
+    assert found == {}, "use fleetctl/remote/kit/procfs.py, the one /proc reader"
 
 
 def test_the_guard_would_see_a_second_parser() -> None:
@@ -59,8 +61,8 @@ def test_node_programs_write_frames_only_through_framing() -> None:
         for name, src in _sources(remote.HERE).items()
         if Path(name).name not in {"framing.py", "__init__.py", *OWN_STDOUT} and writers.search(src)
     }
-    assert found == {}, "write frames with fleetctl/remote/framing.py"
-    assert all((remote.HERE / name).is_file() for name in OWN_STDOUT)
+    assert found == {}, "write frames with fleetctl/remote/kit/framing.py"
+    assert all(remote.path(name).is_file() for name in OWN_STDOUT)
 
 
 #: values the node programs send: nested, unicode, floats, None, sorted or not
@@ -74,7 +76,8 @@ VALUES = [
 def test_python_3_8_writes_frames_as_json_would(py38: str) -> None:
     """framing.dumps (json's C encoder) gives json.dumps's bytes on the node's oldest python."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import framing\n"
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from remote.kit import framing\n"
         "vals = json.loads(sys.stdin.read())\n"
         "for v in vals:\n"
         "    for s in (False, True):\n"
@@ -83,7 +86,7 @@ def test_python_3_8_writes_frames_as_json_would(py38: str) -> None:
         "sys.stdout.buffer.write(framing.line('L', b'a line') + framing.line('H'))\n"
     )
     res = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.HERE)],
+        [py38, "-S", "-c", code, node_tree()],
         input=json.dumps(VALUES).encode(),
         capture_output=True,
         timeout=60,

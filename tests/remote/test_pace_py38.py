@@ -1,4 +1,4 @@
-"""The slow-node sampler (``remote/pace.py``) run by Python 3.8 on real processes: a rank
+"""The slow-node sampler (``remote/kit/pace.py``) run by Python 3.8 on real processes: a rank
 that computes reads busy, one asleep (as in a collective's wait) reads idle, and a cpu
 cgroup's throttling is read from its cpu.stat."""
 
@@ -8,12 +8,12 @@ import json
 import subprocess
 from pathlib import Path
 
-from fleetctl import remote
+from conftest import node_tree
 
 SAMPLE = """
 import json, os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-import pace
+from remote.kit import pace
 busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
 idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 try:
@@ -49,8 +49,7 @@ def test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one(
     stat = folder / "cpu.stat"
     stat.write_text("nr_periods 10\nnr_throttled 5\nthrottled_time 1\n")
     out = subprocess.run(
-        [py38, "-c", SAMPLE, str(Path(remote.path("supervisor.py")).parent), str(tmp_path),
-         str(stat)],
+        [py38, "-c", SAMPLE, node_tree(), str(tmp_path), str(stat)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     said = json.loads(out.stdout)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import node_tree
 
-from fleetctl import remote
 from fleetctl.phases.frames import last_data
 
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
@@ -83,12 +83,13 @@ def _adopt(py38: str, claims: Path, job: str) -> list:
     """What the supervisor's ``adopt_port_claims`` finds, run by Python 3.8 from the flat node
     modules (as its bundle imports them)."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import jobprocs; "
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from remote.kit import jobprocs; "
         "print(json.dumps(jobprocs.adopt_port_claims(sys.argv[2])))"
     )
     env = {**os.environ, "FLEETCTL_PORT_CLAIMS": str(claims)}
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.HERE), job],
+        [py38, "-S", "-c", code, node_tree(), job],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
@@ -169,10 +170,11 @@ def test_a_claim_naming_a_live_pid_without_its_start_time_expires_after_the_grac
 
 
 def test_the_probe_and_the_supervisor_share_one_rule_for_the_per_user_claim_folder() -> None:
-    from fleetctl.remote import jobprocs, port_probe, portclaims
+    from fleetctl.remote.kit import jobprocs, portclaims
+    from fleetctl.remote.programs import port_probe
 
     env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_PORT_CLAIMS"}
-    code = "import fleetctl.remote.portclaims as c; print(*c.names())"
+    code = "import fleetctl.remote.kit.portclaims as c; print(*c.names())"
     out = subprocess.run(
         ["python3", "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()

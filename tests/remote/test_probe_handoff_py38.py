@@ -22,11 +22,12 @@ import pytest
 # tests/remote is on sys.path (pytest's rootdir-relative import): its supervisor fixtures
 from test_programs_py38 import Jobs, drain, jid
 
+from fleetctl import remote
 from fleetctl.phases.check.preflight import probe_command
 from fleetctl.phases.check.report import HeldProbe
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 from fleetctl.phases.launch import NodeRun, handoff_line, supervisor_path
-from fleetctl.remote.supervisor import proc_stat
+from fleetctl.remote.programs.supervisor import proc_stat
 from fleetctl.ssh.connection import Stream
 
 
@@ -108,7 +109,9 @@ def test_a_held_probe_becomes_the_supervisor_and_runs_the_job_in_its_own_process
         frames = drain(run)
         assert ("L", f"ppid={facts['pid']}") in frames
         assert frames[-1][0] == "X" and frames[-1][1].split(" ", 1)[0] == "3"
-        assert (Path(supervisor_path(str(probes.root / "w"))) / "supervisor.py").is_file()
+        assert (
+            Path(supervisor_path(str(probes.root / "w"))) / remote.node_file("supervisor.py")
+        ).is_file()
         assert wait_gone(facts["pid"])
 
 

@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from conftest import node_tree
+
 from fleetctl.phases.check.preflight import probe_command
 from fleetctl.phases.frames import last_data
 
@@ -71,7 +73,7 @@ def test_the_launcher_import_reports_the_torch_it_brought(py38: str, tmp_path: P
 FOLDERS = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-import facts
+from remote.kit import facts
 facts.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("second interpreter"))
 print(json.dumps({"dirs": facts.site_dirs(), "torch": facts.torch_facts()}))
 """
@@ -98,9 +100,7 @@ def dist(folder: Path, version: str) -> None:
 def test_a_venvs_torch_is_read_from_its_folder_with_no_second_interpreter(
     py38: str, tmp_path: Path
 ) -> None:
-    import fleetctl.remote as remote_pkg
-
-    remote_dir = Path(remote_pkg.__file__).parent
+    remote_dir = Path(node_tree())
     venv = tmp_path / "venv"
     subprocess.run([py38, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site_pkgs = venv / "lib" / "python3.8" / "site-packages"
@@ -119,9 +119,7 @@ def test_a_venvs_torch_is_read_from_its_folder_with_no_second_interpreter(
 
 def test_two_dist_infos_in_one_folder_go_to_importlib(py38: str, tmp_path: Path) -> None:
     """A broken install (two versions side by side) is not guessed at: the full lookup runs."""
-    import fleetctl.remote as remote_pkg
-
-    remote_dir = Path(remote_pkg.__file__).parent
+    remote_dir = Path(node_tree())
     pp = tmp_path / "pp"
     dist(pp, "2.9.1")
     dist(pp, "2.13.0")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import node_tree
 
 from fleetctl import remote
 from fleetctl.node import Node
@@ -44,7 +45,7 @@ from fleetctl.phases.launch import (
     supervisor_source,
 )
 from fleetctl.plan.launchers import LAUNCHERS
-from fleetctl.remote.supervisor import (
+from fleetctl.remote.programs.supervisor import (
     TAR_MARKER,
     find_job_processes,
     proc_stat,
@@ -62,49 +63,61 @@ def jid(name: str) -> str:
     return f"{name}-{RUN_TOKEN}"
 
 
-PROGRAMS = sorted(p.name for p in remote.HERE.glob("*.py") if p.name != "__init__.py")
+#: Every node module, by its path under fleetctl/remote/ (the installer's __init__ aside).
+MODULES = sorted(
+    str(p.relative_to(remote.HERE)) for p in remote.HERE.rglob("*.py") if p.name != "__init__.py"
+)
+#: Where the programs are, under fleetctl/remote/ (the names the installer takes).
+PROGRAM_FOLDER = "".join(f"{p}/" for p in remote.PROGRAMS.split(".")[1:])
+#: The node programs: the names the installer takes (``"supervisor.py"``).
+SHIPPED = [n[len(PROGRAM_FOLDER) :] for n in MODULES if n.startswith(PROGRAM_FOLDER)]
 ENTRY = "test_the_supervisor_installed_by_the_loader_runs_and_stops_a_real_job"
 #: Which Python 3.8 test under tests/remote exercises each node module (program or shared
 #: module): a new module without one fails the guard. Adding a program is one line here.
 EXERCISED = {
-    "atomic.py": ENTRY,
-    "bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_ports",
-    "container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_dies",
-    "containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
-    "envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
-    "image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
-    "image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
-    "exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_limit",
-    "facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "framing.py": "test_python_3_8_writes_frames_as_json_would",
-    "health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
-    "jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
-    "keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
-    "modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
+    "kit/atomic.py": ENTRY,
+    "programs/bootstrap.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "programs/collective.py": "test_the_collective_program_imports_without_torch_and_reads_ib_"
+    "ports",
+    "kit/container_guard.py": "test_the_container_guard_ends_the_containers_when_its_supervisor_"
+    "dies",
+    "kit/containers.py": "test_the_node_ends_every_container_of_the_job_by_label",
+    "programs/envinfo.py": "test_envinfo_reads_the_nccl_version_and_imports_of_an_env",
+    "programs/image_load.py": "test_the_image_loader_queries_loads_and_leaves_no_archive",
+    "programs/image_probe.py": "test_the_image_probe_imports_the_launcher_and_finds_nccl",
+    "programs/exec_timeout.py": "test_exec_timeout_stops_the_command_and_a_setsid_child_at_the_"
+    "limit",
+    "kit/facts.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "kit/framing.py": "test_python_3_8_writes_frames_as_json_would",
+    "kit/health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
+    "kit/jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "kit/keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
+    "folder",
+    "kit/modes.py": "test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_"
     "the_stop",
-    "output.py": ENTRY,
-    "pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
-    "pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
-    "port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
-    "portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
-    "probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
-    "push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
-    "ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
-    "records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
-    "relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_folder",
-    "spec.py": ENTRY,
-    "stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
-    "stacksample.py": "test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent",
-    "supervision.py": ENTRY,
-    "supervisor.py": ENTRY,
-    "waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
-    "wire.py": ENTRY,
-    "workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
+    "kit/output.py": ENTRY,
+    "kit/pace.py": "test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one",
+    "kit/pack.py": "test_the_supervisors_tar_stream_reads_back_with_tarfile",
+    "programs/port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
+    "kit/portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
+    "programs/probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
+    "programs/push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
+    "kit/ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "kit/ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
+    "kit/records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
+    "kit/relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
+    "folder",
+    "kit/spec.py": ENTRY,
+    "programs/stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
+    "programs/stacksample.py": "test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent",
+    "kit/supervision.py": ENTRY,
+    "programs/supervisor.py": ENTRY,
+    "kit/waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/wire.py": ENTRY,
+    "kit/workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
     "bytecode",
 }
 #: Linux's limit on one argument (MAX_ARG_STRLEN): no shipped program may pass it.
@@ -124,17 +137,17 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> N
 def test_every_module_in_fleetctl_remote_has_a_python_3_8_test() -> None:
     """The guard: every node module names a test of this tier that exists, and that test
     runs code of the module (its program's bundle holds it, or it is the program)."""
-    assert sorted(EXERCISED) == PROGRAMS, "a node module without a Python 3.8 test"
+    assert sorted(EXERCISED) == MODULES, "a node module without a Python 3.8 test"
     here = Path(__file__).parent
     defined = set()
     for f in here.glob("test_*.py"):
         defined |= set(re.findall(r"^def (test_\w+)\(", f.read_text(), re.M))
     assert {m: t for m, t in EXERCISED.items() if t not in defined} == {}
-    shipped = {f"{m}.py" for name in PROGRAMS for m in remote.modules(name)}
-    assert shipped == set(PROGRAMS)
+    shipped = {"/".join(m.split(".")[1:]) + ".py" for name in SHIPPED for m in remote.modules(name)}
+    assert shipped == set(MODULES)
 
 
-@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("name", SHIPPED)
 def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) -> None:
     """argv stays under Linux's 128 KiB per argument: inline, the argv entrance (code and
     bundle), the stdin entrance."""
@@ -147,9 +160,9 @@ def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) ->
     assert max(sizes.values()) < MAX_ARG, sizes
 
 
-@pytest.mark.parametrize("name", [*PROGRAMS, "__init__.py"])
+@pytest.mark.parametrize("name", [*MODULES, "__init__.py"])
 def test_every_file_compiles_under_python_3_8(py38: str, name: str) -> None:
-    path = remote.path(name)
+    path = remote.HERE / name
     res = subprocess.run(
         [py38, "-c", "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')", path],
         capture_output=True,
@@ -534,12 +547,13 @@ def test_the_check_probe_reports_facts_and_takes_part_in_a_mesh(py38: str, tmp_p
 
 def test_the_probe_echoes_icmp_in_process_without_a_ping_binary(py38: str, tmp_path: Path) -> None:
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import probe; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from remote.programs import probe; "
         "print(probe.icmp_echo('127.0.0.1', '127.0.0.1', 2.0))"
     )
     env = {**os.environ, "PATH": str(tmp_path)}  # no `ping` to fall back on
     out = subprocess.run(
-        [py38, "-c", code, str(Path(remote.path("probe.py")).parent)],
+        [py38, "-c", code, node_tree()],
         capture_output=True, text=True, timeout=30, env=env, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "ok", out.stderr
@@ -1049,7 +1063,8 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
     """A rank that ended is a zombie until its launcher reaps it (deepspeed looks once a
     second): its exit status is still in /proc, which is how a failed rank is named."""
     code = (
-        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import procfs, ranks\n"
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); "
+        "from remote.kit import procfs, ranks\n"
         "kids = []\n"
         "for how in ('exit', 'kill'):\n"
         "    pid = os.fork()\n"
@@ -1061,7 +1076,7 @@ def test_the_supervisor_reads_how_an_unreaped_rank_ended(py38: str) -> None:
         "print([procfs.zombie_exit(p) for p in kids], procfs.zombie_exit(os.getpid()))\n"
     )
     out = subprocess.run(
-        [py38, "-c", code, str(Path(remote.path("supervisor.py")).parent)],
+        [py38, "-c", code, node_tree()],
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "[3, -9] None", out.stderr
@@ -1084,11 +1099,12 @@ def test_push_and_check_read_one_workdir_id_so_a_shared_home_is_pushed_once(
 
     def check_probe() -> str:
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); import facts\n"
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from remote.kit import facts\n"
             "print(facts.workdir_id(sys.argv[2]))\n"
         )
         out = subprocess.run(
-            [py38, "-c", code, str(Path(remote.path("probe.py")).parent), str(w)],
+            [py38, "-c", code, node_tree(), str(w)],
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         return out.stdout.strip()
@@ -1225,14 +1241,15 @@ def test_node_programs_never_import_the_users_modules_from_the_login_folder(
         remote.file_argv(py38, sup, *clean), cwd=home, env=env, capture_output=True, timeout=60
     )
     assert again.returncode == 0 and again.stdout.startswith(b"D "), again.stderr
-    cached = list((Path(sup) / "__pycache__").glob("supervisor.cpython-38*.pyc"))
+    program = Path(sup) / remote.node_file("supervisor.py")
+    cached = list((program.parent / "__pycache__").glob("supervisor.cpython-38*.pyc"))
     assert len(cached) == 1
 
 
 WORKDIR_ID = """
 import os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-import {module} as m
+import remote.{module} as m
 w = sys.argv[2]
 os.makedirs(w)
 # many nodes of one shared home at once: one id for all of them
@@ -1253,13 +1270,13 @@ print(m.workdir_id(w))
 """
 
 
-@pytest.mark.parametrize("module", ["facts", "push_helper"])
+@pytest.mark.parametrize("module", ["kit.facts", "programs.push_helper"])
 def test_nodes_of_one_shared_home_read_one_workdir_id_never_a_half_made_one(
     py38: str, tmp_path: Path, module: str
 ) -> None:
     code = WORKDIR_ID.format(module=module)
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.path("probe.py").parent), str(tmp_path / "w")],
+        [py38, "-S", "-c", code, node_tree(), str(tmp_path / "w")],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     first, second = out.stdout.splitlines()
@@ -1301,15 +1318,17 @@ def test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_b
         facts = start(name)
         assert len(facts) == 1 and facts[0]["workdir"] == str(w), facts
         folder = Path(remote.installed_path(str(w), name))
-        installed = folder / name
-        assert sorted(p.name for p in folder.glob("*.py")) == sorted(
-            ["__main__.py", *(f"{m}.py" for m in remote.modules(name))]
+        installed = folder / remote.node_file(name)
+        mods = remote.modules(name)
+        inits = [f"{p.replace('.', '/')}/__init__.py" for p in remote.packages(mods)]
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py")) == sorted(
+            ["__main__.py", *inits, *(f"{m.replace('.', '/')}.py" for m in mods)]
         )
-        for mod in remote.modules(name):
-            assert (folder / f"{mod}.py").read_bytes() == remote.source(f"{mod}.py")
+        for mod, src in mods.items():
+            assert (folder / f"{mod.replace('.', '/')}.py").read_text() == src
         assert stat.S_IMODE(installed.stat().st_mode) == 0o600
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-        assert list((folder / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
+        assert list((installed.parent / "__pycache__").glob(f"{installed.stem}.cpython-38*.pyc"))
         installed.write_text(STAND_IN)  # the next start must run this file, not the source
         assert start(name) == [{"stand_in": argv}]
     assert not list((w / "bin").glob("*.part")), "a temp file of the install was left"
@@ -1343,11 +1362,11 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
     code = (
         "import json, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "import facts\n"
+        "from remote.kit import facts\n"
         "print(json.dumps(facts.ipv4_netlink()))\n"
     )
     out = subprocess.run(
-        [py38, "-S", "-c", code, str(remote.path("probe.py").parent)],
+        [py38, "-S", "-c", code, node_tree()],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout) == {k: v for k, v in want.items() if v}
@@ -1356,7 +1375,7 @@ def test_the_probe_reads_the_interface_addresses_ip_lists_from_rtnetlink(py38: s
 TAR_WRITE = """
 import io, sys
 sys.path.insert(0, sys.argv[1])
-import pack as s
+from remote.kit import pack as s
 out = open(sys.argv[2], "wb")
 w = s.TarWriter(out)
 w.add_dir("ranks/empty", 0o700, 7)
@@ -1374,9 +1393,7 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
     controller's reader: folders, a long and a non-ASCII name, the resume offset, a file that
     shrank while it was sent, whole records."""
     path = tmp_path / "out.tar"
-    subprocess.run(
-        [py38, "-S", "-c", TAR_WRITE, str(remote.HERE), str(path)], timeout=60, check=True
-    )
+    subprocess.run([py38, "-S", "-c", TAR_WRITE, node_tree(), str(path)], timeout=60, check=True)
     assert path.stat().st_size % 10240 == 0
     got = {}
     with tarfile.open(path, mode="r|") as tar:
@@ -1395,7 +1412,7 @@ def test_the_supervisors_tar_stream_reads_back_with_tarfile(py38: str, tmp_path:
 def test_the_job_scan_reads_no_kernel_threads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernel threads (thousands on a big GPU host) are never a job's: the after-exit scan
     skips them instead of reading each one's environment."""
-    from fleetctl.remote import jobprocs, procfs
+    from fleetctl.remote.kit import jobprocs, procfs
 
     def flags(pid: int) -> int:
         st = procfs.proc_stat_flags(pid)

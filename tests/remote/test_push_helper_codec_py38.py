@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from fleetctl import remote
+from conftest import node_tree
 
 VALUES = [
     {"workdir": "/home/u/.fleetctl", "digest": "d1", "keep": 2, "allow": None, "x": True},
@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 if sys.argv[2] == "no-c":
     sys.modules["_json"] = None  # import _json fails: the fallback
-import pushbase  # the push helper's codec
+from remote.kit import pushbase  # the push helper's codec
 values = pushbase.loads(sys.stdin.read())
 texts = [pushbase.dumps(v) for v in values]
 used_json = "json" in sys.modules  # the C half alone needs no json module
@@ -41,7 +41,7 @@ print(json.dumps(out))
 
 
 def test_the_push_helper_codec_matches_json_with_and_without_the_c_half(py38: str) -> None:
-    folder = str(remote.path("pushbase.py").parent)
+    folder = node_tree()
     for mode in ("c", "no-c"):
         res = subprocess.run(
             [py38, "-S", "-c", PROGRAM, folder, mode],

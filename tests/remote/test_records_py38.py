@@ -1,5 +1,5 @@
-"""The supervisor's typed records (``fleetctl/remote/records.py``): golden cases read the same by
-the controller's python and by Python 3.8 (the node's oldest), and a supervisor that refuses a
+"""The supervisor's typed records (``fleetctl/remote/kit/records.py``): golden cases read the same
+by the controller's python and by Python 3.8 (the node's oldest), and a supervisor that refuses a
 spec of the wrong shape with the record's own message.
 
 Tolerant of older documents (missing keys take their defaults, unknown keys are ignored),
@@ -13,10 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import node_tree
 
 from fleetctl import remote
 from fleetctl.phases.frames import FrameReader
-from fleetctl.remote.records import RecordError, SupervisorSpec, SupervisorState, read_state
+from fleetctl.remote.kit.records import RecordError, SupervisorSpec, SupervisorState, read_state
 
 MIN_SPEC = {"job_id": "j", "argv": ["python3", "x.py"], "run_dir": "/r/0-n1"}
 FULL_SPEC = {
@@ -104,7 +105,7 @@ def read_here(kind: str, doc: object) -> object:
 SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from records import RecordError, SupervisorSpec, SupervisorState
+from remote.kit.records import RecordError, SupervisorSpec, SupervisorState
 out = []
 for kind, doc in json.load(sys.stdin):
     cls = SupervisorSpec if kind == "spec" else SupervisorState
@@ -126,7 +127,7 @@ def test_the_records_read_older_documents_and_refuse_wrong_types(
 def test_python_3_8_reads_every_record_case_as_the_controller_does(py38: str) -> None:
     docs = [[kind, doc] for kind, doc, _ in CASES]
     res = subprocess.run(
-        [py38, "-S", "-c", SCRIPT, str(remote.HERE)],
+        [py38, "-S", "-c", SCRIPT, node_tree()],
         input=json.dumps(docs).encode(),
         capture_output=True,
         timeout=60,

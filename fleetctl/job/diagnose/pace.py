@@ -3,7 +3,7 @@
 In a synchronous job every rank steps together, so each node's step rate is the same and
 cannot tell who is slow. Where the ranks spend their time can: the slow node's ranks compute
 (or wait for a CPU) nearly all the time, while its peers finish their part early and wait in
-the collective for it. Each node's supervisor samples its ranks (``fleetctl.remote.pace``)
+the collective for it. Each node's supervisor samples its ranks (``fleetctl.remote.kit.pace``)
 and reports every few seconds; a **round** is one fresh report from every node, and in it
 the busiest node is the suspect when
 

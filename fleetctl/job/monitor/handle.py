@@ -20,8 +20,8 @@ from fleetctl.errors import RunFolderError, UsageError
 from fleetctl.job.records.jobrecord import FailureRecord, NodeRecord
 from fleetctl.job.records.runfolder import iso, read_json
 from fleetctl.job.records.state import JobState, JobStatus, NodeState, exit_state, node_state
-from fleetctl.remote.records import RecordError, SupervisorState
-from fleetctl.remote.wire import STATE_FILE
+from fleetctl.remote.kit.records import RecordError, SupervisorState
+from fleetctl.remote.kit.wire import STATE_FILE
 
 if TYPE_CHECKING:
     from fleetctl.phases.collect import CollectOptions, NodeCollect

@@ -19,7 +19,7 @@ from fleetctl.errors import FleetctlError, RunFolderError
 from fleetctl.job.monitor.decide import DEFAULT_LOST_TIMEOUT, DEFAULT_POLL
 from fleetctl.job.records.controller import boot_id
 from fleetctl.job.records.runfolder import RunFolder
-from fleetctl.remote.procfs import proc_start_time
+from fleetctl.remote.kit.procfs import proc_start_time
 
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe, Supervision

@@ -15,7 +15,7 @@ from fleetctl.errors import FleetctlError, one_line
 from fleetctl.job.records.runfolder import iso
 from fleetctl.node import Node
 from fleetctl.phases.frames import last_data
-from fleetctl.remote.records import RecordError, SupervisorState
+from fleetctl.remote.kit.records import RecordError, SupervisorState
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan

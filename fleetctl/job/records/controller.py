@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from fleetctl.remote.procfs import proc_start_time
+from fleetctl.remote.kit.procfs import proc_start_time
 
 
 def boot_id() -> str | None:

@@ -1,7 +1,7 @@
 """The run folder's JSON files as typed records, one class per file, each the only way its file
 is written and read (``RunFolder.write_record``/``read_record``).
 
-They stand on the node's record base (``fleetctl.remote.records.Record``: a class body's
+They stand on the node's record base (``fleetctl.remote.kit.records.Record``: a class body's
 annotations are the fields, their values the defaults, types checked both ways), so the
 supervisor's ``supervisor.json`` and these are one kind of thing. :class:`FileRecord` adds what
 a file kept across fleetctl versions needs and a node does not (it would only grow the node
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, TypeVar
 
-from fleetctl.remote.records import Record, RecordError
+from fleetctl.remote.kit.records import Record, RecordError
 
 _F = TypeVar("_F", bound="FileRecord")
 

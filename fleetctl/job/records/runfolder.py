@@ -58,7 +58,7 @@ from fleetctl.job.records.files import (
 )
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.plan.rankplan import node_folder_name
-from fleetctl.remote.records import RecordError
+from fleetctl.remote.kit.records import RecordError
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"

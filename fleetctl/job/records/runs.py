@@ -17,7 +17,7 @@ from fleetctl.job.records.files import ConnectRecord
 from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, signal_name
 from fleetctl.job.records.runfolder import RunFolder, list_runs, load_run
 from fleetctl.node import Node
-from fleetctl.remote.records import RecordError
+from fleetctl.remote.kit.records import RecordError
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan

@@ -190,7 +190,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     if sup.on_slow != "off" and len(plan.nodes) > 1:  # the node the others wait for
         from fleetctl.job.diagnose.pace import judge_for
 
-        pace = {}  # the sampler's defaults (fleetctl.remote.pace); detached: the monitor's
+        pace = {}  # the sampler's defaults (fleetctl.remote.kit.pace); detached: the monitor's
         if not options.detach:
             nodes = {np.node_rank: np.host for np in plan.nodes}
             job.pace = judge_for(nodes, job.roles, sup.slow_rounds)  # role jobs: by role

@@ -3,13 +3,13 @@
 Two runs planned at the same instant on the same hosts both saw port 29500 free in their
 checks; one job's rank 0 then failed to bind it and that job's other ranks joined the other
 job's rendezvous. So the port is not just probed but claimed for this job id on node 0
-(``remote/port_probe.py``: an O_EXCL file per port in the user's private host-local folder,
-``remote/portclaims.py``) before any node starts; node 0's supervisor adopts the claim and
+(``remote/programs/port_probe.py``: an O_EXCL file per port in the user's private host-local folder,
+``remote/kit/portclaims.py``) before any node starts; node 0's supervisor adopts the claim and
 frees it when the job ends. Without ``--master-port`` the first claimable port from 29500 on is
 taken (recorded in plan.json); a port in TIME_WAIT from the last job is free, so jobs keep
 29500 (what firewalls open); with it, a port another fleetctl job holds is refused, naming that
 job. Where the check left node 0's probe held for the launch, the probe runs the claim in its
-own process (``remote/probe.py``'s ``handoff``): no remote command of its own, which under
+own process (``remote/programs/probe.py``'s ``handoff``): no remote command of its own, which under
 Slurm is a whole srun step (slurmctld round trips), over SSH a channel and an interpreter.
 """
 

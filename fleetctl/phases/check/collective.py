@@ -1,7 +1,7 @@
 """``--collective``: a real torch.distributed benchmark over the training NICs after the check.
 
-Each node runs ``fleetctl/remote/collective.py`` with its own python (the check's facts: the
-pushed env's where there is one), shipped inline like the port probe: one streamed remote
+Each node runs ``fleetctl/remote/programs/collective.py`` with its own python (the check's facts:
+the pushed env's where there is one), shipped inline like the port probe: one streamed remote
 command per node, all started at once on the fleet's open connections — by ``check_fleet`` as
 soon as the fleet is connected (:func:`start_programs`), so each node imports torch while the
 probe and the mesh run, and handed its part (rank, peers) once the check's verdict says which

@@ -1,7 +1,7 @@
 """``--image``: before launch, on every node that runs in a container, the runtime (named, or
 the first of podman, docker, apptainer found), the image present, and ONE throwaway container
-that runs the job's python of the image with ``remote/image_probe.py``: the launcher's module
-imported for real (the host check leaves it to this: the host's python only runs the
+that runs the job's python of the image with ``remote/programs/image_probe.py``: the launcher's
+module imported for real (the host check leaves it to this: the host's python only runs the
 supervisor), torch's version (the plan's facts) and NCCL where the job uses GPUs. A job that
 needs no python in the image (a plain shell script) starts ``true`` instead. Every node naming
 the same image must have the same build (by id). Anything else stops the run (exit 3) with one

@@ -2,7 +2,7 @@
 
 ``check_fleet(fleet, options)`` opens one SSH connection per host (the fleet's, reused by the
 later phases of ``fleetctl run``), pings every host from here, and runs ONE streamed remote
-command per host: the stdlib probe (``fleetctl/remote/probe.py``), which reports the host's
+command per host: the stdlib probe (``fleetctl/remote/programs/probe.py``), which reports the host's
 facts and
 then takes part in the N×N mesh test over the training NICs (ping + TCP to a short-lived
 listener in the master port range). Everything runs in parallel, every wait is bounded.
@@ -322,10 +322,10 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
 
 
 def _icmp_echo(ip: str, timeout: float) -> float | str | None:
-    """One echo from this process (the probe's own, ``fleetctl.remote.probe.icmp_echo``): the
-    round trip in seconds, ``"timeout"``, or None where ICMP sockets are not allowed here (or
+    """One echo from this process (the probe's own, ``fleetctl.remote.programs.probe.icmp_echo``):
+    the round trip in seconds, ``"timeout"``, or None where ICMP sockets are not allowed here (or
     fail otherwise): then the ``ping`` binary decides, as before."""
-    from fleetctl.remote import probe
+    from fleetctl.remote.programs import probe
 
     start = time.monotonic()
     got = probe.icmp_echo("", ip, timeout)

@@ -1,7 +1,7 @@
 """``fleetctl push --image``: ship an image this machine has to the nodes that lack it, for
 fleets with no registry.
 
-One fan-out asks every node for the image's id (``remote/image_load.py query``); nodes with
+One fan-out asks every node for the image's id (``remote/programs/image_load.py query``); nodes with
 this machine's id are skipped, the others get it: ``save`` once here into a private temp
 folder, SFTP to one node (the seed), which serves it over the training network through push's
 token-protected ``serve``; in waves, as env archives: a node that fetched it serves the next

@@ -1,5 +1,5 @@
 """What the push keeps per node between its stages, the node-side helper it drives
-(``fleetctl/remote/push_helper.py``) and its answer marker, and one-line node errors."""
+(``fleetctl/remote/programs/push_helper.py``) and its answer marker, and one-line node errors."""
 
 from __future__ import annotations
 

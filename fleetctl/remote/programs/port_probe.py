@@ -26,14 +26,9 @@ import socket
 import sys
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
-    from .framing import frame
-    from .portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
-    from .procfs import proc_start_time
-except ImportError:
-    from framing import frame
-    from portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
-    from procfs import proc_start_time
+from ..kit.framing import frame
+from ..kit.portclaims import ClaimsUnusable, claims_folder, existing_claims_folder
+from ..kit.procfs import proc_start_time
 
 CLAIM_GRACE = 180.0  # s from claim to the supervisor adopting it (check, push, launch)
 

@@ -13,10 +13,7 @@ import os
 import sys
 import time
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .pushbase import Failed, dumps, free_bytes, rmtree, verify_env, workdirs
-except ImportError:
-    from pushbase import Failed, dumps, free_bytes, rmtree, verify_env, workdirs
+from .pushbase import Failed, dumps, free_bytes, rmtree, verify_env, workdirs
 
 
 def safe_members(tf: tarfile.TarFile, dest: str) -> list:  # noqa: F821 - imported in extract

@@ -36,12 +36,9 @@ try:
 except ImportError:  # an interpreter without it: the public module
     import signal  # type: ignore[no-redef]
 
-try:  # as fleetctl.remote.exec_timeout (tests); flat on a node
-    from .procfs import age, ended, environ_has, pids
-    from .wire import EXEC_TIMEOUT_MARK as MARK
-except ImportError:
-    from procfs import age, ended, environ_has, pids
-    from wire import EXEC_TIMEOUT_MARK as MARK
+from ..kit.procfs import age, ended, environ_has, pids
+from ..kit.wire import EXEC_TIMEOUT_MARK as MARK
+
 TIMED_OUT = 124
 SETTLE = 5.0  # s to wait for killed processes to be gone
 

@@ -26,30 +26,25 @@ import subprocess
 import sys
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import read_json, write_json
-    from .containers import end_containers
-    from .jobprocs import stop_processes
-    from .wire import STATE_FILE
-except ImportError:
-    from atomic import read_json, write_json
-    from containers import end_containers
-    from jobprocs import stop_processes
-    from wire import STATE_FILE
+from .atomic import read_json, write_json
+from .containers import end_containers
+from .jobprocs import stop_processes
+from .wire import STATE_FILE
 
 GUARD_FILE = "container-guard.json"  # in the node run folder: what the guard had to do
 READY_TIMEOUT = 10.0  # s for the guard to say it is up
 DONE = b"d"
 
-# ``python -S -c GUARD <folder of this module> <json>``: the folder first on sys.path (not the
-# current one: a user's ~/json.py must not replace the stdlib's), then the guard's main.
+# ``python -S -c GUARD <folder of this module's package> <this module> <json>``: the folder
+# first on sys.path (not the current one: a user's ~/json.py must not replace the stdlib's),
+# then the guard's main.
 GUARD = (
     "import sys\n"
     "if sys.path and sys.path[0] == '':\n"
     "    del sys.path[0]\n"
     "sys.path.insert(0, sys.argv.pop(1))\n"
-    "import container_guard\n"
-    "sys.exit(container_guard.main(sys.argv[1:]))\n"
+    "guard = __import__(sys.argv.pop(1), None, None, ['main'])\n"
+    "sys.exit(guard.main(sys.argv[1:]))\n"
 )
 UNTAGGED = ("FLEET_JOB_ID", "FLEET_NODE_RANK")  # the job's env tags: the guard is no job process
 
@@ -87,12 +82,15 @@ def start_guard(
     here = os.path.dirname(os.path.abspath(__file__))
     if not os.path.isfile(os.path.join(here, "container_guard.py")):
         return None, "no container guard: the supervisor runs from memory (workdir not writable)"
+    root = here
+    for _ in range(__name__.count(".")):
+        root = os.path.dirname(root)
     args = {"cfg": cfg, "job_id": job_id, "rank": rank, "run_dir": run_dir, "grace": grace}
     env = {k: v for k, v in os.environ.items() if k not in UNTAGGED}
     r, w = os.pipe()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", GUARD, here, json.dumps(args)],
+            [sys.executable, "-S", "-c", GUARD, root, __name__, json.dumps(args)],
             stdin=r,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -32,12 +32,8 @@ import os
 import sys
 import time
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .pushbase import emit, free_bytes, loads, rmtree, run_mode, verify_env, workdirs
-    from .workdirs import workdir_id
-except ImportError:
-    from pushbase import emit, free_bytes, loads, rmtree, run_mode, verify_env, workdirs
-    from workdirs import workdir_id
+from ..kit.pushbase import emit, free_bytes, loads, rmtree, run_mode, verify_env, workdirs
+from ..kit.workdirs import workdir_id
 
 # shutil, subprocess, tarfile, hashlib and contextlib are imported where used: a no-op push's
 # probe needs none of them, and their imports were a third of its CPU on every node. Nor json:
@@ -210,16 +206,12 @@ def mode_function(mode: str):  # type: ignore[no-untyped-def]
     """The function of ``mode``. finalize's and the relay's modules are imported for their
     own modes only: a no-op push runs ``probe`` alone, on every node."""
     if mode == "finalize":
-        try:
-            from .finalize import finalize
-        except ImportError:
-            from finalize import finalize
+        from ..kit.finalize import finalize
+
         return finalize
     if mode in ("relay-pack", "relay-have", "relay-apply"):
-        try:
-            from .relay import relay_apply, relay_have, relay_pack
-        except ImportError:
-            from relay import relay_apply, relay_have, relay_pack
+        from ..kit.relay import relay_apply, relay_have, relay_pack
+
         return {"relay-pack": relay_pack, "relay-have": relay_have, "relay-apply": relay_apply}[
             mode
         ]

@@ -11,12 +11,8 @@ import json
 import os
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .modes import parse_opts
-    from .wire import COLLECT_MANIFEST, CONSOLE_LOG, STATE_FILE, TAR_MARKER
-except ImportError:
-    from modes import parse_opts
-    from wire import COLLECT_MANIFEST, CONSOLE_LOG, STATE_FILE, TAR_MARKER
+from .modes import parse_opts
+from .wire import COLLECT_MANIFEST, CONSOLE_LOG, STATE_FILE, TAR_MARKER
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".json", ".jsonl")
 MAX_OPTIONS = 64 << 20  # bytes of collect options on stdin (the controller's file list)

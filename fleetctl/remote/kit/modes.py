@@ -13,22 +13,13 @@ import signal
 import threading
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import read_json, write_json
-    from .framing import frame
-    from .framing import line as framed
-    from .jobprocs import find_job_processes, stop_processes
-    from .procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
-    from .records import RecordError, SupervisorState, read_state
-    from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
-except ImportError:
-    from atomic import read_json, write_json
-    from framing import frame
-    from framing import line as framed
-    from jobprocs import find_job_processes, stop_processes
-    from procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
-    from records import RecordError, SupervisorState, read_state
-    from wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
+from .atomic import read_json, write_json
+from .framing import frame
+from .framing import line as framed
+from .jobprocs import find_job_processes, stop_processes
+from .procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
+from .records import RecordError, SupervisorState, read_state
+from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
 
 
 def parse_opts(argv: list[str]) -> dict:

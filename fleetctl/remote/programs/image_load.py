@@ -20,12 +20,8 @@ import errno
 import os
 import sys
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .finalize import fetch, sha256_file
-    from .pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
-except ImportError:
-    from finalize import fetch, sha256_file
-    from pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
+from ..kit.finalize import fetch, sha256_file
+from ..kit.pushbase import Failed, free_bytes, rmtree, run_mode, workdirs
 
 
 def _which(name: str) -> str | None:

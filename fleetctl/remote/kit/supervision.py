@@ -13,50 +13,27 @@ import subprocess
 import threading
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import now, read_json, write_json
-    from .container_guard import start_guard
-    from .containers import client_half, end_containers, main_pid, stopped_code, tells_pid
-    from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
-    from .output import Out, gap_note, write_all, write_problem
-    from .pace import pace_file, watch_pace
-    from .procfs import pid_alive, proc_stat, zombie_exit
-    from .ranks import pidfd_open, rank_processes
-    from .ranktail import MAX_LINE, RankTail
-    from .records import RecordError, SupervisorSpec, SupervisorState, read_state
-    from .spec import seed_work_folder
-    from .wire import (
-        CONSOLE_LOG,
-        HEARTBEAT_FILE,
-        PROGRESS_FILE,
-        PROTOCOL,
-        RANK_EXITS,
-        RANK_PIDS,
-        STATE_FILE,
-        STOP_REQUEST,
-    )
-except ImportError:
-    from atomic import now, read_json, write_json
-    from container_guard import start_guard
-    from containers import client_half, end_containers, main_pid, stopped_code, tells_pid
-    from jobprocs import adopt_port_claims, become_subreaper, stop_processes
-    from output import Out, gap_note, write_all, write_problem
-    from pace import pace_file, watch_pace
-    from procfs import pid_alive, proc_stat, zombie_exit
-    from ranks import pidfd_open, rank_processes
-    from ranktail import MAX_LINE, RankTail
-    from records import RecordError, SupervisorSpec, SupervisorState, read_state
-    from spec import seed_work_folder
-    from wire import (
-        CONSOLE_LOG,
-        HEARTBEAT_FILE,
-        PROGRESS_FILE,
-        PROTOCOL,
-        RANK_EXITS,
-        RANK_PIDS,
-        STATE_FILE,
-        STOP_REQUEST,
-    )
+from .atomic import now, read_json, write_json
+from .container_guard import start_guard
+from .containers import client_half, end_containers, main_pid, stopped_code, tells_pid
+from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
+from .output import Out, gap_note, write_all, write_problem
+from .pace import pace_file, watch_pace
+from .procfs import pid_alive, proc_stat, zombie_exit
+from .ranks import pidfd_open, rank_processes
+from .ranktail import MAX_LINE, RankTail
+from .records import RecordError, SupervisorSpec, SupervisorState, read_state
+from .spec import seed_work_folder
+from .wire import (
+    CONSOLE_LOG,
+    HEARTBEAT_FILE,
+    PROGRESS_FILE,
+    PROTOCOL,
+    RANK_EXITS,
+    RANK_PIDS,
+    STATE_FILE,
+    STOP_REQUEST,
+)
 
 ECHO_WINDOW = 10000  # rank 0 lines paddle may still copy to its stdout
 ECHO_LOOKAHEAD = 64  # how far past an unmatched (torn) echo a copy is looked for

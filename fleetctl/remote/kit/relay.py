@@ -8,17 +8,10 @@ from __future__ import annotations
 import errno
 import os
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .finalize import fetch, sha256_file
-    from .keyscan import KeyScan
-    from .pushbase import Failed, rmtree, workdirs
-    from .workdirs import workdir_id
-except ImportError:
-    from finalize import fetch, sha256_file
-    from keyscan import KeyScan
-    from pushbase import Failed, rmtree, workdirs
-    from workdirs import workdir_id
-
+from .finalize import fetch, sha256_file
+from .keyscan import KeyScan
+from .pushbase import Failed, rmtree, workdirs
+from .workdirs import workdir_id
 
 # A retry's nodes get what the job wrote into its work folder on the node of rank 0
 # (pytorch/examples' snapshot.pt, Lightning's and HF Trainer's checkpoint folders): ``relay-pack``

@@ -45,14 +45,9 @@ import sys
 import threading
 import time
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .facts import gather
-    from .framing import frame
-    from .waits import Task, pmap, run, which
-except ImportError:
-    from facts import gather
-    from framing import frame
-    from waits import Task, pmap, run, which
+from ..kit.facts import gather
+from ..kit.framing import frame
+from ..kit.waits import Task, pmap, run, which
 
 # subprocess is imported where a program is run: a node without GPUs runs one (rsync), and the
 # import was a tenth of the probe's CPU; shutil and contextlib are not needed at all.

@@ -9,10 +9,7 @@ import contextlib
 import os
 import re
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .procfs import environ_entries, pids, proc_stat
-except ImportError:
-    from procfs import environ_entries, pids, proc_stat
+from .procfs import environ_entries, pids, proc_stat
 
 
 def rank_processes(leader: int) -> list:

@@ -22,12 +22,8 @@ import subprocess
 import sys
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
-    from .framing import frame
-    from .procfs import ended, environ, exe_name, pids
-except ImportError:
-    from framing import frame
-    from procfs import ended, environ, exe_name, pids
+from ..kit.framing import frame
+from ..kit.procfs import ended, environ, exe_name, pids
 
 PY_SPY_TIMEOUT = 20
 ABORT_WAIT = 5.0  # s for aborted processes to end and their dumps to reach console.log

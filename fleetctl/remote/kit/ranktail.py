@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .ranks import rank_log_files
-except ImportError:
-    from ranks import rank_log_files
+from .ranks import rank_log_files
 
 MAX_LINE = 65536
 

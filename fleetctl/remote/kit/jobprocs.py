@@ -12,12 +12,8 @@ import os
 import signal
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .portclaims import existing_claims_folder
-    from .procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
-except ImportError:
-    from portclaims import existing_claims_folder
-    from procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
+from .portclaims import existing_claims_folder
+from .procfs import PF_KTHREAD, cmdline, environ_has, pids, proc_start_time, proc_stat_flags
 
 
 def adopt_port_claims(job_id: str) -> list:

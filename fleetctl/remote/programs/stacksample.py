@@ -18,12 +18,8 @@ import subprocess
 import sys
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat (from memory) on a node
-    from .framing import frame
-    from .stacks import is_python, job_processes
-except ImportError:
-    from framing import frame
-    from stacks import is_python, job_processes
+from ..kit.framing import frame
+from .stacks import is_python, job_processes
 
 DUMP_TIMEOUT = 10  # s for one dump
 _THREAD = re.compile(

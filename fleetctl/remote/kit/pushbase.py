@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .framing import dumps, frame
-except ImportError:
-    from framing import dumps, frame
+from .framing import dumps, frame
 
 # shutil, subprocess, tarfile, hashlib and contextlib are imported where used: a no-op push's
 # probe needs none of them, and their imports were a third of its CPU on every node. Nor json:

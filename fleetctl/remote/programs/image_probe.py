@@ -23,10 +23,7 @@ import json
 import os
 import sys
 
-try:  # as fleetctl.remote.<module> (tests); flat (from memory) in a container
-    from .framing import frame
-except ImportError:
-    from framing import frame
+from ..kit.framing import frame
 
 FAILED = 3
 PACKAGES = ("nvidia/nccl/lib", "torch/lib")

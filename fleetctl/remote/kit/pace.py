@@ -12,12 +12,8 @@ import json
 import os
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .atomic import read_json, write_json
-    from .procfs import cgroup_paths, proc_cpu, proc_schedstat
-except ImportError:
-    from atomic import read_json, write_json
-    from procfs import cgroup_paths, proc_cpu, proc_schedstat
+from .atomic import read_json, write_json
+from .procfs import cgroup_paths, proc_cpu, proc_schedstat
 
 REPORT = 2.0  # s between reports
 HZ = os.sysconf("SC_CLK_TCK")

@@ -43,28 +43,16 @@ import os
 import signal
 import sys
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .framing import line
-    from .jobprocs import find_job_processes, release_port_claims, stop_processes
-    from .modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
-    from .output import Out
-    from .pack import cmd_pack, pack_dir
-    from .procfs import proc_start_time, proc_stat
-    from .records import SupervisorSpec
-    from .spec import read_spec
-    from .supervision import Supervisor, ignore_signal
-    from .wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
-except ImportError:
-    from framing import line
-    from jobprocs import find_job_processes, release_port_claims, stop_processes
-    from modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
-    from output import Out
-    from pack import cmd_pack, pack_dir
-    from procfs import proc_start_time, proc_stat
-    from records import SupervisorSpec
-    from spec import read_spec
-    from supervision import Supervisor, ignore_signal
-    from wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
+from ..kit.framing import line
+from ..kit.jobprocs import find_job_processes, release_port_claims, stop_processes
+from ..kit.modes import cmd_clean, cmd_follow, cmd_mark_stop, cmd_reattach, cmd_status, cmd_stop
+from ..kit.output import Out
+from ..kit.pack import cmd_pack, pack_dir
+from ..kit.procfs import proc_start_time, proc_stat
+from ..kit.records import SupervisorSpec
+from ..kit.spec import read_spec
+from ..kit.supervision import Supervisor, ignore_signal
+from ..kit.wire import COLLECT_MANIFEST, PROTOCOL, TAR_MARKER
 
 # the program's entry points, and what tests still import from here (stop logic, markers)
 __all__ = [

@@ -16,14 +16,9 @@ import struct
 import sys
 import time
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .health import health_facts
-    from .waits import Task, bounded, run, which
-    from .workdirs import workdir_id
-except ImportError:
-    from health import health_facts
-    from waits import Task, bounded, run, which
-    from workdirs import workdir_id
+from .health import health_facts
+from .waits import Task, bounded, run, which
+from .workdirs import workdir_id
 
 # subprocess is imported where a program is run: a node without GPUs runs one (rsync), and the
 # import was a tenth of the probe's CPU.

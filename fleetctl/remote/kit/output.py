@@ -11,10 +11,7 @@ import os
 import queue
 import threading
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .framing import line
-except ImportError:
-    from framing import line
+from .framing import line
 
 OUT_QUEUE = 10000  # frames buffered for a slow controller; beyond that lines go to the log only
 COALESCE_BYTES = 32768  # frames joined into one write (about one SSH packet)

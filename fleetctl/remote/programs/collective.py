@@ -45,12 +45,8 @@ import threading
 import time
 import warnings
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .health import IB_ROOT
-    from .health import ib_ports as health_ib_ports
-except ImportError:
-    from health import IB_ROOT
-    from health import ib_ports as health_ib_ports
+from ..kit.health import IB_ROOT
+from ..kit.health import ib_ports as health_ib_ports
 
 REMEASURE_PASSES = 2
 # the all-reduce: best of 2 rounds, and of up to ``iters`` while any rank's best two differ by

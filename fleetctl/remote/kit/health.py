@@ -22,10 +22,7 @@ import json
 import os
 import re
 
-try:  # as fleetctl.remote.<name> (tests); flat in W/bin/<name>_<sha>/ on a node
-    from .waits import run, which
-except ImportError:
-    from waits import run, which
+from .waits import run, which
 
 IB_ROOT = "/sys/class/infiniband"
 IB_COUNTERS = (

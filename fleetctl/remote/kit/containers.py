@@ -15,10 +15,7 @@ import signal
 import subprocess
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .procfs import pids, proc_stat
-except ImportError:
-    from procfs import pids, proc_stat
+from .procfs import pids, proc_stat
 
 CALL_TIMEOUT = 30.0  # one runtime command (``cfg["timeout"]``: ``run --runtime-timeout``)
 # a removal the runtime still has under way: docker's ``run --rm`` starts removing a stopped

@@ -9,10 +9,7 @@ import json
 import os
 import time
 
-try:  # as fleetctl.remote.<module> (tests); flat in W/bin/<program>_<sha>/ on a node
-    from .records import SupervisorSpec
-except ImportError:
-    from records import SupervisorSpec
+from .records import SupervisorSpec
 
 
 def read_spec(fd: int, timeout: float) -> tuple[SupervisorSpec, bytes]:
