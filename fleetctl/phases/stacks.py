@@ -161,8 +161,8 @@ def sample_stacks(
     window: float,
     timeout: float = SAMPLE_TIMEOUT,
 ) -> dict[int, dict[str, Any]]:
-    """Every node's rank samples (``fleetctl.remote.programs.stacksample``), in parallel: node rank ->
-    ``{"ranks": [tally, …], "error": str | None}``; a node that failed keeps its error."""
+    """Every node's rank samples (``fleetctl.remote.programs.stacksample``), in parallel: node
+    rank -> ``{"ranks": [tally, …], "error": str | None}``; a node that failed keeps its error."""
     binary = local_py_spy()
     digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12] if binary else None
     source = remote.inline("stacksample.py")

@@ -62,7 +62,7 @@ def test_the_pace_sampler_tells_a_computing_rank_from_a_waiting_one(
 FILE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import pace
+from remote.kit import pace
 send = pace.pace_file(sys.argv[2])
 send(b'{"ranks": {"0": {"busy": 0.9}}, "throttled": null}')
 send(b'{"ranks": {"0": {"busy": 0.2}}, "throttled": 0.5}')
@@ -78,7 +78,7 @@ def test_a_detached_supervisor_keeps_its_latest_pace_report_for_status(
     """Detached (no channel), each report replaces the last in pace.json with a sequence
     number that only grows, which ``status`` answers for the job monitor."""
     out = subprocess.run(
-        [py38, "-c", FILE, str(Path(remote.path("supervisor.py")).parent), str(tmp_path)],
+        [py38, "-c", FILE, node_tree(), str(tmp_path)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     got = json.loads(out.stdout)

@@ -112,7 +112,8 @@ EXERCISED = {
     "folder",
     "kit/spec.py": ENTRY,
     "programs/stacks.py": "test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler",
-    "programs/stacksample.py": "test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent",
+    "programs/stacksample.py": "test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_"
+    "absent",
     "kit/supervision.py": ENTRY,
     "programs/supervisor.py": ENTRY,
     "kit/waits.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",

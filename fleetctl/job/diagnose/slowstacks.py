@@ -2,8 +2,8 @@
 
 The judge (``pace.py``) names the node from the kernel's account of where its ranks' time
 goes; it cannot say *which* wait the peers are in. Once it names one, every rank of every node
-is sampled a few times with ``py-spy dump`` (``fleetctl.remote.programs.stacksample`` classifies each
-sample node-side: ``wait`` in a collective, ``idle`` asleep elsewhere, ``compute``) and the
+is sampled a few times with ``py-spy dump`` (``fleetctl.remote.programs.stacksample`` classifies
+each sample node-side: ``wait`` in a collective, ``idle`` asleep elsewhere, ``compute``) and the
 tallies become the evidence ``peers wait in all_reduce 78% of the time``. Pure: tallies in,
 shares and words out.
 """
