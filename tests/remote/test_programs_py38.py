@@ -818,6 +818,40 @@ def test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent(
         child.wait(10)
 
 
+RACY_PY_SPY = """#!/bin/sh
+# a py-spy whose first non-blocking read races the rank, as the real one does at times
+n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.count"
+if [ "$n" = 0 ]; then echo "Error: Bad address (os error 14)" >&2; exit 1; fi
+cat "$0.dump"
+"""
+
+
+def test_stacksample_counts_a_raced_read_as_unknown_and_keeps_no_error_for_a_read_rank(
+    py38: str, run38: Run, tmp_path: Path
+) -> None:
+    """One failed ``--nonblocking`` read among good ones is one ``unknown`` sample, not the
+    rank's error (the verdict's note is for a rank py-spy could not read at all)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(RACY_PY_SPY)
+    fake.chmod(0o755)
+    dump = Path(__file__).parents[1] / "pure" / "pyspy_dumps" / "peer_idle_all_reduce.txt"
+    (tmp_path / "py-spy.dump").write_text(dump.read_text())
+    job = jid("t-racy")
+    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": "1"}
+    child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        args = {"job_id": job, "py_spy": str(fake), "samples": 3, "window": 30}
+        res = run38("stacksample.py", [json.dumps(args)])
+        assert res.returncode == 0, res.stderr
+        [row] = [f.data() for f in decode(res.stdout, STACK_KINDS) if f.kind == "K"]
+        assert (row["unknown"], row["wait"] + row["idle"] + row["compute"]) == (1, 2), row
+        assert row["error"] is None, row
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 # ------------------------------------------------------------------------------ exec timeout
 
 
