@@ -310,6 +310,8 @@ def ticking(n: int = 3) -> Callable[[list[str]], bool]:
 # ---------------------------------------------------------------------------------- success
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_torchrun_ddp_job_trains_on_every_node_and_logs_come_home(lab3: Lab, runs) -> None:
     r = runs(
         lab3, "ddp_train.py", "--epochs", "1", "--steps", "3", launcher="torchrun", opts=()
@@ -354,6 +356,8 @@ def test_a_plain_ddp_job_trains_one_rank_per_node(lab3: Lab, runs) -> None:
 # ---------------------------------------------------------------------------------- failure
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, runs) -> None:
     r = runs(
         lab3,
@@ -398,6 +402,8 @@ def test_a_rank_failing_on_node_1_stops_every_process_on_every_node(lab3: Lab, r
     assert left_over(lab3, job["job_id"]) == {}  # testinfra over SSH, on every host
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3: Lab, runs) -> None:
     """3 hosts × 2 processes; rank 3 blocks in a function while its peers wait in all-reduce
     (gloo's own timeout is 120 s): with --stall-timeout 6 fleetctl ends the job within seconds
@@ -517,6 +523,7 @@ def test_a_job_past_its_timeout_is_stopped_on_every_node(lab3: Lab, runs, code) 
     assert left_over(lab3, job["job_id"]) == {}
 
 
+@pytest.mark.login
 def test_a_grandchild_that_left_session_group_and_env_is_stopped_and_verified_gone(
     lab3: Lab, runs, code
 ) -> None:
@@ -529,6 +536,7 @@ def test_a_grandchild_that_left_session_group_and_env_is_stopped_and_verified_go
         assert "sleep 4243" not in ps.stdout, (host, ps.stdout)
 
 
+@pytest.mark.login
 def test_a_cut_link_is_a_lost_node_and_that_node_stops_its_own_job(lab3: Lab, runs, code) -> None:
     r = runs(
         lab3,
@@ -745,6 +753,7 @@ def test_a_second_ctrl_c_skips_the_grace_period(lab3: Lab, runs, code) -> None:
     assert left_over(lab3, job_id) == {}
 
 
+@pytest.mark.login
 def test_arguments_with_spaces_quotes_and_semicolons_arrive_literally(
     lab3: Lab,
     runs,
@@ -909,6 +918,7 @@ def _claims_folder(lab: Lab) -> str:
     return f'd=/tmp/fleetctl-ports-$(id -u {login}) && install -d -m 700 -o {login} "$d" && '
 
 
+@pytest.mark.login
 def test_paddle_endpoint_ports_are_claimed_on_every_node_and_a_held_one_is_refused(
     lab3: Lab, runs, code
 ) -> None:
@@ -977,6 +987,7 @@ def test_two_torchrun_jobs_started_together_on_the_same_hosts_never_mix_their_ra
     assert len(set(ports.values())) == 2, ports  # (29500 itself may linger in TIME_WAIT)
 
 
+@pytest.mark.login
 def test_a_fixed_master_port_held_by_another_job_is_refused_naming_it_and_freed_after(
     lab3: Lab, runs, code
 ) -> None:

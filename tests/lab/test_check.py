@@ -29,7 +29,7 @@ from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.pytest_plugin import lab_login, skip_or_fail
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.login, pytest.mark.shared_home]
 
 
 def run_check(

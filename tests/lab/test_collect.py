@@ -14,7 +14,7 @@ from fleetctl.lab import Lab
 from fleetctl.testing.cli_runner import CliResult, run_cli
 from fleetctl.testing.files import tree
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.login, pytest.mark.shared_home]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ("node1", "node2", "node3")

@@ -44,7 +44,7 @@ from fleetctl.testing.jobs import (
 from fleetctl.testing.pytest_plugin import lab_login, skip_or_fail
 from fleetctl.testing.wait import wait_for
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.login]
 
 IMAGE = BASE_IMAGE
 HOSTS = ("node1", "node2")

@@ -16,7 +16,7 @@ from fleetctl.plan.inventory import load_inventory
 from fleetctl.testing.cli_runner import CliResult, run_cli
 from fleetctl.testing.infra import node_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.login]
 
 HOSTS = ("node1", "node2", "node3")
 

@@ -316,6 +316,8 @@ def runs_json(runs: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- detach
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -419,6 +421,8 @@ def _follow_until_every_rank_ticks(runs: Path, job_id: str) -> list[str]:
     return seen
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -450,6 +454,8 @@ def test_a_detached_job_whose_rank_fails_is_torn_down_by_its_monitor(
     assert rec["status"] == "failed" and rec["first_failure"].startswith("node 1 (node2): exit")
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 @pytest.mark.parametrize(
     ("opts", "script", "verdict"),
     [
@@ -487,6 +493,8 @@ def test_a_detached_job_past_its_limit_is_stopped_by_its_monitor(
         assert [n["methods"] for n in job["stack_nodes"]] == [{"py-spy": 1}] * 3
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_detached_job_that_succeeds_is_collected_by_its_monitor(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -507,6 +515,8 @@ def test_a_detached_job_that_succeeds_is_collected_by_its_monitor(
     assert left_over(lab3, job_id) == {}
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_monitor_attached_by_hand_watches_a_job_started_without_one(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -535,6 +545,8 @@ def test_a_monitor_attached_by_hand_watches_a_job_started_without_one(
     assert left_over(lab3, job_id) == {}
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_lost_node_fails_a_detached_job_and_is_stopped_once_it_answers_again(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -577,6 +589,8 @@ def test_a_lost_node_fails_a_detached_job_and_is_stopped_once_it_answers_again(
     assert "monitor lost node 2 (node3) answers again; job stopped there" in events
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_stop_from_another_terminal_interrupts_an_attached_run(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -598,7 +612,11 @@ def test_stop_from_another_terminal_interrupts_an_attached_run(
 # ----------------------------------------------------------------------------- retries
 
 
-@pytest.mark.parametrize("mode", ["nccl", "kill"])
+# The node side is the same for both (a rank ends, attempt 2 runs in the job's work folder);
+# the rule that matches (a log line, an exit code) is the controller's: one for the passes.
+@pytest.mark.parametrize(
+    "mode", ["nccl", pytest.param("kill", marks=[pytest.mark.login, pytest.mark.shared_home])]
+)
 def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
     lab3: Lab, tmp_path: Path, code: Path, mode: str
 ) -> None:
@@ -639,6 +657,8 @@ def test_a_retryable_failure_is_retried_and_attempt_2_succeeds(
     assert left_over(lab3, job_id) == {} and left_over(lab3, f"{job_id}.2") == {}
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_relative_snapshot_survives_the_retry_in_the_jobs_work_folder(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -738,6 +758,8 @@ def _running(runs: Path, rank: int) -> bool:
     return False
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_the_only_retry_waits_for_a_host_still_booting_and_succeeds_on_it(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -760,6 +782,8 @@ def test_the_only_retry_waits_for_a_host_still_booting_and_succeeds_on_it(
     assert left_over(lab3, last) == {}
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_crashed_and_rebooted_host_rejoins_on_the_retry_over_a_new_connection(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -805,6 +829,8 @@ def test_nodes_2_of_3_leaves_out_the_host_whose_data_link_is_cut(
     assert "[- node3] left out: " in said and "data link down" in said, said
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_a_host_lost_mid_run_is_replaced_by_the_spare_on_the_retry(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -874,6 +900,7 @@ def test_after_a_failure_a_fresh_probe_names_the_host_whose_data_link_is_down(
     assert job["culprits"] == ["node3: data link down (no peer reaches it on the training network)"]
 
 
+@pytest.mark.login
 def test_a_plain_roles_master_port_is_claimed_and_a_held_one_is_skipped(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -991,6 +1018,7 @@ def test_nodes_on_one_shared_home_are_told_apart_and_each_keeps_its_own_run_fold
 # ----------------------------------------------------------------------- the login's home
 
 
+@pytest.mark.login
 def test_modules_in_the_logins_home_never_replace_the_stdlib_of_fleetctls_node_programs(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:
@@ -1025,6 +1053,8 @@ def test_modules_in_the_logins_home_never_replace_the_stdlib_of_fleetctls_node_p
             lab3.exec(h.name, ["rm", "-f", *shadow])
 
 
+@pytest.mark.login
+@pytest.mark.shared_home
 def test_status_after_the_controller_was_killed_says_it_is_gone_and_what_to_do(
     lab3: Lab, tmp_path: Path, code: Path
 ) -> None:

@@ -22,7 +22,7 @@ from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.envbuild import EnvCache, build_env, nccl_from_wheel
 from fleetctl.testing.pytest_plugin import lab_login
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.login, pytest.mark.shared_home]
 
 NCCL_WHEEL = "nvidia-nccl-cu12==2.21.5"
 # FLEETCTL_LAB_SHARED_HOME=1: every host reads one home, so one node (the first) pushes for

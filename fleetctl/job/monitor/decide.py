@@ -21,6 +21,10 @@ DEFAULT_POLL = 2.0
 DEFAULT_LOST_TIMEOUT = 60.0  # detached jobs: nobody waits on them, so tolerate long blips
 DEFAULT_GRACE = 5.0
 MONITOR_REASON = "stopped by the job monitor"
+# Once a node of a plain job succeeded, its peers are shutting down (torchrun's exit barrier
+# waits up to 300 s for them, then teardown and interpreter exit): no line comes, so the
+# stall limit gives way to the longer of it and this.
+DEFAULT_FINISH = 300.0
 ENDED = frozenset({"succeeded", "failed", "lost"})
 
 # How the job ends (Decision.action; see there) and what one node's answer says (_classify)
@@ -40,6 +44,8 @@ class WatchState:
     progress: dict[int, float] = field(default_factory=dict)  # rank -> last progress mark seen
     last_progress: float | None = None  # when any mark last moved (this machine's clock)
     begun: bool = False  # a node said the job's start-up is over (its first line or touch)
+    ended: set[int] = field(default_factory=set)  # ranks whose end the stall clock saw
+    finishing: bool = False  # a node of a plain job succeeded: the rest is shut-down
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,10 @@ def stall_reason(quiet: float) -> str:
     return f"stalled: no progress on any node for {quiet:.0f} s"
 
 
+def finish_reason(quiet: float) -> str:
+    return f"stalled finishing: a node succeeded, the others silent for {quiet:.0f} s"
+
+
 def startup_reason(waited: float) -> str:
     return f"stalled at start-up: no progress on any node {waited:.0f} s after the launch"
 
@@ -129,12 +139,15 @@ def past_limit(
     started: float | None,
     progress: float | None,
     launched: bool = True,
+    finishing: bool = False,
 ) -> str | None:
     """Why the job is past a limit of its supervision, else None — the one decision an
     attached run and a detached job's monitor share: ``--timeout`` from ``started`` (the
     launch); once every node ``launched``, before the job's first progress (``progress``
     None) its start-up limit from ``started``, then its stall limit from the last
-    ``progress``. One clock for all three."""
+    ``progress`` (a node's end counts). ``finishing``: a node of a plain job succeeded, so
+    the job's work is over and the rest is shut-down, which prints nothing: the stall limit
+    is at least :data:`DEFAULT_FINISH` then. One clock for all of them."""
     if sup.timeout is not None and started is not None and now - started > sup.timeout:
         return f"timed out after {sup.timeout:g} s"
     if not launched:
@@ -144,9 +157,10 @@ def past_limit(
         if limit is not None and started is not None and now - started > limit:
             return startup_reason(now - started)
         return None
-    if sup.stall_timeout is not None and now - progress > sup.stall_timeout:
-        return stall_reason(now - progress)
-    return None
+    limit = sup.stall_timeout
+    if limit is None or now - progress <= (max(limit, DEFAULT_FINISH) if finishing else limit):
+        return None
+    return finish_reason(now - progress) if finishing else stall_reason(now - progress)
 
 
 def limit_reached(
@@ -156,25 +170,33 @@ def limit_reached(
     *,
     started: float | None,
     sup: Supervision,
+    policy: CompletionPolicy | None = None,
 ) -> Decision | None:
     """:func:`past_limit` for a detached job: a ``give_up`` decision, or None.
 
     Progress is a node's progress mark (its console log or progress file changed, by the
-    node's own clock) moving between polls; only this machine's clock measures the silence,
-    so node clocks need not agree with it. The stall clock starts when a node first says the
-    job began (its first line of a rank, or a progress touch); until then the start-up limit
-    counts from ``started``.
+    node's own clock) moving between polls, or a node's end first seen; only this machine's
+    clock measures the silence, so node clocks need not agree with it. The stall clock
+    starts when a node first says the job began (its first line of a rank, or a progress
+    touch); until then the start-up limit counts from ``started``. A node that succeeded
+    makes a plain job (no ``policy``) ``finishing``: its peers' silence is their shut-down.
     """
     for s in states:
         if s.progress is not None and watch.progress.get(s.rank) != s.progress:
             watch.progress[s.rank] = s.progress
             watch.last_progress = now
+        kind = _classify(s)[0]
+        if kind in ENDED and s.rank not in watch.ended:
+            watch.ended.add(s.rank)
+            watch.last_progress = now
+            watch.begun = True  # an end is past the start-up, whatever the node printed
+            watch.finishing = watch.finishing or (kind == "succeeded" and policy is None)
     if not watch.begun and any(s.begun for s in states):
         watch.begun, watch.last_progress = True, now
     if watch.last_progress is None:
         watch.last_progress = now
     progress = watch.last_progress if watch.begun else None
-    why = past_limit(sup, now, started=started, progress=progress)
+    why = past_limit(sup, now, started=started, progress=progress, finishing=watch.finishing)
     return None if why is None else Decision("give_up", "failed", reason=why)
 
 

@@ -320,7 +320,9 @@ def _watch(
         if metrics is not None:
             _polled(metrics, states, watch)
         if decision is None:
-            decision = limit_reached(states, watch, time.time(), started=started, sup=sup)
+            decision = limit_reached(
+                states, watch, time.time(), started=started, sup=sup, policy=policy
+            )
         if decision is None:
             decision = pace.poll(states)
         if decision is not None:

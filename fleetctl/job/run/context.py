@@ -82,6 +82,8 @@ class JobContext:
         # when a node first said the job's own start-up is over (its supervisor's ``P``: a
         # rank's first line, or a progress touch); None: starting up (--startup-timeout)
         self.begun: float | None = None
+        # a node of a plain job succeeded: its peers' silence is shut-down (past_limit)
+        self.finishing = False
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
         self.observer = options.observer  # metrics: told every event (fleetctl.job.monitor.metrics)
         if self.observer is not None:
@@ -289,6 +291,10 @@ def on_event(job: JobContext, ev: Event) -> None:
         when = report.get("ended_at") if isinstance(report.get("ended_at"), float) else ev.time
         change = state.end(ev.rank, exit_state(code, stopping=bool(stopped)), when)
         node.state = change.state
+        job.progress = time.monotonic()  # an end moves the job: the stall clock restarts
+        job.begun = job.begun or job.progress
+        if change.state is NodeState.SUCCEEDED and job.options.completion is None:
+            job.finishing = True  # its peers are shutting down (or finishing their part)
         job.emit("exit", node.how(), rank=ev.rank, code=code, ts=ev.time)
     elif ev.kind == "lost":
         node.reason = ev.text

@@ -328,7 +328,7 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
             if ev.kind in ("pace", "stacks") and job.result.slow is not None and job.state.gave_up:
                 return  # --on-slow stop: the slow node is the first failure; tear down
         job.flush()
-        why = _limit_reached(job, started)
+        why = limit_reached(job, started)
         if why is not None and job.state.give_up(why):
             job.sync()
             job.emit("failure", why)
@@ -343,17 +343,19 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
                 return
 
 
-def _limit_reached(job: JobContext, started: float) -> str | None:
+def limit_reached(job: JobContext, started: float, now: float | None = None) -> str | None:
     """Past ``--timeout``, or (once every node launched) a stall limit: why, else None
-    (``monitor_decide.past_limit``, the detached job monitor's decision too)."""
+    (``monitor_decide.past_limit``, the detached job monitor's decision too). ``now``:
+    ``time.monotonic()`` unless given (tests)."""
     from fleetctl.job.monitor.decide import past_limit
 
     return past_limit(
         job.options.supervision,
-        time.monotonic(),
+        time.monotonic() if now is None else now,
         started=started,
         progress=job.progress if job.begun is not None else None,
         launched=job.launch_done.is_set(),
+        finishing=job.finishing,
     )
 
 
