@@ -228,8 +228,8 @@ class Retry(_Group):
     )  # fmt: skip
     retry_on: tuple[str, ...] = option(
         (), "--retry-on", check=c.TEXT, metavar="RULE",
-        help="Also retry on: exit:N[,N] | signal:NAME | lost | start-failed | log:REGEX | any. "
-        "Repeatable.",
+        help="Also retry on: exit:N[,N] | signal:NAME | lost | node-stop | start-failed | "
+        "log:REGEX | any. Repeatable.",
     )  # fmt: skip
     no_retry_on: tuple[str, ...] = option(
         (), "--no-retry-on", check=c.TEXT, metavar="RULE", help="Never retry on RULE (wins)."

@@ -20,8 +20,13 @@ NCCL_TB = (
 )
 
 
-def f(kind: str = "exit", code: int | None = 1, sig: int | None = None, log=()) -> Failure:
-    return Failure(kind=kind, exit_code=code, signal=sig, log_tail=tuple(log))
+def f(
+    kind: str = "exit", code: int | None = 1, sig: int | None = None, log=(), reason=None
+) -> Failure:
+    return Failure(kind=kind, exit_code=code, signal=sig, log_tail=tuple(log), reason=reason)
+
+
+SHUTDOWN = "stopped on the node: supervisor got SIGTERM"  # a `reboot` there (tests/vms)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +41,9 @@ def f(kind: str = "exit", code: int | None = 1, sig: int | None = None, log=()) 
         (f("exit", 1, log=TB), False, "no-retry on log:^Traceback"),
         (f("exit", 1, log=["bye"]), False, "exit code 1: no retry rule matches"),
         (f("signal", None, 15), False, "signal 15 (SIGTERM): no retry rule matches"),
+        (f("signal", None, 15, reason=SHUTDOWN), True, "retry on node-stop (default)"),
+        (f("exit", 143, reason=SHUTDOWN), True, "retry on node-stop (default)"),
+        (f("signal", None, 15, reason="stopped on the node: no heartbeat"), False, "no retry"),
         (f("start_failed", None), False, "could not start: no retry rule matches"),
         (f("interrupted", None), False, "interrupted: never retried"),
     ],

@@ -101,19 +101,47 @@ ADDRESSES = {"node1": "192.168.56.11", "node2": "192.168.56.12", "node3": "192.1
 KEYDIR = ROOT / ".vagrant" / "fleetctl"
 
 
+def ssh_argv(node: str, command: str) -> list[str]:
+    """``command`` on a VM as ``vagrant`` over the management network, host key pinned (the
+    Vagrantfile's known_hosts)."""
+    return ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={KEYDIR / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-i", str(KEYDIR / "id_ed25519"),
+            f"vagrant@{ADDRESSES[node]}", command]  # fmt: skip
+
+
 @pytest.fixture
 def vm_sh() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``vm_sh(node, command, timeout=60)``: a shell command on a VM as ``vagrant`` over the
-    management network, host key pinned (the Vagrantfile's known_hosts)."""
+    """``vm_sh(node, command, timeout=60)``: a shell command on a VM (``ssh_argv``)."""
 
     def run(node: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        argv = ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={KEYDIR / 'known_hosts'}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-i", str(KEYDIR / "id_ed25519"),
-                f"vagrant@{ADDRESSES[node]}", command]  # fmt: skip
-        return sh(argv, timeout, check=False)
+        return sh(ssh_argv(node, command), timeout, check=False)
 
     return run
+
+
+WARM = "python3 -c 'import torch' 2>/dev/null; echo rc=$?"
+
+
+@pytest.fixture(scope="session")
+def torch_warm(vagrant_fleet: Path) -> None:
+    """``import torch`` once on every VM at once: its ~1 GB of libraries read cold take minutes
+    on TCG (2 min 42 s measured), a cost of the box and the emulator, not of fleetctl — paid here
+    in parallel, not by the DDP test's first rank. A box without torch is the DDP test's to say."""
+    t0 = time.monotonic()
+    procs = {
+        n: subprocess.Popen(ssh_argv(n, WARM), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for n in NODES
+    }  # fmt: skip
+    deadline = t0 + UP_TIMEOUT / 2
+    for n, p in procs.items():
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate(timeout=30)
+        print(f"{n}: import torch: {out.strip()[-80:]} after {time.monotonic() - t0:.0f}s")
 
 
 @pytest.fixture

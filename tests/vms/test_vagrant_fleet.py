@@ -3,8 +3,10 @@ passes; a data NIC downed in a VM's own kernel fails the check naming that host;
 code to every VM; a DDP job (gloo, the box's Debian torch) trains on the 3 VMs; a failing rank
 stops the job everywhere (exit 3); a VM reset mid-run (``virsh reset``: its kernel gone, then a
 new boot) is lost, and the one retry waits for it to answer SSH again and succeeds on it; a VM
-powered off mid-run (``virsh destroy``: no FIN, no RST, its kernel gone) is named lost, the
-other two are torn down, and the run exits 3.
+rebooted cleanly mid-run (``sudo systemctl reboot``: systemd SIGTERMs the job's supervisor
+first) is blamed, waited for, and the retry succeeds on it; a VM powered off mid-run
+(``virsh destroy``: no FIN, no RST, its kernel gone) is named lost, the other two are torn
+down, and the run exits 3.
 
 Order matters: the power-off test comes last (the VM stays off until the session's teardown).
 """
@@ -133,6 +135,7 @@ def test_push_ships_the_code_to_every_vm(
 
 def test_a_ddp_job_over_gloo_trains_on_the_three_vms(
     vagrant_fleet: Path,
+    torch_warm: None,
     tmp_path: Path,
     vm_sh: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
@@ -212,6 +215,45 @@ def test_a_vm_reset_mid_run_is_waited_for_and_the_one_retry_succeeds_on_it(
     events2 = (second / "events.log").read_text()
     assert "[1 node2]" in events1 and "lost" in events1, events1
     assert f"job {attempts[1]['job_id']}" in events2, events2
+    for rank, node in enumerate(NODES):
+        assert "i=29" in (second / f"{rank}-{node}" / "console.log").read_text()
+
+
+def test_a_vm_rebooted_cleanly_mid_run_is_blamed_waited_for_and_the_retry_succeeds_on_it(
+    vagrant_fleet: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    vm_sh: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """``sudo reboot`` in node2: systemd SIGTERMs every process first — the job's supervisor
+    and its rank, sshd's session — then the kernel restarts. Attempt 1 must blame node2 (not end
+    as a stop of ours while the others run on), the one retry waits for its SSH and succeeds."""
+    monkeypatch.chdir(ROOT)
+    boot_id = "cat /proc/sys/kernel/random/boot_id"
+    before = vm_sh("node2", boot_id).stdout.strip()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "tick.py").write_text(TICK)
+    runs = tmp_path / "runs"
+    args = run_args(vagrant_fleet, runs, code, "--max-retries", "1", "--retry-backoff", "1",
+                    "--lost-timeout", "20", "--reboot-timeout", "900", str(code / "tick.py"),
+                    "30", check=True)  # fmt: skip
+    t0 = time.monotonic()
+    rc, err = start_and_then(args, runs, lambda: vm_sh("node2", "sudo systemctl reboot"), 1500)
+    print(f"reboot and retry: {time.monotonic() - t0:.0f}s")
+    print("\n".join(ln for ln in err.splitlines() if "node2" in ln or "attempt" in ln))
+    assert rc == 0, err[-4000:]
+    after = vm_sh("node2", boot_id).stdout.strip()
+    assert before and after and before != after  # node2 did boot again
+    [first] = [p for p in runs.iterdir() if (p / "attempts.json").exists()]
+    attempts = json.loads((first / "attempts.json").read_text())["attempts"]
+    assert [a["status"] for a in attempts] == ["failed", "succeeded"], attempts
+    assert attempts[0]["ended_by"].startswith("node 1 (node2): "), attempts[0]
+    job1 = json.loads((first / "job.json").read_text())
+    print(f"attempt 1: {attempts[0]['ended_by']}; {attempts[0]['decision']}")
+    assert [n["state"] for n in job1["nodes"]][0::2] == ["stopped", "stopped"], job1["nodes"]
+    assert "waiting up to 900s for node2 to answer SSH again" in err, err[-4000:]
+    second = runs / attempts[1]["job_id"]
     for rank, node in enumerate(NODES):
         assert "i=29" in (second / f"{rank}-{node}" / "console.log").read_text()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl.job.records.runfolder import iso
-from fleetctl.job.records.state import JobStatus, NodeState, node_state
+from fleetctl.job.records.state import NODE_STOP, JobStatus, NodeState, node_state
 
 if TYPE_CHECKING:
     from fleetctl.job.records.jobrecord import JobRecord
@@ -78,6 +78,8 @@ class NodeOutcome:
         if self.state == NodeState.START_FAILED:
             return f"could not start ({self.reason})" if self.reason else "could not start"
         also = f"; {self.problem}" if self.problem else ""
+        if self.reason and self.reason.startswith(NODE_STOP):  # a shutdown or reboot there
+            also = f", {self.reason}{also}"
         if self.signal is not None:
             return f"signal {self.signal} ({_signame(self.signal)}){also}"
         if self.exit_code is not None:

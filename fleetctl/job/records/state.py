@@ -53,6 +53,10 @@ class NodeState(_Str):
 
 
 BAD = frozenset({NodeState.FAILED, NodeState.LOST, NodeState.START_FAILED})
+# A failed node's reason when the node itself stopped the job (its supervisor's reason follows,
+# as the monitor says it): "supervisor got SIGTERM" is a shutdown or reboot there, not our stop.
+NODE_STOPPED = "stopped on the node: "
+NODE_STOP = NODE_STOPPED + "supervisor got SIG"
 
 
 class JobStatus(_Str):

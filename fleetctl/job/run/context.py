@@ -14,7 +14,7 @@ from fleetctl.errors import RunFolderError
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.result import EventKind, JobEvent, JobResult, NodeOutcome
 from fleetctl.job.records.runfolder import RunFolder
-from fleetctl.job.records.state import JobState, NodeState, exit_state
+from fleetctl.job.records.state import NODE_STOPPED, JobState, NodeState, exit_state
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.pace import GroupJudges, SlowVerdict
@@ -287,6 +287,8 @@ def on_event(job: JobContext, ev: Event) -> None:
         if isinstance(report.get("problem"), str):  # e.g. "disk full on <run dir>"
             node.problem = report["problem"]
             node.reason = node.reason or node.problem
+        if isinstance(report.get("node_stop"), str):  # a shutdown or reboot there: its failure
+            node.reason = node.reason or f"{NODE_STOPPED}{report['node_stop']}"
         stopped = report.get("stop_asked", state.stopping)
         when = report.get("ended_at") if isinstance(report.get("ended_at"), float) else ev.time
         change = state.end(ev.rank, exit_state(code, stopping=bool(stopped)), when)

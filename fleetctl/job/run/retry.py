@@ -9,14 +9,17 @@ the job file (``retry: {retry_on: [...], no_retry_on: [...]}``):
 * ``exit:137`` / ``exit:137,139`` — the launcher's exit code;
 * ``signal:KILL`` / ``signal:9`` / ``signal:SIGKILL`` — the signal that ended it;
 * ``lost`` — the node stopped answering; ``start-failed`` — the job could not start there;
+* ``node-stop`` — the node stopped the job itself: its supervisor got SIGTERM/SIGINT there
+  (a shutdown or ``reboot``: the service manager's SIGTERM to every process comes first);
 * ``log:REGEX`` — a regex (Python ``re``, searched) on the failing node's last log lines;
 * ``any`` — every failure.
 
 Order (first match wins): the user's ``no-retry`` rules, the user's ``retry`` rules, the default
-retry rules (lost node, SIGKILL, exit 137, ``NCCL timeout``/``NCCL error``/connection reset,
-the NCCL watchdog), then the default no-retry rule (a Python ``Traceback`` — an exception in
-user code is a bug, not bad luck), then: not retried. So a traceback that carries an NCCL error
-is retried, a plain ``ValueError`` is not, and the user can override both ways.
+retry rules (lost node, a node's own stop, SIGKILL, exit 137, ``NCCL timeout``/``NCCL error``/
+connection reset, the NCCL watchdog), then the default no-retry rule (a Python ``Traceback`` —
+an exception in user code is a bug, not bad luck), then: not retried. So a traceback that
+carries an NCCL error is retried, a plain ``ValueError`` is not, and the user can override both
+ways.
 
 An interrupted attempt (Ctrl-C) or one that never launched (check/push/plan errors) is never
 retried: those are not the job's luck either.
@@ -35,13 +38,15 @@ from typing import Any, Literal
 
 from fleetctl.errors import UsageError
 from fleetctl.job.records.jobrecord import signal_name
+from fleetctl.job.records.state import NODE_STOP
 
 TAIL_LINES = 50
 RETRY, NO_RETRY = "retry", "no-retry"
-KINDS = ("exit", "signal", "lost", "start-failed", "log", "any")
+KINDS = ("exit", "signal", "lost", "node-stop", "start-failed", "log", "any")
 
 DEFAULT_RETRY_RULES = (
     "lost",
+    "node-stop",
     "signal:KILL",
     "exit:137",
     r"log:NCCL (timeout|error)|NCCL communicator was aborted|Watchdog caught collective "
@@ -124,6 +129,8 @@ class Rule:
             return f.kind not in ("interrupted", "error")
         if self.kind == "lost":
             return f.kind == "lost"
+        if self.kind == "node-stop":
+            return f.kind in ("signal", "exit") and (f.reason or "").startswith(NODE_STOP)
         if self.kind == "start-failed":
             return f.kind == "start_failed"
         if self.kind == "exit":
@@ -156,10 +163,10 @@ def parse_rule(text: str, action: str, *, source: str = "command line") -> Rule:
     kind = kind.strip().lower().replace("_", "-")
     if kind not in KINDS:
         raise UsageError(
-            f"bad retry rule {text!r}: use exit:N[,N], signal:NAME|N, lost, start-failed, "
-            "log:REGEX or any"
+            f"bad retry rule {text!r}: use exit:N[,N], signal:NAME|N, lost, node-stop, "
+            "start-failed, log:REGEX or any"
         )
-    if kind in ("lost", "start-failed", "any"):
+    if kind in ("lost", "node-stop", "start-failed", "any"):
         if sep and value.strip():
             raise UsageError(f"bad retry rule {text!r}: {kind} takes no value")
         return Rule(action, kind, text=kind, source=source)

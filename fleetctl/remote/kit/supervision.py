@@ -533,14 +533,21 @@ class Supervisor(RankTail):
         said = {
             **{k: self.leftovers.get(k, []) for k in ("found", "killed", "remaining")},
             "ended_at": self.ended_at,
-            "stop_asked": self.stop_asked,
+            "stop_asked": self.stop_asked and self.node_stop() is None,
         }
+        if self.node_stop():  # not the controller's stop: it blames this node
+            said["node_stop"] = self.node_stop()
         if self.log_problem:
             said["problem"] = self.log_problem
         ended = self.state.containers
         if isinstance(ended, dict) and ended.get("problem"):  # --image: the end not verified
             said["containers"] = {k: ended.get(k) for k in ("problem", "remaining", "hung")}
         return said
+
+    def node_stop(self) -> str | None:
+        """The node's own stop (SIGTERM/SIGINT to us: a shutdown, a reboot, someone there)."""
+        why = self.stop_reason or (self.stop_request or (0.0, ""))[1]
+        return why if why.startswith("supervisor got SIG") else None
 
     def _stop(self, grace: float) -> None:
         self.stopped = stop_processes(
