@@ -54,16 +54,28 @@ def alive(tag: str) -> list[int]:
     return [p for p in tagged(tag) if not ended(p)]
 
 
-def signal_all(pgid: int, tag: str, sig: int) -> None:
-    try:  # noqa: SIM105 - contextlib is not imported here
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
-    for pid in tagged(tag):
-        try:  # noqa: SIM105
+def kill_each(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:  # noqa: SIM105 - contextlib is not imported here
             os.kill(pid, sig)
         except OSError:
             pass
+
+
+def settle(tag: str, seconds: float) -> list[int]:
+    """The tagged processes still alive after up to ``seconds`` of waiting for them to go."""
+    deadline = time.monotonic() + seconds
+    while alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(tag)
+
+
+def signal_all(pgid: int, tag: str, sig: int) -> None:
+    try:  # noqa: SIM105
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+    kill_each(tagged(tag), sig)
 
 
 def _exit_code(status: int) -> int:
@@ -137,10 +149,7 @@ def run(timeout: float, grace: float, tag: str, command: str) -> int:
     if proc.poll() is None or killed:
         signal_all(proc.pid, tag, signal.SIGKILL)
     proc.wait(SETTLE)
-    deadline = time.monotonic() + SETTLE
-    while alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = alive(tag)
+    left = settle(tag, SETTLE)
     how = "killed with SIGKILL" if killed else "stopped with SIGTERM"
     tail = f"; still running: {' '.join(map(str, left))}" if left else ""
     sys.stderr.write(f"{MARK} {timeout:g}s: {found} process(es) {how}{tail}\n")
@@ -157,24 +166,10 @@ def sweep(timeout: float, grace: float, tag: str, rc: int) -> int:
         return rc
     group = "killed with SIGKILL" if rc != TIMED_OUT else "stopped with SIGTERM"
     found = len(alive(tag))
-    for pid in tagged(tag):
-        try:  # noqa: SIM105
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + grace
-    while alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    killed = alive(tag)
-    for pid in killed:
-        try:  # noqa: SIM105
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.monotonic() + SETTLE
-    while alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = alive(tag)
+    kill_each(tagged(tag), signal.SIGTERM)
+    killed = settle(tag, grace)
+    kill_each(killed, signal.SIGKILL)
+    left = settle(tag, SETTLE)
     how = "killed with SIGKILL" if killed else "stopped with SIGTERM"
     tail = f"; still running: {' '.join(map(str, left))}" if left else ""
     sys.stderr.write(
