@@ -13,11 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 from click.testing import CliRunner
 
 FLEETCTL = (sys.executable, "-m", "fleetctl")
@@ -117,3 +118,25 @@ def start_cli_process(
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen([*FLEETCTL, *args], text=True, env=_process_env(env), cwd=cwd, **popen)
+
+
+def all_commands() -> Iterator[tuple[str, click.Command]]:
+    """Every ``fleetctl`` command and subcommand as (``"lab fault"``-style path, command): the
+    tables that check every option of every command walk the real tree, so a new command is in
+    them without a line of test."""
+    from fleetctl.cli import COMMANDS, cli
+
+    ctx = click.Context(cli)
+
+    def walk(path: str, cmd: click.Command) -> Iterator[tuple[str, click.Command]]:
+        yield path, cmd
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                yield from walk(f"{path} {name}", sub)
+
+    for name in sorted(COMMANDS):
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None, name
+        yield from walk(name, cmd)

@@ -30,7 +30,7 @@ import click
 import pytest
 
 from fleetctl.errors import FleetctlError
-from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.cli_runner import all_commands, run_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -93,25 +93,6 @@ class Case:
     parse_only: bool = False
 
 
-def _commands() -> Iterator[tuple[str, click.Command]]:
-    from fleetctl.cli import COMMANDS, cli
-
-    ctx = click.Context(cli)
-
-    def walk(path: str, cmd: click.Command) -> Iterator[tuple[str, click.Command]]:
-        yield path, cmd
-        if isinstance(cmd, click.Group):
-            for name in cmd.list_commands(ctx):
-                sub = cmd.get_command(ctx, name)
-                assert sub is not None
-                yield from walk(f"{path} {name}", sub)
-
-    for name in sorted(COMMANDS):
-        cmd = cli.get_command(ctx, name)
-        assert cmd is not None, name
-        yield from walk(name, cmd)
-
-
 # How each command is reached safely: the arguments around the bad one.
 INVENTORY_CMDS = ("check", "exec", "push", "provision", "inventory", "health")
 RUNS_CMDS = ("collect", "logs", "monitor", "report", "runs", "stacks", "status", "stop")
@@ -142,7 +123,7 @@ def _base(path: str, param: click.Parameter) -> tuple[list[str], list[str]]:
 
 @functools.cache
 def _tree() -> dict[str, click.Command]:
-    return dict(_commands())
+    return dict(all_commands())
 
 
 def cmd_of(path: str) -> click.Command:
@@ -192,7 +173,7 @@ def _values(param: click.Parameter) -> Iterator[tuple[str, str]]:
 def _cli_cases() -> list[Case]:
     cases: list[Case] = []
     seen: set[tuple] = set()
-    for path, cmd in _commands():
+    for path, cmd in all_commands():
         for p in cmd.params:
             if isinstance(p, click.Option) and (p.is_flag or (p.hidden and p.name != "spec_file")):
                 continue

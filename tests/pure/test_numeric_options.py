@@ -3,39 +3,19 @@ run refuses what the real run would (one-line usage error, exit 2)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
 
-from fleetctl.testing.cli_runner import run_cli
+from fleetctl.testing.cli_runner import all_commands, run_cli
 
 BAD = ("nan", "NaN", "inf", "-inf", "1e309", "99999999999999999999", "2e23", "-1")
 
 
-def _commands() -> Iterator[tuple[str, click.Command]]:
-    from fleetctl.cli import COMMANDS, cli
-
-    ctx = click.Context(cli)
-
-    def walk(path: str, cmd: click.Command) -> Iterator[tuple[str, click.Command]]:
-        yield path, cmd
-        if isinstance(cmd, click.Group):
-            for name in cmd.list_commands(ctx):
-                sub = cmd.get_command(ctx, name)
-                assert sub is not None
-                yield from walk(f"{path} {name}", sub)
-
-    for name in sorted(COMMANDS):
-        cmd = cli.get_command(ctx, name)
-        assert cmd is not None, name
-        yield from walk(name, cmd)
-
-
 def _numeric_params() -> list[tuple[str, click.Parameter]]:
     out = []
-    for path, cmd in _commands():
+    for path, cmd in all_commands():
         for p in cmd.params:
             t = p.type
             if isinstance(t, (click.types._NumberParamTypeBase,)) or t.name in ("N|auto",):
