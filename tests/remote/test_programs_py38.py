@@ -750,6 +750,20 @@ waiting_in_a_collective()
 """
 
 
+@contextlib.contextmanager
+def stuck_rank(py38: str, job: str, rank: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python 3.8 "rank" of ``job`` asleep in a function, up before the body runs; killed
+    after it."""
+    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": str(rank)}
+    child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        yield child
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 def test_stacks_dumps_a_rank_with_py_spy_and_falls_back_to_faulthandler(
     py38: str, run38: Run, tmp_path: Path
 ) -> None:
@@ -796,10 +810,7 @@ def test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent(
     py_spy = local_py_spy()
     assert py_spy is not None, "py-spy comes with the test extras (pip install -e '.[test]')"
     job = jid("t-sample")
-    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": "5"}
-    child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    with stuck_rank(py38, job, 5) as child:
         args = {"job_id": job, "py_spy": str(py_spy), "samples": 3, "window": 30}
         res = run38("stacksample.py", [json.dumps(args)])
         assert res.returncode == 0, res.stderr
@@ -813,9 +824,6 @@ def test_stacksample_tallies_a_ranks_samples_and_says_when_py_spy_is_absent(
         gone = run38("stacksample.py", [json.dumps({**args, "py_spy": "/nonexistent"})])
         [done] = [f.data() for f in decode(gone.stdout, STACK_KINDS)]
         assert gone.returncode == 0 and done["samples"] == 0 and "py-spy" in done["error"]
-    finally:
-        child.kill()
-        child.wait(10)
 
 
 RACY_PY_SPY = """#!/bin/sh
@@ -837,19 +845,13 @@ def test_stacksample_counts_a_raced_read_as_unknown_and_keeps_no_error_for_a_rea
     dump = Path(__file__).parents[1] / "pure" / "pyspy_dumps" / "peer_idle_all_reduce.txt"
     (tmp_path / "py-spy.dump").write_text(dump.read_text())
     job = jid("t-racy")
-    env = {**os.environ, "FLEET_JOB_ID": job, "RANK": "1"}
-    child = subprocess.Popen([py38, "-c", STUCK], env=env, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    with stuck_rank(py38, job, 1):
         args = {"job_id": job, "py_spy": str(fake), "samples": 3, "window": 30}
         res = run38("stacksample.py", [json.dumps(args)])
         assert res.returncode == 0, res.stderr
         [row] = [f.data() for f in decode(res.stdout, STACK_KINDS) if f.kind == "K"]
         assert (row["unknown"], row["wait"] + row["idle"] + row["compute"]) == (1, 2), row
         assert row["error"] is None, row
-    finally:
-        child.kill()
-        child.wait(10)
 
 
 # ------------------------------------------------------------------------------ exec timeout
