@@ -30,11 +30,11 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # the job spec every launcher builds its argv from: one module per launcher by design
-    # (plan/launchers/, tests/pure/test_launcher_guard.py), plus the planner and role plans
-    "nproc_per_node": (21, "JobSpec field read by each launcher, the rank plan, role plans"),
-    "master_port": (21, "JobSpec field: launchers, the check's port probe, port claims"),
-    "launcher_args": (11, "JobSpec field: each launcher places them in its argv"),
+    # the request (JobSpec), read where it is resolved: launchers read the resolved
+    # LaunchContext (procs, rdzv_port, extra_argv)
+    "nproc_per_node": (17, "JobSpec: resolved (plan/nproc), checked, the run's check, role plans"),
+    "master_port": (17, "JobSpec: claimed (job/run/ports), checked; also check's --master-port"),
+    "launcher_args": (6, "JobSpec field, checked against the launcher's own flags"),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),
     "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
