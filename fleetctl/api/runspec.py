@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run.retry import RetryPolicy
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
     from fleetctl.ssh.connection import SSHSettings
 
@@ -138,6 +139,15 @@ class Hosts(_Group):
         help="Seconds each host's python has to answer the check (start, import the launcher, "
         "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
     )  # fmt: skip
+
+    def check_options(self, **job: Any) -> CheckOptions:
+        """The preflight check of these hosts (a run's, a spare's): what these options let
+        pass, and what the job asks of a node (``job``: the other ``CheckOptions`` fields)."""
+        from fleetctl.phases.check.preflight import CheckOptions
+
+        return CheckOptions(
+            allow_busy_gpus=self.allow_busy_gpus, probe_timeout=self.probe_timeout, **job
+        )
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,13 @@ NOT_COUNTED = ("remote",)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     # the request (JobSpec), read where it is resolved: launchers read the resolved
     # LaunchContext (procs, rdzv_port, extra_argv)
-    "nproc_per_node": (17, "JobSpec: resolved (plan/nproc), checked, the run's check, role plans"),
-    "master_port": (17, "JobSpec: claimed (job/run/ports), checked; also check's --master-port"),
+    "nproc_per_node": (16, "JobSpec: resolved (plan/nproc), checked, the run's check, role plans"),
+    "master_port": (16, "JobSpec: claimed (job/run/ports), checked; also check's --master-port"),
     "launcher_args": (6, "JobSpec field, checked against the launcher's own flags"),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),
     "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
-    "probe_timeout": (9, "also check's --probe-timeout (CheckOptions), built by run's check too"),
-    "allow_busy_gpus": (7, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
+    "probe_timeout": (6, "also check's --probe-timeout (CheckOptions: the probe, the image check)"),
     "container_runtime": (12, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
