@@ -98,6 +98,20 @@ class JobSpec:
         object.__setattr__(self, "launcher_args", tuple(str(a) for a in self.launcher_args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
 
+    def part(self, **program: Any) -> JobSpec:
+        """The same job running another program (a role's, a parameter-server job's): its id,
+        stamp, work folder and image kept, the rest from ``program`` (script, args, launcher,
+        processes, port, env, backend) or the defaults."""
+        return JobSpec(
+            job_id=self.job_id,
+            created=self.created,
+            work_id=self.work_id,
+            image=self.image,
+            container_runtime=self.container_runtime,
+            runtime_timeout=self.runtime_timeout,
+            **program,
+        )
+
 
 @dataclass(frozen=True)
 class NodeFacts:
