@@ -47,11 +47,9 @@ def prepare(
     the selection) is checked here, before any host is reached (UsageError, PlanError, …)."""
     from fleetctl.job.run.job import RunOptions
     from fleetctl.job.run.submit import JobRequest
-    from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec
 
     p, sup, rt = spec.program, spec.supervision, spec.retry
     script, args = p.script, p.args
-    env = dict(p.env or {})
     job_file = p.job_file  # its clashes with SCRIPT and --launcher-arg: RunSpec refused them
     code_dir = p.code
     kind, folder, script_args = None, "", tuple(args)
@@ -61,7 +59,7 @@ def prepare(
         from fleetctl.plan.script_arg import resolve
 
         # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
-        prog = resolve(script, script_args, code_dir, p.launcher, p.launcher_args)
+        prog = resolve(script, script_args, code_dir, p.launcher)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
     relayed = rt.checkpoint_folder()  # refused before any host is reached
@@ -76,23 +74,13 @@ def prepare(
         raise UsageError(f"--nodes {wanted}: the selection has only {len(nodes)} host(s)")
     elastic = _elastic(spec, wanted, nodes)
     now = datetime.now(timezone.utc)
-    job = JobSpec(
+    job = spec.job_spec(
         script=script or "",
         job_id=_adopted_job_id() or new_job_id(now),
         args=script_args,
-        launcher=p.launcher,
-        nproc_per_node=p.nproc_per_node,
-        master_port=p.master_port or DEFAULT_MASTER_PORT,
-        master_port_fixed=p.master_port is not None,
-        launcher_args=p.launcher_args,
-        env=env,
-        backend=p.backend,
         created=now.isoformat(timespec="seconds"),
         kind=kind,
         folder=folder,
-        image=spec.container.image,
-        container_runtime=spec.container.container_runtime,
-        runtime_timeout=spec.container.runtime_timeout,
         elastic=elastic,
     )
     watched = spec.collective

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from fleetctl.job.run.retry import RetryPolicy
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
+    from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
@@ -138,6 +140,15 @@ class Hosts(_Group):
         help="Seconds each host's python has to answer the check (start, import the launcher, "
         "print its facts); raise it for loaded hosts (a busy Slurm allocation).",
     )  # fmt: skip
+
+    def check_options(self, **job: Any) -> CheckOptions:
+        """The preflight check of these hosts (a run's, a spare's): what these options let
+        pass, and what the job asks of a node (``job``: the other ``CheckOptions`` fields)."""
+        from fleetctl.phases.check.preflight import CheckOptions
+
+        return CheckOptions(
+            allow_busy_gpus=self.allow_busy_gpus, probe_timeout=self.probe_timeout, **job
+        )
 
 
 @dataclass(frozen=True)
@@ -533,6 +544,33 @@ class RunSpec:
         from fleetctl.api.runspec_json import from_dict
 
         return from_dict(data)
+
+    def job_spec(self, **resolved: Any) -> JobSpec:
+        """The rank plan's request: what to run, how and in which image, with what only the
+        run resolves (``resolved``: the job id, the script as found in its code, its folder,
+        …); UsageError for a ``--launcher-arg`` the plan would refuse, before any host."""
+        from fleetctl.errors import PlanError
+        from fleetctl.plan.launchers import get_launcher
+        from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec, check_launcher_args
+
+        p, box = self.program, self.container
+        try:
+            check_launcher_args(get_launcher(p.launcher), p.launcher_args)
+        except PlanError as e:
+            raise UsageError(str(e)) from e
+        return JobSpec(
+            launcher=p.launcher,
+            nproc_per_node=p.nproc_per_node,
+            master_port=p.master_port or DEFAULT_MASTER_PORT,
+            master_port_fixed=p.master_port is not None,  # that port, or a clear refusal
+            launcher_args=p.launcher_args,
+            env=dict(p.env or {}),
+            backend=p.backend,
+            image=box.image,
+            container_runtime=box.container_runtime,
+            runtime_timeout=box.runtime_timeout,
+            **resolved,
+        )
 
     def flat(self) -> dict[str, Any]:
         """The record as ``build``'s keywords (``script`` and ``args`` included)."""

@@ -98,6 +98,20 @@ class JobSpec:
         object.__setattr__(self, "launcher_args", tuple(str(a) for a in self.launcher_args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
 
+    def part(self, **program: Any) -> JobSpec:
+        """The same job running another program (a role's, a parameter-server job's): its id,
+        stamp, work folder and image kept, the rest from ``program`` (script, args, launcher,
+        processes, port, env, backend) or the defaults."""
+        return JobSpec(
+            job_id=self.job_id,
+            created=self.created,
+            work_id=self.work_id,
+            image=self.image,
+            container_runtime=self.container_runtime,
+            runtime_timeout=self.runtime_timeout,
+            **program,
+        )
+
 
 @dataclass(frozen=True)
 class NodeFacts:
@@ -272,10 +286,10 @@ class Plan:
             script=self.script,
             args=self.args,
             master_addr=self.master_addr,
-            master_port=self.master_port,
+            rdzv_port=self.master_port,
             ips=self.ips,
             nnodes=self.nnodes,
-            nproc_per_node=self.nproc_per_node,
+            procs=self.nproc_per_node,
             gpus_per_node=self.gpus_per_node,
             kind=self.kind,
         )
@@ -429,12 +443,12 @@ def make_plan(
         script=spec.script,
         args=spec.args,
         master_addr=ips[0],
-        master_port=spec.master_port,
+        rdzv_port=spec.master_port,
         ips=ips,
         nnodes=len(nodes),
-        nproc_per_node=nproc,
+        procs=nproc,
         gpus_per_node=gpus_per_node,
-        launcher_args=spec.launcher_args,
+        extra_argv=spec.launcher_args,
         gpu_lists=tuple(visible[n.name] for n in nodes) if any(visible.values()) else (),
         kind=kind,
         elastic=spec.elastic,
@@ -537,15 +551,15 @@ def _node_env(
 ) -> dict[str, str]:
     env = {
         "MASTER_ADDR": ctx.master_addr,
-        "MASTER_PORT": str(ctx.master_port),
-        "WORLD_SIZE": str(ctx.nnodes * ctx.nproc_per_node),
+        "MASTER_PORT": str(ctx.rdzv_port),
+        "WORLD_SIZE": str(ctx.nnodes * ctx.procs),
         "NODE_RANK": str(node.node_rank),
         "NNODES": str(ctx.nnodes),
         "FLEET_JOB_ID": ctx.job_id,
         "FLEET_NODE_RANK": str(node.node_rank),
         "FLEET_NUM_NODES": str(ctx.nnodes),
         "FLEET_NODE_IPS": ctx.ips_csv,
-        "FLEET_NPROC_PER_NODE": str(ctx.nproc_per_node),
+        "FLEET_NPROC_PER_NODE": str(ctx.procs),
         "FLEET_HOST": node.host,
         "FLEET_LAUNCHER": ctx.launcher,
         "FLEET_CODE_DIR": path_from(node.cwd, node.code_dir),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetctl.errors import PlanError, UsageError
-from fleetctl.plan.launchers import check_program, get_launcher
+from fleetctl.plan.launchers import check_program
 from fleetctl.plan.launchers.base import MODULE, PYTHON, SHELL, SHELL_SUFFIXES
 
 _SHELLS = ("sh", "bash", "dash", "ksh", "zsh")
@@ -44,17 +44,10 @@ def resolve(
     args: tuple[str, ...],
     code_dir: str | None,
     launcher: str,
-    launcher_args: tuple[str, ...] = (),
 ) -> Program:
     """SCRIPT ARGS (or ``-m MODULE ARGS``) as the plan takes them; UsageError (exit 2) for
-    anything that could not run on any node, --launcher-arg values the plan would refuse too."""
+    anything that could not run on any node (its --launcher-arg values: ``RunSpec``'s rules)."""
     from fleetctl.phases.codesync import default_code_dir  # only where no code dir is given
-    from fleetctl.plan.rankplan import check_launcher_args
-
-    try:
-        check_launcher_args(get_launcher(launcher), launcher_args)
-    except PlanError as e:
-        raise UsageError(str(e)) from e
 
     if script == "-m" or (script.startswith("-m") and not script.startswith("--")):
         module = script[2:] or (args[0] if args else "")

@@ -30,17 +30,24 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # the job spec every launcher builds its argv from: one module per launcher by design
-    # (plan/launchers/, tests/pure/test_launcher_guard.py), plus the planner and role plans
-    "nproc_per_node": (21, "JobSpec field read by each launcher, the rank plan, role plans"),
-    "master_port": (21, "JobSpec field: launchers, the check's port probe, port claims"),
-    "launcher_args": (11, "JobSpec field: each launcher places them in its argv"),
+    # the request, read where it is resolved (launchers read the resolved LaunchContext:
+    # procs, rdzv_port, extra_argv; RunSpec.job_spec makes the JobSpec); plan.json keeps the
+    # names for the resolved values (the dry run's header, the rank map)
+    "nproc_per_node": (
+        15,
+        "resolved (plan/nproc), checked, the check's uniform-GPU rule, plan.json's key, "
+        "a role job file's key (roles), paddle's own --nproc_per_node flag",
+    ),
+    "master_port": (
+        15,
+        "claimed (job/run/ports), checked, plan.json's key; also check's --master-port "
+        "(CheckOptions: the probe, the judge) and deepspeed's own flag",
+    ),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),
     "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
-    "probe_timeout": (9, "also check's --probe-timeout (CheckOptions), built by run's check too"),
-    "allow_busy_gpus": (7, "also check's --allow-busy-gpus (CheckOptions, the judge)"),
-    "container_runtime": (12, "also push --image's runtime and a role job file's key"),
+    "probe_timeout": (6, "also check's --probe-timeout (CheckOptions: the probe, the image check)"),
+    "container_runtime": (10, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
     "env_style": (9, "a role job file's key, read by the role env builder"),

@@ -68,15 +68,11 @@ def post_mortem(
     nodes = [n for n in fleet.nodes if n.name not in skip]
     if not nodes:
         return []
-    opts = CheckOptions(
+    opts = CheckOptions.within(
+        limit,
         master_port=spec.master_port,
-        check_master_port=False,  # the job's own port may linger in TIME_WAIT
         backend=spec.backend,
-        probe_timeout=limit,
         tcp_timeout=min(TCP_TIMEOUT, limit / 2),
-        mesh_again=False,  # a second round would not fit in ``limit``: one is evidence enough
-        cache_ttl=0,
-        recheck=True,
     )
     shared = {n.name for n in fleet.connected}
     settings = dataclasses.replace(

@@ -165,25 +165,32 @@ def plan_document(plan: Plan) -> dict[str, Any]:
     return share_values(doc)
 
 
+def host_checks(spec: JobSpec, options: RunOptions) -> CheckOptions:
+    """What every check of the job's hosts asks, the launch's and a spare's (``--nodes N``):
+    what the hosts' options let pass (``Hosts.check_options``), the job's port and backend,
+    and whether GPU counts must agree."""
+    return options.hosts.check_options(
+        master_port=spec.master_port,
+        check_master_port=spec.master_port_fixed,
+        recheck=options.recheck,
+        collective=options.collective,
+        backend=spec.backend,
+        # one process per node (plain): the GPU counts do not matter
+        uniform_gpus=not _launcher(spec.launcher).one_process_per_node
+        and spec.nproc_per_node == "auto",
+    )
+
+
 def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -> CheckOptions:
     """The run's check (``--check-options`` of the API, else what the job needs of a node):
     the launch's preflight, and a spare's fresh check before it joins (run --elastic).
     ``in_image``: the hosts whose launcher runs in the job's image."""
     import dataclasses
 
-    from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.plan.script_arg import installed_module
 
-    copts = options.check_options or CheckOptions(
-        master_port=spec.master_port,
-        check_master_port=spec.master_port_fixed,
-        recheck=options.recheck,
-        allow_busy_gpus=options.hosts.allow_busy_gpus,
-        collective=options.collective,
-        backend=spec.backend,
-        # one process per node (plain): the GPU counts do not matter
-        uniform_gpus=not _launcher(spec.launcher).one_process_per_node
-        and spec.nproc_per_node == "auto",
+    copts = options.check_options or dataclasses.replace(
+        host_checks(spec, options),
         # with an env pushed, the env's python runs the launcher: push verifies it there
         launcher_module=None if options.env_archive else launcher_module(spec.launcher),
         # -m MODULE not in the pushed code: the node python must find it installed
@@ -193,7 +200,6 @@ def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -
         # no launcher import tells torch's version (plain): the probe looks it up
         torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
         container_hosts=tuple(in_image),
-        probe_timeout=options.hosts.probe_timeout,
     )
     if options.check_options is None and options.code is not None:
         from fleetctl.phases import codesync

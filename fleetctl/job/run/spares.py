@@ -38,8 +38,8 @@ def choose_nodes(
     """The first ``n`` healthy hosts of ``pool`` not ``ruled_out``, and every host left out
     with why (ruled-out ones included). CheckError when fewer than ``n`` are usable."""
     from fleetctl.job.diagnose.culprit import culprits
-    from fleetctl.phases.check.preflight import CheckOptions, check_fleet
-    from fleetctl.plan.launchers import launcher_for
+    from fleetctl.job.run.prepare import host_checks
+    from fleetctl.phases.check.preflight import check_fleet
     from fleetctl.results import FleetResult
     from fleetctl.ssh.fanout import FanOut
 
@@ -53,19 +53,8 @@ def choose_nodes(
     candidates.sort(key=lambda x: x.name in held)
     report = None
     if len(candidates) >= n:
-        opts = CheckOptions(
-            master_port=spec.master_port,
-            check_master_port=spec.master_port_fixed,
-            backend=spec.backend,
-            uniform_gpus=not launcher_for(spec.launcher).one_process_per_node
-            and spec.nproc_per_node == "auto",
-            recheck=options.recheck,
-            allow_busy_gpus=options.hosts.allow_busy_gpus,
-            collective=options.collective,
-            probe_timeout=options.hosts.probe_timeout,
-        )
         with FanOut(candidates, options.settings) as fleet:
-            report = check_fleet(fleet, opts)
+            report = check_fleet(fleet, host_checks(spec, options))
         names = {x.name for x in candidates}
         for line in culprits(report):
             host, _, why = line.partition(": ")

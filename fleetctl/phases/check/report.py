@@ -99,6 +99,20 @@ class CheckOptions:
     # (fleetctl.phases.check.collective); None: none
     collective: CollectiveOptions | None = None
 
+    @classmethod
+    def within(cls, limit: float, **job: Any) -> CheckOptions:
+        """A fresh check that must answer within ``limit`` seconds (the post-mortem's):
+        uncached, one mesh round (a second would not fit), and the job's own port not asked to
+        be free (it may linger in TIME_WAIT)."""
+        return cls(
+            probe_timeout=limit,
+            mesh_again=False,
+            cache_ttl=0,
+            recheck=True,
+            check_master_port=False,
+            **job,
+        )
+
     def cache_fields(self) -> dict[str, Any]:
         skip = {"cache_ttl", "recheck", "cache_dir", "hold", "probe_timeout"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}

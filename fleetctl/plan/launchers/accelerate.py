@@ -49,7 +49,7 @@ LOG_DIR = torchrun.LOG_DIR  # torch's agent writes it, in torchrun's layout
 
 
 def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
-    world = ctx.nnodes * ctx.nproc_per_node
+    world = ctx.nnodes * ctx.procs
     return [
         python_path(node),
         "-m",
@@ -57,12 +57,12 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--num_machines={ctx.nnodes}",
         f"--machine_rank={node.node_rank}",
         f"--main_process_ip={ctx.master_addr}",
-        f"--main_process_port={ctx.master_port}",
+        f"--main_process_port={ctx.rdzv_port}",
         f"--num_processes={world}",
         *(["--multi_gpu"] if world > 1 else []),  # accelerate refuses it for one process
         "--rdzv_backend=static",
         f"--log_dir={run_path(node, LOG_DIR)}",
-        *ctx.launcher_args,
+        *ctx.extra_argv,
         *program(ctx, node, module=("--module",), shell=("--no_python",)),
     ]
 

@@ -50,19 +50,21 @@ def kind_of(script: str) -> str:
 
 @dataclass(frozen=True)
 class LaunchContext:
-    """The plan-wide values every node's argv is built from (identical on every node)."""
+    """The plan-wide values every node's argv is built from (identical on every node): the
+    resolved plan, never the request (``--nproc-per-node auto`` is a count here, the port the
+    one the job claimed)."""
 
     job_id: str
     launcher: str
     script: str  # relative to the code dir
     args: tuple[str, ...]
     master_addr: str
-    master_port: int
+    rdzv_port: int  # the rendezvous port on node 0, after the port claim (paddle: its start)
     ips: tuple[str, ...]  # training addresses, rank order
     nnodes: int
-    nproc_per_node: int
+    procs: int  # processes each node starts (``auto``/GPU counts resolved)
     gpus_per_node: int  # 0 when the nodes have no (known) GPUs: CPU / gloo
-    launcher_args: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
+    extra_argv: tuple[str, ...] = ()  # --launcher-arg: after fleetctl's flags, before SCRIPT
     gpu_lists: tuple[tuple[str, ...], ...] = ()  # per node (rank order): fleetctl_gpus lists
     kind: str = PYTHON  # what ``script`` is: a Python file, a module name, a shell script
     # ``run --elastic``: the node range ``MIN:MAX`` of an elastic rendezvous (None: static)

@@ -45,10 +45,10 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         "--no_ssh",
         f"--node_rank={node.node_rank}",
         f"--master_addr={ctx.master_addr}",
-        f"--master_port={ctx.master_port}",
+        f"--master_port={ctx.rdzv_port}",
         f"--enable_each_rank_log={run_path(node, LOG_DIR)}",
         *ctx.once("gpu selection", lambda: _gpu_selection(ctx)),
-        *ctx.launcher_args,
+        *ctx.extra_argv,
         *program(ctx, node, module=("--module",), shell=("--no_python", "--no_local_rank")),
     ]
 
@@ -57,7 +57,7 @@ def _gpu_selection(ctx: LaunchContext) -> list[str]:
     """``--num_gpus=K``, or with GPU lists ``--include=addr:2,3@…`` (deepspeed then sets
     CUDA_VISIBLE_DEVICES on each node to exactly those; the two flags exclude each other)."""
     if not ctx.gpu_lists:
-        return [f"--num_gpus={ctx.nproc_per_node}"]
+        return [f"--num_gpus={ctx.procs}"]
     parts = [f"{addr}:{','.join(ids)}" for addr, ids in zip(ctx.ips, ctx.gpu_lists, strict=True)]
     return ["--include=" + "@".join(parts)]
 
@@ -70,7 +70,7 @@ def _hostfile(ctx: LaunchContext) -> str:
     if ctx.gpu_lists:  # slots are indices 0..slots-1: cover the highest one listed
         slots = [max(int(i) for i in ids) + 1 for ids in ctx.gpu_lists]
     else:
-        slots = [ctx.nproc_per_node] * len(ctx.ips)
+        slots = [ctx.procs] * len(ctx.ips)
     lines = [f"{addr} slots={n}" for addr, n in zip(ctx.ips, slots, strict=True)]
     return "\n".join(lines) + "\n"
 

@@ -57,9 +57,9 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
     if node.gpus:  # paddle takes labels of CUDA_VISIBLE_DEVICES (the plan sets it to these)
         procs = "--devices=" + ",".join(node.gpus)
     elif ctx.gpus_per_node > 0:
-        procs = "--devices=" + ",".join(str(i) for i in range(ctx.nproc_per_node))
+        procs = "--devices=" + ",".join(str(i) for i in range(ctx.procs))
     else:
-        procs = f"--nproc_per_node={ctx.nproc_per_node}"
+        procs = f"--nproc_per_node={ctx.procs}"
     return [
         python_path(node),
         "-m",
@@ -68,10 +68,10 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         f"--host={node.train_addr}",
         f"--nnodes={ctx.nnodes}",
         procs,
-        f"--start_port={ctx.master_port}",
+        f"--start_port={ctx.rdzv_port}",
         f"--job_id={ctx.job_id}",
         f"--log_dir={run_path(node, LOG_DIR)}",
-        *ctx.launcher_args,
+        *ctx.extra_argv,
         script_path(node, ctx.script),
         *ctx.args,
     ]

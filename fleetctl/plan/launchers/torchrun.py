@@ -57,10 +57,10 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
     if ctx.elastic is not None:
         world = [
             f"--nnodes={ctx.elastic}",
-            f"--nproc-per-node={ctx.nproc_per_node}",
+            f"--nproc-per-node={ctx.procs}",
             "--rdzv-backend=c10d",
             f"--rdzv-id={ctx.job_id}",
-            f"--rdzv-endpoint={ctx.master_addr}:{ctx.master_port}",
+            f"--rdzv-endpoint={ctx.master_addr}:{ctx.rdzv_port}",
             f"--rdzv-conf={ELASTIC_RDZV_CONF},is_host={str(node.node_rank == 0).lower()}",
             f"--max-restarts={ELASTIC_MAX_RESTARTS}",
             f"--local-addr={node.train_addr or node.address}",
@@ -69,11 +69,11 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         world = [
             f"--nnodes={ctx.nnodes}",
             f"--node-rank={node.node_rank}",
-            f"--nproc-per-node={ctx.nproc_per_node}",
+            f"--nproc-per-node={ctx.procs}",
             "--rdzv-backend=static",
             f"--rdzv-id={ctx.job_id}",
             f"--master-addr={ctx.master_addr}",
-            f"--master-port={ctx.master_port}",
+            f"--master-port={ctx.rdzv_port}",
         ]
     return [
         python_path(node),
@@ -85,7 +85,7 @@ def argv(ctx: LaunchContext, node: NodePlan) -> list[str]:
         # tails them into whole lines tagged with the global rank (torchrun's own --tee would
         # splice partial lines of different ranks)
         "--redirects=3",
-        *ctx.launcher_args,
+        *ctx.extra_argv,
         *program(ctx, node, module=("-m",), shell=("--no-python",)),
     ]
 

@@ -149,20 +149,14 @@ def _role_plans(
             continue
         command = role.launcher == "command"
         master = ports.get((role.name, 0), {}).get(MASTER_LABEL)
-        spec = JobSpec(
+        spec = base.part(
             script=COMMAND_SCRIPT if command else str(role.script),
-            job_id=base.job_id,
             args=() if command else role.args,
             launcher="plain" if command else role.launcher,
             nproc_per_node=1 if command else role.nproc_per_node,
             master_port=int(master[0]) if master else base.master_port,
             env={},
             backend=role.backend or job.backend or base.backend,
-            created=base.created,
-            work_id=base.work_id,
-            image=base.image,
-            container_runtime=base.container_runtime,
-            runtime_timeout=base.runtime_timeout,
         )
         try:
             plan = make_plan([t.node for t in rtasks], spec, facts or None, code_digest=code_digest)
@@ -210,20 +204,14 @@ def _paddle_ps_plans(
     server_eps = ",".join(ep(t) for t in servers)
     trainer_eps = ",".join(ep(t) for t in trainers)
     gloo = ports[(servers[0].role, 0)][GLOO_LABEL][0]
-    spec = JobSpec(
+    spec = base.part(
         script=str(job.script),
-        job_id=base.job_id,
         args=job.args,
         launcher="plain",
         nproc_per_node=1,
         master_port=int(gloo),
         env={},
         backend=job.backend or base.backend,
-        created=base.created,
-        work_id=base.work_id,
-        image=base.image,
-        container_runtime=base.container_runtime,
-        runtime_timeout=base.runtime_timeout,
     )
     plan = make_plan([t.node for t in tasks], spec, facts or None, code_digest=code_digest)
     nodes = []
