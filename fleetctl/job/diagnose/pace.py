@@ -181,6 +181,10 @@ class PaceJudge:
         self.verdict = self._verdict()
         return self.verdict
 
+    def suspects(self) -> set[int]:
+        """The nodes any round of the window suspects (the other judge's veto)."""
+        return {got.rank for got, _ in self.rounds if got is not None}
+
     def scores(self) -> dict[str, float]:
         """The latest round's score by host (higher: slower): its ranks' busy share over the
         median of its peers' (1: like its peers), for the metrics' slow-node series."""
@@ -243,6 +247,15 @@ class GroupJudges:
 
     def scores(self) -> dict[str, float]:
         return {k: v for j in self.judges for k, v in j.scores().items()}
+
+    def suspects(self) -> set[int]:
+        return {rank for j in self.judges for rank in j.suspects()}
+
+    def withdraw(self) -> None:
+        """The verdict was refused (the progress judge suspects another node): judge on."""
+        self.verdict = None
+        for j in self.judges:
+            j.verdict = None
 
 
 def judge_for(nodes: dict[int, str], roles: dict[int, str] | None, agree: int) -> GroupJudges:
