@@ -139,3 +139,13 @@ def test_a_withdrawn_verdict_lets_the_judge_go_on() -> None:
         for rank, rate in enumerate([20, 20, 5]):
             again = again or judge.lines(rank, t, [f"step {int(rate * t)}"])
     assert again is not None and again.rank == 2
+
+
+def test_only_the_span_of_markers_is_kept_whatever_the_line_rate() -> None:
+    judge = progress_judge(HOSTS, None, 4)
+    for k in range(2000):  # 20 lines a second for 100 s, in shapes never measured together
+        t = k / 20
+        judge.lines(0, t, [f"step {k}", f"{k}/9999 [00:01<00:09, 3it/s]"])
+        judge.lines(1, t, [f"iter {k}"])
+    kept = [len(s.points) for per in judge.series.values() for s in per.values()]
+    assert kept and max(kept) <= 20 * 12 + 40, kept  # SPAN's worth (a round's lag at most)

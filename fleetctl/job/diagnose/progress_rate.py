@@ -39,6 +39,7 @@ MIN_SPAN = 4.0  # a rate needs markers at least this far apart
 MAX_RATIO = 0.5  # the suspect's rate against its peers' median, at most
 ALIKE = 0.7  # each peer's rate against that median, at least: the peers are alike
 RESTART = 0.5  # a count below this share of the last one starts over (a new tqdm bar)
+MAX_POINTS = 4096  # markers kept per rank and shape: memory stays bounded at any line rate
 
 
 @dataclass
@@ -46,7 +47,7 @@ class _Series:
     """One rank's markers of one shape, as a count that only grows: an epoch's restart of
     mnist's samples or Paddle's batches, or a new tqdm bar, carries the count on."""
 
-    points: deque[tuple[float, float]] = field(default_factory=deque)
+    points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
     offset: float = 0.0
     last: float = 0.0
     epoch: float | None = None
@@ -63,10 +64,13 @@ class _Series:
         self.last, self.epoch = m.value, m.epoch
         self.points.append((t, self.offset + m.value))
 
-    def rate(self, now: float) -> tuple[float, float, float] | None:
-        """(rate, count gained, seconds) over the last SPAN, or None (too few markers)."""
+    def prune(self, now: float) -> None:
         while self.points and self.points[0][0] < now - SPAN:
             self.points.popleft()
+
+    def rate(self, now: float) -> tuple[float, float, float] | None:
+        """(rate, count gained, seconds) over the last SPAN, or None (too few markers)."""
+        self.prune(now)
         if len(self.points) < 2:
             return None
         (t0, v0), (t1, v1) = self.points[0], self.points[-1]
@@ -195,6 +199,8 @@ class ProgressJudge:
 
     def lines(self, rank: int, t: float, lines: Iterable[str]) -> SlowVerdict | None:
         """A node's lines that arrived at ``t``; the verdict when a round due now names one."""
+        if self.verdict is not None:
+            return None
         mine = self.series.setdefault(rank, {})
         for line in lines:
             for m in parse(line, self.own):
@@ -205,6 +211,9 @@ class ProgressJudge:
         if self.verdict is not None or (self.at is not None and now - self.at < ROUND):
             return None
         self.at = now
+        for per in self.series.values():
+            for s in per.values():
+                s.prune(now)
         for g in self.groups:
             g.round(self.series, now)
             self.verdict = g.named()
