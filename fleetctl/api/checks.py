@@ -121,6 +121,19 @@ class Text:
 TEXT = Text()
 
 
+def regex(value: Any) -> str:
+    """A job's own progress regex (``--progress-regex``): it compiles and has a group for
+    the count (:func:`fleetctl.job.diagnose.progress_markers.compile_own`)."""
+    from fleetctl.job.diagnose.progress_markers import compile_own
+
+    text: str = TEXT(value)
+    try:
+        compile_own(text)
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+    return text
+
+
 def image(value: Any) -> str:
     """A container image (``--image``): :func:`fleetctl.plan.userinput.image_problem`."""
     from fleetctl.plan.userinput import image_problem

@@ -368,6 +368,7 @@ class Fleet:
         hook_timeout: float = 60.0,
         on_slow: OnSlow = "warn",
         slow_rounds: int = 4,
+        progress_regex: str | None = None,
         post_mortem: bool = True,
         post_mortem_timeout: float = 30.0,
         dry_run: bool = False,
@@ -391,8 +392,11 @@ class Fleet:
         (``checkpoint_dir``: which folder). ``report=False``: no ``report.html`` written into
         the run folder at the end (``Job.report()`` makes one later). ``post_mortem=False``:
         no collective among the reachable hosts to prove the culprit after a stall, a lost
-        node or a collective timeout (``post_mortem_timeout``: its limit in s). ``before``: a
-        Fabric task as ``"fabfile.py:prepare"`` (needs an inventory), or a callable
+        node or a collective timeout (``post_mortem_timeout``: its limit in s).
+        ``progress_regex``: a job whose nodes progress independently is judged by the count
+        this regex's group reads from the ranks' lines, in place of the shapes recognised
+        (docs/health.md). ``before``: a Fabric task as ``"fabfile.py:prepare"`` (needs an
+        inventory), or a callable
         ``(nodes, settings)``, run after the check and push, before the launch. ``image``:
         each node's launcher in a container (``container_runtime``; ``runtime_timeout``: each
         runtime call's bound at a node's teardown). ``collective``: the
@@ -416,6 +420,7 @@ class Fleet:
             stall_timeout=stall_timeout,
             on_slow=on_slow,
             slow_rounds=slow_rounds,
+            progress_regex=progress_regex,
             post_mortem=post_mortem,
             post_mortem_timeout=post_mortem_timeout,
             startup_timeout=startup_timeout,

@@ -205,6 +205,12 @@ class Supervision(_Group):
         "same node, and no other, before it is named slow: fewer name it sooner, more only a "
         "node that stays slow.",
     )  # fmt: skip
+    progress_regex: str | None = option(
+        None, "--progress-regex", check=c.regex, metavar="REGEX",
+        help="Jobs whose nodes progress independently: the regex whose group (n, or the first) "
+        "is a rank's progress in its output lines, in place of the shapes recognised "
+        "(docs/health.md, Nodes that progress independently).",
+    )  # fmt: skip
 
     # what a detached job's monitor enforces and records in job.json (`fleetctl monitor`)
     MONITORED = ("grace", "timeout", "stall_timeout", "startup_timeout", "on_slow", "slow_rounds")

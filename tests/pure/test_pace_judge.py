@@ -103,6 +103,7 @@ def test_the_verdict_is_typed_data_with_its_evidence() -> None:
         "rounds": 4,
         "why": "its ranks compute ~4.2× longer per step; peers wait in collectives 78% of the time",
         "stacks": None,  # py-spy's shares, once sampled (test_slow_stacks.py)
+        "progress": None,  # a progress-rate verdict's figures (test_progress_rate.py)
         "line": "node 2 (gpu03) slows the job: its ranks compute ~4.2× longer per step; peers "
         "wait in collectives 78% of the time",
     }

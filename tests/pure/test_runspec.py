@@ -25,6 +25,8 @@ BAD: list[tuple[str, Any, tuple[str, ...]]] = [
     ("on_slow", "kill", ("--on-slow=kill",)),
     ("slow_rounds", 0, ("--slow-rounds=0",)),
     ("slow_rounds", 7, ("--slow-rounds=7",)),  # more than the judge's window of 6 rounds
+    ("progress_regex", "step (", ("--progress-regex=step (",)),  # not a regex
+    ("progress_regex", r"step \d+", (r"--progress-regex=step \d+",)),  # no group for the count
     ("post_mortem_timeout", 0.5, ("--post-mortem-timeout=0.5",)),
     ("stall_timeout", INF, ("--stall-timeout=inf",)),
     ("lost_timeout", 0, ("--lost-timeout=0",)),
@@ -145,6 +147,7 @@ def test_one_decorator_makes_a_groups_options_from_the_record() -> None:
         "startup_timeout": None,
         "on_slow": "warn",
         "slow_rounds": 4,
+        "progress_regex": None,
         "post_mortem": True,
         "post_mortem_timeout": 30.0,
         "probe_timeout": 30.0,

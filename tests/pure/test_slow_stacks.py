@@ -29,6 +29,22 @@ def test_real_py_spy_dumps_of_ddp_ranks_are_classified(name: str, want: tuple) -
     assert classify((DUMPS / name).read_text()) == want
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in DUMPS.glob("*.txt")))
+def test_a_main_thread_showing_no_python_frame_is_unknown_not_compute(name: str) -> None:
+    """In native code only (waiting or computing: py-spy cannot tell), as in each real dump
+    with its main thread's frames taken out; the other threads' frames stay."""
+    out, main = [], False
+    for line in (DUMPS / name).read_text().splitlines():
+        if line.startswith("Thread "):
+            main = '"MainThread"' in line
+        elif main and line.startswith("    "):
+            continue
+        out.append(line)
+    text = "\n".join(out) + "\n"
+    assert '"MainThread"' in text
+    assert classify(text) == ("unknown", None)
+
+
 def test_the_main_thread_is_judged_and_a_failed_or_empty_dump_is_unknown() -> None:
     other = (
         'Thread 0x7F00 (idle): "pin_memory"\n'

@@ -72,17 +72,21 @@ class SlowVerdict:
     carry. ``compute_ratio``: how much longer its ranks compute per step than the peers'
     (their running shares, the step being common); ``peers_wait``: the share of time the
     peers spent waiting (median); ``throttled``: its cgroup's throttled share (None: no quota);
-    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled)."""
+    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled).
+    A node named by its progress rate (``progress_rate.py``) has no ``busy`` or
+    ``peers_wait`` (None), its ``compute_ratio`` is how many times slower it progresses, and
+    ``progress`` holds the figures (the shape, its unit, the rates, the counts gained)."""
 
     rank: int
     host: str
-    busy: float
-    peers_wait: float
+    busy: float | None
+    peers_wait: float | None
     compute_ratio: float
     throttled: float | None
     rounds: int
     why: str = field(default="")
     stacks: SlowStacks | None = None
+    progress: dict[str, Any] | None = None
 
     def with_stacks(self, stacks: SlowStacks) -> SlowVerdict:
         """The verdict with py-spy's evidence: its phrase (``peers wait in all_reduce 78% of
@@ -177,6 +181,10 @@ class PaceJudge:
         self.verdict = self._verdict()
         return self.verdict
 
+    def suspects(self) -> set[int]:
+        """The nodes any round of the window suspects (the other judge's veto)."""
+        return {got.rank for got, _ in self.rounds if got is not None}
+
     def scores(self) -> dict[str, float]:
         """The latest round's score by host (higher: slower): its ranks' busy share over the
         median of its peers' (1: like its peers), for the metrics' slow-node series."""
@@ -239,6 +247,15 @@ class GroupJudges:
 
     def scores(self) -> dict[str, float]:
         return {k: v for j in self.judges for k, v in j.scores().items()}
+
+    def suspects(self) -> set[int]:
+        return {rank for j in self.judges for rank in j.suspects()}
+
+    def withdraw(self) -> None:
+        """The verdict was refused (the progress judge suspects another node): judge on."""
+        self.verdict = None
+        for j in self.judges:
+            j.verdict = None
 
 
 def judge_for(nodes: dict[int, str], roles: dict[int, str] | None, agree: int) -> GroupJudges:

@@ -135,8 +135,9 @@ class JobResult:
     failed_ranks: list[dict[str, Any]] | None = None
     # What a fresh check of every host found after the failure (fleetctl.job.diagnose.culprit).
     culprits: list[str] | None = None
-    # The node the others waited for, named during the run (fleetctl.job.diagnose.pace.SlowVerdict
-    # as a dict: rank, host, busy, peers_wait, compute_ratio, throttled, rounds, why, line)
+    # The node the others waited for, or that fell behind them, named during the run
+    # (fleetctl.job.diagnose.pace.SlowVerdict as a dict: rank, host, busy, peers_wait,
+    # compute_ratio, throttled, rounds, why, stacks, progress, line)
     slow: dict[str, Any] | None = None
     # The post-mortem's proof: a collective among the reachable hosts after a stall, a lost
     # node or a collective timeout (fleetctl.job.diagnose.proof.Proof as a dict: hosts, unreachable,

@@ -18,6 +18,7 @@ from fleetctl.job.records.state import NODE_STOPPED, JobState, NodeState, exit_s
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.pace import GroupJudges, SlowVerdict
+    from fleetctl.job.diagnose.progress_rate import ProgressJudge
     from fleetctl.job.run.job import RunOptions
     from fleetctl.node import Node
     from fleetctl.phases.check.report import HeldProbe
@@ -90,6 +91,8 @@ class JobContext:
             nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
         self.pace: GroupJudges | None = None  # the slow-node judge, made at launch (--on-slow)
+        # the progress-rate judge (nodes that progress independently), made with it
+        self.progress_judge: ProgressJudge | None = None
         self.roles: dict[int, str] | None = None  # role jobs: node rank -> its role
         # every rank's py-spy samples by node rank (phases.stacks.sample_stacks), set at launch
         self.sample_stacks: Callable[[], dict[int, dict[str, Any]]] | None = None
@@ -250,6 +253,10 @@ def on_event(job: JobContext, ev: Event) -> None:
         node.tail.extend(ev.lines)
         job.spool(ev.rank, ev.lines)
         job.emit("lines", rank=ev.rank, ts=ev.time, lines=ev.lines)
+        if job.progress_judge is not None and job.result.slow is None:
+            verdict = job.progress_judge.lines(ev.rank, ev.time, ev.lines)
+            if verdict is not None:
+                _judged(job, verdict, job.progress_judge, job.pace)
         return
     if ev.kind == "pace":
         if job.pace is not None and ev.report is not None:
@@ -258,7 +265,7 @@ def on_event(job: JobContext, ev: Event) -> None:
             if job.observer is not None and job.pace.count != rounds:  # a round ended
                 job.observer.slow_scores(job.pace.scores())
             if verdict is not None:
-                slow_node(job, verdict)
+                _judged(job, verdict, job.pace, job.progress_judge)
         return
     if ev.kind == "stacks":  # the named node's py-spy evidence came back (slow_node)
         slow_evidence(job, ev.report or {})
@@ -277,6 +284,8 @@ def on_event(job: JobContext, ev: Event) -> None:
         job.save(soon=True)
         return
     node.end_time = ev.time
+    if job.progress_judge is not None:  # an ended node's silence is no slowness
+        job.progress_judge.end(ev.rank)
     if ev.kind == "exit":
         node.leftovers = ev.report
         code = ev.code if ev.code is not None else 255
@@ -327,6 +336,19 @@ def drain(job: JobContext) -> None:
         on_event(job, ev)
 
 
+def _judged(job: JobContext, verdict: SlowVerdict, judge: Any, other: Any) -> None:
+    """A verdict of one of the two judges (the pace judge's, the progress-rate judge's): it
+    lands unless a node was named already, or the other judge suspects another node in its
+    window — then nobody is named and both judge on (docs/health.md: they never
+    contradict each other)."""
+    if job.result.slow is not None:
+        return
+    if other is not None and other.suspects() - {verdict.rank}:
+        judge.withdraw()
+        return
+    slow_node(job, verdict)
+
+
 def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
     """The one place a slow-node verdict lands: into the result (job.json, the summary, the
     health ledger's input) and a live warning at once; then every rank is sampled with py-spy
@@ -337,7 +359,9 @@ def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
     job.emit("warning", verdict.line(), rank=verdict.rank)
     _remember_slow(job, verdict)
     sample, watch = job.sample_stacks, job.watch
-    if sample is None or watch is None:
+    if sample is None or watch is None or verdict.progress is not None:
+        # a node named by its progress: its peers wait for nobody, so py-spy's "where the
+        # peers wait" has nothing to say; its figures are the evidence
         _stop_for_slow(job, verdict)
         return
     job.slow_pending = verdict

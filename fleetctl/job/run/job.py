@@ -176,6 +176,15 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
     return reattach
 
 
+def _progress_judge(nodes: dict[int, str], roles: dict[int, str] | None, sup: Any) -> Any:
+    """The progress-rate judge of an attached run, reading ``--progress-regex`` if given."""
+    from fleetctl.job.diagnose.progress_markers import compile_own
+    from fleetctl.job.diagnose.progress_rate import progress_judge
+
+    own = compile_own(sup.progress_regex) if sup.progress_regex else None
+    return progress_judge(nodes, roles, sup.slow_rounds, own)
+
+
 def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
     plan, options, sup = job.plan, job.options, job.options.supervision
@@ -195,6 +204,8 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
             nodes = {np.node_rank: np.host for np in plan.nodes}
             job.pace = judge_for(nodes, job.roles, sup.slow_rounds)  # role jobs: by role
             job.sample_stacks = _stack_sampler(job, fleet)
+            # nodes that progress independently: their rates (docs/health.md)
+            job.progress_judge = _progress_judge(nodes, job.roles, sup)
     job.state.launch()
     job.sync()
     job.result.started = time.time()
@@ -325,7 +336,8 @@ def _watch_until_done(job: JobContext, fleet: FanOut, watch: Watch) -> None:
             elastic.lines(ev)
         if ev is not None:
             on_event(job, ev)
-            if ev.kind in ("pace", "stacks") and job.result.slow is not None and job.state.gave_up:
+            slow = ev.kind in ("pace", "stacks", "lines") and job.result.slow is not None
+            if slow and job.state.gave_up:
                 return  # --on-slow stop: the slow node is the first failure; tear down
         job.flush()
         why = limit_reached(job, started)
