@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.collect import CollectOptions
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
 # joining a slow rendezvous take minutes before the job's first line

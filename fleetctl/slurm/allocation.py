@@ -2,7 +2,7 @@
 
 Without an inventory the allocation is the fleet, in Slurm's order; with one, the allocation
 selects and orders the inventory's hosts (their vars apply). Every node is marked to be reached
-by ``srun`` (``fleetctl.slurm.srun``): compute nodes often refuse SSH to users without a job.
+by ``srun`` (``fleetctl.transport.srun``): compute nodes often refuse SSH to users without a job.
 Addresses: the node name where it resolves, else Slurm's ``NodeAddr``.
 """
 

@@ -32,7 +32,7 @@ from fleetctl.phases.check.preflight import (
     save_cached,
 )
 from fleetctl.plan.rankplan import NodeFacts
-from fleetctl.ssh.connection import SSHSettings
+from fleetctl.transport.connection import SSHSettings
 
 NOW = 1_800_000_000.0
 

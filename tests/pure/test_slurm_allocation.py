@@ -16,8 +16,8 @@ from fleetctl.slurm.allocation import (
     node_addrs,
     tres_gpus,
 )
-from fleetctl.slurm.srun import srun_argv
-from fleetctl.ssh.connection import connect
+from fleetctl.transport.connection import connect
+from fleetctl.transport.srun import srun_argv
 
 SHOW_NODE = (
     "NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.1 NodeHostName=gpu01 State=IDLE\n"
@@ -151,8 +151,8 @@ def test_an_allocations_node_is_not_pinged_through_ssh_config(
     """srun reaches it (no SSH port to try), and resolving its ssh_config would import
     paramiko in a run that never opens an SSH connection."""
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.ssh import sshconfig
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport import sshconfig
+    from fleetctl.transport.connection import SSHSettings
 
     def resolve(*_: object) -> None:
         raise AssertionError("ssh_config resolved for an srun node")

@@ -11,9 +11,7 @@ import pytest
 
 from fleetctl.node import Node
 from fleetctl.slurm.allocation import srun_vars
-from fleetctl.slurm.nodestate import NodeStateWatch
-from fleetctl.slurm.srun import SrunConnection
-from fleetctl.ssh.connection import (
+from fleetctl.transport.connection import (
     PingTarget,
     SSHConnection,
     SSHSettings,
@@ -21,8 +19,10 @@ from fleetctl.ssh.connection import (
     reached_vars,
     transport,
 )
-from fleetctl.ssh.local import LocalConnection
-from fleetctl.ssh.openssh import RsyncTarget
+from fleetctl.transport.local import LocalConnection
+from fleetctl.transport.nodestate import NodeStateWatch
+from fleetctl.transport.openssh import RsyncTarget
+from fleetctl.transport.srun import SrunConnection
 
 SETTINGS = SSHSettings(ssh_config="/dev/null")
 LOCAL = Node.localhost()

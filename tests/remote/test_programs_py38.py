@@ -51,8 +51,8 @@ from fleetctl.remote.programs.supervisor import (
     proc_stat,
     stop_processes,
 )
-from fleetctl.ssh.connection import LocalConnection
 from fleetctl.testing.envbuild import build_fake_nccl
+from fleetctl.transport.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
 #: id, and a test run of another checkout on the same machine must never stop ours.

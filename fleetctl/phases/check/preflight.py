@@ -53,8 +53,8 @@ from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, SSHSettings, Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, SSHSettings, Stream
 
 __all__ = [
     "CHECKS",
@@ -279,7 +279,7 @@ class PingResult:
 def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingResult:
     """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port.
     Where to, or whether at all, the node's transport says (``Connection.ping_target``)."""
-    from fleetctl.ssh.connection import transport
+    from fleetctl.transport.connection import transport
 
     target = transport(node).ping_target(node, settings)
     if target.skip:

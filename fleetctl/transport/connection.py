@@ -3,12 +3,13 @@
 ``Connection`` is the protocol every phase uses; what differs between transports (how rsync
 reaches the node, where the controller pings, a home a probe reported, a push's upload with
 progress, a reconnect's settings, a health source beside the connection, what a run folder
-keeps to reach the node again) is asked of it, never tested by kind outside ``ssh/`` and
-``slurm/`` (``tests/pure/test_transport_guard.py``). ``SSHConnection`` is one paramiko transport to
-the node (dialled by ``dial``: ssh_config through ``sshconfig``, ProxyJump hops, host keys),
-opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap channels on
-its one transport instead of new handshakes. Host keys: ``hostkeys``. ``LocalConnection``
-(``local.py``) runs the same commands on this machine without SSH (the embedded default fleet).
+keeps to reach the node again) is asked of it, never tested by kind outside ``transport/``
+and ``slurm/`` (``tests/pure/test_transport_guard.py``). ``SSHConnection`` is one paramiko
+transport to the node (dialled by ``dial``: ssh_config through ``sshconfig``, ProxyJump hops,
+host keys), opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap
+channels on its one transport instead of new handshakes. Host keys: ``hostkeys``.
+``LocalConnection`` (``local.py``) runs the same commands on this machine without SSH (the
+embedded default fleet).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fleetctl.errors import ConnectError, RemoteCommandError
 from fleetctl.results import CommandResult
-from fleetctl.ssh import dial
-from fleetctl.ssh.loginshell import for_login_shell
+from fleetctl.transport import dial
+from fleetctl.transport.loginshell import for_login_shell
 
 if TYPE_CHECKING:
     import paramiko
 
     from fleetctl.node import Node
-    from fleetctl.ssh.openssh import RsyncTarget
+    from fleetctl.transport.openssh import RsyncTarget
 
 Command = str | Sequence[str]
 
@@ -77,7 +78,7 @@ class SSHSettings:
         return os.path.expanduser(path)
 
     def ssh_config_for(self, node: Node) -> str | None:
-        from fleetctl.ssh.sshconfig import named_path
+        from fleetctl.transport.sshconfig import named_path
 
         path = named_path(node, self)
         if path is None:
@@ -307,7 +308,7 @@ class SSHConnection(Connection):
     # -- capabilities -----------------------------------------------------------------------
     def rsync_target(self, path: str) -> RsyncTarget:
         """OpenSSH with this connection's trust settings as rsync's shell (``openssh``)."""
-        from fleetctl.ssh.openssh import rsync_target
+        from fleetctl.transport.openssh import rsync_target
 
         return rsync_target(self.node, self.settings, path)
 
@@ -329,7 +330,7 @@ class SSHConnection(Connection):
     def ping_target(cls, node: Node, settings: SSHSettings) -> PingTarget:
         """The address the connection itself resolves (ssh_config aliases); a node behind a
         jump host cannot be pinged from here."""
-        from fleetctl.ssh import sshconfig
+        from fleetctl.transport import sshconfig
 
         target = sshconfig.resolve(node, settings)
         if target.proxied:
@@ -545,11 +546,11 @@ def transport(node: Node) -> type[Connection]:
     step for a node of the Slurm allocation fleetctl runs in, SSH otherwise. The one place
     that reads a node's kind; everyone else asks the class or its connection."""
     if node.local:
-        from fleetctl.ssh.local import LocalConnection
+        from fleetctl.transport.local import LocalConnection
 
         return LocalConnection
     if node.vars.get("fleetctl_connection") == "srun":  # a node of this Slurm allocation
-        from fleetctl.slurm.srun import SrunConnection
+        from fleetctl.transport.srun import SrunConnection
 
         return SrunConnection
     return SSHConnection
@@ -567,8 +568,8 @@ def reach_fields(node: Node) -> dict[str, Any]:
 
 def reached_vars(fields: Mapping[str, Any]) -> dict[str, str]:
     """The node vars a connect.json entry's ``reach_fields`` stand for (empty: SSH)."""
-    from fleetctl.slurm.srun import SrunConnection
-    from fleetctl.ssh.local import LocalConnection
+    from fleetctl.transport.local import LocalConnection
+    from fleetctl.transport.srun import SrunConnection
 
     for cls in (LocalConnection, SrunConnection, SSHConnection):
         found = cls.reach_vars(fields)
@@ -581,7 +582,7 @@ def __getattr__(name: str) -> object:
     """``LocalConnection`` stays importable from here; it lives in local.py (which imports this
     module, so it cannot be imported at the top)."""
     if name == "LocalConnection":
-        from fleetctl.ssh.local import LocalConnection
+        from fleetctl.transport.local import LocalConnection
 
         return LocalConnection
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

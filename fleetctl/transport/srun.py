@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RemoteCommandError
 from fleetctl.slurm.allocation import JOB_VAR, srun_vars
-from fleetctl.ssh.connection import PingTarget
-from fleetctl.ssh.execclient import ExecConnection
+from fleetctl.transport.connection import PingTarget
+from fleetctl.transport.execclient import ExecConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import HealthWatch, SSHSettings
+    from fleetctl.transport.connection import HealthWatch, SSHSettings
 
 FILE_TIMEOUT = 600.0  # a put/get/listdir step, file bytes included
 REACH_KEY = "slurm_job"  # connect.json: the Slurm job whose steps reach the node
@@ -125,7 +125,7 @@ class SrunConnection(ExecConnection):
     ) -> HealthWatch | None:
         """Slurm's own word on its nodes (``nodestate``): one DOWN/NOT_RESPONDING is lost at
         once instead of after the heartbeats' silence."""
-        from fleetctl.slurm.nodestate import NodeStateWatch
+        from fleetctl.transport.nodestate import NodeStateWatch
 
         return NodeStateWatch(names, on_lost).start()
 
