@@ -4,7 +4,7 @@
 reaches the node, where the controller pings, a home a probe reported, a push's upload with
 progress, a reconnect's settings, a health source beside the connection, what a run folder
 keeps to reach the node again) is asked of it, never tested by kind outside ``transport/``
-and ``slurm/`` (``tests/pure/test_transport_guard.py``). ``SSHConnection`` is one paramiko
+(``tests/pure/test_transport_guard.py``). ``SSHConnection`` is one paramiko
 transport to the node (dialled by ``dial``: ssh_config through ``sshconfig``, ProxyJump hops,
 host keys), opened once per node for the whole ``fleetctl`` invocation; every phase opens cheap
 channels on its one transport instead of new handshakes. Host keys: ``hostkeys``.

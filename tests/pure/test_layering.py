@@ -92,7 +92,6 @@ UPWARD: dict[tuple[str, str], str] = {
     ("fleetctl.plan.inventory.nodes", "fleetctl.transport.loginshell"): "ansible_shell_type, pure",
     ("fleetctl.plan.inventory.nodes", "fleetctl.transport.sshargs"): "ansible_ssh_*_args, pure",
     ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
-    ("fleetctl.transport.srun", "fleetctl.slurm.allocation"): "the vars that mark a node for srun",
     (
         "fleetctl.phases.check.preflight",
         "fleetctl.remote.programs.probe",

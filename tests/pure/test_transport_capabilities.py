@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fleetctl.node import Node
-from fleetctl.slurm.allocation import srun_vars
 from fleetctl.transport.connection import (
     PingTarget,
     SSHConnection,
@@ -22,7 +21,7 @@ from fleetctl.transport.connection import (
 from fleetctl.transport.local import LocalConnection
 from fleetctl.transport.nodestate import NodeStateWatch
 from fleetctl.transport.openssh import RsyncTarget
-from fleetctl.transport.srun import SrunConnection
+from fleetctl.transport.srun import SrunConnection, srun_vars
 
 SETTINGS = SSHSettings(ssh_config="/dev/null")
 LOCAL = Node.localhost()
