@@ -262,7 +262,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
     import paramiko
 
     from fleetctl.plan.inventory import load_inventory
-    from fleetctl.transport.connection import SSHConnection, SSHSettings
+    from fleetctl.transport.connection import SSHSettings
+    from fleetctl.transport.ssh import SSHConnection
 
     out: list[Result] = []
     node = load_inventory(lab.inventory_path).nodes[0]
@@ -398,7 +399,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
 def _remote_commands(
     node: Any, rounds: int, label: str, cmds: tuple[str, ...] = ("true", "exec true", "hostname")
 ) -> list[Result]:
-    from fleetctl.transport.connection import SSHConnection, SSHSettings
+    from fleetctl.transport.connection import SSHSettings
+    from fleetctl.transport.ssh import SSHConnection
 
     out: list[Result] = []
     with SSHConnection(node, SSHSettings()) as c:

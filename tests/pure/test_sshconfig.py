@@ -193,7 +193,8 @@ import sys, threading
 from fleetctl.errors import ConnectError
 from fleetctl.node import Node
 from fleetctl.transport import sshconfig
-from fleetctl.transport.connection import SSHConnection, SSHSettings
+from fleetctl.transport.connection import SSHSettings
+from fleetctl.transport.ssh import SSHConnection
 st = SSHSettings(ssh_config="/dev/null", connect_timeout=2, known_hosts="/dev/null")
 errs = []
 def ping():

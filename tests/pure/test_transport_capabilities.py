@@ -12,7 +12,6 @@ import pytest
 from fleetctl.node import Node
 from fleetctl.transport.connection import (
     PingTarget,
-    SSHConnection,
     SSHSettings,
     reach_fields,
     reached_vars,
@@ -22,6 +21,7 @@ from fleetctl.transport.local import LocalConnection
 from fleetctl.transport.nodestate import NodeStateWatch
 from fleetctl.transport.openssh import RsyncTarget
 from fleetctl.transport.srun import SrunConnection, srun_vars
+from fleetctl.transport.ssh import SSHConnection
 
 SETTINGS = SSHSettings(ssh_config="/dev/null")
 LOCAL = Node.localhost()
