@@ -73,8 +73,8 @@ def main() -> int:
     from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
     from fleetctl.phases.check.preflight import CheckOptions, check_fleet
     from fleetctl.plan.inventory import load_inventory
-    from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import SSHSettings
 
     size = int(args.size_mib * MiB)
     print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))

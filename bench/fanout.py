@@ -208,9 +208,9 @@ class FanoutBench:
     def open_floor(self, n: int, repeats: int) -> Result:
         """``hostname`` over connections that are already open (what later phases of a run pay)."""
         from fleetctl.plan.inventory import load_inventory
-        from fleetctl.ssh.connection import SSHSettings
         from fleetctl.ssh.execute import execute
         from fleetctl.ssh.fanout import FanOut
+        from fleetctl.transport.connection import SSHSettings
 
         row = Result("fanout", "fleetctl, connections already open (in-process)", n)
         nodes = load_inventory(self.inventory(n)).nodes
@@ -262,7 +262,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
     import paramiko
 
     from fleetctl.plan.inventory import load_inventory
-    from fleetctl.ssh.connection import SSHConnection, SSHSettings
+    from fleetctl.transport.connection import SSHSettings
+    from fleetctl.transport.ssh import SSHConnection
 
     out: list[Result] = []
     node = load_inventory(lab.inventory_path).nodes[0]
@@ -342,7 +343,7 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
             ),
             "paramiko curve25519-sha256 only, ed25519 key": raw(curve_only, str(lab.key_path)),
             "paramiko default kex, RSA-3072 key": raw(None, str(rsa)),
-            "fleetctl SSHConnection (paramiko, fleetctl.ssh.dial)": fleetctl_conn,
+            "fleetctl SSHConnection (paramiko, fleetctl.transport.dial)": fleetctl_conn,
         }
         for name, fn in cases.items():
             kexlog.kex.clear()
@@ -398,7 +399,8 @@ def ssh_profile(lab: Any, work: Path, repeats: int, *, quick: bool = False) -> l
 def _remote_commands(
     node: Any, rounds: int, label: str, cmds: tuple[str, ...] = ("true", "exec true", "hostname")
 ) -> list[Result]:
-    from fleetctl.ssh.connection import SSHConnection, SSHSettings
+    from fleetctl.transport.connection import SSHSettings
+    from fleetctl.transport.ssh import SSHConnection
 
     out: list[Result] = []
     with SSHConnection(node, SSHSettings()) as c:

@@ -39,8 +39,8 @@ import yaml
 from fleetctl.errors import ProvisionError, UsageError
 from fleetctl.node import Node
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh import sshconfig
-from fleetctl.ssh.connection import SSHSettings
+from fleetctl.transport import sshconfig
+from fleetctl.transport.connection import SSHSettings
 
 __all__ = [
     "ANSIBLE_EXIT_MEANINGS",

@@ -27,7 +27,7 @@ from fleetctl.errors import FleetError, UsageError
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 DEFAULT_TIMEOUT = 3600.0  # s for the task on every node; then the run stops before launch
 MAX_PARALLEL = 64  # nodes the task runs on at once
@@ -136,7 +136,7 @@ def run_task(task: BeforeTask, nodes: Sequence[Node], settings: SSHSettings | No
     from fleetctl.api.group import group
     from fleetctl.job.run.beforelog import BEFORE_OUTPUT
     from fleetctl.results import FleetResult
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     settings = settings or SSHSettings()
     conns = list(group(nodes, settings))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 STOP_WAIT = 60.0  # s a stop waits for the launch to reach every node before stopping it
 

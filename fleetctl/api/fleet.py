@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.report import PushEvent, PushReport
     from fleetctl.plan.rankplan import Plan
     from fleetctl.plan.userinput import OnSlow
-    from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.execute import ExecResult, NodeRun
+    from fleetctl.transport.connection import SSHSettings
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 DEFAULT_FANOUT = 64  # as fleetctl.ssh.fanout.DEFAULT_FANOUT (not imported: no SSH code yet)
@@ -167,7 +167,7 @@ class Fleet:
 
     @property
     def settings(self) -> SSHSettings:
-        from fleetctl.ssh.connection import SSHSettings
+        from fleetctl.transport.connection import SSHSettings
 
         return SSHSettings(
             known_hosts=self.known_hosts,

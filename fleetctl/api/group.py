@@ -2,7 +2,7 @@
 fleetctl does, for fabfiles and ad-hoc ``run``/``put``/``sudo``.
 
 Imported only by ``Fleet.group()`` and ``run --before``: fabric and invoke cost ~50 ms of
-imports that no other command pays. Each node's route comes from ``fleetctl.ssh.dial.route``
+imports that no other command pays. Each node's route comes from ``fleetctl.transport.dial.route``
 (ssh_config's answer, the inventory's user, port, key and ProxyJump): the node's Connection
 has the last hop's host, port, user and keys, and each jump host is its ``gateway`` Connection
 (one chain per node: fabric opens a gateway without a lock, so threads never share one).
@@ -23,11 +23,11 @@ import fabric.runners
 import paramiko
 
 from fleetctl.errors import UsageError
-from fleetctl.ssh import dial, hostkeys
+from fleetctl.transport import dial, hostkeys
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 
 class LinearRemote(fabric.runners.Remote):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.slurm.submit import SlurmEvent
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 __all__ = ["Job", "WaitTimeout"]
 
@@ -85,7 +85,7 @@ class Job:
         from fleetctl.api.submitted import Submitted
         from fleetctl.job.records.runfolder import RunFolder
         from fleetctl.job.records.runs import latest_attempt
-        from fleetctl.ssh.connection import SSHSettings
+        from fleetctl.transport.connection import SSHSettings
 
         folder = latest_attempt(runs_dir, job_id)
         settings = SSHSettings(

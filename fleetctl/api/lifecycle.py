@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.collect import CollectOptions, NodeCollect
     from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import TeardownReport
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 Note = Callable[[str], None]
 

@@ -43,7 +43,7 @@ def provision(
     naming them; 2: bad playbook or inventory; 130 interrupted); InventoryError (file:line)
     before Ansible starts."""
     from fleetctl.provision import DEFAULT_TIMEOUT, exit_error, playbook_command, run_playbook
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     settings = SSHSettings(known_hosts=known_hosts, accept_new=accept_new)
     with playbook_command(

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _elastic(spec: RunSpec, wanted: int | None, nodes: Sequence[Node]) -> str | 
     rt = spec.retry
     if not rt.elastic or wanted is None:
         return None
-    from fleetctl.ssh.connection import transport
+    from fleetctl.transport.connection import transport
 
     if not all(transport(n).can_join_elastic for n in nodes):
         raise UsageError("--elastic: not inside a Slurm allocation yet (SSH nodes only)")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
 # joining a slow rendezvous take minutes before the job's first line

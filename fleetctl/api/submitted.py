@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fleetctl.job.records.runfolder import RunFolder
     from fleetctl.slurm.queue import JobInfo
     from fleetctl.slurm.submit import SlurmClient, SlurmEvent
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 #: ``[rank host] text``: a node's line as the run inside prints it (cli/render.LiveLog)
 _NODE_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?\[(\d+) ([^\]\s]+)\](?:\x1b\[0m)? ?(.*)$")

@@ -32,7 +32,7 @@ _NAMES = {
     # Slurm, inventories, SSH settings
     "SlurmEvent": "fleetctl.slurm.submit",
     "Inventory": "fleetctl.plan.inventory",
-    "SSHSettings": "fleetctl.ssh.connection",
+    "SSHSettings": "fleetctl.transport.connection",
 }
 
 __all__ = sorted(_NAMES)
@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan as Plan
     from fleetctl.results import FleetResult, Outcome
     from fleetctl.slurm.submit import SlurmEvent as SlurmEvent
-    from fleetctl.ssh.connection import SSHSettings as SSHSettings
     from fleetctl.ssh.execute import ExecResult as ExecResult
     from fleetctl.ssh.execute import NodeRun as NodeRun
+    from fleetctl.transport.connection import SSHSettings as SSHSettings
 
     def _outcomes(
         e: ExecResult,

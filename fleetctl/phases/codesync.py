@@ -28,7 +28,7 @@ from fleetctl.remote.kit.keyscan import KeyScan
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from fleetctl.ssh.openssh import RsyncTarget
+    from fleetctl.transport.openssh import RsyncTarget
 
 IGNORE_FILE = ".fleetignore"
 # Never shipped, whatever .gitignore says: version-control and VM state (``.vagrant/`` holds the

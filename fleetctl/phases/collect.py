@@ -36,8 +36,8 @@ from fleetctl.remote.kit.wire import TAR_MARKER  # the same marker at both ends
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import Connection, Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, Stream
 
 COLLECT_TIMEOUT = 60.0  # s without a byte from the node before a transfer counts as failed
 COLLECT_ATTEMPTS = 3  # a failed transfer is retried, asking only for what is not home yet

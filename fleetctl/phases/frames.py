@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleetctl.ssh.connection import Stream
+    from fleetctl.transport.connection import Stream
 
 #: The supervisor's ``run`` mode (and the loader in front of it).
 SUPERVISOR_KINDS = frozenset("RUSLCHEFQXPW")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.phases.check.report import HeldProbe
     from fleetctl.plan.rankplan import NodePlan
-    from fleetctl.ssh.connection import Connection, Stream
+    from fleetctl.transport.connection import Connection, Stream
 
 START_TIMEOUT = 30.0  # handshake: supervisor up, spec sent, job started
 

@@ -24,7 +24,7 @@ from fleetctl.phases.launch import start_command
 if TYPE_CHECKING:
     from fleetctl.phases.frames import Frame
     from fleetctl.phases.launch import NodeRun
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.transport.connection import Connection
 
 MAX_REATTACH = 3  # per node and job: a link that keeps flapping is a sick node
 

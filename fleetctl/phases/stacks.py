@@ -34,8 +34,8 @@ from fleetctl.phases.launch import install_file
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 DUMP_TIMEOUT = 60.0  # s per node: py-spy takes well under a second per process
 SAMPLES = 8  # py-spy dumps per rank for a slow node's evidence, rounds over all of a node's ranks

@@ -20,8 +20,8 @@ from fleetctl.phases.launch import supervisor_command, supervisor_path
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import NodePlan, Plan
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 
 @dataclass

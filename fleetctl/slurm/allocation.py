@@ -2,7 +2,7 @@
 
 Without an inventory the allocation is the fleet, in Slurm's order; with one, the allocation
 selects and orders the inventory's hosts (their vars apply). Every node is marked to be reached
-by ``srun`` (``fleetctl.slurm.srun``): compute nodes often refuse SSH to users without a job.
+by ``srun`` (``fleetctl.transport.srun``): compute nodes often refuse SSH to users without a job.
 Addresses: the node name where it resolves, else Slurm's ``NodeAddr``.
 """
 
@@ -26,9 +26,6 @@ from fleetctl.slurm.hostlist import expand
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.load import Inventory
 
-#: Node.vars keys that make a node a job step target instead of an SSH host
-CONNECTION_VAR = "fleetctl_connection"
-JOB_VAR = "fleetctl_slurm_job"
 SCONTROL_TIMEOUT = 15.0
 
 
@@ -138,6 +135,8 @@ def fleet_nodes(
     addrs: Callable[[Sequence[str]], Mapping[str, str]] = _scontrol_addrs,
 ) -> tuple[Node, ...]:
     """The allocation's nodes in Slurm's order, each marked for srun. Pure given the callables."""
+    from fleetctl.transport.srun import srun_vars  # here: `in_slurm` loads no transport
+
     marks = srun_vars(alloc.job_id)
     if inventory is not None:
         by_name = {n.name: n for n in inventory}
@@ -188,12 +187,3 @@ def apply(
         groups = {"all": names, "ungrouped": names}
     digest = hashlib.sha256(f"{inv.digest}\0slurm\0{alloc.job_id}\0{','.join(names)}".encode())
     return dataclasses.replace(inv, nodes=nodes, groups=groups, digest=digest.hexdigest())
-
-
-def srun_vars(job_id: str) -> dict[str, str]:
-    """The vars that make a node reached by steps of Slurm job ``job_id`` (``SrunConnection``)."""
-    return {CONNECTION_VAR: "srun", JOB_VAR: job_id}
-
-
-def is_srun(node: Node) -> bool:
-    return node.vars.get(CONNECTION_VAR) == "srun"

@@ -24,7 +24,6 @@ from typing import IO
 
 from fleetctl.slurm.batch import ENDED_MARK, ERROR_FILE, FETCHED, OUTPUT_FILE, SlurmError
 from fleetctl.slurm.queue import JobInfo
-from fleetctl.slurm.srun import srun_argv
 from fleetctl.slurm.submit import (
     COMMAND_TIMEOUT,
     POLL,
@@ -34,6 +33,7 @@ from fleetctl.slurm.submit import (
     SlurmClient,
     SlurmEvent,
 )
+from fleetctl.transport.srun import srun_argv
 
 PULL_TIMEOUT = 600.0  # the tar step of the whole run folder
 STOP_TIMEOUT = 10.0  # a tail step after the job ended (Slurm ends it with the job)

@@ -1,1 +1,1 @@
-"""Reaching nodes: one connection per host, fleets of them, ad-hoc commands."""
+"""Many nodes at once: the fan-out engine and ad-hoc commands (one node's link: transport/)."""

@@ -28,8 +28,8 @@ from fleetctl.results import Cancelled
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 REMOTE_FAILURE = 3
 UNREACHABLE_RC = 255

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fleetctl.errors import FleetctlError
 from fleetctl.results import Cancelled, FleetResult
-from fleetctl.ssh.connection import Connection, SSHSettings, connect
+from fleetctl.transport.connection import Connection, SSHSettings, connect
 
 if TYPE_CHECKING:
     from fleetctl.node import Node

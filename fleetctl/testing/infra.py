@@ -32,7 +32,7 @@ from fleetctl.phases.frames import last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 __all__ = [
     "CLEAN_PROBE",
@@ -179,7 +179,7 @@ def node_host(node: Node, settings: SSHSettings | None = None) -> Any:
     """
     import testinfra
 
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     if node.local:
         return testinfra.get_host("local://")

@@ -15,7 +15,7 @@ def lab_proof_job(lab: Lab, limit: float) -> Any:
     """What ``Ahead`` and ``prove`` read of a job on ``lab``: its plan's hosts (training on
     the data network), its nodes, the proof's limit, no culprit named yet."""
     from fleetctl.plan.inventory import load_inventory
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     nodes = load_inventory(lab.inventory_path).nodes
     by = {h.name: h for h in lab.hosts}

@@ -25,9 +25,9 @@ from fleetctl.lab import Lab
 from fleetctl.node import Node
 from fleetctl.phases.check.preflight import CheckOptions, CheckReport, check_fleet
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.pytest_plugin import lab_login, skip_or_fail
+from fleetctl.transport.connection import SSHSettings
 
 pytestmark = [pytest.mark.lab, pytest.mark.login, pytest.mark.shared_home]
 

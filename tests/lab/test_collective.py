@@ -15,10 +15,10 @@ from fleetctl.phases.check.collective import run_collective
 from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport, MiB
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.plan.rankplan import NodeFacts
-from fleetctl.ssh.connection import SSHSettings
 from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.infra import node_host, node_leftovers
+from fleetctl.transport.connection import SSHSettings
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,4 @@
-"""The SSH connection layer (``fleetctl.ssh.connection``) against real sshd hosts in the lab.
+"""The SSH connection layer (``fleetctl.transport.ssh``) against real sshd hosts in the lab.
 
 ``tests/lab/test_check.py`` covers unknown/changed host keys and a wrong key through
 ``fleetctl check``; here: ssh_config (alias, User/Port/IdentityFile, ProxyJump with the jump host's
@@ -26,8 +26,9 @@ import pytest
 from fleetctl.errors import ConnectError, HostKeyError, RemoteCommandError
 from fleetctl.lab import Lab
 from fleetctl.node import Node
-from fleetctl.ssh.connection import SSHConnection, SSHSettings, connect
 from fleetctl.ssh.fanout import FanOut
+from fleetctl.transport.connection import SSHSettings, connect
+from fleetctl.transport.ssh import SSHConnection
 
 pytestmark = pytest.mark.lab
 
@@ -184,7 +185,7 @@ def test_proxyjump_reaches_node3_through_node1(lab3: Lab, tmp_path: Path) -> Non
         (jump,) = c.jump_clients
         gateway = jump.get_transport()
         assert gateway is not None and gateway.is_active()
-        # both hops use AES-GCM (one C call per packet, see ssh.transport.transport_factory)
+        # both hops use AES-GCM (one C call per packet, see transport.tuning.transport_factory)
         assert gateway.local_cipher == "aes128-gcm@openssh.com"
         assert c.client.get_transport().local_cipher == "aes128-gcm@openssh.com"
     finally:
@@ -529,9 +530,9 @@ def test_put_get_listdir_home_and_expand(conn: SSHConnection, tmp_path: Path) ->
 def test_sftp_on_a_cut_link_fails_instead_of_hanging(
     lab3: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fleetctl.ssh.connection as connection_mod
+    import fleetctl.transport.ssh as ssh_mod
 
-    monkeypatch.setattr(connection_mod, "SFTP_IDLE_TIMEOUT", 1.0)
+    monkeypatch.setattr(ssh_mod, "SFTP_IDLE_TIMEOUT", 1.0)
     with SSHConnection(lab_node(lab3, "node2"), settings(connect_timeout=2)) as c:
         assert c.home == "/root"  # the SFTP session is open
         lab3.cut_link("node2")

@@ -18,8 +18,8 @@ import pytest
 
 from fleetctl.lab import Lab
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh.connection import SSHSettings, connect
 from fleetctl.testing.infra import assert_node_clean, node_host, node_leftovers
+from fleetctl.transport.connection import SSHSettings, connect
 
 pytestmark = pytest.mark.lab
 

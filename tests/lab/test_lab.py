@@ -23,8 +23,8 @@ from fleetctl.errors import LabError, LabInputError
 from fleetctl.lab import Lab, procs
 from fleetctl.lab.constants import REGISTRY
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh.connection import SSHSettings, connect
 from fleetctl.testing.pytest_plugin import skip_or_fail
+from fleetctl.transport.connection import SSHSettings, connect
 
 pytestmark = pytest.mark.lab
 

@@ -12,8 +12,8 @@ import pytest
 
 from fleetctl.errors import SSHConfigError
 from fleetctl.node import Node
-from fleetctl.ssh import sshconfig
-from fleetctl.ssh.connection import SSHSettings
+from fleetctl.transport import sshconfig
+from fleetctl.transport.connection import SSHSettings
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from fleetctl.phases.check.preflight import (
     save_cached,
 )
 from fleetctl.plan.rankplan import NodeFacts
-from fleetctl.ssh.connection import SSHSettings
+from fleetctl.transport.connection import SSHSettings
 
 NOW = 1_800_000_000.0
 
@@ -504,13 +504,13 @@ def test_controller_falls_back_to_tcp_when_icmp_is_not_permitted(monkeypatch) ->
     import subprocess
 
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.remote.programs import probe
+    from fleetctl.remote.kit import icmp
 
     def no_icmp(argv, **kw):  # what ping prints without CAP_NET_RAW / ping_group_range
         return subprocess.CompletedProcess(argv, 2, b"", b"ping: socket: Operation not permitted\n")
 
     monkeypatch.setattr(subprocess, "run", no_icmp)
-    monkeypatch.setattr(probe, "icmp_echo", lambda *a: None)  # no ICMP socket here either
+    monkeypatch.setattr(icmp, "icmp_echo", lambda *a: None)  # no ICMP socket here either
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
@@ -524,9 +524,9 @@ def test_controller_pings_in_process_without_a_ping_process(monkeypatch) -> None
     import subprocess
 
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.remote.programs import probe
+    from fleetctl.remote.kit import icmp
 
-    if probe.icmp_echo("", "127.0.0.1", 2.0) is None:
+    if icmp.icmp_echo("", "127.0.0.1", 2.0) is None:
         pytest.skip("this process may not send ICMP (not root, ping_group_range closed)")
 
     def no_ping(argv, **kw):
@@ -535,8 +535,8 @@ def test_controller_pings_in_process_without_a_ping_process(monkeypatch) -> None
     monkeypatch.setattr(subprocess, "run", no_ping)
     got = ping_host(Node("n1", "127.0.0.1"), SSHSettings(ssh_config="/dev/null"))
     assert got.state == "ok" and got.detail.endswith(" ms"), got
-    assert probe.icmp_echo("", "127.0.0.1", 0.0) == "timeout"  # no time left: not a reply
-    assert probe._checksum(bytes.fromhex("0800000012340001")) == 0xE5CA
+    assert icmp.icmp_echo("", "127.0.0.1", 0.0) == "timeout"  # no time left: not a reply
+    assert icmp._checksum(bytes.fromhex("0800000012340001")) == 0xE5CA
 
 
 def test_check_table_printed_to_a_pipe_is_not_cut_at_80_columns(

@@ -64,7 +64,9 @@ def loaded(names: set[str], prefixes: tuple[str, ...] | set[str]) -> list[str]:
 def test_version_imports_no_command_and_no_ssh_or_plan_code(tmp_path: Path) -> None:
     p, names = imported_by(tmp_path, "--version")
     assert p.returncode == 0 and p.stdout == "fleetctl, version 0.1.0\n"
-    assert loaded(names, (*HEAVY, "fleetctl.ssh", "fleetctl.plan", "yaml")) == []
+    assert (
+        loaded(names, (*HEAVY, "fleetctl.ssh", "fleetctl.transport", "fleetctl.plan", "yaml")) == []
+    )
     assert loaded(names, COMMAND_MODULES) == []
 
 

@@ -188,7 +188,7 @@ def test_a_transfer_that_breaks_is_retried_and_fetches_only_the_rest(
     from fleetctl.phases.collect import collect
     from fleetctl.plan.rankplan import JobSpec, make_plan
     from fleetctl.ssh.fanout import FanOut
-    from fleetctl.ssh.local import LocalConnection
+    from fleetctl.transport.local import LocalConnection
 
     node = Node.localhost(name="n0", workdir=str(tmp_path / "w"))
     plan = make_plan([node], JobSpec(script="x.py", job_id="j-cut", launcher="plain"))

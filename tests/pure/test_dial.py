@@ -9,8 +9,8 @@ import pytest
 
 from fleetctl.errors import ConnectError
 from fleetctl.node import Node
-from fleetctl.ssh import dial
-from fleetctl.ssh.connection import SSHSettings
+from fleetctl.transport import dial
+from fleetctl.transport.connection import SSHSettings
 
 
 @pytest.mark.parametrize(

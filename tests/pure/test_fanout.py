@@ -18,8 +18,8 @@ import fleetctl.ssh.fanout as fleet_mod
 from fleetctl.errors import ConnectError, FleetctlError
 from fleetctl.node import Node
 from fleetctl.results import Cancelled
-from fleetctl.ssh.connection import Connection, LocalConnection, SSHSettings
 from fleetctl.ssh.fanout import FanOut, NodeTimeout
+from fleetctl.transport.connection import Connection, LocalConnection, SSHSettings
 
 
 def local_nodes(n: int) -> list[Node]:
@@ -269,7 +269,7 @@ def test_transports_prefer_aes_gcm_and_keep_the_rest_as_fallback() -> None:
 
     import paramiko
 
-    from fleetctl.ssh.transport import transport_factory as _transport
+    from fleetctl.transport.tuning import transport_factory as _transport
 
     a, b = socket.socketpair()
     try:
@@ -316,7 +316,7 @@ def test_transports_ack_at_once_and_send_without_nagles_delay() -> None:
     import paramiko
     from paramiko.common import MSG_GLOBAL_REQUEST
 
-    from fleetctl.ssh.transport import transport_factory as _transport
+    from fleetctl.transport.tuning import transport_factory as _transport
 
     c, s = _RecordingSocket.pair()
     try:

@@ -9,7 +9,7 @@ import paramiko
 import pytest
 
 from fleetctl.errors import ConnectError
-from fleetctl.ssh import hostkeys
+from fleetctl.transport import hostkeys
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("provision",),
     ("slurm",),
     ("ssh",),
+    ("transport",),
     ("plan",),
     ("health",),
     ("errors",),
@@ -46,7 +47,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # What the controller may import of remote/: the installer, the wire format, the supervisor's
 # records, the /proc reader, the private-key scan (the code push applies it here too) and the
-# container end's bounds (``containers.end_bound``: how long the teardown waits for a node).
+# container end's bounds (``containers.end_bound``: how long the teardown waits for a node) and
+# the probe's ICMP echo (``icmp.icmp_echo``: the check's controller ping).
 REMOTE_KIT = frozenset(
     {
         "fleetctl.remote",
@@ -55,6 +57,7 @@ REMOTE_KIT = frozenset(
         "fleetctl.remote.kit.procfs",
         "fleetctl.remote.kit.keyscan",
         "fleetctl.remote.kit.containers",
+        "fleetctl.remote.kit.icmp",
     }
 )
 
@@ -88,14 +91,9 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.phases.check.collective_judge",
     ): "a role job file's --collective options",
     ("fleetctl.plan.script_arg", "fleetctl.phases.codesync"): "the code folder a script is in",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.ssh.loginshell"): "ansible_shell_type, pure",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.ssh.sshargs"): "ansible_ssh_*_args, pure",
+    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.loginshell"): "ansible_shell_type, pure",
+    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.sshargs"): "ansible_ssh_*_args, pure",
     ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
-    ("fleetctl.ssh.connection", "fleetctl.slurm.srun"): "transport(node) opens an srun step",
-    (
-        "fleetctl.phases.check.preflight",
-        "fleetctl.remote.programs.probe",
-    ): "the controller's ping is the probe's icmp_echo",
 }
 
 

@@ -199,7 +199,7 @@ def test_runs_status_and_logs_commands_read_finished_jobs_without_network(tmp_pa
 
 def test_known_hosts_given_to_run_is_what_later_commands_verify_against(tmp_path: Path) -> None:
     from fleetctl.job.records.runs import nodes_as_reached
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     folder = _job(tmp_path, "j2")
     nodes = [Node("a", "10.0.0.1", known_hosts="/inventory_kh"), Node("b", "10.0.0.2")]

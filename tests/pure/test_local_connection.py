@@ -13,7 +13,7 @@ import pytest
 
 from fleetctl.errors import RemoteCommandError
 from fleetctl.node import Node
-from fleetctl.ssh.connection import LocalConnection, connect
+from fleetctl.transport.connection import LocalConnection, connect
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 from fleetctl import remote
 from fleetctl.phases.launch import start_command
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh.loginshell import for_login_shell
 from fleetctl.testing.pytest_plugin import skip_or_fail
+from fleetctl.transport.loginshell import for_login_shell
 
 # Lines fleetctl really sends, and the characters that break csh/fish: newlines in quotes, \\,
 # !, $, backquotes, both quote kinds, non-ASCII.
@@ -83,7 +83,7 @@ def test_the_inventory_names_the_login_shell(tmp_path: Path) -> None:
 
 
 def test_the_login_shell_sshd_reports_names_the_shell_type_to_declare() -> None:
-    from fleetctl.ssh.loginshell import declared_type
+    from fleetctl.transport.loginshell import declared_type
 
     got = {s: declared_type(s) for s in ("/usr/bin/tcsh", "/bin/csh", "/usr/bin/fish")}
     assert got == {"/usr/bin/tcsh": "csh", "/bin/csh": "csh", "/usr/bin/fish": "fish"}

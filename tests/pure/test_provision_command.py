@@ -22,9 +22,9 @@ from fleetctl.provision import (
     run_playbook,
     shipped_playbooks,
 )
-from fleetctl.ssh.connection import SSHSettings
 from fleetctl.testing.cli_runner import run_cli
 from fleetctl.testing.infra import READY_MAX_SESSIONS, READY_MAX_STARTUPS
+from fleetctl.transport.connection import SSHSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ from fleetctl.phases.codesync import (
     snapshot,
 )
 from fleetctl.phases.envpack import archive_info, nccl_version
-from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.openssh import rsync_target, ssh_argv
 from fleetctl.testing.files import tree
+from fleetctl.transport.connection import SSHSettings
+from fleetctl.transport.openssh import rsync_target, ssh_argv
 
 # (patterns, path, is_dir, ignored) — gitignore semantics, checked against git below.
 IGNORE_CASES = [

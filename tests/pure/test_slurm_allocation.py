@@ -16,8 +16,8 @@ from fleetctl.slurm.allocation import (
     node_addrs,
     tres_gpus,
 )
-from fleetctl.slurm.srun import srun_argv
-from fleetctl.ssh.connection import connect
+from fleetctl.transport.connection import connect
+from fleetctl.transport.srun import JOB_VAR, is_srun, srun_argv
 
 SHOW_NODE = (
     "NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.0.1 NodeHostName=gpu01 State=IDLE\n"
@@ -80,8 +80,8 @@ def test_allocation_alone_is_the_fleet_in_slurm_order() -> None:
     # NodeAddr only where the name does not resolve; scontrol asked once, for those
     assert [n.address for n in nodes] == ["10.0.0.2", "10.0.0.1", "login"]
     assert asked == [["gpu02", "gpu01"]]
-    assert all(n.gpus == 1 and allocation.is_srun(n) for n in nodes)
-    assert nodes[0].vars[allocation.JOB_VAR] == "7"
+    assert all(n.gpus == 1 and is_srun(n) for n in nodes)
+    assert nodes[0].vars[JOB_VAR] == "7"
 
 
 def test_inventory_selected_and_ordered_by_the_allocation() -> None:
@@ -95,7 +95,7 @@ def test_inventory_selected_and_ordered_by_the_allocation() -> None:
         ("gpu02", "10.1.0.2", None, 8),  # the inventory's gpus win over the allocation's
         ("gpu01", "10.1.0.1", "ib0", 4),
     ]
-    assert nodes[1].vars["fleetctl_nic"] == "ib0" and allocation.is_srun(nodes[1])
+    assert nodes[1].vars["fleetctl_nic"] == "ib0" and is_srun(nodes[1])
     with pytest.raises(UsageError, match="gpu04 of the allocation are not in the inventory"):
         fleet_nodes(Allocation("9", ("gpu01", "gpu04")), inv)
 
@@ -151,8 +151,8 @@ def test_an_allocations_node_is_not_pinged_through_ssh_config(
     """srun reaches it (no SSH port to try), and resolving its ssh_config would import
     paramiko in a run that never opens an SSH connection."""
     from fleetctl.phases.check.preflight import ping_host
-    from fleetctl.ssh import sshconfig
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport import sshconfig
+    from fleetctl.transport.connection import SSHSettings
 
     def resolve(*_: object) -> None:
         raise AssertionError("ssh_config resolved for an srun node")

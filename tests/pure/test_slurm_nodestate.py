@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.slurm.nodestate import NodeStateWatch, NodeStatus, lost_nodes, parse_show_node
+from fleetctl.transport.nodestate import NodeStateWatch, NodeStatus, lost_nodes, parse_show_node
 
 CASES = Path(__file__).parent / "slurm_cases"
 

@@ -603,7 +603,7 @@ def test_connect_json_keeps_the_slurm_job_of_srun_nodes(tmp_path: Path) -> None:
     """So `status`/`stop`/`logs` of an inside run reach its nodes by srun steps, not SSH."""
     from fleetctl.job.records.runs import load_nodes, write_connect
     from fleetctl.node import Node
-    from fleetctl.slurm.allocation import is_srun
+    from fleetctl.transport.srun import is_srun
 
     folder = RunFolder.create(tmp_path, "j1")
     srun_node = Node(name="gpu01", address="gpu01", vars={"fleetctl_connection": "srun",

@@ -10,10 +10,10 @@ import pytest
 from fleetctl.errors import InventoryError
 from fleetctl.node import Node
 from fleetctl.plan.inventory import load_inventory
-from fleetctl.ssh import sshconfig
-from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.openssh import ssh_argv
-from fleetctl.ssh.sshargs import SSHArgs, parse_ssh_args
+from fleetctl.transport import sshconfig
+from fleetctl.transport.connection import SSHSettings
+from fleetctl.transport.openssh import ssh_argv
+from fleetctl.transport.sshargs import SSHArgs, parse_ssh_args
 
 MAPPED = [
     ("-o ProxyJump=admin@bastion:2222", SSHArgs(proxy_jump="admin@bastion:2222")),
@@ -112,7 +112,7 @@ def test_an_unsupported_option_is_a_one_line_error_naming_file_line_host_and_opt
 def test_the_inventory_jump_host_beats_ssh_config_and_reaches_the_dialler_and_rsync(
     tmp_path: Path,
 ) -> None:
-    from fleetctl.ssh import dial
+    from fleetctl.transport import dial
 
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host 10.0.0.9\n  ProxyJump other\n  User fromconfig\nHost jump\n  Port 2022\n")

@@ -1,4 +1,4 @@
-"""The one ssh_config resolver (``fleetctl.ssh.sshconfig``) as a golden table, checked against
+"""The one ssh_config resolver (``fleetctl.transport.sshconfig``) as a golden table, checked against
 OpenSSH's own resolver (``ssh -G``, offline), and its users: the rsync argv and the ping."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from fleetctl.errors import SSHConfigError
 from fleetctl.node import Node
-from fleetctl.ssh import sshconfig
-from fleetctl.ssh.connection import SSHSettings
-from fleetctl.ssh.openssh import ssh_argv
+from fleetctl.transport import sshconfig
+from fleetctl.transport.connection import SSHSettings
+from fleetctl.transport.openssh import ssh_argv
 
 CONFIG = """\
 Host gpu01
@@ -192,8 +192,9 @@ RACE = """
 import sys, threading
 from fleetctl.errors import ConnectError
 from fleetctl.node import Node
-from fleetctl.ssh import sshconfig
-from fleetctl.ssh.connection import SSHConnection, SSHSettings
+from fleetctl.transport import sshconfig
+from fleetctl.transport.connection import SSHSettings
+from fleetctl.transport.ssh import SSHConnection
 st = SSHSettings(ssh_config="/dev/null", connect_timeout=2, known_hosts="/dev/null")
 errs = []
 def ping():
@@ -231,7 +232,7 @@ def _after_ssh_stack(code: str) -> list[str]:
     import subprocess
     import sys
 
-    head = "import sys\nfrom fleetctl.ssh import sshconfig\nsshconfig.import_ssh_stack()\n"
+    head = "import sys\nfrom fleetctl.transport import sshconfig\nsshconfig.import_ssh_stack()\n"
     out = subprocess.run(
         [sys.executable, "-c", head + code], capture_output=True, text=True, timeout=60, check=True
     )

@@ -24,7 +24,7 @@ from fleetctl.phases.frames import FrameReader, last_data
 from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
 from fleetctl.plan.rankplan import JobSpec
 from fleetctl.remote.programs.supervisor import find_job_processes, stop_processes
-from fleetctl.ssh.connection import LocalConnection
+from fleetctl.transport.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
 #: id, and a test run of another checkout on the same machine must never stop ours.

@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from fleetctl.node import Node
-from fleetctl.slurm.allocation import srun_vars
-from fleetctl.slurm.nodestate import NodeStateWatch
-from fleetctl.slurm.srun import SrunConnection
-from fleetctl.ssh.connection import (
+from fleetctl.transport.connection import (
     PingTarget,
-    SSHConnection,
     SSHSettings,
     reach_fields,
     reached_vars,
     transport,
 )
-from fleetctl.ssh.local import LocalConnection
-from fleetctl.ssh.openssh import RsyncTarget
+from fleetctl.transport.local import LocalConnection
+from fleetctl.transport.nodestate import NodeStateWatch
+from fleetctl.transport.openssh import RsyncTarget
+from fleetctl.transport.srun import SrunConnection, srun_vars
+from fleetctl.transport.ssh import SSHConnection
 
 SETTINGS = SSHSettings(ssh_config="/dev/null")
 LOCAL = Node.localhost()

@@ -1,7 +1,7 @@
 """Where a job runs is one abstraction: what differs between SSH, the local node and srun is
-asked of the connection (``fleetctl.ssh.connection.Connection``: ``can_rsync``,
+asked of the connection (``fleetctl.transport.connection.Connection``: ``can_rsync``,
 ``ping_target``, ``remember_home``, ``upload``, ``watch_health``, ``reach_fields``, …), never
-tested by kind outside ``fleetctl/ssh/`` and ``fleetctl/slurm/``. A kind test is an
+tested by kind outside ``fleetctl/transport/``. A kind test is an
 ``isinstance``/``issubclass``/``type()`` against a connection class, ``is_srun``, the
 ``fleetctl_connection`` var compared to a literal, or ``hasattr``/``getattr`` probing a
 connection. And one class is called ``Fleet`` (the public one; the engine is ``FanOut``).
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "fleetctl"
-TRANSPORT_ROOMS = ("ssh", "slurm")  # where the kinds live
+TRANSPORT_ROOMS = ("transport",)  # where the kinds live
 CONN_VAR_NAMES = frozenset({"fleetctl_connection", "CONNECTION_VAR"})
 CONN_LIKE = re.compile(r"conn", re.IGNORECASE)  # conn, connection, fleet.connection(n), …
 
 
 def connection_classes(root: Path = PKG) -> frozenset[str]:
-    """The concrete transports: every class of ssh/ and slurm/ below the ``Connection`` ABC."""
+    """The concrete transports: every class of transport/ below the ``Connection`` ABC."""
     bases: dict[str, set[str]] = {}
     for room in TRANSPORT_ROOMS:
         for path in (root / room).rglob("*.py"):
@@ -123,7 +123,7 @@ def test_the_transports_are_found_below_the_connection_abc() -> None:
     )
 
 
-def test_no_module_outside_ssh_and_slurm_tests_a_transport_kind() -> None:
+def test_no_module_outside_transport_tests_a_transport_kind() -> None:
     classes = connection_classes()
     found = {
         str(p.relative_to(PKG)): hits
@@ -182,16 +182,15 @@ def test_the_detector_flags_a_kind_test_and_nothing_else(source: str, expected: 
 
 
 def test_the_detector_finds_a_planted_kind_test_in_a_module_tree(tmp_path: Path) -> None:
-    """A tree shaped like fleetctl's: kinds inside ssh/ and slurm/ are theirs; a kind test in
+    """A tree shaped like fleetctl's: kinds inside transport/ are theirs; a kind test in
     phases/ is found, and a second ``Fleet`` class is seen."""
-    (tmp_path / "ssh").mkdir()
-    (tmp_path / "slurm").mkdir()
+    (tmp_path / "transport").mkdir()
     (tmp_path / "phases").mkdir()
-    (tmp_path / "ssh" / "connection.py").write_text(
+    (tmp_path / "transport" / "connection.py").write_text(
         "class Connection: ...\nclass SSHConnection(Connection): ...\n"
         "def connect(n):\n    return isinstance(n, SSHConnection)\n"
     )
-    (tmp_path / "slurm" / "srun.py").write_text(
+    (tmp_path / "transport" / "srun.py").write_text(
         "from x import ExecBase\nclass ExecBase(Connection): ...\nclass Srun(ExecBase): ...\n"
     )
     planted = tmp_path / "phases" / "push.py"

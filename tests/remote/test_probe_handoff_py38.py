@@ -28,7 +28,7 @@ from fleetctl.phases.check.report import HeldProbe
 from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 from fleetctl.phases.launch import NodeRun, handoff_line, supervisor_path
 from fleetctl.remote.programs.supervisor import proc_stat
-from fleetctl.ssh.connection import Stream
+from fleetctl.transport.connection import Stream
 
 
 def alive(pid: int) -> bool:

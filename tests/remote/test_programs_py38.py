@@ -51,8 +51,8 @@ from fleetctl.remote.programs.supervisor import (
     proc_stat,
     stop_processes,
 )
-from fleetctl.ssh.connection import LocalConnection
 from fleetctl.testing.envbuild import build_fake_nccl
+from fleetctl.transport.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
 #: id, and a test run of another checkout on the same machine must never stop ours.
@@ -91,6 +91,7 @@ EXERCISED = {
     "kit/finalize.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/framing.py": "test_python_3_8_writes_frames_as_json_would",
     "kit/health.py": "test_the_health_sources_are_read_under_3_8_from_a_lab_hosts_fakes",
+    "kit/icmp.py": "test_the_probe_echoes_icmp_in_process_without_a_ping_binary",
     "kit/jobprocs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "kit/keyscan.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
     "folder",

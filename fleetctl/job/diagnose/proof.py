@@ -116,8 +116,8 @@ class Ahead:
     ``check --collective`` overlaps it with the probe). ``close`` ends them all (EOF)."""
 
     def __init__(self, job: JobContext, why: str) -> None:
-        from fleetctl.ssh.connection import SSHSettings
         from fleetctl.ssh.fanout import FanOut
+        from fleetctl.transport.connection import SSHSettings
 
         assert job.plan is not None
         self.why, self.limit = why, job.options.supervision.post_mortem_timeout
@@ -167,7 +167,7 @@ def start(job: JobContext) -> Ahead | None:
     and can run (not ``--no-post-mortem``; no container job: the host's python may have no
     torch; no Slurm allocation's nodes: Slurm's word on a node is the proof there, and a step
     to a node it marked DOWN would only wait out the limit)."""
-    from fleetctl.ssh.connection import transport
+    from fleetctl.transport.connection import transport
 
     job.sync()
     why = wanted(job.result) if job.options.supervision.post_mortem else None

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from fleetctl.phases.stacks import StackReport
     from fleetctl.phases.teardown import NodeStop, TeardownReport
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import SSHSettings
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import SSHSettings
 
 from fleetctl.job.monitor.supervisors import (
     NodeReport,

@@ -24,7 +24,7 @@ from fleetctl.remote.kit.procfs import proc_start_time
 if TYPE_CHECKING:
     from fleetctl.api.runspec import Observe, Supervision
     from fleetctl.job.records.jobrecord import JobRecord
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 REGISTER_WAIT = 20.0  # s for a spawned monitor to record itself in job.json
 STOP_WAIT = 30.0  # s for a watching monitor to exit after SIGTERM (a poll in flight ends)

@@ -19,8 +19,8 @@ from fleetctl.remote.kit.records import RecordError, SupervisorState
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 EXTERNAL_STOP_REASON = "stopped by `fleetctl stop`"  # supervisors relay it to an attached run
 STATUS_TIMEOUT = 30.0

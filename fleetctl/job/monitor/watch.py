@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.supervisors import NodeReport
     from fleetctl.job.records.jobrecord import JobRecord
     from fleetctl.plan.roles import CompletionPolicy
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 # job.json's monitor entry: the key of the monitor's --lost-timeout (the run's limits and
 # grace under their RunSpec keywords: Supervision.monitored)
@@ -174,7 +174,7 @@ def monitor_job(
 
     from fleetctl.api.runspec import Observe, Supervision
     from fleetctl.job.monitor.hooks import Hooks
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
     sup = sup or Supervision()
     grace, hooks = sup.grace, Hooks.of(observe or Observe())

@@ -210,7 +210,7 @@ class ConnectNode(FileRecord):
 
     @property
     def reach(self) -> dict[str, Any]:
-        """The transport's keys (``ssh.connection.reached_vars`` reads them)."""
+        """The transport's keys (``transport.connection.reached_vars`` reads them)."""
         return dict(self._extra)
 
 

@@ -21,7 +21,7 @@ from fleetctl.remote.kit.records import RecordError
 
 if TYPE_CHECKING:
     from fleetctl.plan.rankplan import Plan
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 ATTEMPT_RE = re.compile(r"^(?P<base>.+)\.(?P<k>[0-9]+)$")
 _NODE_FIELDS = (
@@ -58,7 +58,7 @@ def write_connect(
     """Record how to reach the job's nodes again (no env values, no secrets), and what
     collecting their logs brings home (``collect``: cap and excludes of the run), with what
     each node's transport keeps to reach it the same way (a Slurm job's steps)."""
-    from fleetctl.ssh.connection import reach_fields
+    from fleetctl.transport.connection import reach_fields
 
     entries = [
         {k: list(v) if isinstance(v, tuple) else v for k, v in _node_fields(n).items()}
@@ -93,7 +93,7 @@ def _node_fields(n: Node) -> dict[str, Any]:
 def load_nodes(folder: RunFolder) -> list[Node]:
     """The job's nodes in rank order: ``connect.json``, else what ``plan.json`` knows."""
     if folder.has_connect:
-        from fleetctl.ssh.connection import reached_vars
+        from fleetctl.transport.connection import reached_vars
 
         nodes = []
         for entry in folder.load_connect().nodes:

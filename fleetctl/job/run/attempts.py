@@ -343,7 +343,7 @@ def _await_lost(
         return
     from fleetctl.job.records.result import JobEvent
     from fleetctl.job.run.comeback import await_hosts
-    from fleetctl.ssh.connection import connect
+    from fleetctl.transport.connection import connect
 
     settings = fleet.settings
 

@@ -17,8 +17,8 @@ from fleetctl.job.run.context import drain
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.proof import Ahead
     from fleetctl.job.run.context import JobContext
-    from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Stream
 
 
 def finish(job: JobContext, fleet: FanOut, interrupted: bool) -> None:

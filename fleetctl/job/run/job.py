@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from fleetctl.phases.push import PushOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
-    from fleetctl.ssh.connection import Connection, HealthWatch, SSHSettings
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, HealthWatch, SSHSettings
 
 REATTACH_TRY = 1.0  # s for one try at a new connection to a silent node (TCP, banner, auth)
 
@@ -149,7 +149,7 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
     it replaces the old one."""
 
     def reattach(run: NodeRun, deadline: float) -> list[Frame]:
-        from fleetctl.ssh.connection import connect
+        from fleetctl.transport.connection import connect
 
         while True:
             left = deadline - time.monotonic()
@@ -300,7 +300,7 @@ def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
     """Each transport's health source beside the connections, for its nodes of the plan: inside
     a Slurm allocation a node Slurm marks DOWN/NOT_RESPONDING is lost at once, in Slurm's words
     (``SrunConnection.watch_health``); SSH has none."""
-    from fleetctl.ssh.connection import transport
+    from fleetctl.transport.connection import transport
 
     assert job.plan is not None
     ranks = {np.host: np.node_rank for np in job.plan.nodes}

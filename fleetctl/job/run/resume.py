@@ -22,7 +22,7 @@ from fleetctl.errors import ConnectError, NodePushError, RunFolderError, UsageEr
 if TYPE_CHECKING:
     from fleetctl.job.run.checkpoints import CheckpointRelay
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 LAST = "last"  # --resume last: the newest job of the runs folder
 SINCE_SLACK = 10.0  # s before the earlier job's start that still count as written by it

@@ -35,8 +35,8 @@ from fleetctl.plan.roles import (
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 PORT_PROBE_TIMEOUT = 20.0
 

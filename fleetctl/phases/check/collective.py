@@ -35,8 +35,8 @@ from fleetctl.phases.frames import FrameStream
 if TYPE_CHECKING:
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import NodeFacts
-    from fleetctl.ssh.connection import Connection, Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, Stream
 
 KINDS = frozenset("IRPDK")
 START_WAIT = 60.0  # s for rank 0 to import torch and open the store

@@ -22,7 +22,7 @@ from fleetctl.phases.check.report import (
     HostReport,
     ProbeOutcome,
 )
-from fleetctl.ssh.loginshell import declared_type
+from fleetctl.transport.loginshell import declared_type
 
 if TYPE_CHECKING:
     from fleetctl.node import Node

@@ -17,7 +17,7 @@ from fleetctl.phases.check.mesh_plan import mesh_peers
 if TYPE_CHECKING:
     from fleetctl.phases.check.report import ProbeOutcome
     from fleetctl.phases.frames import FrameStream
-    from fleetctl.ssh.connection import Stream
+    from fleetctl.transport.connection import Stream
 
 
 class Rendezvous:

@@ -53,8 +53,8 @@ from fleetctl.phases.frames import PROBE_KINDS, FrameStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, SSHSettings, Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, SSHSettings, Stream
 
 __all__ = [
     "CHECKS",
@@ -279,7 +279,7 @@ class PingResult:
 def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingResult:
     """ICMP from this machine; where ICMP is not allowed, a TCP connect to the SSH port.
     Where to, or whether at all, the node's transport says (``Connection.ping_target``)."""
-    from fleetctl.ssh.connection import transport
+    from fleetctl.transport.connection import transport
 
     target = transport(node).ping_target(node, settings)
     if target.skip:
@@ -322,13 +322,13 @@ def ping_host(node: Node, settings: SSHSettings, timeout: float = 1.0) -> PingRe
 
 
 def _icmp_echo(ip: str, timeout: float) -> float | str | None:
-    """One echo from this process (the probe's own, ``fleetctl.remote.programs.probe.icmp_echo``):
+    """One echo from this process (the probe's own, ``fleetctl.remote.kit.icmp.icmp_echo``):
     the round trip in seconds, ``"timeout"``, or None where ICMP sockets are not allowed here (or
     fail otherwise): then the ``ping`` binary decides, as before."""
-    from fleetctl.remote.programs import probe
+    from fleetctl.remote.kit import icmp
 
     start = time.monotonic()
-    got = probe.icmp_echo("", ip, timeout)
+    got = icmp.icmp_echo("", ip, timeout)
     if got == "ok":
         return time.monotonic() - start
     return "timeout" if got == "timeout" else None

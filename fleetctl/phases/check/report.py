@@ -14,8 +14,8 @@ from fleetctl.plan.userinput import PROBE_TIMEOUT
 if TYPE_CHECKING:
     from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport
     from fleetctl.plan.rankplan import NodeFacts
-    from fleetctl.ssh.connection import Stream
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Stream
 
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"

@@ -32,8 +32,8 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 SAVABLE = ("podman", "docker")  # apptainer's image is a SIF file: copy it like any file
 QUERY_TIMEOUT = 120.0

@@ -14,7 +14,7 @@ from fleetctl.phases.frames import last_data
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.transport.connection import Connection
 
 
 def call_mode(

@@ -13,7 +13,7 @@ from fleetctl.phases.push.state import _State
 from fleetctl.phases.push.waves import wave
 
 if TYPE_CHECKING:
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.transport.connection import Connection
 
 
 class _FetchFailed(Exception):

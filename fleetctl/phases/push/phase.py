@@ -24,8 +24,8 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection
 
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")

@@ -29,8 +29,8 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, SSHSettings
     from fleetctl.ssh.fanout import FanOut
+    from fleetctl.transport.connection import Connection, SSHSettings
 
 T = TypeVar("T")
 
@@ -291,7 +291,7 @@ def list_checkpoints(
     """What the source would relay, listed on its node over a connection of its own (no tar,
     no sha256): ``count``, ``bytes``, ``files`` (the first names), ``root`` (the folder read).
     ``run --resume`` asks it before anything starts. Raises ConnectError, NodePushError."""
-    from fleetctl.ssh.connection import connect
+    from fleetctl.transport.connection import connect
 
     conn = connect(source.node, settings)
     try:
@@ -409,7 +409,7 @@ def _source_connection(
     fleet: FanOut, source: RelaySource, report: RelayReport
 ) -> tuple[Connection | None, bool]:
     """The fleet's connection when the source runs this attempt too, else a new one."""
-    from fleetctl.ssh.connection import connect
+    from fleetctl.transport.connection import connect
 
     try:
         if any(n.name == source.node.name for n in fleet.nodes):

@@ -19,7 +19,7 @@ from fleetctl.phases.push.state import REMOTE_SRC
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import Connection, Stream
+    from fleetctl.transport.connection import Connection, Stream
 
 START_TIMEOUT = 30.0  # from the command to the server's address frame
 

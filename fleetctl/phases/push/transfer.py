@@ -22,7 +22,7 @@ from fleetctl.phases.push.peers import _FetchFailed
 from fleetctl.phases.push.state import _one_line, _State
 
 if TYPE_CHECKING:
-    from fleetctl.ssh.connection import Connection
+    from fleetctl.transport.connection import Connection
 
 
 class _Transfer:

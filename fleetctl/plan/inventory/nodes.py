@@ -13,7 +13,7 @@ from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, Node
 from fleetctl.plan.inventory.ranges import _parse_address
 from fleetctl.plan.inventory.vars import _effective_vars
 from fleetctl.plan.inventory.yaml_source import _Unsafe, _Vault
-from fleetctl.ssh.sshargs import SSHArgs, merge, parse_ssh_args
+from fleetctl.transport.sshargs import SSHArgs, merge, parse_ssh_args
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Host, _Model, _Origin
@@ -181,7 +181,7 @@ def _build_node(model: _Model, host: _Host) -> Node:
 
 def _shell_type(f: _Fields) -> str | None:
     """``ansible_shell_type``: None for POSIX login shells, else one fleetctl wraps for."""
-    from fleetctl.ssh.loginshell import POSIX, WRAPPED
+    from fleetctl.transport.loginshell import POSIX, WRAPPED
 
     key, value = f.get("ansible_shell_type")
     if key is None or value is None:

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, HostKeyError
-from fleetctl.ssh.filecache import FileCache
+from fleetctl.transport.filecache import FileCache
 
 if TYPE_CHECKING:
     import paramiko

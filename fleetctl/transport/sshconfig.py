@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import SSHConfigError
-from fleetctl.ssh.filecache import FileCache
+from fleetctl.transport.filecache import FileCache
 
 if TYPE_CHECKING:
     import paramiko
 
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 _lock = threading.Lock()
 _import_lock = threading.Lock()

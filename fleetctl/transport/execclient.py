@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fleetctl.errors import RemoteCommandError
 from fleetctl.results import CommandResult
-from fleetctl.ssh.connection import Command, Connection, Stream, to_shell
-from fleetctl.ssh.procstream import ProcessStream
+from fleetctl.transport.connection import Command, Connection, Stream, to_shell
+from fleetctl.transport.procstream import ProcessStream
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 KILL_WAIT = 1.0  # after a timeout's kill: how long the output may take to end
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ConnectError, SSHConfigError
-from fleetctl.ssh import hostkeys, sshconfig
-from fleetctl.ssh.transport import no_delay, record_exit_signals, transport_factory
+from fleetctl.transport import hostkeys, sshconfig
+from fleetctl.transport.tuning import no_delay, record_exit_signals, transport_factory
 
 if TYPE_CHECKING:
     import paramiko
 
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 MAX_HOPS = 8
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def ssh_argv(node: Node, settings: SSHSettings) -> list[str]:
     never prompts; only the inventory's key when one is set. The same ssh_config file (``-F``)
     and the port and user the connection resolved from it (``sshconfig.resolve``).
     """
-    from fleetctl.ssh import sshconfig
+    from fleetctl.transport import sshconfig
 
     target = sshconfig.resolve(node, settings)
     config = target.config or "/dev/null"

@@ -8,7 +8,7 @@ import os
 import select
 import subprocess
 
-from fleetctl.ssh.connection import Stream
+from fleetctl.transport.connection import Stream
 
 
 class ProcessStream(Stream):

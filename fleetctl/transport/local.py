@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetctl.ssh.connection import PingTarget
-from fleetctl.ssh.execclient import ExecConnection
-from fleetctl.ssh.openssh import RsyncTarget
+from fleetctl.transport.connection import PingTarget
+from fleetctl.transport.execclient import ExecConnection
+from fleetctl.transport.openssh import RsyncTarget
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import SSHSettings
+    from fleetctl.transport.connection import SSHSettings
 
 
 class LocalConnection(ExecConnection):

@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import RemoteCommandError
-from fleetctl.slurm.allocation import JOB_VAR, srun_vars
-from fleetctl.ssh.connection import PingTarget
-from fleetctl.ssh.execclient import ExecConnection
+from fleetctl.transport.connection import PingTarget
+from fleetctl.transport.execclient import ExecConnection
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
-    from fleetctl.ssh.connection import HealthWatch, SSHSettings
+    from fleetctl.transport.connection import HealthWatch, SSHSettings
 
 FILE_TIMEOUT = 600.0  # a put/get/listdir step, file bytes included
 REACH_KEY = "slurm_job"  # connect.json: the Slurm job whose steps reach the node
+#: Node.vars keys that make a node a job step target instead of an SSH host
+CONNECTION_VAR = "fleetctl_connection"
+JOB_VAR = "fleetctl_slurm_job"
 
 
 def srun_argv(job_id: str, node: str, line: str) -> list[str]:
@@ -47,6 +49,15 @@ def srun_argv(job_id: str, node: str, line: str) -> list[str]:
         "-c",
         line,
     ]
+
+
+def srun_vars(job_id: str) -> dict[str, str]:
+    """The vars that make a node reached by steps of Slurm job ``job_id`` (``SrunConnection``)."""
+    return {CONNECTION_VAR: "srun", JOB_VAR: job_id}
+
+
+def is_srun(node: Node) -> bool:
+    return node.vars.get(CONNECTION_VAR) == "srun"
 
 
 class SrunConnection(ExecConnection):
@@ -125,7 +136,7 @@ class SrunConnection(ExecConnection):
     ) -> HealthWatch | None:
         """Slurm's own word on its nodes (``nodestate``): one DOWN/NOT_RESPONDING is lost at
         once instead of after the heartbeats' silence."""
-        from fleetctl.slurm.nodestate import NodeStateWatch
+        from fleetctl.transport.nodestate import NodeStateWatch
 
         return NodeStateWatch(names, on_lost).start()
 
