@@ -72,7 +72,9 @@ class SlowVerdict:
     carry. ``compute_ratio``: how much longer its ranks compute per step than the peers'
     (their running shares, the step being common); ``peers_wait``: the share of time the
     peers spent waiting (median); ``throttled``: its cgroup's throttled share (None: no quota);
-    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled)."""
+    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled);
+    ``at_round``: the round of reports that named it (1: the job's first), the promise in the
+    job's own clock — rounds, not seconds, which a loaded controller stretches."""
 
     rank: int
     host: str
@@ -82,6 +84,7 @@ class SlowVerdict:
     throttled: float | None
     rounds: int
     why: str = field(default="")
+    at_round: int = 0
     stacks: SlowStacks | None = None
 
     def with_stacks(self, stacks: SlowStacks) -> SlowVerdict:
@@ -212,6 +215,7 @@ class PaceJudge:
             None if node.throttled is None else round(node.throttled, 3),
             len(self.streak),
             why,
+            at_round=self.count,
         )
 
 
