@@ -196,8 +196,9 @@ class Supervision(_Group):
     )  # fmt: skip
     post_mortem_timeout: float = option(
         30.0, "--post-mortem-timeout", check=c.seconds(1, 300), show_default=True,
-        help="Seconds the post-mortem's proof may take at most (it never changes the exit "
-        "code or the culprit named).",
+        help="Seconds each step of the post-mortem may take at most: the fresh check of every "
+        "host after a failure (done as soon as all answer) and the proof (neither changes the "
+        "exit code).",
     )  # fmt: skip
     slow_rounds: int = option(
         AGREE, "--slow-rounds", check=c.count(1, WINDOW), show_default=True, metavar="N",

@@ -108,7 +108,7 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     try:
         wait_for(
             lambda: any(re.match(r"\[\d node\d\] step=8 ", x) for x in out),
-            90,
+            240,  # a hang guard: three torchrun agents and `import torch` (over 90 s at load 25)
             what="the 3-node world at step 8",
             interval=0.1,
         )
@@ -132,7 +132,9 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
                     return True
             return False
 
-        wait_for(spare_trains, 45, what="the spare node4 training", detail=said)
+        # a hang guard: the spare's first step waits for Python start-ups (its torchrun agent,
+        # `import torch` in every restarted worker): ~19 s quiet, over 45 s at load 20
+        wait_for(spare_trains, 240, what="the spare node4 training", detail=said)
         took = time.monotonic() - cut
         print(f"cut to the spare's first step: {took:.1f} s")
         after = {h: agents(lab, h, job_id) for h in ("node1", "node2")}
@@ -150,7 +152,6 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
             st.stdout
         )
         assert "  [2 node4] running" in st.stdout, st.stdout
-        assert took < 30, said()
         assert proc.wait(120) == 0, said()
     finally:
         if proc.poll() is None:
@@ -169,6 +170,10 @@ def test_a_node_cut_off_mid_run_is_replaced_by_the_spare_and_the_survivors_run_o
     [change] = job["membership"]
     assert (change["rank"], change["left"], change["joined"]) == (2, "node3", "node4")
     assert change["joined_at"] and change["why"].startswith("no heartbeat"), change
+    # fleetctl's own part, by the job's clock: from node3's last word to the spare's start
+    # (--lost-timeout 3, its fresh check, the relay, the launch): 6.7–12.6 s at load 20–25;
+    # never a rendezvous's or collective's timeout (the script's 30 s) waited for
+    assert change["seconds"] < 30, (change, took)
     assert [n["host"] for n in job["nodes"]] == ["node1", "node2", "node4"]
     assert "done rank=" in (runs / job_id / "2-node4" / "console.log").read_text()
     events = (runs / job_id / "events.log").read_text()

@@ -101,6 +101,7 @@ def test_the_verdict_is_typed_data_with_its_evidence() -> None:
         "compute_ratio": 4.22,
         "throttled": None,
         "rounds": 4,
+        "at_round": 4,  # the job's 4th round of reports named it
         "why": "its ranks compute ~4.2× longer per step; peers wait in collectives 78% of the time",
         "stacks": None,  # py-spy's shares, once sampled (test_slow_stacks.py)
         "progress": None,  # a progress-rate verdict's figures (test_progress_rate.py)

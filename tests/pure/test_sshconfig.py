@@ -234,8 +234,9 @@ def _after_ssh_stack(code: str) -> list[str]:
 
     head = "import sys\nfrom fleetctl.transport import sshconfig\nsshconfig.import_ssh_stack()\n"
     out = subprocess.run(
-        [sys.executable, "-c", head + code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", head + code], capture_output=True, text=True, timeout=60
     )
+    assert out.returncode == 0, out.stderr  # its traceback, not only "non-zero exit status"
     return out.stdout.split()
 
 

@@ -72,8 +72,10 @@ class SlowVerdict:
     carry. ``compute_ratio``: how much longer its ranks compute per step than the peers'
     (their running shares, the step being common); ``peers_wait``: the share of time the
     peers spent waiting (median); ``throttled``: its cgroup's throttled share (None: no quota);
-    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled).
-    A node named by its progress rate (``progress_rate.py``) has no ``busy`` or
+    ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled);
+    ``at_round``: the round of reports that named it (1: the job's first), the promise in the
+    job's own clock — rounds, not seconds, which a loaded controller stretches (0 for a
+    progress verdict, which counts its own rounds). A node named by its progress rate (``progress_rate.py``) has no ``busy`` or
     ``peers_wait`` (None), its ``compute_ratio`` is how many times slower it progresses, and
     ``progress`` holds the figures (the shape, its unit, the rates, the counts gained)."""
 
@@ -85,6 +87,7 @@ class SlowVerdict:
     throttled: float | None
     rounds: int
     why: str = field(default="")
+    at_round: int = 0
     stacks: SlowStacks | None = None
     progress: dict[str, Any] | None = None
 
@@ -220,6 +223,7 @@ class PaceJudge:
             None if node.throttled is None else round(node.throttled, 3),
             len(self.streak),
             why,
+            at_round=self.count,
         )
 
 

@@ -259,7 +259,8 @@ def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     from fleetctl.job.diagnose.culprit import post_mortem
 
     job.emit("phase", "checking every host after the failure (post-mortem)")
-    found = post_mortem(fleet, job.spec, skip=_lost_hosts(job))
+    limit = job.options.supervision.post_mortem_timeout  # the proof's, the same promise
+    found = post_mortem(fleet, job.spec, skip=_lost_hosts(job), limit=limit)
     job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first
     for line in found:
         job.emit("notice", f"likely cause: {line}")
