@@ -75,9 +75,10 @@ class SlowVerdict:
     ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled);
     ``at_round``: the round of reports that named it (1: the job's first), the promise in the
     job's own clock — rounds, not seconds, which a loaded controller stretches (0 for a
-    progress verdict, which counts its own rounds). A node named by its progress rate (``progress_rate.py``) has no ``busy`` or
-    ``peers_wait`` (None), its ``compute_ratio`` is how many times slower it progresses, and
-    ``progress`` holds the figures (the shape, its unit, the rates, the counts gained)."""
+    progress verdict, which counts its own rounds). A node named by its progress rate
+    (``progress_rate.py``) has no ``busy`` or ``peers_wait`` (None), its ``compute_ratio`` is
+    how many times slower it progresses, and ``progress`` holds the figures (the shape, its
+    unit, the rates, the counts gained)."""
 
     rank: int
     host: str
