@@ -54,6 +54,7 @@ from fleetctl.remote.programs.supervisor import (
 )
 from fleetctl.ssh.connection import LocalConnection
 from fleetctl.testing.envbuild import build_fake_nccl
+from fleetctl.testing.pytest_plugin import skip_or_fail
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
 #: id, and a test run of another checkout on the same machine must never stop ours.
@@ -618,13 +619,14 @@ def test_the_push_helper_sweeps_dead_pushes_and_two_pushes_of_one_snapshot_both_
     assert (code / "d2" / "train.py").read_text() == "print(1)\n"
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 def test_a_finalized_code_snapshot_is_flushed_to_disk_before_it_counts(
     py38: str, tmp_path: Path
 ) -> None:
     """A VM reset right after a push left its script 0 bytes, and the retry ran it: the new
     files, their folder and the rename are fsynced (strace sees it); a file linked from the
     previous snapshot is not flushed again."""
+    if shutil.which("strace") is None:
+        skip_or_fail("needs strace (apt-get install strace)")
     code = tmp_path / "w" / "code"
     tmp = code / ".tmp-d3-a"
     tmp.mkdir(parents=True)
