@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ from fleetctl.remote.programs.supervisor import (
     stop_processes,
 )
 from fleetctl.testing.envbuild import build_fake_nccl
+from fleetctl.testing.pytest_plugin import skip_or_fail
 from fleetctl.transport.connection import LocalConnection
 
 #: Job ids are unique per test process: stopping finds a job's processes machine-wide by its
@@ -616,6 +618,35 @@ def test_the_push_helper_sweeps_dead_pushes_and_two_pushes_of_one_snapshot_both_
         assert out["code_dir"] == str(code / "d2")
     assert sorted(p.name for p in code.iterdir() if p.name.startswith(".tmp-d2")) == []
     assert (code / "d2" / "train.py").read_text() == "print(1)\n"
+
+
+def test_a_finalized_code_snapshot_is_flushed_to_disk_before_it_counts(
+    py38: str, tmp_path: Path
+) -> None:
+    """A VM reset right after a push left its script 0 bytes, and the retry ran it: the new
+    files, their folder and the rename are fsynced (strace sees it); a file linked from the
+    previous snapshot is not flushed again."""
+    if shutil.which("strace") is None:
+        skip_or_fail("needs strace (apt-get install strace)")
+    code = tmp_path / "w" / "code"
+    tmp = code / ".tmp-d3-a"
+    tmp.mkdir(parents=True)
+    (tmp / "train.py").write_text("print(1)\n")
+    (code / "d2").mkdir()
+    (code / "d2" / "old.py").write_text("x\n")
+    os.link(code / "d2" / "old.py", tmp / "old.py")
+    cfg = {"workdir": str(tmp_path / "w"), "code": {"digest": "d3", "tmp": tmp.name, "manifest": {
+        "train.py": ["f", "0", 420], "old.py": ["f", "0", 420]}}}  # fmt: skip
+    res = subprocess.run(
+        ["strace", "-f", "-y", "-e", "trace=fsync", py38, remote.NO_SITE, "-c",
+         remote.inline("push_helper.py"), "finalize"],
+        input=json.dumps(cfg).encode() + b"\n", capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    synced = re.findall(r"fsync\(\d+<([^>]*)>\) = 0", res.stderr.decode())
+    assert str(tmp / "train.py") in synced and str(tmp) in synced, synced
+    assert str(code) in synced and str(tmp / "old.py") not in synced, synced
+    assert (code / "d3" / "train.py").read_text() == "print(1)\n"
 
 
 def test_the_push_helper_probes_finalizes_and_verifies_an_env(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 import time
 
@@ -38,6 +39,31 @@ def extract(archive: str, dest: str) -> None:
             tf.extractall(dest, members=members, filter="fully_trusted")
         else:
             tf.extractall(dest, members=members)
+
+
+def fsync_path(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:  # a file its owner cannot read: nothing we wrote for it
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def durable(tree: str) -> None:
+    """``tree``'s new files and folders on disk before it is renamed into place: a node that
+    resets or loses power after a push must not keep a snapshot of empty files (ext4 delays
+    the data; a VM reset left the pushed script 0 bytes, and the retry ran it: exit 0, no
+    output). Files linked from the previous snapshot were flushed when it was made."""
+    for dirpath, _dirs, files in os.walk(tree):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                fsync_path(p)
+        fsync_path(dirpath)
 
 
 def finalize_code(cfg: dict, code_root: str) -> str:
@@ -72,12 +98,14 @@ def finalize_code(cfg: dict, code_root: str) -> str:
         if os.path.isdir(final):  # a concurrent push finished first: same content
             rmtree(tmp)
         else:
+            durable(tmp)
             try:
                 os.rename(tmp, final)
             except OSError as e:  # ... or finished between our look and our rename
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not os.path.isdir(final):
                     raise
                 rmtree(tmp)
+            fsync_path(code_root)  # the rename itself
         mpath = os.path.join(code_root, ".manifests", digest + ".json")
         part = f"{mpath}.{os.getpid()}.{os.urandom(3).hex()}.part"  # two pushes: two names
         with open(part, "w") as f:
