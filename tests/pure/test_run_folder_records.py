@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records import files
+from fleetctl.job.records import attempts, files
 from fleetctl.job.records.files import FileRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.kit.records import Record, RecordError, SupervisorState
@@ -35,7 +35,7 @@ RECORDS: dict[str, type | str] = {
     "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
-    "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
+    "attempts.json": attempts.AttemptsRecord,
     "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
     "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
     "rank_exits.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
@@ -70,7 +70,12 @@ def test_every_documented_file_has_a_record_or_a_reason() -> None:
 
 
 def test_every_record_class_is_in_the_table_with_a_golden_file() -> None:
-    classes = {c for c in vars(files).values() if isinstance(c, type) and c.__dict__.get("FILE")}
+    classes = {
+        c
+        for module in (files, attempts)
+        for c in vars(module).values()
+        if isinstance(c, type) and c.__dict__.get("FILE")
+    }
     assert classes == {c for c in RECORDS.values() if isinstance(c, type)}
     for cls in classes:
         assert cls.FILE in RECORDS and RECORDS[cls.FILE] is cls
@@ -136,6 +141,7 @@ BAD: list[tuple[str, dict[str, object], str]] = [
     ),
     ("ranks.json", {"ranks": ["x"]}, "ranks[0]: not a JSON object"),
     ("roles.json", {"tasks": [{"rank": 0, "role": "r", "index": 0}]}, "tasks[0].host is missing"),
+    ("attempts.json", {"attempts": [{"attempt": 1}]}, "attempts[0].job_id is missing"),
     ("slurm.json", {"job_id": 42}, "job_id must be str or null, not int"),
     ("slurm.json", {"detached": "yes"}, "detached must be bool, not str"),
 ]

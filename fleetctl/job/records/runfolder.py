@@ -215,9 +215,6 @@ class RunFolder:
     def has_connect(self) -> bool:
         return (self.path / CONNECT_FILE).is_file()
 
-    def write_attempts(self, attempts: Iterable[dict[str, Any]]) -> None:
-        self._write_json(ATTEMPTS_FILE, {"attempts": list(attempts)})
-
     def write_roles(self, layout: dict[str, Any]) -> None:
         """``roles.json``: a role job's layout (``RoleLayout.to_dict``), through its record."""
         try:
