@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records import attempts, files
+from fleetctl.job.records import attempts, files, jobrecord
 from fleetctl.job.records.files import FileRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.kit.records import Record, RecordError, SupervisorState
@@ -32,7 +32,7 @@ RECORDS: dict[str, type | str] = {
     "ranks.json": files.RanksRecord,
     "roles.json": files.RolesRecord,
     "slurm.json": files.SlurmRecord,
-    "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
+    "job.json": jobrecord.JobRecord,
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
     "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
     "attempts.json": attempts.AttemptsRecord,
@@ -72,7 +72,7 @@ def test_every_documented_file_has_a_record_or_a_reason() -> None:
 def test_every_record_class_is_in_the_table_with_a_golden_file() -> None:
     classes = {
         c
-        for module in (files, attempts)
+        for module in (files, attempts, jobrecord)
         for c in vars(module).values()
         if isinstance(c, type) and c.__dict__.get("FILE")
     }
@@ -128,6 +128,12 @@ BAD: list[tuple[str, dict[str, object], str]] = [
     ("controller.json", {"pid": "4242"}, "pid must be int, not str"),
     ("controller.json", {"pid": None}, "pid must be int, not NoneType"),
     ("controller.json", {"schema": 2}, "schema is 2, not 1 (a newer fleetctl's file?)"),
+    (
+        "job.json",
+        {"nodes": [{"rank": 0, "host": "a", "signal": "9"}]},
+        "nodes[0].signal must be int or null, not str",
+    ),
+    ("job.json", {"first_failure": {"host": "a"}}, "first_failure.rank is missing"),
     ("ranks.json", {"ranks": {"0": {}}}, "ranks must be list, not dict"),
     (
         "ranks.json",

@@ -56,7 +56,7 @@ from fleetctl.job.records.files import (
     RolesRecord,
     SlurmRecord,
 )
-from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.jobrecord import JobRecord, job_record
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.kit.records import RecordError
 
@@ -174,7 +174,7 @@ class RunFolder:
     def write_job(self, job: JobRecord) -> None:
         """Replace job.json (callers that read it first hold :meth:`locked`, or use
         :meth:`editing_job`)."""
-        _write_atomic(self.path / JOB_FILE, job.to_json())
+        self.write_record(job)
 
     @contextlib.contextmanager
     def editing_job(self) -> Iterator[JobRecord]:
@@ -399,7 +399,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_job(path: Path) -> JobRecord:
     """A job.json as its record (``read_json``'s policy, then :class:`JobRecord`'s types)."""
-    return JobRecord.from_dict(read_json(path), source=str(path))
+    return job_record(read_json(path), str(path))
 
 
 def load_run(runs_dir: str | os.PathLike[str], job_id: str) -> RunFolder:
