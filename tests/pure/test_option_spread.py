@@ -32,8 +32,14 @@ NOT_COUNTED = ("remote",)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     # the job spec every launcher builds its argv from: one module per launcher by design
     # (plan/launchers/, tests/pure/test_launcher_guard.py), plus the planner and role plans
-    "nproc_per_node": (21, "JobSpec field read by each launcher, the rank plan, role plans"),
-    "master_port": (21, "JobSpec field: launchers, the check's port probe, port claims"),
+    "nproc_per_node": (
+        22,
+        "JobSpec field read by each launcher, the rank plan, role plans; plan.json's record",
+    ),
+    "master_port": (
+        22,
+        "JobSpec field: launchers, the check's port probe, port claims; plan.json's record",
+    ),
     "launcher_args": (11, "JobSpec field: each launcher places them in its argv"),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records import attempts, files, jobrecord
+from fleetctl.job.records import attempts, files, jobrecord, plan
 from fleetctl.job.records.files import FileRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.kit.records import Record, RecordError, SupervisorState
@@ -34,7 +34,7 @@ RECORDS: dict[str, type | str] = {
     "slurm.json": files.SlurmRecord,
     "job.json": jobrecord.JobRecord,
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
-    "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
+    "plan.json": plan.PlanRecord,
     "attempts.json": attempts.AttemptsRecord,
     "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
     "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
@@ -72,7 +72,7 @@ def test_every_documented_file_has_a_record_or_a_reason() -> None:
 def test_every_record_class_is_in_the_table_with_a_golden_file() -> None:
     classes = {
         c
-        for module in (files, attempts, jobrecord)
+        for module in (files, attempts, jobrecord, plan)
         for c in vars(module).values()
         if isinstance(c, type) and c.__dict__.get("FILE")
     }
@@ -134,6 +134,17 @@ BAD: list[tuple[str, dict[str, object], str]] = [
         "nodes[0].signal must be int or null, not str",
     ),
     ("job.json", {"first_failure": {"host": "a"}}, "first_failure.rank is missing"),
+    ("plan.json", {"master_port": "29500"}, "master_port must be int, not str"),
+    (
+        "plan.json",
+        {"nodes": [{"host": "a", "address": "a", "node_rank": "0", "argv": [], "env": {}}]},
+        "nodes[0].node_rank must be int, not str",
+    ),
+    (
+        "plan.json",
+        {"nodes": [{"host": "a", "address": "a", "node_rank": 0, "env": []}]},
+        "nodes[0].env must be dict, not list",
+    ),
     ("ranks.json", {"ranks": {"0": {}}}, "ranks must be list, not dict"),
     (
         "ranks.json",
@@ -221,3 +232,41 @@ def test_the_commands_read_a_folder_of_the_golden_files_and_refuse_a_bad_one_in_
     assert res.stderr == (
         f"fleetctl: error: {folder / 'connect.json'}: nodes[1].port must be int, not str\n"
     )
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in GOLDEN.glob("plan*.json")))
+def test_the_plan_read_through_its_record_is_the_plan_as_written(case: str) -> None:
+    """Full and compact (past 256 nodes; ``--dry-run --json``'s) plan.json: the record hands
+    ``Plan.from_dict`` the document it always read, and an older plan (only the keys the
+    first plan.json had) reads with defaults."""
+    from fleetctl.plan.rankplan import Plan
+
+    doc = json.loads((GOLDEN / case).read_text())
+    assert Plan.from_dict(plan.PlanRecord.from_dict(doc).to_dict()) == Plan.from_dict(doc)
+    node = {k: doc["nodes"][0][k] for k in ("host", "address", "node_rank", "argv", "env")}
+    old = plan.PlanRecord.from_dict({"job_id": doc["job_id"], "nodes": [node]})
+    assert Plan.from_dict(old.to_dict()).nodes[0].host == node["host"]
+
+
+def test_logs_of_a_folder_whose_plan_json_is_malformed_is_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """No connect.json (an older run): ``logs`` and ``status`` find the nodes in plan.json,
+    through its record: a malformed one is one line naming it, main's reads as ever."""
+    from fleetctl.testing.cli_runner import run_cli
+
+    golden = json.loads((GOLDEN / "job.json").read_text())
+    folder = tmp_path / golden["job_id"]
+    folder.mkdir()
+    (folder / "job.json").write_bytes((GOLDEN / "job.json").read_bytes())
+    doc = json.loads((GOLDEN / "plan.json").read_text())
+    doc["nodes"][1]["address"] = None
+    (folder / "plan.json").write_text(json.dumps(doc))
+    error = f"fleetctl: error: {folder / 'plan.json'}: nodes[1].address must be str, not NoneType\n"
+    res = run_cli("logs", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert (res.exit_code, res.stderr) == (RunFolderError.exit_code, error)
+    res = run_cli("status", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert (res.exit_code, res.stderr) == (RunFolderError.exit_code, error)
+    (folder / "plan.json").write_bytes((GOLDEN / "plan.json").read_bytes())  # as main wrote it
+    res = run_cli("status", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert res.exit_code == 0 and res.stdout.startswith(f"job {golden['job_id']}: failed")

@@ -49,7 +49,7 @@ def test_job_plan_and_events_are_written_and_read_back(tmp_path: Path) -> None:
     f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "running"}))
     f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "failed"}))
     f.event("exit [1 node2] exit code 1\nsecond line", ts=0.5)
-    assert f.load_job().status == "failed" and f.load_plan()["job_id"] == "j1"
+    assert f.load_job().status == "failed" and f.load_plan().job_id == "j1"
     assert (f.path / "events.log").read_text() == (
         "1970-01-01T00:00:00.500Z exit [1 node2] exit code 1 second line\n"
     )

@@ -57,6 +57,7 @@ from fleetctl.job.records.files import (
     SlurmRecord,
 )
 from fleetctl.job.records.jobrecord import JobRecord, job_record
+from fleetctl.job.records.plan import PlanRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.kit.records import RecordError
 
@@ -169,7 +170,12 @@ class RunFolder:
         return self.read_record(cls)
 
     def write_plan(self, plan: dict[str, Any]) -> None:
-        self._write_json(PLAN_FILE, plan)
+        """``plan.json``: the plan document (``prepare.plan_document``), through its record."""
+        try:
+            record = PlanRecord.from_dict(plan)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_job(self, job: JobRecord) -> None:
         """Replace job.json (callers that read it first hold :meth:`locked`, or use
@@ -361,8 +367,9 @@ class RunFolder:
     def load_job(self) -> JobRecord:
         return read_job(self.path / JOB_FILE)
 
-    def load_plan(self) -> dict[str, Any]:
-        return read_json(self.path / PLAN_FILE)
+    def load_plan(self) -> PlanRecord:
+        """The plan as run (RunFolderError: not there, or malformed, in one line)."""
+        return self.read_record(PlanRecord)
 
     def node_folder(self, rank: int, host: str) -> Path:
         return self.path / node_folder_name(rank, host)
