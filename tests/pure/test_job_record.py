@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, NodeRecord, job_record
+from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, NodeRecord
 from fleetctl.job.records.result import JobResult, NodeOutcome
 from fleetctl.job.records.runfolder import RunFolder, list_runs
 
@@ -118,9 +118,9 @@ def test_a_wrong_type_is_refused_in_one_line(tmp_path: Path, change: dict, messa
 
 def test_a_record_without_its_identity_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RunFolderError, match=r"^x.json: status is missing$"):
-        job_record({"job_id": "j"}, "x.json")
+        JobRecord.from_dict({"job_id": "j"}, source="x.json")
     with pytest.raises(RunFolderError, match=r"^x.json: not a JSON object$"):
-        job_record(["j"], "x.json")
+        JobRecord.from_dict(["j"], source="x.json")
 
 
 def test_the_attached_runs_result_is_written_and_read_as_the_same_record(tmp_path: Path) -> None:

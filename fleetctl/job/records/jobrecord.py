@@ -135,11 +135,17 @@ class JobRecord(FileRecord):
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
+    @classmethod
+    def from_dict(cls, data: object, source: str | None = None) -> JobRecord:
+        """job.json's object as its record; RunFolderError (the public API's error: one line,
+        naming ``source`` and the key) when ``job_id``/``status`` is missing or a value has
+        the wrong type."""
+        try:
+            return super().from_dict(data, source)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+
 
 def job_record(data: Mapping[str, Any] | object, source: str) -> JobRecord:
-    """job.json's object as its record; RunFolderError (one line, naming ``source`` and the
-    key) when ``job_id``/``status`` is missing or a value has the wrong type."""
-    try:
-        return JobRecord.from_dict(data, source)
-    except RecordError as e:
-        raise RunFolderError(str(e)) from None
+    """:meth:`JobRecord.from_dict` (``source``: the file it came from)."""
+    return JobRecord.from_dict(data, source)
