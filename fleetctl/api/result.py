@@ -141,10 +141,10 @@ class RunResult:
         exit_code: int | None = None,
     ) -> RunResult:
         """From job.json's record (``JobResult.to_record()``, the file, or its dict shape)."""
-        from fleetctl.job.records.jobrecord import JobRecord
+        from fleetctl.job.records.jobrecord import JobRecord, job_record
 
         if not isinstance(record, JobRecord):
-            record = JobRecord.from_dict(record, source=str(Path(folder) / "job.json"))
+            record = job_record(record, str(Path(folder) / "job.json"))
         return cls(
             job_id=record.job_id or Path(folder).name,
             status=record.status,

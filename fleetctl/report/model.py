@@ -21,9 +21,9 @@ from typing import Any
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records.files import CheckRecord, CollectiveRecord, RankEntry, RanksRecord
 from fleetctl.job.records.jobrecord import JobRecord, NodeRecord
+from fleetctl.job.records.plan import PlanRecord
 from fleetctl.job.records.runfolder import (
     EVENTS_FILE,
-    PLAN_FILE,
     RANKS_FILE,
     RunFolder,
     read_job,
@@ -33,7 +33,6 @@ from fleetctl.report.files import (
     Event,
     count_lines,
     cut_line,
-    json_object,
     parse_time,
     read_events,
     span_of,
@@ -242,7 +241,7 @@ def load(folder: str | Path) -> Report:
     times += [m.at for lane in lanes for m in lane.marks]
     t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
     culprit = _culprit(last_k, last_folder.path, last, _relative(last_folder.path, first.path))
-    plan = json_object(last_folder.path / PLAN_FILE)
+    plan = _plan_record(last_folder)
     collective = None
     for k, f, job in reversed(attempts):  # the latest check that measured the collective
         collective = _collective(f, job)
@@ -258,7 +257,7 @@ def load(folder: str | Path) -> Report:
         status=last.status,
         verdict=_verdict(last, culprit, last_k),
         launcher=last.launcher,
-        script=plan.get("script") if plan else None,
+        script=plan.script if plan else None,
         started=attempts[0][2].started,
         ended=last.ended,
         duration=span_of(attempts[0][2].started, last.ended),
@@ -424,6 +423,14 @@ def _culprit(k: int, folder: Path, job: JobRecord, there: str) -> Culprit | None
     )
 
 
+def _plan_record(folder: RunFolder) -> PlanRecord | None:
+    """plan.json, when the folder has one that is one (the job never launched: none)."""
+    try:
+        return folder.find_record(PlanRecord)
+    except RunFolderError:
+        return None
+
+
 def _check_record(folder: RunFolder) -> CheckRecord | None:
     """check.json, when the folder has one that is one."""
     try:
@@ -462,7 +469,7 @@ def _ranks(folder: Path, job: JobRecord, there: str) -> list[RankRow]:
 
 
 def _checks(
-    plan: dict[str, Any] | None, job: JobRecord, check: CheckRecord | None = None
+    plan: PlanRecord | None, job: JobRecord, check: CheckRecord | None = None
 ) -> list[CheckRow]:
     by_host = {n.host: n for n in job.nodes}
     cells: dict[str, tuple[CheckCell, ...]] = {}
@@ -473,20 +480,18 @@ def _checks(
             if isinstance(c, dict)
         )
     rows = []
-    for i, n in enumerate((plan or {}).get("nodes") or []):
-        if not isinstance(n, dict):
-            continue
-        host = str(n.get("host", ""))
+    for n in plan.nodes if plan else []:
+        host = n.host
         rec = by_host.get(host)
         note = (rec.problem or rec.reason or "") if rec else "not run"
         rows.append(
             CheckRow(
                 host=host,
-                node_rank=int(n.get("node_rank", i)),
-                address=str(n.get("address", "")),
-                nic=n.get("nic"),
-                train_addr=n.get("train_addr"),
-                python=n.get("python"),
+                node_rank=n.node_rank,
+                address=n.address,
+                nic=n.nic,
+                train_addr=n.train_addr,
+                python=n.python or None,
                 state=rec.state if rec else "-",
                 note=note,
                 cells=cells.get(host, ()),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import RunFolderError
-from fleetctl.job.records import files
+from fleetctl.job.records import attempts, files, jobrecord, plan
 from fleetctl.job.records.files import FileRecord
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.remote.kit.records import Record, RecordError, SupervisorState
@@ -32,10 +32,10 @@ RECORDS: dict[str, type | str] = {
     "ranks.json": files.RanksRecord,
     "roles.json": files.RolesRecord,
     "slurm.json": files.SlurmRecord,
-    "job.json": "JobRecord (job/records/jobrecord.py): a dataclass of its own, typed both ways",
+    "job.json": jobrecord.JobRecord,
     "supervisor.json": "SupervisorState (remote/records.py): written on the node",
-    "plan.json": "TODO: the Plan (plan/rankplan.py) reads it, PlanError on a malformed one",
-    "attempts.json": "TODO: Attempt.from_dict (job/run/attempts.py)",
+    "plan.json": plan.PlanRecord,
+    "attempts.json": attempts.AttemptsRecord,
     "run-spec.json": "RunSpec.to_dict in a versioned envelope (slurm/specfile.py)",
     "rank_pids.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
     "rank_exits.json": "the node's raw record, in the node's run folder (remote/supervision.py)",
@@ -70,7 +70,12 @@ def test_every_documented_file_has_a_record_or_a_reason() -> None:
 
 
 def test_every_record_class_is_in_the_table_with_a_golden_file() -> None:
-    classes = {c for c in vars(files).values() if isinstance(c, type) and c.__dict__.get("FILE")}
+    classes = {
+        c
+        for module in (files, attempts, jobrecord, plan)
+        for c in vars(module).values()
+        if isinstance(c, type) and c.__dict__.get("FILE")
+    }
     assert classes == {c for c in RECORDS.values() if isinstance(c, type)}
     for cls in classes:
         assert cls.FILE in RECORDS and RECORDS[cls.FILE] is cls
@@ -123,6 +128,23 @@ BAD: list[tuple[str, dict[str, object], str]] = [
     ("controller.json", {"pid": "4242"}, "pid must be int, not str"),
     ("controller.json", {"pid": None}, "pid must be int, not NoneType"),
     ("controller.json", {"schema": 2}, "schema is 2, not 1 (a newer fleetctl's file?)"),
+    (
+        "job.json",
+        {"nodes": [{"rank": 0, "host": "a", "signal": "9"}]},
+        "nodes[0].signal must be int or null, not str",
+    ),
+    ("job.json", {"first_failure": {"host": "a"}}, "first_failure.rank is missing"),
+    ("plan.json", {"master_port": "29500"}, "master_port must be int, not str"),
+    (
+        "plan.json",
+        {"nodes": [{"host": "a", "address": "a", "node_rank": "0", "argv": [], "env": {}}]},
+        "nodes[0].node_rank must be int, not str",
+    ),
+    (
+        "plan.json",
+        {"nodes": [{"host": "a", "address": "a", "node_rank": 0, "env": []}]},
+        "nodes[0].env must be dict, not list",
+    ),
     ("ranks.json", {"ranks": {"0": {}}}, "ranks must be list, not dict"),
     (
         "ranks.json",
@@ -136,6 +158,7 @@ BAD: list[tuple[str, dict[str, object], str]] = [
     ),
     ("ranks.json", {"ranks": ["x"]}, "ranks[0]: not a JSON object"),
     ("roles.json", {"tasks": [{"rank": 0, "role": "r", "index": 0}]}, "tasks[0].host is missing"),
+    ("attempts.json", {"attempts": [{"attempt": 1}]}, "attempts[0].job_id is missing"),
     ("slurm.json", {"job_id": 42}, "job_id must be str or null, not int"),
     ("slurm.json", {"detached": "yes"}, "detached must be bool, not str"),
 ]
@@ -209,3 +232,41 @@ def test_the_commands_read_a_folder_of_the_golden_files_and_refuse_a_bad_one_in_
     assert res.stderr == (
         f"fleetctl: error: {folder / 'connect.json'}: nodes[1].port must be int, not str\n"
     )
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in GOLDEN.glob("plan*.json")))
+def test_the_plan_read_through_its_record_is_the_plan_as_written(case: str) -> None:
+    """Full and compact (past 256 nodes; ``--dry-run --json``'s) plan.json: the record hands
+    ``Plan.from_dict`` the document it always read, and an older plan (only the keys the
+    first plan.json had) reads with defaults."""
+    from fleetctl.plan.rankplan import Plan
+
+    doc = json.loads((GOLDEN / case).read_text())
+    assert Plan.from_dict(plan.PlanRecord.from_dict(doc).to_dict()) == Plan.from_dict(doc)
+    node = {k: doc["nodes"][0][k] for k in ("host", "address", "node_rank", "argv", "env")}
+    old = plan.PlanRecord.from_dict({"job_id": doc["job_id"], "nodes": [node]})
+    assert Plan.from_dict(old.to_dict()).nodes[0].host == node["host"]
+
+
+def test_logs_of_a_folder_whose_plan_json_is_malformed_is_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """No connect.json (an older run): ``logs`` and ``status`` find the nodes in plan.json,
+    through its record: a malformed one is one line naming it, main's reads as ever."""
+    from fleetctl.testing.cli_runner import run_cli
+
+    golden = json.loads((GOLDEN / "job.json").read_text())
+    folder = tmp_path / golden["job_id"]
+    folder.mkdir()
+    (folder / "job.json").write_bytes((GOLDEN / "job.json").read_bytes())
+    doc = json.loads((GOLDEN / "plan.json").read_text())
+    doc["nodes"][1]["address"] = None
+    (folder / "plan.json").write_text(json.dumps(doc))
+    error = f"fleetctl: error: {folder / 'plan.json'}: nodes[1].address must be str, not NoneType\n"
+    res = run_cli("logs", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert (res.exit_code, res.stderr) == (RunFolderError.exit_code, error)
+    res = run_cli("status", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert (res.exit_code, res.stderr) == (RunFolderError.exit_code, error)
+    (folder / "plan.json").write_bytes((GOLDEN / "plan.json").read_bytes())  # as main wrote it
+    res = run_cli("status", golden["job_id"], "--runs-dir", str(tmp_path))
+    assert res.exit_code == 0 and res.stdout.startswith(f"job {golden['job_id']}: failed")

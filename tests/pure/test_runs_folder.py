@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.job.records.attempts import Attempt, AttemptsRecord
 from fleetctl.job.records.files import ConnectRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder, RunFolderError, iso, list_runs, load_run
@@ -48,7 +49,7 @@ def test_job_plan_and_events_are_written_and_read_back(tmp_path: Path) -> None:
     f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "running"}))
     f.write_job(JobRecord.from_dict({"job_id": "j1", "status": "failed"}))
     f.event("exit [1 node2] exit code 1\nsecond line", ts=0.5)
-    assert f.load_job().status == "failed" and f.load_plan()["job_id"] == "j1"
+    assert f.load_job().status == "failed" and f.load_plan().job_id == "j1"
     assert (f.path / "events.log").read_text() == (
         "1970-01-01T00:00:00.500Z exit [1 node2] exit code 1 second line\n"
     )
@@ -138,7 +139,9 @@ def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
     folder.write_plan({"job_id": "j"})
     folder.write_job(JobRecord.from_dict({"job_id": "j", "status": "running"}))
     folder.write_record(ConnectRecord())
-    folder.write_attempts([{"attempt": 1}])
+    folder.write_record(
+        AttemptsRecord(attempts=[Attempt(attempt=1, job_id="j", folder="/r/j", status="failed")])
+    )
     folder.write_roles({"roles": []})
     folder.write_streamed_console(1, "node/2", ["a", "b"])
     with folder.editing_job() as job:

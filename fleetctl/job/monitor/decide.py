@@ -69,7 +69,7 @@ class Decision:
         """job.json's ``first_failure`` entry (None unless ``fail``)."""
         if self.action != "fail" or self.rank is None:
             return None
-        return FailureRecord(
+        first = FailureRecord(
             rank=self.rank,
             host=self.host,
             state=self.state,
@@ -77,8 +77,9 @@ class Decision:
             signal=self.signal,
             reason=self.reason,
             time=iso(self.time),
-            extra={"found_by": "monitor"},
         )
+        first.extra["found_by"] = "monitor"
+        return first
 
     def describe(self) -> str:
         if self.action == "fail":

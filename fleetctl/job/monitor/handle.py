@@ -267,8 +267,8 @@ class JobHandle:
         """
         with contextlib.suppress(RunFolderError):
             self.job = self.folder.load_job()
-        job = dataclasses.replace(self.job)
-        nodes = [dataclasses.replace(n) for n in job.nodes]
+        job = self.job.copy()
+        nodes = [n.copy() for n in job.nodes]
         by_rank = {n.rank: n for n in nodes}
         collected = {c.rank: c for c in results}
         first_rank = None if failed_first is None else failed_first.rank
@@ -339,7 +339,7 @@ class JobHandle:
             if status is not None:
                 job.status = status
                 if failed_first is not None:
-                    ff = dataclasses.replace(failed_first)
+                    ff = failed_first.copy()
                     where = by_rank.get(ff.rank)
                     if ff.address is None and where is not None:
                         ff.address = where.train_addr or where.address
@@ -394,7 +394,7 @@ class JobHandle:
                 verified={n.host for n in report.nodes if n.clean},
                 tore_down=tore_down,
             )
-            job = dataclasses.replace(self.job)
+            job = self.job.copy()
             if final:
                 job.teardown = report.to_dict()
                 for key, value in (extra or {}).items():
@@ -409,7 +409,7 @@ class JobHandle:
         with self.folder.locked():
             with contextlib.suppress(RunFolderError):
                 self.job = self.folder.load_job()
-            job = dataclasses.replace(self.job)
+            job = self.job.copy()
             td = dict(job.teardown or {"nodes": []})
             td_nodes = [n for n in td.get("nodes") or [] if n.get("host") != stop.host]
             td["nodes"] = sorted([*td_nodes, stop.to_dict()], key=lambda n: n.get("rank", 0))
@@ -418,7 +418,7 @@ class JobHandle:
                 for n in td["nodes"]
             )
             job.teardown = td
-            nodes = [dataclasses.replace(n) for n in job.nodes]
+            nodes = [n.copy() for n in job.nodes]
             collected = [dict(c) for c in job.collected]
             for c in results:
                 collected = [x for x in collected if x.get("rank") != c.rank] + [c.to_dict()]
@@ -441,7 +441,7 @@ class JobHandle:
         """
         with self.folder.locked():
             self._finalise(results, stopped=report.verified)
-            job = dataclasses.replace(self.job)
+            job = self.job.copy()
             job.teardown = report.to_dict()
             if report.verified and job.live:
                 job.status = str(JobStatus.STOPPED)

@@ -25,9 +25,10 @@ it was (``tests/pure/records/*.json`` are the golden files).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar, TypeVar
 
-from fleetctl.remote.kit.records import Record, RecordError
+from fleetctl.remote.kit.records import _REQUIRED, Record, RecordError, _parse
 
 _F = TypeVar("_F", bound="FileRecord")
 
@@ -43,9 +44,45 @@ class FileRecord(Record):
 
     def __init__(self, **values: object) -> None:
         given = set(values)
+        for name, value in values.items():  # a state enum (JobStatus, NodeState): its string
+            if isinstance(value, str) and type(value) is not str:
+                values[name] = str.__str__(value)
         super().__init__(**values)
         self._extra: dict[str, Any] = {}
         self._given = given  # from here on, every field assigned counts as given
+
+    @classmethod
+    def fields(cls) -> tuple:
+        """The base's fields, but a ``NESTED`` field's annotation names its record class
+        (``list[NodeRecord]``, ``FailureRecord | None``): checked as a list, or as an object
+        (a JSON object as read, the record once made)."""
+        if "_fields" not in cls.__dict__:
+            notes = cls.__dict__.get("__annotations__") or cls.__annotations__  # noqa: RUF063
+            out: list[tuple[Any, ...]] = []
+            for name, note in notes.items():
+                if name.startswith("_") or name.upper() == name:
+                    continue
+                default = cls.__dict__.get(name, _REQUIRED)
+                if name in cls.NESTED:
+                    parts = [p.strip() for p in note.split("|")]
+                    many = parts[0].startswith("list")
+                    out.append((name, list if many else _Object, None, "None" in parts, default))
+                else:
+                    out.append((name, *_parse(note), default))
+            cls._fields = tuple(out)
+        return cls._fields
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The keys this version does not know (``EXTRA = "keep"``), written back as read."""
+        return self._extra
+
+    def copy(self: _F) -> _F:
+        """A shallow copy (``dataclasses.replace(x)``'s): its own extra keys and given set."""
+        new = copy.copy(self)
+        new.__dict__["_extra"] = dict(self._extra)
+        new.__dict__["_given"] = set(self._given)
+        return new
 
     def __setattr__(self, name: str, value: object) -> None:
         given = self.__dict__.get("_given")
@@ -91,6 +128,20 @@ class FileRecord(Record):
             out[name] = _plain(value) if name in self.NESTED else value
         out.update(self._extra)
         return out
+
+
+class _ObjectType(type):
+    """``isinstance(v, _Object)``: a JSON object, or the record made of one."""
+
+    def __instancecheck__(cls, value: object) -> bool:
+        return isinstance(value, (dict, Record))
+
+
+class _Object(metaclass=_ObjectType):
+    """A nested record's field type as the base checks it (named ``dict`` in its errors)."""
+
+
+_Object.__name__ = "dict"
 
 
 def _reason(e: RecordError) -> str:

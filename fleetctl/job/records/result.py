@@ -237,9 +237,9 @@ class JobResult:
 
     def to_record(self) -> JobRecord:
         """job.json's record of this result (its types checked as a file's would be)."""
-        from fleetctl.job.records.jobrecord import JobRecord
+        from fleetctl.job.records.jobrecord import job_record
 
-        return JobRecord.from_dict(self.to_dict(), source=str(self.folder / "job.json"))
+        return job_record(self.to_dict(), str(self.folder / "job.json"))
 
     def to_dict(self) -> dict[str, Any]:
         ff = self.failed_node

@@ -56,7 +56,8 @@ from fleetctl.job.records.files import (
     RolesRecord,
     SlurmRecord,
 )
-from fleetctl.job.records.jobrecord import JobRecord
+from fleetctl.job.records.jobrecord import JobRecord, job_record
+from fleetctl.job.records.plan import PlanRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.kit.records import RecordError
 
@@ -169,12 +170,17 @@ class RunFolder:
         return self.read_record(cls)
 
     def write_plan(self, plan: dict[str, Any]) -> None:
-        self._write_json(PLAN_FILE, plan)
+        """``plan.json``: the plan document (``prepare.plan_document``), through its record."""
+        try:
+            record = PlanRecord.from_dict(plan)
+        except RecordError as e:
+            raise RunFolderError(str(e)) from None
+        self.write_record(record)
 
     def write_job(self, job: JobRecord) -> None:
         """Replace job.json (callers that read it first hold :meth:`locked`, or use
         :meth:`editing_job`)."""
-        _write_atomic(self.path / JOB_FILE, job.to_json())
+        self.write_record(job)
 
     @contextlib.contextmanager
     def editing_job(self) -> Iterator[JobRecord]:
@@ -214,9 +220,6 @@ class RunFolder:
     @property
     def has_connect(self) -> bool:
         return (self.path / CONNECT_FILE).is_file()
-
-    def write_attempts(self, attempts: Iterable[dict[str, Any]]) -> None:
-        self._write_json(ATTEMPTS_FILE, {"attempts": list(attempts)})
 
     def write_roles(self, layout: dict[str, Any]) -> None:
         """``roles.json``: a role job's layout (``RoleLayout.to_dict``), through its record."""
@@ -364,8 +367,9 @@ class RunFolder:
     def load_job(self) -> JobRecord:
         return read_job(self.path / JOB_FILE)
 
-    def load_plan(self) -> dict[str, Any]:
-        return read_json(self.path / PLAN_FILE)
+    def load_plan(self) -> PlanRecord:
+        """The plan as run (RunFolderError: not there, or malformed, in one line)."""
+        return self.read_record(PlanRecord)
 
     def node_folder(self, rank: int, host: str) -> Path:
         return self.path / node_folder_name(rank, host)
@@ -402,7 +406,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_job(path: Path) -> JobRecord:
     """A job.json as its record (``read_json``'s policy, then :class:`JobRecord`'s types)."""
-    return JobRecord.from_dict(read_json(path), source=str(path))
+    return job_record(read_json(path), str(path))
 
 
 def load_run(runs_dir: str | os.PathLike[str], job_id: str) -> RunFolder:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records.files import ConnectRecord
 from fleetctl.job.records.jobrecord import FailureRecord, JobRecord, signal_name
+from fleetctl.job.records.plan import PlanRecord
 from fleetctl.job.records.runfolder import RunFolder, list_runs, load_run
 from fleetctl.node import Node
 from fleetctl.remote.kit.records import RecordError
@@ -104,25 +105,24 @@ def load_nodes(folder: RunFolder) -> list[Node]:
                 d["vars"] = reached
             nodes.append(Node(**d))
         return nodes
-    try:
-        plan = folder.load_plan()
-    except RunFolderError:
+    plan = folder.find_record(PlanRecord)  # a malformed one: RunFolderError, in one line
+    if plan is None:
         return []  # never launched: nothing to reach
     return [
         Node(
-            name=n["host"],
-            address=n["address"],
-            workdir=n.get("workdir") or "~/.fleetctl",
-            python=n.get("python") or "python3",
+            name=n.host,
+            address=n.address,
+            workdir=n.workdir or "~/.fleetctl",
+            python=n.python or "python3",
         )
-        for n in plan.get("nodes", [])
+        for n in plan.nodes
     ]
 
 
 def load_plan(folder: RunFolder) -> Plan:
     from fleetctl.plan.rankplan import Plan
 
-    return Plan.from_dict(folder.load_plan())
+    return Plan.from_dict(folder.load_plan().to_dict())
 
 
 # ---------------------------------------------------------------------------- run records

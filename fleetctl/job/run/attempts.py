@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import FleetctlError, RunFolderError
-from fleetctl.job.records.runfolder import ATTEMPTS_FILE, RunFolder, read_json
+from fleetctl.errors import FleetctlError
+from fleetctl.job.records.attempts import Attempt, AttemptsRecord
+from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.state import JobStatus
 
 if TYPE_CHECKING:
@@ -33,90 +33,11 @@ if TYPE_CHECKING:
     from fleetctl.ssh.fanout import FanOut
 
 
-@dataclass
-class Attempt:
-    """One attempt of a job and what became of it."""
-
-    attempt: int
-    job_id: str
-    folder: str
-    status: str
-    ended_by: str | None  # the first failure, in words
-    decision: str | None  # why it was (not) retried
-    retried: bool = False
-    backoff: float | None = None
-    nodes: list[str] | None = None  # --nodes N: the hosts this attempt ran on
-    left_out: dict[str, str] | None = None  # --nodes N: hosts left out, and why
-    checkpoints: dict[str, Any] | None = None  # a retry: what was relayed from rank 0, and how
-    membership: list[dict[str, Any]] | None = None  # run --elastic: who left, who joined
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = ATTEMPTS_FILE) -> Attempt:
-        """An attempt as attempts.json holds it. An older file's missing keys take their
-        defaults (``nodes``, ``left_out``: before ``run --nodes``; ``checkpoints``: before the
-        relay); unknown keys are ignored; a missing identity key or a value of the wrong type
-        is a RunFolderError naming ``source`` and the key."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in data:
-                if f.name in _REQUIRED:
-                    raise RunFolderError(f"{source}: an attempt without {f.name!r}")
-                continue
-            value = data[f.name]
-            if not _is(f.name, value):
-                want = " or ".join("null" if t is _NONE else t.__name__ for t in _TYPES[f.name])
-                raise RunFolderError(
-                    f"{source}: attempt {f.name!r} is {json.dumps(value)[:60]}, not {want}"
-                )
-            out[f.name] = float(value) if f.name == "backoff" and value is not None else value
-        out.setdefault("ended_by", None)
-        out.setdefault("decision", None)
-        return cls(**out)
-
-
-_REQUIRED = frozenset({"attempt", "job_id", "folder", "status"})
-_NONE = type(None)
-# per key: the JSON types it may have (``nodes``' items and ``left_out``'s values: str)
-_TYPES: dict[str, tuple[type, ...]] = {
-    "attempt": (int,),
-    "job_id": (str,),
-    "folder": (str,),
-    "status": (str,),
-    "ended_by": (str, _NONE),
-    "decision": (str, _NONE),
-    "retried": (bool,),
-    "backoff": (float, int, _NONE),
-    "nodes": (list, _NONE),
-    "left_out": (dict, _NONE),
-    "checkpoints": (dict, _NONE),
-    "membership": (list, _NONE),
-}
-
-
-def _is(key: str, value: object) -> bool:
-    want = _TYPES[key]
-    if isinstance(value, bool) and bool not in want:  # JSON true is no number
-        return False
-    if not isinstance(value, want):
-        return False
-    if key == "nodes" and isinstance(value, list):  # host names
-        return all(isinstance(x, str) for x in value)
-    if key == "left_out" and isinstance(value, dict):  # host -> why
-        return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-    return True
-
-
 def read_attempts(folder: Path) -> list[Attempt]:
     """Every attempt of the job whose first run folder is ``folder`` (its attempts.json), in
-    order; RunFolderError when the file is missing, unreadable or malformed."""
-    path = folder / ATTEMPTS_FILE
-    items = read_json(path).get("attempts")
-    if not isinstance(items, list) or not all(isinstance(a, dict) for a in items):
-        raise RunFolderError(f"{path}: 'attempts' is not a list of objects")
-    return [Attempt.from_dict(a, source=str(path)) for a in items]
+    order; RunFolderError (one line, naming the file and the key) when the file is missing,
+    unreadable or malformed."""
+    return list(RunFolder(folder).read_record(AttemptsRecord).attempts)
 
 
 @dataclass
@@ -194,7 +115,13 @@ def run_attempts(
                     result = run_job(aspec, nodes, aopts, on_event=on_event, fleet=fleet)
             except FleetctlError as e:  # before launch (check, push, plan): recorded, then raised
                 folder = Path(options.runs_dir) / aspec.job_id
-                att = Attempt(k, aspec.job_id, str(folder), JobStatus.ERROR, e.one_line(), None)
+                att = Attempt(
+                    attempt=k,
+                    job_id=aspec.job_id,
+                    folder=str(folder),
+                    status=JobStatus.ERROR,
+                    ended_by=e.one_line(),
+                )
                 att.checkpoints = _relayed(aopts)
                 if spares:
                     att.left_out = left_out
@@ -362,4 +289,4 @@ def _await_lost(
 
 def _write_attempts(folder: Path, attempts: Sequence[Attempt]) -> None:
     with contextlib.suppress(OSError):
-        RunFolder(folder).write_attempts(a.to_dict() for a in attempts)
+        RunFolder(folder).write_record(AttemptsRecord(attempts=list(attempts)))
