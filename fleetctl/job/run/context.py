@@ -261,8 +261,8 @@ def on_event(job: JobContext, ev: Event) -> None:
             if verdict is not None:
                 slow_node(job, verdict)
         return
-    if ev.kind == "ranks_ended":  # its launcher's shut-down is silent: as a node's end for
-        job.progress = time.monotonic()  # the stall clock (fleetctl.job.monitor.decide.ranks_ended)
+    if ev.kind == "ranks_ended":  # its launcher's shut-down is silent: a node's end, for the
+        job.progress = time.monotonic()  # stall clock (as ``limit_reached`` for a detached job)
         job.begun = job.begun or job.progress
         if ranks_ended_cleanly(ev.report) and job.options.completion is None:
             job.finishing = True
