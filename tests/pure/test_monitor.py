@@ -405,3 +405,27 @@ def test_a_node_whose_ranks_all_ended_counts_as_its_end_for_the_stall_clock(
     polls = [(t, limit_reached(at(said), w, T0 + t, **kw)) for t in (19, 29, 30, 319, 320)]
     when, d = next((t, d) for t, d in polls if d is not None)
     assert (when, (d.reason or "").startswith(verdict[1])) == (verdict[0], True), d
+
+
+@pytest.mark.parametrize(
+    ("rank_pids", "codes", "expected", "said"),
+    [
+        ({"0": [10], "1": [11]}, {10: 0, 11: 0}, 2, {"ranks": 2, "failed": 0}),
+        ({"0": [10], "1": [11]}, {10: 0}, 2, None),  # rank 1 still runs
+        ({"0": [10]}, {10: 0}, 2, None),  # rank 1 not seen yet (FLEET_NPROC_PER_NODE=2)
+        ({"0": [10, 12]}, {10: 1}, 1, None),  # restarted by its launcher: the new one runs
+        ({"0": [10], "1": [11]}, {10: 3, 11: None}, 2, {"ranks": 2, "failed": 1}),  # None: reaped
+    ],
+    ids=["all-ended", "one-runs", "one-unseen", "restarted", "reaped-unread"],
+)
+def test_the_nodes_ranks_have_all_ended_once_the_newest_process_of_each_did(
+    rank_pids: dict[str, list[int]],
+    codes: dict[int, int | None],
+    expected: int,
+    said: dict[str, int] | None,
+) -> None:
+    """What the supervisor's ``A`` frame says (``remote/kit/ranks.all_ended``)."""
+    from fleetctl.remote.kit.ranks import all_ended
+
+    exits = {pid: {"code": code} for pid, code in codes.items()}
+    assert all_ended(rank_pids, exits, expected) == said
