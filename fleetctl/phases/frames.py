@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from fleetctl.transport.connection import Stream
 
 #: The supervisor's ``run`` mode (and the loader in front of it).
-SUPERVISOR_KINDS = frozenset("RUSLCHEFQXPW")
+SUPERVISOR_KINDS = frozenset("RUSLCHEFQXPWA")
 #: Bytes of one output line kept for the live view; a longer line is shown cut with a marker
 #: (the node's console.log, and so the collected one, keeps it whole).
 MAX_VIEW_LINE = 1 << 20

@@ -42,7 +42,8 @@ GROUP = 64  # nodes one reader thread follows
 @dataclass(frozen=True)
 class Event:
     """Something that happened on a node. ``kind``: lines, notice, exit, lost, pace (``report``:
-    where its ranks spent the last seconds, ``fleetctl.remote.kit.pace``).
+    where its ranks spent the last seconds, ``fleetctl.remote.kit.pace``), ranks_ended
+    (``report``: ``{"ranks", "failed", "at"}``, every rank there ended; its launcher has not).
 
     ``lines`` (lines): the job's output lines that arrived together, in order — one event per
     received chunk, not per line, so a chatty job costs the controller one queue hand-off and
@@ -266,6 +267,12 @@ class Watch:
                 continue
             if fr.kind == "P":  # the job touched FLEET_PROGRESS_FILE
                 self._emit(run, "progress")
+                continue
+            if fr.kind == "A":  # every rank ended there: what follows is its launcher's exit
+                with contextlib.suppress(ValueError):
+                    said = fr.data()
+                    if isinstance(said, dict):
+                        self._emit(run, "ranks_ended", report=said)
                 continue
             if fr.kind == "W":  # where the node's ranks spent the last seconds (remote/kit/pace.py)
                 with contextlib.suppress(ValueError):

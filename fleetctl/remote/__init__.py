@@ -16,6 +16,7 @@ import hashlib
 import json
 import posixpath
 import re
+import shlex
 import textwrap
 import zlib
 from pathlib import Path
@@ -68,10 +69,27 @@ _MEMORY = (
 )
 
 
+# Linux's limit on ONE argument (MAX_ARG_STRLEN, 32 pages): ``python -c CODE`` and the ssh
+# command line that carries it (``sh -c``) each fail with E2BIG past it. ARG_MARGIN: how close
+# any argument a node program travels in may come (``argument_sizes``; a pure test guards it).
+MAX_ARG_STRLEN = 128 * 1024
+ARG_MARGIN = 8 * 1024
+
+# A program whose -c code is over COMPRESS_OVER goes compressed: zlib, then base64 (no quotes,
+# so ``shlex.quote`` adds nothing), unpacked by a line before it. Plain, the supervisor's came
+# within a few hundred bytes of MAX_ARG_STRLEN; compressed it is ~40% of that. Not below: the
+# unpacking imports binascii and zlib (~1.5 ms of CPU at each start on a pyenv 3.8, where both
+# are shared libraries; bench/by_hand.md), which the small, frequent ones (exec's timeout
+# wrapper, the port probe) need not pay.
+COMPRESS_OVER = 32 * 1024
+_UNPACK = "import binascii, zlib\nexec(zlib.decompress(binascii.a2b_base64({!r})))\n"
+
+
 @functools.cache
 def inline(name: str) -> str:
     """Node program ``name`` as ``python -c`` code that cannot import from the current folder,
-    run from memory with the node modules it imports (nothing installed).
+    run from memory with the node modules it imports (nothing installed); compressed when
+    large (``COMPRESS_OVER``).
 
     Compiled inside the -c code so that the program's ``from __future__`` line stays its first
     statement; run in the -c module's own namespace, as -c would run it.
@@ -82,7 +100,24 @@ def inline(name: str) -> str:
     if rest:  # the program's relative imports, from the -c module: its package is PROGRAMS
         rest = [[k, None] for k in packages(mods)] + rest
         serve = f"mods = {rest!r}\n" + _MEMORY + f"__package__ = {PROGRAMS!r}\n"
-    return _DROP_CWD + serve + f"exec(compile({mods[me]!r}, {'fleetctl-' + name!r}, 'exec'))\n"
+    code = serve + f"exec(compile({mods[me]!r}, {'fleetctl-' + name!r}, 'exec'))\n"
+    if len(code.encode("utf-8")) > COMPRESS_OVER:
+        packed = base64.b64encode(zlib.compress(code.encode("utf-8"), 9)).decode("ascii")
+        code = _UNPACK.format(packed)
+    return _DROP_CWD + code
+
+
+def argument_sizes(name: str) -> dict[str, int]:
+    """The bytes of each single argument node program ``name`` travels in: its inline code
+    (also shell-quoted, as an ssh command line carries it), the argv entrance's code and
+    bundle, the stdin entrance's code. Each must stay ``ARG_MARGIN`` under MAX_ARG_STRLEN."""
+    return {
+        "inline code": len(inline(name).encode()),
+        "inline code, shell-quoted": len(shlex.quote(inline(name)).encode()),
+        "argv entrance code": len(argv_entrance().encode()),
+        "argv entrance bundle": len(packed(name)),
+        "stdin entrance code": len(stdin_entrance().encode()),
+    }
 
 
 def guarded(code: str) -> str:

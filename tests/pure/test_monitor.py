@@ -364,3 +364,68 @@ def test_a_detached_job_starting_up_is_not_stalled_until_its_start_up_limit() ->
     assert (limit(None, 3600.0), limit(20.0, 6.0)) == (3600.0, 20.0)
     no_stall = {"started": T0, "sup": Supervision()}
     assert limit_reached(at([1.0], [False]), WatchState(), T0 + 10**6, **no_stall) is None
+
+
+ROLES = CompletionPolicy(roles=("w", "w"), min_failed={"w": None})
+
+
+@pytest.mark.parametrize(
+    ("said", "policy", "verdict"),
+    [
+        # all exited 0: finishing, so the stall limit is at least 300 s from that end
+        ({"ranks": 2, "failed": 0, "at": 1.0}, None, (320, "stalled finishing: a node")),
+        # a rank failed: the stall clock restarts, the limit stays --stall-timeout
+        ({"ranks": 2, "failed": 1, "at": 1.0}, None, (30, "stalled: no progress")),
+        ({"ranks": 2, "failed": 0, "at": 1.0}, ROLES, (30, "stalled: no progress")),
+        # an older node sends nothing: silent since T0, as before
+        (None, None, (19, "stalled: no progress")),
+    ],
+    ids=["ranks-ended", "a-rank-failed", "role-job", "older-node"],
+)
+def test_a_node_whose_ranks_all_ended_counts_as_its_end_for_the_stall_clock(
+    said: dict[str, object] | None,
+    policy: CompletionPolicy | None,
+    verdict: tuple[int, str],
+) -> None:
+    """Every rank of node 0 ended (``status``'s ranks_ended; the ``A`` frame attached) at
+    T0+19 while its launcher shuts down and node 1's is silent too: like a node's end, the stall
+    clock restarts, and ranks that all exited 0 make a plain job ``finishing``."""
+    from fleetctl.job.monitor.decide import limit_reached
+
+    def at(ended: dict[str, object] | None) -> list[NodeReport]:
+        return [
+            NodeReport(0, "n0", "running", [1], progress=5.0, begun=True, ranks_ended=ended),
+            NodeReport(1, "n1", "running", [1], progress=5.0, begun=True),
+        ]
+
+    kw = {"started": T0, "sup": Supervision(stall_timeout=10.0), "policy": policy}
+    w = WatchState()
+    assert limit_reached(at(None), w, T0, **kw) is None
+    assert limit_reached(at(None), w, T0 + 9, **kw) is None
+    polls = [(t, limit_reached(at(said), w, T0 + t, **kw)) for t in (19, 29, 30, 319, 320)]
+    when, d = next((t, d) for t, d in polls if d is not None)
+    assert (when, (d.reason or "").startswith(verdict[1])) == (verdict[0], True), d
+
+
+@pytest.mark.parametrize(
+    ("rank_pids", "codes", "expected", "said"),
+    [
+        ({"0": [10], "1": [11]}, {10: 0, 11: 0}, 2, {"ranks": 2, "failed": 0}),
+        ({"0": [10], "1": [11]}, {10: 0}, 2, None),  # rank 1 still runs
+        ({"0": [10]}, {10: 0}, 2, None),  # rank 1 not seen yet (FLEET_NPROC_PER_NODE=2)
+        ({"0": [10, 12]}, {10: 1}, 1, None),  # restarted by its launcher: the new one runs
+        ({"0": [10], "1": [11]}, {10: 3, 11: None}, 2, {"ranks": 2, "failed": 1}),  # None: reaped
+    ],
+    ids=["all-ended", "one-runs", "one-unseen", "restarted", "reaped-unread"],
+)
+def test_the_nodes_ranks_have_all_ended_once_the_newest_process_of_each_did(
+    rank_pids: dict[str, list[int]],
+    codes: dict[int, int | None],
+    expected: int,
+    said: dict[str, int] | None,
+) -> None:
+    """What the supervisor's ``A`` frame says (``remote/kit/ranks.all_ended``)."""
+    from fleetctl.remote.kit.ranks import all_ended
+
+    exits = {pid: {"code": code} for pid, code in codes.items()}
+    assert all_ended(rank_pids, exits, expected) == said

@@ -108,7 +108,7 @@ EXERCISED = {
     "kit/procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "programs/push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
-    "kit/ranks.py": "test_the_supervisor_reads_how_an_unreaped_rank_ended",
+    "kit/ranks.py": "test_the_supervisor_says_once_when_every_rank_ended_before_its_launcher",
     "kit/ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
     "kit/records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
     "kit/relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
@@ -124,8 +124,6 @@ EXERCISED = {
     "kit/workdirs.py": "test_the_probe_and_the_push_helper_install_themselves_then_run_from_cached_"
     "bytecode",
 }
-#: Linux's limit on one argument (MAX_ARG_STRLEN): no shipped program may pass it.
-MAX_ARG = 128 * 1024
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 JOB = "setsid sleep 300 & sleep 300 & echo up; wait"
 
@@ -153,15 +151,10 @@ def test_every_module_in_fleetctl_remote_has_a_python_3_8_test() -> None:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_program_fits_in_one_argument_each_way_it_is_shipped(name: str) -> None:
-    """argv stays under Linux's 128 KiB per argument: inline, the argv entrance (code and
-    bundle), the stdin entrance."""
-    sizes = {
-        "inline": len(remote.inline(name).encode()),
-        "argv code": len(remote.argv_entrance().encode()),
-        "argv bundle": len(remote.packed(name)),
-        "stdin code": len(remote.stdin_entrance().encode()),
-    }
-    assert max(sizes.values()) < MAX_ARG, sizes
+    """argv stays under Linux's 128 KiB per argument (``remote.argument_sizes``: inline, the
+    argv entrance's code and bundle, the stdin entrance; tests/pure keeps a margin)."""
+    sizes = remote.argument_sizes(name)
+    assert max(sizes.values()) < remote.MAX_ARG_STRLEN, sizes
 
 
 @pytest.mark.parametrize("name", [*MODULES, "__init__.py"])
@@ -1247,6 +1240,51 @@ def test_a_rank_that_ended_after_the_stop_reached_its_node_is_marked_so(
     by_local = {e["local"]: e for e in exits}
     assert sorted(by_local) == [0, 1], exits
     assert "after_stop" not in by_local[1] and by_local[0]["after_stop"] is True, exits
+
+
+LINGERING_LAUNCHER = """
+import os, subprocess, sys, time
+body = "import sys, time; time.sleep(float(sys.argv[1]))"
+rank = [sys.executable, "-c", body]
+r1 = subprocess.Popen(rank + ["0.3"], env=dict(os.environ, LOCAL_RANK="1"))
+r0 = subprocess.Popen(rank + ["1.0"], env=dict(os.environ, LOCAL_RANK="0"))
+r1.wait(), r0.wait()
+print("ranks done", flush=True)
+time.sleep(float(sys.argv[1]))  # its shut-down: torchrun's exit barrier, a slow teardown
+"""
+
+
+def test_the_supervisor_says_once_when_every_rank_ended_before_its_launcher(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """``A`` once, as the last of the node's ranks (FLEET_NPROC_PER_NODE) ends, while the
+    launcher still shuts down: the controller's stall clock counts it as the node's end; a
+    detached job's ``status`` reads it from ranks_ended.json."""
+    (tmp_path / "launcher.py").write_text(LINGERING_LAUNCHER)
+    job = jid("p-ranks-ended")
+    env = {"FLEET_LAUNCHER": "torchrun", "FLEET_NPROC_PER_NODE": "2"}
+    run = jobs.start(
+        job, [jobs.python, str(tmp_path / "launcher.py"), "3"], cwd=str(tmp_path), env=env
+    )
+    got: list[tuple[str, str, float]] = [(f.kind, f.text, time.monotonic()) for f in run.pending]
+    status = None
+    deadline = time.monotonic() + 30
+    while not got or got[-1][0] != "X":
+        assert time.monotonic() < deadline, got[-5:]
+        run.stream.send(b"h")
+        data = run.stream.recv(0.2)
+        got += [(f.kind, f.text, time.monotonic()) for f in run.reader.feed(data or b"")]
+        if status is None and any(k == "A" for k, _, _ in got):  # the launcher still sleeps
+            status = last_data(jobs.mode("status", "--run-dir", jobs.run_dir(job)))
+    with contextlib.suppress(OSError, EOFError):
+        run.stream.close_stdin()  # the goodbye after X, as drain says it
+    drain(run)
+    [(said, at)] = [(json.loads(t), at) for k, t, at in got if k == "A"]
+    assert (said["ranks"], said["failed"]) == (2, 0) and isinstance(said["at"], float), said
+    done = next(at for k, t, at in got if t == "ranks done")
+    assert at <= done + 0.5 and got[-1][2] - at > 2.0, got  # at the ranks' end, not the exit
+    assert status is not None and status["state"] == "running", status
+    assert status["ranks_ended"] == said, status
 
 
 SHADOWED = ("json", "base64", "zlib", "socket", "hashlib", "subprocess", "queue")

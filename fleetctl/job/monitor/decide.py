@@ -45,6 +45,7 @@ class WatchState:
     last_progress: float | None = None  # when any mark last moved (this machine's clock)
     begun: bool = False  # a node said the job's start-up is over (its first line or touch)
     ended: set[int] = field(default_factory=set)  # ranks whose end the stall clock saw
+    ranks_ended: set[int] = field(default_factory=set)  # nodes whose ranks all ended (``A``)
     finishing: bool = False  # a node of a plain job succeeded: the rest is shut-down
 
 
@@ -129,6 +130,13 @@ def finish_reason(quiet: float) -> str:
     return f"stalled finishing: a node succeeded, the others silent for {quiet:.0f} s"
 
 
+def ranks_ended_cleanly(said: object) -> bool:
+    """A node's ``A`` frame (attached) or ``ranks_ended.json`` (``status``, detached) says
+    every rank there ended with exit code 0: the job's work on that node is done, and what is
+    left is its launcher's silent shut-down, judged as a succeeded node's peers' is."""
+    return isinstance(said, dict) and said.get("failed") == 0 and bool(said.get("ranks"))
+
+
 def startup_reason(waited: float) -> str:
     return f"stalled at start-up: no progress on any node {waited:.0f} s after the launch"
 
@@ -181,6 +189,8 @@ def limit_reached(
     starts when a node first says the job began (its first line of a rank, or a progress
     touch); until then the start-up limit counts from ``started``. A node that succeeded
     makes a plain job (no ``policy``) ``finishing``: its peers' silence is their shut-down.
+    A node whose ranks all ended (its launcher still running) counts as that node's end: the
+    stall clock restarts, and ranks that all exited 0 make the job ``finishing`` too.
     """
     for s in states:
         if s.progress is not None and watch.progress.get(s.rank) != s.progress:
@@ -192,6 +202,12 @@ def limit_reached(
             watch.last_progress = now
             watch.begun = True  # an end is past the start-up, whatever the node printed
             watch.finishing = watch.finishing or (kind == "succeeded" and policy is None)
+        if s.ranks_ended is not None and s.rank not in watch.ranks_ended:
+            watch.ranks_ended.add(s.rank)
+            watch.last_progress, watch.begun = now, True
+            watch.finishing = watch.finishing or (
+                ranks_ended_cleanly(s.ranks_ended) and policy is None
+            )
     if not watch.begun and any(s.begun for s in states):
         watch.begun, watch.last_progress = True, now
     if watch.last_progress is None:

@@ -95,6 +95,7 @@ class NodeReport:
     progress: float | None = None  # the job's last output or progress-file touch (node clock)
     begun: bool = False  # the job's start-up is over there (its first line of a rank, a touch)
     pace: dict[str, Any] | None = None  # detached: the last pace report, ``{"seq", "report"}``
+    ranks_ended: dict[str, Any] | None = None  # every rank there ended: ``{"ranks", "failed"}``
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +181,7 @@ def node_states(
                 progress=r.get("progress"),
                 begun=r.get("begun") is True,
                 pace=r.get("pace") if isinstance(r.get("pace"), dict) else None,
+                ranks_ended=ended if isinstance(ended := r.get("ranks_ended"), dict) else None,
             )
         )
     return out

@@ -5,7 +5,7 @@ They stand on the node's record base (``fleetctl.remote.kit.records.Record``: a 
 annotations are the fields, their values the defaults, types checked both ways), so the
 supervisor's ``supervisor.json`` and these are one kind of thing. :class:`FileRecord` adds what
 a file kept across fleetctl versions needs and a node does not (it would only grow the node
-programs, which travel inline: the supervisor's bundle is near ``MAX_ARG_STRLEN``):
+programs, which travel to every node):
 
 * ``EXTRA``: keys this version does not know — ``"keep"`` (written back as read: a newer
   fleetctl's fields survive an older one's update), ``"ignore"`` or ``"refuse"``;

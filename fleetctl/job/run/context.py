@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleetctl.errors import RunFolderError
+from fleetctl.job.monitor.decide import ranks_ended_cleanly
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
 from fleetctl.job.records.result import EventKind, JobEvent, JobResult, NodeOutcome
 from fleetctl.job.records.runfolder import RunFolder
@@ -266,6 +267,12 @@ def on_event(job: JobContext, ev: Event) -> None:
                 job.observer.slow_scores(job.pace.scores())
             if verdict is not None:
                 _judged(job, verdict, job.pace, job.progress_judge)
+        return
+    if ev.kind == "ranks_ended":  # its launcher's shut-down is silent: a node's end, for the
+        job.progress = time.monotonic()  # stall clock (as ``limit_reached`` for a detached job)
+        job.begun = job.begun or job.progress
+        if ranks_ended_cleanly(ev.report) and job.options.completion is None:
+            job.finishing = True
         return
     if ev.kind == "stacks":  # the named node's py-spy evidence came back (slow_node)
         slow_evidence(job, ev.report or {})

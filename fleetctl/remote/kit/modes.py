@@ -19,7 +19,14 @@ from .framing import line as framed
 from .jobprocs import find_job_processes, stop_processes
 from .procfs import cmdline, environ_entries, pid_alive, pids, proc_stat
 from .records import RecordError, SupervisorState, read_state
-from .wire import CONSOLE_LOG, HEARTBEAT_FILE, PROGRESS_FILE, STATE_FILE, STOP_REQUEST
+from .wire import (
+    CONSOLE_LOG,
+    HEARTBEAT_FILE,
+    PROGRESS_FILE,
+    RANKS_ENDED,
+    STATE_FILE,
+    STOP_REQUEST,
+)
 
 
 def parse_opts(argv: list[str]) -> dict:
@@ -106,6 +113,7 @@ def cmd_status(argv: list[str]) -> int:
     # the supervisor makes the progress file at the job's first line or touch (its begin())
     state["begun"] = os.path.exists(os.path.join(run_dir, PROGRESS_FILE))
     state["pace"] = read_json(os.path.join(run_dir, "pace.json")) or None  # detached
+    state["ranks_ended"] = read_json(os.path.join(run_dir, RANKS_ENDED)) or None  # the A frame's
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"
     answer("D", state)

@@ -30,6 +30,19 @@ def rank_processes(leader: int) -> list:
     return sorted(out)
 
 
+def all_ended(rank_pids: dict, exits: dict, expected: int) -> dict | None:
+    """``{"ranks": n, "failed": k}`` once the newest process of every local rank seen (and of
+    at least ``expected`` ranks: FLEET_NPROC_PER_NODE) has ended, by ``exits`` (pid -> its
+    ``{"code"}``), else None. The job's work on the node is over then, whatever its launcher
+    still does (torchrun's exit barrier waits up to 300 s for the other nodes). ``failed``
+    counts the non-zero codes read; a code its launcher reaped first (None) is not known bad."""
+    latest = [pids[-1] for pids in rank_pids.values() if pids]
+    if not latest or len(latest) < expected or any(p not in exits for p in latest):
+        return None
+    failed = sum(exits[p].get("code") not in (0, None) for p in latest)
+    return {"ranks": len(latest), "failed": failed}
+
+
 def pidfd_open(pid: int) -> int | None:
     """A pidfd for ``pid`` (Linux >= 5.3; ``os.pidfd_open`` from Python 3.9, the raw syscall
     before): readable once the process ended. None where the kernel or the process says no."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import select
 import subprocess
@@ -20,7 +21,7 @@ from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
 from .output import Out, gap_note, write_all, write_problem
 from .pace import pace_file, watch_pace
 from .procfs import pid_alive, proc_stat, zombie_exit
-from .ranks import pidfd_open, rank_processes
+from .ranks import all_ended, pidfd_open, rank_processes
 from .ranktail import MAX_LINE, RankTail
 from .records import RecordError, SupervisorSpec, SupervisorState, read_state
 from .spec import seed_work_folder
@@ -31,6 +32,7 @@ from .wire import (
     PROTOCOL,
     RANK_EXITS,
     RANK_PIDS,
+    RANKS_ENDED,
     STATE_FILE,
     STOP_REQUEST,
 )
@@ -272,6 +274,11 @@ class Supervisor(RankTail):
         t0 = time.monotonic()
         next_scan = 0.0
         exits: dict = {}  # pid -> {"local", "pid", "code", "at"[, "after_stop"]}: how ranks ended
+        said: list = []  # the ``A`` frame's payload, once sent
+        try:
+            expected = int(self.spec.env.get("FLEET_NPROC_PER_NODE") or 1)
+        except ValueError:
+            expected = 1
         # A pidfd per rank process wakes us the moment it ends: its time is exact (which rank
         # failed first, across nodes, is decided by these times) and its exit status is read
         # while it is still a zombie, before its launcher reaps it (torchrun looks every
@@ -287,6 +294,15 @@ class Supervisor(RankTail):
                     exits[pid]["after_stop"] = True
             with contextlib.suppress(OSError):
                 write_json(os.path.join(self.run_dir, RANK_EXITS), {"exits": list(exits.values())})
+            # The last rank ended, not by our stop: ``A`` once (and ranks_ended.json for a
+            # detached job's ``status``), so a launcher's slow shut-down is not taken for a stall.
+            all_done = all_ended(self.rank_pids, exits, expected) if not said else None
+            if all_done is not None and not any(e.get("after_stop") for e in exits.values()):
+                said.append(all_done)
+                all_done["at"] = exits[pid]["at"]
+                with contextlib.suppress(OSError):
+                    write_json(os.path.join(self.run_dir, RANKS_ENDED), all_done)
+                self.out.frame("A", json.dumps(all_done, sort_keys=True).encode(), must=True)
 
         try:
             while not done.is_set():

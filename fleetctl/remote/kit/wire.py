@@ -13,6 +13,7 @@ CONSOLE_LOG = "console.log"
 STOP_REQUEST = "stop-request.json"  # written by `fleetctl stop` (any terminal) before it stops
 RANK_PIDS = "rank_pids.json"  # local rank -> pids of its processes, for ranks.json
 RANK_EXITS = "rank_exits.json"  # how rank processes ended, in order: who failed first
+RANKS_ENDED = "ranks_ended.json"  # every rank ended (the ``A`` frame's payload), for ``status``
 HEARTBEAT_FILE = "controller-heartbeat"
 TAR_MARKER = b'T {"stream": "tar"}\n'  # the frame before a tar stream (fleetctl.phases.collect)
 COLLECT_MANIFEST = ".fleetctl-collect.json"  # the tar's first member: what is (not) sent, why

@@ -1,0 +1,44 @@
+"""Room under Linux's limit on one argument (MAX_ARG_STRLEN) for every node program, each way
+it travels: a program near it fails to start with E2BIG on every node, so the guard fails first,
+``ARG_MARGIN`` before, with the way and the size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fleetctl import remote
+
+PROGRAMS = sorted(
+    p.name for p in remote.path("x.py").parent.glob("*.py") if p.name != "__init__.py"
+)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_way_a_node_program_travels_stays_a_margin_under_one_arguments_limit(
+    name: str,
+) -> None:
+    limit = remote.MAX_ARG_STRLEN - remote.ARG_MARGIN
+    over = {way: size for way, size in remote.argument_sizes(name).items() if size > limit}
+    assert not over, (
+        f"fleetctl/remote/programs/{name}: {over} bytes, within {remote.ARG_MARGIN} of Linux's "
+        f"{remote.MAX_ARG_STRLEN}-byte limit on one argument (MAX_ARG_STRLEN); make room "
+        "(install it and run it by path, or trim it) before it grows on"
+    )
+
+
+def test_a_large_program_goes_compressed_and_runs_as_its_plain_code_would() -> None:
+    """The supervisor is over COMPRESS_OVER: sent compressed, it still runs (here its usage
+    line); a small one goes as it is, readable and without the unpacking's imports."""
+    code = remote.inline("supervisor.py")
+    assert "zlib.decompress" in code and len(code) < remote.MAX_ARG_STRLEN // 2
+    assert "zlib" not in remote.inline("envinfo.py")
+    res = subprocess.run(
+        [sys.executable, remote.NO_SITE, "-c", code, "no-such-mode"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "unknown mode 'no-such-mode'" in res.stderr, res.stderr
