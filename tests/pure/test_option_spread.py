@@ -32,14 +32,14 @@ NOT_COUNTED = ("remote",)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     # the request, read where it is resolved (launchers read the resolved LaunchContext:
     # procs, rdzv_port, extra_argv; RunSpec.job_spec makes the JobSpec); plan.json keeps the
-    # names for the resolved values (the dry run's header, the rank map)
+    # names for the resolved values (the dry run's header, the rank map; job/records/plan.py)
     "nproc_per_node": (
-        15,
+        16,
         "resolved (plan/nproc), checked, the check's uniform-GPU rule, plan.json's key, "
         "a role job file's key (roles), paddle's own --nproc_per_node flag",
     ),
     "master_port": (
-        15,
+        16,
         "claimed (job/run/ports), checked, plan.json's key; also check's --master-port "
         "(CheckOptions: the probe, the judge) and deepspeed's own flag",
     ),
