@@ -14,6 +14,7 @@ import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,19 @@ def assert_nothing_left(inventory: Path, job_id: str) -> None:
     """No process of the job on any node of ``inventory`` (its env tag, container or not)."""
     left = job_processes_left(inventory, job_id)
     assert not left, left
+
+
+def slow_warnings(folder: Path) -> tuple[list[str], float | None]:
+    """A run folder's live warnings (events.log lines) and how long after the launch the first
+    came, by the log's own stamps (None without a warning): the slow-node tests' evidence."""
+    events = (folder / "events.log").read_text().splitlines()
+    launched = next(ln for ln in events if " phase launching " in ln)
+    warned = [ln for ln in events if " warning [" in ln]
+    if not warned:
+        return warned, None
+
+    def at(line: str) -> float:
+        stamp = line.split(" ", 1)[0]
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    return warned, at(warned[0]) - at(launched)

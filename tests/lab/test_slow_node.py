@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 
 import pytest
 
 from fleetctl.job.diagnose.pace import AGREE
 from fleetctl.testing.cli_runner import run_cli
-from fleetctl.testing.jobs import assert_nothing_left, launched_job_id
+from fleetctl.testing.jobs import assert_nothing_left, launched_job_id, slow_warnings
 
 pytestmark = pytest.mark.lab
 
@@ -49,11 +48,7 @@ dist.destroy_process_group()
 """
 
 
-def _at(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_job(
+def test_a_cpu_capped_host_is_named_slow_after_agreeing_rounds_and_on_slow_stop_ends_the_job(
     make_lab, tmp_path
 ) -> None:
     lab = make_lab(4)  # node4: the spare of the next run
@@ -81,12 +76,11 @@ def test_a_cpu_capped_host_is_named_slow_within_60_s_and_on_slow_stop_ends_the_j
     assert res.exit_code == 3, out
     job_id = launched_job_id(res.stderr)
     folder = runs / job_id
+    warned, after = slow_warnings(folder)
     events = (folder / "events.log").read_text().splitlines()
-    launched = next(ln for ln in events if " phase launching " in ln)
-    warned = [ln for ln in events if " warning [" in ln]
-    assert len(warned) == 1, events  # one node named, never a healthy one
+    assert len(warned) == 1, warned  # one node named, never a healthy one
     assert f" warning [2 {slow}] node 2 ({slow}) slows the job: " in warned[0], warned
-    after = _at(warned[0].split(" ", 1)[0]) - _at(launched.split(" ", 1)[0])
+    assert after is not None
     job = json.loads((folder / "job.json").read_text())
     # The time is the machine's: ~25 s on a quiet one (the 60 s promise, docs/health.md), 61 s
     # (round 20) at load ~20, where every rank waits for a CPU and rounds disagree. The judge's
