@@ -80,9 +80,11 @@ ARG_MARGIN = 8 * 1024
 # within a few hundred bytes of MAX_ARG_STRLEN; compressed it is ~40% of that. Not below: the
 # unpacking imports binascii and zlib (~1.5 ms of CPU at each start on a pyenv 3.8, where both
 # are shared libraries; bench/by_hand.md), which the small, frequent ones (exec's timeout
-# wrapper, the port probe) need not pay.
+# wrapper, the port probe) need not pay. Its first line names the program in clear, as the
+# plain form's compile() does: `ps`, an operator and the tests find a node program by
+# ``fleetctl-NAME`` in its command line.
 COMPRESS_OVER = 32 * 1024
-_UNPACK = "import binascii, zlib\nexec(zlib.decompress(binascii.a2b_base64({!r})))\n"
+_UNPACK = "# {}\nimport binascii, zlib\nexec(zlib.decompress(binascii.a2b_base64({!r})))\n"
 
 
 @functools.cache
@@ -103,7 +105,7 @@ def inline(name: str) -> str:
     code = serve + f"exec(compile({mods[me]!r}, {'fleetctl-' + name!r}, 'exec'))\n"
     if len(code.encode("utf-8")) > COMPRESS_OVER:
         packed = base64.b64encode(zlib.compress(code.encode("utf-8"), 9)).decode("ascii")
-        code = _UNPACK.format(packed)
+        code = _UNPACK.format("fleetctl-" + name, packed)
     return _DROP_CWD + code
 
 

@@ -42,3 +42,10 @@ def test_a_large_program_goes_compressed_and_runs_as_its_plain_code_would() -> N
         timeout=60,
     )
     assert res.returncode == 2 and "unknown mode 'no-such-mode'" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_node_program_is_named_in_clear_on_its_command_line(name: str) -> None:
+    """Compressed or not, ``fleetctl-NAME`` stays readable in the -c code: `ps` on a node, an
+    operator and the lab tests find a node program by it."""
+    assert f"fleetctl-{name}" in remote.inline(name)
