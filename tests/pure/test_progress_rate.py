@@ -149,3 +149,16 @@ def test_only_the_span_of_markers_is_kept_whatever_the_line_rate() -> None:
         judge.lines(1, t, [f"iter {k}"])
     kept = [len(s.points) for per in judge.series.values() for s in per.values()]
     assert kept and max(kept) <= 20 * 12 + 40, kept  # SPAN's worth (a round's lag at most)
+
+
+def test_a_flood_batch_is_read_by_its_last_lines_only() -> None:
+    """A node's batch of thousands of lines costs SCAN regex scans, not thousands: its newest
+    markers are read (a count only grows), one buried deeper is not."""
+    from fleetctl.job.diagnose.progress_rate import SCAN
+
+    judge = progress_judge(HOSTS, None, 4)
+    noise = ["payload line 42 of a log flood"] * 5000
+    judge.lines(0, 100.0, ["iter 7 loss 1.0", *noise[:SCAN]])
+    assert not any(judge.series.get(0, {}).values()), judge.series
+    judge.lines(0, 101.0, [*noise, "iter 9 loss 1.0"])
+    assert [k for _, k in judge.series[0]] == ["iter"], judge.series

@@ -40,6 +40,10 @@ MAX_RATIO = 0.5  # the suspect's rate against its peers' median, at most
 ALIKE = 0.7  # each peer's rate against that median, at least: the peers are alike
 RESTART = 0.5  # a count below this share of the last one starts over (a new tqdm bar)
 MAX_POINTS = 4096  # markers kept per rank and shape: memory stays bounded at any line rate
+# lines read per batch a node sends, its last ones: a training loop's few lines a second all
+# are; a log flood's batches (thousands of lines) cost 64 regex scans each, not thousands
+# (a count only grows: the newest markers carry the rate)
+SCAN = 64
 
 
 @dataclass
@@ -202,7 +206,8 @@ class ProgressJudge:
         if self.verdict is not None:
             return None
         mine = self.series.setdefault(rank, {})
-        for line in lines:
+        batch = lines if isinstance(lines, (list, tuple)) else list(lines)
+        for line in batch[-SCAN:]:
             for m in parse(line, self.own):
                 mine.setdefault((source(line), m.kind), _Series()).add(t, m)
         return self.tick(t)
