@@ -40,6 +40,9 @@ _HF_EPOCH = re.compile(r"\A\s*\{.*'epoch': *([0-9]+(?:\.[0-9]+)?)")
 # n/total [elapsed<remaining, rate] or n<unit> [elapsed, rate] (no total)
 _TQDM = re.compile(r"(?:(\d+)/\d+ \[[\d:]+<|(\d+)it \[[\d:]+, )")
 _STEP = re.compile(r"\b(step|iter|iteration)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
+# one of these (lower-cased) is in every line a shape above can match: a line with none, most
+# of a log, is passed over by substring tests, not seven regex scans
+_HINTS = ("epoch", "pass", "step", "iter", "/", "it [")
 # torchrun's per-rank prefixes (``[rank3]:``, ``[default0]:``): a node's ranks kept apart
 _PREFIX = re.compile(r"\A\[(?:rank|default)?(\d+)\]:")
 
@@ -71,6 +74,9 @@ def parse(line: str, own: re.Pattern[str] | None = None) -> list[Marker]:
         text = got.group("n") if "n" in own.groupindex else got.group(1)
         num = _number(text)
         return [] if num is None else [Marker("own", num)]
+    low = line.lower()
+    if not any(h in low for h in _HINTS):
+        return []
     out: list[Marker] = []
     m = _MNIST.search(line)
     if m:
