@@ -357,8 +357,11 @@ def test_a_detached_job_is_listed_followed_and_stopped_from_another_terminal(
         assert sk.exit_code == 0, sk.stdout + sk.stderr
         stacks = json.loads(sk.stdout)
         assert [n["methods"] for n in stacks["nodes"]] == [{"py-spy": 1}] * 3, stacks
-        [group] = stacks["stacks"]
-        assert group["ranks"] == [0, 1, 2] and group["frame"].startswith("<module> (tick.py:")
+        # Mostly one group (in time.sleep's line), but a rank caught printing is a second
+        # group of the same module: every rank is in tick.py's loop, whichever line.
+        groups = stacks["stacks"]
+        assert sorted(r for g in groups for r in g["ranks"]) == [0, 1, 2], stacks
+        assert all(g["frame"].startswith("<module> (tick.py:") for g in groups), stacks
         assert Path(stacks["saved"]).parent == runs / job_id
         assert "pid" in Path(stacks["saved"]).read_text()
         assert sorted(left_over(lab3, job_id)) == list(HOSTS)  # still running everywhere
