@@ -32,9 +32,9 @@ from fleetctl.phases.frames import LineJoiner
 from fleetctl.phases.launch import exit_code_of, exit_report_of
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Supervision
     from fleetctl.phases.launch import Frame, NodeRun
 
-DEFAULT_LOST_TIMEOUT = 5.0
 DEFAULT_HEARTBEAT = 1.0
 GROUP = 64  # nodes one reader thread follows
 
@@ -67,12 +67,17 @@ class Watch:
 
     def __init__(
         self,
+        sup: Supervision | None = None,
         *,
-        lost_timeout: float = DEFAULT_LOST_TIMEOUT,
         heartbeat: float = DEFAULT_HEARTBEAT,
         reattach: Callable[[NodeRun, float], list[Frame]] | None = None,
     ) -> None:
-        self.lost_timeout = lost_timeout
+        if sup is None:
+            from fleetctl.api.runspec import Supervision
+
+            sup = Supervision()
+        # the run's --lost-timeout: silent this long, a node is lost (half: reached afresh)
+        self.lost_timeout = sup.lost_timeout
         self.heartbeat = heartbeat
         # A silent or closed channel: reach the node over a new connection before calling
         # it lost (fleetctl.phases.reattach), giving up at the deadline (time.monotonic());

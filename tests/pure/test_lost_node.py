@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetctl.api.runspec import Supervision
 from fleetctl.job.records.state import NodeState
 
 
@@ -79,7 +80,7 @@ def test_a_silent_node_is_reached_anew_before_the_timeout_and_lost_at_it() -> No
         raise OSError("timed out connecting")
 
     pipe = _Pipe()
-    watch = Watch(lost_timeout=2.0, heartbeat=0.05, reattach=reattach)
+    watch = Watch(Supervision(lost_timeout=2.0), heartbeat=0.05, reattach=reattach)
     try:
         watch.attach(_node_run(pipe))
         os.write(pipe.w, b"L last words\n")
@@ -108,7 +109,7 @@ def test_a_blip_shorter_than_the_timeout_costs_nothing() -> None:
         run.stream = new
         return []
 
-    watch = Watch(lost_timeout=2.0, heartbeat=0.05, reattach=reattach)
+    watch = Watch(Supervision(lost_timeout=2.0), heartbeat=0.05, reattach=reattach)
     try:
         watch.attach(_node_run(old))
         os.write(old.w, b"L before\n")
@@ -130,7 +131,7 @@ def test_a_node_that_cannot_be_reached_anew_is_lost_only_at_the_timeout() -> Non
     from fleetctl.phases.watch import Watch
 
     pipe = _Pipe()
-    watch = Watch(lost_timeout=1.0, heartbeat=0.05)  # no reattach
+    watch = Watch(Supervision(lost_timeout=1.0), heartbeat=0.05)  # no reattach
     try:
         watch.attach(_node_run(pipe))
         os.write(pipe.w, b"H\n")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fleetctl.api.runspec import Supervision
 from fleetctl.cli.render import LiveLog, fold_ranks
 from fleetctl.cli.render_summary import run_summary_lines
 from fleetctl.job.records.result import JobResult, NodeOutcome
@@ -272,7 +273,7 @@ def test_a_failed_heartbeat_still_delivers_the_buffered_tail_and_exit() -> None:
     lines = [f"line {i}" for i in range(50)]
     data = b"".join(f"L {x}\n".encode() for x in lines) + b"X 0\n"
     run = _node_run(_ClosingStream(data), 0, "n1")
-    watch = Watch(lost_timeout=2.0, heartbeat=0.05)
+    watch = Watch(Supervision(lost_timeout=2.0), heartbeat=0.05)
     watch.attach(run)
     events = []
     while not events or events[-1].kind != "exit":
@@ -371,7 +372,7 @@ def test_one_reader_thread_follows_64_nodes_and_a_silent_one_leaves_its_group() 
     n = 2 * GROUP + 2
     streams = [_PipeStream() for _ in range(n)]
     runs = [_node_run(s, i, f"n{i}") for i, s in enumerate(streams)]
-    watch = Watch(lost_timeout=1.0, heartbeat=0.1)
+    watch = Watch(Supervision(lost_timeout=1.0), heartbeat=0.1)
     try:
         for run in runs:
             watch.attach(run)

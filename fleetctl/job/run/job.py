@@ -189,11 +189,7 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     """Start every node in parallel, stream events until all ended or the first failure."""
     plan, options, sup = job.plan, job.options, job.options.supervision
     assert plan is not None
-    watch = job.watch = Watch(
-        lost_timeout=sup.lost_timeout,
-        heartbeat=options.heartbeat,
-        reattach=_reattacher(fleet),
-    )
+    watch = job.watch = Watch(sup, heartbeat=options.heartbeat, reattach=_reattacher(fleet))
     by_name = {n.name: n for n in job.nodes}
     pace = None
     if sup.on_slow != "off" and len(plan.nodes) > 1:  # the node the others wait for
