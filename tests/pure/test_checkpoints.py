@@ -234,7 +234,7 @@ def test_the_peer_relay_fetches_from_the_sources_server(
             fleet,
             RelaySource(n1, str(work1), str(snap1), train_addr="127.0.0.1"),
             [RelayTarget(n2, str(work2), str(snap2))],
-            checkpoint_dir="ckpt",
+            folder="ckpt",
         )
     assert report.method == "peer" and report.nodes == {"n2": "copied from n1"}
     assert report.files == ["last.ckpt"]

@@ -53,7 +53,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "env_style": (9, "a role job file's key, read by the role env builder"),
     # the same word for a second thing
     "post_mortem": (10, "also the result's proof record (JobResult/job.json post_mortem)"),
-    "checkpoint_dir": (6, "the relay's keyword for the folder once resolved: --resume, elastic"),
     "queue_timeout": (7, "also Job.wait's keyword: the Executor protocol, both executors, Job"),
 }
 

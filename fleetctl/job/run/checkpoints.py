@@ -76,7 +76,7 @@ def relay_before_launch(job: JobContext, fleet: FanOut, shared: Sequence[Sequenc
             fleet,
             src,
             targets,
-            checkpoint_dir=relay.dir,
+            folder=relay.dir,
             shared_groups=shared,
             allow_secrets=job.options.allow_secrets,
             max_bytes=relay.max_bytes,

@@ -287,7 +287,7 @@ class Membership:
             self.fleet,
             src,
             [target],
-            checkpoint_dir=job.options.retry.checkpoint_folder(),
+            folder=job.options.retry.checkpoint_folder(),
             allow_secrets=job.options.allow_secrets,
         )
         job.emit("warning" if report.skipped else "notice", report.summary())

@@ -29,12 +29,13 @@ SINCE_SLACK = 10.0  # s before the earlier job's start that still count as writt
 
 
 def resolve(
-    text: str, runs_dir: str | Path, pool: Sequence[Node], checkpoint_dir: str | None
+    text: str, runs_dir: str | Path, pool: Sequence[Node], relayed: str | None
 ) -> CheckpointRelay:
     """The relay from the earlier job ``text`` (an id, a unique prefix, or ``last``): its
     rank 0's node (as the new run's inventory names it, else as it was reached then), work
-    folder, code snapshot. UsageError naming the value when there is no such job or it never
-    got as far as a plan."""
+    folder, code snapshot; ``relayed``: the checkpoint folder in it, resolved
+    (``Retry.checkpoint_folder``). UsageError naming the value when there is no such job or
+    it never got as far as a plan."""
     from fleetctl.job.records.runfolder import RunFolder, check_job_id, read_job
     from fleetctl.job.records.runs import (
         ATTEMPT_RE,
@@ -84,7 +85,7 @@ def resolve(
         except RunFolderError:
             started = None
         since = None if started is None else started - SINCE_SLACK
-        return CheckpointRelay(source, dir=checkpoint_dir, resume=base, since=since)
+        return CheckpointRelay(source, dir=relayed, resume=base, since=since)
     raise UsageError(f"{bad}: job {base} never got as far as a plan: no checkpoint files")
 
 
@@ -101,7 +102,7 @@ def check_files(
         listed = list_checkpoints(
             src,
             settings,
-            checkpoint_dir=relay.dir,
+            folder=relay.dir,
             allow_secrets=allow_secrets,
             since=relay.since,
         )

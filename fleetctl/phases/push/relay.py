@@ -168,7 +168,7 @@ def relay_checkpoints(
     source: RelaySource,
     targets: Sequence[RelayTarget],
     *,
-    checkpoint_dir: str | None = None,
+    folder: str | None = None,
     shared_groups: Iterable[Sequence[str]] = (),
     allow_secrets: Iterable[str] = (),
     max_bytes: int = CHECKPOINT_MAX,
@@ -176,18 +176,20 @@ def relay_checkpoints(
     same_folder: bool = True,
     since: float | None = None,
 ) -> RelayReport:
-    """Copy the source's new files to ``targets``' work folders. A source that cannot be
+    """Copy the source's new files (those under ``folder``: the checkpoint folder once
+    resolved, ``Retry.checkpoint_folder``; None: the work folder) to ``targets``' work
+    folders. A source that cannot be
     reached, has nothing new or too much is a note (``skipped``); a node that could not take
     them raises ``PushError`` (its ranks would resume from another point than the rest);
     ``report``, when given, is filled in as it goes (the caller keeps it then).
     ``same_folder`` False (``run --resume``: an earlier job's folder, not the targets' own):
     the source node and those sharing its workdir get a copy too; ``since``: see
     ``relay_files`` on the node."""
-    report = report or RelayReport(source.node.name, source.attempt, checkpoint_dir)
+    report = report or RelayReport(source.node.name, source.attempt, folder)
     conn, own = _source_connection(fleet, source, report)
     if conn is None:
         return report
-    pack_opts = (checkpoint_dir, allow_secrets, max_bytes, since)
+    pack_opts = (folder, allow_secrets, max_bytes, since)
     try:
         try:
             listed = _pack(source, conn, *pack_opts, pack=False)
@@ -209,7 +211,7 @@ def relay_checkpoints(
         todo = [t for t in targets if t.node.name in names]
         manifest: dict[str, list[Any]] = listed.get("manifest") or {}
         base = {
-            "dir": checkpoint_dir,
+            "dir": folder,
             "source_id": listed.get("workdir_id") if same_folder else None,
         }
         failed: dict[str, BaseException] = {}
@@ -246,7 +248,7 @@ def relay_checkpoints(
 def _pack(
     source: RelaySource,
     conn: Connection,
-    checkpoint_dir: str | None,
+    folder: str | None,
     allow_secrets: Iterable[str],
     max_bytes: int,
     since: float | None = None,
@@ -267,7 +269,7 @@ def _pack(
             "work": source.work_dir,
             "cwd": source.cwd,
             "seed": source.code_dir,
-            "dir": checkpoint_dir,
+            "dir": folder,
             "tar": tar or f".tmp-relay-{secrets.token_hex(6)}.tar",
             "max_bytes": max_bytes,
             "allow_secrets": sorted(allow_secrets),
@@ -284,7 +286,7 @@ def list_checkpoints(
     source: RelaySource,
     settings: SSHSettings | None,
     *,
-    checkpoint_dir: str | None = None,
+    folder: str | None = None,
     allow_secrets: Iterable[str] = (),
     since: float | None = None,
 ) -> dict[str, Any]:
@@ -298,7 +300,7 @@ def list_checkpoints(
         return _pack(
             source,
             conn,
-            checkpoint_dir,
+            folder,
             allow_secrets,
             CHECKPOINT_MAX,
             since,
