@@ -246,7 +246,7 @@ def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
     monkeypatch: Any,
 ) -> None:
     import fleetctl.phases.check.preflight as check
-    from fleetctl.job.diagnose.culprit import post_mortem
+    from fleetctl.job.diagnose.culprit import likely_causes
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.ssh.fanout import FanOut
@@ -264,13 +264,13 @@ def test_the_post_mortem_skips_lost_hosts_and_never_waits_longer_than_its_limit(
     fleet = FanOut([Node(name=f"node{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)])
     t0 = time.monotonic()
     try:
-        said = post_mortem(fleet, JobSpec(script="t.py", job_id="j1"), skip={"node3"}, limit=0.5)
+        said = likely_causes(fleet, JobSpec(script="t.py", job_id="j1"), skip={"node3"}, limit=0.5)
     finally:
         release.set()
     assert time.monotonic() - t0 < 2.0
     assert probed == [["node1", "node2"]]
     assert said == ["post-mortem probe: no answer from every host within 0.5s"]
     assert (
-        post_mortem(fleet, JobSpec(script="t.py", job_id="j1"), skip={"node1", "node2", "node3"})
+        likely_causes(fleet, JobSpec(script="t.py", job_id="j1"), skip={"node1", "node2", "node3"})
         == []
     )

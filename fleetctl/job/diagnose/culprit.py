@@ -53,7 +53,7 @@ def culprits(report: CheckReport) -> list[str]:
     return out
 
 
-def post_mortem(
+def likely_causes(
     fleet: FanOut,
     spec: JobSpec,
     *,

@@ -256,11 +256,11 @@ def _blame_first_rank(job: JobContext) -> None:
 
 def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
-    from fleetctl.job.diagnose.culprit import post_mortem
+    from fleetctl.job.diagnose.culprit import likely_causes
 
     job.emit("phase", "checking every host after the failure (post-mortem)")
     limit = job.options.supervision.post_mortem_timeout  # the proof's, the same promise
-    found = post_mortem(fleet, job.spec, skip=_lost_hosts(job), limit=limit)
+    found = likely_causes(fleet, job.spec, skip=_lost_hosts(job), limit=limit)
     job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first
     for line in found:
         job.emit("notice", f"likely cause: {line}")
