@@ -210,8 +210,7 @@ def member_lines(members: Sequence[Mapping[str, Any]]) -> list[str]:
 def _proof(result: JobResult) -> list[str]:
     """The post-mortem's proof under the verdict (docs/health.md): its finding, then its
     rounds."""
-    proof = getattr(result, "post_mortem", None) or {}
     return [
         f"    {line.strip()}" if line.startswith("  ") else f"  post-mortem proof: {line}"
-        for line in proof.get("lines") or []
+        for line in result.proof_lines()
     ]

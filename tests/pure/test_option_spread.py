@@ -52,7 +52,11 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
     "env_style": (9, "a role job file's key, read by the role env builder"),
     # the same word for a second thing
-    "post_mortem": (10, "also the result's proof record (JobResult/job.json post_mortem)"),
+    "post_mortem": (
+        6,
+        "also job.json's proof record (diagnose/proof fills JobResult's, JobRecord reads it "
+        "back) and the metrics' phase label (job/monitor/metrics)",
+    ),
     "queue_timeout": (7, "also Job.wait's keyword: the Executor protocol, both executors, Job"),
 }
 

@@ -225,7 +225,8 @@ def test_the_proof_runs_after_a_stall_a_lost_node_or_a_collective_timeout_only(
 
 
 def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
-    from fleetctl.job.run.spares import faulty_hosts, proven
+    from fleetctl.job.diagnose.proof import named_hosts
+    from fleetctl.job.run.spares import faulty_hosts
 
     proof = {
         "unreachable": ["n2"],
@@ -233,7 +234,7 @@ def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
         "finding": {"kind": "link", "hosts": ["n1", "n3"]},
         "named": ["n2", "n1", "n3"],
     }
-    assert proven(proof) == {
+    assert named_hosts(proof) == {
         "n2": "unreachable over SSH after the job",
         "n1": "slow or dead link n1 - n3 (post-mortem collective)",
         "n3": "slow or dead link n1 - n3 (post-mortem collective)",
@@ -241,7 +242,8 @@ def test_the_hosts_a_proof_names_go_to_the_ledger_with_their_reason() -> None:
     result = _result(["stopped", "stopped", "stopped"], verdict="stalled")
     result.post_mortem = proof
     assert set(faulty_hosts(result)) == {"n1", "n2", "n3"}
-    assert proven(None) == {}
+    assert result.proven() == named_hosts(proof)
+    assert named_hosts(None) == {} and _result(["stopped"], verdict=None).proven() == {}
 
 
 def test_the_summary_prints_the_proof_under_a_stall_s_verdict() -> None:

@@ -20,7 +20,7 @@ import dataclasses
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
@@ -62,6 +62,23 @@ def wanted(result: JobResult) -> str | None:
     if ff is not None and _COLLECTIVE.search("\n".join(result.log_tail(ff.rank, 50))):
         return "a collective timeout"
     return None
+
+
+def named_hosts(record: Mapping[str, Any] | None) -> dict[str, str]:
+    """The hosts a proof record (``Proof.to_dict``, as job.json keeps it) named, and why in a
+    few words (the health ledger's reason)."""
+    if not record:
+        return {}
+    found = record.get("finding") or {}
+    out = {h: "unreachable over SSH after the job" for h in record.get("unreachable") or []}
+    out |= {h: "data link down" for h in record.get("cut") or []}
+    hosts = list(found.get("hosts") or [])
+    for h in list(record.get("named") or []):
+        if found.get("kind") == "link" and len(hosts) == 2:
+            out.setdefault(h, f"slow or dead link {hosts[0]} - {hosts[1]} (post-mortem collective)")
+        else:
+            out.setdefault(h, "slow or dead (post-mortem collective)")
+    return out
 
 
 @dataclasses.dataclass

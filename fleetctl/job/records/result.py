@@ -157,6 +157,16 @@ class JobResult:
     # seconds so far, its own threads and its waited-for children (rsync, ssh) apart.
     phases: list[dict[str, Any]] = field(default_factory=list)
 
+    def proven(self) -> dict[str, str]:
+        """The hosts the post-mortem's proof named, and why in a few words (the ledger's)."""
+        from fleetctl.job.diagnose.proof import named_hosts
+
+        return named_hosts(self.post_mortem)
+
+    def proof_lines(self) -> list[str]:
+        """The post-mortem's proof as the summary says it: its finding, then its rounds."""
+        return [str(line) for line in (self.post_mortem or {}).get("lines") or []]
+
     def mark_phase(self, name: str, ts: float) -> None:
         import resource
 

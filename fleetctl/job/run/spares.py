@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetctl.errors import CheckError
 from fleetctl.job.records.state import NodeState
@@ -99,34 +99,16 @@ def faulty_hosts(result: JobResult) -> dict[str, str]:
         host, _, why = line.partition(": ")
         if host in hosts:
             out.setdefault(host, why)
-    for host, why in proven(result.post_mortem).items():
+    for host, why in result.proven().items():
         if host in hosts:
             out.setdefault(host, why)
-    return out
-
-
-def proven(post_mortem: Mapping[str, Any] | None) -> dict[str, str]:
-    """The hosts the post-mortem's proof named (``fleetctl.job.diagnose.proof``), and why in a few
-    words (the ledger's reason)."""
-    if not post_mortem:
-        return {}
-    found = post_mortem.get("finding") or {}
-    named = list(post_mortem.get("named") or [])
-    out = {h: "unreachable over SSH after the job" for h in post_mortem.get("unreachable") or []}
-    out |= {h: "data link down" for h in post_mortem.get("cut") or []}
-    hosts = list(found.get("hosts") or [])
-    for h in named:
-        if found.get("kind") == "link" and len(hosts) == 2:
-            out.setdefault(h, f"slow or dead link {hosts[0]} - {hosts[1]} (post-mortem collective)")
-        else:
-            out.setdefault(h, "slow or dead (post-mortem collective)")
     return out
 
 
 def remember_proven(result: JobResult) -> None:
     """The hosts the post-mortem's proof named, into the health ledger (a run without
     retries or spares: ``run_attempts`` records them with every other faulty host)."""
-    named = proven(result.post_mortem)
+    named = result.proven()
     if named:
         remember_faulty(result, {h: w for h, w in faulty_hosts(result).items() if h in named})
 
@@ -138,8 +120,8 @@ def remember_faulty(result: JobResult, faulty: Mapping[str, str]) -> None:
     from fleetctl.health.ledger import Ledger
 
     lost = {n.host for n in result.nodes if n.state in (NodeState.LOST, NodeState.START_FAILED)}
-    named = proven(result.post_mortem)
-    proof = "\n".join((result.post_mortem or {}).get("lines") or [])
+    named = result.proven()
+    proof = "\n".join(result.proof_lines())
     ledger = Ledger()
     for host, why in faulty.items():
         source = "lost" if host in lost else "collective" if host in named else "failure"
