@@ -192,7 +192,8 @@ class Job:
         A submitted job (``executor == "sbatch"``): waits in the queue, then follows it to
         its end (``on_event``: the batch script's ``SlurmEvent``s), with the same result
         (``exit_code``: the inside run's; ``slurm``: the Slurm job). It raises what kept it
-        from running inside: QueueTimeout (5, after ``queue_timeout`` s; cancelled),
+        from running inside: QueueTimeout (5, after ``queue_timeout`` s, by default the
+        submitted record's ``queue_timeout``; cancelled),
         UsageError (2, it can never start), JobFailed (3, the Slurm job ended before fleetctl
         ran in it), Interrupted (130: Ctrl-C, the Slurm job cancelled, verified)."""
         result = self._executor.wait(timeout, on_event=on_event, queue_timeout=queue_timeout)

@@ -43,6 +43,9 @@ class Submission:
     #: copied at submit, so an edit while the job is queued does not change it (as sbatch
     #: keeps its script)
     job_file: tuple[str, str] | None = None
+    #: the record's Slurm group: what this side asked of Slurm, its queue limit the job's
+    #: ``wait()``'s (``Submitted``)
+    asked: Slurm = dataclasses.field(default_factory=Slurm)
 
     @property
     def job_id(self) -> str:
@@ -131,7 +134,8 @@ class Submission:
         from fleetctl.api.job import Job
         from fleetctl.api.submitted import Submitted
 
-        return Job._submitted_job(Submitted(run, slurm_job, record, client), run.path.parent)
+        sub = Submitted(run, slurm_job, record, client, asked=self.asked)
+        return Job._submitted_job(sub, run.path.parent)
 
 
 def submission(
@@ -278,7 +282,7 @@ def submission(
         private=not shared_fs,
         spec=document(inner.to_dict(), inside),
     )
-    return Submission(req, render(req), launcher, copy)
+    return Submission(req, render(req), launcher, copy, sl)
 
 
 def submit(

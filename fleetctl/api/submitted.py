@@ -29,6 +29,7 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import RunResult
+    from fleetctl.api.runspec import Slurm
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.files import SlurmRecord
     from fleetctl.job.records.jobrecord import JobRecord
@@ -66,10 +67,15 @@ class Submitted:
         record: SlurmRecord,
         client: SlurmClient | None = None,
         settings: SSHSettings | None = None,
+        *,
+        asked: Slurm | None = None,
     ) -> None:
+        from fleetctl.api.runspec import Slurm
         from fleetctl.slurm.submit import SlurmClient
 
         self._run = run
+        # what the submission asked of Slurm (its queue limit: wait()'s); none when attached
+        self.asked = asked or Slurm()
         self.slurm_job_id = slurm_job_id
         self.record = record  # slurm.json: state, nodes, partition, …
         self._client = client or SlurmClient()
@@ -235,13 +241,16 @@ class Submitted:
         ``line``, ``errline``, ``cancelling``, …), then the inside run's verdict, returned
         whatever it is (``exit_code``: the inside run's). Raises what kept the job from
         running inside, as the command exits: QueueTimeout (5) after ``queue_timeout`` s in
-        the queue (cancelled), UsageError (2) for a job that can never start, JobFailed (3)
-        when the Slurm job ended before fleetctl ran in it, Interrupted (130) on Ctrl-C (the
-        Slurm job cancelled, verified). ``timeout``: WaitTimeout while it is still queued
-        then (the job runs on; its output is followed only once it left the queue)."""
+        the queue (default: the submitted record's, ``asked``; cancelled), UsageError (2) for
+        a job that can never start, JobFailed (3) when the Slurm job ended before fleetctl ran
+        in it, Interrupted (130) on Ctrl-C (the Slurm job cancelled, verified). ``timeout``:
+        WaitTimeout while it is still queued then (the job runs on; its output is followed
+        only once it left the queue)."""
         if timeout is not None:
             deadline = time.monotonic() + timeout
             wait_until(lambda: self.done, deadline, f"job {self.job_id}", timeout)
+        if queue_timeout is None:
+            queue_timeout = self.asked.queue_timeout
         return self._follow(on_event, queue_timeout)
 
     def _follow(

@@ -113,12 +113,7 @@ def run_slurm(ctx: click.Context, spec: RunSpec, ssh: SSHOptions) -> None:
             err=True,
         )
         return
-    _submit_and_follow(
-        sub,
-        detach=spec.monitor.detach,
-        as_json=bool(p.get("as_json")),
-        queue_timeout=spec.slurm.queue_timeout,
-    )
+    _submit_and_follow(sub, detach=spec.monitor.detach, as_json=bool(p.get("as_json")))
 
 
 def _dry_run_document(sub: Submission) -> dict[str, Any]:
@@ -154,9 +149,9 @@ def _plan_lines(sub: Submission, spec: RunSpec) -> list[str]:
     ]
 
 
-def _submit_and_follow(
-    sub: Submission, *, detach: bool, as_json: bool, queue_timeout: float | None
-) -> None:
+def _submit_and_follow(sub: Submission, *, detach: bool, as_json: bool) -> None:
+    """Submit; unless detached, follow the job to its end (its wait: the record's
+    --queue-timeout, ``Submission.asked``) and exit as the run inside did."""
     job = sub.submit(detach=detach)
     submitted = job.submitted
     assert submitted is not None  # the sbatch executor's job
@@ -174,12 +169,12 @@ def _submit_and_follow(
             click.echo(f"{slurm_job} {job.job_id}")
         return
     if not as_json:
-        job.wait(on_event=emit, queue_timeout=queue_timeout, check=True)
+        job.wait(on_event=emit, check=True)
         return
     # --json: stdout is the run's document alone (as `run --json`: no live lines), printed
     # whatever the verdict, before its error (if any) ends the command
     try:
-        job.wait(on_event=_emit_json, queue_timeout=queue_timeout, check=True)
+        job.wait(on_event=_emit_json, check=True)
     finally:
         doc = submitted.document()
         if doc is not None:

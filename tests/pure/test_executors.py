@@ -202,3 +202,48 @@ def test_a_queued_submitted_job_stops_by_scancel_then_through_its_run_folder(
     ]
     assert (run.load_job().status, job.done) == ("cancelled", True)
     assert job.stop() is None and slurm.cancels == ["42"]  # ended: the run folder says so
+
+
+class _Bounded(_Queue):
+    """A queue that fails the test where a wait would go on past its limit (~10 s)."""
+
+    shows = 0
+
+    def show(self, job: str) -> JobInfo | None:
+        self.shows += 1
+        assert self.shows < 40, "still waiting in the queue: the record's limit was not used"
+        return super().show(job)
+
+
+def test_a_submitted_job_waits_in_the_queue_as_long_as_its_record_asked(tmp_path: Path) -> None:
+    """``slurm.submit(…, queue_timeout=S)``: the job's ``wait()`` cancels it after S s in the
+    queue (exit 5) as ``run --slurm --queue-timeout S`` does; ``wait(queue_timeout=)`` wins."""
+    from fleetctl.api import slurm
+    from fleetctl.api.runspec import Slurm
+    from fleetctl.slurm.batch import QueueTimeout
+
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    sub = slurm.submission(str(tmp_path / "job.py"), nodes=1, runs_dir=tmp_path, queue_timeout=60)
+    assert sub.asked == Slurm(queue_timeout=60.0)
+    run, queue = _run(tmp_path), _Bounded()
+    asked = Slurm(queue_timeout=1.0)
+    job = Job(
+        "j1",
+        tmp_path,
+        executor=Submitted(run, "42", SlurmRecord(job_id="42"), client=queue, asked=asked),
+    )  # type: ignore[arg-type]
+    with pytest.raises(QueueTimeout, match="did not start within --queue-timeout 1s"):
+        job.wait()
+    assert queue.cancels == ["42"]
+    queue = _Queue()
+    job = Job(
+        "j1",
+        tmp_path,
+        executor=Submitted(
+            run, "42", SlurmRecord(job_id="42"), client=queue, asked=Slurm(queue_timeout=600.0)
+        ),
+    )  # type: ignore[arg-type]
+    with pytest.raises(QueueTimeout, match="within --queue-timeout 0s"):
+        job.wait(queue_timeout=0)
+    unasked = Submitted(run, "42", SlurmRecord(job_id="42"), client=_Queue())  # type: ignore[arg-type]
+    assert unasked.asked.queue_timeout is None  # attached later: waits as long as it queues

@@ -57,7 +57,11 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "also job.json's proof record (diagnose/proof fills JobResult's, JobRecord reads it "
         "back) and the metrics' phase label (job/monitor/metrics)",
     ),
-    "queue_timeout": (7, "also Job.wait's keyword: the Executor protocol, both executors, Job"),
+    "queue_timeout": (
+        6,
+        "also Job.wait's keyword: Job, the Executor protocol, the direct executor (refuses it), "
+        "the submitted one (its record's by default: Submission.asked)",
+    ),
 }
 
 
