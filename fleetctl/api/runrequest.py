@@ -91,12 +91,11 @@ def prepare(
         from fleetctl.job.run.rolejob import load_role_job
 
         role_job = load_role_job(
-            job_file,
+            p,
             tuple(nodes),
             {g: tuple(m) for g, m in groups.items()},
             job,
             code_dir=code_dir,
-            env_style=p.env_style,
             detach=spec.monitor.detach,
         )
         job, code_dir, planner = role_job.spec, role_job.code_dir, role_job.planner

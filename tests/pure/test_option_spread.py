@@ -50,7 +50,11 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "container_runtime": (10, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
-    "env_style": (9, "a role job file's key, read by the role env builder"),
+    "env_style": (
+        6,
+        "also a role job file's key (its parser and format, plan/roles); the option is resolved "
+        "over it once (job/run/rolejob: JobFile.env_names), the planner carries the result",
+    ),
     # the same word for a second thing
     "post_mortem": (
         6,

@@ -215,12 +215,10 @@ GOLDEN_PAI_ENV_WORKER_1 = {
 }
 
 
-def _plan(env_style: str | None = None, text: str = PS_JOB, facts=None):
+def _plan(names: str | None = None, text: str = PS_JOB, facts=None):
     job, tasks, ports = _layout(text)
     base = JobSpec(script="-", job_id="job1", env={"USER_X": "1"})
-    return job, make_role_plan(
-        job, tasks, base, ports, env_style=env_style, user="alice", facts=facts
-    )
+    return job, make_role_plan(job, tasks, base, ports, names=names, user="alice", facts=facts)
 
 
 def test_every_task_sees_every_role_address_and_port_fleet_style() -> None:

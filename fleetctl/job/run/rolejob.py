@@ -33,6 +33,7 @@ from fleetctl.plan.roles import (
 )
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Program
     from fleetctl.node import Node
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
     from fleetctl.ssh.fanout import FanOut
@@ -92,7 +93,7 @@ class RolePlanner:
 
     job: JobFile
     tasks: list[Task]
-    env_style: str | None = None
+    names: str = "fleet"  # the role env's names, resolved (JobFile.env_names)
     user: str = ""
 
     @property
@@ -129,7 +130,7 @@ class RolePlanner:
             ports,
             facts=facts,
             code_digest=code_digest,
-            env_style=self.env_style,
+            names=self.names,
             user=self.user,
         )
         return plan, RoleLayout(self.job, tuple(tasks), ports)
@@ -156,9 +157,7 @@ class RolePlanner:
             for h, c in ports_per_host(self.tasks, needs).items()
         }
         ports = assign_ports(self.tasks, needs, free)
-        return make_role_plan(
-            self.job, self.tasks, spec, ports, env_style=self.env_style, user=self.user
-        )
+        return make_role_plan(self.job, self.tasks, spec, ports, names=self.names, user=self.user)
 
 
 def prepare_roles(
@@ -169,9 +168,10 @@ def prepare_roles(
     env_style: str | None = None,
     user: str | None = None,
 ) -> RolePlanner:
-    """Lay the roles out on the inventory (no network yet)."""
+    """Lay the roles out on the inventory (no network yet); ``env_style``: the command
+    line's, over the job file's."""
     tasks = assign_tasks(job, nodes, groups)
-    return RolePlanner(job, tasks, env_style, user if user is not None else _user())
+    return RolePlanner(job, tasks, job.env_names(env_style), user if user is not None else _user())
 
 
 def _user() -> str:
@@ -194,25 +194,27 @@ class RoleJob:
 
 
 def load_role_job(
-    job_file: str,
+    program: Program,
     nodes: Sequence[Node],
     groups: Mapping[str, Sequence[str]],
     spec: JobSpec,
     *,
     code_dir: str | None = None,
-    env_style: str | None = None,
     detach: bool = False,
 ) -> RoleJob:
-    """Read ``job_file``, lay its roles out on the nodes, check its scripts exist in the code
+    """Read the run's role job file (``program``: the run's Program group, its ``--job`` and
+    ``--env-style``), lay its roles out on the nodes, check its scripts exist in the code
     dir (default: the git work tree holding the job file). ``spec`` carries the job id, port,
     env and backend; its script and launcher come from the job file."""
     from fleetctl.phases.codesync import default_code_dir
     from fleetctl.plan.roles import load_job_file
 
+    job_file = program.job_file
+    assert job_file is not None  # the caller's branch: a role job
     job = load_job_file(job_file)
     if detach and any(r.min_succeeded is not None for r in job.roles):
         raise UsageError(f"{job_file}: min_succeeded needs a watching controller: no --detach")
-    planner = prepare_roles(job, nodes, groups, env_style=env_style)
+    planner = prepare_roles(job, nodes, groups, env_style=program.env_style)
     code = code_dir if code_dir is not None else str(default_code_dir(job_file))
     for rel, where in [(r.script, r.where) for r in job.roles if r.script] + (
         [(job.script, job_file)] if job.script else []

@@ -17,12 +17,13 @@ def task_env(
     ports: Mapping[tuple[str, int], Mapping[str, Sequence[int]]],
     task: Task,
     *,
-    env_style: str | None = None,
+    names: str = "fleet",
     job_name: str = "",
     user: str = "",
 ) -> dict[str, str]:
-    """The role variables of one task (see the module doc); ``addrs``: host -> training IP."""
-    style = env_style or job.env_style
+    """The role variables of one task (see the module doc); ``addrs``: host -> training IP;
+    ``names``: fleet, or pai for OpenPAI's too (``JobFile.env_names``)."""
+    style = names
     roles = [r.name for r in job.roles]
     by_role: dict[str, list[Task]] = {r: [t for t in tasks if t.role == r] for r in roles}
     env: dict[str, str] = {

@@ -134,6 +134,11 @@ class JobFile:
     image: str | None = None  # like `run --image` (the command line wins)
     container_runtime: str | None = None  # like `run --container-runtime`
 
+    def env_names(self, override: str | None = None) -> str:
+        """The names the role env uses (fleet | pai): ``override`` (``--env-style``, the
+        command line's) over this file's ``env_style``; resolved once, by the role planner."""
+        return override or self.env_style
+
     def role(self, name: str) -> RoleSpec:
         for r in self.roles:
             if r.name == name:

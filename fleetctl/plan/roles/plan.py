@@ -60,18 +60,19 @@ def make_role_plan(
     *,
     facts: Mapping[str, NodeFacts] | None = None,
     code_digest: str | None = None,
-    env_style: str | None = None,
+    names: str | None = None,
     user: str = "",
 ) -> Plan:
     """One Plan for the whole role job: each role planned as its own world, then merged.
 
     ``base`` carries the job id, created stamp, user ``--env-var``s and backend. Node ranks are
     global (task order), so ``FLEET_NODE_RANK`` is unique per task; within a role the launcher
-    sees the role's own ranks. Raises PlanError.
+    sees the role's own ranks; ``names``: the role env's names (``JobFile.env_names``;
+    default: the job file's). Raises PlanError.
     """
     if not tasks:
         raise PlanError("no tasks to run")
-    facts = facts or {}
+    facts, style = facts or {}, job.env_names(names)
     addrs = {
         t.node.name: (facts.get(t.node.name) or NodeFacts()).train_addr
         or t.node.train_addr
@@ -94,7 +95,7 @@ def make_role_plan(
                     addrs,
                     ports,
                     t,
-                    env_style=env_style,
+                    names=style,
                     job_name=job.name or base.job_id,
                     user=user,
                 )
