@@ -49,7 +49,11 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     "probe_timeout": (6, "also check's --probe-timeout (CheckOptions: the probe, the image check)"),
     "container_runtime": (10, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
-    "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
+    "job_file": (
+        8,
+        "the role job's loader (job/run/rolejob) and run --slurm's copy (api/slurm); also the "
+        "key of slurm.json and roles.json (job/records/files) and of the --slurm dry run's JSON",
+    ),
     "env_style": (
         6,
         "also a role job file's key (its parser and format, plan/roles); the option is resolved "

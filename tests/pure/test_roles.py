@@ -320,3 +320,28 @@ def test_a_job_file_carries_its_timeout_and_stall_timeout() -> None:
     assert (job.timeout, job.stall_timeout) == (3600.0, 300.0)
     plain = parse_job_file("roles:\n  a: {command: x}\n", "j")
     assert (plain.timeout, plain.stall_timeout) == (None, None)
+
+
+def test_roles_json_is_the_layout_as_its_record(tmp_path) -> None:
+    """roles.json (``RunFolder.write_roles``): the job file as parsed, then every task with its
+    host and ports, in the shape the golden record reads (tests/pure/records/roles.json)."""
+    import json
+
+    from fleetctl.job.records.runfolder import RunFolder
+
+    job, tasks, ports = _layout()
+    folder = RunFolder.create(tmp_path, "j1")
+    folder.write_roles(RoleLayout(job, tuple(tasks), ports))
+    doc = json.loads((folder.path / "roles.json").read_text())
+    assert list(doc) == ["job_file", "tasks"] and doc["job_file"] == job.to_dict()
+    assert doc["tasks"] == [
+        {
+            "rank": t.rank,
+            "role": t.role,
+            "index": t.index,
+            "host": t.node.name,
+            "ports": ports.get((t.role, t.index), {}),
+        }
+        for t in tasks
+    ]
+    assert any(task["ports"] for task in doc["tasks"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.job.records.attempts import Attempt, AttemptsRecord
-from fleetctl.job.records.files import ConnectRecord
+from fleetctl.job.records.files import ConnectRecord, RolesRecord
 from fleetctl.job.records.jobrecord import JobRecord
 from fleetctl.job.records.runfolder import RunFolder, RunFolderError, iso, list_runs, load_run
 
@@ -142,7 +142,7 @@ def test_every_record_file_is_written_whole_private_and_with_no_temp_file_left(
     folder.write_record(
         AttemptsRecord(attempts=[Attempt(attempt=1, job_id="j", folder="/r/j", status="failed")])
     )
-    folder.write_roles({"roles": []})
+    folder.write_record(RolesRecord())
     folder.write_streamed_console(1, "node/2", ["a", "b"])
     with folder.editing_job() as job:
         job.status = "failed"

@@ -26,9 +26,12 @@ it was (``tests/pure/records/*.json`` are the golden files).
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from fleetctl.remote.kit.records import _REQUIRED, Record, RecordError, _parse
+
+if TYPE_CHECKING:
+    from fleetctl.plan.roles import RoleLayout
 
 _F = TypeVar("_F", bound="FileRecord")
 
@@ -348,10 +351,25 @@ class RoleTask(FileRecord):
 
 
 class RolesRecord(FileRecord):
-    """``roles.json``: a role job's layout (``RoleLayout.to_dict``): the job file as parsed
-    (``JobFile.to_dict``, its own shape) and every task's ports."""
+    """``roles.json``: a role job's layout: the job file as parsed (``JobFile.to_dict``, its
+    own shape) and every task's ports."""
 
     FILE = KIND = "roles.json"
     NESTED = {"tasks": RoleTask}  # noqa: RUF012
     job_file: dict = {}  # noqa: RUF012
     tasks: list = []  # noqa: RUF012
+
+    @classmethod
+    def of(cls, layout: RoleLayout) -> RolesRecord:
+        """The record of a role plan's layout (``fleetctl.plan.roles.RoleLayout``)."""
+        tasks = [
+            RoleTask(
+                rank=t.rank,
+                role=t.role,
+                index=t.index,
+                host=t.node.name,
+                ports=layout.ports.get((t.role, t.index), {}),
+            )
+            for t in layout.tasks
+        ]
+        return cls(job_file=layout.job.to_dict(), tasks=tasks)

@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from fleetctl.errors import NoSuchJob, RunFolderError, UsageError
 from fleetctl.job.records.files import (
@@ -60,6 +60,9 @@ from fleetctl.job.records.jobrecord import JobRecord, job_record
 from fleetctl.job.records.plan import PlanRecord
 from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.kit.records import RecordError
+
+if TYPE_CHECKING:
+    from fleetctl.plan.roles import RoleLayout
 
 DEFAULT_RUNS_DIR = "fleet-runs"
 JOB_FILE = "job.json"
@@ -221,13 +224,9 @@ class RunFolder:
     def has_connect(self) -> bool:
         return (self.path / CONNECT_FILE).is_file()
 
-    def write_roles(self, layout: dict[str, Any]) -> None:
-        """``roles.json``: a role job's layout (``RoleLayout.to_dict``), through its record."""
-        try:
-            record = RolesRecord.from_dict(layout)
-        except RecordError as e:
-            raise RunFolderError(str(e)) from None
-        self.write_record(record)
+    def write_roles(self, layout: RoleLayout) -> None:
+        """``roles.json``: a role job's layout, as its record (``RolesRecord.of``)."""
+        self.write_record(RolesRecord.of(layout))
 
     def write_check(self, report: dict[str, Any]) -> None:
         """``check.json``: the check's table as the run saw it (every host's cells with their

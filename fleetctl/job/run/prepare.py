@@ -126,7 +126,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
             options.before_launch(job.nodes, fleet.settings)
     if options.planner is not None:  # role jobs: ports probed, roles laid out
         job.plan, layout = options.planner.plan(job.nodes, spec, facts or None, code_digest, fleet)
-        job.folder.write_roles(layout.to_dict())
+        job.folder.write_roles(layout)
         job.roles = {np.node_rank: layout.role_of(np.node_rank) for np in job.plan.nodes}
     else:
         from fleetctl.job.run.ports import reserve_master_port

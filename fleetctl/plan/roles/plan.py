@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetctl.errors import PlanError
 from fleetctl.plan.rankplan import JobSpec, NodeFacts, NodePlan, Plan, make_plan
@@ -35,21 +35,6 @@ class RoleLayout:
 
     def role_of(self, rank: int) -> str:
         return self.tasks[rank].role
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_file": self.job.to_dict(),
-            "tasks": [
-                {
-                    "rank": t.rank,
-                    "role": t.role,
-                    "index": t.index,
-                    "host": t.node.name,
-                    "ports": self.ports.get((t.role, t.index), {}),
-                }
-                for t in self.tasks
-            ],
-        }
 
 
 def make_role_plan(
