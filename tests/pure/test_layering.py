@@ -80,7 +80,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.report",
     ): "run --report: the report written as the job ends",
     ("fleetctl.job.monitor.exposition", "fleetctl.api.checks"): "the metrics sample's value checks",
-    ("fleetctl.phases.collect", "fleetctl.job.records.runfolder"): "the run folder's file names",
     (
         "fleetctl.phases.stacks",
         "fleetctl.job.diagnose.stacks",
