@@ -91,7 +91,6 @@ UPWARD: dict[tuple[str, str], str] = {
     ): "a role job file's --collective options",
     ("fleetctl.plan.script_arg", "fleetctl.phases.codesync"): "the code folder a script is in",
     ("fleetctl.plan.inventory.nodes", "fleetctl.transport.loginshell"): "ansible_shell_type, pure",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.sshargs"): "ansible_ssh_*_args, pure",
     ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
 }
 

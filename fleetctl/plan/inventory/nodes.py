@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import InventoryError
 from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, Node
 from fleetctl.plan.inventory.ranges import _parse_address
+from fleetctl.plan.inventory.sshargs import SSHArgs, merge, parse_ssh_args
 from fleetctl.plan.inventory.vars import _effective_vars
 from fleetctl.plan.inventory.yaml_source import _Unsafe, _Vault
-from fleetctl.transport.sshargs import SSHArgs, merge, parse_ssh_args
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Host, _Model, _Origin
