@@ -90,7 +90,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.phases.check.collective_judge",
     ): "a role job file's --collective options",
     ("fleetctl.plan.script_arg", "fleetctl.phases.codesync"): "the code folder a script is in",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.loginshell"): "ansible_shell_type, pure",
     ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
 }
 
