@@ -221,8 +221,8 @@ def submission(
     )
     job_file = spec.program.job_file
     if job_file is not None:
-        from fleetctl.phases.codesync import default_code_dir
         from fleetctl.plan.roles import load_job_file
+        from fleetctl.plan.script_arg import default_code_dir
 
         src = os.fspath(job_file)
         jf = load_job_file(src)
