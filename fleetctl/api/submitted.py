@@ -118,6 +118,15 @@ class Submitted:
         except RunFolderError:
             return None
 
+    def inside_ended(self) -> bool:
+        """The run inside has written its end to job.json (False while it is unreadable)."""
+        from fleetctl.errors import RunFolderError
+
+        try:
+            return self._run.load_job().finished
+        except RunFolderError:
+            return False
+
     def slurm_state(self) -> str:
         """Slurm's view now, one line (state, reason, queue position), or the last seen."""
         from fleetctl.slurm.queue import describe
@@ -194,7 +203,7 @@ class Submitted:
         out, err = self.run_folder / OUTPUT_FILE, self.run_folder / ERROR_FILE
         if info is not None and info.pending:
             info = wait_started(self._client, sj, on_event, queue_timeout=None)
-        follow(self._client, sj, out, on_event, err)
+        follow(self._client, sj, out, on_event, err, ended=self.inside_ended)
 
     def lines(self, timeout: float | None = None) -> Iterator[LogLine]:
         """The batch script's output lines (stdout, then stderr as they come) as
@@ -282,6 +291,7 @@ class Submitted:
                 on_state=on_state,
                 error=self.run_folder / ERROR_FILE,
                 private=private,
+                ended=self.inside_ended,
             )
         except KeyboardInterrupt:
             self._mark("interrupted", "the submitter was stopped: scancel")

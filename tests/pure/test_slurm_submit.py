@@ -495,6 +495,10 @@ def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
         job.verdict(JobInfo("5", "FAILED", exit_code=1))
 
 
+def never() -> bool:
+    return False
+
+
 class FakeSlurm:
     """A Slurm whose job has the scripted states, one per ``show``; records cancels."""
 
@@ -516,7 +520,7 @@ def test_queue_timeout_cancels_and_exits_5(tmp_path: Path) -> None:
     slurm = FakeSlurm([JobInfo("5", "PENDING", "Resources")])
     events: list[SlurmEvent] = []
     with pytest.raises(QueueTimeout, match="did not start within --queue-timeout 0s") as e:
-        run_submitted(slurm, "5", tmp_path / "out", events.append, queue_timeout=0)  # type: ignore[arg-type]
+        run_submitted(slurm, "5", tmp_path / "out", events.append, queue_timeout=0, ended=never)  # type: ignore[arg-type]
     assert e.value.exit_code == 5 and slurm.cancels == [False]
     assert [ev.kind for ev in events] == ["waiting", "cancelling"]
     assert events[0].text == "PENDING (Resources), position 1 in queue"
@@ -525,7 +529,8 @@ def test_queue_timeout_cancels_and_exits_5(tmp_path: Path) -> None:
 def test_a_job_that_can_never_start_is_cancelled_exit_2(tmp_path: Path) -> None:
     slurm = FakeSlurm([JobInfo("5", "PENDING", "PartitionNodeLimit")])
     with pytest.raises(UsageError, match="can never start as asked \\(PartitionNodeLimit\\)"):
-        run_submitted(slurm, "5", tmp_path / "out", lambda ev: None, queue_timeout=None)  # type: ignore[arg-type]
+        out = tmp_path / "out"
+        run_submitted(slurm, "5", out, lambda ev: None, queue_timeout=None, ended=never)  # type: ignore[arg-type]
     assert slurm.cancels == [False]
 
 
@@ -541,7 +546,7 @@ def test_ctrl_c_while_following_cancels_gracefully_then_propagates(tmp_path: Pat
             raise KeyboardInterrupt  # Ctrl-C arrives while a line is shown
 
     with pytest.raises(KeyboardInterrupt):
-        run_submitted(slurm, "5", out, emit, queue_timeout=None)  # type: ignore[arg-type]
+        run_submitted(slurm, "5", out, emit, queue_timeout=None, ended=never)  # type: ignore[arg-type]
     assert slurm.cancels == [True]
     assert seen == ["started", "line", "cancelling", "cancelled"]
 
@@ -552,7 +557,7 @@ def test_following_streams_both_files_to_the_end(tmp_path: Path) -> None:
     err.write_text("fleetctl: job succeeded\n")
     slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED", exit_code=0)])
     events: list[SlurmEvent] = []
-    info = run_submitted(slurm, "5", out, events.append, queue_timeout=None, error=err)  # type: ignore[arg-type]
+    info = run_submitted(slurm, "5", out, events.append, queue_timeout=None, error=err, ended=never)  # type: ignore[arg-type]
     assert info.state == "COMPLETED" and slurm.cancels == []
     got = [(e.kind, e.text) for e in events if e.kind in ("line", "errline")]
     assert got == [
@@ -576,10 +581,15 @@ def test_follower_asks_slurmctld_seldom_until_the_run_inside_has_ended(
     fake_time = SimpleNamespace(
         monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)
     )
+    from fleetctl.api.submitted import Submitted
+    from fleetctl.job.records.jobrecord import JobRecord
+
     monkeypatch.setattr(submit, "time", fake_time)
-    (tmp_path / "job.json").write_text(f'{{"status": "{status}"}}')
+    run = RunFolder.create(tmp_path, "j1")
+    run.write_job(JobRecord(job_id="j1", status=status))
     slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED")])
-    submit.follow(slurm, "5", tmp_path / "slurm.out", lambda ev: None)  # type: ignore[arg-type]
+    ended = Submitted(run, "5", SlurmRecord(job_id="5"), client=slurm).inside_ended  # type: ignore[arg-type]
+    submit.follow(slurm, "5", run.path / "slurm.out", lambda ev: None, ended=ended)  # type: ignore[arg-type]
     assert at_least <= clock[0] < under, clock[0]
 
 

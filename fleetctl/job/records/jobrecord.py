@@ -25,7 +25,7 @@ from typing import Any
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records.attempts import Attempt
 from fleetctl.job.records.files import FileRecord
-from fleetctl.job.records.state import LIVE_STATES
+from fleetctl.job.records.state import ENDED_STATES, LIVE_STATES
 from fleetctl.remote.kit.records import RecordError
 
 
@@ -121,6 +121,12 @@ class JobRecord(FileRecord):
     def live(self) -> bool:
         """The record says the job may still run (a crashed controller leaves 'running')."""
         return self.status in LIVE_STATES
+
+    @property
+    def finished(self) -> bool:
+        """The attempt ran and its end is written (``run --slurm``'s submitter asks Slurm often
+        from then on: the batch script exits right after)."""
+        return self.status in ENDED_STATES
 
     def node(self, rank: int) -> NodeRecord | None:
         return next((n for n in self.nodes if n.rank == rank), None)
