@@ -276,7 +276,7 @@ class Submitted:
             private = PrivateFollower(
                 self._client,
                 self.slurm_job_id,
-                self.run_folder,
+                self._run,
                 output=str(self.record.output),
                 error=str(self.record.error),
                 inside_folder=str(self.record.inside_folder),

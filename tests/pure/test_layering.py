@@ -89,7 +89,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.plan.roles.jobfile",
         "fleetctl.phases.check.collective_judge",
     ): "a role job file's --collective options",
-    ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
 }
 
 

@@ -461,18 +461,40 @@ def test_submission_without_a_shared_filesystem_runs_inside_under_the_batch_host
 def test_a_pulled_job_json_names_the_local_folder(tmp_path: Path) -> None:
     import json
 
-    from fleetctl.slurm.private import PrivateFollower
-
     inside = "/tmp/fleetctl-slurm-j1/j1"
     local = tmp_path / 'runs "x"' / "j1"
     local.mkdir(parents=True)
-    doc = {"folder": inside, "nodes": [{"folder": f"{inside}/0-node1"}], "other": inside + "x"}
-    (local / "job.json").write_text(json.dumps(doc))
-    f = PrivateFollower(object(), "42", local, output="o", error="e", inside_folder=inside)  # type: ignore[arg-type]
-    f._relocate()
+    node = {"rank": 0, "host": "node1", "folder": f"{inside}/0-node1"}
+    doc = {"job_id": "j1", "status": "failed", "folder": inside, "nodes": [node]}
+    (local / "job.json").write_text(json.dumps({**doc, "other": inside + "x"}))
+    RunFolder(local).relocate_job(inside)
     got = json.loads((local / "job.json").read_text())
     assert got["folder"] == str(local) and got["nodes"][0]["folder"] == f"{local}/0-node1"
     assert got["other"] == inside + "x"  # only the folder itself and paths inside it
+    (local / "job.json").write_text(json.dumps({"job_id": "j1", "folder": inside}))  # no status
+    RunFolder(local).relocate_job(inside)  # not a record: left as pulled
+    assert json.loads((local / "job.json").read_text())["folder"] == inside
+
+
+@pytest.mark.parametrize("case", ["job.json", "job.detached.json", "job.retry.json"])
+def test_moving_job_json_through_its_record_writes_what_the_text_replace_wrote(
+    case: str, tmp_path: Path
+) -> None:
+    """Before the records, ``_relocate`` replaced the folder's JSON-escaped path as text (a
+    whole string, or one that goes on with ``/``); through ``JobRecord`` the file is the same,
+    byte for byte, for a golden job.json and a local folder whose name JSON escapes."""
+    import json
+
+    golden = (Path(__file__).parent / "records" / case).read_text()
+    inside = json.loads(golden)["folder"]
+    local = tmp_path / 'runs "é"' / "j1"
+    local.mkdir(parents=True)
+    old, here = (json.dumps(str(x))[:-1] for x in (inside, local))
+    want = golden.replace(old + '"', here + '"').replace(old + "/", here + "/")
+    assert want != golden
+    (local / "job.json").write_text(golden)
+    RunFolder(local).relocate_job(inside)
+    assert (local / "job.json").read_text() == want
 
 
 def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
