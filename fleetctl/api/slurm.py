@@ -310,10 +310,9 @@ def read_spec(path: str | os.PathLike[str]) -> tuple[RunSpec, Inside]:
 
 
 def _python_path() -> str:
-    """Where this fleetctl is imported from, for the batch script's PYTHONPATH."""
-    import fleetctl
-
-    return str(Path(fleetctl.__file__).resolve().parent.parent)
+    """Where this fleetctl is imported from, for the batch script's PYTHONPATH: the folder
+    holding the package, two above this module (``fleetctl/api/slurm.py``)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 __all__ = ["Submission", "read_spec", "submission", "submit"]

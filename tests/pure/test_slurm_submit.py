@@ -657,3 +657,10 @@ def test_no_slurm_ignores_the_allocation_it_runs_in(tmp_path: Path) -> None:
     opted_out = run_cli(args[0], "--no-slurm", *args[1:], env=env, cwd=tmp_path)
     assert opted_out.exit_code == 0, opted_out.stderr
     assert [n["address"] for n in opted_out.json["nodes"]] == ["127.0.0.1"]  # this machine
+
+
+def test_the_batch_scripts_pythonpath_is_where_this_fleetctl_is_imported_from() -> None:
+    import fleetctl
+    from fleetctl.api.slurm import _python_path
+
+    assert _python_path() == str(Path(fleetctl.__file__).resolve().parent.parent)
