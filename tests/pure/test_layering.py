@@ -78,7 +78,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.job.records.report",
         "fleetctl.report",
     ): "run --report: the report written as the job ends",
-    ("fleetctl.job.monitor.exposition", "fleetctl.api.checks"): "the metrics sample's value checks",
     (
         "fleetctl.phases.stacks",
         "fleetctl.job.diagnose.stacks",
