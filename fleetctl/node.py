@@ -8,6 +8,12 @@ from typing import Any
 DEFAULT_WORKDIR = "~/.fleetctl"
 DEFAULT_PYTHON = "python3"
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+#: ``ansible_shell_type`` values (``Node.shell_type``): these login shells read POSIX command
+#: lines as they are (the inventory records None for them) ...
+POSIX_SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
+#: ... and these need each command wrapped (``transport/loginshell.py``; ``tcsh``: the csh
+#: Ansible calls csh)
+WRAPPED_SHELLS = frozenset({"csh", "tcsh", "fish"})
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ class Node:
     known_hosts: str | None = None
     ssh_config: str | None = None
     proxy_jump: str | None = None  # from the inventory's ansible_ssh_*_args (-J / ProxyJump)
-    # ansible_shell_type csh/tcsh/fish: a login shell that cannot read POSIX command lines
+    # ansible_shell_type, one of WRAPPED_SHELLS: a login shell that cannot read POSIX lines
     shell_type: str | None = None
     local: bool = False
     groups: tuple[str, ...] = ()

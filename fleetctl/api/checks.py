@@ -217,12 +217,6 @@ def host_port(value: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{int(port)}"
 
 
-def split_host_port(text: str) -> tuple[str, int]:
-    """A checked ``HOST:PORT`` (:func:`host_port`) as (host, port); IPv6 without brackets."""
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 # ------------------------------------------------- checks of RunSpec's path and record fields
 
 

@@ -246,8 +246,8 @@ class Fleet:
         ``on_event`` gets each host's ``PushEvent`` (``node``, ``stage``, bytes, ``message``)
         from the worker threads. PushError (``.result`` per host, ``.report``) if any host
         failed."""
-        from fleetctl.phases.codesync import default_code_dir
         from fleetctl.phases.push import PushOptions, push
+        from fleetctl.plan.script_arg import default_code_dir
 
         if code is not None:
             shipped: str | Path | None = os.fspath(code)

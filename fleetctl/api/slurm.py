@@ -225,8 +225,8 @@ def submission(
     )
     job_file = spec.program.job_file
     if job_file is not None:
-        from fleetctl.phases.codesync import default_code_dir
         from fleetctl.plan.roles import load_job_file
+        from fleetctl.plan.script_arg import default_code_dir
 
         src = os.fspath(job_file)
         jf = load_job_file(src)
@@ -314,10 +314,9 @@ def read_spec(path: str | os.PathLike[str]) -> tuple[RunSpec, Inside]:
 
 
 def _python_path() -> str:
-    """Where this fleetctl is imported from, for the batch script's PYTHONPATH."""
-    import fleetctl
-
-    return str(Path(fleetctl.__file__).resolve().parent.parent)
+    """Where this fleetctl is imported from, for the batch script's PYTHONPATH: the folder
+    holding the package, two above this module (``fleetctl/api/slurm.py``)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 __all__ = ["Submission", "read_spec", "submission", "submit"]

@@ -124,6 +124,15 @@ class Submitted:
         except RunFolderError:
             return None
 
+    def inside_ended(self) -> bool:
+        """The run inside has written its end to job.json (False while it is unreadable)."""
+        from fleetctl.errors import RunFolderError
+
+        try:
+            return self._run.load_job().finished
+        except RunFolderError:
+            return False
+
     def slurm_state(self) -> str:
         """Slurm's view now, one line (state, reason, queue position), or the last seen."""
         from fleetctl.slurm.queue import describe
@@ -200,7 +209,7 @@ class Submitted:
         out, err = self.run_folder / OUTPUT_FILE, self.run_folder / ERROR_FILE
         if info is not None and info.pending:
             info = wait_started(self._client, sj, on_event, queue_timeout=None)
-        follow(self._client, sj, out, on_event, err)
+        follow(self._client, sj, out, on_event, err, ended=self.inside_ended)
 
     def lines(self, timeout: float | None = None) -> Iterator[LogLine]:
         """The batch script's output lines (stdout, then stderr as they come) as
@@ -276,7 +285,7 @@ class Submitted:
             private = PrivateFollower(
                 self._client,
                 self.slurm_job_id,
-                self.run_folder,
+                self._run,
                 output=str(self.record.output),
                 error=str(self.record.error),
                 inside_folder=str(self.record.inside_folder),
@@ -291,6 +300,7 @@ class Submitted:
                 on_state=on_state,
                 error=self.run_folder / ERROR_FILE,
                 private=private,
+                ended=self.inside_ended,
             )
         except KeyboardInterrupt:
             self._mark("interrupted", "the submitter was stopped: scancel")

@@ -71,25 +71,6 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def default_code_dir(script: str | Path) -> Path:
-    """What ``fleetctl run train.py`` ships: the git work tree holding the script, else its dir."""
-    path = Path(script).resolve()
-    here = path if path.is_dir() else path.parent
-    try:
-        top = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return here
-    if top.returncode == 0 and top.stdout.strip():
-        return Path(top.stdout.strip())
-    return here
-
-
 # ------------------------------------------------------------------------- ignore patterns
 
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import CollectError, ConnectError, FleetctlError, UsageError
-from fleetctl.job.records.runfolder import node_folder_name
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 from fleetctl.phases.unpack import Unpacked, local_files, partial_files, unpack
+from fleetctl.plan.rankplan import node_folder_name
 from fleetctl.remote.kit.wire import TAR_MARKER  # the same marker at both ends
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ node whose python cannot find it fails the check naming it.
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +48,6 @@ def resolve(
 ) -> Program:
     """SCRIPT ARGS (or ``-m MODULE ARGS``) as the plan takes them; UsageError (exit 2) for
     anything that could not run on any node (its --launcher-arg values: ``RunSpec``'s rules)."""
-    from fleetctl.phases.codesync import default_code_dir  # only where no code dir is given
-
     if script == "-m" or (script.startswith("-m") and not script.startswith("--")):
         module = script[2:] or (args[0] if args else "")
         rest = args if script[2:] else args[1:]
@@ -73,6 +72,25 @@ def resolve(
     _check(launcher, kind, rel)
     folder = os.path.dirname(rel)
     return Program(rel, kind, folder, args, code)
+
+
+def default_code_dir(script: str | Path) -> Path:
+    """What ``fleetctl run train.py`` ships: the git work tree holding the script, else its dir."""
+    path = Path(script).resolve()
+    here = path if path.is_dir() else path.parent
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return here
+    if top.returncode == 0 and top.stdout.strip():
+        return Path(top.stdout.strip())
+    return here
 
 
 def script_kind(path: Path) -> str:

@@ -9,6 +9,9 @@ them as with a shared folder); the script's last stderr line (``ENDED_MARK`` + t
 run's exit code) says the run inside has ended and written its folder; one ``tar`` step
 brings that folder here; a ``touch`` of ``FETCHED`` lets the script exit (it waits at most
 ``FETCH_WAIT`` s, then removes its private files either way).
+
+What lands here is written by the run folder's one writer (``RunFolder``, above this layer:
+:class:`Home`): the tar unpacked, job.json moved to name this folder, through its record.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from fleetctl.slurm.batch import ENDED_MARK, ERROR_FILE, FETCHED, OUTPUT_FILE, SlurmError
 from fleetctl.slurm.queue import JobInfo
@@ -39,6 +42,21 @@ PULL_TIMEOUT = 600.0  # the tar step of the whole run folder
 STOP_TIMEOUT = 10.0  # a tail step after the job ended (Slurm ends it with the job)
 
 
+class Home(Protocol):
+    """The run folder here that the batch host's is pulled into (``RunFolder`` is one)."""
+
+    path: Path
+
+    def receive(self, tar: IO[bytes]) -> str | None:
+        """Unpack another copy of this folder from its tar stream, its files winning; why the
+        stream broke, or None."""
+        ...
+
+    def relocate_job(self, inside: str) -> None:
+        """job.json as written in folder ``inside`` names this one instead."""
+        ...
+
+
 class PrivateFollower:
     """One submitted job's output, followed through its batch host, and its pull."""
 
@@ -46,13 +64,13 @@ class PrivateFollower:
         self,
         slurm: SlurmClient,
         job: str,
-        local: Path,
+        home: Home,
         *,
         output: str,
         error: str,
         inside_folder: str,
     ) -> None:
-        self.slurm, self.job, self.local = slurm, job, local
+        self.slurm, self.job, self.home = slurm, job, home
         self.output, self.error, self.inside_folder = output, error, inside_folder
         self.ended_code: int | None = None  # the inside run's, from the script's last line
         self.pulled = False
@@ -83,7 +101,7 @@ class PrivateFollower:
             assert p.stdout is not None
             t = threading.Thread(
                 target=self._read,
-                args=(kind, p.stdout, self.local / name),
+                args=(kind, p.stdout, self.home.path / name),
                 daemon=True,
                 name=f"fleetctl-slurm-tail-{kind}",
             )
@@ -119,8 +137,6 @@ class PrivateFollower:
     def pull(self, host: str) -> None:
         """The run folder from the batch host into the local one (the inside run's files
         win: its job.json replaces the queued record), then the script may exit."""
-        from fleetctl.phases.unpack import unpack
-
         line = f"exec tar -C {shlex.quote(self.inside_folder)} -cf - ."
         p = subprocess.Popen(
             self._step(host, line),
@@ -133,14 +149,14 @@ class PrivateFollower:
         timer = threading.Timer(PULL_TIMEOUT, p.kill)
         timer.start()
         try:
-            got = unpack(p.stdout, self.local)
+            broke = self.home.receive(p.stdout)
             _, err = p.communicate(timeout=COMMAND_TIMEOUT)
         finally:
             timer.cancel()
-        if got.error or p.returncode != 0:
-            why = got.error or err.decode("utf-8", "replace").strip()[-300:]
+        if broke or p.returncode != 0:
+            why = broke or err.decode("utf-8", "replace").strip()[-300:]
             raise SlurmError(f"Slurm job {self.job}: pulling the run folder from {host}: {why}")
-        self._relocate()
+        self.home.relocate_job(self.inside_folder)
         self.pulled = True
         done = subprocess.run(
             self._step(host, f"exec touch {shlex.quote(self.inside_folder)}/{FETCHED}"),
@@ -154,18 +170,6 @@ class PrivateFollower:
                 f"Slurm job {self.job}: telling the batch script the pull is done failed: "
                 + done.stderr.decode("utf-8", "replace").strip()[-300:]
             )
-
-    def _relocate(self) -> None:
-        """job.json names the folder where the run inside wrote it: name this one."""
-        import json
-
-        path = self.local / "job.json"
-        with contextlib.suppress(OSError):
-            text = path.read_text()
-            inside, here = (json.dumps(str(x))[:-1] for x in (self.inside_folder, self.local))
-            tmp = path.with_name(".job.json.relocate")
-            tmp.write_text(text.replace(inside + '"', here + '"').replace(inside + "/", here + "/"))
-            tmp.replace(path)
 
     def stop(self) -> None:
         for p in self._tails:

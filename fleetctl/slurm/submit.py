@@ -9,7 +9,6 @@ Slurm command and every wait is bounded; progress is reported as ``SlurmEvent``s
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -28,12 +27,11 @@ if TYPE_CHECKING:
 COMMAND_TIMEOUT = 30.0  # one sbatch/squeue/scontrol/scancel call
 CANCEL_TIMEOUT = 90.0  # scancel → the job and every step of it gone from the queue
 GRACEFUL_TIMEOUT = 30.0  # SIGTERM to the fleetctl inside → its teardown and collect done
-POLL = 0.2  # s between reads of the output file (and the run folder's job.json)
+POLL = 0.2  # s between reads of the output file (and whether the run inside has ended)
 #: s between asks of slurmctld while the run inside is live: every ask is an RPC that a busy
 #: slurmctld serves late, and the run inside says itself when it has ended (its job.json)
 STATE_EVERY = 2.0
 STATE_EVERY_ENDED = 0.1  # ... once it has: the batch script exits right after
-ENDED = frozenset({"succeeded", "failed", "stopped", "interrupted", "error"})
 
 
 @dataclass(frozen=True)
@@ -202,27 +200,26 @@ class OutputTail:
         return [ln.decode("utf-8", "replace") for ln in done]
 
 
-def inside_ended(folder: Path) -> bool:
-    """The run inside has written its end to the run folder's job.json."""
-    try:
-        status = json.loads((folder / "job.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return status in ENDED
-
-
 def follow(
-    slurm: SlurmClient, job: str, output: Path, emit: Emit, error: Path | None = None
+    slurm: SlurmClient,
+    job: str,
+    output: Path,
+    emit: Emit,
+    error: Path | None = None,
+    *,
+    ended: Callable[[], bool],
 ) -> JobInfo:
     """Stream the job's output (``line``) and error (``errline``) lines until Slurm says it
-    ended; its last state."""
+    ended; its last state. ``ended``: the run inside has written its end to the run folder
+    (its job.json, read through the record by the caller: this layer is below the records);
+    Slurm is then asked often, the batch script's end being a moment away."""
     tails = [("line", OutputTail(output))] + ([("errline", OutputTail(error))] if error else [])
     asked = 0.0
     while True:
         for kind, tail in tails:
             for ln in tail.lines():
                 emit(SlurmEvent(kind, job, ln))
-        every = STATE_EVERY_ENDED if inside_ended(output.parent) else STATE_EVERY
+        every = STATE_EVERY_ENDED if ended() else STATE_EVERY
         if time.monotonic() - asked >= every:
             asked = time.monotonic()
             info = slurm.show(job)
@@ -266,13 +263,17 @@ def run_submitted(
     on_state: Callable[[JobInfo], None] | None = None,
     error: Path | None = None,
     private: PrivateFollower | None = None,
+    ended: Callable[[], bool],
 ) -> JobInfo:
     """Wait for the job, follow it to its end. Whatever stops this side first (Ctrl-C, an
     error) cancels the job, verified gone with every step, before it propagates.
+    ``ended``: :func:`follow`'s (the run folder says the run inside has ended).
     ``private`` (no shared filesystem): the output comes through the batch host, whose run
     folder is pulled home once the run inside has ended (``fleetctl.slurm.private``)."""
     try:
-        return _run_submitted(slurm, job, output, emit, queue_timeout, on_state, error, private)
+        return _run_submitted(
+            slurm, job, output, emit, queue_timeout, on_state, error, private, ended
+        )
     finally:
         if private is not None:
             private.stop()
@@ -287,6 +288,7 @@ def _run_submitted(
     on_state: Callable[[JobInfo], None] | None,
     error: Path | None,
     private: PrivateFollower | None,
+    ended: Callable[[], bool],
 ) -> JobInfo:
     from fleetctl.slurm.private import follow_private
 
@@ -300,7 +302,7 @@ def _run_submitted(
             if private is not None:
                 info = follow_private(slurm, job, info, private, emit)
             else:
-                info = follow(slurm, job, output, emit, error)
+                info = follow(slurm, job, output, emit, error, ended=ended)
         if on_state is not None:
             on_state(info)
         emit(SlurmEvent("ended", job, describe(info), info))

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import base64
 
-#: ``ansible_shell_type`` values: these login shells read POSIX command lines as they are.
-POSIX = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
-#: ... and these need the command wrapped (``tcsh``: the csh Ansible calls csh).
-WRAPPED = frozenset({"csh", "tcsh", "fish"})
+from fleetctl.node import WRAPPED_SHELLS
 
 # One line, no backslash, no "!" and nothing between double quotes that csh or fish would
 # expand: the login shell passes the single-quoted script and the base64 word to /bin/sh as
@@ -25,7 +22,7 @@ _WRAP = 'exec /bin/sh -c \'eval "$(printf %s "$0" | base64 -d)"\' '
 
 def for_login_shell(line: str, shell_type: str | None) -> str:
     """``line`` as the node's login shell must receive it (unchanged for POSIX shells)."""
-    if shell_type not in WRAPPED:
+    if shell_type not in WRAPPED_SHELLS:
         return line
     return _WRAP + base64.b64encode(line.encode("utf-8")).decode("ascii")
 

@@ -74,13 +74,10 @@ RECORD_MAY_IMPORT = frozenset(
 
 # (importer, imported) -> why it is allowed. Only shrinks: each is a seam still to cut.
 UPWARD: dict[tuple[str, str], str] = {
-    ("fleetctl.api.slurm", "fleetctl"): "the batch script's PYTHONPATH: where this fleetctl is",
     (
         "fleetctl.job.records.report",
         "fleetctl.report",
     ): "run --report: the report written as the job ends",
-    ("fleetctl.job.monitor.exposition", "fleetctl.api.checks"): "the metrics sample's value checks",
-    ("fleetctl.phases.collect", "fleetctl.job.records.runfolder"): "the run folder's file names",
     (
         "fleetctl.phases.stacks",
         "fleetctl.job.diagnose.stacks",
@@ -90,10 +87,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.plan.roles.jobfile",
         "fleetctl.phases.check.collective_judge",
     ): "a role job file's --collective options",
-    ("fleetctl.plan.script_arg", "fleetctl.phases.codesync"): "the code folder a script is in",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.loginshell"): "ansible_shell_type, pure",
-    ("fleetctl.plan.inventory.nodes", "fleetctl.transport.sshargs"): "ansible_ssh_*_args, pure",
-    ("fleetctl.slurm.private", "fleetctl.phases.unpack"): "the run folder's tar pulled home",
 }
 
 

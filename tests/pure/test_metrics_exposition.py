@@ -196,3 +196,21 @@ def test_on_failure_runs_for_a_run_that_never_launched_and_on_end_for_every_end(
     assert said[0].startswith("--on-failure exited 0 after ")
     assert [r.name for r in run_hooks(hooks, "j1", "succeeded", tmp_path)] == ["on-end"]
     assert (tmp_path / "hook-on-end.log").read_text() == "end\nend\n"
+
+
+@pytest.mark.parametrize(
+    ("given", "split"),
+    [
+        ("127.0.0.1:9400", ("127.0.0.1", 9400)),
+        ("[::1]:9400", ("::1", 9400)),
+        ("node:80", ("node", 80)),
+    ],
+)
+def test_the_endpoint_splits_each_address_the_check_accepts(
+    given: str, split: tuple[str, int]
+) -> None:
+    """--metrics-addr is checked by ``api.checks.host_port`` and split where it is bound."""
+    from fleetctl.api.checks import host_port
+    from fleetctl.job.monitor.exposition import _split_host_port
+
+    assert _split_host_port(host_port(given)) == split

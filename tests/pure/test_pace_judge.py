@@ -4,6 +4,7 @@ in, the node named (or nobody) out. Healthy fleets, noisy or alike, must never n
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,3 +175,20 @@ def test_a_role_job_is_judged_by_role_never_across_roles() -> None:
     assert set(judge.scores()) == {"tr1", "tr2", "tr3"}
     whole = judge_for(hosts, None, AGREE)  # no roles: one group of all four
     assert [sorted(j.nodes) for j in whole.judges] == [[0, 1, 2, 3]]
+
+
+def test_the_monitor_reads_a_role_jobs_roles_through_its_record(tmp_path: Path) -> None:
+    """The detached monitor's slow-node watch judges by role: roles.json (golden, as written
+    before the records) read through ``RolesRecord``; none, or a malformed one, is no roles."""
+    from types import SimpleNamespace
+
+    from fleetctl.job.monitor.slowwatch import _roles
+    from fleetctl.job.records.runfolder import RunFolder
+
+    h: Any = SimpleNamespace(folder=RunFolder(tmp_path))
+    assert _roles(h) is None
+    golden = Path(__file__).parent / "records" / "roles.json"
+    (tmp_path / "roles.json").write_bytes(golden.read_bytes())
+    assert _roles(h) == {0: "server", 1: "trainer", 2: "trainer"}
+    (tmp_path / "roles.json").write_text('{"tasks": [{"rank": "0", "role": "server"}]}')
+    assert _roles(h) is None

@@ -12,12 +12,12 @@ import pytest
 from fleetctl.node import Node
 from fleetctl.phases.codesync import (
     IgnoreMatcher,
-    default_code_dir,
     list_files,
     rsync_argv,
     snapshot,
 )
 from fleetctl.phases.envpack import archive_info, nccl_version
+from fleetctl.plan.script_arg import default_code_dir
 from fleetctl.testing.files import tree
 from fleetctl.transport.connection import SSHSettings
 from fleetctl.transport.openssh import rsync_target, ssh_argv

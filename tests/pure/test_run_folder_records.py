@@ -8,6 +8,7 @@ update; a file of another schema is refused rather than misread.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -270,3 +271,87 @@ def test_logs_of_a_folder_whose_plan_json_is_malformed_is_one_line_naming_it(
     (folder / "plan.json").write_bytes((GOLDEN / "plan.json").read_bytes())  # as main wrote it
     res = run_cli("status", golden["job_id"], "--runs-dir", str(tmp_path))
     assert res.exit_code == 0 and res.stdout.startswith(f"job {golden['job_id']}: failed")
+
+
+#: where a record's file may still be read or written as it is, and why
+RAW_ALLOWED = {
+    "job/records/": "the records themselves: the folder's one reader and writer",
+    "remote/": "the node's side, its own folder's files (not these records)",
+    "lab/": "the lab's own state files (lab/slurm.py's slurm.json is the lab cluster's)",
+    "testing/": "what a test asserts is on disk, as it is",
+}
+_RAW_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "load", "loads"}
+
+
+def raw_accesses(path: Path, names: set[str], constants: set[str]) -> list[str]:
+    """``line: call`` for each ``open``/``read_text``/``write_text``/… or ``json.load(s)`` of
+    an expression naming a record's file: a string constant in ``names``, a constant of
+    ``constants`` (``JOB_FILE``), a record's ``FILE``, or a name the module assigned one of
+    these (``path = folder / "job.json"``, then ``path.read_text()``)."""
+    tree = ast.parse(path.read_text())
+
+    def names_a_file(node: ast.AST, tainted: set[str]) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Constant) and n.value in names:
+                return True
+            if isinstance(n, ast.Name) and (n.id in constants or n.id in tainted):
+                return True
+            if isinstance(n, ast.Attribute) and (n.attr == "FILE" or n.attr in constants):
+                return True
+        return False
+
+    tainted: set[str] = set()
+    for _ in range(3):  # a name assigned from a tainted name, and so on
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                if names_a_file(n.value, tainted):
+                    tainted |= {t.id for t in targets if isinstance(t, ast.Name)}
+    out: list[str] = []
+    lines: set[int] = set()
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        f = n.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name in _RAW_CALLS and names_a_file(n, tainted) and n.lineno not in lines:
+            lines.add(n.lineno)  # the outermost call of the line (ast.walk: breadth first)
+            out.append(f"{n.lineno}: {ast.unparse(n)[:70]}")
+    return sorted(out, key=lambda s: int(s.split(":")[0]))
+
+
+def test_no_module_outside_the_records_reads_or_writes_a_records_file_raw() -> None:
+    """job.json, slurm.json, … are read and written through their records (``RunFolder``:
+    ``load_job``, ``read_record``, ``write_record``), so a wrong type is one line naming the
+    file and the key wherever it is read, and unknown keys survive every writer."""
+    from fleetctl.job.records import runfolder
+
+    names = {n for n, cls in RECORDS.items() if isinstance(cls, type)}
+    constants = {k for k, v in vars(runfolder).items() if k.isupper() and v in names}
+    assert "JOB_FILE" in constants
+    package = REPO / "fleetctl"
+    found = [
+        f"{p.relative_to(package)}:{hit}"
+        for p in sorted(package.rglob("*.py"))
+        if not p.relative_to(package).as_posix().startswith(tuple(RAW_ALLOWED))
+        for hit in raw_accesses(p, names, constants)
+    ]
+    assert found == []
+
+
+def test_the_raw_access_check_finds_each_shape(tmp_path: Path) -> None:
+    planted = tmp_path / "m.py"
+    planted.write_text(
+        "import json\n"
+        "a = json.loads((folder / 'job.json').read_text())\n"
+        "path = folder / JOB_FILE\n"
+        "tmp = path.with_name('x')\n"
+        "tmp.write_text('{}')\n"
+        "b = open(folder / SlurmRecord.FILE).read()\n"
+        "c = (folder / 'events.log').read_text()\n"
+    )
+    assert raw_accesses(planted, {"job.json"}, {"JOB_FILE"}) == [
+        "2: json.loads((folder / 'job.json').read_text())",
+        "5: tmp.write_text('{}')",
+        "6: open(folder / SlurmRecord.FILE)",
+    ]

@@ -461,18 +461,40 @@ def test_submission_without_a_shared_filesystem_runs_inside_under_the_batch_host
 def test_a_pulled_job_json_names_the_local_folder(tmp_path: Path) -> None:
     import json
 
-    from fleetctl.slurm.private import PrivateFollower
-
     inside = "/tmp/fleetctl-slurm-j1/j1"
     local = tmp_path / 'runs "x"' / "j1"
     local.mkdir(parents=True)
-    doc = {"folder": inside, "nodes": [{"folder": f"{inside}/0-node1"}], "other": inside + "x"}
-    (local / "job.json").write_text(json.dumps(doc))
-    f = PrivateFollower(object(), "42", local, output="o", error="e", inside_folder=inside)  # type: ignore[arg-type]
-    f._relocate()
+    node = {"rank": 0, "host": "node1", "folder": f"{inside}/0-node1"}
+    doc = {"job_id": "j1", "status": "failed", "folder": inside, "nodes": [node]}
+    (local / "job.json").write_text(json.dumps({**doc, "other": inside + "x"}))
+    RunFolder(local).relocate_job(inside)
     got = json.loads((local / "job.json").read_text())
     assert got["folder"] == str(local) and got["nodes"][0]["folder"] == f"{local}/0-node1"
     assert got["other"] == inside + "x"  # only the folder itself and paths inside it
+    (local / "job.json").write_text(json.dumps({"job_id": "j1", "folder": inside}))  # no status
+    RunFolder(local).relocate_job(inside)  # not a record: left as pulled
+    assert json.loads((local / "job.json").read_text())["folder"] == inside
+
+
+@pytest.mark.parametrize("case", ["job.json", "job.detached.json", "job.retry.json"])
+def test_moving_job_json_through_its_record_writes_what_the_text_replace_wrote(
+    case: str, tmp_path: Path
+) -> None:
+    """Before the records, ``_relocate`` replaced the folder's JSON-escaped path as text (a
+    whole string, or one that goes on with ``/``); through ``JobRecord`` the file is the same,
+    byte for byte, for a golden job.json and a local folder whose name JSON escapes."""
+    import json
+
+    golden = (Path(__file__).parent / "records" / case).read_text()
+    inside = json.loads(golden)["folder"]
+    local = tmp_path / 'runs "é"' / "j1"
+    local.mkdir(parents=True)
+    old, here = (json.dumps(str(x))[:-1] for x in (inside, local))
+    want = golden.replace(old + '"', here + '"').replace(old + "/", here + "/")
+    assert want != golden
+    (local / "job.json").write_text(golden)
+    RunFolder(local).relocate_job(inside)
+    assert (local / "job.json").read_text() == want
 
 
 def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
@@ -493,6 +515,10 @@ def test_a_job_that_failed_before_writing_its_output_suggests_no_shared_fs(
     run.write_job(JobRecord(job_id="j1", status="queued", folder=str(run.path)))
     with pytest.raises(JobFailed, match=r"before fleetctl ran inside it; see .*slurm\.err$"):
         job.verdict(JobInfo("5", "FAILED", exit_code=1))
+
+
+def never() -> bool:
+    return False
 
 
 class FakeSlurm:
@@ -516,7 +542,7 @@ def test_queue_timeout_cancels_and_exits_5(tmp_path: Path) -> None:
     slurm = FakeSlurm([JobInfo("5", "PENDING", "Resources")])
     events: list[SlurmEvent] = []
     with pytest.raises(QueueTimeout, match="did not start within --queue-timeout 0s") as e:
-        run_submitted(slurm, "5", tmp_path / "out", events.append, queue_timeout=0)  # type: ignore[arg-type]
+        run_submitted(slurm, "5", tmp_path / "out", events.append, queue_timeout=0, ended=never)  # type: ignore[arg-type]
     assert e.value.exit_code == 5 and slurm.cancels == [False]
     assert [ev.kind for ev in events] == ["waiting", "cancelling"]
     assert events[0].text == "PENDING (Resources), position 1 in queue"
@@ -525,7 +551,8 @@ def test_queue_timeout_cancels_and_exits_5(tmp_path: Path) -> None:
 def test_a_job_that_can_never_start_is_cancelled_exit_2(tmp_path: Path) -> None:
     slurm = FakeSlurm([JobInfo("5", "PENDING", "PartitionNodeLimit")])
     with pytest.raises(UsageError, match="can never start as asked \\(PartitionNodeLimit\\)"):
-        run_submitted(slurm, "5", tmp_path / "out", lambda ev: None, queue_timeout=None)  # type: ignore[arg-type]
+        out = tmp_path / "out"
+        run_submitted(slurm, "5", out, lambda ev: None, queue_timeout=None, ended=never)  # type: ignore[arg-type]
     assert slurm.cancels == [False]
 
 
@@ -541,7 +568,7 @@ def test_ctrl_c_while_following_cancels_gracefully_then_propagates(tmp_path: Pat
             raise KeyboardInterrupt  # Ctrl-C arrives while a line is shown
 
     with pytest.raises(KeyboardInterrupt):
-        run_submitted(slurm, "5", out, emit, queue_timeout=None)  # type: ignore[arg-type]
+        run_submitted(slurm, "5", out, emit, queue_timeout=None, ended=never)  # type: ignore[arg-type]
     assert slurm.cancels == [True]
     assert seen == ["started", "line", "cancelling", "cancelled"]
 
@@ -552,7 +579,7 @@ def test_following_streams_both_files_to_the_end(tmp_path: Path) -> None:
     err.write_text("fleetctl: job succeeded\n")
     slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED", exit_code=0)])
     events: list[SlurmEvent] = []
-    info = run_submitted(slurm, "5", out, events.append, queue_timeout=None, error=err)  # type: ignore[arg-type]
+    info = run_submitted(slurm, "5", out, events.append, queue_timeout=None, error=err, ended=never)  # type: ignore[arg-type]
     assert info.state == "COMPLETED" and slurm.cancels == []
     got = [(e.kind, e.text) for e in events if e.kind in ("line", "errline")]
     assert got == [
@@ -576,10 +603,15 @@ def test_follower_asks_slurmctld_seldom_until_the_run_inside_has_ended(
     fake_time = SimpleNamespace(
         monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)
     )
+    from fleetctl.api.submitted import Submitted
+    from fleetctl.job.records.jobrecord import JobRecord
+
     monkeypatch.setattr(submit, "time", fake_time)
-    (tmp_path / "job.json").write_text(f'{{"status": "{status}"}}')
+    run = RunFolder.create(tmp_path, "j1")
+    run.write_job(JobRecord(job_id="j1", status=status))
     slurm = FakeSlurm([JobInfo("5", "RUNNING"), JobInfo("5", "RUNNING"), JobInfo("5", "COMPLETED")])
-    submit.follow(slurm, "5", tmp_path / "slurm.out", lambda ev: None)  # type: ignore[arg-type]
+    ended = Submitted(run, "5", SlurmRecord(job_id="5"), client=slurm).inside_ended  # type: ignore[arg-type]
+    submit.follow(slurm, "5", run.path / "slurm.out", lambda ev: None, ended=ended)  # type: ignore[arg-type]
     assert at_least <= clock[0] < under, clock[0]
 
 
@@ -625,3 +657,10 @@ def test_no_slurm_ignores_the_allocation_it_runs_in(tmp_path: Path) -> None:
     opted_out = run_cli(args[0], "--no-slurm", *args[1:], env=env, cwd=tmp_path)
     assert opted_out.exit_code == 0, opted_out.stderr
     assert [n["address"] for n in opted_out.json["nodes"]] == ["127.0.0.1"]  # this machine
+
+
+def test_the_batch_scripts_pythonpath_is_where_this_fleetctl_is_imported_from() -> None:
+    import fleetctl
+    from fleetctl.api.slurm import _python_path
+
+    assert _python_path() == str(Path(fleetctl.__file__).resolve().parent.parent)

@@ -10,10 +10,10 @@ import pytest
 from fleetctl.errors import InventoryError
 from fleetctl.node import Node
 from fleetctl.plan.inventory import load_inventory
+from fleetctl.plan.inventory.sshargs import SSHArgs, parse_ssh_args
 from fleetctl.transport import sshconfig
 from fleetctl.transport.connection import SSHSettings
 from fleetctl.transport.openssh import ssh_argv
-from fleetctl.transport.sshargs import SSHArgs, parse_ssh_args
 
 MAPPED = [
     ("-o ProxyJump=admin@bastion:2222", SSHArgs(proxy_jump="admin@bastion:2222")),

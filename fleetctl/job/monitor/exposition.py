@@ -167,14 +167,12 @@ class MetricsEndpoint:
         return None if self._server is None else int(self._server.server_address[1])
 
     def start(self) -> MetricsEndpoint:
-        from fleetctl.api.checks import split_host_port
-
         if self.textfile is not None:
             self.write()  # a folder that is not there says so now, not at the end
         if self.addr is not None:
             from prometheus_client import start_http_server
 
-            host, port = split_host_port(self.addr)
+            host, port = _split_host_port(self.addr)
             try:
                 self._server, t = start_http_server(port, addr=host, registry=self.registry)
             except OSError as e:  # in use, not an address of this machine, a privileged port
@@ -222,6 +220,13 @@ class MetricsEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _split_host_port(text: str) -> tuple[str, int]:
+    """A checked ``HOST:PORT`` (``--metrics-addr``, by ``api.checks.host_port``, which this
+    layer is below) as (host, port); IPv6 without brackets."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 __all__ = ["MetricsEndpoint", "families", "render"]

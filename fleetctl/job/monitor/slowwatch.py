@@ -12,7 +12,6 @@ node as its first failure, once the samples are in.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -136,11 +135,13 @@ class MonitorPace:
 
 
 def _roles(h: JobHandle) -> dict[int, str] | None:
-    """A role job's node rank -> role, from its roles.json (None: not a role job)."""
-    from fleetctl.job.records.runfolder import ROLES_FILE
+    """A role job's node rank -> role, from its roles.json (None: not a role job, or the file
+    is unreadable: the slow node is then named without its role)."""
+    from fleetctl.errors import RunFolderError
+    from fleetctl.job.records.files import RolesRecord
 
-    path = h.folder.path / ROLES_FILE
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        if path.is_file():
-            return {int(t["rank"]): str(t["role"]) for t in json.loads(path.read_text())["tasks"]}
-    return None
+    try:
+        record = h.folder.find_record(RolesRecord)
+    except RunFolderError:
+        return None
+    return None if record is None else {t.rank: t.role for t in record.tasks}

@@ -25,7 +25,7 @@ from typing import Any
 from fleetctl.errors import RunFolderError
 from fleetctl.job.records.attempts import Attempt
 from fleetctl.job.records.files import FileRecord
-from fleetctl.job.records.state import LIVE_STATES
+from fleetctl.job.records.state import ENDED_STATES, LIVE_STATES
 from fleetctl.remote.kit.records import RecordError
 
 
@@ -122,6 +122,18 @@ class JobRecord(FileRecord):
         """The record says the job may still run (a crashed controller leaves 'running')."""
         return self.status in LIVE_STATES
 
+    @property
+    def finished(self) -> bool:
+        """The attempt ran and its end is written (``run --slurm``'s submitter asks Slurm often
+        from then on: the batch script exits right after)."""
+        return self.status in ENDED_STATES
+
+    def moved(self, old: str, new: str) -> JobRecord:
+        """This record with every path that is folder ``old`` or under it (a value or a key,
+        at any depth) naming ``new`` instead: a run folder pulled home from where the run
+        inside wrote it. Other strings, ``old + "x"`` among them, stay as they are."""
+        return JobRecord.from_dict(_moved(self.to_dict(), old, new), self.FILE)
+
     def node(self, rank: int) -> NodeRecord | None:
         return next((n for n in self.nodes if n.rank == rank), None)
 
@@ -144,6 +156,16 @@ class JobRecord(FileRecord):
             return super().from_dict(data, source)
         except RecordError as e:
             raise RunFolderError(str(e)) from None
+
+
+def _moved(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new + value[len(old) :] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, dict):
+        return {_moved(k, old, new): _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    return value
 
 
 def job_record(data: Mapping[str, Any] | object, source: str) -> JobRecord:

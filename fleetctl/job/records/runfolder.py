@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from fleetctl.errors import NoSuchJob, RunFolderError, UsageError
 from fleetctl.job.records.files import (
@@ -193,6 +193,21 @@ class RunFolder:
             job = self.load_job()
             yield job
             self.write_job(job)
+
+    def receive(self, tar: IO[bytes]) -> str | None:
+        """Another copy of this folder from its tar stream (``run --slurm
+        --slurm-no-shared-fs``: the batch host's), unpacked safely: its files replace these
+        (its job.json the queued record). Why the stream broke, or None."""
+        from fleetctl.phases.unpack import unpack
+
+        return unpack(tar, self.path).error
+
+    def relocate_job(self, inside: str) -> None:
+        """job.json written in folder ``inside`` (the run inside's, pulled here by
+        :meth:`receive`) names this folder in each path that is ``inside`` or under it;
+        left as it is when it does not read as a record."""
+        with contextlib.suppress(OSError, RunFolderError), self.locked():
+            self.write_job(self.load_job().moved(inside, str(self.path)))
 
     def load_controller(self) -> ControllerRecord | None:
         """The process that created the folder (None: not recorded, e.g. an older run, or

@@ -78,6 +78,8 @@ class JobStatus(_Str):
 
 LIVE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.DETACHED})
 LIVE_STATES = frozenset(s.value for s in LIVE)  # for records read back as plain strings
+#: what an attempt that ran ends as (``queued``/``cancelled``: a submitter's, never ran)
+ENDED_STATES = frozenset(s.value for s in JobStatus if s not in LIVE)
 
 
 def node_state(text: object) -> NodeState:

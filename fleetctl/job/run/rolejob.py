@@ -206,8 +206,8 @@ def load_role_job(
     ``--env-style``), lay its roles out on the nodes, check its scripts exist in the code
     dir (default: the git work tree holding the job file). ``spec`` carries the job id, port,
     env and backend; its script and launcher come from the job file."""
-    from fleetctl.phases.codesync import default_code_dir
     from fleetctl.plan.roles import load_job_file
+    from fleetctl.plan.script_arg import default_code_dir
 
     job_file = program.job_file
     assert job_file is not None  # the caller's branch: a role job

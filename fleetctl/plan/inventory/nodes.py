@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import InventoryError
-from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, Node
+from fleetctl.node import DEFAULT_PYTHON, DEFAULT_WORKDIR, POSIX_SHELLS, WRAPPED_SHELLS, Node
 from fleetctl.plan.inventory.ranges import _parse_address
+from fleetctl.plan.inventory.sshargs import SSHArgs, merge, parse_ssh_args
 from fleetctl.plan.inventory.vars import _effective_vars
 from fleetctl.plan.inventory.yaml_source import _Unsafe, _Vault
-from fleetctl.transport.sshargs import SSHArgs, merge, parse_ssh_args
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.model import _Host, _Model, _Origin
@@ -181,17 +181,15 @@ def _build_node(model: _Model, host: _Host) -> Node:
 
 def _shell_type(f: _Fields) -> str | None:
     """``ansible_shell_type``: None for POSIX login shells, else one fleetctl wraps for."""
-    from fleetctl.transport.loginshell import POSIX, WRAPPED
-
     key, value = f.get("ansible_shell_type")
     if key is None or value is None:
         return None
     shell = str(value).strip().lower()
-    if shell in POSIX:
+    if shell in POSIX_SHELLS:
         return None
-    if shell in WRAPPED:
+    if shell in WRAPPED_SHELLS:
         return shell
-    known = ", ".join(sorted(POSIX | WRAPPED))
+    known = ", ".join(sorted(POSIX_SHELLS | WRAPPED_SHELLS))
     raise f.fail(key, f"ansible_shell_type {value!r} is not supported (nodes run {known})")
 
 
