@@ -1,4 +1,4 @@
-"""Progress markers (``fleetctl.job.diagnose.progress_markers``) as a golden table of real
+"""Progress markers (``fleetctl.remote.kit.progress``) as a golden table of real
 lines: each printed by the source it names (its format string rendered, or its own docs'
 sample output), with the markers the parser must read from it."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fleetctl.job.diagnose.progress_markers import Marker, compile_own, parse, source
+from fleetctl.remote.kit.progress import Marker, compile_own, parse, source
 
 M = Marker
 GOLDEN: list[tuple[str, str, list[Marker]]] = [

@@ -7,12 +7,18 @@ mnist's ``Train Epoch: 1 [640/60000 (1%)]``, tqdm's bars (``370/1000 [00:12<00:2
 ``global_step``, PaddlePaddle's ``epoch: 0, batch_id: 20`` / ``[Epoch 0, batch 20]``, and a
 plain ``step N`` / ``iter N`` / ``iteration N``. A job's own regex (``run
 --progress-regex``) replaces them all. Pure: no clock, no I/O; the rate judge
-(``progress_rate.py``) turns the markers into rates.
+(``fleetctl/job/diagnose/progress_rate.py``) turns the markers into rates.
+
+Node module: stdlib only, Python >= 3.8. One parser for both sides: the controller reads an
+attached run's streamed lines with it, a detached job's supervisor its own lines
+(:class:`Tally`, reported in pace.json for the job's monitor).
 """
 
 from __future__ import annotations
 
+import collections
 import re
+import time
 from dataclasses import dataclass
 
 # A shape's name, in order of preference when one node's lines hold several: the more
@@ -43,6 +49,10 @@ _STEP = re.compile(r"\b(step|iter|iteration)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 # one of these (lower-cased) is in every line a shape above can match: a line with none, most
 # of a log, is passed over by substring tests, not seven regex scans
 _HINTS = ("epoch", "pass", "step", "iter", "/", "it [")
+_BYTE_HINTS = tuple(h.encode() for h in _HINTS)
+RESTART = 0.5  # a count below this share of the last one starts over (a new tqdm bar)
+RING = 64  # a detached supervisor's lines kept between reports: the newest (the judge's SCAN)
+MAX_SERIES = 64  # (rank, shape) counts a node reports, at most
 # torchrun's per-rank prefixes (``[rank3]:``, ``[default0]:``): a node's ranks kept apart
 _PREFIX = re.compile(r"\A\[(?:rank|default)?(\d+)\]:")
 
@@ -119,3 +129,71 @@ def compile_own(text: str) -> re.Pattern[str]:
     if pattern.groups < 1:
         raise ValueError(f"{text!r} has no group for the count: write (\\d+) or (?P<n>\\d+)")
     return pattern
+
+
+class Count:
+    """One rank's markers of one shape as a count that only grows: an epoch's restart of
+    mnist's samples or Paddle's batches, or a new tqdm bar, carries the count on."""
+
+    def __init__(self) -> None:
+        self.offset, self.last = 0.0, 0.0
+        self.epoch: float | None = None
+        self.seen = False
+
+    def add(self, m: Marker) -> float | None:
+        """The count with ``m``; None when ``m`` goes back (a lagging rank's line,
+        interleaved: not progress)."""
+        if m.epoch is not None and self.epoch is not None and m.epoch != self.epoch:
+            if m.epoch < self.epoch:
+                return None
+            self.offset += self.last
+        elif m.epoch is None and self.seen and m.value < self.last * RESTART:
+            self.offset += self.last
+        elif m.value < self.last:
+            return None
+        self.last, self.epoch, self.seen = m.value, m.epoch, True
+        return self.offset + m.value
+
+
+class Tally:
+    """A detached job's markers, counted by its supervisor (no controller reads its lines):
+    each line it writes that may hold one (substring tests, about a microsecond) is kept with
+    its time, the newest ``RING``; each pace report parses them (at most ``RING`` regex
+    scans per report, whatever the line rate) into one count per rank and shape, reported
+    with the time of the line that said it. Lines come from the output threads, reports from
+    the pace thread: a deque's append and popleft are atomic."""
+
+    def __init__(self, own: str | None = None, clock=time.time) -> None:
+        self.own = None
+        if own:
+            try:
+                self.own = compile_own(own)
+            except ValueError:  # checked by the controller; another Python's re may differ
+                self.own = None
+        self.ring: collections.deque = collections.deque(maxlen=RING)
+        self.counts: dict = {}  # (source, kind) -> [Count, time, count]
+        self.clock = clock
+
+    def line(self, text: bytes) -> None:
+        if self.own is None:
+            low = text.lower()
+            if not any(h in low for h in _BYTE_HINTS):
+                return
+        self.ring.append((self.clock(), text))
+
+    def report(self) -> list:
+        """``[[source, kind, time, count], …]``: every count so far (none: [])."""
+        while self.ring:
+            t, raw = self.ring.popleft()
+            text = raw.decode("utf-8", "replace")
+            for m in parse(text, self.own):
+                key = (source(text), m.kind)
+                got = self.counts.get(key)
+                if got is None:
+                    if len(self.counts) >= MAX_SERIES:
+                        continue
+                    got = self.counts[key] = [Count(), t, 0.0]
+                value = got[0].add(m)
+                if value is not None:
+                    got[1], got[2] = round(t, 3), value
+        return [[k[0], k[1], v[1], v[2]] for k, v in sorted(self.counts.items()) if v[0].seen]
