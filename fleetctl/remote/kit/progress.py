@@ -43,8 +43,18 @@ _EPOCH_BATCH = re.compile(
 )
 _GLOBAL_STEP = re.compile(r"\bglobal_step\b['\"]?\s*[:=]\s*(\d+)")
 _HF_EPOCH = re.compile(r"\A\s*\{.*'epoch': *([0-9]+(?:\.[0-9]+)?)")
-# n/total [elapsed<remaining, rate] or n<unit> [elapsed, rate] (no total)
-_TQDM = re.compile(r"(?:(\d+)/\d+ \[[\d:]+<|(\d+)it \[[\d:]+, )")
+# tqdm's bar: n/total [elapsed<remaining, rate] or n<unit> [elapsed, rate] (no total); with
+# unit_scale the counts are 1.20k, 4.50M; the rate is <n><unit>/s, ?<unit>/s or <n>s/<unit>.
+# Found by its bracket (a literal " [" the scan skips to), then its count read just before it.
+_BAR = re.compile(
+    r" \[\d+:\d\d(?::\d\d)?(<[\d:?]+)?"  # [elapsed<remaining
+    r"(?:, *(?:(?:[\d.]+|\?)[kMGTPEZY]?([A-Za-z]+)/s|[\d.]+s/([A-Za-z]+)))?"  # , rate
+)
+_BAR_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kMGTPEZY]?)(?:/\d+(?:\.\d+)?[kMGTPEZY]?|([A-Za-z]+))\Z")
+_SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21}
+_SCALE["Y"] = 1e24
+# a bar counting bytes (unit "B", or "iB" for MiB/s) is a download or a copy, not training
+_BYTES = ("B", "iB", "bytes")
 _STEP = re.compile(r"\b(step|iter|iteration)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 # one of these (lower-cased) is in every line a shape above can match: a line with none, most
 # of a log, is passed over by substring tests, not seven regex scans
@@ -100,16 +110,34 @@ def parse(line: str, own: re.Pattern[str] | None = None) -> list[Marker]:
     m = _HF_EPOCH.search(line)
     if m:
         out.append(Marker("epoch", float(m.group(1))))
-    bars = list(_TQDM.finditer(line))
-    if bars:
-        last = bars[-1]
-        out.append(Marker("tqdm", float(last.group(1) or last.group(2))))
+    bar = _tqdm(line)
+    if bar is not None:
+        out.append(bar)
     if not out or all(k.kind == "tqdm" for k in out):
         for m in _STEP.finditer(line):
             kind = "step" if m.group(1).lower() == "step" else "iter"
             if all(k.kind != kind for k in out):
                 out.append(Marker(kind, float(m.group(2))))
     return out
+
+
+def _tqdm(line: str) -> Marker | None:
+    """The count of a line's last tqdm bar (of its \\r updates), None without one or when it
+    counts bytes (a download is no training progress)."""
+    bars = list(_BAR.finditer(line))
+    if not bars:
+        return None
+    m = bars[-1]  # a bar's \\r updates in one line: the newest is the last
+    remaining, rate_unit = m.group(1), m.group(2) or m.group(3)
+    c = _BAR_COUNT.search(line, max(0, m.start() - 32), m.start())
+    if c is None:
+        return None
+    own_unit = c.group(3)
+    if (own_unit is None and remaining is None) or (own_unit and rate_unit is None):
+        return None  # n/total wants its remaining time, n<unit> its rate: not a bar
+    if (rate_unit or own_unit or "it") in _BYTES:
+        return None
+    return Marker("tqdm", float(c.group(1)) * _SCALE[c.group(2)])
 
 
 def _number(text: str | None) -> float | None:
