@@ -123,8 +123,8 @@ TEXT = Text()
 
 def regex(value: Any) -> str:
     """A job's own progress regex (``--progress-regex``): it compiles and has a group for
-    the count (:func:`fleetctl.job.diagnose.progress_markers.compile_own`)."""
-    from fleetctl.job.diagnose.progress_markers import compile_own
+    the count (:func:`fleetctl.remote.kit.progress.compile_own`)."""
+    from fleetctl.remote.kit.progress import compile_own
 
     text: str = TEXT(value)
     try:

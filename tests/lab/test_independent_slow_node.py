@@ -9,6 +9,7 @@ nothing left on any host."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -67,6 +68,57 @@ def test_a_node_whose_loop_falls_behind_is_named_from_its_progress_and_stopped(
     assert job["first_failure"]["host"] == slow, job["first_failure"]
     assert job["culprits"] == [f"{slow}: slow: {slow_rec['why']}"]
     assert f"failed first: slows the job ({slow_rec['why']})" in res.stderr, res.stderr
+    assert_nothing_left(lab.inventory_path, job_id)
+    listed = json.loads(run_cli("health", "--json").stdout)["hosts"]
+    assert [e["host"] for e in listed] == [slow], listed
+    run_cli("health", "--clear-all")
+
+
+def test_a_detached_jobs_monitor_names_the_node_whose_loop_falls_behind_and_stops_it(
+    make_lab, tmp_path
+) -> None:
+    """Detached, nobody reads the lines as they come: each supervisor counts its ranks'
+    markers and reports them with its pace reports (pace.json), and the job's monitor judges
+    them as an attached run judges its lines: the slow host named (events.log, job.json, the
+    ledger) and, with ``--on-slow stop``, the job ended with it as its first failure."""
+    lab = make_lab(3)
+    slow = lab.hosts[1].name
+    code, runs = tmp_path / "code", tmp_path / "runs"
+    code.mkdir()
+    (code / "loops.py").write_text(LOOPS)
+    started = time.monotonic()
+    res = run_cli(
+        *["run", "-i", str(lab.inventory_path), "--launcher", "plain", "--no-check"],
+        *["--runs-dir", str(runs), "--code-dir", str(code), "--on-slow", "stop"],
+        *["--detach", "--slow-rounds", "2", "--timeout", "90", "--grace", "1"],
+        *[str(code / "loops.py"), slow],
+        env={"FLEETCTL_SSH_CONFIG": "/dev/null"},
+    )
+    assert res.exit_code == 0, res.stdout + res.stderr
+    job_id = launched_job_id(res.stderr)
+    folder = runs / job_id
+    try:
+        while True:
+            job = json.loads((folder / "job.json").read_text())
+            if job["status"] not in ("running", "launching", "starting", "detached"):
+                break
+            assert time.monotonic() - started < 60, (folder / "events.log").read_text()
+            time.sleep(0.5)
+    finally:
+        if job["status"] in ("running", "launching", "starting", "detached"):
+            run_cli("stop", "--runs-dir", str(runs), job_id, "--grace", "0")
+    events = (folder / "events.log").read_text()
+    assert job["status"] == "failed", (job, events)
+    warned, after = slow_warnings(folder)
+    assert len(warned) == 1, warned  # one node named, never a healthy one
+    said = f"monitor warning [1 {slow}] node 1 ({slow}) slows the job: its ranks progress ~"
+    assert said in warned[0], warned
+    print(f"named {after:.1f} s after the launch")
+    slow_rec = job["slow"]
+    assert (slow_rec["rank"], slow_rec["host"]) == (1, slow), slow_rec
+    assert slow_rec["progress"]["shape"] == "mnist" and slow_rec["stacks"] is None, slow_rec
+    assert 2.5 <= slow_rec["compute_ratio"] <= 6.0, slow_rec  # 4x by the script's sleeps
+    assert job["first_failure"]["host"] == slow, job["first_failure"]
     assert_nothing_left(lab.inventory_path, job_id)
     listed = json.loads(run_cli("health", "--json").stdout)["hosts"]
     assert [e["host"] for e in listed] == [slow], listed

@@ -48,7 +48,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # What the controller may import of remote/: the installer, the wire format, the supervisor's
 # records, the /proc reader, the private-key scan (the code push applies it here too) and the
 # container end's bounds (``containers.end_bound``: how long the teardown waits for a node) and
-# the probe's ICMP echo (``icmp.icmp_echo``: the check's controller ping).
+# the probe's ICMP echo (``icmp.icmp_echo``: the check's controller ping) and the progress
+# markers' parser (``progress``: one parser for an attached run's lines and a detached
+# supervisor's tally).
 REMOTE_KIT = frozenset(
     {
         "fleetctl.remote",
@@ -58,6 +60,7 @@ REMOTE_KIT = frozenset(
         "fleetctl.remote.kit.keyscan",
         "fleetctl.remote.kit.containers",
         "fleetctl.remote.kit.icmp",
+        "fleetctl.remote.kit.progress",
     }
 )
 

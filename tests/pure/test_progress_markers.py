@@ -1,4 +1,4 @@
-"""Progress markers (``fleetctl.job.diagnose.progress_markers``) as a golden table of real
+"""Progress markers (``fleetctl.remote.kit.progress``) as a golden table of real
 lines: each printed by the source it names (its format string rendered, or its own docs'
 sample output), with the markers the parser must read from it."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fleetctl.job.diagnose.progress_markers import Marker, compile_own, parse, source
+from fleetctl.remote.kit.progress import Marker, compile_own, parse, source
 
 M = Marker
 GOLDEN: list[tuple[str, str, list[Marker]]] = [
@@ -39,6 +39,57 @@ GOLDEN: list[tuple[str, str, list[Marker]]] = [
         "tqdm/tqdm README.rst, a bar with no total",
         "3761it [00:12, 301.12it/s]",
         [M("tqdm", 3761.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(3, 100, 6, rate=0.5): a slow loop's rate is seconds per it",
+        "  3%|▎         | 3/100 [00:06<03:14,  2.00s/it]",
+        [M("tqdm", 3.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(1200, 10000, 5.2, unit_scale=True): the count scaled",
+        " 12%|█▏        | 1.20k/10.0k [00:05<00:38, 231it/s]",
+        [M("tqdm", 1200.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(1230, None, 5, unit_scale=True): scaled, no total",
+        "1.23kit [00:05, 230it/s]",
+        [M("tqdm", 1230.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(45, 100, 1.5, unit='batch', postfix='loss=0.3'): own unit",
+        " 45%|████▌     | 45/100 [00:01<00:01, 30.00batch/s, loss=0.3]",
+        [M("tqdm", 45.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(0, 100, 0): a bar's first line, no rate yet",
+        "  0%|          | 0/100 [00:00<?, ?it/s]",
+        [M("tqdm", 0.0)],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(…, unit='B', unit_scale=True, unit_divisor=1024): a "
+        "download (huggingface_hub's bars) is no training progress",
+        " 45%|█████████████████                     | 4.50M/10.0M [00:02<00:02, 2.36MB/s]",
+        [],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(4718592, 10485760, 2, unit='B'): bytes, unscaled",
+        " 45%|████▌     | 4718592/10485760 [00:02<00:02, 2359296.00B/s]",
+        [],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(1234, 10000, 1, unit='kB'): kilobytes",
+        " 12%|█▏        | 1234/10000 [00:01<00:07, 1234.00kB/s]",
+        [],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(…, unit='iB', unit_scale=True): MiB/s",
+        " 45%|████▌     | 4.72M/10.5M [00:02<00:02, 2.36MiB/s]",
+        [],
+    ),
+    (
+        "tqdm 4.70.1 format_meter(3760000, None, 12.5, unit='B', unit_scale=True): bytes, no total",
+        "3.76MB [00:12, 301kB/s]",
+        [],
     ),
     (
         "huggingface/transformers trainer_callback.py ProgressCallback.on_log: "

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from fleetctl.job.diagnose.progress_markers import compile_own
 from fleetctl.job.diagnose.progress_rate import ProgressJudge, progress_judge
+from fleetctl.remote.kit.progress import compile_own
 
 HOSTS = {0: "node1", 1: "node2", 2: "node3"}
 Say = Callable[[int, int], str | None]  # (node rank, its step) -> the line it prints, or None

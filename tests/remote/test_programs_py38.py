@@ -105,6 +105,7 @@ EXERCISED = {
     "programs/port_probe.py": "test_the_port_probe_skips_a_port_that_is_in_use",
     "kit/portclaims.py": "test_a_claim_folder_name_taken_by_a_link_or_a_file_is_passed_over",
     "programs/probe.py": "test_the_check_probe_reports_facts_and_takes_part_in_a_mesh",
+    "kit/progress.py": "test_python_3_8_reads_the_markers_of_every_shape_as_the_controller_does",
     "kit/procfs.py": "test_the_job_scan_reads_no_kernel_threads_environment",
     "programs/push_helper.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",

@@ -1,5 +1,6 @@
 """The progress-rate judge: in a job whose nodes progress independently, the node that falls
-behind its peers, from the progress markers of its ranks' output (``progress_markers.py``).
+behind its peers, from the progress markers of its ranks' output
+(``fleetctl/remote/kit/progress.py``).
 
 A synchronous job's nodes all step together, so their rates are alike and this judge names
 nobody there: the pace judge (``pace.py``, where the ranks spend their time) is the one for
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.job.diagnose.pace import AGREE, WINDOW, SlowVerdict
-from fleetctl.job.diagnose.progress_markers import KINDS, UNITS, Marker, parse, source
+from fleetctl.remote.kit.progress import KINDS, UNITS, Count, Marker, parse, source
 
 if TYPE_CHECKING:
     import re
@@ -38,7 +39,6 @@ SPAN = 12.0  # seconds of markers a rate is measured over
 MIN_SPAN = 4.0  # a rate needs markers at least this far apart
 MAX_RATIO = 0.5  # the suspect's rate against its peers' median, at most
 ALIKE = 0.7  # each peer's rate against that median, at least: the peers are alike
-RESTART = 0.5  # a count below this share of the last one starts over (a new tqdm bar)
 MAX_POINTS = 4096  # markers kept per rank and shape: memory stays bounded at any line rate
 # lines read per batch a node sends, its last ones: a training loop's few lines a second all
 # are; a log flood's batches (thousands of lines) cost 64 regex scans each, not thousands
@@ -48,25 +48,20 @@ SCAN = 64
 
 @dataclass
 class _Series:
-    """One rank's markers of one shape, as a count that only grows: an epoch's restart of
-    mnist's samples or Paddle's batches, or a new tqdm bar, carries the count on."""
+    """One rank's markers of one shape, as a count that only grows (``Count``) over time."""
 
     points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
-    offset: float = 0.0
-    last: float = 0.0
-    epoch: float | None = None
+    count: Count = field(default_factory=Count)
 
     def add(self, t: float, m: Marker) -> None:
-        if m.epoch is not None and self.epoch is not None and m.epoch != self.epoch:
-            if m.epoch < self.epoch:
-                return  # a lagging rank's line, interleaved: not progress
-            self.offset += self.last
-        elif m.epoch is None and self.points and m.value < self.last * RESTART:
-            self.offset += self.last
-        elif m.value < self.last:
-            return
-        self.last, self.epoch = m.value, m.epoch
-        self.points.append((t, self.offset + m.value))
+        value = self.count.add(m)
+        if value is not None:
+            self.points.append((t, value))
+
+    def point(self, t: float, value: float) -> None:
+        """A count already carried on (a detached supervisor's ``Tally``): a newer one only."""
+        if not self.points or (t > self.points[-1][0] and value >= self.points[-1][1]):
+            self.points.append((t, value))
 
     def prune(self, now: float) -> None:
         while self.points and self.points[0][0] < now - SPAN:
@@ -211,6 +206,17 @@ class ProgressJudge:
             for m in parse(line, self.own):
                 mine.setdefault((source(line), m.kind), _Series()).add(t, m)
         return self.tick(t)
+
+    def counts(self, rank: int, points: Iterable[tuple[str, str, float, float]]) -> None:
+        """A node's counts as its supervisor tallied them (a detached job, for its monitor:
+        ``remote/kit/progress.py: Tally``): (rank prefix, shape, time, count), the count
+        already carried across epochs and bars; the next :meth:`tick` judges them."""
+        if self.verdict is not None:
+            return
+        mine = self.series.setdefault(rank, {})
+        for src, kind, t, value in points:
+            if kind in UNITS:
+                mine.setdefault((src, kind), _Series()).point(t, value)
 
     def tick(self, now: float) -> SlowVerdict | None:
         if self.verdict is not None or (self.at is not None and now - self.at < ROUND):

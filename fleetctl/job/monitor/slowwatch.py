@@ -7,12 +7,20 @@ latest pace report in the run folder (``pace.json``, with a sequence number) and
 job.json, an event, the health ledger, py-spy's samples of every rank taken in the
 background (the poll never waits on them), and with ``--on-slow stop`` the job's end with the
 node as its first failure, once the samples are in.
+
+The progress-rate judge (``fleetctl.job.diagnose.progress_rate``) runs here too: nobody reads
+a detached job's lines as they come, so each supervisor counts its ranks' progress markers
+itself (``fleetctl.remote.kit.progress.Tally``) and its pace report carries the counts, each
+with the node's time of the line that said it; ``status`` adds the node's clock, so the
+monitor places each count in its own clock (no skew between the hosts). A verdict of either
+judge lands only if the other suspects no other node, as in an attached run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +32,8 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.decide import Decision
     from fleetctl.job.monitor.handle import JobHandle
     from fleetctl.job.monitor.supervisors import NodeReport
+
+_ENDED = ("exited", "stopped", "lost", "absent")  # a node's states once its part is over
 
 
 def remember_slow(host: str, job_id: str, line: str) -> str | None:
@@ -49,20 +59,28 @@ class MonitorPace:
 
         nodes = {np.node_rank: np.host for np in h.plan.nodes}
         self.h, self.sup, self.event = h, sup, event
-        self.judge = None
+        self.judge = self.progress = None
         if sup.on_slow != "off" and len(nodes) > 1:
-            self.judge = judge_for(nodes, _roles(h), sup.slow_rounds)
+            from fleetctl.job.diagnose.progress_rate import progress_judge
+
+            roles = _roles(h)
+            self.judge = judge_for(nodes, roles, sup.slow_rounds)
+            self.progress = progress_judge(nodes, roles, sup.slow_rounds)
         self.seen: dict[int, int] = {}  # node rank -> the last report's sequence number
         self.verdict: SlowVerdict | None = None
         self.sampler: threading.Thread | None = None
         self.samples: dict[str, Any] = {}
         self.done = False
 
-    def poll(self, states: list[NodeReport]) -> Decision | None:
-        """One poll's reports in; the stop decision once due, else None."""
-        if self.judge is None or self.done:
+    def poll(self, states: list[NodeReport], at: float | None = None) -> Decision | None:
+        """One poll's reports in (``at``: when they came, ``time.monotonic()``); the stop
+        decision once due, else None."""
+        if self.judge is None or self.progress is None or self.done:
             return None
+        at = time.monotonic() if at is None else at
         for st in states:
+            if st.state in _ENDED or st.ranks_ended:  # its silence from now is no slowness
+                self.progress.end(st.rank)
             pace = st.pace or {}
             seq = pace.get("seq")
             if not isinstance(seq, int) or not isinstance(pace.get("report"), dict):
@@ -70,12 +88,26 @@ class MonitorPace:
             if self.seen.get(st.rank) == seq:
                 continue
             self.seen[st.rank] = seq
-            verdict = self.judge.add(st.rank, pace["report"])
-            if verdict is not None:
-                self._named(verdict)
+            self.progress.counts(st.rank, placed(pace, at))
+            if self.verdict is None:
+                self._judged(self.judge.add(st.rank, pace["report"]), self.judge, self.progress)
+        if self.verdict is None:
+            self._judged(self.progress.tick(at), self.progress, self.judge)
+        if self.verdict is not None and self.verdict.progress is not None and not self.done:
+            return self._stop()  # named by its progress: the figures are the evidence
         if self.sampler is None or self.sampler.is_alive():
             return None
         return self._evidence()
+
+    def _judged(self, verdict: SlowVerdict | None, judge: Any, other: Any) -> None:
+        """A judge's verdict lands unless the other judge suspects another node in its window
+        (then nobody is named and both judge on: ``job/run/context.py: _judged``)."""
+        if verdict is None:
+            return
+        if other.suspects() - {verdict.rank}:
+            judge.withdraw()
+            return
+        self._named(verdict)
 
     def _named(self, verdict: SlowVerdict) -> None:
         from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
@@ -86,6 +118,8 @@ class MonitorPace:
         trouble = remember_slow(verdict.host, self.h.job_id, verdict.line())
         if trouble is not None:
             self.event(f"warning {trouble}")
+        if verdict.progress is not None:  # its peers wait for nobody: no py-spy to ask
+            return
         h = self.h
 
         def run() -> None:
@@ -103,9 +137,7 @@ class MonitorPace:
 
     def _evidence(self) -> Decision | None:
         from fleetctl.job.diagnose.slowstacks import from_replies
-        from fleetctl.job.monitor.decide import Decision
 
-        self.done = True
         assert self.verdict is not None
         hosts = {np.node_rank: np.host for np in self.h.plan.nodes}
         stacks = from_replies(self.verdict.rank, hosts, self.samples)
@@ -114,6 +146,15 @@ class MonitorPace:
         self.event(
             f"notice [{verdict.rank} {verdict.host}] py-spy: {stacks.phrase() or stacks.note}"
         )
+        return self._stop()
+
+    def _stop(self) -> Decision | None:
+        """With ``--on-slow stop``, the decision that ends the job, the node its first failure."""
+        from fleetctl.job.monitor.decide import Decision
+
+        self.done = True
+        verdict = self.verdict
+        assert verdict is not None
         if self.sup.on_slow != "stop":
             return None
         return Decision(
@@ -145,3 +186,24 @@ def _roles(h: JobHandle) -> dict[int, str] | None:
     except RunFolderError:
         return None
     return None if record is None else {t.rank: t.role for t in record.tasks}
+
+
+def placed(pace: dict[str, Any], at: float) -> list[tuple[str, str, float, float]]:
+    """A node's progress counts (its pace report's ``progress``: ``[source, shape, time,
+    count]``, the time by the node's clock) placed in the monitor's (``at``: when ``status``
+    answered, whose ``now`` is the node's clock then). Malformed entries are passed over."""
+    rows, now = pace["report"].get("progress"), pace.get("now")
+    if not isinstance(rows, list) or not isinstance(now, (int, float)):
+        return []
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4):
+            continue
+        src, kind, t, count = row
+        if isinstance(src, str) and isinstance(kind, str) and _number(t) and _number(count):
+            out.append((src, kind, at - (float(now) - float(t)), float(count)))
+    return out
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

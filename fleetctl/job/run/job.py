@@ -178,8 +178,8 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
 
 def _progress_judge(nodes: dict[int, str], roles: dict[int, str] | None, sup: Any) -> Any:
     """The progress-rate judge of an attached run, reading ``--progress-regex`` if given."""
-    from fleetctl.job.diagnose.progress_markers import compile_own
     from fleetctl.job.diagnose.progress_rate import progress_judge
+    from fleetctl.remote.kit.progress import compile_own
 
     own = compile_own(sup.progress_regex) if sup.progress_regex else None
     return progress_judge(nodes, roles, sup.slow_rounds, own)
@@ -202,6 +202,8 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
             job.sample_stacks = _stack_sampler(job, fleet)
             # nodes that progress independently: their rates (docs/health.md)
             job.progress_judge = _progress_judge(nodes, job.roles, sup)
+        elif sup.progress_regex:  # the supervisors count the markers for the monitor
+            pace["progress_regex"] = sup.progress_regex
     job.state.launch()
     job.sync()
     job.result.started = time.time()

@@ -113,6 +113,8 @@ def cmd_status(argv: list[str]) -> int:
     # the supervisor makes the progress file at the job's first line or touch (its begin())
     state["begun"] = os.path.exists(os.path.join(run_dir, PROGRESS_FILE))
     state["pace"] = read_json(os.path.join(run_dir, "pace.json")) or None  # detached
+    if state["pace"] is not None:  # this node's clock now: the monitor times the markers by it
+        state["pace"]["now"] = time.time()
     state["ranks_ended"] = read_json(os.path.join(run_dir, RANKS_ENDED)) or None  # the A frame's
     if state.get("state") == "running" and not state["supervisor_alive"]:
         state["state"] = "lost"

@@ -70,13 +70,18 @@ class PaceSampler:
         return {"ranks": ranks, "throttled": throttled} if ranks else None
 
 
-def watch_pace(cfg: dict, ranks, send, done) -> None:
+def watch_pace(cfg: dict, ranks, send, done, tally=None) -> None:
     """The sampler's thread: ``send(payload)`` a report every ``cfg['report']`` s until
-    ``done`` (a threading.Event) is set."""
+    ``done`` (a threading.Event) is set. ``tally`` (a detached job's ``progress.Tally``): its
+    counts go with each report as ``progress``."""
     sampler = PaceSampler(ranks)
     sampler.report()
     while not done.wait(float(cfg.get("report") or REPORT)):
         said = sampler.report()
+        counts = tally.report() if tally is not None else None
+        if counts:
+            said = said or {"ranks": {}, "throttled": None}
+            said["progress"] = counts
         if said is not None:
             send(json.dumps(said, separators=(",", ":")).encode())
 

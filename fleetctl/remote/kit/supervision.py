@@ -21,6 +21,7 @@ from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
 from .output import Out, gap_note, write_all, write_problem
 from .pace import pace_file, watch_pace
 from .procfs import pid_alive, proc_stat, zombie_exit
+from .progress import Tally
 from .ranks import all_ended, pidfd_open, rank_processes
 from .ranktail import MAX_LINE, RankTail
 from .records import RecordError, SupervisorSpec, SupervisorState, read_state
@@ -91,6 +92,9 @@ class Supervisor(RankTail):
         self.rank_pids: dict = {}  # local rank -> pids (a launcher restart adds one)
         self.stream_closed = False  # the controller's channel closed (it may reattach)
         self.begun = False  # the job's own first line or progress touch here (begin())
+        # detached: the progress markers the monitor judges (no controller reads our lines)
+        pace = spec.pace if spec.detach else None
+        self.tally = None if pace is None else Tally(pace.get("progress_regex"))
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -232,6 +236,8 @@ class Supervisor(RankTail):
         here, so lines never splice."""
         kind, text = "L" if ends else "C", line[:-1] if line.endswith(b"\n") else line
         with self.emit_lock:
+            if self.tally is not None and ends:
+                self.tally.line(text)
             self.write_log(line if log is None else log)
             if self.log_problem is None:
                 self.out.frame(kind, text)
@@ -440,7 +446,7 @@ class Supervisor(RankTail):
             send = lambda said: self.out.frame("W", said)  # noqa: E731
             if self.detach:
                 send = pace_file(self.run_dir)
-            args = (self.spec.pace, ranks, send, done)
+            args = (self.spec.pace, ranks, send, done, self.tally)
             threading.Thread(target=watch_pace, args=args, daemon=True).start()
         if not self.detach:
             threading.Thread(target=self.heartbeats, args=(done,), daemon=True).start()
