@@ -443,7 +443,7 @@ def test_cli_prints_the_table_and_exits_3_on_failure(
 
 def test_single_local_host_needs_no_ssh(tmp_path: Path) -> None:
     node = Node.localhost(workdir=str(tmp_path / "w"))
-    report = run_check([node], master_port=_free_port())
+    report = run_check([node], rdzv_port=_free_port())
     assert report.ok, report.failures
     assert report.hosts[node.name].checks["ssh"].detail == "local"
     assert report.facts[node.name].train_addr == "127.0.0.1"
