@@ -209,7 +209,7 @@ class Fleet:
         if mesh not in ("auto", "full", "sparse", "off"):
             raise UsageError(f"mesh must be auto, full, sparse or off, not {mesh!r}")
         options = CheckOptions(
-            master_port=master_port,
+            rdzv_port=master_port,
             backend=backend,
             uniform_gpus=launcher is not None and not get_launcher(launcher).one_process_per_node,
             launcher_module=launcher_module(launcher) if launcher else None,

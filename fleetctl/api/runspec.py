@@ -567,9 +567,9 @@ class RunSpec:
             raise UsageError(str(e)) from e
         return JobSpec(
             launcher=p.launcher,
-            nproc_per_node=p.nproc_per_node,
-            master_port=p.master_port or DEFAULT_MASTER_PORT,
-            master_port_fixed=p.master_port is not None,  # that port, or a clear refusal
+            procs=p.nproc_per_node,
+            rdzv_port=p.master_port or DEFAULT_MASTER_PORT,
+            rdzv_port_fixed=p.master_port is not None,  # that port, or a clear refusal
             launcher_args=p.launcher_args,
             env=dict(p.env or {}),
             backend=p.backend,

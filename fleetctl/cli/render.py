@@ -439,8 +439,8 @@ def print_plan(plan: Plan, *, inventory: str | None = None, console: Console | N
     where = inventory or "this machine (no inventory)"
     console.print(
         f"[bold]job[/] {escape(plan.job_id)}  [bold]launcher[/] {plan.launcher}  "
-        f"[bold]master[/] {escape(plan.master_addr)}:{plan.master_port}  "
-        f"[bold]world[/] {plan.nnodes} node(s) x {plan.nproc_per_node} = {plan.world_size}  "
+        f"[bold]master[/] {escape(plan.master_addr)}:{plan.rdzv_port}  "
+        f"[bold]world[/] {plan.nnodes} node(s) x {plan.procs} = {plan.world_size}  "
         f"[dim]({escape(where)})[/]"
     )
     columns = [Column(c) for c in ("host", "ssh address", "training address", "nic", "run folder")]

@@ -20,18 +20,18 @@ def processes_per_node(
     counts = Counter(gpus.values())
     uniform = len(counts) == 1
     if one_per_node:
-        if spec.nproc_per_node not in ("auto", 1):
+        if spec.procs not in ("auto", 1):
             raise PlanError(
                 f"launcher {spec.launcher!r} runs one process per node; "
-                f"--nproc-per-node must be 1 or auto, got {spec.nproc_per_node}"
+                f"--nproc-per-node must be 1 or auto, got {spec.procs}"
             )
         return 1, next(iter(counts)) if uniform else 0
-    if spec.nproc_per_node == "auto":
+    if spec.procs == "auto":
         if not uniform:
             raise PlanError(_mixed_gpus_message(gpus, counts))
         count = next(iter(counts))
         return max(count, 1), count
-    k = int(spec.nproc_per_node)
+    k = int(spec.procs)
     if 0 in counts and not uniform:
         none = ", ".join(h for h, c in gpus.items() if c == 0)
         raise PlanError(

@@ -59,9 +59,9 @@ def check_spec(spec: JobSpec) -> None:
         check_relpath(spec.script, "script")
     if spec.folder not in ("", "."):
         check_relpath(spec.folder, "folder")
-    if not isinstance(spec.master_port, int) or not 1 <= spec.master_port <= 65535:
-        raise PlanError(f"master port must be 1-65535, got {spec.master_port!r}")
-    n = spec.nproc_per_node
+    if not isinstance(spec.rdzv_port, int) or not 1 <= spec.rdzv_port <= 65535:
+        raise PlanError(f"master port must be 1-65535, got {spec.rdzv_port!r}")
+    n = spec.procs
     if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise PlanError(f"--nproc-per-node must be a positive integer or 'auto', got {n!r}")
     if spec.backend is not None and spec.backend not in BACKENDS:

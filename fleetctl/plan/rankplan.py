@@ -11,7 +11,7 @@ processes by them.
 
 What it refuses before building anything is in :mod:`fleetctl.plan.plan_checks`.
 
-``WORLD_SIZE`` in the node env is the job's total process count (``nnodes * nproc_per_node``).
+``WORLD_SIZE`` in the node env is the job's total process count (``nnodes * procs``).
 Under torchrun/paddle/deepspeed the launcher sets each worker's own ``RANK``/``WORLD_SIZE``;
 under ``plain`` (one process per node) the script is rank ``NODE_RANK`` of ``NNODES``.
 """
@@ -76,9 +76,9 @@ class JobSpec:
     job_id: str
     args: tuple[str, ...] = ()
     launcher: str = "torchrun"
-    nproc_per_node: int | str = "auto"
-    master_port: int = DEFAULT_MASTER_PORT
-    master_port_fixed: bool = False  # given by the user: that port or a clear refusal
+    procs: int | str = "auto"  # processes per node asked (auto: per GPU); Plan.procs: resolved
+    rdzv_port: int = DEFAULT_MASTER_PORT  # the port tried first; then the one claimed on node 0
+    rdzv_port_fixed: bool = False  # given by the user: that port or a clear refusal
     launcher_args: tuple[str, ...] = ()  # passed to the launcher after fleetctl's own flags
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     backend: str | None = None
@@ -263,10 +263,10 @@ class Plan:
     script: str
     args: tuple[str, ...]
     master_addr: str
-    master_port: int
+    rdzv_port: int  # the rendezvous port claimed for the job (plan.json's master_port)
     ips: tuple[str, ...]
     nnodes: int
-    nproc_per_node: int
+    procs: int  # processes per node, resolved (plan.json's nproc_per_node)
     gpus_per_node: int
     world_size: int
     nodes: tuple[NodePlan, ...]
@@ -286,13 +286,23 @@ class Plan:
             script=self.script,
             args=self.args,
             master_addr=self.master_addr,
-            rdzv_port=self.master_port,
+            rdzv_port=self.rdzv_port,
             ips=self.ips,
             nnodes=self.nnodes,
-            procs=self.nproc_per_node,
+            procs=self.procs,
             gpus_per_node=self.gpus_per_node,
             kind=self.kind,
         )
+
+    @property
+    def master_port(self) -> int:
+        """plan.json's name for :attr:`rdzv_port` (a dry run's Plan, as library callers read it)."""
+        return self.rdzv_port
+
+    @property
+    def nproc_per_node(self) -> int:
+        """plan.json's name for :attr:`procs`."""
+        return self.procs
 
     @property
     def spec(self) -> JobSpec:
@@ -302,8 +312,8 @@ class Plan:
             job_id=self.job_id,
             args=self.args,
             launcher=self.launcher,
-            nproc_per_node=self.nproc_per_node,
-            master_port=self.master_port,
+            procs=self.procs,
+            rdzv_port=self.rdzv_port,
             env=self.user_env,
             backend=self.backend,
             created=self.created,
@@ -329,10 +339,10 @@ class Plan:
             **({"folder": self.folder} if self.folder else {}),
             "args": list(self.args),
             "master_addr": self.master_addr,
-            "master_port": self.master_port,
+            "master_port": self.rdzv_port,
             "ips": list(self.ips),
             "nnodes": self.nnodes,
-            "nproc_per_node": self.nproc_per_node,
+            "nproc_per_node": self.procs,
             "gpus_per_node": self.gpus_per_node,
             "world_size": self.world_size,
             "backend": self.backend,
@@ -358,10 +368,10 @@ class Plan:
                 script=d.get("script", ""),
                 args=tuple(d.get("args") or ()),
                 master_addr=d.get("master_addr") or first_env.get("MASTER_ADDR", ""),
-                master_port=int(d.get("master_port") or first_env.get("MASTER_PORT") or 0),
+                rdzv_port=int(d.get("master_port") or first_env.get("MASTER_PORT") or 0),
                 ips=tuple(d.get("ips") or (n.train_addr for n in nodes)),
                 nnodes=int(d.get("nnodes") or len(nodes)),
-                nproc_per_node=int(d.get("nproc_per_node") or 1),
+                procs=int(d.get("nproc_per_node") or 1),
                 gpus_per_node=int(d.get("gpus_per_node") or 0),
                 world_size=int(d.get("world_size") or len(nodes)),
                 nodes=nodes,
@@ -443,7 +453,7 @@ def make_plan(
         script=spec.script,
         args=spec.args,
         master_addr=ips[0],
-        rdzv_port=spec.master_port,
+        rdzv_port=spec.rdzv_port,
         ips=ips,
         nnodes=len(nodes),
         procs=nproc,
@@ -503,10 +513,10 @@ def make_plan(
         script=spec.script,
         args=spec.args,
         master_addr=ctx.master_addr,
-        master_port=spec.master_port,
+        rdzv_port=spec.rdzv_port,
         ips=ips,
         nnodes=ctx.nnodes,
-        nproc_per_node=nproc,
+        procs=nproc,
         gpus_per_node=gpus_per_node,
         world_size=ctx.nnodes * nproc,
         nodes=tuple(plans),

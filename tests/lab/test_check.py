@@ -8,13 +8,14 @@ known_hosts files are written to tmp dirs; the lab's own files are never edited.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,11 +212,13 @@ def test_declared_gpus_differ_from_nvidia_smi(lab3: Lab) -> None:
     )
 
 
-def test_master_port_taken_on_node0(lab3: Lab) -> None:
+@contextlib.contextmanager
+def listening(lab: Lab, host: str, ports: tuple[int, ...]) -> Iterator[None]:
+    """Listeners on ``ports`` of ``host`` (as a launcher binds: SO_REUSEADDR) while inside."""
     code = (
         "import socket, sys\n"
         "held = []\n"
-        "for port in (29500, 29501):\n"
+        f"for port in {ports!r}:\n"
         "    s = socket.socket()\n"
         "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
         "    s.bind(('0.0.0.0', port))\n"
@@ -225,14 +228,14 @@ def test_master_port_taken_on_node0(lab3: Lab) -> None:
         "sys.stdin.read()\n"
     )
     proc = subprocess.Popen(
-        lab3.nsenter_argv("node1", [sys.executable, "-c", code]),
+        lab.nsenter_argv(host, [sys.executable, "-c", code]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        report = run_check(lab_nodes(lab3))
+        yield
     finally:
         assert proc.stdin is not None
         proc.stdin.close()  # the listener exits when its stdin closes
@@ -241,11 +244,34 @@ def test_master_port_taken_on_node0(lab3: Lab) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_master_port_taken_on_node0(lab3: Lab) -> None:
+    with listening(lab3, "node1", (29500, 29501)):
+        report = run_check(lab_nodes(lab3))
     assert_only(report, {("node1", "port")})
     assert reason(report, "node1", "port") == "master port 29500 in use"
     # The mesh listener skipped the master port and the busy 29501, and still worked.
     assert report.mesh_failures == []
     assert report.mesh_ports == {"node1": 29502, "node2": 29501, "node3": 29501}
+
+
+def test_check_master_port_is_the_port_node0_must_have_free(
+    lab3: Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fleetctl check --master-port P``: P taken on node 0 fails its port check naming P (the
+    default 29500 is not asked), and the mesh test listens just above P."""
+    from fleetctl.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with listening(lab3, "node1", (29640,)), pytest.raises(SystemExit) as bad:
+        main(["check", "-i", str(lab3.inventory_path), "--json", "--master-port", "29640"])
+    data = json.loads(capsys.readouterr().out)
+    assert bad.value.code == 3
+    assert data["failures"] == [
+        {"host": "node1", "check": "port", "reason": "master port 29640 in use"}
+    ]
+    assert data["mesh_ports"] == {"node1": 29641, "node2": 29641, "node3": 29641}
 
 
 def test_full_disk_fails_the_disk_check(lab3: Lab) -> None:
@@ -443,7 +469,7 @@ def test_cli_prints_the_table_and_exits_3_on_failure(
 
 def test_single_local_host_needs_no_ssh(tmp_path: Path) -> None:
     node = Node.localhost(workdir=str(tmp_path / "w"))
-    report = run_check([node], master_port=_free_port())
+    report = run_check([node], rdzv_port=_free_port())
     assert report.ok, report.failures
     assert report.hosts[node.name].checks["ssh"].detail == "local"
     assert report.facts[node.name].train_addr == "127.0.0.1"

@@ -455,7 +455,7 @@ def test_cache_keeps_only_passing_reports_privately(tmp_path, monkeypatch) -> No
     assert hit is not None and hit.cached and hit.facts == ok.facts
     assert load_cached(key, CheckOptions(cache_dir=str(tmp_path / "c"), recheck=True)) is None
     # Different options or nodes are a different key; a stale entry is ignored.
-    assert cache_key(ns, SSHSettings(), CheckOptions(master_port=1234)) != key
+    assert cache_key(ns, SSHSettings(), CheckOptions(rdzv_port=1234)) != key
     assert cache_key(nodes(2), SSHSettings(), opts) != key
     stale = copy.deepcopy(ok)
     stale.checked_at = time.time() - 600
@@ -472,7 +472,7 @@ def test_a_failed_check_drops_every_kept_pass_of_its_hosts(tmp_path) -> None:
     the next ``run`` must check again, not take the pass (seen on a real H100)."""
     ns, few = nodes(), nodes(1)
     opts = CheckOptions(cache_dir=str(tmp_path / "c"))
-    run_opts = CheckOptions(cache_dir=str(tmp_path / "c"), master_port=29501)
+    run_opts = CheckOptions(cache_dir=str(tmp_path / "c"), rdzv_port=29501)
     for group, o in ((ns, run_opts), (few, opts)):
         passed = judge(group, good(group))
         passed.checked_at = time.time()

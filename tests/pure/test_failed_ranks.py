@@ -48,7 +48,7 @@ PADDLE = [
 def result(launcher: str, tail: list[str], folder: Path, *, rank: int = 1) -> Any:
     node = SimpleNamespace(rank=rank, host="node2", folder=str(folder), exit_code=1, tail=tail)
     return SimpleNamespace(
-        failed_node=node, nodes=[node], plan=SimpleNamespace(launcher=launcher, nproc_per_node=2)
+        failed_node=node, nodes=[node], plan=SimpleNamespace(launcher=launcher, procs=2)
     )
 
 
@@ -141,7 +141,7 @@ def test_deepspeed_names_the_first_failing_rank_of_any_node_not_of_the_first_nod
     res = SimpleNamespace(
         failed_node=first_to_end,
         nodes=[SimpleNamespace(rank=0, host="node1", folder=None), other, first_to_end],
-        plan=SimpleNamespace(launcher="deepspeed", nproc_per_node=2),
+        plan=SimpleNamespace(launcher="deepspeed", procs=2),
     )
     [got] = failed_ranks(res, [])
     assert (got["rank"], got["node"], got["exit_code"]) == (3, "node2", 3)
@@ -204,7 +204,7 @@ def test_a_rank_that_lost_its_peer_is_its_victim_even_when_it_ended_first(tmp_pa
     res = SimpleNamespace(
         failed_node=nodes[1],  # its launcher ended first
         nodes=[SimpleNamespace(rank=0, host="node1", folder=None), *nodes],
-        plan=SimpleNamespace(launcher="torchrun", nproc_per_node=1),
+        plan=SimpleNamespace(launcher="torchrun", procs=1),
         folder=str(tmp_path),
     )
     [got] = failed_ranks(res, ranks)

@@ -157,7 +157,7 @@ def _torchrun_result(tmp_path: Path, exits: dict[int, list[dict]]) -> Any:
     job = JobContext(
         JobSpec(script="t.py", job_id="j1"), nodes, RunOptions(runs_dir=tmp_path), events.append
     )
-    job.result.plan = type("P", (), {"launcher": "torchrun", "nproc_per_node": 1})()
+    job.result.plan = type("P", (), {"launcher": "torchrun", "procs": 1})()
     for rank, entries in exits.items():
         d = tmp_path / f"{rank}-node{rank + 1}"
         d.mkdir()

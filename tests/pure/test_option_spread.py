@@ -30,18 +30,18 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # the request, read where it is resolved (launchers read the resolved LaunchContext:
-    # procs, rdzv_port, extra_argv; RunSpec.job_spec makes the JobSpec); plan.json keeps the
-    # names for the resolved values (the dry run's header, the rank map; job/records/plan.py)
+    # past the record and the keyword, the request is JobSpec's ``procs``/``rdzv_port`` and the
+    # resolved plan's (``Plan``, ``LaunchContext``); what keeps the names is outside the code:
     "nproc_per_node": (
-        16,
-        "resolved (plan/nproc), checked, the check's uniform-GPU rule, plan.json's key, "
-        "a role job file's key (roles), paddle's own --nproc_per_node flag",
+        7,
+        "plan.json's key (the Plan that writes it, the record that reads it), a role job "
+        "file's key (plan/roles/jobfile), paddle's own --nproc_per_node flag, and the invoke "
+        "task's --nproc-per-node (tasks.py)",
     ),
     "master_port": (
-        16,
-        "claimed (job/run/ports), checked, plan.json's key; also check's --master-port "
-        "(CheckOptions: the probe, the judge) and deepspeed's own flag",
+        6,
+        "plan.json's key (the Plan that writes it, the record that reads it), deepspeed's own "
+        "--master_port flag, and check's own --master-port (cli/check_cmd, Fleet.check)",
     ),
     # also options of other commands and attributes of the inventory
     "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),

@@ -79,15 +79,24 @@ def test_facts_for_unknown_hosts_are_ignored_and_partial_facts_merge() -> None:
     facts = {"gpu01": NodeFacts(nic="ib0"), "other": NodeFacts(train_addr="1.2.3.4")}
     plan = make_plan(nodes, JobSpec(script="t.py", job_id=JOB), facts=facts)
     assert [n.nic for n in plan.nodes] == ["ib0", "eth0"]
-    assert plan.ips == ("10.0.0.1", "10.0.0.2") and plan.nproc_per_node == 2
+    assert plan.ips == ("10.0.0.1", "10.0.0.2") and plan.procs == 2
+
+
+def test_a_plan_answers_to_plan_json_names_too() -> None:
+    """A dry run's Plan, as library callers read it: ``master_port``/``nproc_per_node`` are
+    the resolved ``rdzv_port``/``procs`` (the request "auto" and a moved port resolved)."""
+    spec = JobSpec(script="t.py", job_id=JOB, rdzv_port=29611)
+    plan = make_plan(_nodes(2, gpus=4), spec)
+    assert (plan.master_port, plan.nproc_per_node) == (plan.rdzv_port, plan.procs) == (29611, 4)
+    assert plan.to_dict()["master_port"] == 29611 and plan.to_dict()["nproc_per_node"] == 4
 
 
 def test_bad_master_port_and_nproc() -> None:
     for kw in (
-        {"master_port": 0},
-        {"master_port": 70000},
-        {"nproc_per_node": 0},
-        {"nproc_per_node": "many"},
+        {"rdzv_port": 0},
+        {"rdzv_port": 70000},
+        {"procs": 0},
+        {"procs": "many"},
         {"backend": "mpi"},
     ):
         with pytest.raises(PlanError):

@@ -86,7 +86,7 @@ def test_invariants(path: Path) -> None:
     n = len(case["nodes"])
     assert [p.node_rank for p in plan.nodes] == list(range(n))
     assert [p.host for p in plan.nodes] == [c["name"] for c in case["nodes"]]
-    assert plan.nnodes == n and plan.world_size == n * plan.nproc_per_node
+    assert plan.nnodes == n and plan.world_size == n * plan.procs
     assert plan.master_addr == plan.ips[0] == plan.nodes[0].train_addr
     assert list(plan.ips) == [p.train_addr for p in plan.nodes]
     user_args = list(spec.get("args", []))

@@ -65,7 +65,7 @@ def _torchrun_result(folder: Path, launcher: str = "torchrun") -> JobResult:
     ]
     res.nodes[1].tail.extend(CHILD_FAILED)
     res.first_failure = 1
-    res.plan = SimpleNamespace(launcher=launcher, nproc_per_node=2)  # type: ignore[assignment]
+    res.plan = SimpleNamespace(launcher=launcher, procs=2)  # type: ignore[assignment]
     return res
 
 

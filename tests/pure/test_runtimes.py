@@ -91,7 +91,7 @@ def test_the_plan_runs_in_the_image_on_its_python() -> None:
         Node(name="n1", address="10.0.0.1", python="/opt/host/py", vars={"fleetctl_image": "a"}),
         _node("n2", fleetctl_image="a", fleetctl_image_python="/opt/conda/bin/python"),
     ]
-    spec = JobSpec(script="t.py", job_id="j1", launcher="plain", nproc_per_node=1)
+    spec = JobSpec(script="t.py", job_id="j1", launcher="plain", procs=1)
     plan = make_plan(nodes, spec)
     assert [n.container for n in plan.nodes] == [
         {"image": "a", "runtime": None, "gpus": False},
@@ -106,7 +106,7 @@ def test_the_plan_runs_in_the_image_on_its_python() -> None:
 
 
 def test_a_runtime_name_is_checked_naming_the_host() -> None:
-    spec = JobSpec(script="t.py", job_id="j1", launcher="plain", nproc_per_node=1)
+    spec = JobSpec(script="t.py", job_id="j1", launcher="plain", procs=1)
     with pytest.raises(PlanError, match=r"n1.*unknown container runtime 'lxc'"):
         make_plan([_node("n1", fleetctl_image="a", fleetctl_container_runtime="lxc")], spec)
 

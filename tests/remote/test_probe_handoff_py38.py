@@ -202,7 +202,7 @@ def test_node_0s_held_probe_claims_the_port_in_place_then_its_supervisor_adopts_
     stream, _, facts = probes.start(hold=60)
     held = {probes.jobs.node.name: HeldProbe(stream, probes.python, time.monotonic() + 30)}
     port0 = 45000 + os.getpid() % 2000
-    spec = JobSpec(script="x.py", job_id=jid("claim"), master_port=port0)
+    spec = JobSpec(script="x.py", job_id=jid("claim"), rdzv_port=port0)
     # no srun step, no SSH channel: the probe's own process claims, and stays held
     port = reserve_master_port(_NoCommands(), probes.jobs.node, spec, held=held)  # type: ignore[arg-type]
     assert port0 <= port < port0 + 64 and probes.jobs.node.name in held

@@ -73,7 +73,7 @@ def likely_causes(
         return []
     opts = CheckOptions.within(
         limit,
-        master_port=spec.master_port,
+        rdzv_port=spec.rdzv_port,
         backend=spec.backend,
         tcp_timeout=min(TCP_TIMEOUT, limit / 2),
     )

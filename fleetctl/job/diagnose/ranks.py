@@ -40,9 +40,9 @@ _LOG_TAIL = 16384  # bytes of a rank's log read for it
 # process its set iteration met first (often a rank killed by the real culprit's peer error).
 
 
-def _per_node(launcher: str | None, nproc_per_node: int) -> int:
+def _per_node(launcher: str | None, procs: int) -> int:
     """Rank processes per node: a plain script is one, whatever ``--nproc-per-node`` says."""
-    return 1 if launcher_for(launcher).one_process_per_node else max(1, nproc_per_node)
+    return 1 if launcher_for(launcher).one_process_per_node else max(1, procs)
 
 
 def rank_map(result: JobResult) -> list[dict[str, Any]]:
@@ -51,7 +51,7 @@ def rank_map(result: JobResult) -> list[dict[str, Any]]:
     plan = result.plan
     if plan is None:
         return []
-    nproc = _per_node(plan.launcher, plan.nproc_per_node)
+    nproc = _per_node(plan.launcher, plan.procs)
     files = launcher_for(plan.launcher).rank_files
     out = []
     for node in result.nodes:
@@ -88,7 +88,7 @@ def rank_exits(result: JobResult) -> list[tuple[float, int, int | None, str]]:
     plan = result.plan
     if plan is None:
         return []
-    nproc = _per_node(plan.launcher, plan.nproc_per_node)
+    nproc = _per_node(plan.launcher, plan.procs)
     out = []
     for node in result.nodes:
         if not node.folder:
@@ -145,7 +145,7 @@ def failed_ranks(result: JobResult, ranks: list[dict[str, Any]]) -> list[dict[st
     launcher = launcher_for(result.plan.launcher)
     named = launcher.named_failures(list(ff.tail))
     said = dict(named)
-    nproc = _per_node(result.plan.launcher, result.plan.nproc_per_node)
+    nproc = _per_node(result.plan.launcher, result.plan.procs)
     where = {ff.rank * nproc + i: ff.host for i in range(nproc)}
     candidates = []
     for at, rank, code, host in rank_exits(result):

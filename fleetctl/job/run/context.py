@@ -89,7 +89,7 @@ class JobContext:
         self.spools: dict[int, BinaryIO | None] = {}  # rank -> its streamed lines on disk
         self.observer = options.observer  # metrics: told every event (fleetctl.job.monitor.metrics)
         if self.observer is not None:
-            nproc = spec.nproc_per_node if isinstance(spec.nproc_per_node, int) else 0
+            nproc = spec.procs if isinstance(spec.procs, int) else 0
             self.observer.attempt(spec.job_id, options.attempt, [n.name for n in nodes], nproc)
         self.pace: GroupJudges | None = None  # the slow-node judge, made at launch (--on-slow)
         # the progress-rate judge (nodes that progress independently), made with it

@@ -54,8 +54,8 @@ def reserve_master_port(
     base..base+span-1 are claimed on node 0, then the same ones on each of ``others``.
     ``held``: the check's probes held for the launch, which claim in place of a new command
     (one that does not answer is let go and dropped from it)."""
-    base = spec.master_port
-    cands = [base] if spec.master_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
+    base = spec.rdzv_port
+    cands = [base] if spec.rdzv_port_fixed else list(range(base, min(base + PORT_SPAN, 65536)))
     busy: dict[str, str] = {}
     for attempt in range(MAX_SPAN_TRIES):
         free, busy = _claim(fleet, node0, cands, spec.job_id, span, held)
@@ -71,12 +71,12 @@ def reserve_master_port(
             # back what was claimed, and with a port of our choosing try the next base
             _unclaim(fleet, [node0, *others], free[0], spec.job_id, span)
             later = [p for p in cands if p > free[0]]
-            if spec.master_port_fixed or not later or attempt == MAX_SPAN_TRIES - 1:
+            if spec.rdzv_port_fixed or not later or attempt == MAX_SPAN_TRIES - 1:
                 raise
             cands = later
             continue
         return free[0]
-    if spec.master_port_fixed:
+    if spec.rdzv_port_fixed:
         bad = next((p for p in range(base, base + span) if str(p) in busy), base)
         why = busy.get(str(bad), "not free")
         what = f"master port {base}" if span == 1 else f"port {bad} (of {base}-{base + span - 1})"

@@ -138,9 +138,9 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         port = reserve_master_port(
             fleet, job.nodes[0], spec, span=span, others=others, held=job.held
         )
-        if port != spec.master_port:
-            job.emit("notice", f"port {spec.master_port} is taken on node 0: rendezvous on {port}")
-            spec = job.spec = dataclasses.replace(spec, master_port=port)
+        if port != spec.rdzv_port:
+            job.emit("notice", f"port {spec.rdzv_port} is taken on node 0: rendezvous on {port}")
+            spec = job.spec = dataclasses.replace(spec, rdzv_port=port)
         job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     if runtimes:
         job.plan = cc.with_runtimes(job.plan, runtimes)
@@ -170,14 +170,13 @@ def host_checks(spec: JobSpec, options: RunOptions) -> CheckOptions:
     what the hosts' options let pass (``Hosts.check_options``), the job's port and backend,
     and whether GPU counts must agree."""
     return options.hosts.check_options(
-        master_port=spec.master_port,
-        check_master_port=spec.master_port_fixed,
+        rdzv_port=spec.rdzv_port,
+        check_rdzv_port=spec.rdzv_port_fixed,
         recheck=options.recheck,
         collective=options.collective,
         backend=spec.backend,
         # one process per node (plain): the GPU counts do not matter
-        uniform_gpus=not _launcher(spec.launcher).one_process_per_node
-        and spec.nproc_per_node == "auto",
+        uniform_gpus=not _launcher(spec.launcher).one_process_per_node and spec.procs == "auto",
     )
 
 
@@ -223,8 +222,8 @@ def _launcher(name: str) -> Launcher:
 
 def _local_ranks(spec: JobSpec, facts: Mapping[str, NodeFacts], nodes: Sequence[Node]) -> int:
     """How many processes a node runs (paddle: one endpoint port each)."""
-    if isinstance(spec.nproc_per_node, int):
-        return spec.nproc_per_node
+    if isinstance(spec.procs, int):
+        return spec.procs
     counts = []
     for n in nodes:
         f = facts.get(n.name)

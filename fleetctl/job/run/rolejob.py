@@ -146,7 +146,7 @@ class RolePlanner:
             mine = [t for t in tasks if t.role == role.name]
             if launcher_for(role.launcher).one_process_per_node and len(mine) > 1:
                 port = reserve_master_port(fleet, mine[0].node, spec)
-                spec = dataclasses.replace(spec, master_port=port, master_port_fixed=True)
+                spec = dataclasses.replace(spec, rdzv_port=port, rdzv_port_fixed=True)
         return spec
 
     def dry_plan(self, spec: JobSpec) -> Plan:
@@ -225,7 +225,7 @@ def load_role_job(
         spec,
         script=Path(job_file).name,
         launcher=job.launcher,
-        nproc_per_node=1,
+        procs=1,
         # the job file's image and runtime; the command line's win
         image=spec.image or job.image,
         container_runtime=spec.container_runtime or job.container_runtime,

@@ -155,7 +155,7 @@ def check_spare(fleet: FanOut, spec: JobSpec, options: RunOptions) -> str | None
         check_options(spec, options, in_image),
         recheck=True,
         mesh=False,
-        check_master_port=False,
+        check_rdzv_port=False,
         collective=None,
         hold=0.0,
         launcher_module=None,

@@ -342,7 +342,7 @@ def _judge_ports(
         return CheckResult(SKIP, "none reserved")
     busy = [f"{p} {why}" for p, why in sorted(ports.items(), key=lambda x: int(x[0])) if why]
     if busy:
-        role = "master port " if is_master and str(options.master_port) in ports else ""
+        role = "master port " if is_master and str(options.rdzv_port) in ports else ""
         return CheckResult(FAIL, f"{role}{', '.join(busy)}")
     return CheckResult(OK, ", ".join(sorted(ports, key=int)) + " free")
 

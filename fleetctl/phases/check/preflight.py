@@ -117,7 +117,7 @@ def probe_args(
     allow_loopback: bool,
     mesh_wait: float,
 ) -> dict[str, Any]:
-    master = {options.master_port} if is_master and options.check_master_port else set()
+    master = {options.rdzv_port} if is_master and options.check_rdzv_port else set()
     ports = sorted(_reserved_ports(node, options) | master)
     on_host = node.name not in options.container_hosts  # else the image check asks
     return {
@@ -135,9 +135,9 @@ def probe_args(
         "envinfo": remote.inline("envinfo.py") if options.env_dir else None,
         "code_dir": options.code_dir,
         "mesh": mesh,
-        "mesh_port": options.master_port + 1,
+        "mesh_port": options.rdzv_port + 1,
         "mesh_span": options.mesh_span,
-        "avoid_ports": sorted(_reserved_ports(node, options) | {options.master_port}),
+        "avoid_ports": sorted(_reserved_ports(node, options) | {options.rdzv_port}),
         "peer_wait": options.probe_timeout + 10,
         "mesh_timeout": options.tcp_timeout,
         "max_slowdown": MAX_SLOWDOWN,

@@ -51,8 +51,8 @@ class CheckOptions:
     needs at least twice that (archive + unpacked) where the env is not there yet.
     """
 
-    master_port: int = DEFAULT_MASTER_PORT
-    check_master_port: bool = True  # False: run claims a free one itself after the check
+    rdzv_port: int = DEFAULT_MASTER_PORT  # free on node 0 (--master-port); the mesh test above
+    check_rdzv_port: bool = True  # False: run claims a free one itself after the check
     allow_busy_gpus: bool = False  # GPUs with another job's processes/memory: warn, not fail
     reserved_ports: tuple[int, ...] = ()
     backend: str | None = None
@@ -109,7 +109,7 @@ class CheckOptions:
             mesh_again=False,
             cache_ttl=0,
             recheck=True,
-            check_master_port=False,
+            check_rdzv_port=False,
             **job,
         )
 

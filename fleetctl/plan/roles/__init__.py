@@ -5,30 +5,7 @@ job runs several *roles* (OpenPAI's task roles), each on hosts of an inventory g
 command or launcher, instance count and reserved port labels. Every task is one node of the
 run (one supervisor, one ``FLEET_NODE_RANK``): a host runs at most one task of a job.
 
-Job file (YAML)::
-
-    name: ps-demo                 # optional, for people
-    env_style: pai                # fleet (default) | pai — ``--env-style`` wins
-    launcher: paddle-ps           # optional job-level variant (see below)
-    script: train.py              # paddle-ps only: the script every task runs
-    args: []
-    env: {LOG_LEVEL: info}        # every task
-    retry: {max_retries: 2, retry_on: ["log:NCCL timeout"], no_retry_on: ["exit:2"]}
-    roles:
-      server:
-        group: servers            # inventory group (default: the role name if it is a group)
-        instances: 1              # default: every host of the group not used by an earlier role
-        command: python3 server.py   # a string runs under ``sh -c`` (OpenPAI style, $VARS work)
-        ports: [http]             # or {http: 2}: reserved port labels (count per label)
-        min_failed: 1             # completion policy (default 1; null = never fails the job)
-      worker:
-        group: workers
-        instances: 2
-        launcher: plain           # torchrun | paddle | deepspeed | plain (default plain)
-        script: worker.py         # relative to the code dir
-        args: [--steps, 10]
-        nproc_per_node: 1
-        min_succeeded: 2          # the job is done once 2 workers succeeded
+The job file's keys, with an example: :mod:`fleetctl.plan.roles.jobfile`.
 
 Env of every task (``--env-style fleet``, always set): ``FLEET_ROLE``, ``FLEET_ROLE_INDEX``,
 ``FLEET_ROLES`` (comma list), ``FLEET_ROLE_COUNT_<role>``, ``FLEET_TASK_INDEX`` /

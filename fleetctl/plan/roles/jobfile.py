@@ -1,6 +1,31 @@
 """The role job file (YAML), parsed and validated into :class:`JobFile`, :class:`RoleSpec`
 and :class:`RetrySpec`; errors name the file, line and key.
 
+Job file (YAML)::
+
+    name: ps-demo                 # optional, for people
+    env_style: pai                # fleet (default) | pai — ``--env-style`` wins
+    launcher: paddle-ps           # optional job-level variant (fleetctl.plan.roles)
+    script: train.py              # paddle-ps only: the script every task runs
+    args: []
+    env: {LOG_LEVEL: info}        # every task
+    retry: {max_retries: 2, retry_on: ["log:NCCL timeout"], no_retry_on: ["exit:2"]}
+    roles:
+      server:
+        group: servers            # inventory group (default: the role name if it is a group)
+        instances: 1              # default: every host of the group not used by an earlier role
+        command: python3 server.py   # a string runs under ``sh -c`` (OpenPAI style, $VARS work)
+        ports: [http]             # or {http: 2}: reserved port labels (count per label)
+        min_failed: 1             # completion policy (default 1; null = never fails the job)
+      worker:
+        group: workers
+        instances: 2
+        launcher: plain           # torchrun | paddle | deepspeed | plain (default plain)
+        script: worker.py         # relative to the code dir
+        args: [--steps, 10]
+        nproc_per_node: 1
+        min_succeeded: 2          # the job is done once 2 workers succeeded
+
 Job-level ``collective:`` is ``run --collective`` from the file (the command line's flag wins):
 ``true`` for the defaults, or a mapping of ``size_mib`` (MiB per transfer), ``min`` (fraction of
 the fleet median), ``floor`` (GB/s) and ``timeout`` (s), each optional; ``false`` is off. Each
@@ -95,7 +120,7 @@ class RoleSpec:
     command: tuple[str, ...] = ()
     ports: tuple[tuple[str, int], ...] = ()  # (label, count) in file order
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
-    nproc_per_node: int | str = "auto"
+    procs: int | str = "auto"  # its nproc_per_node (``auto``: one per GPU)
     min_failed: int | None = 1  # None: never fails the job
     min_succeeded: int | None = None
     backend: str | None = None
@@ -366,7 +391,7 @@ def _parse_role(name: Any, roles: LocatedMap, path: str) -> RoleSpec:
         command=command,
         ports=ports,
         env=get_env(m, "env", at),
-        nproc_per_node=nproc,
+        procs=nproc,
         min_failed=min_failed,
         min_succeeded=min_succeeded,
         backend=_backend(m, at),
