@@ -54,11 +54,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "the role job's loader (job/run/rolejob) and run --slurm's copy (api/slurm); also the "
         "key of slurm.json and roles.json (job/records/files) and of the --slurm dry run's JSON",
     ),
-    "env_style": (
-        6,
-        "also a role job file's key (its parser and format, plan/roles); the option is resolved "
-        "over it once (job/run/rolejob: JobFile.env_names), the planner carries the result",
-    ),
     # the same word for a second thing
     "post_mortem": (
         6,
