@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +80,10 @@ class MonitorPace:
         return self._evidence()
 
     def _named(self, verdict: SlowVerdict) -> None:
+        from fleetctl.job.records.runs import _parse_iso
         from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
 
+        verdict = verdict.at_launch(_parse_iso(self.h.job.started), time.time())
         self.verdict = verdict
         self._record(verdict)
         self.event(f"warning [{verdict.rank} {verdict.host}] {verdict.line()}")
