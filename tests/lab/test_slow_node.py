@@ -194,6 +194,7 @@ def test_role_jobs_and_detached_jobs_are_watched_for_a_slow_node(make_lab, tmp_p
     assert job["status"] == "failed", job
     assert (job["slow"]["rank"], job["slow"]["host"]) == (1, "node2"), job["slow"]
     assert job["slow"]["stacks"]["samples"] > 0, job["slow"]
+    assert 0 < job["slow"]["seconds"] < 90, job["slow"]  # its monitor's clock, from the launch
     assert job["first_failure"]["host"] == "node2", job["first_failure"]
     events = (folder / "events.log").read_text()
     assert "monitor warning [1 node2] node 1 (node2) slows the job: " in events, events
