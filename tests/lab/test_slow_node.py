@@ -87,6 +87,8 @@ def test_a_cpu_capped_host_is_named_slow_after_agreeing_rounds_and_on_slow_stop_
     # own rule holds at any load: never named before AGREE rounds of reports named it.
     print(f"launch to named: {after:.1f} s, in round {job['slow']['at_round']}")
     assert job["slow"]["at_round"] >= AGREE == job["slow"]["rounds"], (job["slow"], events)
+    # the record's own time to name: the launch line's stamp to the warning's (the log's)
+    assert abs(job["slow"]["seconds"] - after) < 1.5, (job["slow"]["seconds"], after)
     assert f"warning: node 2 ({slow}) slows the job: " in res.stderr, res.stderr
     assert job["slow"]["host"] == slow and job["slow"]["rank"] == 2, job["slow"]
     assert job["first_failure"]["host"] == slow, job["first_failure"]
@@ -192,6 +194,7 @@ def test_role_jobs_and_detached_jobs_are_watched_for_a_slow_node(make_lab, tmp_p
     assert job["status"] == "failed", job
     assert (job["slow"]["rank"], job["slow"]["host"]) == (1, "node2"), job["slow"]
     assert job["slow"]["stacks"]["samples"] > 0, job["slow"]
+    assert 0 < job["slow"]["seconds"] < 90, job["slow"]  # its monitor's clock, from the launch
     assert job["first_failure"]["host"] == "node2", job["first_failure"]
     events = (folder / "events.log").read_text()
     assert "monitor warning [1 node2] node 1 (node2) slows the job: " in events, events

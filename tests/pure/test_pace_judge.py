@@ -106,9 +106,22 @@ def test_the_verdict_is_typed_data_with_its_evidence() -> None:
         "why": "its ranks compute ~4.2× longer per step; peers wait in collectives 78% of the time",
         "stacks": None,  # py-spy's shares, once sampled (test_slow_stacks.py)
         "progress": None,  # a progress-rate verdict's figures (test_progress_rate.py)
+        "seconds": None,  # the judge has no clock: the job stamps it (at_launch)
         "line": "node 2 (gpu03) slows the job: its ranks compute ~4.2× longer per step; peers "
         "wait in collectives 78% of the time",
     }
+
+
+def test_the_verdict_says_how_long_after_the_launch_it_came_and_keeps_it_with_its_stacks() -> None:
+    from fleetctl.job.diagnose.slowstacks import from_replies
+
+    got, _ = _judge(SLOW_GPU)
+    assert got.at_launch(None, 1000.0) is got  # no launch time (an older record): as it was
+    stamped = got.at_launch(1000.0, 1023.46)
+    assert (stamped.seconds, stamped.at_round, stamped.rounds) == (23.5, 4, 4)
+    assert got.at_launch(1000.0, 999.0).seconds == 0.0  # a clock stepped back: never negative
+    stacked = stamped.with_stacks(from_replies(2, HOSTS, {"error": "no py-spy"}))
+    assert stacked.to_dict()["seconds"] == 23.5
 
 
 def test_a_node_is_named_once_and_a_one_node_job_never() -> None:

@@ -75,7 +75,9 @@ class SlowVerdict:
     ``stacks``: py-spy's shares once sampled (``slowstacks.py``; None: not sampled);
     ``at_round``: the round of reports that named it (1: the job's first), the promise in the
     job's own clock — rounds, not seconds, which a loaded controller stretches (0 for a
-    progress verdict, which counts its own rounds). A node named by its progress rate
+    progress verdict, which counts its own rounds); ``seconds``: from the launch to the
+    verdict by the controller's clock (``at_launch``; None until then: the judge has no
+    clock). A node named by its progress rate
     (``progress_rate.py``) has no ``busy`` or ``peers_wait`` (None), its ``compute_ratio`` is
     how many times slower it progresses, and ``progress`` holds the figures (the shape, its
     unit, the rates, the counts gained)."""
@@ -91,6 +93,14 @@ class SlowVerdict:
     at_round: int = 0
     stacks: SlowStacks | None = None
     progress: dict[str, Any] | None = None
+    seconds: float | None = None
+
+    def at_launch(self, started: float | None, now: float) -> SlowVerdict:
+        """The verdict with ``seconds`` since ``started`` (the launch, wall clock) at ``now``;
+        as it was without a launch time (an older record's)."""
+        if started is None:
+            return self
+        return replace(self, seconds=round(max(0.0, now - started), 1))
 
     def with_stacks(self, stacks: SlowStacks) -> SlowVerdict:
         """The verdict with py-spy's evidence: its phrase (``peers wait in all_reduce 78% of

@@ -110,8 +110,10 @@ class MonitorPace:
         self._named(verdict)
 
     def _named(self, verdict: SlowVerdict) -> None:
+        from fleetctl.job.records.runs import _parse_iso
         from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
 
+        verdict = verdict.at_launch(_parse_iso(self.h.job.started), time.time())
         self.verdict = verdict
         self._record(verdict)
         self.event(f"warning [{verdict.rank} {verdict.host}] {verdict.line()}")

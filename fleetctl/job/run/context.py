@@ -362,6 +362,7 @@ def slow_node(job: JobContext, verdict: SlowVerdict) -> None:
     in the background (never holding up the watch) and :func:`slow_evidence` adds the shares.
     With ``--on-slow stop`` the job ends once they are in (or failed): the node named its
     first failure and culprit, so a retry with spares leaves it out."""
+    verdict = verdict.at_launch(job.result.started, time.time())  # ``seconds``: launch to here
     job.result.slow = verdict.to_dict()
     job.emit("warning", verdict.line(), rank=verdict.rank)
     _remember_slow(job, verdict)
