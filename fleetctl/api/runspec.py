@@ -142,8 +142,8 @@ class Hosts(_Group):
     )  # fmt: skip
 
     def check_options(self, **job: Any) -> CheckOptions:
-        """The preflight check of these hosts (a run's, a spare's): what these options let
-        pass, and what the job asks of a node (``job``: the other ``CheckOptions`` fields)."""
+        """The preflight check of these hosts (a run's, a spare's, ``fleetctl check``'s): what
+        these options let pass, and what is asked of a node (``job``: the other fields)."""
         from fleetctl.phases.check.preflight import CheckOptions
 
         return CheckOptions(

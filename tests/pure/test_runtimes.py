@@ -169,7 +169,7 @@ def test_a_hung_runtime_is_said_in_time_and_its_client_killed(
     fake.chmod(0o755)
     t0 = time.monotonic()
     out = subprocess.run(
-        ["sh", "-c", script(ImageWant("img:1", "podman"), None, id_timeout=1, probe_timeout=1)],
+        ["sh", "-c", script(ImageWant("img:1", "podman"), None, id_timeout=1, container_timeout=1)],
         capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30,
     )  # fmt: skip
     assert time.monotonic() - t0 < 15

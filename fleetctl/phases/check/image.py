@@ -142,14 +142,15 @@ def script(
     want: ImageWant,
     marks: str | None = None,
     id_timeout: float = ID_TIMEOUT,
-    probe_timeout: float = PROBE_TIMEOUT,
+    container_timeout: float = PROBE_TIMEOUT,
 ) -> str:
     """The node's side, in POSIX sh: one ``key value`` line per fact, the probe's answer last
     (``probe <rc> <its D frame or last line>``). ``marks``: the node's folder (a shell word) of
     markers: an answer kept there is said again (``probe 0 …``) without a container, and a
     passing one is kept. Each runtime call is bounded (``timeout``, where the node has it): a
     hung runtime is ``hung image|probe``, said in time, not a cut shell line at the SSH
-    timeout, and its client is killed."""
+    timeout, and its client is killed. ``container_timeout``: the probe's container's own
+    limit (not ``--probe-timeout``, the node python's: the image's python is asked here)."""
     cases = []
     for name in ORDER:
         r = runtime(name)
@@ -162,7 +163,7 @@ def script(
             probe = shlex.join(r.probe_argv(want.image, want.gpus))
         cases.append(
             f"  {name}) id=$(b {id_timeout:g} {shlex.join(r.image_id_argv(want.image))}"
-            f" 2>/dev/null); hung; probe() {{ b {probe_timeout:g} {probe}; }} ;;"
+            f" 2>/dev/null); hung; probe() {{ b {container_timeout:g} {probe}; }} ;;"
         )
     pick = " ".join(ORDER)
     if want.python:
