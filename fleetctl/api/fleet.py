@@ -243,7 +243,7 @@ class Fleet:
         from the worker threads. PushError (``.result`` per host, ``.report``) if any host
         failed."""
         from fleetctl.phases.codesync import default_code_dir
-        from fleetctl.phases.push import PushOptions, push
+        from fleetctl.phases.push import PushOptions, PushRequest, push
 
         if code is not None:
             shipped: str | Path | None = os.fspath(code)
@@ -255,16 +255,11 @@ class Fleet:
             check_torch=check_torch,
             peer=peer,
             peer_min_nodes=peer_min,
-            allow_secrets=tuple(allow_secrets),
         )
+        # what `run` pushes too (RunSpec's Program.push_request): code, archive, policy
+        what = PushRequest(shipped, None if env is None else os.fspath(env), tuple(allow_secrets))
         with self._ssh() as fleet:
-            return push(
-                fleet,
-                code=shipped,
-                env_archive=None if env is None else os.fspath(env),
-                options=options,
-                progress=on_event,
-            )
+            return push(fleet, what, options=options, progress=on_event)
 
     def push_image(
         self, image: str, *, container_runtime: str | None = None, peer: bool | None = None

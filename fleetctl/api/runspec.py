@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
+    from fleetctl.phases.push.request import PushRequest
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.transport.connection import SSHSettings
 
@@ -115,6 +116,12 @@ class Program(_Group):
         None, "--env-style", check=c.OneOf(("fleet", "pai")),
         help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
     )  # fmt: skip
+
+    def push_request(self, code: str) -> PushRequest:
+        """What the run pushes: ``code`` (the folder as resolved), this archive and policy."""
+        from fleetctl.phases.push.request import PushRequest
+
+        return PushRequest(code, self.env_archive, self.allow_secrets)
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,7 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "(CheckOptions: the probe, the judge) and deepspeed's own flag",
     ),
     # also options of other commands and attributes of the inventory
-    "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),
-    "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
+    "env_archive": (6, "also the inventory's fleetctl_env_archive (Node, its loader, node_dict)"),
     "container_runtime": (10, "also push --image's runtime and a role job file's key"),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (9, "role jobs: the planner, run --slurm, slurm.json and roles.json name it"),
