@@ -84,8 +84,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
                 f"cannot connect to {len(res.failed)} node(s): {first}", res
             ) from first
     module, python = cc.entry(spec)
-    rt, backend = spec.container_runtime, spec.backend
-    images = cc.wanted(job.nodes, spec.image, rt, facts, backend, module=module, python=python)
+    images = cc.wanted(job.nodes, spec, facts, module=module, python=python)
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
         job.emit("phase", "checking images")

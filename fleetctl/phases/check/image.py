@@ -93,28 +93,26 @@ def entry(spec: JobSpec) -> tuple[str | None, bool]:
 
 def wanted(
     nodes: Sequence[Node],
-    image: str | None,
-    rt: str | None,
+    spec: JobSpec,
     facts: Mapping[str, NodeFacts] | None = None,
-    backend: str | None = None,
     *,
     module: str | None = None,
     python: bool = False,
 ) -> dict[str, ImageWant]:
-    """host -> what its check asks, for the nodes that run in a container. ``module``: the
-    launcher's, imported in the image; ``python``: the image's python must run (``entry``);
-    NCCL is looked for where the job uses GPUs."""
+    """host -> what its check asks, for the nodes that run in a container (``spec``'s image
+    and runtime, else the node's). ``module``: the launcher's, imported in the image;
+    ``python``: the image's python must run (``entry``); NCCL is looked for where the job uses
+    GPUs (and not the gloo backend)."""
     out = {}
     for n in nodes:
-        img = image_of(n, image)
+        img = image_of(n, spec.image)
         if img:
-            named = rt or n.vars.get("fleetctl_container_runtime")
             has = has_gpus(n, (facts or {}).get(n.name))
-            nccl = has and backend != "gloo"
+            nccl = has and spec.backend != "gloo"
             run_py = python or module is not None or nccl
             out[n.name] = ImageWant(
                 img,
-                None if named is None else str(named),
+                spec.runtime_for(n),
                 container_python(n) if run_py else None,
                 module,
                 nccl,
