@@ -108,14 +108,17 @@ def push_command(
     from fleetctl.cli import render
     from fleetctl.errors import PushError
 
-    if image is not None or container_runtime is not None:
-        from fleetctl.cli.push_image_cmd import push_image_main
+    if (image is not None or container_runtime is not None) and (image is None or code_dir or env):
         from fleetctl.errors import UsageError
 
-        if image is None or code_dir or env:
-            raise UsageError("--image pushes the image alone: no --code, --env; give --image")
-        return push_image_main(inventory, limit, image, container_runtime, peer, as_json, ssh)
+        raise UsageError("--image pushes the image alone: no --code, --env; give --image")
     fleet = open_fleet(inventory, limit, ssh)
+    if image is not None:
+        from fleetctl.cli.push_image_cmd import show_image_push
+
+        return show_image_push(
+            lambda: fleet.push_image(image, container_runtime=container_runtime, peer=peer), as_json
+        )
     display = render.PushProgress(
         [n.name for n in fleet.nodes], enabled=not as_json and sys.stderr.isatty()
     )
