@@ -36,14 +36,6 @@ DEFAULT_RUNS_DIR = "fleet-runs"
 DEFAULT_FANOUT = 64  # as fleetctl.ssh.fanout.DEFAULT_FANOUT (not imported: no SSH code yet)
 
 
-def probe_timeout_arg(value: float) -> float:
-    """``probe_timeout`` (``--probe-timeout``) held to RunSpec's check of the same field, so
-    ``check`` and ``run`` refuse a value in the same words (UsageError, exit 2)."""
-    from fleetctl.api.runspec import RunSpec
-
-    return RunSpec().replace(probe_timeout=value).hosts.probe_timeout
-
-
 class Fleet:
     """Hosts in rank order and how to reach them. Make one with :meth:`from_inventory` or
     :meth:`local`; it holds no connection between calls (each call connects and closes)."""
@@ -201,27 +193,31 @@ class Fleet:
         ``collective``: then the torch.distributed benchmark (``check --collective``).
         ``probe_timeout``: seconds each host's python has to answer (``--probe-timeout``).
         ``dcgm``: DCGM's level-1 diagnostics too, where ``dcgmi`` is installed (``--dcgm``)."""
+        import dataclasses
+
+        from fleetctl.api.runspec import Hosts
         from fleetctl.job.run.prepare import launcher_module
-        from fleetctl.phases.check.preflight import CheckOptions, GiB, check_fleet
+        from fleetctl.phases.check.preflight import GiB, check_fleet
         from fleetctl.plan.launchers import get_launcher
 
-        probe_timeout = probe_timeout_arg(probe_timeout)
+        # run's Hosts group: the same check of each value (UsageError, the command's words)
+        hosts = Hosts(allow_busy_gpus=allow_busy_gpus, probe_timeout=probe_timeout)
         if mesh not in ("auto", "full", "sparse", "off"):
             raise UsageError(f"mesh must be auto, full, sparse or off, not {mesh!r}")
-        options = CheckOptions(
+        options = hosts.check_options(
             rdzv_port=master_port,
             backend=backend,
             uniform_gpus=launcher is not None and not get_launcher(launcher).one_process_per_node,
             launcher_module=launcher_module(launcher) if launcher else None,
             min_free_bytes=int(min_free_gib * GiB),
             recheck=recheck,
-            allow_busy_gpus=allow_busy_gpus,
             mesh=mesh != "off",
             mesh_mode=mesh if mesh != "off" else "auto",
             collective=collective,
-            probe_timeout=probe_timeout + (150.0 if dcgm else 0.0),  # level 1 takes minutes
             dcgm=dcgm,
         )
+        if dcgm:  # level 1 takes minutes
+            options = dataclasses.replace(options, probe_timeout=options.probe_timeout + 150.0)
         with self._ssh() as fleet:
             return check_fleet(fleet, options)
 
@@ -246,7 +242,7 @@ class Fleet:
         ``on_event`` gets each host's ``PushEvent`` (``node``, ``stage``, bytes, ``message``)
         from the worker threads. PushError (``.result`` per host, ``.report``) if any host
         failed."""
-        from fleetctl.phases.push import PushOptions, push
+        from fleetctl.phases.push import PushOptions, PushRequest, push
         from fleetctl.plan.script_arg import default_code_dir
 
         if code is not None:
@@ -259,16 +255,11 @@ class Fleet:
             check_torch=check_torch,
             peer=peer,
             peer_min_nodes=peer_min,
-            allow_secrets=tuple(allow_secrets),
         )
+        # what `run` pushes too (RunSpec's Program.push_request): code, archive, policy
+        what = PushRequest(shipped, None if env is None else os.fspath(env), tuple(allow_secrets))
         with self._ssh() as fleet:
-            return push(
-                fleet,
-                code=shipped,
-                env_archive=None if env is None else os.fspath(env),
-                options=options,
-                progress=on_event,
-            )
+            return push(fleet, what, options=options, progress=on_event)
 
     def push_image(
         self, image: str, *, container_runtime: str | None = None, peer: bool | None = None

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
+    from fleetctl.phases.push.request import PushRequest
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.transport.connection import SSHSettings
 
@@ -116,6 +117,12 @@ class Program(_Group):
         help="Role env names: fleet (FLEET_*), or pai (adds OpenPAI's PAI_*).",
     )  # fmt: skip
 
+    def push_request(self, code: str) -> PushRequest:
+        """What the run pushes: ``code`` (the folder as resolved), this archive and policy."""
+        from fleetctl.phases.push.request import PushRequest
+
+        return PushRequest(code, self.env_archive, self.allow_secrets)
+
 
 @dataclass(frozen=True)
 class Hosts(_Group):
@@ -142,8 +149,8 @@ class Hosts(_Group):
     )  # fmt: skip
 
     def check_options(self, **job: Any) -> CheckOptions:
-        """The preflight check of these hosts (a run's, a spare's): what these options let
-        pass, and what the job asks of a node (``job``: the other ``CheckOptions`` fields)."""
+        """The preflight check of these hosts (a run's, a spare's, ``fleetctl check``'s): what
+        these options let pass, and what is asked of a node (``job``: the other fields)."""
         from fleetctl.phases.check.preflight import CheckOptions
 
         return CheckOptions(

@@ -42,7 +42,7 @@ from fleetctl.cli.options import (
 @click.option("--no-code", is_flag=True, help="Push only the env.")
 @click.option(
     "--env",
-    "env_archive",
+    "env",  # Fleet.push's env: the archive
     type=RegularFile(),
     default=None,
     help="conda-pack archive (default: each host's fleetctl_env_archive).",
@@ -93,7 +93,7 @@ def push_command(
     code_dir: str | None,
     allow_secrets: tuple[str, ...],
     no_code: bool,
-    env_archive: str | None,
+    env: str | None,
     as_json: bool,
     backend: str | None,
     check_torch: bool,
@@ -108,14 +108,17 @@ def push_command(
     from fleetctl.cli import render
     from fleetctl.errors import PushError
 
-    if image is not None or container_runtime is not None:
-        from fleetctl.cli.push_image_cmd import push_image_main
+    if (image is not None or container_runtime is not None) and (image is None or code_dir or env):
         from fleetctl.errors import UsageError
 
-        if image is None or code_dir or env_archive:
-            raise UsageError("--image pushes the image alone: no --code, --env; give --image")
-        return push_image_main(inventory, limit, image, container_runtime, peer, as_json, ssh)
+        raise UsageError("--image pushes the image alone: no --code, --env; give --image")
     fleet = open_fleet(inventory, limit, ssh)
+    if image is not None:
+        from fleetctl.cli.push_image_cmd import show_image_push
+
+        return show_image_push(
+            lambda: fleet.push_image(image, container_runtime=container_runtime, peer=peer), as_json
+        )
     display = render.PushProgress(
         [n.name for n in fleet.nodes], enabled=not as_json and sys.stderr.isatty()
     )
@@ -124,7 +127,7 @@ def push_command(
         try:
             report = fleet.push(
                 None if no_code else ".",
-                env_archive,
+                env,
                 code=None if no_code else code_dir,
                 allow_secrets=allow_secrets,
                 backend=backend,

@@ -1,35 +1,25 @@
 """``fleetctl push --image IMAGE``: the image alone, to the nodes that lack it (see
-:mod:`fleetctl.phases.push.image`); a table per node on stdout, or ``--json``."""
+:mod:`fleetctl.phases.push.image`); a table per node on stdout, or ``--json``. The command
+(``cli/push_cmd.py``) says what to push; this runs it and shows what came of it."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-if TYPE_CHECKING:
-    from fleetctl.cli.options import SSHOptions
 
-
-def push_image_main(
-    inventory: str | None,
-    limit: str | None,
-    image: str,
-    container_runtime: str | None,
-    peer: bool | None,
-    as_json: bool,
-    ssh: SSHOptions,
-) -> None:
-    """Run the image push and print its report; raise its error (exit 2 or 3) after."""
-    from fleetctl.cli.options import open_fleet
+def show_image_push(push: Callable[[], Any], as_json: bool) -> None:
+    """Run the image push (``push``: ``Fleet.push_image`` with the command's arguments) and
+    print its report; raise its error (exit 2 or 3) after."""
     from fleetctl.cli.push_cmd import failures_of, write_json
     from fleetctl.errors import PushError
 
-    fleet = open_fleet(inventory, limit, ssh)
     error: PushError | None = None
     try:
-        report = fleet.push_image(image, container_runtime=container_runtime, peer=peer)
+        report = push()
     except PushError as e:
         if not hasattr(e, "report"):
             raise

@@ -112,6 +112,16 @@ class JobSpec:
             **program,
         )
 
+    def in_image_of(self, source: Any) -> JobSpec:
+        """In ``source``'s image and runtime (a role job file's) where it names none."""
+        box = self.image or source.image, self.container_runtime or source.container_runtime
+        return replace(self, image=box[0], container_runtime=box[1])
+
+    def runtime_for(self, node: Node) -> str | None:
+        """``node``'s container runtime: this job's, else its ``fleetctl_container_runtime``."""
+        rt = self.container_runtime or node.vars.get("fleetctl_container_runtime")
+        return None if rt is None else str(rt)
+
 
 @dataclass(frozen=True)
 class NodeFacts:
@@ -228,15 +238,15 @@ def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
     image = spec.image or n.vars.get("fleetctl_image")
     if not image:
         return None
-    rt = spec.container_runtime or n.vars.get("fleetctl_container_runtime")
+    rt = spec.runtime_for(n)
     if rt is not None:
         from fleetctl.plan.runtimes import runtime
 
         try:
-            runtime(str(rt))
+            runtime(rt)
         except UsageError as e:
             raise PlanError(f"{where(n)}{e}") from None
-    said: dict[str, Any] = {"image": str(image), "runtime": None if rt is None else str(rt)}
+    said: dict[str, Any] = {"image": str(image), "runtime": rt}
     said["gpus"] = gpus
     if spec.runtime_timeout is not None:
         said["timeout"] = float(spec.runtime_timeout)

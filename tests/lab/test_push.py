@@ -16,7 +16,7 @@ import pytest
 from fleetctl.errors import NodePushError, PushError
 from fleetctl.lab import Lab
 from fleetctl.node import Node
-from fleetctl.phases.push import NodePush, PushEvent, PushOptions, push
+from fleetctl.phases.push import NodePush, PushEvent, PushOptions, PushRequest, push
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.envbuild import EnvCache, build_env, nccl_from_wheel
@@ -94,7 +94,7 @@ def test_push_to_three_hosts_then_second_push_transfers_nothing(
     src = project(tmp_path / "proj")
     nodes = lab_nodes(lab3, wd)
     with FanOut(nodes) as fleet:
-        report = push(fleet, code=src, env_archive=env.archive, options=PushOptions(peer=False))
+        report = push(fleet, PushRequest(src, env.archive), options=PushOptions(peer=False))
         sha = report.env_sha256["node1"]
         assert set(report.env_sha256.values()) == {sha}
         assert report.env_dirs == {h.name: f"{wd}/envs/{sha}" for h in lab3.hosts}
@@ -115,9 +115,7 @@ def test_push_to_three_hosts_then_second_push_transfers_nothing(
         pushed = 1 if SHARED_HOME else 3
         assert report.controller_bytes >= pushed * env.archive.stat().st_size
 
-        again = push(
-            fleet, code=src, env_archive=env.archive, options=PushOptions(check_torch=True)
-        )
+        again = push(fleet, PushRequest(src, env.archive), options=PushOptions(check_torch=True))
     import torch
 
     assert again.controller_bytes == 0
@@ -137,8 +135,7 @@ def test_peer_distribution_sends_the_archive_about_once(lab3: Lab, wd: str, envs
     with FanOut(lab_nodes(lab3, wd)) as fleet:
         report = push(
             fleet,
-            code=None,
-            env_archive=env.archive,
+            PushRequest(env_archive=env.archive),
             options=PushOptions(peer_min_nodes=3, train_addrs=train),
         )
     assert report.peer_fetches == 2
@@ -164,7 +161,7 @@ def test_host_with_a_different_archive_is_a_nccl_mismatch_naming_it(
         for n in lab_nodes(lab3, wd)
     ]
     with FanOut(nodes) as fleet, pytest.raises(PushError) as ei:
-        push(fleet, code=None, env_archive=None)
+        push(fleet, PushRequest())
     result = ei.value.result
     assert set(result.failed) == {"node3"}
     err = result["node3"]
@@ -181,7 +178,7 @@ def test_disk_too_small_for_the_archive_fails_before_upload(
     lab3.disk_full(VICTIM, f"{wd}/envs", "4m")
     try:
         with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
-            push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
+            push(fleet, PushRequest(env_archive=env.archive), options=PushOptions(peer=False))
         err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.stage == "disk" and err.enospc
         assert "not enough disk space" in str(err) and str(err).startswith(VICTIM)
@@ -197,7 +194,7 @@ def test_disk_full_while_unpacking_leaves_no_half_env(lab3: Lab, wd: str, envs: 
     lab3.disk_full(VICTIM, f"{wd}/envs", "2m")
     try:
         with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
-            push(fleet, code=None, env_archive=env.archive, options=PushOptions(peer=False))
+            push(fleet, PushRequest(env_archive=env.archive), options=PushOptions(peer=False))
         err = ei.value.result[VICTIM]
         assert isinstance(err, NodePushError) and err.enospc and err.stage == "unpack"
         assert "disk full" in str(err) and "partial files removed" in str(err)
@@ -222,8 +219,7 @@ def test_disk_filling_up_during_upload_is_a_clear_error_and_cleans_up(
         with FanOut(lab_nodes(lab3, wd)) as fleet, pytest.raises(PushError) as ei:
             push(
                 fleet,
-                code=None,
-                env_archive=env.archive,
+                PushRequest(env_archive=env.archive),
                 options=PushOptions(peer=False),
                 progress=fill_when_upload_starts,
             )
@@ -247,9 +243,9 @@ def test_host_without_rsync_gets_the_sftp_fallback_with_a_warning(
     try:
         assert sh(lab3, VICTIM, "command -v rsync || echo none").strip() == "none"
         with FanOut(lab_nodes(lab3, wd)) as fleet:
-            report = push(fleet, code=src)
+            report = push(fleet, PushRequest(src))
             (src / "train.py").write_text("print('v2')\n")
-            second = push(fleet, code=src)
+            second = push(fleet, PushRequest(src))
     finally:
         lab3.exec(VICTIM, ["umount", rsync], check=True)
     methods = {k: v.code_method for k, v in report.nodes.items()}
@@ -308,7 +304,7 @@ def test_real_nccl_from_the_wheel_reports_its_version(
     node = lab_nodes(lab3, wd)[0]
     with FanOut([node]) as fleet:
         report = push(
-            fleet, code=None, env_archive=env.archive, options=PushOptions(require_nccl=True)
+            fleet, PushRequest(env_archive=env.archive), options=PushOptions(require_nccl=True)
         )
     res = report.nodes[node.name]
     assert res.nccl_version == "2.21.5"

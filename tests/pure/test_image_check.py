@@ -54,10 +54,10 @@ TR = "torch.distributed.run"
 def test_the_image_check_asks_what_the_launcher_needs(
     launcher: str, script_: str, gpus: int, want: ImageWant
 ) -> None:
-    spec = JobSpec(script=script_, job_id="j1", launcher=launcher, image=IMG)
+    spec = JobSpec(script=script_, job_id="j1", launcher=launcher, image=IMG, backend="nccl")
     module, python = entry(spec)
     node = Node(name="n1", address="10.0.0.1", gpus=gpus, vars={"fleetctl_image_python": "py"})
-    got = wanted([node, _node("n2")], spec.image, None, None, "nccl", module=module, python=python)
+    got = wanted([node, _node("n2")], spec, module=module, python=python)
     assert got["n2"] == want if not gpus else got["n2"] == ImageWant(IMG, None, *_host(want))
     assert got["n1"] == (replace(want, python="py") if want.python else want)
 
@@ -65,10 +65,10 @@ def test_the_image_check_asks_what_the_launcher_needs(
 def test_a_gloo_job_on_gpu_nodes_gets_the_gpus_in_the_trial_but_asks_no_nccl() -> None:
     """The trial container has the launch's GPU flags wherever the plan hands the node's GPUs
     to the container (a gloo job's too); NCCL is looked for only where the collectives use it."""
-    spec = JobSpec(script="run.sh", job_id="j1", launcher="plain", image=IMG)
+    spec = JobSpec(script="run.sh", job_id="j1", launcher="plain", image=IMG, backend="gloo")
     module, python = entry(spec)
     node = Node(name="n1", address="10.0.0.1", gpus=2)
-    got = wanted([node], spec.image, None, None, "gloo", module=module, python=python)
+    got = wanted([node], spec, module=module, python=python)
     assert got["n1"] == ImageWant(IMG, None, None, None, False, True)
     assert "--device nvidia.com/gpu=all" in script(ImageWant(IMG, "podman", gpus=True))
     assert "nvidia.com/gpu" not in script(ImageWant(IMG, "podman"))

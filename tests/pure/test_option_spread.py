@@ -44,10 +44,12 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "--master_port flag, and check's own --master-port (cli/check_cmd, Fleet.check)",
     ),
     # also options of other commands and attributes of the inventory
-    "allow_secrets": (14, "also push's --allow-secret; the checkpoint relay's scan"),
-    "env_archive": (11, "also push's --env and the inventory's fleetctl_env_archive"),
-    "probe_timeout": (6, "also check's --probe-timeout (CheckOptions: the probe, the image check)"),
-    "container_runtime": (10, "also push --image's runtime and a role job file's key"),
+    "env_archive": (6, "also the inventory's fleetctl_env_archive (Node, its loader, node_dict)"),
+    "container_runtime": (
+        7,
+        "its check (api/checks); push --image's runtime (its command, Fleet.push_image, the "
+        "image push); a role job file's key (JobSpec.in_image_of fills it in, plan/rankplan)",
+    ),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
         8,

@@ -11,7 +11,7 @@ import pytest
 
 from fleetctl.errors import NodePushError, PushError
 from fleetctl.node import Node
-from fleetctl.phases.push import NodePush, PushOptions, env_path_prefix, push
+from fleetctl.phases.push import NodePush, PushOptions, PushRequest, env_path_prefix, push
 from fleetctl.ssh.fanout import FanOut
 from fleetctl.testing.envbuild import EnvCache
 
@@ -47,7 +47,7 @@ def test_push_ships_code_and_env_rewrites_prefix_and_reads_nccl(
     env = envs.get("nccl")
     w = tmp_path / "w"
     with FanOut([local("n1", w)]) as fleet:
-        report = push(fleet, code=code_tree(tmp_path / "src"), env_archive=env.archive)
+        report = push(fleet, PushRequest(code_tree(tmp_path / "src"), env.archive))
     res = report.nodes["n1"]
     sha = report.env_sha256["n1"]
     final = w / "envs" / sha
@@ -71,8 +71,8 @@ def test_push_ships_code_and_env_rewrites_prefix_and_reads_nccl(
 def test_second_push_transfers_nothing(tmp_path: Path, envs: EnvCache) -> None:
     src = code_tree(tmp_path / "src")
     with FanOut([local("n1", tmp_path / "w")]) as fleet:
-        first = push(fleet, code=src, env_archive=envs.get("nccl").archive)
-        again = push(fleet, code=src, env_archive=envs.get("nccl").archive)
+        first = push(fleet, PushRequest(src, envs.get("nccl").archive))
+        again = push(fleet, PushRequest(src, envs.get("nccl").archive))
     assert first.controller_bytes > 0
     assert again.controller_bytes == 0
     res = again.nodes["n1"]
@@ -90,7 +90,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
     src = code_tree(tmp_path / "src")
     n1, n2 = local("n1", tmp_path / "w1"), local("n2", tmp_path / "w2")
     with FanOut([n1]) as fleet:
-        first = push(fleet, code=src, env_archive=None)
+        first = push(fleet, PushRequest(src))
     calls: list[tuple[str, str]] = []
     real = push_mod._Push._remote
 
@@ -100,9 +100,7 @@ def test_a_snapshot_the_preflight_saw_is_not_probed_again(
 
     monkeypatch.setattr(push_mod._Push, "_remote", counting)
     with FanOut([n1, n2]) as fleet:
-        again = push(
-            fleet, code=src, env_archive=None, options=PushOptions(known_present=frozenset({"n1"}))
-        )
+        again = push(fleet, PushRequest(src), options=PushOptions(known_present=frozenset({"n1"})))
     assert ("n1", "probe") not in calls and ("n2", "probe") in calls
     assert again.nodes["n1"].code_method == "present"
     assert again.code_dirs["n1"] == first.code_dirs["n1"]
@@ -121,7 +119,7 @@ def test_unpack_needs_no_python_on_path(
         (bindir / tool).symlink_to(real)
     monkeypatch.setenv("PATH", str(bindir))
     with FanOut([local("n1", tmp_path / "w", python=os.path.realpath(sys.executable))]) as fleet:
-        report = push(fleet, code=None, env_archive=env.archive)
+        report = push(fleet, PushRequest(env_archive=env.archive))
     final = Path(report.env_dirs["n1"])
     assert (final / "bin/conda-unpack").read_text().startswith("#!/usr/bin/env python\n")
     assert (final / env.prefix_file).read_text() == f"prefix={final}\n"
@@ -133,7 +131,7 @@ def test_corrupt_archive_leaves_no_half_env(tmp_path: Path, envs: EnvCache) -> N
     bad.write_bytes(data[: len(data) // 2])
     w = tmp_path / "w"
     with FanOut([local("n1", w)]) as fleet, pytest.raises(PushError) as ei:
-        push(fleet, code=None, env_archive=bad)
+        push(fleet, PushRequest(env_archive=bad))
     err = ei.value.result["n1"]
     assert isinstance(err, NodePushError) and err.stage == "unpack"
     assert "n1" in str(ei.value) and "partial files removed" in str(err)
@@ -145,10 +143,10 @@ def test_env_without_nccl_is_an_error_only_when_the_job_uses_nccl(
 ) -> None:
     archive = envs.get("no-nccl").archive
     with FanOut([local("n1", tmp_path / "w")]) as fleet:
-        report = push(fleet, code=None, env_archive=archive)
+        report = push(fleet, PushRequest(env_archive=archive))
         assert report.nodes["n1"].nccl_version is None
         with pytest.raises(PushError) as ei:
-            push(fleet, code=None, env_archive=archive, options=PushOptions(require_nccl=True))
+            push(fleet, PushRequest(env_archive=archive), options=PushOptions(require_nccl=True))
     err = ei.value.result["n1"]
     assert isinstance(err, NodePushError) and err.stage == "nccl"
     assert "no usable NCCL" in str(err) and "n1" in str(err)
@@ -164,7 +162,7 @@ def test_nccl_mismatch_names_the_odd_node_and_keeps_every_outcome(
         local("c", tmp_path / "c", env_archive=str(good)),
     ]
     with FanOut(nodes) as fleet, pytest.raises(PushError) as ei:
-        push(fleet, code=None, env_archive=None)
+        push(fleet, PushRequest())
     result = ei.value.result
     assert set(result.failed) == {"b"}
     assert "NCCL 2.19.3 differs from NCCL 2.21.5 on a, c" in str(result["b"])
@@ -177,9 +175,9 @@ def test_sftp_fallback_sends_only_changed_files_and_links_the_rest(tmp_path: Pat
     (src / "big.bin").write_bytes(os.urandom(200_000))
     opts = PushOptions(use_rsync=False)
     with FanOut([local("n1", tmp_path / "w")]) as fleet:
-        first = push(fleet, code=src, options=opts)
+        first = push(fleet, PushRequest(src), options=opts)
         (src / "train.py").write_text("print('changed')\n")
-        second = push(fleet, code=src, options=opts)
+        second = push(fleet, PushRequest(src), options=opts)
     r1, r2 = first.nodes["n1"], second.nodes["n1"]
     assert r1.code_method == r2.code_method == "sftp"
     assert any("code sent over SFTP" in w for w in r2.warnings)
@@ -198,7 +196,9 @@ def test_old_snapshots_are_pruned(tmp_path: Path) -> None:
         for i in range(4):
             (src / "train.py").write_text(f"print({i})\n")
             dirs.append(
-                push(fleet, code=src, options=PushOptions(keep_snapshots=2)).nodes["n1"].code_dir
+                push(fleet, PushRequest(src), options=PushOptions(keep_snapshots=2))
+                .nodes["n1"]
+                .code_dir
             )
     left = sorted(p for p in (tmp_path / "w" / "code").iterdir() if not p.name.startswith("."))
     assert left == sorted(Path(d) for d in dirs[-2:])
@@ -214,8 +214,7 @@ def test_peer_distribution_on_loopback_sends_the_archive_about_once(
     with FanOut(nodes) as fleet:
         report = push(
             fleet,
-            code=None,
-            env_archive=env.archive,
+            PushRequest(env_archive=env.archive),
             options=PushOptions(peer_min_nodes=4),
             progress=events.append,
         )
@@ -239,4 +238,4 @@ def test_bad_archive_name_is_a_usage_error(tmp_path: Path) -> None:
     z = tmp_path / "env.zip"
     z.write_bytes(b"PK")
     with FanOut([local("n1", tmp_path / "w")]) as fleet, pytest.raises(UsageError, match="tar"):
-        push(fleet, code=None, env_archive=z)
+        push(fleet, PushRequest(env_archive=z))

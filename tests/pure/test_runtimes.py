@@ -169,7 +169,7 @@ def test_a_hung_runtime_is_said_in_time_and_its_client_killed(
     fake.chmod(0o755)
     t0 = time.monotonic()
     out = subprocess.run(
-        ["sh", "-c", script(ImageWant("img:1", "podman"), None, id_timeout=1, probe_timeout=1)],
+        ["sh", "-c", script(ImageWant("img:1", "podman"), None, id_timeout=1, container_timeout=1)],
         capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30,
     )  # fmt: skip
     assert time.monotonic() - t0 < 15
@@ -299,7 +299,8 @@ def test_nccl_is_looked_for_in_the_image_only_where_the_job_uses_gpus(
         gpu_ids=gpu_ids,
     )
     assert uses_gpus(n, facts, backend) is want
-    got = wanted([n], None, None, {"n1": facts} if facts else None, backend)
+    spec = JobSpec(script="t.py", job_id="j1", backend=backend)
+    got = wanted([n], spec, {"n1": facts} if facts else None)
     py = "/opt/py/bin/python3" if want else None
     has_gpus = bool(gpu_ids) or bool(facts and facts.gpu_count)  # the trial gets them anyway
     assert got == {"n1": ImageWant("img:1", None, py, None, want, has_gpus)}

@@ -22,6 +22,7 @@ from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
 from fleetctl.phases.launch import NodeRun, exit_report_of, start_node, supervisor_path
+from fleetctl.phases.push import PushRequest
 from fleetctl.plan.rankplan import JobSpec
 from fleetctl.remote.programs.supervisor import find_job_processes, stop_processes
 from fleetctl.transport.connection import LocalConnection
@@ -337,7 +338,7 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
         RunOptions(
             runs_dir=tmp_path / "runs",
             hosts=Hosts(check=False),
-            code=code,
+            push=PushRequest(code),
             supervision=Supervision(grace=1),
         ),
         on_event=events.append,
@@ -415,7 +416,7 @@ def test_an_nccl_flight_recorder_dump_is_collected_and_listed(tmp_path: Path) ->
         RunOptions(
             runs_dir=tmp_path / "runs",
             hosts=Hosts(check=False),
-            code=code,
+            push=PushRequest(code),
             supervision=Supervision(grace=1),
         ),
     )
@@ -442,7 +443,7 @@ def test_the_log_on_disk_keeps_the_bytes_the_terminal_gets_them_escaped(tmp_path
     result = run_job(
         spec,
         [node],
-        RunOptions(runs_dir=tmp_path / "runs", hosts=Hosts(check=False), code=code),
+        RunOptions(runs_dir=tmp_path / "runs", hosts=Hosts(check=False), push=PushRequest(code)),
         on_event=live,
     )
     assert result.exit_code == 0
@@ -513,7 +514,7 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     options = RunOptions(
         runs_dir=tmp_path / "runs",
         hosts=Hosts(check=False),
-        code=code,
+        push=PushRequest(code),
         supervision=Supervision(grace=1),
     )
     with FanOut(nodes, options.settings, fanout=1) as fleet:

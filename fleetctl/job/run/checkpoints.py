@@ -78,7 +78,7 @@ def relay_before_launch(job: JobContext, fleet: FanOut, shared: Sequence[Sequenc
             targets,
             folder=relay.dir,
             shared_groups=shared,
-            allow_secrets=job.options.allow_secrets,
+            policy=job.options.push,
             max_bytes=relay.max_bytes,
             report=report,
             same_folder=relay.resume is None,

@@ -239,14 +239,11 @@ class Membership:
 
     def _push(self, fleet: FanOut, spare: Node) -> str | None:
         options = self.job.options
-        if options.code is None and options.env_archive is None:
+        if not options.push.asked():
             return None
         from fleetctl.phases import push as push_mod
 
-        popts = push_mod.PushOptions(allow_secrets=options.allow_secrets)
-        report = push_mod.push(
-            fleet, code=options.code, env_archive=options.env_archive, options=popts
-        )
+        report = push_mod.push(fleet, options.push)
         prefix = push_mod.env_path_prefix(report, spare.name)
         if prefix:
             self.job.path_prepend[spare.name] = [prefix]
@@ -288,6 +285,6 @@ class Membership:
             src,
             [target],
             folder=job.options.retry.checkpoint_folder(),
-            allow_secrets=job.options.allow_secrets,
+            policy=job.options.push,
         )
         job.emit("warning" if report.skipped else "notice", report.summary())

@@ -32,6 +32,7 @@ from fleetctl.job.run.finish import finish
 from fleetctl.job.run.prepare import prepare
 from fleetctl.phases.collect import CollectOptions
 from fleetctl.phases.launch import NodeRun, node_spec, start_node
+from fleetctl.phases.push.request import PushRequest
 from fleetctl.phases.reattach import reattach_stream
 from fleetctl.phases.watch import DEFAULT_HEARTBEAT, Event, Watch
 
@@ -64,13 +65,12 @@ class RunOptions:
     # post-mortem (RunSpec's group, read where each is applied)
     supervision: Supervision = field(default_factory=Supervision)
     heartbeat: float = DEFAULT_HEARTBEAT
-    code: str | Path | None = None  # local folder to push (None: nothing pushed)
-    env_archive: str | Path | None = None  # conda-pack archive to push
+    # what is pushed (code, env) and which key-like files go on purpose (the relay's too)
+    push: PushRequest = field(default_factory=PushRequest)
     settings: SSHSettings | None = None
     attempt: int = 1
     check_options: CheckOptions | None = None  # None = derived from the spec
     push_options: PushOptions | None = None
-    allow_secrets: tuple[str, ...] = ()  # code files that look like keys, shipped on purpose
     recheck: bool = False  # never a cached check verdict (a retry after a node fault)
     elastic: bool = False  # --elastic: a lost node's place goes to a spare, the job runs on
     spares: tuple[Node, ...] = ()  # --elastic: the hosts that may take a lost node's place

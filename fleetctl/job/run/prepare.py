@@ -84,8 +84,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
                 f"cannot connect to {len(res.failed)} node(s): {first}", res
             ) from first
     module, python = cc.entry(spec)
-    rt, backend = spec.container_runtime, spec.backend
-    images = cc.wanted(job.nodes, spec.image, rt, facts, backend, module=module, python=python)
+    images = cc.wanted(job.nodes, spec, facts, module=module, python=python)
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
         job.emit("phase", "checking images")
@@ -93,20 +92,17 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         runtimes = {h: f.runtime for h, f in found.items() if f.runtime}
         facts = cc.with_image_torch(facts, found)
     code_digest = None
-    if options.code is not None or options.env_archive is not None:
+    if options.push.asked():
         from fleetctl.phases import push as push_mod
 
-        job.emit("phase", "pushing code" + (" and env" if options.env_archive else ""))
+        job.emit("phase", "pushing code" + (" and env" if options.push.env_given() else ""))
         popts = options.push_options or push_mod.PushOptions(
             require_nccl=spec.backend == "nccl",
             train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
             known_present=known_present,
-            allow_secrets=options.allow_secrets,
             check_torch=(launcher_module(spec.launcher) or "").startswith(("torch.", "deepspeed.")),
         )
-        pushed_to = push_mod.push(
-            fleet, code=options.code, env_archive=options.env_archive, options=popts
-        )
+        pushed_to = push_mod.push(fleet, options.push, options=popts)
         for w in pushed_to.code_warnings:  # checkpoints or data in the code folder
             job.emit("warning", w)
         code_digest = pushed_to.code_digest
@@ -188,23 +184,22 @@ def check_options(spec: JobSpec, options: RunOptions, in_image: Sequence[str]) -
 
     from fleetctl.plan.script_arg import installed_module
 
+    env = options.push.env_given()
     copts = options.check_options or dataclasses.replace(
         host_checks(spec, options),
         # with an env pushed, the env's python runs the launcher: push verifies it there
-        launcher_module=None if options.env_archive else launcher_module(spec.launcher),
+        launcher_module=None if env else launcher_module(spec.launcher),
         # -m MODULE not in the pushed code: the node python must find it installed
         script_module=None
-        if options.env_archive
-        else installed_module(spec.kind or "", spec.script, options.code, spec.folder),
+        if env
+        else installed_module(spec.kind or "", spec.script, options.push.code, spec.folder),
         # no launcher import tells torch's version (plain): the probe looks it up
-        torch_version=not options.env_archive and launcher_module(spec.launcher) is None,
+        torch_version=not env and launcher_module(spec.launcher) is None,
         container_hosts=tuple(in_image),
     )
-    if options.check_options is None and options.code is not None:
-        from fleetctl.phases import codesync
-
+    if options.check_options is None and options.push.code is not None:
         # the probe also looks for this snapshot, so a no-op push needs no round trip
-        snap = codesync.snapshot(options.code, allow_secrets=options.allow_secrets)
+        snap = options.push.snapshot()
         copts = dataclasses.replace(copts, code_dir=f"code/{snap.digest}")
     return copts
 

@@ -13,7 +13,7 @@ there is something to resume from (exit 2 when not).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from fleetctl.errors import ConnectError, NodePushError, RunFolderError, UsageEr
 if TYPE_CHECKING:
     from fleetctl.job.run.checkpoints import CheckpointRelay
     from fleetctl.node import Node
+    from fleetctl.phases.push.request import PushRequest
     from fleetctl.transport.connection import SSHSettings
 
 LAST = "last"  # --resume last: the newest job of the runs folder
@@ -90,12 +91,14 @@ def resolve(
 
 
 def check_files(
-    relay: CheckpointRelay, settings: SSHSettings | None, allow_secrets: Iterable[str] = ()
+    relay: CheckpointRelay, settings: SSHSettings | None, policy: PushRequest | None = None
 ) -> None:
-    """Before anything starts: the earlier job's node lists its checkpoint files. UsageError
+    """Before anything starts: the earlier job's node lists its checkpoint files (``policy``:
+    the job's push, whose allowed key-like files the node's scan lets through). UsageError
     (exit 2) when there are none or too many to relay; what the node says when it cannot be
     asked (ConnectError: exit 3), one line."""
     from fleetctl.phases.push.relay import CHECKPOINT_MAX, list_checkpoints
+    from fleetctl.phases.push.request import PushRequest
 
     src, job = relay.source, relay.resume
     try:
@@ -103,7 +106,7 @@ def check_files(
             src,
             settings,
             folder=relay.dir,
-            allow_secrets=allow_secrets,
+            policy=policy or PushRequest(),
             since=relay.since,
         )
     except ConnectError as e:

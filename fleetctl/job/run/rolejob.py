@@ -221,13 +221,8 @@ def load_role_job(
     ):
         if not (Path(code) / str(rel)).is_file():
             raise UsageError(f"{where}: script {rel} not found in the code dir {code}")
+    # the job file's image and runtime; the command line's win
     spec = dataclasses.replace(
-        spec,
-        script=Path(job_file).name,
-        launcher=job.launcher,
-        procs=1,
-        # the job file's image and runtime; the command line's win
-        image=spec.image or job.image,
-        container_runtime=spec.container_runtime or job.container_runtime,
+        spec.in_image_of(job), script=Path(job_file).name, launcher=job.launcher, procs=1
     )
     return RoleJob(planner, spec, code)

@@ -134,7 +134,7 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
     if options.relay is not None and options.relay.resume is not None:
         from fleetctl.job.run.resume import check_files
 
-        check_files(options.relay, options.settings, options.allow_secrets)  # before anything
+        check_files(options.relay, options.settings, options.push)  # before anything
     want = options.hosts.nodes
     spares = want is not None and want < len(request.nodes)
     if request.retry.tries == 1 and not spares:

@@ -93,28 +93,26 @@ def entry(spec: JobSpec) -> tuple[str | None, bool]:
 
 def wanted(
     nodes: Sequence[Node],
-    image: str | None,
-    rt: str | None,
+    spec: JobSpec,
     facts: Mapping[str, NodeFacts] | None = None,
-    backend: str | None = None,
     *,
     module: str | None = None,
     python: bool = False,
 ) -> dict[str, ImageWant]:
-    """host -> what its check asks, for the nodes that run in a container. ``module``: the
-    launcher's, imported in the image; ``python``: the image's python must run (``entry``);
-    NCCL is looked for where the job uses GPUs."""
+    """host -> what its check asks, for the nodes that run in a container (``spec``'s image
+    and runtime, else the node's). ``module``: the launcher's, imported in the image;
+    ``python``: the image's python must run (``entry``); NCCL is looked for where the job uses
+    GPUs (and not the gloo backend)."""
     out = {}
     for n in nodes:
-        img = image_of(n, image)
+        img = image_of(n, spec.image)
         if img:
-            named = rt or n.vars.get("fleetctl_container_runtime")
             has = has_gpus(n, (facts or {}).get(n.name))
-            nccl = has and backend != "gloo"
+            nccl = has and spec.backend != "gloo"
             run_py = python or module is not None or nccl
             out[n.name] = ImageWant(
                 img,
-                None if named is None else str(named),
+                spec.runtime_for(n),
                 container_python(n) if run_py else None,
                 module,
                 nccl,
@@ -142,14 +140,15 @@ def script(
     want: ImageWant,
     marks: str | None = None,
     id_timeout: float = ID_TIMEOUT,
-    probe_timeout: float = PROBE_TIMEOUT,
+    container_timeout: float = PROBE_TIMEOUT,
 ) -> str:
     """The node's side, in POSIX sh: one ``key value`` line per fact, the probe's answer last
     (``probe <rc> <its D frame or last line>``). ``marks``: the node's folder (a shell word) of
     markers: an answer kept there is said again (``probe 0 …``) without a container, and a
     passing one is kept. Each runtime call is bounded (``timeout``, where the node has it): a
     hung runtime is ``hung image|probe``, said in time, not a cut shell line at the SSH
-    timeout, and its client is killed."""
+    timeout, and its client is killed. ``container_timeout``: the probe's container's own
+    limit (not ``--probe-timeout``, the node python's: the image's python is asked here)."""
     cases = []
     for name in ORDER:
         r = runtime(name)
@@ -162,7 +161,7 @@ def script(
             probe = shlex.join(r.probe_argv(want.image, want.gpus))
         cases.append(
             f"  {name}) id=$(b {id_timeout:g} {shlex.join(r.image_id_argv(want.image))}"
-            f" 2>/dev/null); hung; probe() {{ b {probe_timeout:g} {probe}; }} ;;"
+            f" 2>/dev/null); hung; probe() {{ b {container_timeout:g} {probe}; }} ;;"
         )
     pick = " ".join(ORDER)
     if want.python:

@@ -21,6 +21,7 @@ from fleetctl.phases.push.report import (
     PushReport,
     env_path_prefix,
 )
+from fleetctl.phases.push.request import PushRequest
 
 __all__ = [
     "NodePush",
@@ -28,6 +29,7 @@ __all__ = [
     "PushEvent",
     "PushOptions",
     "PushReport",
+    "PushRequest",
     "env_path_prefix",
     "push",
 ]

@@ -24,6 +24,7 @@ from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
+    from fleetctl.phases.push.request import PushRequest
     from fleetctl.ssh.fanout import FanOut
     from fleetctl.transport.connection import Connection
 
@@ -33,39 +34,34 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", "
 
 def push(
     fleet: FanOut,
+    what: PushRequest,
     *,
-    code: str | Path | None,
-    env_archive: str | Path | None = None,
     options: PushOptions | None = None,
     progress: ProgressFn | None = None,
 ) -> PushReport:
-    """Push code and env to every node of ``fleet`` (connected or not); verify the env.
+    """Push ``what`` (its code, its env: without one, each node's ``fleetctl_env_archive``) to
+    every node of ``fleet`` (connected or not); verify the env.
 
-    ``env_archive`` None uses each node's ``fleetctl_env_archive``. Raises UsageError for bad
-    local input, PushError (every node's outcome in ``.result``, the partial report in
+    Raises UsageError for bad local input (SecretError: a file that looks like a private key
+    and is not allowed), PushError (every node's outcome in ``.result``, the partial report in
     ``.report``) when any node failed or NCCL versions disagree.
     """
-    return _Push(fleet, code, env_archive, options or PushOptions(), progress).run()
+    return _Push(fleet, what, options or PushOptions(), progress).run()
 
 
 class _Push(_Transfer, _PeerDistribution):
     def __init__(
         self,
         fleet: FanOut,
-        code: str | Path | None,
-        env_archive: str | Path | None,
+        what: PushRequest,
         options: PushOptions,
         progress: ProgressFn | None,
     ) -> None:
         self.fleet, self.options = fleet, options
         self._progress = progress
         self.t0 = time.monotonic()
-        self.snap = (
-            codesync.snapshot(code, allow_secrets=options.allow_secrets)
-            if code is not None
-            else None
-        )
-        self.archives = self._archives(env_archive)
+        self.snap = what.snapshot() if what.code is not None else None
+        self.archives = self._archives(what)
         self.states: dict[str, _State] = {}  # nodes still in the push
         self._every: dict[str, _State] = {}
         self._fetchers: set[str] = set()
@@ -84,18 +80,18 @@ class _Push(_Transfer, _PeerDistribution):
             with contextlib.suppress(Exception):  # a display bug never fails a push
                 self._progress(PushEvent(node, stage, done, total, message))
 
-    def _archives(self, override: str | Path | None) -> dict[str, EnvArchive]:
+    def _archives(self, what: PushRequest) -> dict[str, EnvArchive]:
         by_path: dict[str, EnvArchive] = {}
         out: dict[str, EnvArchive] = {}
         for node in self.fleet.nodes:
-            path = override or node.env_archive
+            path, own = what.archive_of(node)
             if not path:
                 continue
             key = str(Path(path).expanduser())
             if not key.endswith(ARCHIVE_SUFFIXES):
                 raise UsageError(
                     f"env archive {key}"
-                    + (f" (host {node.name})" if not override else "")
+                    + (f" (host {node.name})" if own else "")
                     + ": not a tar archive; pack it with `conda-pack --format tar.gz`"
                 )
             if key not in by_path:

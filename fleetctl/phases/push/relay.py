@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import FleetctlError, NodePushError, PushError, UsageError
+from fleetctl.phases.push.request import PushRequest
 from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ CHECKPOINT_MAX = 8 << 30  # bytes relayed at most; beyond it the relay is skippe
 PEER_MIN_HOSTS = 4  # as push: from 4 hosts the nodes fetch from the source, not the controller
 PEER_MIN_BYTES = 64 << 20  # smaller sets go through the controller (one round trip less)
 RELAY_RATE = 10e6  # bytes/s assumed for a transfer's timeout (plus a fixed minute)
+NOTHING = PushRequest()  # no key-like file let through
 
 
 def checkpoint_dir_arg(text: str | None) -> str | None:
@@ -170,7 +172,7 @@ def relay_checkpoints(
     *,
     folder: str | None = None,
     shared_groups: Iterable[Sequence[str]] = (),
-    allow_secrets: Iterable[str] = (),
+    policy: PushRequest = NOTHING,
     max_bytes: int = CHECKPOINT_MAX,
     report: RelayReport | None = None,
     same_folder: bool = True,
@@ -182,6 +184,7 @@ def relay_checkpoints(
     reached, has nothing new or too much is a note (``skipped``); a node that could not take
     them raises ``PushError`` (its ranks would resume from another point than the rest);
     ``report``, when given, is filled in as it goes (the caller keeps it then).
+    ``policy``: the job's push, whose allowed key-like files the node's scan lets through.
     ``same_folder`` False (``run --resume``: an earlier job's folder, not the targets' own):
     the source node and those sharing its workdir get a copy too; ``since``: see
     ``relay_files`` on the node."""
@@ -189,7 +192,7 @@ def relay_checkpoints(
     conn, own = _source_connection(fleet, source, report)
     if conn is None:
         return report
-    pack_opts = (folder, allow_secrets, max_bytes, since)
+    pack_opts = (folder, policy, max_bytes, since)
     try:
         try:
             listed = _pack(source, conn, *pack_opts, pack=False)
@@ -249,7 +252,7 @@ def _pack(
     source: RelaySource,
     conn: Connection,
     folder: str | None,
-    allow_secrets: Iterable[str],
+    policy: PushRequest,
     max_bytes: int,
     since: float | None = None,
     *,
@@ -272,7 +275,7 @@ def _pack(
             "dir": folder,
             "tar": tar or f".tmp-relay-{secrets.token_hex(6)}.tar",
             "max_bytes": max_bytes,
-            "allow_secrets": sorted(allow_secrets),
+            **policy.node_scan(),
             "manifest": (not pack) if manifest is None else manifest,
             "pack": pack,
             "only": None if only is None else list(only),
@@ -287,7 +290,7 @@ def list_checkpoints(
     settings: SSHSettings | None,
     *,
     folder: str | None = None,
-    allow_secrets: Iterable[str] = (),
+    policy: PushRequest = NOTHING,
     since: float | None = None,
 ) -> dict[str, Any]:
     """What the source would relay, listed on its node over a connection of its own (no tar,
@@ -301,7 +304,7 @@ def list_checkpoints(
             source,
             conn,
             folder,
-            allow_secrets,
+            policy,
             CHECKPOINT_MAX,
             since,
             pack=False,
@@ -364,7 +367,7 @@ def _send_set(
     report: RelayReport,
     failed: dict[str, BaseException],
     *,
-    pack: tuple[str | None, Iterable[str], int, float | None],
+    pack: tuple[str | None, PushRequest, int, float | None],
     hosts: int,
 ) -> None:
     """Tar ``files`` on the source and get the tar to ``todo`` (by peer, else the controller)."""

@@ -48,7 +48,6 @@ class PushOptions:
     # Nodes where a preflight made moments ago (not a cached one) found this very code
     # snapshot: when they need no env either, there is nothing to probe or send.
     known_present: frozenset[str] = frozenset()
-    allow_secrets: tuple[str, ...] = ()  # code files that look like private keys, on purpose
 
 
 @dataclass
