@@ -149,7 +149,7 @@ def new_job_id(now: datetime | None = None) -> str:
     """``YYYYmmdd-HHMMSS-<6 hex>`` in UTC: sorts by start time, random suffix avoids clashes."""
     import secrets
 
-    from fleetctl.plan.rankplan import format_job_id
+    from fleetctl.plan.names import format_job_id
 
     return format_job_id(now or datetime.now(timezone.utc), secrets.token_hex(3))
 

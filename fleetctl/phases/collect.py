@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import CollectError, ConnectError, FleetctlError, UsageError
 from fleetctl.phases.launch import supervisor_command, supervisor_path
 from fleetctl.phases.unpack import Unpacked, local_files, partial_files, unpack
-from fleetctl.plan.rankplan import node_folder_name
+from fleetctl.plan.names import node_folder_name
 from fleetctl.remote.kit.wire import TAR_MARKER  # the same marker at both ends
 
 if TYPE_CHECKING:

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from fleetctl.errors import PlanError, UsageError
@@ -31,6 +29,7 @@ from fleetctl.node import DEFAULT_PYTHON, Node
 from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LaunchContext, check_program, get_launcher
 from fleetctl.plan.launchers.base import MODULE, PYTHON, kind_of, path_from
+from fleetctl.plan.names import node_folder_name
 from fleetctl.plan.nproc import processes_per_node
 from fleetctl.plan.plan_checks import (
     BACKENDS,
@@ -48,16 +47,6 @@ from fleetctl.plan.shared import expand_shared, share_values
 PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
 PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
-
-
-def format_job_id(now: datetime, suffix: str) -> str:
-    """``YYYYmmdd-HHMMSS-<6 hex>``: sortable by start time, unique with the random suffix.
-
-    The caller passes the clock and the randomness (``secrets.token_hex(3)``), keeping this pure.
-    """
-    if not re.fullmatch(r"[0-9a-f]{6}", suffix):
-        raise PlanError(f"job id suffix must be 6 lowercase hex digits, got {suffix!r}")
-    return f"{now:%Y%m%d-%H%M%S}-{suffix}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -541,13 +530,6 @@ def make_plan(
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
-def node_folder_name(rank: int, host: str) -> str:
-    """``<rank>-<host>`` with anything but [A-Za-z0-9._-] in the host name replaced: a node's
-    run folder, on the node (under ``W/runs/<job>/``) and in the controller's run folder."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in host).lstrip(".") or "node"
-    return f"{rank}-{safe}"
-
-
 # Under the node workdir: ``work/<job>`` is the job's working directory, a copy of the code
 # snapshot the node's supervisor makes once per job (remote/supervisor.seed_work_folder).
 WORK_DIR = "work"
@@ -605,6 +587,5 @@ __all__ = [
     "NodePlan",
     "Plan",
     "check_launcher_args",
-    "format_job_id",
     "make_plan",
 ]

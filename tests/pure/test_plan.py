@@ -11,7 +11,8 @@ from fleetctl.errors import PlanError
 from fleetctl.node import Node
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS, build_argv, get_launcher
 from fleetctl.plan.launchers.base import path_from
-from fleetctl.plan.rankplan import JobSpec, NodeFacts, format_job_id, make_plan
+from fleetctl.plan.names import format_job_id
+from fleetctl.plan.rankplan import JobSpec, NodeFacts, make_plan
 from fleetctl.testing.pytest_plugin import import_or_skip
 
 JOB = "20261122-001500-a1b2c3"

@@ -58,7 +58,7 @@ from fleetctl.job.records.files import (
 )
 from fleetctl.job.records.jobrecord import JobRecord, job_record
 from fleetctl.job.records.plan import PlanRecord
-from fleetctl.plan.rankplan import node_folder_name
+from fleetctl.plan.names import node_folder_name
 from fleetctl.remote.kit.records import RecordError
 
 if TYPE_CHECKING:
