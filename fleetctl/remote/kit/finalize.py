@@ -52,16 +52,17 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def durable(tree: str) -> None:
+def durable(tree: str, linked: bool = True) -> None:
     """``tree``'s new files and folders on disk before it is renamed into place: a node that
     resets or loses power after a push must not keep a snapshot of empty files (ext4 delays
     the data; a VM reset left the pushed script 0 bytes, and the retry ran it: exit 0, no
-    output). Files linked from the previous snapshot were flushed when it was made."""
+    output). ``linked``: files with other links came from the previous snapshot, flushed when
+    it was made (an env's archive links files among its own: every file counts there)."""
     for dirpath, _dirs, files in os.walk(tree):
         for name in files:
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            if stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or not linked):
                 fsync_path(p)
         fsync_path(dirpath)
 
@@ -273,7 +274,16 @@ def _finalize_env(cfg: dict, envs_root: str) -> dict:
         if os.path.isdir(final):
             rmtree(tmp)
         else:
+            # The env's folder is the mark that it is present (probe, push, launch): its
+            # files on disk first, or a reset leaves an env of empty files that counts.
+            try:
+                durable(tmp, linked=False)
+            except OSError as e:  # delayed allocation's ENOSPC (or an EIO) shows at fsync
+                raise Failed(
+                    "unpack", f"flushing the env failed: {e}", e.errno == errno.ENOSPC
+                ) from e
             os.rename(tmp, final)
+            fsync_path(envs_root)  # the rename itself
         ok = True
     finally:
         if not ok:
