@@ -642,14 +642,31 @@ def test_a_finalized_code_snapshot_is_flushed_to_disk_before_it_counts(
     assert (code / "d3" / "train.py").read_text() == "print(1)\n"
 
 
+def traced_flushes(argv: list[str], stdin: bytes = b"") -> list[tuple[str, ...]]:
+    """``argv`` run under strace: its fsyncs ``("fsync", path)`` and renames ``("rename", from,
+    to)`` in the order they happened (a flush before a rename is what makes it durable)."""
+    if shutil.which("strace") is None:
+        skip_or_fail("needs strace (apt-get install strace)")
+    res = subprocess.run(
+        ["strace", "-f", "-y", "-e", "trace=fsync,rename,renameat,renameat2", *argv],
+        input=stdin, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return [
+        ("fsync", m[0]) if m[0] else ("rename", m[1], m[2])
+        for m in re.findall(
+            r'(?:fsync\(\d+<([^>]*)>\)|rename\w*\([^"]*"([^"]*)", [^"]*"([^"]*)"[^)]*\)) = 0',
+            res.stderr.decode(),
+        )
+    ]
+
+
 def test_an_unpacked_env_is_flushed_to_disk_before_its_folder_counts_as_present(
     py38: str, tmp_path: Path
 ) -> None:
     """The env's folder is the mark that it is present: every file unpacked (also the ones the
     archive links among its own), every folder, then the rename and the envs folder are
     fsynced, in that order (strace sees it), so a reset never leaves an env of empty files."""
-    if shutil.which("strace") is None:
-        skip_or_fail("needs strace (apt-get install strace)")
     src = tmp_path / "src"
     (src / "lib" / "sub").mkdir(parents=True)
     (src / "lib" / "a.py").write_text("A = 1\n")
@@ -663,20 +680,8 @@ def test_an_unpacked_env_is_flushed_to_disk_before_its_folder_counts_as_present(
     envs.mkdir(parents=True)
     (envs / "upload.tar.gz").write_bytes(data)
     cfg = {"workdir": str(tmp_path / "w"), "env": {"sha": sha, "archive": "upload.tar.gz"}}
-    res = subprocess.run(
-        ["strace", "-f", "-y", "-e", "trace=fsync,rename,renameat,renameat2", py38,
-         remote.NO_SITE, "-c", remote.inline("push_helper.py"), "finalize"],
-        input=json.dumps(cfg).encode() + b"\n", capture_output=True, timeout=60,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    # ("fsync", path) or ("rename", from, to), in the order they happened
-    calls = [
-        ("fsync", m[0]) if m[0] else ("rename", m[1], m[2])
-        for m in re.findall(
-            r'(?:fsync\(\d+<([^>]*)>\)|rename\w*\([^"]*"([^"]*)", [^"]*"([^"]*)"[^)]*\)) = 0',
-            res.stderr.decode(),
-        )
-    ]
+    argv = [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "finalize"]
+    calls = traced_flushes(argv, json.dumps(cfg).encode() + b"\n")
     [moved] = [i for i, c in enumerate(calls) if c[0] == "rename" and c[2] == str(envs / sha)]
     tmp = calls[moved][1]
     before = {c[1] for c in calls[:moved] if c[0] == "fsync"}
