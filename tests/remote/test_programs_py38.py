@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1137,6 +1138,43 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
     state = json.loads((Path(jobs.run_dir(job)) / "supervisor.json").read_text())
     assert state["stop_reason"] == "stop requested by the controller"
     assert find_job_processes(job, None) == []
+
+
+def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the_a_frame(
+    jobs: Jobs,
+) -> None:
+    """The channel closes, then the job's only rank ends: the supervisor's ``A`` went into the
+    closed channel, so ``reattach`` says it again from ranks_ended.json, before the launcher's
+    exit."""
+    job = jid("p-reattach-a")
+    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'; sleep 1"  # and its launcher
+    run = jobs.start(job, ["sh", "-c", rank], deadman=5, reattach=True)
+    deadline = time.monotonic() + 10
+    got: list[str] = []
+    while "one" not in got and time.monotonic() < deadline:
+        got += [f.text for f in run.reader.feed(run.stream.recv(0.3) or b"") if f.kind == "L"]
+    run.stream.close()
+    ended = Path(jobs.run_dir(job)) / "ranks_ended.json"
+    wait_for("the rank's end", ended.exists)
+    argv = ["reattach", "--run-dir", jobs.run_dir(job), "--skip", "1"]
+    sup = supervisor_path(str(jobs.root / "w"))
+    p = subprocess.Popen(
+        remote.file_argv(jobs.python, sup, *argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert p.stdin is not None and p.stdout is not None
+    timer = threading.Timer(30, p.kill)  # the channel stays open: it ends after ``X``
+    timer.start()
+    try:
+        out = p.stdout.read()
+    finally:
+        timer.cancel()
+        p.stdin.close()
+        p.wait(10)
+    frames = [(f.kind, f.text) for f in FrameReader().feed(out)]
+    kinds = [k for k, _ in frames if k in "SLAX"]
+    assert kinds == ["S", "L", "A", "X"] and frames[1] == ("L", "two"), frames
+    said = json.loads(next(t for k, t in frames if k == "A"))
+    assert said == json.loads(ended.read_text()) and (said["ranks"], said["failed"]) == (1, 0)
 
 
 def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Path) -> None:

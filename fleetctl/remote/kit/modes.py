@@ -201,7 +201,9 @@ def cmd_follow(argv: list[str]) -> int:
 def cmd_reattach(argv: list[str]) -> int:
     """The controller, back over a new connection after its channel to ``run`` went silent or
     closed: ``S <json>`` (is the supervisor alive), then the job's console.log from line
-    ``--skip`` on as ``L`` frames, and ``X`` from supervisor.json once the supervisor ended.
+    ``--skip`` on as ``L`` frames, ``A`` from ranks_ended.json once every rank ended (the
+    supervisor's own ``A`` may have gone down with the old channel; the controller takes the
+    first), and ``X`` from supervisor.json once the supervisor ended.
     Every byte on stdin is a heartbeat (the heartbeat file); ``t``/``k`` are relayed to the
     supervisor as SIGUSR2/SIGUSR1 (stop with grace / kill). EOF: the controller is gone."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -248,6 +250,14 @@ def cmd_reattach(argv: list[str]) -> int:
     threading.Thread(target=relay, daemon=True).start()
     seen = 0
     buf = b""
+    said: list = []  # the ``A`` frame, once: it may have been lost with the old channel
+
+    def ranks_ended() -> None:
+        data = None if said else read_json(os.path.join(run_dir, RANKS_ENDED))
+        if data:
+            said.append(data)
+            frame("A", json.dumps(data, sort_keys=True).encode())
+
     try:
         f = open(log, "rb")  # noqa: SIM115
     except OSError:
@@ -264,6 +274,7 @@ def cmd_reattach(argv: list[str]) -> int:
                 if seen > skip:
                     frame("L", line)
             continue
+        ranks_ended()
         if ended:
             break
         time.sleep(0.1)
@@ -271,6 +282,7 @@ def cmd_reattach(argv: list[str]) -> int:
         return 0
     if buf and seen + 1 > skip:
         frame("L", buf)
+    ranks_ended()
     final = state_at(run_dir) or SupervisorState()
     code = final.exit_code if final.exit_code is not None else -(final.signal or 0) or 255
     report = final.exit_report
