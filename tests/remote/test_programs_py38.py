@@ -1144,10 +1144,10 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     jobs: Jobs,
 ) -> None:
     """The channel closes, then the job's only rank ends: the supervisor's ``A`` went into the
-    closed channel, so ``reattach`` says it again from ranks_ended.json, before the launcher's
-    exit."""
+    closed channel, so ``reattach`` says it again from ranks_ended.json, and heartbeats through
+    the launcher's quiet shut-down until its exit."""
     job = jid("p-reattach-a")
-    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'; sleep 1"  # and its launcher
+    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'; sleep 2"  # and its launcher
     run = jobs.start(job, ["sh", "-c", rank], deadman=5, reattach=True)
     deadline = time.monotonic() + 10
     got: list[str] = []
@@ -1173,6 +1173,9 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     frames = [(f.kind, f.text) for f in FrameReader().feed(out)]
     kinds = [k for k, _ in frames if k in "SLAX"]
     assert kinds == ["S", "L", "A", "X"] and frames[1] == ("L", "two"), frames
+    # the launcher's quiet shut-down: heartbeats, or the watcher takes the channel for dead
+    said_at = next(i for i, (k, _) in enumerate(frames) if k == "A")
+    assert "H" in [k for k, _ in frames[said_at:]], frames
     said = json.loads(next(t for k, t in frames if k == "A"))
     assert said == json.loads(ended.read_text()) and (said["ranks"], said["failed"]) == (1, 0)
 

@@ -198,12 +198,19 @@ def cmd_follow(argv: list[str]) -> int:
     return 0
 
 
+#: ``reattach`` says ``H`` after this long without a frame: the watcher takes half the
+#: lost-node timeout of silence for a broken channel, and the supervisor's own heartbeats go
+#: to the old one; without them a quiet job was reattached again and again, then lost.
+REATTACH_BEAT = 0.5
+
+
 def cmd_reattach(argv: list[str]) -> int:
     """The controller, back over a new connection after its channel to ``run`` went silent or
     closed: ``S <json>`` (is the supervisor alive), then the job's console.log from line
     ``--skip`` on as ``L`` frames, ``A`` from ranks_ended.json once every rank ended (the
     supervisor's own ``A`` may have gone down with the old channel; the controller takes the
-    first), and ``X`` from supervisor.json once the supervisor ended.
+    first), ``H`` while it says nothing else, and ``X`` from supervisor.json once the
+    supervisor ended.
     Every byte on stdin is a heartbeat (the heartbeat file); ``t``/``k`` are relayed to the
     supervisor as SIGUSR2/SIGUSR1 (stop with grace / kill). EOF: the controller is gone."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -217,9 +224,12 @@ def cmd_reattach(argv: list[str]) -> int:
     lock = threading.Lock()
     gone = threading.Event()
 
+    sent = [time.monotonic()]
+
     def frame(kind: str, payload: bytes = b"") -> None:
         with lock:
             out.write(framed(kind, payload))
+            sent[0] = time.monotonic()
 
     def beat() -> None:
         with contextlib.suppress(OSError):
@@ -277,6 +287,8 @@ def cmd_reattach(argv: list[str]) -> int:
         ranks_ended()
         if ended:
             break
+        if time.monotonic() - sent[0] >= REATTACH_BEAT:  # a quiet job is not a silent node
+            frame("H")
         time.sleep(0.1)
     if gone.is_set():
         return 0
