@@ -1147,8 +1147,10 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     closed channel, so ``reattach`` says it again from ranks_ended.json, and heartbeats through
     the launcher's quiet shut-down until its exit."""
     job = jid("p-reattach-a")
-    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'; sleep 2"  # and its launcher
-    run = jobs.start(job, ["sh", "-c", rank], deadman=5, reattach=True)
+    done = jobs.root / "launcher-may-end"
+    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'"  # and its launcher, lingering
+    launcher = f"{rank}; while [ ! -e {done} ]; do sleep 0.1; done"
+    run = jobs.start(job, ["sh", "-c", launcher], deadman=10, reattach=True)
     deadline = time.monotonic() + 10
     got: list[str] = []
     while "one" not in got and time.monotonic() < deadline:
@@ -1164,18 +1166,25 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     assert p.stdin is not None and p.stdout is not None
     timer = threading.Timer(30, p.kill)  # the channel stays open: it ends after ``X``
     timer.start()
+    frames: list[tuple[str, str]] = []
+    reader = FrameReader()
     try:
-        out = p.stdout.read()
+        for line in p.stdout:  # one frame a line
+            frames += [(f.kind, f.text) for f in reader.feed(line)]
+            with contextlib.suppress(OSError):
+                p.stdin.write(b"h")  # the controller's heartbeats: the dead-man switch counts
+                p.stdin.flush()
+            if frames[-1:] == [("H", "")]:  # heartbeats through the quiet shut-down: end it
+                done.touch()
     finally:
         timer.cancel()
-        p.stdin.close()
+        with contextlib.suppress(OSError):  # it ended after its X
+            p.stdin.close()
         p.wait(10)
-    frames = [(f.kind, f.text) for f in FrameReader().feed(out)]
     kinds = [k for k, _ in frames if k in "SLAX"]
     assert kinds == ["S", "L", "A", "X"] and frames[1] == ("L", "two"), frames
     # the launcher's quiet shut-down: heartbeats, or the watcher takes the channel for dead
-    said_at = next(i for i, (k, _) in enumerate(frames) if k == "A")
-    assert "H" in [k for k, _ in frames[said_at:]], frames
+    assert done.exists(), frames
     said = json.loads(next(t for k, t in frames if k == "A"))
     assert said == json.loads(ended.read_text()) and (said["ranks"], said["failed"]) == (1, 0)
 
