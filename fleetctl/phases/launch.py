@@ -136,6 +136,7 @@ class NodeRun:
     uploaded: bool = False
     lines: int = 0  # console.log lines received (where a reattach resumes)
     reattached: int = 0  # times the stream was taken over by a new connection
+    ranks_ended: bool = False  # its ``A`` arrived (a reattach says it again: once is news)
 
 
 def node_spec(

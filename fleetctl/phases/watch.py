@@ -276,7 +276,8 @@ class Watch:
             if fr.kind == "A":  # every rank ended there: what follows is its launcher's exit
                 with contextlib.suppress(ValueError):
                     said = fr.data()
-                    if isinstance(said, dict):
+                    if isinstance(said, dict) and not run.ranks_ended:
+                        run.ranks_ended = True
                         self._emit(run, "ranks_ended", report=said)
                 continue
             if fr.kind == "W":  # where the node's ranks spent the last seconds (remote/kit/pace.py)

@@ -127,6 +127,37 @@ def test_a_blip_shorter_than_the_timeout_costs_nothing() -> None:
     assert not any(e.kind == "lost" for e in events) and events[-1].code == 0
 
 
+def test_every_ranks_end_said_again_over_a_new_connection_counts_once() -> None:
+    """A node's ``reattach`` says ``A`` again (its first may have gone down with the old
+    channel): one ``ranks_ended`` event, whichever channel brought it first."""
+    from fleetctl.phases.frames import Frame
+    from fleetctl.phases.watch import Watch
+    from fleetctl.remote.kit.framing import line
+
+    ended = json.dumps({"ranks": 2, "failed": 0}).encode()
+    old, new = _Pipe(), _Pipe()
+
+    def reattach(run: Any, deadline: float) -> list:
+        run.stream = new
+        return [Frame("A", ended)]
+
+    watch = Watch(lost_timeout=2.0, heartbeat=0.05, reattach=reattach)
+    try:
+        watch.attach(_node_run(old))
+        os.write(old.w, line("L", b"before") + line("A", ended))
+        events = _events_until(watch, "ranks_ended")
+        events += _events_until(watch, "notice")  # reaching it...
+        events += _events_until(watch, "notice")  # ...and back, saying A again
+        os.write(new.w, line("A", ended) + line("X", b"0"))
+        events += _events_until(watch, "exit")
+    finally:
+        watch.close()
+        old.close()
+        new.close()
+    said = [e.report for e in events if e.kind == "ranks_ended"]
+    assert said == [{"ranks": 2, "failed": 0}], events
+
+
 def test_a_node_that_cannot_be_reached_anew_is_lost_only_at_the_timeout() -> None:
     from fleetctl.phases.watch import Watch
 

@@ -4,6 +4,7 @@ node's work folder is seeded and gets it (uploaded, or fetched from the source's
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -12,6 +13,10 @@ import subprocess
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+
+# tests/remote is on sys.path (pytest's rootdir-relative import)
+from conftest import node_tree
+from test_programs_py38 import traced_flushes
 
 from fleetctl import remote
 from fleetctl.phases.frames import last_data
@@ -218,3 +223,61 @@ def test_an_earlier_job_whose_snapshot_was_pruned_relays_only_what_it_wrote(
     # a retry's relay (no since) still reads every file there as new, as before
     code, out = helper(run38, "relay-pack", {**cfg, "since": None})
     assert code == 0 and out["count"] == 3, out
+
+
+def flushed_before(calls: list[tuple[str, ...]], dest: Path) -> tuple[str, set[str], set[str]]:
+    """(the temp name renamed to ``dest``, paths fsynced before that rename, after it)."""
+    [i] = [i for i, c in enumerate(calls) if c[0] == "rename" and c[2] == str(dest)]
+    return (
+        calls[i][1],
+        {c[1] for c in calls[:i] if c[0] == "fsync"},
+        {c[1] for c in calls[i + 1 :] if c[0] == "fsync"},
+    )
+
+
+def test_a_relayed_checkpoint_and_the_work_folder_it_lands_in_are_on_disk_before_they_count(
+    py38: str, tmp_path: Path
+) -> None:
+    """A reset after the relay must not leave empty files the retry counts as there: the
+    seeded copy of the code is flushed before its rename (the work folder is the mark that it
+    was seeded), each relayed file before it replaces the old one, the folders after."""
+    src = tmp_path / "src"
+    (src / "ckpt").mkdir(parents=True)
+    (src / "snapshot.pt").write_bytes(b"epoch=12")
+    (src / "ckpt" / "opt.pt").write_bytes(b"adam")
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as tf:
+        tf.add(src / "snapshot.pt", "snapshot.pt")
+        tf.add(src / "ckpt" / "opt.pt", "ckpt/opt.pt")
+    w, snap, work = node(tmp_path, "node2")
+    (w / "envs").mkdir()
+    (w / "envs" / ".tmp-relay-up.tar").write_bytes(tar.getvalue())
+    cfg = {"workdir": str(w), "work": str(work), "seed": str(snap), "tar": ".tmp-relay-up.tar"}
+    cfg["sha"] = hashlib.sha256(tar.getvalue()).hexdigest()
+    argv = [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "relay-apply"]
+    calls = traced_flushes(argv, json.dumps(cfg).encode() + b"\n")
+    seeded, before, after = flushed_before(calls, work)
+    assert {f"{seeded}/train.py", f"{seeded}/data/input.txt", f"{seeded}/data", seeded} <= before
+    assert str(work.parent) in after, calls
+    for rel in ("snapshot.pt", "ckpt/opt.pt"):
+        tmp, before, after = flushed_before(calls, work / rel)
+        assert tmp in before and str((work / rel).parent) in after, (rel, calls)
+    assert str(work) in after, calls
+    assert (work / "ckpt" / "opt.pt").read_bytes() == b"adam"
+
+
+def test_the_supervisors_seeded_work_folder_is_on_disk_before_it_counts(
+    py38: str, tmp_path: Path
+) -> None:
+    """The supervisor's own seeding (``kit.spec``), as the relay's above: a work folder that
+    exists is never seeded again, so its files reach the disk before its rename."""
+    _w, snap, work = node(tmp_path, "node1")
+    call = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from remote.kit.spec import "
+        "seed_work_folder; seed_work_folder(sys.argv[2], sys.argv[3])"
+    )
+    calls = traced_flushes([py38, "-S", "-c", call, node_tree(), str(work), str(snap)])
+    seeded, before, after = flushed_before(calls, work)
+    assert {f"{seeded}/train.py", f"{seeded}/data/input.txt", f"{seeded}/data", seeded} <= before
+    assert str(work.parent) in after, calls
+    assert (work / "train.py").read_text() == "print('train')\n"

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -643,6 +644,54 @@ def test_a_finalized_code_snapshot_is_flushed_to_disk_before_it_counts(
     assert (code / "d3" / "train.py").read_text() == "print(1)\n"
 
 
+def traced_flushes(argv: list[str], stdin: bytes = b"") -> list[tuple[str, ...]]:
+    """``argv`` run under strace: its fsyncs ``("fsync", path)`` and renames ``("rename", from,
+    to)`` in the order they happened (a flush before a rename is what makes it durable)."""
+    if shutil.which("strace") is None:
+        skip_or_fail("needs strace (apt-get install strace)")
+    res = subprocess.run(
+        ["strace", "-f", "-y", "-e", "trace=fsync,rename,renameat,renameat2", *argv],
+        input=stdin, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return [
+        ("fsync", m[0]) if m[0] else ("rename", m[1], m[2])
+        for m in re.findall(
+            r'(?:fsync\(\d+<([^>]*)>\)|rename\w*\([^"]*"([^"]*)", [^"]*"([^"]*)"[^)]*\)) = 0',
+            res.stderr.decode(),
+        )
+    ]
+
+
+def test_an_unpacked_env_is_flushed_to_disk_before_its_folder_counts_as_present(
+    py38: str, tmp_path: Path
+) -> None:
+    """The env's folder is the mark that it is present: every file unpacked (also the ones the
+    archive links among its own), every folder, then the rename and the envs folder are
+    fsynced, in that order (strace sees it), so a reset never leaves an env of empty files."""
+    src = tmp_path / "src"
+    (src / "lib" / "sub").mkdir(parents=True)
+    (src / "lib" / "a.py").write_text("A = 1\n")
+    os.link(src / "lib" / "a.py", src / "lib" / "sub" / "b.py")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(src, arcname=".")
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    envs = tmp_path / "w" / "envs"
+    envs.mkdir(parents=True)
+    (envs / "upload.tar.gz").write_bytes(data)
+    cfg = {"workdir": str(tmp_path / "w"), "env": {"sha": sha, "archive": "upload.tar.gz"}}
+    argv = [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "finalize"]
+    calls = traced_flushes(argv, json.dumps(cfg).encode() + b"\n")
+    [moved] = [i for i, c in enumerate(calls) if c[0] == "rename" and c[2] == str(envs / sha)]
+    tmp = calls[moved][1]
+    before = {c[1] for c in calls[:moved] if c[0] == "fsync"}
+    assert {f"{tmp}/lib/a.py", f"{tmp}/lib/sub/b.py", f"{tmp}/lib/sub", tmp} <= before, calls
+    assert ("fsync", str(envs)) in calls[moved + 1 :], calls
+    assert (envs / sha / "lib" / "sub" / "b.py").read_text() == "A = 1\n"
+
+
 def test_the_push_helper_probes_finalizes_and_verifies_an_env(
     run38, py38: str, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -1090,6 +1139,55 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
     state = json.loads((Path(jobs.run_dir(job)) / "supervisor.json").read_text())
     assert state["stop_reason"] == "stop requested by the controller"
     assert find_job_processes(job, None) == []
+
+
+def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the_a_frame(
+    jobs: Jobs,
+) -> None:
+    """The channel closes, then the job's only rank ends: the supervisor's ``A`` went into the
+    closed channel, so ``reattach`` says it again from ranks_ended.json, and heartbeats through
+    the launcher's quiet shut-down until its exit."""
+    job = jid("p-reattach-a")
+    done = jobs.root / "launcher-may-end"
+    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'"  # and its launcher, lingering
+    launcher = f"{rank}; while [ ! -e {done} ]; do sleep 0.1; done"
+    run = jobs.start(job, ["sh", "-c", launcher], deadman=10, reattach=True)
+    deadline = time.monotonic() + 10
+    got: list[str] = []
+    while "one" not in got and time.monotonic() < deadline:
+        got += [f.text for f in run.reader.feed(run.stream.recv(0.3) or b"") if f.kind == "L"]
+    run.stream.close()
+    ended = Path(jobs.run_dir(job)) / "ranks_ended.json"
+    wait_for("the rank's end", ended.exists)
+    argv = ["reattach", "--run-dir", jobs.run_dir(job), "--skip", "1"]
+    sup = supervisor_path(str(jobs.root / "w"))
+    p = subprocess.Popen(
+        remote.file_argv(jobs.python, sup, *argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert p.stdin is not None and p.stdout is not None
+    timer = threading.Timer(30, p.kill)  # the channel stays open: it ends after ``X``
+    timer.start()
+    frames: list[tuple[str, str]] = []
+    reader = FrameReader()
+    try:
+        for line in p.stdout:  # one frame a line
+            frames += [(f.kind, f.text) for f in reader.feed(line)]
+            with contextlib.suppress(OSError):
+                p.stdin.write(b"h")  # the controller's heartbeats: the dead-man switch counts
+                p.stdin.flush()
+            if frames[-1:] == [("H", "")]:  # heartbeats through the quiet shut-down: end it
+                done.touch()
+    finally:
+        timer.cancel()
+        with contextlib.suppress(OSError):  # it ended after its X
+            p.stdin.close()
+        p.wait(10)
+    kinds = [k for k, _ in frames if k in "SLAX"]
+    assert kinds == ["S", "L", "A", "X"] and frames[1] == ("L", "two"), frames
+    # the launcher's quiet shut-down: heartbeats, or the watcher takes the channel for dead
+    assert done.exists(), frames
+    said = json.loads(next(t for k, t in frames if k == "A"))
+    assert said == json.loads(ended.read_text()) and (said["ranks"], said["failed"]) == (1, 0)
 
 
 def test_two_nodes_on_one_shared_home_unpack_an_env_once(py38: str, tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import sys
 import time
 
+from .atomic import durable, fsync_path
 from .pushbase import Failed, dumps, free_bytes, rmtree, verify_env, workdirs
 
 
@@ -39,31 +39,6 @@ def extract(archive: str, dest: str) -> None:
             tf.extractall(dest, members=members, filter="fully_trusted")
         else:
             tf.extractall(dest, members=members)
-
-
-def fsync_path(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except PermissionError:  # a file its owner cannot read: nothing we wrote for it
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable(tree: str) -> None:
-    """``tree``'s new files and folders on disk before it is renamed into place: a node that
-    resets or loses power after a push must not keep a snapshot of empty files (ext4 delays
-    the data; a VM reset left the pushed script 0 bytes, and the retry ran it: exit 0, no
-    output). Files linked from the previous snapshot were flushed when it was made."""
-    for dirpath, _dirs, files in os.walk(tree):
-        for name in files:
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                fsync_path(p)
-        fsync_path(dirpath)
 
 
 def finalize_code(cfg: dict, code_root: str) -> str:
@@ -273,7 +248,16 @@ def _finalize_env(cfg: dict, envs_root: str) -> dict:
         if os.path.isdir(final):
             rmtree(tmp)
         else:
+            # The env's folder is the mark that it is present (probe, push, launch): its
+            # files on disk first, or a reset leaves an env of empty files that counts.
+            try:
+                durable(tmp, linked=False)
+            except OSError as e:  # delayed allocation's ENOSPC (or an EIO) shows at fsync
+                raise Failed(
+                    "unpack", f"flushing the env failed: {e}", e.errno == errno.ENOSPC
+                ) from e
             os.rename(tmp, final)
+            fsync_path(envs_root)  # the rename itself
         ok = True
     finally:
         if not ok:

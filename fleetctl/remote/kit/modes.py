@@ -200,10 +200,19 @@ def cmd_follow(argv: list[str]) -> int:
     return 0
 
 
+#: ``reattach`` says ``H`` after this long without a frame: the watcher takes half the
+#: lost-node timeout of silence for a broken channel, and the supervisor's own heartbeats go
+#: to the old one; without them a quiet job was reattached again and again, then lost.
+REATTACH_BEAT = 0.5
+
+
 def cmd_reattach(argv: list[str]) -> int:
     """The controller, back over a new connection after its channel to ``run`` went silent or
     closed: ``S <json>`` (is the supervisor alive), then the job's console.log from line
-    ``--skip`` on as ``L`` frames, and ``X`` from supervisor.json once the supervisor ended.
+    ``--skip`` on as ``L`` frames, ``A`` from ranks_ended.json once every rank ended (the
+    supervisor's own ``A`` may have gone down with the old channel; the controller takes the
+    first), ``H`` while it says nothing else, and ``X`` from supervisor.json once the
+    supervisor ended.
     Every byte on stdin is a heartbeat (the heartbeat file); ``t``/``k`` are relayed to the
     supervisor as SIGUSR2/SIGUSR1 (stop with grace / kill). EOF: the controller is gone."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -217,9 +226,12 @@ def cmd_reattach(argv: list[str]) -> int:
     lock = threading.Lock()
     gone = threading.Event()
 
+    sent = [time.monotonic()]
+
     def frame(kind: str, payload: bytes = b"") -> None:
         with lock:
             out.write(framed(kind, payload))
+            sent[0] = time.monotonic()
 
     def beat() -> None:
         with contextlib.suppress(OSError):
@@ -250,6 +262,14 @@ def cmd_reattach(argv: list[str]) -> int:
     threading.Thread(target=relay, daemon=True).start()
     seen = 0
     buf = b""
+    said: list = []  # the ``A`` frame, once: it may have been lost with the old channel
+
+    def ranks_ended() -> None:
+        data = None if said else read_json(os.path.join(run_dir, RANKS_ENDED))
+        if data:
+            said.append(data)
+            frame("A", json.dumps(data, sort_keys=True).encode())
+
     try:
         f = open(log, "rb")  # noqa: SIM115
     except OSError:
@@ -266,13 +286,17 @@ def cmd_reattach(argv: list[str]) -> int:
                 if seen > skip:
                     frame("L", line)
             continue
+        ranks_ended()
         if ended:
             break
+        if time.monotonic() - sent[0] >= REATTACH_BEAT:  # a quiet job is not a silent node
+            frame("H")
         time.sleep(0.1)
     if gone.is_set():
         return 0
     if buf and seen + 1 > skip:
         frame("L", buf)
+    ranks_ended()
     final = state_at(run_dir) or SupervisorState()
     code = final.exit_code if final.exit_code is not None else -(final.signal or 0) or 255
     report = final.exit_report

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 
+from .atomic import durable, fsync_path
 from .finalize import fetch, sha256_file
 from .keyscan import KeyScan
 from .pushbase import Failed, rmtree, workdirs
@@ -186,22 +187,25 @@ def seed_work(work: str, seed: str | None) -> None:
     tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}-{os.urandom(4).hex()}")
     shutil.copytree(seed, tmp, symlinks=True)
     os.chmod(tmp, 0o700)
+    durable(tmp, linked=False)  # as the supervisor's: the folder is the mark, its files first
     try:
         os.rename(tmp, work)
     except OSError:  # another node of a shared home made it first: the same copy
         rmtree(tmp)
         if not os.path.isdir(work):
             raise
+    fsync_path(parent)
 
 
 def relay_unpack(tar: str, root: str) -> tuple[int, int]:
-    """Regular files only, each under a temp name then renamed; a name that leaves ``root``
-    stops it."""
+    """Regular files only, each under a temp name, flushed, then renamed; a name that leaves
+    ``root`` stops it."""
     import shutil
     import tarfile
 
     real = os.path.realpath(root)
     count = size = 0
+    folders: set = set()
     with tarfile.open(tar, "r:") as tf:
         for m in tf:
             if not m.isfile():
@@ -218,13 +222,20 @@ def relay_unpack(tar: str, root: str) -> tuple[int, int]:
                 assert src is not None
                 with open(tmp, "wb") as f:
                     shutil.copyfileobj(src, f, 1 << 20)
+                    f.flush()
+                    os.fsync(f.fileno())  # on disk before it replaces a good checkpoint
                 os.chmod(tmp, (m.mode & 0o777) or 0o600)
                 os.utime(tmp, (m.mtime, m.mtime))
                 os.replace(tmp, target)
             except BaseException:
                 rmtree(tmp)
                 raise
+            while folder not in folders and folder.startswith(real + os.sep):  # new ones too
+                folders.add(folder)
+                folder = os.path.dirname(folder)
             count, size = count + 1, size + m.size
+    for folder in sorted(folders | {real}):  # the renames, before a retry counts the files
+        fsync_path(folder)
     return count, size
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+from .atomic import durable, fsync_path
 from .records import SupervisorSpec
 
 
@@ -39,7 +40,9 @@ def seed_work_folder(cwd: str | None, seed: str | None) -> None:
     of the code snapshot: relative paths resolve as in the user's checkout, and what the job
     writes there (checkpoints, downloaded data) stays the job's own, never the snapshot's
     (which other jobs share), and survives a retry. Made once, under a temporary name and
-    renamed: nodes sharing one home race safely, the loser drops its copy."""
+    renamed: nodes sharing one home race safely, the loser drops its copy. Flushed to disk
+    before the rename: a reset must not leave a work folder of empty scripts that the next
+    attempt runs (issue 39)."""
     if not cwd or not seed:
         return
     work = os.path.abspath(os.path.expanduser(cwd))
@@ -54,9 +57,11 @@ def seed_work_folder(cwd: str | None, seed: str | None) -> None:
     tmp = os.path.join(parent, f".tmp-{os.path.basename(work)}-{os.getpid()}-{os.urandom(4).hex()}")
     shutil.copytree(src, tmp, symlinks=True)
     os.chmod(tmp, 0o700)
+    durable(tmp, linked=False)  # the folder is the mark that it was seeded: no empty copies
     try:
         os.rename(tmp, work)
     except OSError:  # another node of a shared home made it first: theirs is the same copy
         shutil.rmtree(tmp, ignore_errors=True)
         if not os.path.isdir(work):
             raise
+    fsync_path(parent)
