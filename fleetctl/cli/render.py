@@ -152,6 +152,16 @@ _ESC_SEQ = re.compile(
 )
 _SGR = re.compile(r"\x1b\[[0-9;:]*m\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_BYTES = bytes([*range(0x09), *range(0x0B, 0x20), 0x7F])  # _CONTROL's ASCII part
+
+
+def _no_controls(text: str) -> bool:
+    """Whether ``text`` holds none of ``_CONTROL`` (so :func:`terminal_safe` leaves each of
+    its lines as it is). ASCII text is tested by bytes.translate, ~20x the regex's speed."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        return len(raw.translate(None, _CONTROL_BYTES)) == len(raw)
+    return _CONTROL.search(text) is None
 
 
 def terminal_safe(line: str) -> str:
@@ -222,19 +232,39 @@ class LiveLog:
             return False
         return self.tail == "all" or rank is None or str(rank) == self.tail
 
+    def job_lines(self, ev: JobEvent) -> str:
+        """A ``line``/``lines`` event as the text written: each line made terminal-safe (unless
+        raw) after its prefix, a rank's own ``[rank G]`` line with its global rank.
+
+        A batch with no control character and no rank tag (most of a log flood) is made by
+        C-level joins alone: ``terminal_safe`` would return each line as it is, and the
+        per-line work cost ~4 µs a line (3 s of the log bench's controller CPU)."""
+        lines = ev.lines if ev.kind == "lines" else (ev.text,)
+        joined = "\n".join(lines)
+        safe = self.raw or _no_controls(joined)
+        mine = self._prefix(ev.rank, ev.host, self.colour)
+        if safe and "[rank " not in joined:
+            return mine + ("\n" + mine).join(lines) + "\n"
+        if not safe:
+            lines = tuple(terminal_safe(line) for line in lines)
+        theirs: dict[str, str] = {}  # a rank's own line: its global rank leads
+        out = []
+        for line in lines:
+            m = _RANK_TAG.match(line) if line.startswith("[rank ") else None
+            if m is None:
+                out.append(mine + line)
+                continue
+            tag = m.group(1)
+            if tag not in theirs:
+                theirs[tag] = self._prefix(int(tag), ev.host, self.colour)
+            out.append(theirs[tag] + line[m.end() :])
+        return "\n".join(out) + "\n"
+
     def __call__(self, ev: JobEvent) -> None:
         if ev.kind in ("line", "lines"):
             if self.shows(ev.rank):
-                lines = ev.lines if ev.kind == "lines" else (ev.text,)
-                if not self.raw:
-                    lines = tuple(terminal_safe(line) for line in lines)
-                out = []
-                for line in lines:
-                    m = _RANK_TAG.match(line)  # a rank's own line: its global rank leads
-                    rank, text = (int(m.group(1)), line[m.end() :]) if m else (ev.rank, line)
-                    out.append(self._prefix(rank, ev.host, self.colour) + text)
                 # one write and one flush per batch: whole lines, never interleaved
-                self.out.write("\n".join(out) + "\n")
+                self.out.write(self.job_lines(ev))
                 self.out.flush()
             return
         if ev.kind in ("started",) and not ev.text:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fleetctl.remote.kit.progress import Marker, compile_own, parse, source
+from fleetctl.remote.kit.progress import Marker, compile_own, may_mark, parse, source
 
 M = Marker
 GOLDEN: list[tuple[str, str, list[Marker]]] = [
@@ -158,3 +158,14 @@ def test_the_jobs_own_regex_replaces_the_built_in_shapes() -> None:
 def test_a_bad_own_regex_is_refused_with_its_reason(text: str, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         compile_own(text)
+
+
+def test_a_batch_that_holds_a_marker_line_may_mark() -> None:
+    """The judge passes over a batch whose joined lines lack every shape's word: no golden
+    line with a marker is ever in such a batch, wherever it sits among plain lines."""
+    noise = ["Loading weights", "L3:0000001 " + "x" * 40, ""]
+    for where, line, want in GOLDEN:
+        if want:
+            assert may_mark("\n".join([*noise, line, *noise])), where
+            assert may_mark(line), where
+    assert not may_mark("\n".join(noise))

@@ -162,3 +162,27 @@ def test_a_flood_batch_is_read_by_its_last_lines_only() -> None:
     assert not any(judge.series.get(0, {}).values()), judge.series
     judge.lines(0, 101.0, [*noise, "iter 9 loss 1.0"])
     assert [k for _, k in judge.series[0]] == ["iter"], judge.series
+
+
+def test_a_batch_without_any_shapes_word_is_passed_over_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A log flood's batch with none of the shapes' words costs one joined substring test,
+    not a parse per line; a single marker line among the noise is still read."""
+    from fleetctl.job.diagnose import progress_rate
+
+    calls: list[str] = []
+    real = progress_rate.parse
+
+    def counted(line: str, own: object = None) -> list[object]:
+        calls.append(line)
+        return real(line, own)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(progress_rate, "parse", counted)
+    judge = progress_judge(HOSTS, None, 4)
+    flood = [f"L0:{i:07d} " + "x" * 40 for i in range(5000)]
+    judge.lines(0, 100.0, flood)
+    assert calls == []
+    judge.lines(0, 101.0, [*flood[:40], "Iter 9 loss 1.0", *flood[:20]])
+    assert len(calls) == 61
+    assert [k for _, k in judge.series[0]] == ["iter"], judge.series

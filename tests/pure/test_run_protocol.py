@@ -396,3 +396,70 @@ def test_one_reader_thread_follows_64_nodes_and_a_silent_one_leaves_its_group() 
         watch.close()
         for s in streams:
             s.close()
+
+
+def _each_line(live: LiveLog, rank: int, host: str, lines: tuple[str, ...]) -> str:
+    """The live view's text made one line at a time (terminal_safe, then the prefix): what
+    the batch path must write."""
+    from fleetctl.cli.render import _RANK_TAG, terminal_safe
+
+    out = []
+    for line in lines if live.raw else tuple(terminal_safe(x) for x in lines):
+        m = _RANK_TAG.match(line)
+        who = int(m.group(1)) if m else rank
+        out.append(live._prefix(who, host, live.colour) + line[m.end() if m else 0 :])
+    return "\n".join(out) + "\n"
+
+
+BATCHES = [
+    ("L3:0000001 " + "x" * 40, "L3:0000002 " + "x" * 40),  # a log flood's batch
+    ("step 1", "", "step 2", ""),  # empty lines, one last
+    ("[rank 5] loss 1.0", "launcher says hi", "[rank 12] loss 2.0", "[rank 5] done"),
+    ("text [rank 5] not at the start", "[rank x] not a rank", "[rank 7]no space"),
+    ("\x1b[31mred\x1b[0m", "plain"),  # a colour: the escaping path, kept as it is
+    ("a\x1b]0;title\x07b", "bar 10%\rbar 90%", "nul\x00", "del\x7f"),
+    ("ünïcode, ok", "c1 \x9b here", "nbsp\xa0and tab\tstay"),
+    ("[rank 3] \x1b[2Jcleared", "two\nlines in one"),  # a newline inside a line
+    ("[rank ３] fullwidth digit",),
+    ("",),
+]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize(("raw", "colour"), [(False, False), (False, True), (True, False)])
+def test_a_batch_is_written_as_its_lines_one_at_a_time_would_be(
+    batch: tuple[str, ...], raw: bool, colour: bool
+) -> None:
+    """The live view's batch path (C-level joins when nothing needs escaping) writes exactly
+    what making each line terminal-safe and prefixing it one at a time writes."""
+    from fleetctl.job.records.result import JobEvent
+
+    out = _Out()
+    live = LiveLog(colour=colour, out=out, err=_Out(), raw=raw)
+    live(JobEvent("lines", rank=2, host="gpu03", lines=batch))
+    assert out.writes == [_each_line(live, 2, "gpu03", batch)]
+
+
+def test_a_batch_with_nothing_to_escape_is_never_escaped_line_by_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A log flood's batch (no control character, no rank tag) is made by joins alone:
+    terminal_safe, ~3 µs a line, runs for no line of it; one odd line sends the batch the
+    per-line way."""
+    from fleetctl.cli import render
+    from fleetctl.job.records.result import JobEvent
+
+    calls: list[str] = []
+    real = render.terminal_safe
+
+    def counted(line: str) -> str:
+        calls.append(line)
+        return real(line)
+
+    monkeypatch.setattr(render, "terminal_safe", counted)
+    flood = tuple(f"L1:{i:07d} " + "x" * 40 for i in range(1000))
+    live = LiveLog(colour=False, out=_Out(), err=_Out())
+    live(JobEvent("lines", rank=1, host="n2", lines=flood))
+    assert calls == []
+    live(JobEvent("lines", rank=1, host="n2", lines=(*flood[:3], "bell\x07")))
+    assert len(calls) == 4

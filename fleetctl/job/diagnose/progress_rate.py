@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.job.diagnose.pace import AGREE, WINDOW, SlowVerdict
-from fleetctl.remote.kit.progress import KINDS, UNITS, Count, Marker, parse, source
+from fleetctl.remote.kit.progress import KINDS, UNITS, Count, Marker, may_mark, parse, source
 
 if TYPE_CHECKING:
     import re
@@ -202,7 +202,10 @@ class ProgressJudge:
             return None
         mine = self.series.setdefault(rank, {})
         batch = lines if isinstance(lines, (list, tuple)) else list(lines)
-        for line in batch[-SCAN:]:
+        scan = batch[-SCAN:]
+        if self.own is None and not may_mark("\n".join(scan)):
+            return self.tick(t)  # no line has a shape's word (a log flood's usual batch)
+        for line in scan:
             for m in parse(line, self.own):
                 mine.setdefault((source(line), m.kind), _Series()).add(t, m)
         return self.tick(t)

@@ -83,6 +83,14 @@ def source(line: str) -> str:
     return m.group(1) if m else ""
 
 
+def may_mark(text: str) -> bool:
+    """Whether ``text`` — a line, or lines joined by newlines — may hold a marker of the
+    shapes above: it has one of their words. No word spans a newline, so a batch that has
+    none is passed over whole by a few C-level substring tests."""
+    low = text.lower()
+    return any(h in low for h in _HINTS)
+
+
 def parse(line: str, own: re.Pattern[str] | None = None) -> list[Marker]:
     """Every marker of a line, one per shape at most (the last of a tqdm line's ``\\r``
     updates). ``own``: the job's regex, whose group ``n`` (or first group) is the count;
@@ -94,8 +102,7 @@ def parse(line: str, own: re.Pattern[str] | None = None) -> list[Marker]:
         text = got.group("n") if "n" in own.groupindex else got.group(1)
         num = _number(text)
         return [] if num is None else [Marker("own", num)]
-    low = line.lower()
-    if not any(h in low for h in _HINTS):
+    if not may_mark(line):
         return []
     out: list[Marker] = []
     m = _MNIST.search(line)
