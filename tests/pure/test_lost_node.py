@@ -141,7 +141,7 @@ def test_every_ranks_end_said_again_over_a_new_connection_counts_once() -> None:
         run.stream = new
         return [Frame("A", ended)]
 
-    watch = Watch(lost_timeout=2.0, heartbeat=0.05, reattach=reattach)
+    watch = Watch(Supervision(lost_timeout=2.0), heartbeat=0.05, reattach=reattach)
     try:
         watch.attach(_node_run(old))
         os.write(old.w, line("L", b"before") + line("A", ended))
