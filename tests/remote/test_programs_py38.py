@@ -47,6 +47,7 @@ from fleetctl.phases.launch import (
     supervisor_source,
 )
 from fleetctl.plan.launchers import LAUNCHERS
+from fleetctl.remote.kit.wire import HEARTBEAT_FILE
 from fleetctl.remote.programs.supervisor import (
     TAR_MARKER,
     find_job_processes,
@@ -1086,6 +1087,16 @@ def test_a_one_process_spec_makes_the_supervisors_child_local_rank_0(jobs: Jobs)
             assert not pids.exists()
 
 
+def beat_until(back: threading.Event, run_dir: str) -> None:
+    """The controller's heartbeats through the heartbeat file, from the old channel's close
+    until the reattach's first frame (its own first heartbeat came before it): a controller
+    that came back at once. Without it the dead-man window timed the test's own start of
+    the reattach's Python, which CI's load once stretched past 8 s."""
+    hb = Path(run_dir) / HEARTBEAT_FILE
+    while not back.wait(0.5):
+        hb.touch()
+
+
 def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relays_the_stop(
     jobs: Jobs,
 ) -> None:
@@ -1100,9 +1111,12 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
     while got < 5 and time.monotonic() < deadline:  # a few lines on the first channel
         data = run.stream.recv(0.3)
         got += sum(1 for f in run.reader.feed(data or b"") if f.kind == "L")
+    back = threading.Event()  # the controller's heartbeats until the reattach speaks (below)
+    beats = threading.Thread(target=beat_until, args=(back, jobs.run_dir(job)))
+    beats.start()
     run.stream.close()
     closed = time.monotonic()
-    time.sleep(1.0)  # within the dead-man window (3 s): the job runs on, channel or not
+    time.sleep(1.0)  # the job runs on, channel or not
     sup = supervisor_path(str(jobs.root / "w"))
     p = subprocess.Popen(
         remote.file_argv(
@@ -1128,6 +1142,10 @@ def test_a_closed_channel_is_not_the_end_a_reattach_resumes_the_stream_and_relay
         time.sleep(0.2)
         with contextlib.suppress(BlockingIOError, TypeError):
             frames += [(f.kind, f.text) for f in reader.feed(p.stdout.read() or b"")]
+        if frames:
+            back.set()
+    back.set()
+    beats.join()
     p.stdin.close()
     p.wait(10)
     assert frames[0][0] == "S" and json.loads(frames[0][1])["alive"] is True
@@ -1156,6 +1174,9 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     got: list[str] = []
     while "one" not in got and time.monotonic() < deadline:
         got += [f.text for f in run.reader.feed(run.stream.recv(0.3) or b"") if f.kind == "L"]
+    back = threading.Event()  # the controller's heartbeats until the reattach speaks
+    beats = threading.Thread(target=beat_until, args=(back, jobs.run_dir(job)))
+    beats.start()
     run.stream.close()
     ended = Path(jobs.run_dir(job)) / "ranks_ended.json"
     wait_for("the rank's end", ended.exists)
@@ -1172,12 +1193,15 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     try:
         for line in p.stdout:  # one frame a line
             frames += [(f.kind, f.text) for f in reader.feed(line)]
+            back.set()  # the reattach heartbeats from here on (``S`` came after its first)
             with contextlib.suppress(OSError):
                 p.stdin.write(b"h")  # the controller's heartbeats: the dead-man switch counts
                 p.stdin.flush()
             if frames[-1:] == [("H", "")]:  # heartbeats through the quiet shut-down: end it
                 done.touch()
     finally:
+        back.set()
+        beats.join()
         timer.cancel()
         with contextlib.suppress(OSError):  # it ended after its X
             p.stdin.close()
