@@ -384,6 +384,7 @@ def monitor(
     outcome in a word."""
     from fleetctl.api.runspec import Supervision
     from fleetctl.job.monitor import watch as mon
+    from fleetctl.report import write_report
 
     last = last_monitor(runs_dir, job_id)
     recorded = {k: last[k] for k in Supervision.MONITORED if last.get(k) is not None}
@@ -398,6 +399,6 @@ def monitor(
         on_note=on_note,
         chase_lost=chase_lost,
         observe=observe,
-        report=report,
+        report=write_report if report else None,
     )
     return str(result.outcome)

@@ -133,13 +133,15 @@ def prepare(
         before_launch=before,
         collective=watched.collective,
     )
+    from fleetctl.report import write_report  # above the job core, which only calls it
+
     request = JobRequest(
         job,
         run_nodes,
         options,
         retry=retry_policy,
         monitor=spec.monitor,
-        report=spec.collection.report,
+        report=write_report if spec.collection.report else None,
         observe=spec.observe,
     )
     return Prepared(request, before)

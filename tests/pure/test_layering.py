@@ -78,10 +78,6 @@ RECORD_MAY_IMPORT = frozenset(
 # (importer, imported) -> why it is allowed. Only shrinks: each is a seam still to cut.
 UPWARD: dict[tuple[str, str], str] = {
     (
-        "fleetctl.job.records.report",
-        "fleetctl.report",
-    ): "run --report: the report written as the job ends",
-    (
         "fleetctl.phases.stacks",
         "fleetctl.job.diagnose.stacks",
     ): "stack dumps folded as the job reads them",

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.metrics import JobMetrics
     from fleetctl.job.monitor.supervisors import NodeReport
     from fleetctl.job.records.jobrecord import JobRecord
+    from fleetctl.job.records.report import ReportWriter
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.transport.connection import SSHSettings
 
@@ -154,7 +155,7 @@ def monitor_job(
     on_note: Callable[[str], None] | None = None,
     chase_lost: float = DEFAULT_CHASE_LOST,
     observe: Observe | None = None,
-    report: bool = True,
+    report: ReportWriter | None = None,
 ) -> MonitorResult:
     """Watch a detached job until it ends, then end it like an attached run would.
 
@@ -163,7 +164,7 @@ def monitor_job(
     ``observe``: the job's metrics while this monitor watches (docs/metrics.md; an address it
     cannot bind is an event, never a reason to leave the job unwatched) and its hooks, run
     once this monitor ended the job, after its ``report`` (report.html, as an attached run
-    writes it).
+    writes it, by the writer the API hands in; None: none).
 
     ``stop_event`` set (SIGTERM/SIGINT in the CLI) while watching: return at once, job left
     running. Once a verdict is reached the teardown and collection finish regardless (each
@@ -237,10 +238,10 @@ def monitor_job(
             _finish(h, decision, grace, event, result, pid, lost)
             if metrics is not None:
                 metrics.polled({}, phase="done", status=result.outcome, progress=None)
-            if report and result.final:
+            if report is not None and result.final:
                 from fleetctl.job.records.report import write_run_report
 
-                write_run_report(h.folder.path, h.job_id, lambda ev: event(ev.text))
+                write_run_report(report, h.folder.path, h.job_id, lambda ev: event(ev.text))
             if hooks and result.final:
                 _hooks(h, hooks, decision, result, note)
             if lost and result.final:

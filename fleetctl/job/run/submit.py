@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.api.runspec import Monitor, Observe
 from fleetctl.errors import FleetctlError, UsageError
-from fleetctl.job.records.report import write_run_report
+from fleetctl.job.records.report import ReportWriter, write_run_report
 from fleetctl.job.records.state import JobStatus
 from fleetctl.job.run.retry import RetryPolicy
 
@@ -39,7 +39,9 @@ class JobRequest:
     options: RunOptions  # check, push, timeouts, settings, runs dir, detach, role planner
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     monitor: Monitor = field(default_factory=Monitor)  # detached: a job monitor, its limit
-    report: bool = True  # write report.html into the job's run folder when it ends
+    # writes report.html into the job's run folder when it ends (the API's
+    # ``fleetctl.report.write_report``; None: no report)
+    report: ReportWriter | None = None
     observe: Observe = field(default_factory=Observe)  # metrics while it lasts, hooks at its end
 
     def __post_init__(self) -> None:
@@ -156,8 +158,8 @@ def _submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submit
     done = Submitted(result)
     if done.detached and request.monitor.monitor:
         done.monitor = _start_monitor(request, options, result)
-    elif request.report and not done.detached:
-        write_run_report(result.folder, result.job_id, on_event)
+    elif request.report is not None and not done.detached:
+        write_run_report(request.report, result.folder, result.job_id, on_event)
     return done
 
 
@@ -178,5 +180,5 @@ def _start_monitor(request: JobRequest, options: RunOptions, result: JobResult) 
         lost_after=request.monitor.monitor_lost_timeout or DEFAULT_LOST_TIMEOUT,
         sup=options.supervision,
         observe=request.observe,
-        report=request.report,
+        report=request.report is not None,
     )
