@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import remote
 from fleetctl.errors import FleetctlError, one_line
-from fleetctl.job.diagnose.stacks import RankStack, console_stacks
 from fleetctl.phases.frames import STACK_KINDS, decode
 from fleetctl.phases.launch import install_file
+from fleetctl.phases.stackdumps import RankStack, console_stacks
 
 if TYPE_CHECKING:
     from fleetctl.node import Node

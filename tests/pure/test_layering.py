@@ -77,10 +77,6 @@ RECORD_MAY_IMPORT = frozenset(
 
 # (importer, imported) -> why it is allowed. Only shrinks: each is a seam still to cut.
 UPWARD: dict[tuple[str, str], str] = {
-    (
-        "fleetctl.phases.stacks",
-        "fleetctl.job.diagnose.stacks",
-    ): "stack dumps folded as the job reads them",
     ("fleetctl.plan.roles.jobfile", "fleetctl.job.run.retry"): "a role job file's retry rules",
     (
         "fleetctl.plan.roles.jobfile",

@@ -9,7 +9,8 @@ import pytest
 
 from fleetctl import remote
 from fleetctl.cli.render import stack_lines
-from fleetctl.job.diagnose.stacks import RankStack, console_stacks, fold, innermost_frame
+from fleetctl.job.diagnose.stacks import fold
+from fleetctl.phases.stackdumps import RankStack, console_stacks, innermost_frame
 
 PYSPY_WAITING = """\
 Process 4242: /usr/bin/python3 train.py
