@@ -664,6 +664,27 @@ def traced_flushes(argv: list[str], stdin: bytes = b"") -> list[tuple[str, ...]]
     ]
 
 
+def test_a_code_snapshots_manifest_is_flushed_before_and_after_its_rename(
+    py38: str, tmp_path: Path
+) -> None:
+    """The manifest says what the next push may link from this snapshot: its file is fsynced
+    before the rename that makes it count, and its folder after, as the snapshot's are
+    (strace sees it), so a reset never leaves an empty manifest behind a whole snapshot."""
+    code = tmp_path / "w" / "code"
+    tmp = code / ".tmp-d4-a"
+    tmp.mkdir(parents=True)
+    (tmp / "train.py").write_text("print(1)\n")
+    cfg = {"workdir": str(tmp_path / "w"), "code": {
+        "digest": "d4", "tmp": tmp.name, "manifest": {"train.py": ["f", "0", 420]}}}  # fmt: skip
+    argv = [py38, remote.NO_SITE, "-c", remote.inline("push_helper.py"), "finalize"]
+    calls = traced_flushes(argv, json.dumps(cfg).encode() + b"\n")
+    manifest = code / ".manifests" / "d4.json"
+    [moved] = [i for i, c in enumerate(calls) if c[0] == "rename" and c[2] == str(manifest)]
+    assert ("fsync", calls[moved][1]) in calls[:moved], calls
+    assert ("fsync", str(code / ".manifests")) in calls[moved + 1 :], calls
+    assert json.loads(manifest.read_text()) == {"train.py": ["f", "0", 420]}
+
+
 def test_an_unpacked_env_is_flushed_to_disk_before_its_folder_counts_as_present(
     py38: str, tmp_path: Path
 ) -> None:

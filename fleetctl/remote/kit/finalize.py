@@ -83,9 +83,12 @@ def finalize_code(cfg: dict, code_root: str) -> str:
             fsync_path(code_root)  # the rename itself
         mpath = os.path.join(code_root, ".manifests", digest + ".json")
         part = f"{mpath}.{os.getpid()}.{os.urandom(3).hex()}.part"  # two pushes: two names
-        with open(part, "w") as f:
+        with open(part, "w") as f:  # what the next push links from: on disk, as the snapshot
             f.write(dumps(manifest))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(part, mpath)
+        fsync_path(os.path.dirname(mpath))  # the rename itself
         os.utime(final)
     except BaseException as e:
         rmtree(tmp)
