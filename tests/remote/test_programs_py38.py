@@ -113,6 +113,7 @@ EXERCISED = {
     "kit/pushbase.py": "test_the_push_helper_probes_finalizes_and_verifies_an_env",
     "kit/ranks.py": "test_the_supervisor_says_once_when_every_rank_ended_before_its_launcher",
     "kit/ranktail.py": "test_the_job_begins_at_a_ranks_first_line_not_at_its_launchers",
+    "kit/rankwatch.py": "test_the_supervisor_says_once_when_every_rank_ended_before_its_launcher",
     "kit/records.py": "test_python_3_8_reads_every_record_case_as_the_controller_does",
     "kit/relay.py": "test_rank_0s_new_files_are_packed_and_land_in_a_fresh_nodes_seeded_work_"
     "folder",

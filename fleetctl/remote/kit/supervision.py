@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
-import select
 import subprocess
 import threading
 import time
@@ -20,10 +18,10 @@ from .containers import client_half, end_containers, main_pid, stopped_code, tel
 from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
 from .output import Out, gap_note, write_all, write_problem
 from .pace import pace_file, watch_pace
-from .procfs import pid_alive, proc_stat, zombie_exit
+from .procfs import pid_alive, proc_stat
 from .progress import Tally
-from .ranks import all_ended, pidfd_open, rank_processes
 from .ranktail import MAX_LINE, RankTail
+from .rankwatch import RankWatch
 from .records import RecordError, SupervisorSpec, SupervisorState, read_state
 from .spec import seed_work_folder
 from .wire import (
@@ -31,9 +29,7 @@ from .wire import (
     HEARTBEAT_FILE,
     PROGRESS_FILE,
     PROTOCOL,
-    RANK_EXITS,
     RANK_PIDS,
-    RANKS_ENDED,
     STATE_FILE,
     STOP_REQUEST,
 )
@@ -267,90 +263,26 @@ class Supervisor(RankTail):
                 )
 
     def watch_rank_pids(self, done: threading.Event) -> None:
-        """Which process is which local rank (``LOCAL_RANK`` torchrun/deepspeed,
-        ``PADDLE_LOCAL_RANK`` paddle in its env): the topmost one per rank, each new one (a
-        launcher restart) added, into ``rank_pids.json`` for the controller's ``ranks.json``.
-        Often at first, then every few seconds: ranks start once, restarts are rare (a rank
-        that ends within a fraction of a second may go unseen: its pid stays unknown)."""
+        """Which process is which local rank, and how each ended (:class:`RankWatch`), into
+        ``rank_pids.json`` for the controller's ``ranks.json``."""
         assert self.proc is not None
         if self.spec.one_process:  # no launcher between: our child is local rank 0
             self.rank_pids = {"0": [self.proc.pid]}
             write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
             return
-        t0 = time.monotonic()
-        next_scan = 0.0
-        exits: dict = {}  # pid -> {"local", "pid", "code", "at"[, "after_stop"]}: how ranks ended
-        said: list = []  # the ``A`` frame's payload, once sent
         try:
             expected = int(self.spec.env.get("FLEET_NPROC_PER_NODE") or 1)
         except ValueError:
             expected = 1
-        # A pidfd per rank process wakes us the moment it ends: its time is exact (which rank
-        # failed first, across nodes, is decided by these times) and its exit status is read
-        # while it is still a zombie, before its launcher reaps it (torchrun looks every
-        # 0.1 s, deepspeed every 1 s). Without pidfds (Linux < 5.3) /proc is read every 0.05 s.
-        poller = select.poll()
-        pidfds: dict = {}  # fd -> (pid, local)
-        watched: set = set()
 
-        def ended(pid: int, local: str, code: int | None) -> None:
-            exits[pid] = {"local": int(local), "pid": pid, "code": code, "at": now()}
+        def stopping() -> bool:
             with self.lock:
-                if self.stop_request is not None:  # ended by our stop: never a first failure
-                    exits[pid]["after_stop"] = True
-            with contextlib.suppress(OSError):
-                write_json(os.path.join(self.run_dir, RANK_EXITS), {"exits": list(exits.values())})
-            # The last rank ended, not by our stop: ``A`` once (and ranks_ended.json for a
-            # detached job's ``status``), so a launcher's slow shut-down is not taken for a stall.
-            all_done = all_ended(self.rank_pids, exits, expected) if not said else None
-            if all_done is not None and not any(e.get("after_stop") for e in exits.values()):
-                said.append(all_done)
-                all_done["at"] = exits[pid]["at"]
-                with contextlib.suppress(OSError):
-                    write_json(os.path.join(self.run_dir, RANKS_ENDED), all_done)
-                self.out.frame("A", json.dumps(all_done, sort_keys=True).encode(), must=True)
+                return self.stop_request is not None
 
-        try:
-            while not done.is_set():
-                for local, pids in list(self.rank_pids.items()):
-                    pid = pids[-1]
-                    if pid in watched:
-                        continue
-                    watched.add(pid)
-                    fd = pidfd_open(pid)
-                    if fd is not None:
-                        pidfds[fd] = (pid, local)
-                        poller.register(fd, select.POLLIN)
-                for fd, _ in poller.poll(50):
-                    pid, local = pidfds.pop(fd)
-                    poller.unregister(fd)
-                    os.close(fd)
-                    ended(pid, local, zombie_exit(pid))
-                for local, pids in list(self.rank_pids.items()):
-                    pid = pids[-1]
-                    if pid in exits or any(pid == p for p, _ in pidfds.values()):
-                        continue
-                    code = zombie_exit(pid)
-                    if code is not None:
-                        ended(pid, local, code)
-                age = time.monotonic() - t0
-                if age < next_scan:
-                    continue
-                next_scan = age + (0.2 if age < 10 else 1.0 if age < 60 else 5.0)
-                changed = False
-                root = self.rank_root()
-                for local, pid in rank_processes(root) if root is not None else ():
-                    pids = self.rank_pids.setdefault(str(local), [])
-                    if pid not in pids:
-                        pids.append(pid)
-                        changed = True
-                if changed:
-                    with contextlib.suppress(OSError):
-                        write_json(os.path.join(self.run_dir, RANK_PIDS), self.rank_pids)
-        finally:
-            for fd in pidfds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        watch = RankWatch(
+            self.run_dir, self.out, self.rank_pids, expected, self.rank_root, stopping
+        )
+        watch.run(done)
 
     def rank_root(self) -> int | None:
         """Where the ranks are: under the launcher, or (``--image``) under the container's
