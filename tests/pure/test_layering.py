@@ -85,11 +85,6 @@ UPWARD: dict[tuple[str, str], str] = {
         "fleetctl.phases.stacks",
         "fleetctl.job.diagnose.stacks",
     ): "stack dumps folded as the job reads them",
-    ("fleetctl.plan.roles.jobfile", "fleetctl.job.run.retry"): "a role job file's retry rules",
-    (
-        "fleetctl.plan.roles.jobfile",
-        "fleetctl.phases.check.collective_judge",
-    ): "a role job file's --collective options",
 }
 
 
