@@ -443,7 +443,7 @@ def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
     for key in r:
         if key not in RETRY_KEYS:
             raise UsageError(
-                f"{at(r, key)}: unknown retry key {key!r} (known: {known(frozenset(RETRY_KEYS))})"
+                f"{at(r, key)}: unknown retry key {key!r} (known: {known(RETRY_KEYS)})"
             )
 
     def rules(key: str) -> tuple[str, ...]:
