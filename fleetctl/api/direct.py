@@ -25,13 +25,12 @@ from fleetctl.errors import FleetctlError, Interrupted, JobFailed
 
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
-    from fleetctl.api.submitted import Submitted
+    from fleetctl.api.submitted import Queued, Submitted
     from fleetctl.job.monitor.handle import JobHandle
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.run.submit import JobRequest
     from fleetctl.node import Node
-    from fleetctl.slurm.submit import SlurmEvent
     from fleetctl.transport.connection import SSHSettings
 
 STOP_WAIT = 60.0  # s a stop waits for the launch to reach every node before stopping it
@@ -244,19 +243,11 @@ class Direct:
             t.join(5.0)
 
     # -- waiting ----------------------------------------------------------------------------
-    def wait(
-        self,
-        timeout: float | None = None,
-        *,
-        on_event: Callable[[SlurmEvent], None] | None = None,
-        queue_timeout: float | None = None,
-    ) -> RunResult:
+    def wait(self, timeout: float | None = None, *, queued: Queued | None = None) -> RunResult:
         """The run's result (here) or the record's once its monitor, or a collection from
-        here, wrote how it ended. ``on_event``/``queue_timeout`` are a submitted job's."""
-        if on_event is not None or queue_timeout is not None:
-            from fleetctl.errors import UsageError
-
-            raise UsageError("wait(on_event=, queue_timeout=): only for a submitted job")
+        here, wrote how it ended. ``queued`` is a submitted job's."""
+        if queued is not None:
+            raise queued.refused()
         deadline = None if timeout is None else time.monotonic() + timeout
         ran_here = self._thread is None and self._details is not None
         if ran_here and self._result is not None and not self._result.detached:

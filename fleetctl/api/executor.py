@@ -28,10 +28,9 @@ from fleetctl.errors import FleetctlError
 if TYPE_CHECKING:
     from fleetctl.api.lifecycle import StatusReport, StopReport
     from fleetctl.api.result import LogLine, RunResult
-    from fleetctl.api.submitted import Submitted
+    from fleetctl.api.submitted import Queued, Submitted
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobResult
-    from fleetctl.slurm.submit import SlurmEvent
 
 ExecutorKind = Literal["direct", "sbatch"]
 
@@ -72,13 +71,7 @@ class Executor(Protocol):
 
     def lines(self, timeout: float | None = None) -> Iterator[LogLine]: ...
 
-    def wait(
-        self,
-        timeout: float | None = None,
-        *,
-        on_event: Callable[[SlurmEvent], None] | None = None,
-        queue_timeout: float | None = None,
-    ) -> RunResult: ...
+    def wait(self, timeout: float | None = None, *, queued: Queued | None = None) -> RunResult: ...
 
     def error(self, result: RunResult) -> FleetctlError | None: ...
 

@@ -196,7 +196,9 @@ class Job:
         submitted record's ``queue_timeout``; cancelled),
         UsageError (2, it can never start), JobFailed (3, the Slurm job ended before fleetctl
         ran in it), Interrupted (130: Ctrl-C, the Slurm job cancelled, verified)."""
-        result = self._executor.wait(timeout, on_event=on_event, queue_timeout=queue_timeout)
+        from fleetctl.api.submitted import Queued
+
+        result = self._executor.wait(timeout, queued=Queued.of(on_event, queue_timeout))
         err = self._executor.error(result) if check else None
         if err is not None:
             raise err

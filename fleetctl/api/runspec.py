@@ -38,11 +38,12 @@ from fleetctl.plan.userinput import (
 if TYPE_CHECKING:
     from fleetctl.job.run.retry import RetryPolicy
     from fleetctl.node import Node
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.collect import CollectOptions
     from fleetctl.phases.push.request import PushRequest
+    from fleetctl.plan.collective import CollectiveOptions
     from fleetctl.plan.rankplan import JobSpec
+    from fleetctl.plan.roles.jobfile import RetrySpec
     from fleetctl.transport.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
@@ -291,27 +292,23 @@ class Retry(_Group):
         "are.",
     )  # fmt: skip
 
-    def policy(self, job_file: Any = None) -> RetryPolicy:
+    def policy(self, file: RetrySpec | None = None) -> RetryPolicy:
         """The attempt loop's policy: these rules first, then a role job file's ``retry:``
-        block's (``job_file``, its ``RetrySpec``), whose count and backoff fill what is unset
-        here; UsageError names a bad rule and where it came from."""
+        block's (``file``), whose values fill the fields unset here by name (its keys'
+        mapping: ``plan.roles.jobfile.RETRY_KEYS``); UsageError names a bad rule and where."""
         from fleetctl.job.run.retry import RetryPolicy
+        from fleetctl.plan.roles.jobfile import RetrySpec
 
-        where = getattr(job_file, "where", "") or "job file"
-        count = self.max_retries
-        if count is None:
-            count = getattr(job_file, "max_retries", None) or 0
-        backoff = self.retry_backoff
-        if backoff is None and job_file is not None:
-            backoff = job_file.backoff
+        file = file or RetrySpec()
+        own, where = self.filled(file), file.where or "job file"
         return RetryPolicy.build(
-            max_retries=count,
+            max_retries=own.max_retries or 0,
             retry_on=[(r, "--retry-on") for r in self.retry_on]
-            + [(r, where) for r in getattr(job_file, "retry_on", ())],
+            + [(r, where) for r in file.retry_on],
             no_retry_on=[(r, "--no-retry-on") for r in self.no_retry_on]
-            + [(r, where) for r in getattr(job_file, "no_retry_on", ())],
-            backoff=backoff,
-            backoff_max=getattr(job_file, "backoff_max", None),
+            + [(r, where) for r in file.no_retry_on],
+            backoff=own.retry_backoff,
+            backoff_max=file.retry_backoff_max,
         )
 
     def checkpoint_folder(self) -> str | None:

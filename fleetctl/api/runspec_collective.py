@@ -123,7 +123,7 @@ COLLECT: tuple[Sub, ...] = (
 def collective_record(values: dict[str, Any]) -> Any:
     """``CollectiveOptions`` of the flags' values by parameter name (None: ``--collective``
     not given)."""
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.plan.collective import CollectiveOptions
 
     if not values[COLLECTIVE[0].param]:
         return None
@@ -161,7 +161,7 @@ def collective_of_file(value: Any, where: Callable[[Any], str]) -> Any:
 
 def collective_options(value: Any) -> Any:
     """``RunSpec``'s ``collective``: a ``CollectiveOptions`` within its flags' bounds."""
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.plan.collective import CollectiveOptions
 
     if not isinstance(value, CollectiveOptions):
         raise c.Invalid(f"{value!r} is not a CollectiveOptions")
@@ -183,7 +183,7 @@ def collect_options(value: Any) -> Any:
 
 def collective_cls() -> type:
     """The record class of ``RunSpec``'s ``collective`` (its JSON form)."""
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.plan.collective import CollectiveOptions
 
     return CollectiveOptions
 

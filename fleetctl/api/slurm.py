@@ -51,6 +51,26 @@ class Submission:
     def job_id(self) -> str:
         return self.request.job_id
 
+    def dry_run_document(self) -> dict[str, Any]:
+        """``run --slurm --dry-run --json``: what would be submitted, the role job's copy too."""
+        req, jf = self.request, self.job_file
+        return {
+            "dry_run": True,
+            "job_id": req.job_id,
+            "nodes": req.nodes,
+            "folder": req.folder,
+            "sbatch_script": self.script,
+            "command": list(req.command),
+            "spec": {"file": req.spec_file, "content": req.spec},
+            "job_file": None if jf is None else {"from": jf[0], "copy": jf[1]},
+        }
+
+    def program_words(self, spec: RunSpec) -> str:
+        """What the run inside runs, in words (the dry run's lines)."""
+        if self.job_file:
+            return f"the role job {self.job_file[0]} (copied to {self.job_file[1]} at submit)"
+        return f"launcher {spec.program.launcher}, SCRIPT {spec.program.script}"
+
     def check(self) -> str | None:
         """Slurm's verdict without queueing anything (``sbatch --test-only``), so a dry run
         refuses what :meth:`submit` would: UsageError (exit 2) with sbatch's reason when Slurm

@@ -52,6 +52,29 @@ def log_line(text: str) -> LogLine:
     return LogLine(int(m.group(1)), m.group(2), m.group(3))
 
 
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """What waiting for a submitted job takes that a direct one has no use for (``Job.wait``'s
+    ``on_event`` and ``queue_timeout``): handed on as one value, read here only."""
+
+    on_event: Callable[[SlurmEvent], None] | None = None  # the batch script's SlurmEvents
+    queue_timeout: float | None = None  # s in the queue; None: the submitted record's
+
+    @classmethod
+    def of(
+        cls, on_event: Callable[[SlurmEvent], None] | None, queue_timeout: float | None
+    ) -> Queued | None:
+        """None when neither is given (what every executor takes)."""
+        return None if on_event is None and queue_timeout is None else cls(on_event, queue_timeout)
+
+    @staticmethod
+    def refused() -> FleetctlError:
+        """A direct job's answer to them."""
+        from fleetctl.errors import UsageError
+
+        return UsageError("wait(on_event=, queue_timeout=): only for a submitted job")
+
+
 class Submitted:
     """A submitted job: its run folder here, its Slurm job id, ``slurm.json``; the run inside
     through :class:`Direct` of the same folder (``settings``: to reach its nodes)."""
@@ -239,13 +262,7 @@ class Submitted:
             raise error[0]
 
     # -- waiting ----------------------------------------------------------------------------
-    def wait(
-        self,
-        timeout: float | None = None,
-        *,
-        on_event: Callable[[SlurmEvent], None] | None = None,
-        queue_timeout: float | None = None,
-    ) -> RunResult:
+    def wait(self, timeout: float | None = None, *, queued: Queued | None = None) -> RunResult:
         """Wait in the queue, stream the output (``on_event``: ``waiting``, ``started``,
         ``line``, ``errline``, ``cancelling``, …), then the inside run's verdict, returned
         whatever it is (``exit_code``: the inside run's). Raises what kept the job from
@@ -258,9 +275,9 @@ class Submitted:
         if timeout is not None:
             deadline = time.monotonic() + timeout
             wait_until(lambda: self.done, deadline, f"job {self.job_id}", timeout)
-        if queue_timeout is None:
-            queue_timeout = self.asked.queue_timeout
-        return self._follow(on_event, queue_timeout)
+        queued = queued or Queued()
+        limit = self.asked.queue_timeout if queued.queue_timeout is None else queued.queue_timeout
+        return self._follow(queued.on_event, limit)
 
     def _follow(
         self, on_event: Callable[[SlurmEvent], None] | None, queue_timeout: float | None

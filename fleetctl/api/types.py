@@ -17,7 +17,7 @@ _NAMES = {
     "CheckReport": "fleetctl.phases.check.report",
     "PushEvent": "fleetctl.phases.push.report",
     "PushReport": "fleetctl.phases.push.report",
-    "CollectiveOptions": "fleetctl.phases.check.collective_judge",
+    "CollectiveOptions": "fleetctl.plan.collective",
     "CollectiveReport": "fleetctl.phases.check.collective_judge",
     # a run: its plan, events, result, collection, monitor, stacks
     "Plan": "fleetctl.plan.rankplan",
@@ -46,13 +46,13 @@ if TYPE_CHECKING:
     from fleetctl.job.records.result import JobEvent as JobEvent
     from fleetctl.job.records.result import JobResult as JobResult
     from fleetctl.job.records.result import NodeOutcome as NodeOutcome
-    from fleetctl.phases.check.collective_judge import CollectiveOptions as CollectiveOptions
     from fleetctl.phases.check.collective_judge import CollectiveReport as CollectiveReport
     from fleetctl.phases.check.report import CheckReport as CheckReport
     from fleetctl.phases.collect import CollectOptions as CollectOptions
     from fleetctl.phases.collect import NodeCollect as NodeCollect
     from fleetctl.phases.push.report import PushEvent as PushEvent
     from fleetctl.phases.push.report import PushReport as PushReport
+    from fleetctl.plan.collective import CollectiveOptions as CollectiveOptions
     from fleetctl.plan.inventory import Inventory as Inventory
     from fleetctl.plan.rankplan import Plan as Plan
     from fleetctl.results import FleetResult, Outcome

@@ -101,7 +101,7 @@ def run_slurm(ctx: click.Context, spec: RunSpec, ssh: SSHOptions) -> None:
     if p.get("dry_run"):
         unchecked = sub.check()  # Slurm refusing the job: exit 2 here, as a submission would
         if p.get("as_json"):
-            click.echo(json.dumps(_dry_run_document(sub), indent=2))
+            click.echo(json.dumps(sub.dry_run_document(), indent=2))
         else:
             click.echo(sub.script, nl=False)
         for line in _plan_lines(sub, spec):
@@ -116,29 +116,9 @@ def run_slurm(ctx: click.Context, spec: RunSpec, ssh: SSHOptions) -> None:
     _submit_and_follow(sub, detach=spec.monitor.detach, as_json=bool(p.get("as_json")))
 
 
-def _dry_run_document(sub: Submission) -> dict[str, Any]:
-    req = sub.request
-    return {
-        "dry_run": True,
-        "job_id": req.job_id,
-        "nodes": req.nodes,
-        "folder": req.folder,
-        "sbatch_script": sub.script,
-        "command": list(req.command),
-        "spec": {"file": req.spec_file, "content": req.spec},
-        "job_file": None
-        if sub.job_file is None
-        else {"from": sub.job_file[0], "copy": sub.job_file[1]},
-    }
-
-
 def _plan_lines(sub: Submission, spec: RunSpec) -> list[str]:
     req = sub.request
-    what = (
-        f"the role job {sub.job_file[0]} (copied to {sub.job_file[1]} at submit)"
-        if sub.job_file
-        else f"launcher {spec.program.launcher}, SCRIPT {spec.program.script}"
-    )
+    what = sub.program_words(spec)
     return [
         f"fleetctl: dry run: would submit the script above with `sbatch --parsable` "
         f"({req.nodes} node(s){', partition ' + req.partition if req.partition else ''})",

@@ -16,7 +16,7 @@ import pytest
 from fleetctl.api import Job, LogLine, RunResult
 from fleetctl.api.direct import Direct
 from fleetctl.api.executor import Executor, WaitTimeout
-from fleetctl.api.submitted import Submitted
+from fleetctl.api.submitted import Queued, Submitted
 from fleetctl.errors import FleetctlError, JobFailed
 from fleetctl.job.records.files import SlurmRecord
 from fleetctl.job.records.jobrecord import JobRecord
@@ -158,12 +158,21 @@ def test_job_hands_each_call_to_its_executor_as_given() -> None:
     stop_kw = {"collect": False, "collect_max": None, "collect_exclude": ["*.pt"]}
     assert rec.calls == [
         ("lines", (2,), {}),
-        ("wait", (7,), {"on_event": None, "queue_timeout": None}),
-        ("wait", (None,), {"on_event": None, "queue_timeout": 5}),
+        ("wait", (7,), {"queued": None}),
+        ("wait", (None,), {"queued": Queued(None, 5)}),
         ("error", (result,), {}),
         ("stop", (1.5,), {**stop_kw, "ended_too": True, "check": True, "on_note": notes}),
         ("status", (), {}),
     ]
+
+
+def test_a_direct_job_refuses_what_only_a_queued_one_waits_with(tmp_path: Path) -> None:
+    from fleetctl.errors import UsageError
+
+    direct = Direct.found("j1", tmp_path, None)
+    with pytest.raises(UsageError, match=r"^wait\(on_event=, queue_timeout=\): only for a sub"):
+        direct.wait(0, queued=Queued.of(None, 5))
+    assert Queued.of(None, None) is None
 
 
 def test_attach_builds_the_executor_the_run_folder_names(tmp_path: Path) -> None:

@@ -52,20 +52,17 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     ),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
-        8,
-        "the role job's loader (job/run/rolejob) and run --slurm's copy (api/slurm); also the "
-        "key of slurm.json and roles.json (job/records/files) and of the --slurm dry run's JSON",
+        7,
+        "the record's cross-field rules (api/runspec_rules: runspec.py is at the size cap), the "
+        "run's preparer that takes a role job instead of SCRIPT (api/runrequest), the role "
+        "job's loader (job/run/rolejob) and run --slurm's copy (api/slurm, with its dry run's "
+        "JSON key); also the key of slurm.json and roles.json (job/records/files)",
     ),
     # the same word for a second thing
     "post_mortem": (
         6,
         "also job.json's proof record (diagnose/proof fills JobResult's, JobRecord reads it "
         "back) and the metrics' phase label (job/monitor/metrics)",
-    ),
-    "queue_timeout": (
-        6,
-        "also Job.wait's keyword: Job, the Executor protocol, the direct executor (refuses it), "
-        "the submitted one (its record's by default: Submission.asked)",
     ),
 }
 

@@ -296,11 +296,42 @@ def test_the_retry_group_makes_the_attempt_loops_policy(
     from fleetctl.api.runspec import RunSpec
     from fleetctl.plan.roles.jobfile import parse_job_file
 
-    job_file = parse_job_file(block + ROLES).retry if block else None
-    p = RunSpec.build("t.py", **kw).retry.policy(job_file)
+    file = parse_job_file(block + ROLES).retry if block else None
+    p = RunSpec.build("t.py", **kw).retry.policy(file)
     assert p.tries == tries and p.backoff == backoff
     user = [r for r in p.rules() if r.source != "default"]
     assert [(r.action, r.text, r.source) for r in user] == rules
+
+
+def test_the_files_backoff_max_is_the_policys_and_the_command_line_keeps_its_backoff() -> None:
+    from fleetctl.api.runspec import RunSpec
+    from fleetctl.plan.roles.jobfile import parse_job_file
+
+    file = parse_job_file("retry: {backoff: 3, backoff_max: 7}\n" + ROLES).retry
+    assert (file.retry_backoff, file.retry_backoff_max, file.where) == (3.0, 7.0, "job.yml:1")
+    p = RunSpec.build("t.py", retry_backoff=1.5).retry.policy(file)
+    assert (p.backoff, p.backoff_max) == (1.5, 7.0)
+    assert RunSpec.build("t.py").retry.policy().backoff_max == 300.0
+
+
+def test_the_retry_blocks_keys_meet_the_retry_groups_fields_in_one_mapping() -> None:
+    """``RETRY_KEYS`` is the one place a ``retry:`` key is given its ``Retry`` field (the file's
+    ``backoff`` is ``retry_backoff``); docs/roles.md lists the same mapping."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from fleetctl.api.runspec import Retry
+    from fleetctl.plan.roles.jobfile import RETRY_KEYS, RetrySpec
+
+    group = {f.name for f in fields(Retry)}
+    assert set(RETRY_KEYS.values()) | {"where"} == {f.name for f in fields(RetrySpec)}
+    assert {k: v for k, v in RETRY_KEYS.items() if v not in group} == {
+        "backoff_max": "retry_backoff_max"
+    }
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "roles.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (?:`--[\w-]+` \(`(\w+)`\)|none)", doc, re.M)
+    assert {key: field or RETRY_KEYS[key] for key, field in rows} == RETRY_KEYS
 
 
 def test_a_bad_rule_of_the_command_line_is_named_by_its_flag() -> None:

@@ -4,7 +4,9 @@ Pure: the caller hands in what ended the attempt (:class:`Failure`: exit code, s
 or could-not-start, plus the failing node's last log lines) and gets a :class:`Decision`.
 
 Rules are ``kind[:value]`` strings, the same on the CLI (``--retry-on``/``--no-retry-on``) and in
-the job file (``retry: {retry_on: [...], no_retry_on: [...]}``):
+the job file (``retry: {retry_on: [...], no_retry_on: [...]}``), parsed by their grammar in
+``fleetctl.plan.retryrules`` (below the job file's parser); whether a failure meets one is here
+(:func:`matches`):
 
 * ``exit:137`` / ``exit:137,139`` — the launcher's exit code;
 * ``signal:KILL`` / ``signal:9`` / ``signal:SIGKILL`` — the signal that ended it;
@@ -30,19 +32,16 @@ relative randomness from a caller-provided number in [0, 1) so tests stay determ
 
 from __future__ import annotations
 
-import re
-import signal as _signal
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetctl.errors import UsageError
 from fleetctl.job.records.jobrecord import signal_name
 from fleetctl.job.records.state import NODE_STOP
+from fleetctl.plan.retryrules import NO_RETRY, RETRY, Rule, parse_rule
 
 TAIL_LINES = 50
-RETRY, NO_RETRY = "retry", "no-retry"
-KINDS = ("exit", "signal", "lost", "node-stop", "start-failed", "log", "any")
 
 DEFAULT_RETRY_RULES = (
     "lost",
@@ -113,81 +112,24 @@ class Failure:
         return self.kind
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One classification rule; ``source`` says where it came from (default, CLI, file:line)."""
-
-    action: str  # retry | no-retry
-    kind: str
-    codes: frozenset[int] = frozenset()  # exit codes or signal numbers
-    pattern: re.Pattern[str] | None = field(default=None, compare=False)
-    text: str = ""
-    source: str = "default"
-
-    def matches(self, f: Failure) -> bool:
-        if self.kind == "any":
-            return f.kind not in ("interrupted", "error")
-        if self.kind == "lost":
-            return f.kind == "lost"
-        if self.kind == "node-stop":
-            return f.kind in ("signal", "exit") and (f.reason or "").startswith(NODE_STOP)
-        if self.kind == "start-failed":
-            return f.kind == "start_failed"
-        if self.kind == "exit":
-            return f.kind == "exit" and f.exit_code in self.codes
-        if self.kind == "signal":
-            return f.signal is not None and f.signal in self.codes
-        if self.kind == "log":
-            assert self.pattern is not None
-            return any(self.pattern.search(line) for line in f.log_tail)
-        return False
-
-    def __str__(self) -> str:
-        return f"{self.action} on {self.text} ({self.source})"
-
-
-def _signal_number(text: str) -> int:
-    t = text.strip().upper()
-    if t.isdigit():
-        return int(t)
-    name = t if t.startswith("SIG") else "SIG" + t
-    try:
-        return int(_signal.Signals[name])
-    except KeyError as e:
-        raise UsageError(f"unknown signal {text!r}") from e
-
-
-def parse_rule(text: str, action: str, *, source: str = "command line") -> Rule:
-    """``exit:137``, ``signal:KILL``, ``lost``, ``start-failed``, ``log:REGEX``, ``any``."""
-    kind, sep, value = text.partition(":")
-    kind = kind.strip().lower().replace("_", "-")
-    if kind not in KINDS:
-        raise UsageError(
-            f"bad retry rule {text!r}: use exit:N[,N], signal:NAME|N, lost, node-stop, "
-            "start-failed, log:REGEX or any"
-        )
-    if kind in ("lost", "node-stop", "start-failed", "any"):
-        if sep and value.strip():
-            raise UsageError(f"bad retry rule {text!r}: {kind} takes no value")
-        return Rule(action, kind, text=kind, source=source)
-    if not value.strip():
-        raise UsageError(f"bad retry rule {text!r}: {kind} needs a value after ':'")
-    if kind == "log":
-        try:
-            pattern = re.compile(value, re.MULTILINE)
-        except re.error as e:
-            raise UsageError(f"bad retry rule {text!r}: invalid regex: {e}") from e
-        return Rule(action, kind, pattern=pattern, text=f"log:{value}", source=source)
-    codes: set[int] = set()
-    for part in value.split(","):
-        part = part.strip()
-        if kind == "exit":
-            if not part.lstrip("-").isdigit():
-                raise UsageError(f"bad retry rule {text!r}: {part!r} is not an exit code")
-            codes.add(int(part))
-        else:
-            codes.add(_signal_number(part))
-    return Rule(action, kind, codes=frozenset(codes), text=f"{kind}:{value}", source=source)
+def matches(rule: Rule, f: Failure) -> bool:
+    """Whether failure ``f`` is what ``rule`` names."""
+    if rule.kind == "any":
+        return f.kind not in ("interrupted", "error")
+    if rule.kind == "lost":
+        return f.kind == "lost"
+    if rule.kind == "node-stop":
+        return f.kind in ("signal", "exit") and (f.reason or "").startswith(NODE_STOP)
+    if rule.kind == "start-failed":
+        return f.kind == "start_failed"
+    if rule.kind == "exit":
+        return f.kind == "exit" and f.exit_code in rule.codes
+    if rule.kind == "signal":
+        return f.signal is not None and f.signal in rule.codes
+    if rule.kind == "log":
+        assert rule.pattern is not None
+        return any(rule.pattern.search(line) for line in f.log_tail)
+    return False
 
 
 @dataclass(frozen=True)
@@ -252,7 +194,7 @@ class RetryPolicy:
         if failure.kind in ("interrupted", "error"):
             return Decision(False, f"{failure.kind}: never retried")
         for rule in self.rules():
-            if rule.matches(failure):
+            if matches(rule, failure):
                 return Decision(rule.action == RETRY, str(rule), rule)
         return Decision(False, f"{failure.describe()}: no retry rule matches")
 

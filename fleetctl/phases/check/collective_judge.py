@@ -1,4 +1,4 @@
-"""The collective preflight's options, plan and verdict. Pure.
+"""The collective preflight's plan and verdict (its options: ``plan/collective.py``). Pure.
 
 Figures are bus bandwidth in nccl-tests' sense (GB/s = 1e9 bytes/s): an all-reduce moves
 ``algbw x 2(n-1)/n`` over each rank's link; a send/recv's busbw is its algbw.
@@ -25,25 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-MiB = 1 << 20
-DEFAULT_SIZE = 32 * MiB
-DEFAULT_MIN_FRACTION = 0.5
-DEFAULT_TIMEOUT = 120.0
+# the options record lives in plan/ (a role job file holds one); the judge reads it
+from fleetctl.plan.collective import CollectiveOptions as CollectiveOptions
+from fleetctl.plan.collective import MiB as MiB
+
 ALL_PAIRS_UP_TO = 8
 RANDOM_SHIFTS = 2
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class CollectiveOptions:
-    """``--collective``: bytes per transfer, the verdict's thresholds, the time limit (s)."""
-
-    size: int = DEFAULT_SIZE
-    min_fraction: float = DEFAULT_MIN_FRACTION
-    floor: float | None = None  # GB/s busbw every node and link must reach
-    timeout: float = DEFAULT_TIMEOUT
-    iters: int = 3
-    backend: str | None = None  # None: nccl where torch sees a GPU, gloo otherwise
 
 
 def shifts(n: int, names: Sequence[str] = ()) -> list[int]:

@@ -10,6 +10,7 @@ Job file (YAML)::
     args: []
     env: {LOG_LEVEL: info}        # every task
     retry: {max_retries: 2, retry_on: ["log:NCCL timeout"], no_retry_on: ["exit:2"]}
+                                  # also backoff, backoff_max (keys -> RunSpec.Retry: RETRY_KEYS)
     roles:
       server:
         group: servers            # inventory group (default: the role name if it is a group)
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import UsageError
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
+from fleetctl.plan.retryrules import parse_rule
 from fleetctl.plan.roles.yamlfields import (
     LocatedList,
     LocatedMap,
@@ -57,7 +59,7 @@ from fleetctl.plan.roles.yamlfields import (
 from fleetctl.plan.userinput import MAX_BACKOFF, MAX_NPROC, MAX_RETRIES
 
 if TYPE_CHECKING:
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
+    from fleetctl.plan.collective import CollectiveOptions
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
@@ -104,7 +106,16 @@ _JOB_KEYS = frozenset(
         "container_runtime",
     }
 )
-_RETRY_KEYS = frozenset({"max_retries", "retry_on", "no_retry_on", "backoff", "backoff_max"})
+#: a ``retry:`` block's keys -> the attribute of :class:`RetrySpec` each sets, named as the field
+#: of ``RunSpec``'s ``Retry`` group it fills (``Retry.policy``: by name, the command line wins):
+#: the one place the two spellings meet. ``backoff_max`` has no flag: the file's only.
+RETRY_KEYS: dict[str, str] = {
+    "max_retries": "max_retries",  # --max-retries
+    "retry_on": "retry_on",  # --retry-on (the command line's rules come first)
+    "no_retry_on": "no_retry_on",  # --no-retry-on
+    "backoff": "retry_backoff",  # --retry-backoff
+    "backoff_max": "retry_backoff_max",  # the file's only
+}
 
 
 @dataclass(frozen=True)
@@ -129,14 +140,15 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class RetrySpec:
-    """The job file's ``retry:`` block (the CLI adds to / overrides it)."""
+    """The job file's ``retry:`` block, as plain values named as the ``Retry`` group's fields
+    (:data:`RETRY_KEYS`); the command line adds to / overrides it (``Retry.policy``)."""
 
     max_retries: int | None = None
     retry_on: tuple[str, ...] = ()
     no_retry_on: tuple[str, ...] = ()
-    backoff: float | None = None
-    backoff_max: float | None = None
-    where: str = ""
+    retry_backoff: float | None = None  # the file's ``backoff``
+    retry_backoff_max: float | None = None  # the file's ``backoff_max``
+    where: str = ""  # "job.yml:7", the ``retry:`` line: the rules' source in decisions
 
 
 @dataclass(frozen=True)
@@ -429,9 +441,9 @@ def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
     if not isinstance(r, LocatedMap):
         raise UsageError(f"{at(data, 'retry')}: retry must be a mapping")
     for key in r:
-        if key not in _RETRY_KEYS:
+        if key not in RETRY_KEYS:
             raise UsageError(
-                f"{at(r, key)}: unknown retry key {key!r} (known: {known(_RETRY_KEYS)})"
+                f"{at(r, key)}: unknown retry key {key!r} (known: {known(RETRY_KEYS)})"
             )
 
     def rules(key: str) -> tuple[str, ...]:
@@ -442,8 +454,6 @@ def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
             v = [v]
         if not isinstance(v, list) or not all(isinstance(x, (str, int)) for x in v):
             raise UsageError(f"{at(r, key)}: {key} must be a list of rules")
-        from fleetctl.job.run.retry import parse_rule
-
         for i, x in enumerate(v):
             line = r.key_lines.get(key, r.line)
             if isinstance(v, LocatedList) and i < len(v.item_lines):
@@ -457,16 +467,16 @@ def _parse_retry(data: LocatedMap, path: str, at: Any) -> RetrySpec:
     def number(key: str) -> float | None:
         return get_seconds(r, key, at, low=0.0, high=MAX_BACKOFF)  # --retry-backoff's bounds
 
-    return RetrySpec(
-        max_retries=get_int(
+    values = {
+        "max_retries": get_int(
             r, "max_retries", at, default=None, low=0, null_ok=False, high=MAX_RETRIES
         ),
-        retry_on=rules("retry_on"),
-        no_retry_on=rules("no_retry_on"),
-        backoff=number("backoff"),
-        backoff_max=number("backoff_max"),
-        where=at(data, "retry"),
-    )
+        "retry_on": rules("retry_on"),
+        "no_retry_on": rules("no_retry_on"),
+        "backoff": number("backoff"),
+        "backoff_max": number("backoff_max"),
+    }
+    return RetrySpec(**{RETRY_KEYS[k]: v for k, v in values.items()}, where=at(data, "retry"))
 
 
 PADDLE_SERVER_ROLES = ("server",)

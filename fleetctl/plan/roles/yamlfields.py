@@ -5,6 +5,7 @@ mapping) whose errors name ``file:line: key``. Pure."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from fleetctl.errors import UsageError
@@ -88,7 +89,7 @@ def get_seconds(
     return float(v)
 
 
-def known(keys: frozenset[str]) -> str:
+def known(keys: Iterable[str]) -> str:
     return ", ".join(sorted(keys))
 
 
