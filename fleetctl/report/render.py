@@ -9,9 +9,10 @@ imported here and only here, when a report is made, never at ``fleetctl`` start-
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.report import svg
 
@@ -26,6 +27,7 @@ def _env() -> jinja2.Environment:  # jinja2: imported here, lazily
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("fleetctl.report", "templates"),
+        bytecode_cache=_bytecode_cache(jinja2),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -34,6 +36,32 @@ def _env() -> jinja2.Environment:  # jinja2: imported here, lazily
     env.filters["seconds"] = _seconds
     env.filters["gbps"] = lambda v: f"{v:.3g}"
     return env
+
+
+def _bytecode_cache(jinja2: Any) -> jinja2.BytecodeCache | None:
+    """The templates compiled once, kept in the controller's cache folder (``jinja2/``, keyed
+    by each template's source): compiling them cost ~0.07 s of CPU at the end of every run,
+    loading them ~2 ms. Best effort: a folder that cannot be made or written, or a damaged
+    entry, only means compiling again."""
+    from fleetctl.phases.codesync import cache_dir
+
+    class Cache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket: Any) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except Exception:  # a damaged entry: compile as without one
+                bucket.reset()
+
+        def dump_bytecode(self, bucket: Any) -> None:
+            with contextlib.suppress(OSError):
+                super().dump_bytecode(bucket)
+
+    folder = cache_dir() / "jinja2"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return Cache(str(folder))
 
 
 def _seconds(value: float | None) -> str:

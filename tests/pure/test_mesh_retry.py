@@ -70,3 +70,18 @@ def test_a_host_whose_own_training_link_is_down_tries_nothing_again(calls: list[
     out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0, link_up=False)["peers"]
     assert out["slow"]["tcp"] == "timed out" and "retried" not in out["slow"]
     assert [t for kind, _, t in calls if kind == "tcp"] == [2.0, 2.0]
+
+
+def test_the_second_round_remembers_that_other_peers_echoed(calls: list[Any]) -> None:
+    """The second round measures only the failed pairs: without the first round's echoes a cut
+    peer alone looks ICMP-filtered and waits out the long timeouts (64 hosts: 9 -> 22 s)."""
+    cut = [{"name": "cut", "addr": "cut", "port": 1}]
+    out = probe.mesh("10.0.0.1", cut, timeout=2.0, max_slowdown=4.0, echoed=True)["peers"]
+    assert out["cut"]["tcp"] == "unreachable" and "retried" not in out["cut"]
+    assert [t for kind, _, t in calls if kind == "tcp"] == [2.0]
+
+
+def test_a_second_round_alone_where_nothing_echoed_still_retries(calls: list[Any]) -> None:
+    cut = [{"name": "cut", "addr": "cut", "port": 1}]
+    out = probe.mesh("10.0.0.1", cut, timeout=2.0, max_slowdown=4.0)["peers"]
+    assert out["cut"]["tcp"] == "timed out" and out["cut"]["retried"] == 6.0

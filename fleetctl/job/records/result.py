@@ -159,6 +159,8 @@ class JobResult:
 
     def proven(self) -> dict[str, str]:
         """The hosts the post-mortem's proof named, and why in a few words (the ledger's)."""
+        if not self.post_mortem:  # no proof ran: its module (and the bisection's) not imported
+            return {}
         from fleetctl.job.diagnose.proof import named_hosts
 
         return named_hosts(self.post_mortem)

@@ -196,7 +196,12 @@ def load_factor(most: float) -> float:
 
 
 def mesh(
-    src: str, peers: list, timeout: float, max_slowdown: float = 2.0, link_up: bool = True
+    src: str,
+    peers: list,
+    timeout: float,
+    max_slowdown: float = 2.0,
+    link_up: bool = True,
+    echoed: bool = False,
 ) -> dict:
     """Ping and TCP-connect every peer. A pair that fails is tried once more with timeouts
     2 x this host's slowdown longer (``load_factor``): a busy host answers late, a cut link
@@ -204,7 +209,10 @@ def mesh(
     answers echoes however busy the host is, so its address is not reachable at all: a cut
     link, a host down), and nothing when this host's own training NIC has no link
     (``link_up`` False: the check fails it for that). Either retry would only wait out the
-    longer timeouts: 10 s of a 64-host check with one data link cut, on this lab."""
+    longer timeouts: 10 s of a 64-host check with one data link cut, on this lab. ``echoed``:
+    a peer of an earlier round echoed (the second round measures only failed pairs, which
+    would otherwise all look ICMP-filtered and wait out the long timeouts: 64 lab hosts, one
+    data link cut, the check 9.3 -> 21.6 s)."""
 
     def one(peer: dict, ping_t: float, tcp_t: float) -> tuple:
         p = Task(ping, src, peer["addr"], ping_t)
@@ -225,7 +233,7 @@ def mesh(
 
     results: dict = {}
     run_all(peers, 1.0, timeout)
-    echoes = any(r["ping"] == "ok" for r in results.values())  # ICMP gets through from here
+    echoes = echoed or any(r["ping"] == "ok" for r in results.values())  # ICMP gets through
     # "refused" is an answer (nothing listens); a timeout may be this host or the peer busy
     again = [
         p
@@ -299,7 +307,9 @@ def main() -> int:
         peers = json.loads(line.decode() or "{}").get("peers") or []
         timeout, most = float(args.get("mesh_timeout", 2)), float(args.get("max_slowdown", 2))
         up = nic.get("up") is not False
-        emit("M", mesh(nic["addr"], peers, timeout, most, up))
+        first = mesh(nic["addr"], peers, timeout, most, up)
+        emit("M", first)
+        echoed = any(r["ping"] == "ok" for r in first["peers"].values())
         while True:
             line = stdin.readline(float(args.get("linger", 30)))
             if line is None:  # EOF (or time up): no launch follows
@@ -308,7 +318,7 @@ def main() -> int:
                 break
             # the second round: the pairs that failed, once every host finished the first
             again = json.loads(line.decode()).get("peers") or []
-            emit("M", mesh(nic["addr"], again, timeout, most, up))
+            emit("M", mesh(nic["addr"], again, timeout, most, up, echoed))
         if hold <= 0:
             return 0
     finally:
