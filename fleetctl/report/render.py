@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,11 @@ def _bytecode_cache(jinja2: Any) -> jinja2.BytecodeCache | None:
     folder = cache_dir() / "jinja2"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.lstat()
     except OSError:
+        return None
+    # compiled code is loaded from it: only from a folder of ours that no one else may write
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         return None
     return Cache(str(folder))
 

@@ -58,3 +58,30 @@ def test_a_damaged_or_unwritable_cache_still_writes_the_report(
     blocked.write_text("not a folder")
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(blocked))
     assert write_report(folder).read_text() == good
+
+
+def test_a_cache_folder_others_may_write_is_not_loaded_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled templates are code: a folder another user could write (or a link to one) is
+    never read, and the report is compiled as without a cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(cache))
+    folder = make_run(tmp_path / "runs", hosts=["n1", "n2"])
+    good = build_report(folder)
+    for p in _entries(cache):
+        p.write_bytes(b"planted")  # what another user would put there
+    (cache / "jinja2").chmod(0o777)
+    import jinja2
+
+    loaded: list[str] = []
+    real = jinja2.FileSystemBytecodeCache.load_bytecode
+
+    def spy(self: jinja2.FileSystemBytecodeCache, bucket: object) -> None:
+        loaded.append("read")
+        real(self, bucket)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jinja2.FileSystemBytecodeCache, "load_bytecode", spy)
+    assert build_report(folder) == good and loaded == []
+    (cache / "jinja2").chmod(0o700)
+    assert build_report(folder) == good and loaded  # its own folder again: read
