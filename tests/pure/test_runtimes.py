@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.api.runspec import Container
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
 from fleetctl.phases.check.image import (
@@ -94,11 +95,13 @@ def test_the_plan_runs_in_the_image_on_its_python() -> None:
     spec = JobSpec(script="t.py", job_id="j1", launcher="plain", procs=1)
     plan = make_plan(nodes, spec)
     assert [n.container for n in plan.nodes] == [
-        {"image": "a", "runtime": None, "gpus": False},
-        {"image": "a", "runtime": None, "gpus": False},
+        {"image": "a", "runtime": None, "gpus": False, "timeout": 30.0},
+        {"image": "a", "runtime": None, "gpus": False, "timeout": 30.0},
     ]
     assert [n.argv[0] for n in plan.nodes] == ["python3", "/opt/conda/bin/python"]
-    plan = make_plan(nodes, replace(spec, image="b", container_runtime="docker"))
+    plan = make_plan(
+        nodes, replace(spec, container=Container(image="b", container_runtime="docker"))
+    )
     assert {n.container["image"] for n in plan.nodes if n.container} == {"b"}
     assert plan.nodes[0].to_dict()["container"]["runtime"] == "docker"
     assert NodePlan.from_dict(plan.nodes[0].to_dict()).container == plan.nodes[0].container
