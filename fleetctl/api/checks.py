@@ -182,8 +182,9 @@ def env_map(value: Any) -> dict[str, str]:
     return out
 
 
-def container_runtime(value: Any) -> str:
-    """``--container-runtime``: one fleetctl knows (the runtime table loads only here)."""
+def runtime(value: Any) -> str:
+    """A container runtime's name (``--container-runtime``): one fleetctl knows (the runtime
+    table loads only here)."""
     from fleetctl.plan.runtimes import ORDER
 
     if value not in ORDER:

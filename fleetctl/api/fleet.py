@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import fabric
 
     from fleetctl.api.job import Job
-    from fleetctl.api.runspec import RunSpec
+    from fleetctl.api.runspec import Container, RunSpec
     from fleetctl.job.records.result import JobEvent
     from fleetctl.node import Node
     from fleetctl.phases.check.collective_judge import CollectiveOptions
@@ -262,18 +262,29 @@ class Fleet:
             return push(fleet, what, options=options, progress=on_event)
 
     def push_image(
-        self, image: str, *, container_runtime: str | None = None, peer: bool | None = None
+        self,
+        image: str | Container,
+        *,
+        container_runtime: str | None = None,
+        peer: bool | None = None,
     ) -> ImagePushReport:
-        """``fleetctl push --image``: this machine's ``image`` (podman, or ``container_runtime``)
-        to every host that lacks it, the id checked there. UsageError (no host dialled) when
-        this machine lacks it; PushError (``.result`` per host, ``.report``) if a host failed."""
-        from fleetctl.phases.push.image import local_image_id, push_image
+        """``fleetctl push --image``: this machine's image to every host that lacks it, the id
+        checked there. ``image``: RunSpec's ``Container`` group (its image and runtime: podman
+        here unless named), or the image's name with ``container_runtime`` beside it. UsageError
+        (no host dialled) for a bad value or an image this machine lacks; PushError
+        (``.result`` per host, ``.report``) if a host failed."""
+        from fleetctl.api.runspec import Container
+        from fleetctl.phases.push.image import local_image_id, push_image, runtime_here
 
-        image_id = local_image_id(image, container_runtime or "podman")
+        if not isinstance(image, Container):
+            image = Container(image=image, container_runtime=container_runtime)
+        elif container_runtime is not None:
+            raise UsageError("push_image: a Container group carries its runtime: give it there")
+        if image.image is None:
+            raise UsageError("push_image: the Container group names no image")
+        image_id = local_image_id(image.image, runtime_here(image))
         with self._ssh() as fleet:
-            return push_image(
-                fleet, image, container_runtime=container_runtime, peer=peer, image_id=image_id
-            )
+            return push_image(fleet, image, peer=peer, image_id=image_id)
 
     # -- exec ---------------------------------------------------------------------------------
     def exec(

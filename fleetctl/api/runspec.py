@@ -376,7 +376,7 @@ class Container(_Group):
         "fleetctl_image); see docs/containers.md.",
     )  # fmt: skip
     container_runtime: str | None = option(
-        None, "--container-runtime", check=c.container_runtime, metavar="podman|docker|apptainer",
+        None, "--container-runtime", check=c.runtime, metavar="podman|docker|apptainer",
         help="The runtime for --image (default: the first found on the node).",
     )  # fmt: skip
     runtime_timeout: float = option(
@@ -384,6 +384,11 @@ class Container(_Group):
         help="Seconds each container runtime call at a node's teardown (ps, stop, rm) has: a "
         "runtime that does not answer is cut and named, the container reported as maybe left.",
     )  # fmt: skip
+
+    def runtime_for(self, node: Node) -> str | None:
+        """``node``'s runtime: this one, else its ``fleetctl_container_runtime`` (None: any)."""
+        rt = self.container_runtime or node.vars.get("fleetctl_container_runtime")
+        return None if rt is None else str(rt)
 
 
 @dataclass(frozen=True)
@@ -541,30 +546,27 @@ class RunSpec:
         return replace(self, **groups)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as JSON data, every group's every field (``run --slurm``'s
-        run-spec.json); UsageError for a value only a library call can hold (a ``before``
-        callable)."""
+        """The record as JSON data, every group's every field (``run --slurm``'s run-spec.json);
+        UsageError for a value only a library call can hold (a ``before`` callable)."""
         from fleetctl.api.runspec_json import to_dict
 
         return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any) -> RunSpec:
-        """The record of :meth:`to_dict`'s data, checked as any record is (UsageError, the
-        command's line for a bad value)."""
+        """The record of :meth:`to_dict`'s data, checked (UsageError: the command's line)."""
         from fleetctl.api.runspec_json import from_dict
 
         return from_dict(data)
 
     def job_spec(self, **resolved: Any) -> JobSpec:
-        """The rank plan's request: what to run, how and in which image, with what only the
-        run resolves (``resolved``: the job id, the script as found in its code, its folder,
-        …); UsageError for a ``--launcher-arg`` the plan would refuse, before any host."""
+        """The rank plan's request, its container group whole (``resolved``: what only the run
+        knows: job id, script, folder, …); UsageError for a ``--launcher-arg`` the plan refuses."""
         from fleetctl.errors import PlanError
         from fleetctl.plan.launchers import get_launcher
         from fleetctl.plan.rankplan import DEFAULT_MASTER_PORT, JobSpec, check_launcher_args
 
-        p, box = self.program, self.container
+        p = self.program
         try:
             check_launcher_args(get_launcher(p.launcher), p.launcher_args)
         except PlanError as e:
@@ -577,9 +579,7 @@ class RunSpec:
             launcher_args=p.launcher_args,
             env=dict(p.env or {}),
             backend=p.backend,
-            image=box.image,
-            container_runtime=box.container_runtime,
-            runtime_timeout=box.runtime_timeout,
+            container=self.container,
             **resolved,
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -23,6 +24,7 @@ from fleetctl.cli.options import (
     inventory_option,
     limit_option,
     open_fleet,
+    spec_keywords,
     ssh_options,
 )
 
@@ -100,25 +102,25 @@ def push_command(
     peer: bool | None,
     peer_min: int,
     keep: int,
-    image: str | None,
-    container_runtime: str | None,
     ssh: SSHOptions,
+    **params: Any,
 ) -> None:
     """Ship code and the conda-pack env to every host; verify python and NCCL there."""
+    from fleetctl.api.runspec import Container, RunSpec
     from fleetctl.cli import render
     from fleetctl.errors import PushError
 
-    if (image is not None or container_runtime is not None) and (image is None or code_dir or env):
+    # --image and its runtime: RunSpec's container group, as run's (push's own help, choices)
+    box = RunSpec().replace(**spec_keywords(params, "container")).container
+    if box != Container() and (box.image is None or code_dir or env):
         from fleetctl.errors import UsageError
 
         raise UsageError("--image pushes the image alone: no --code, --env; give --image")
     fleet = open_fleet(inventory, limit, ssh)
-    if image is not None:
+    if box.image is not None:
         from fleetctl.cli.push_image_cmd import show_image_push
 
-        return show_image_push(
-            lambda: fleet.push_image(image, container_runtime=container_runtime, peer=peer), as_json
-        )
+        return show_image_push(lambda: fleet.push_image(box, peer=peer), as_json)
     display = render.PushProgress(
         [n.name for n in fleet.nodes], enabled=not as_json and sys.stderr.isatty()
     )

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleetctl.api.runspec import Container
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import DEFAULT_PYTHON, Node
 from fleetctl.plan.flight_recorder import FR_BUFFER_NAMES, nccl_trace_env
@@ -77,9 +78,8 @@ class JobSpec:
     work_id: str | None = None
     kind: str | None = None
     folder: str = ""
-    image: str | None = None  # --image: wins over the inventory's fleetctl_image
-    container_runtime: str | None = None  # --container-runtime: over fleetctl_container_runtime
-    runtime_timeout: float | None = None  # --runtime-timeout: one runtime call at teardown
+    # --image, --container-runtime, --runtime-timeout: RunSpec's group whole (over the inventory's)
+    container: Container = field(default_factory=Container)
     elastic: str | None = None  # run --elastic: the node range MIN:MAX (None: a static world)
 
     def __post_init__(self) -> None:
@@ -95,21 +95,13 @@ class JobSpec:
             job_id=self.job_id,
             created=self.created,
             work_id=self.work_id,
-            image=self.image,
-            container_runtime=self.container_runtime,
-            runtime_timeout=self.runtime_timeout,
+            container=self.container,
             **program,
         )
 
     def in_image_of(self, source: Any) -> JobSpec:
         """In ``source``'s image and runtime (a role job file's) where it names none."""
-        box = self.image or source.image, self.container_runtime or source.container_runtime
-        return replace(self, image=box[0], container_runtime=box[1])
-
-    def runtime_for(self, node: Node) -> str | None:
-        """``node``'s container runtime: this job's, else its ``fleetctl_container_runtime``."""
-        rt = self.container_runtime or node.vars.get("fleetctl_container_runtime")
-        return None if rt is None else str(rt)
+        return replace(self, container=self.container.filled(source))
 
 
 @dataclass(frozen=True)
@@ -224,10 +216,11 @@ class NodePlan:
 
 def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
     """The node's container (``--image`` over ``fleetctl_image``), or None: no image."""
-    image = spec.image or n.vars.get("fleetctl_image")
+    box = spec.container
+    image = box.image or n.vars.get("fleetctl_image")
     if not image:
         return None
-    rt = spec.runtime_for(n)
+    rt = box.runtime_for(n)
     if rt is not None:
         from fleetctl.plan.runtimes import runtime
 
@@ -237,8 +230,7 @@ def _container(n: Node, spec: JobSpec, gpus: bool) -> dict[str, Any] | None:
             raise PlanError(f"{where(n)}{e}") from None
     said: dict[str, Any] = {"image": str(image), "runtime": rt}
     said["gpus"] = gpus
-    if spec.runtime_timeout is not None:
-        said["timeout"] = float(spec.runtime_timeout)
+    said["timeout"] = float(box.runtime_timeout)
     return said
 
 

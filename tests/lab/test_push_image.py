@@ -171,6 +171,7 @@ def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> N
     node2 (the newest holder serves first), so the controller sends the image once and node2
     relays it. No archive is left on any node."""
     from fleetctl.api.fleet import Fleet as ApiFleet
+    from fleetctl.api.runspec import Container
     from fleetctl.phases.push.image import push_image
     from fleetctl.ssh.fanout import FanOut
 
@@ -185,7 +186,7 @@ def test_nodes_that_got_the_image_serve_the_next_wave(lab: Lab, image: str) -> N
         assert image_ids(lab) == {"node1": "", "node2": "", "node3": ""}
         api = ApiFleet.from_inventory(str(lab.inventory_path))
         with FanOut(api.nodes, api.settings) as fleet:
-            report = push_image(fleet, IMAGE, peer_fanout=1)
+            report = push_image(fleet, Container(image=IMAGE), peer_fanout=1)
         nodes = report.nodes
         got = {h: (nodes[h].status, nodes[h].via, nodes[h].source) for h in nodes}
         assert got == {

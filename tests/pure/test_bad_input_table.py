@@ -469,7 +469,7 @@ def _library_values(f) -> list[tuple[str, object]]:
         return out
     if isinstance(check, c.OneOf):
         return [("bogus", "bogus"), ("newline", check.words()[0] + "\n")]
-    if check in (c.TEXT, c.image, c.before, c.container_runtime):
+    if check in (c.TEXT, c.image, c.before, c.runtime):
         return [("newline", "a\nb"), ("nul", "a\x00b"), ("list", ["a"])]
     return []
 

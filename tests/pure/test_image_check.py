@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.api.runspec import Container
 from fleetctl.node import Node
 from fleetctl.phases.check.image import (
     ImageFacts,
@@ -31,6 +32,7 @@ from fleetctl.phases.check.preflight import CheckOptions, probe_args
 from fleetctl.plan.rankplan import JobSpec, NodeFacts, make_plan
 
 IMG = "img:1"
+BOX = Container(image=IMG)
 
 
 def _node(name: str, **vars: object) -> Node:
@@ -54,7 +56,7 @@ TR = "torch.distributed.run"
 def test_the_image_check_asks_what_the_launcher_needs(
     launcher: str, script_: str, gpus: int, want: ImageWant
 ) -> None:
-    spec = JobSpec(script=script_, job_id="j1", launcher=launcher, image=IMG, backend="nccl")
+    spec = JobSpec(script=script_, job_id="j1", launcher=launcher, container=BOX, backend="nccl")
     module, python = entry(spec)
     node = Node(name="n1", address="10.0.0.1", gpus=gpus, vars={"fleetctl_image_python": "py"})
     got = wanted([node, _node("n2")], spec, module=module, python=python)
@@ -65,7 +67,7 @@ def test_the_image_check_asks_what_the_launcher_needs(
 def test_a_gloo_job_on_gpu_nodes_gets_the_gpus_in_the_trial_but_asks_no_nccl() -> None:
     """The trial container has the launch's GPU flags wherever the plan hands the node's GPUs
     to the container (a gloo job's too); NCCL is looked for only where the collectives use it."""
-    spec = JobSpec(script="run.sh", job_id="j1", launcher="plain", image=IMG, backend="gloo")
+    spec = JobSpec(script="run.sh", job_id="j1", launcher="plain", container=BOX, backend="gloo")
     module, python = entry(spec)
     node = Node(name="n1", address="10.0.0.1", gpus=2)
     got = wanted([node], spec, module=module, python=python)

@@ -45,11 +45,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
     ),
     # also options of other commands and attributes of the inventory
     "env_archive": (6, "also the inventory's fleetctl_env_archive (Node, its loader, node_dict)"),
-    "container_runtime": (
-        7,
-        "its check (api/checks); push --image's runtime (its command, Fleet.push_image, the "
-        "image push); a role job file's key (JobSpec.in_image_of fills it in, plan/rankplan)",
-    ),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
         7,

@@ -8,6 +8,7 @@ has no such command).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from dataclasses import replace
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.api.runspec import Container
 from fleetctl.errors import PlanError, UsageError
 from fleetctl.node import Node
 from fleetctl.phases.check.image import (
@@ -94,11 +96,13 @@ def test_the_plan_runs_in_the_image_on_its_python() -> None:
     spec = JobSpec(script="t.py", job_id="j1", launcher="plain", procs=1)
     plan = make_plan(nodes, spec)
     assert [n.container for n in plan.nodes] == [
-        {"image": "a", "runtime": None, "gpus": False},
-        {"image": "a", "runtime": None, "gpus": False},
+        {"image": "a", "runtime": None, "gpus": False, "timeout": 30.0},
+        {"image": "a", "runtime": None, "gpus": False, "timeout": 30.0},
     ]
     assert [n.argv[0] for n in plan.nodes] == ["python3", "/opt/conda/bin/python"]
-    plan = make_plan(nodes, replace(spec, image="b", container_runtime="docker"))
+    plan = make_plan(
+        nodes, replace(spec, container=Container(image="b", container_runtime="docker"))
+    )
     assert {n.container["image"] for n in plan.nodes if n.container} == {"b"}
     assert plan.nodes[0].to_dict()["container"]["runtime"] == "docker"
     assert NodePlan.from_dict(plan.nodes[0].to_dict()).container == plan.nodes[0].container
@@ -304,3 +308,40 @@ def test_nccl_is_looked_for_in_the_image_only_where_the_job_uses_gpus(
     py = "/opt/py/bin/python3" if want else None
     has_gpus = bool(gpu_ids) or bool(facts and facts.gpu_count)  # the trial gets them anyway
     assert got == {"n1": ImageWant("img:1", None, py, None, want, has_gpus)}
+
+
+def test_push_image_takes_the_container_group_and_refuses_before_any_host(tmp_path: Path) -> None:
+    """``Fleet.push_image`` takes RunSpec's ``Container`` group (its image, its runtime) or, as
+    before, a name with ``container_runtime=``; ``push --image`` builds the group from its
+    options. A bad call is one UsageError before any host is dialled (192.0.2.1: TEST-NET)."""
+    from fleetctl.api.fleet import Fleet
+
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[all]\nn1 ansible_host=192.0.2.1\n")
+    fleet = Fleet.from_inventory(str(inv))
+    with pytest.raises(UsageError, match="names no image"):
+        fleet.push_image(Container(container_runtime="docker"))
+    with pytest.raises(UsageError, match="carries its runtime"):
+        fleet.push_image(Container(image="x:1"), container_runtime="docker")
+    cannot = r"^--image push: apptainer images cannot be saved and loaded"
+    for call in (
+        lambda: fleet.push_image("x:1", container_runtime="apptainer"),
+        lambda: fleet.push_image(Container(image="x:1", container_runtime="apptainer")),
+    ):
+        with pytest.raises(UsageError, match=cannot):
+            call()
+    with pytest.raises(UsageError, match=r"^Invalid value for '--image'"):
+        fleet.push_image("-x")
+    r = run_cli("push", "-i", str(inv), "--image", "fleetctl-none:absent", "--container-runtime",
+                "docker")  # fmt: skip
+    assert r.exit_code == 2, r.stderr
+    assert re.search(r"docker( is not installed|\)$)", r.stderr.strip()), r.stderr
+
+
+def test_a_nodes_runtime_is_the_groups_else_its_inventorys() -> None:
+    """``Container.runtime_for``: what the plan, the image check and ``push --image`` ask."""
+    box = Container(image="x:1")
+    docker = _node("n1", fleetctl_container_runtime="docker")
+    assert box.runtime_for(docker) == "docker"
+    assert replace(box, container_runtime="podman").runtime_for(docker) == "podman"
+    assert box.runtime_for(_node("n2")) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fleetctl.api.runspec import Container
 from fleetctl.node import Node
 from fleetctl.phases.teardown import teardown
 from fleetctl.plan.rankplan import JobSpec, make_plan
@@ -74,7 +75,9 @@ def test_a_container_a_hung_runtime_left_is_an_unverified_node_named_with_its_co
     from fleetctl.phases.teardown import containers_wait
 
     nodes = [Node(f"n{i}", f"10.0.0.{i}") for i in range(1, 3)]
-    spec = JobSpec(script="t.py", job_id="j3", image="img:1", runtime_timeout=4.0)
+    spec = JobSpec(
+        script="t.py", job_id="j3", container=Container(image="img:1", runtime_timeout=4.0)
+    )
     plan = make_plan(nodes, spec)
     assert [np.container and np.container["timeout"] for np in plan.nodes] == [4.0, 4.0]
     assert containers_wait(plan, 2.0) == 2.0 + 4 * 4.0 + 1.0  # the node's end_bound

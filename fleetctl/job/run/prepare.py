@@ -45,7 +45,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     from fleetctl.phases.check import image as cc
 
     # --image: the launcher runs on the image's python, asked by the image check, not the host's
-    in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.image))
+    in_image = tuple(n.name for n in job.nodes if cc.image_of(n, spec.container.image))
     if options.hosts.check:
         from fleetctl.phases.check.preflight import check_fleet
 

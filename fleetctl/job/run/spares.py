@@ -150,7 +150,7 @@ def check_spare(fleet: FanOut, spec: JobSpec, options: RunOptions) -> str | None
     from fleetctl.phases.check import image as cc
     from fleetctl.phases.check.preflight import check_fleet
 
-    in_image = [x.name for x in fleet.nodes if cc.image_of(x, spec.image)]
+    in_image = [x.name for x in fleet.nodes if cc.image_of(x, spec.container.image)]
     opts = dataclasses.replace(
         check_options(spec, options, in_image),
         recheck=True,

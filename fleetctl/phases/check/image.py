@@ -105,14 +105,14 @@ def wanted(
     GPUs (and not the gloo backend)."""
     out = {}
     for n in nodes:
-        img = image_of(n, spec.image)
+        img = image_of(n, spec.container.image)
         if img:
             has = has_gpus(n, (facts or {}).get(n.name))
             nccl = has and spec.backend != "gloo"
             run_py = python or module is not None or nccl
             out[n.name] = ImageWant(
                 img,
-                spec.runtime_for(n),
+                spec.container.runtime_for(n),
                 container_python(n) if run_py else None,
                 module,
                 nccl,

@@ -31,6 +31,7 @@ from fleetctl.plan.runtimes import runtime
 from fleetctl.results import FleetResult
 
 if TYPE_CHECKING:
+    from fleetctl.api.runspec import Container
     from fleetctl.node import Node
     from fleetctl.ssh.fanout import FanOut
     from fleetctl.transport.connection import Connection
@@ -72,6 +73,12 @@ class ImagePushReport:
         return asdict(self)
 
 
+def runtime_here(box: Container) -> str:
+    """The runtime that saves the image on this machine: the one named, else podman (each
+    node's: ``Container.runtime_for``, else the first found there)."""
+    return box.container_runtime or "podman"
+
+
 def local_image_id(image: str, rt: str = "podman") -> str:
     """This machine's id of ``image``; UsageError (exit 2) when it has none."""
     if rt not in SAVABLE:
@@ -94,38 +101,36 @@ def local_image_id(image: str, rt: str = "podman") -> str:
 
 def push_image(
     fleet: FanOut,
-    image: str,
+    box: Container,
     *,
-    container_runtime: str | None = None,
     peer: bool | None = None,
     image_id: str | None = None,
     peer_fanout: int = PEER_FANOUT,
 ) -> ImagePushReport:
-    """Make ``image`` (this machine's build, ``image_id`` when already looked up) present on
-    every node of ``fleet``.
+    """Make ``box``'s image (this machine's build, ``image_id`` when already looked up; its
+    runtime here and on the nodes) present on every node of ``fleet``.
 
     Raises UsageError (nothing sent) when this machine lacks the image, PushError (``.result``:
     every node's NodeImage or error, ``.report``) when a node cannot get it.
     """
-    push = _ImagePush(fleet, image, container_runtime, peer, image_id)
+    push = _ImagePush(fleet, box, peer, image_id)
     push.fanout = max(1, peer_fanout)
     return push.run()
 
 
 class _ImagePush:
     def __init__(
-        self, fleet: FanOut, image: str, rt: str | None, peer: bool | None, image_id: str | None
+        self, fleet: FanOut, box: Container, peer: bool | None, image_id: str | None
     ) -> None:
-        self.fleet, self.image, self.peer = fleet, image, peer
+        self.fleet, self.box, self.image, self.peer = fleet, box, str(box.image), peer
         self.fanout = PEER_FANOUT
-        self.local_rt = rt or "podman"
-        self.named = rt
+        self.local_rt = runtime_here(box)
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
         self.outcomes: dict[str, NodeImage | BaseException] = {}
         self.info: dict[str, dict[str, Any]] = {}
         self.report = ImagePushReport(
-            image, image_id or local_image_id(image, self.local_rt), self.local_rt
+            self.image, image_id or local_image_id(self.image, self.local_rt), self.local_rt
         )
 
     def run(self) -> ImagePushReport:
@@ -150,7 +155,7 @@ class _ImagePush:
 
     # -- the steps ------------------------------------------------------------------------
     def _query(self, node: Node, conn: Connection) -> dict[str, Any]:
-        named = self.named or node.vars.get("fleetctl_container_runtime")
+        named = self.box.runtime_for(node)
         names = [str(named)] if named else list(SAVABLE)
         for name in names:
             if name not in SAVABLE:
