@@ -44,7 +44,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
         "--master_port flag, and check's own --master-port (cli/check_cmd, Fleet.check)",
     ),
     # also options of other commands and attributes of the inventory
-    "env_archive": (6, "also the inventory's fleetctl_env_archive (Node, its loader, node_dict)"),
     "container_runtime": (
         7,
         "its check (api/checks); push --image's runtime (its command, Fleet.push_image, the "
