@@ -52,6 +52,30 @@ class Node:
         """How messages name the node: ``gpu03 (10.0.0.3)``."""
         return self.name if self.address == self.name else f"{self.name} ({self.address})"
 
+    def to_dict(self, rank: int) -> dict[str, Any]:
+        """The node as ``fleetctl inventory --json`` shows it; ``rank``: its node rank (its
+        place in the selection)."""
+        return {
+            "rank": rank,
+            "host": self.name,
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "key_file": self.key_file,
+            "local": self.local,
+            "nic": self.nic,
+            "train_addr": self.train_addr,
+            "gpus": self.gpus,
+            "workdir": self.workdir,
+            "python": self.python,
+            "env": dict(self.env),
+            "env_archive": self.env_archive,
+            "known_hosts": self.known_hosts,
+            "ssh_config": self.ssh_config,
+            "groups": list(self.groups),
+            "source": self.source,
+        }
+
     @classmethod
     def localhost(cls, **overrides: Any) -> Node:
         """The embedded default fleet: this machine alone, run without SSH."""

@@ -119,10 +119,15 @@ def run(
         if not sep:
             raise Exit(f"fleetctl: error: --env-var {item!r} is not NAME=VALUE", code=2)
         env[key] = value
-    nproc: int | str = int(nproc_per_node) if nproc_per_node.isdigit() else nproc_per_node
     fleet = _fleet(c, inventory, limit)
+    # nproc_per_node as given ("4", "auto"): the record parses it, as it does the command's
     job = fleet.run(
-        script, *shlex.split(args), launcher=launcher, nproc_per_node=nproc, env=env, detach=detach
+        script,
+        *shlex.split(args),
+        launcher=launcher,
+        nproc_per_node=nproc_per_node,
+        env=env,
+        detach=detach,
     )
     if detach:
         print(job.job_id)

@@ -283,6 +283,21 @@ def test_the_run_task_exits_with_the_jobs_verdict(tmp_path: Path, code: Path) ->
     assert "failed first: exit code 4" in p.stderr
 
 
+def test_the_run_tasks_nproc_per_node_is_parsed_by_the_record_as_the_commands() -> None:
+    """The task passes ``--nproc-per-node`` as given; the record refuses a bad one with the
+    command's one line and exit code, before any host is reached."""
+    from invoke import Context, Exit
+
+    import fleetctl.tasks
+
+    with pytest.raises(Exit) as ei:
+        fleetctl.tasks.run(Context(), "job.py", nproc_per_node="0")
+    assert ei.value.code == 2
+    assert ei.value.message == (
+        "fleetctl: error: Invalid value for '--nproc-per-node': '0' is not a positive integer"
+    )
+
+
 def test_exit_4_says_the_logs_are_incomplete_not_succeeded() -> None:
     """A job that succeeded with a node's logs not home (exit 4) is not ``ok``, and its reason
     says why instead of the bare status."""

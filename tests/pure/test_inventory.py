@@ -478,6 +478,12 @@ def test_cli_json() -> None:
     )
     assert data["limit"] == "gpu0*:!gpu02" and data["groups"]["gpu"] == ["gpu01", "gpu03", "gpu04"]
     assert data["digest"] == load_inventory(EXAMPLE_INI, limit="gpu0*:!gpu02").digest
+    # each node is Node.to_dict: these keys, in this order, as the command has always printed
+    assert list(n) == [
+        "rank", "host", "address", "port", "user", "key_file", "local", "nic", "train_addr",
+        "gpus", "workdir", "python", "env", "env_archive", "known_hosts", "ssh_config", "groups",
+        "source",
+    ]  # fmt: skip
 
 
 def test_cli_table() -> None:

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import CheckError, RunFolderError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from fleetctl.job.run.context import JobContext
     from fleetctl.job.run.job import RunOptions
-    from fleetctl.node import Node
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.plan.launchers import Launcher
     from fleetctl.plan.rankplan import JobSpec, NodeFacts, Plan
@@ -127,9 +126,11 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     else:
         from fleetctl.job.run.ports import reserve_master_port
 
-        # paddle's endpoints are start_port + local rank on every node: all of them claimed
+        # planned first: a plan that cannot work claims no port, and the claim's span is the
+        # plan's processes per node (paddle's endpoints: start_port + local rank, every node)
+        job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
         per_rank = _launcher(spec.launcher).port_per_local_rank
-        span = _local_ranks(spec, facts, job.nodes) if per_rank else 1
+        span = job.plan.procs if per_rank else 1
         others = job.nodes[1:] if per_rank else ()
         port = reserve_master_port(
             fleet, job.nodes[0], spec, span=span, others=others, held=job.held
@@ -137,7 +138,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         if port != spec.rdzv_port:
             job.emit("notice", f"port {spec.rdzv_port} is taken on node 0: rendezvous on {port}")
             spec = job.spec = dataclasses.replace(spec, rdzv_port=port)
-        job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
+            job.plan = make_plan(job.nodes, spec, facts or None, code_digest=code_digest)
     if runtimes:
         job.plan = cc.with_runtimes(job.plan, runtimes)
     job.result.plan = job.plan
@@ -213,14 +214,3 @@ def _launcher(name: str) -> Launcher:
     from fleetctl.plan.launchers import launcher_for
 
     return launcher_for(name)
-
-
-def _local_ranks(spec: JobSpec, facts: Mapping[str, NodeFacts], nodes: Sequence[Node]) -> int:
-    """How many processes a node runs (paddle: one endpoint port each)."""
-    if isinstance(spec.procs, int):
-        return spec.procs
-    counts = []
-    for n in nodes:
-        f = facts.get(n.name)
-        counts.append(len(n.gpu_ids) or (f.gpu_count if f else None) or n.gpus or 1)
-    return max(counts or [1])

@@ -54,33 +54,9 @@ class Inventory:
             "limit": self.limit,
             "group": self.group,
             "digest": self.digest,
-            "nodes": [node_dict(rank, n) for rank, n in enumerate(self.nodes)],
+            "nodes": [n.to_dict(rank) for rank, n in enumerate(self.nodes)],
             "groups": {g: list(members) for g, members in self.groups.items()},
         }
-
-
-def node_dict(rank: int, node: Node) -> dict[str, Any]:
-    """One node as JSON-ready dict; ``rank`` is its node rank (position in the inventory)."""
-    return {
-        "rank": rank,
-        "host": node.name,
-        "address": node.address,
-        "port": node.port,
-        "user": node.user,
-        "key_file": node.key_file,
-        "local": node.local,
-        "nic": node.nic,
-        "train_addr": node.train_addr,
-        "gpus": node.gpus,
-        "workdir": node.workdir,
-        "python": node.python,
-        "env": dict(node.env),
-        "env_archive": node.env_archive,
-        "known_hosts": node.known_hosts,
-        "ssh_config": node.ssh_config,
-        "groups": list(node.groups),
-        "source": node.source,
-    }
 
 
 def local_inventory() -> Inventory:
