@@ -11,9 +11,9 @@ state folder). Prints markdown rows; nothing is judged.
 The cap is scaled to the fair share, not a fixed percent: on a machine with C cores shared by
 N lab hosts each host gets ~C/N of a CPU, and a cap of 20% of one CPU is no cap at all when
 C/N is 1/8. ``--share 0.25``: a quarter of C/N (``--percent`` fixes it instead). ``--when
-start``: capped before the launch, as ``tests/lab/test_slow_node.py`` does (the capped host
-then also starts torchrun and imports torch at that pace: it is in the time to name);
-``steps``: capped once rank 0 has stepped (``cap to named``: the judge's own latency).
+start``: capped before the launch (the capped host then also starts torchrun and imports
+torch at that pace: it is in the time to name); ``steps``: capped once rank 0 has stepped, as
+``tests/lab/test_slow_node.py`` does (``cap to named``: the judge's own latency).
 ``--on-slow stop`` ends each job at its verdict; a job never named runs ``--seconds``.
 
 Every round of pace reports the controller's judge completes is kept (a recording wrapper

@@ -425,13 +425,16 @@ def test_a_rank_that_blocks_forever_is_a_stalled_job_stopped_on_every_node(lab3:
     r.wait_for(lambda out: any("waiting for a batch that never comes" in x for x in out))
     hung_at = time.monotonic()
     assert r.finish() == 3, r.text()
-    assert time.monotonic() - hung_at < 6 + 20, r.text()
+    # the stop's own stacks and teardown on 3 loaded hosts take seconds to a minute; the
+    # threshold's seconds are the verdict's (below), by the controller's clock
+    assert time.monotonic() - hung_at < 6 + 60, r.text()
     summary = next(line for line in r.err if line.startswith("Job "))
-    assert re.match(
-        r"Job \S+ failed: stalled: no progress on any node for [0-9]+ s; nodes 0-2 were "
+    quiet = re.match(
+        r"Job \S+ failed: stalled: no progress on any node for ([0-9]+) s; nodes 0-2 were "
         r"stopped\.$",
         summary,
-    ), summary
+    )
+    assert quiet is not None and 6 <= int(quiet[1]) <= 6 + 10, summary
     # every rank's stack, folded: the odd rank out is named with the frame it is stuck in
     folded = r.err[r.err.index("where every rank was (innermost Python frame):") + 1 :]
     assert any(re.match(r"  rank 3: stuck_loading_batch \(ddp_train\.py:\d+\)$", x) for x in folded)

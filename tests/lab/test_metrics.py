@@ -177,7 +177,9 @@ def test_hooks_tell_about_a_failure_keep_their_output_and_never_change_the_exit_
     t0 = time.monotonic()
     r = run_cli(*argv, cwd=ROOT)
     assert r.exit_code == 3, r.stderr  # the job's failure, not the hook's 7
-    assert time.monotonic() - t0 < 60
+    # not held by the --on-end hook's 300 s sleep (its 2 s limit: the events below); the
+    # launch and the 10 s job take a loaded machine a minute or more
+    assert time.monotonic() - t0 < 200
     job_id = os.listdir(runs)[0]
     folder = (runs / job_id).resolve()
     env = dict(line.split("=", 1) for line in (out / "env.txt").read_text().splitlines())

@@ -24,6 +24,8 @@ from fleetctl.testing.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
+PROOF_LIMIT = 90.0  # s: the proofs' limit (the default is 30): see the stalled job's run
+
 # 32 MiB all-reduced per step: a fraction of a second on the lab, ~7 s through 50 Mbit/s
 STEPS = """\
 import torch
@@ -40,9 +42,10 @@ for step in range(100000):
 
 def _throttle_once_launched(lab: Lab, host: str, runs: Path, done: threading.Event) -> None:
     """Throttle ``host``'s data link as soon as the job was launched (its job.json says
-    running), so the job runs before its link goes slow."""
-    until = time.monotonic() + 60
-    while not done.is_set() and time.monotonic() < until:
+    running), so the job runs before its link goes slow. Waits until the run returns (its own
+    ``--timeout`` bounds it): a fixed window here would count the launch, which a loaded
+    machine stretches."""
+    while not done.is_set():
         for f in runs.glob("*/job.json"):
             if '"running"' in f.read_text(errors="replace"):
                 lab.slow_link(host, "data", "50mbit")
@@ -90,6 +93,10 @@ def test_a_stalled_job_s_post_mortem_names_the_host_whose_link_went_slow(
             *["run", "-i", str(inventory), "--launcher", "plain", "--no-check"],
             *["--runs-dir", str(runs), "--code-dir", str(code), "--on-slow", "off"],
             *["--stall-timeout", "3", "--timeout", "120"],
+            # the proof's limit counts each host's start of its collective program (torch's
+            # import): ~5 s on a quiet machine, past 30 s at load ~20; the limit is not what
+            # this test proves, only that it holds
+            *["--post-mortem-timeout", str(PROOF_LIMIT)],
             str(code / "steps.py"),
             env={"FLEETCTL_SSH_CONFIG": "/dev/null"},
         )
@@ -107,7 +114,7 @@ def test_a_stalled_job_s_post_mortem_names_the_host_whose_link_went_slow(
     proof = job["post_mortem"]
     assert proof["why"] == "a stall" and proof["named"] == [slow], proof
     assert proof["finding"]["kind"] == "node" and proof["finding"]["hosts"] == [slow], proof
-    assert proof["elapsed"] <= 30.0 + 3.0, proof
+    assert proof["elapsed"] <= PROOF_LIMIT + proof_module.CLOSE_WAIT, proof
     assert job["verdict"].startswith("stalled"), job["verdict"]  # not changed by the proof
     [entry] = json.loads(run_cli("health", "--json").stdout)["hosts"]
     assert entry["host"] == slow, entry
@@ -127,11 +134,12 @@ def test_the_bisection_s_rounds_run_on_one_node_program_per_host(make_lab, monke
     monkeypatch.setattr(proof_module, "ALL_PAIRS_UP_TO", 2)
     lab.slow_link(slow, "data", "50mbit")
     try:
-        job = lab_proof_job(lab, 60.0)
+        job = lab_proof_job(lab, PROOF_LIMIT)
         proof = proof_module.prove(job, proof_module.Ahead(job, "a test"))
     finally:
         lab.clear_slow(slow, "data")
     assert proof.finding.kind == "node" and proof.finding.hosts == (slow,), proof.lines()
     assert len(proof.rounds) == 2, proof.lines()
     assert proof.programs == 4, proof.to_dict()
-    wait_for(lambda: not _collectives_left(lab), 10.0, what="every node program ended")
+    # each exits at its EOF; a loaded machine takes seconds to run their exits
+    wait_for(lambda: not _collectives_left(lab), 30.0, what="every node program ended")

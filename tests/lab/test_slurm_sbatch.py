@@ -307,7 +307,7 @@ def test_a_job_that_waits_past_queue_timeout_is_cancelled_exit_5(
         assert res.exit_code == 5, res.stderr
         assert "PENDING (Resources)" in res.stderr or "PENDING (Priority)" in res.stderr
         assert "did not start within --queue-timeout 3s" in res.stderr
-        assert time.monotonic() - t0 < 60
+        assert time.monotonic() - t0 < 120  # not held by the allocation: it is held forever
         sj = _slurm_job(_folder(runs))
         assert _squeue(slurm, "-j", sj) == ""
         job = json.loads((_folder(runs) / "job.json").read_text())
