@@ -1357,7 +1357,9 @@ STOPPED_LAUNCHER = """
 import os, subprocess, sys
 body = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
 rank = [sys.executable, "-c", body]
-r1 = subprocess.Popen(rank + ["1.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
+# r1 lives 3 s: the supervisor finds ranks by a scan (every 0.2 s at first), which a loaded
+# machine can delay past a second (a rank that ends before it is seen stays unknown)
+r1 = subprocess.Popen(rank + ["3.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
 r0 = subprocess.Popen(rank + ["600", "0"], env=dict(os.environ, LOCAL_RANK="0"))
 print("r1 ended", r1.wait(), flush=True)
 r0.wait()
