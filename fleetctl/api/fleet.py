@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from fleetctl.api.runspec import Container, RunSpec
     from fleetctl.job.records.result import JobEvent
     from fleetctl.node import Node
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.report import CheckReport
     from fleetctl.phases.collect import CollectOptions
     from fleetctl.phases.push.image import ImagePushReport
     from fleetctl.phases.push.report import PushEvent, PushReport
+    from fleetctl.plan.collective import CollectiveOptions
     from fleetctl.plan.rankplan import Plan
     from fleetctl.plan.userinput import OnSlow
     from fleetctl.ssh.execute import ExecResult, NodeRun

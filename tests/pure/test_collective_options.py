@@ -13,8 +13,8 @@ import pytest
 
 from fleetctl import Fleet, UsageError
 from fleetctl.api.runspec import RunSpec, field_of
-from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
 from fleetctl.phases.collect import CollectOptions
+from fleetctl.plan.collective import CollectiveOptions, MiB
 from fleetctl.testing.cli_runner import run_cli
 
 NAN, INF = float("nan"), float("inf")

@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl.api.runspec_collective import FILE_KEYS
 from fleetctl.errors import UsageError
-from fleetctl.phases.check.collective_judge import CollectiveOptions, MiB
+from fleetctl.plan.collective import CollectiveOptions, MiB
 from fleetctl.plan.roles.jobfile import parse_job_file
 from fleetctl.testing.cli_runner import run_cli
 

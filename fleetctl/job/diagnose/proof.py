@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
 from fleetctl.job.records.state import JobStatus, NodeState
-from fleetctl.phases.check.collective_judge import CollectiveOptions
+from fleetctl.plan.collective import CollectiveOptions
 from fleetctl.plan.rankplan import NodeFacts
 
 if TYPE_CHECKING:

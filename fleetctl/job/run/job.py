@@ -41,10 +41,10 @@ if TYPE_CHECKING:
     from fleetctl.job.run.checkpoints import CheckpointRelay
     from fleetctl.job.run.rolejob import RolePlanner
     from fleetctl.node import Node
-    from fleetctl.phases.check.collective_judge import CollectiveOptions
     from fleetctl.phases.check.preflight import CheckOptions
     from fleetctl.phases.frames import Frame
     from fleetctl.phases.push import PushOptions
+    from fleetctl.plan.collective import CollectiveOptions
     from fleetctl.plan.rankplan import JobSpec
     from fleetctl.plan.roles import CompletionPolicy
     from fleetctl.ssh.fanout import FanOut

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # the options record lives in plan/ (a role job file holds one); the judge reads it
-from fleetctl.plan.collective import CollectiveOptions as CollectiveOptions
+from fleetctl.plan.collective import CollectiveOptions
 from fleetctl.plan.collective import MiB as MiB
 
 ALL_PAIRS_UP_TO = 8

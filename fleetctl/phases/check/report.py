@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.plan.userinput import PROBE_TIMEOUT
 
 if TYPE_CHECKING:
-    from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport
+    from fleetctl.phases.check.collective_judge import CollectiveReport
+    from fleetctl.plan.collective import CollectiveOptions
     from fleetctl.plan.rankplan import NodeFacts
     from fleetctl.ssh.fanout import FanOut
     from fleetctl.transport.connection import Stream
