@@ -12,7 +12,8 @@ import pytest
 
 from fleetctl.lab import Lab
 from fleetctl.phases.check.collective import run_collective
-from fleetctl.phases.check.collective_judge import CollectiveOptions, CollectiveReport, MiB
+from fleetctl.phases.check.collective_judge import CollectiveReport
+from fleetctl.plan.collective import CollectiveOptions, MiB
 from fleetctl.plan.inventory import load_inventory
 from fleetctl.plan.rankplan import NodeFacts
 from fleetctl.ssh.fanout import FanOut
