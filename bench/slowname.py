@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,37 +36,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the job: rank 0 prints STEPPING once it steps (the ``steps`` cap's cue)
+STEPS = ROOT / "examples" / "ddp_steps.py"
 sys.path.insert(0, str(ROOT))
 
-# rank 0 says when the job steps (the ``steps`` cap's cue); every rank agrees when to end
-STEPS = """\
-import sys, time
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")
-torch.set_num_threads(1)
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-model = DDP(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(64, 64), torch.randn(64, 1)
-end, flag, step = time.time() + float(sys.argv[1]), torch.zeros(1), 0
-while True:
-    opt.zero_grad()
-    ((model(x) - y) ** 2).mean().backward()
-    opt.step()
-    flag[0] = float(time.time() > end)
-    dist.all_reduce(flag)
-    step += 1
-    if step == 5 and dist.get_rank() == 0:
-        print("STEPPING", flush=True)
-    if flag[0] > 0:
-        break
-print(f"done rank={dist.get_rank()} steps={step}", flush=True)
-dist.destroy_process_group()
-"""
 
 # ``fleetctl run`` with every completed round of the pace judge appended to a JSON-lines file
 RECORDED_RUN = """\
@@ -106,7 +80,7 @@ def one_job(lab, folder: Path, slow: str, percent: float, when: str, args) -> di
     argv = [sys.executable, "-c", RECORDED_RUN, str(rounds), "run", "-i", str(lab.inventory_path)]
     argv += ["--nproc-per-node", "1", "--no-check", "--runs-dir", str(folder / "runs")]
     argv += ["--on-slow", "stop", "--no-post-mortem", "--timeout", str(args.timeout)]
-    argv += [str(folder / "steps.py"), str(args.seconds)]
+    argv += [str(folder / "ddp_steps.py"), str(args.seconds), "--width", "64"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), FLEETCTL_SSH_CONFIG="/dev/null")
     env["FLEETCTL_STATE_DIR"] = str(folder / "state")  # the ledger: not the user's
     at_start = load()
@@ -211,7 +185,7 @@ def main() -> int:
             slow = lab.hosts[n // 2].name
             with tempfile.TemporaryDirectory() as tmp:
                 folder = Path(tmp)
-                (folder / "steps.py").write_text(STEPS)
+                shutil.copy(STEPS, folder)
                 for _ in range(args.samples):
                     for when in args.when.split(","):
                         got = one_job(lab, folder, slow, percent, when, args)

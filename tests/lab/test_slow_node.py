@@ -14,10 +14,12 @@ torchrun and torch's import past the run's limit, and the start-up is not what i
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,37 +30,9 @@ from fleetctl.testing.jobs import assert_nothing_left, launched_job_id, slow_war
 
 pytestmark = pytest.mark.lab
 
-# A plain synchronous DDP loop: every step's gradients all-reduced; it runs for argv[1] s
-# (every rank agrees when to end through one more all_reduce), unless stopped before; at its
-# fifth step rank 0 creates the file argv[2] on its host (the test's cue to cap a host).
-DDP_STEPS = """\
-import sys, time
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")
-torch.set_num_threads(1)
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Tanh(), torch.nn.Linear(128, 1))
-model = DDP(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(128, 128), torch.randn(128, 1)
-end, flag, step = time.time() + float(sys.argv[1]), torch.zeros(1), 0
-while True:
-    opt.zero_grad()
-    ((model(x) - y) ** 2).mean().backward()
-    opt.step()
-    flag[0] = float(time.time() > end)
-    dist.all_reduce(flag)
-    step += 1
-    if step == 5 and dist.get_rank() == 0:
-        open(sys.argv[2], "a").close()
-    if flag[0] > 0:
-        break
-print(f"done rank={dist.get_rank()} steps={step}", flush=True)
-dist.destroy_process_group()
-"""
+# A plain synchronous DDP loop (examples/ddp_steps.py): it runs for argv[1] s; at its fifth step
+# rank 0 creates the file argv[2] on its host (the test's cue to cap a host).
+DDP_STEPS = Path(__file__).resolve().parents[2] / "examples" / "ddp_steps.py"
 
 SHARE = 0.25  # the cap: this much of what a busy process gets (bench/slowname.py's --share)
 # % at least: at 1.7% (load ~30) the host's own sshd and supervisor, sharing the cap with its
@@ -112,7 +86,7 @@ def test_a_cpu_capped_host_is_named_slow_after_agreeing_rounds_and_on_slow_stop_
     code, runs = tmp_path / "code", tmp_path / "runs"
     cue = f"/tmp/fleetctl-test-stepping-{tmp_path.name}"  # on the host: its /tmp is its own
     code.mkdir()
-    (code / "ddp_steps.py").write_text(DDP_STEPS)
+    shutil.copy(DDP_STEPS, code)
     done, capped = threading.Event(), list[float]()
     capper = threading.Thread(
         target=_cap_once_stepping, args=(lab, slow, cue, done, capped), daemon=True
