@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PY = os.path.realpath(sys.executable)  # the interpreter itself, never a pyenv shim (~100 ms)
+# The interpreter running the bench, as its path says: a pyenv shim is never sys.executable (the
+# shim execs the real one), and resolving a venv's bin/python symlink would leave the venv (and
+# its paramiko) behind: every sample then failed with "No module named 'paramiko'".
+PY = sys.executable
 
 
 def fleetctl_argv() -> list[str]:
