@@ -1,6 +1,6 @@
 """The report's plots as geometry: rectangles, ticks and labels in SVG user units, each
-with its CSS class and tooltip. The template (``templates/svg.html.j2``) writes them out as
-inline ``<svg>``; nothing here builds markup, so every text is escaped by jinja2 once.
+with its CSS class and tooltip. :func:`fleetctl.report.render._plot` writes them out as
+inline ``<svg>``; nothing here builds markup, so every text is escaped there, once.
 
 Pure and small on purpose: a 64-node job's timeline is a few hundred rectangles, its
 collective matrix at most 64×64 cells, whatever the job printed.
