@@ -1,8 +1,8 @@
 """A job's offline report: one self-contained HTML file made from its run folder alone.
 
 :mod:`~fleetctl.report.model` reads the folder into typed facts (pure),
-:mod:`~fleetctl.report.svg` lays out the plots, :mod:`~fleetctl.report.render` fills the
-jinja2 templates. :func:`write_report` is the one entry the run's end and ``fleetctl report``
+:mod:`~fleetctl.report.svg` lays out the plots, :mod:`~fleetctl.report.render` writes the
+page. :func:`write_report` is the one entry the run's end and ``fleetctl report``
 use (through ``fleetctl.api``).
 """
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 LINE_CHARS = 240  # a longer log line is cut
 TAIL_BYTES = 64 * 1024  # read at most this much of a log's end
@@ -45,8 +44,7 @@ def span_of(start: str | None, end: str | None) -> float | None:
     return round(b - a, 3) if a is not None and b is not None else None
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     at: float
     kind: str
     rank: int | None

@@ -1,6 +1,6 @@
 """The report's plots as geometry: rectangles, ticks and labels in SVG user units, each
-with its CSS class and tooltip. The template (``templates/svg.html.j2``) writes them out as
-inline ``<svg>``; nothing here builds markup, so every text is escaped by jinja2 once.
+with its CSS class and tooltip. :func:`fleetctl.report.render._plot` writes them out as
+inline ``<svg>``; nothing here builds markup, so every text is escaped there, once.
 
 Pure and small on purpose: a 64-node job's timeline is a few hundred rectangles, its
 collective matrix at most 64×64 cells, whatever the job printed.
@@ -9,6 +9,7 @@ collective matrix at most 64×64 cells, whatever the job printed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fleetctl.report.model import Collective, Lane, ProgressRow
 
@@ -18,8 +19,7 @@ ROW = 16  # one lane's height
 CELL_MAX = 24  # a heatmap cell at most this big
 
 
-@dataclass(frozen=True)
-class Rect:
+class Rect(NamedTuple):
     x: float
     y: float
     w: float
@@ -28,8 +28,7 @@ class Rect:
     title: str
 
 
-@dataclass(frozen=True)
-class Text:
+class Text(NamedTuple):
     x: float
     y: float
     text: str
