@@ -30,24 +30,14 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # past the record and the keyword, the request is JobSpec's ``procs``/``rdzv_port`` and the
-    # resolved plan's (``Plan``, ``LaunchContext``); what keeps the names is outside the code.
-    # plan.json's key is in two files because the JSON is two layers': the Plan (plan/) makes
-    # it (also the dry run's, ``Plan.to_json``, a public method) and reads it back; the file's
-    # record (job/records/plan, on the job layer's FileRecord) types it; plan/ may not import
-    # job/ (test_layering), and the record cannot move down without its base.
+    # past the record and the keyword, the request is JobSpec's ``procs`` and the resolved
+    # plan's (``Plan``, ``LaunchContext``); plan.json's key is its shape's (plan/planfile: the
+    # record, job/records/plan, is made of its keys)
     "nproc_per_node": (
-        7,
-        "plan.json's key (the Plan that makes the JSON, the file's record that types it), a "
-        "role job file's key (plan/roles/jobfile), paddle's own --nproc_per_node flag, and the "
-        "invoke task's --nproc-per-node (tasks.py: invoke makes a task's flags of its "
-        "parameters' names)",
-    ),
-    "master_port": (
         6,
-        "plan.json's key (the Plan that makes the JSON, the file's record that types it), "
-        "deepspeed's own --master_port flag, and check's own --master-port (cli/check_cmd, "
-        "Fleet.check: a port that must be free, 29500 by default, where run's is claimed)",
+        "plan.json's key (plan/planfile), a role job file's key (plan/roles/jobfile), paddle's "
+        "own --nproc_per_node flag, and the invoke task's --nproc-per-node (tasks.py: invoke "
+        "makes a task's flags of its parameters' names)",
     ),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
