@@ -298,6 +298,24 @@ def test_the_run_tasks_nproc_per_node_is_parsed_by_the_record_as_the_commands() 
     )
 
 
+def test_the_run_tasks_record_options_are_the_fields_keyword_and_default() -> None:
+    """Invoke makes the task's flags of its parameters: those of the run record's options
+    are the field's keyword (``--nproc-per-node``'s ``nproc_per_node``) with its default."""
+    from dataclasses import fields
+
+    import fleetctl.tasks
+    from fleetctl.api.runspec import GROUPS
+    from fleetctl.api.runspec_fields import keyword
+
+    task = fleetctl.tasks.run
+    params = task.argspec(task.body).parameters
+    by_flag = {x: f for g in GROUPS.values() for f in fields(g) for x in f.metadata["flags"]}  # type: ignore[arg-type]
+    for flag in fleetctl.tasks._RUN_OPTIONS:
+        f = by_flag[flag]
+        assert params[keyword(f)].default == str(f.default), flag
+    assert [a.names[0] for a in task.get_arguments()][4:6] == ["launcher", "nproc-per-node"]
+
+
 def test_exit_4_says_the_logs_are_incomplete_not_succeeded() -> None:
     """A job that succeeded with a node's logs not home (exit 4) is not ``ok``, and its reason
     says why instead of the bare status."""

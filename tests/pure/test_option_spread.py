@@ -30,15 +30,6 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # past the record and the keyword, the request is JobSpec's ``procs`` and the resolved
-    # plan's (``Plan``, ``LaunchContext``); plan.json's key is its shape's (plan/planfile: the
-    # record, job/records/plan, is made of its keys)
-    "nproc_per_node": (
-        6,
-        "plan.json's key (plan/planfile), a role job file's key (plan/roles/jobfile), paddle's "
-        "own --nproc_per_node flag, and the invoke task's --nproc-per-node (tasks.py: invoke "
-        "makes a task's flags of its parameters' names)",
-    ),
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
         7,
