@@ -390,6 +390,24 @@ def test_run_refuses_a_job_file_with_a_script_and_a_fabric_task_without_ssh(
         fleet.run(str(code / "job.py"), launcher="plain", nodes=2)
 
 
+def test_a_run_without_script_or_role_job_is_one_line_in_both_preparers(tmp_path: Path) -> None:
+    """Neither SCRIPT nor ``--job``: the direct run and ``run --slurm`` refuse it alike, in
+    one line (exit 2), before anything is written."""
+    from fleetctl.api.slurm import submission
+
+    with pytest.raises(UsageError, match=r"^missing SCRIPT \(or --job FILE\)$"):
+        local(tmp_path).run(dry_run=True)
+    with pytest.raises(UsageError, match=r"^missing SCRIPT \(or --job FILE\)$"):
+        submission(None, nodes=1, runs_dir=tmp_path / "runs")
+    for argv in (("run", "--dry-run"), ("run", "--slurm", "--nodes", "1", "--dry-run")):
+        res = run_cli(*argv, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+        assert (res.exit_code, res.stderr) == (
+            2,
+            "fleetctl: error: missing SCRIPT (or --job FILE)\n",
+        )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_foreground_run_ends_in_the_calling_thread_with_its_details(
     tmp_path: Path, code: Path
 ) -> None:

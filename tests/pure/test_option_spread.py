@@ -32,11 +32,12 @@ NOT_COUNTED = ("remote",)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
     # role job file keys (plan/roles), read by the file's parser and the role planner
     "job_file": (
-        7,
-        "the record's cross-field rules (api/runspec_rules: runspec.py is at the size cap), the "
-        "run's preparer that takes a role job instead of SCRIPT (api/runrequest), the role "
-        "job's loader (job/run/rolejob) and run --slurm's copy (api/slurm, with its dry run's "
-        "JSON key); also the key of slurm.json and roles.json (job/records/files)",
+        6,
+        "the record's cross-field rules and what a run runs, SCRIPT or the role job, for both "
+        "preparers (api/runspec_rules: runspec.py is at the size cap), the role job's loader "
+        "(job/run/rolejob), run --slurm's copy of the file (api/slurm: its dry run's JSON key "
+        "and slurm.json's) and the records of slurm.json and roles.json, whose key it is "
+        "(job/records/files)",
     ),
     # the same word for a second thing
     "post_mortem": (
