@@ -91,6 +91,7 @@ def prepare(
         from fleetctl.job.run.rolejob import load_role_job
 
         role_job = load_role_job(
+            role_path,
             p,
             tuple(nodes),
             {g: tuple(m) for g, m in groups.items()},

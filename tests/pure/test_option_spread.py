@@ -30,15 +30,6 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # role job file keys (plan/roles), read by the file's parser and the role planner
-    "job_file": (
-        6,
-        "the record's cross-field rules and what a run runs, SCRIPT or the role job, for both "
-        "preparers (api/runspec_rules: runspec.py is at the size cap), the role job's loader "
-        "(job/run/rolejob), run --slurm's copy of the file (api/slurm: its dry run's JSON key "
-        "and slurm.json's) and the records of slurm.json and roles.json, whose key it is "
-        "(job/records/files)",
-    ),
     # the same word for a second thing
     "post_mortem": (
         6,
