@@ -16,6 +16,7 @@ interrupted) and its one-line message.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shlex
 from collections.abc import Callable
@@ -88,29 +89,65 @@ def push(c: Context, inventory: str = "", limit: str = "", code: str = ".", env:
     print(f"fleetctl: pushed to {len(report.nodes)} host(s)")
 
 
+# The run task's options that are the run record's, by flag: invoke makes a task's flags of its
+# parameters' names, so the parameter, its name (``Fleet.run``'s keyword) and default are the
+# record field's (``_with_run_options``); the help is the task's own, shorter than the command's.
+_RUN_OPTIONS = {
+    "--launcher": "torchrun, plain, paddle, deepspeed",
+    "--nproc-per-node": "processes per node, or auto",
+}
+
+
+def _with_run_options(fn: F) -> F:
+    """``fn(c, script, args, inventory, limit, detach, env_var, **options)`` with a signature
+    whose keywords after ``limit`` are :data:`_RUN_OPTIONS`' fields (their keyword, their
+    default as a string: the record parses it, as it does the command's), for invoke."""
+    import inspect
+
+    from fleetctl.api.runspec import GROUPS
+    from fleetctl.api.runspec_fields import keyword
+
+    by_flag = {
+        flag: f
+        for cls in GROUPS.values()
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        for flag in f.metadata.get("flags") or ()
+    }
+    params = list(inspect.signature(fn).parameters.values())
+    kept = [p for p in params if p.kind is not p.VAR_KEYWORD]
+    at = [p.name for p in kept].index("limit") + 1
+    options = [
+        inspect.Parameter(
+            keyword(f), inspect.Parameter.POSITIONAL_OR_KEYWORD, default=str(f.default)
+        )
+        for f in (by_flag[flag] for flag in _RUN_OPTIONS)
+    ]
+    fn.__signature__ = inspect.Signature([*kept[:at], *options, *kept[at:]])  # type: ignore[attr-defined]
+    return fn
+
+
 @task(
     help={
         **_FLEET_HELP,
         "script": "the script to run (a path, as `fleetctl run SCRIPT`)",
         "args": "the script's arguments, one string split like a shell",
-        "launcher": "torchrun, plain, paddle, deepspeed",
-        "nproc-per-node": "processes per node, or auto",
+        **{flag.lstrip("-"): why for flag, why in _RUN_OPTIONS.items()},
         "detach": "start the job and return its id",
         "env-var": "NAME=VALUE for every node (repeatable)",
     },
     iterable=["env_var"],
 )
 @_errors_exit
+@_with_run_options
 def run(
     c: Context,
     script: str,
     args: str = "",
     inventory: str = "",
     limit: str = "",
-    launcher: str = "torchrun",
-    nproc_per_node: str = "auto",
     detach: bool = False,
     env_var: list[str] | None = None,
+    **options: str,
 ) -> None:
     """fleetctl run: the job on every host, its lines live; exits with the job's verdict."""
     env = {}
@@ -120,15 +157,7 @@ def run(
             raise Exit(f"fleetctl: error: --env-var {item!r} is not NAME=VALUE", code=2)
         env[key] = value
     fleet = _fleet(c, inventory, limit)
-    # nproc_per_node as given ("4", "auto"): the record parses it, as it does the command's
-    job = fleet.run(
-        script,
-        *shlex.split(args),
-        launcher=launcher,
-        nproc_per_node=nproc_per_node,
-        env=env,
-        detach=detach,
-    )
+    job = fleet.run(script, *shlex.split(args), env=env, detach=detach, **options)
     if detach:
         print(job.job_id)
         return

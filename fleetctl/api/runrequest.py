@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from fleetctl.api.runspec import BeforeHook, RunSpec
+from fleetctl.api.runspec_rules import role_file
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,12 +51,11 @@ def prepare(
 
     p, sup, rt = spec.program, spec.supervision, spec.retry
     script, args = p.script, p.args
-    job_file = p.job_file  # its clashes with SCRIPT and --launcher-arg: RunSpec refused them
+    role_path = role_file(p)  # its clashes with SCRIPT and --launcher-arg: RunSpec refused them
     code_dir = p.code
     kind, folder, script_args = None, "", tuple(args)
-    if job_file is None:
-        if script is None:
-            raise UsageError("missing SCRIPT (or --job FILE)")
+    if role_path is None:
+        assert script is not None  # role_file: one of them
         from fleetctl.plan.script_arg import resolve
 
         # SCRIPT or -m MODULE: what it is, the job's folder in the code (the script's own)
@@ -87,10 +87,11 @@ def prepare(
     planner = None
     job_retry = None
     run_nodes: Sequence[Node] = nodes
-    if job_file is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
+    if role_path is not None:  # role job (fleetctl.plan.roles): the job file replaces SCRIPT
         from fleetctl.job.run.rolejob import load_role_job
 
         role_job = load_role_job(
+            role_path,
             p,
             tuple(nodes),
             {g: tuple(m) for g, m in groups.items()},

@@ -1,6 +1,7 @@
 """The rules of a run request across its groups (``RunSpec``'s own fields are checked by
 their group): one line each (``UsageError``, exit 2), before any host is reached, for the
-library and the command alike."""
+library and the command alike; and what a run runs (:func:`role_file`), which its preparers
+(``api/runrequest``, ``run --slurm``'s ``api/slurm``) ask once the record is whole."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 from fleetctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from fleetctl.api.runspec import RunSpec
+    from fleetctl.api.runspec import Program, RunSpec
 
 
 def check(spec: RunSpec) -> None:
@@ -25,6 +26,14 @@ def check(spec: RunSpec) -> None:
     if p.job_file is not None and p.script is not None:
         raise UsageError(f"--job {p.job_file} replaces SCRIPT; got {p.script!r} too")
     _check_elastic(spec)
+
+
+def role_file(p: Program) -> str | None:
+    """The role job file the run runs instead of SCRIPT (``--job``), else None: SCRIPT, which
+    is then needed (``missing SCRIPT (or --job FILE)``: a record may lack both until run)."""
+    if p.job_file is None and p.script is None:
+        raise UsageError("missing SCRIPT (or --job FILE)")
+    return p.job_file
 
 
 def _check_elastic(spec: RunSpec) -> None:

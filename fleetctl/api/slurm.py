@@ -197,6 +197,7 @@ def submission(
     (``fleetctl.slurm.private``); ``job_file`` is then read where it is (with the code, on a
     filesystem the batch host sees)."""
     from fleetctl.api.runrequest import new_job_id
+    from fleetctl.api.runspec_rules import role_file
     from fleetctl.errors import UsageError
     from fleetctl.slurm.batch import (
         GPUS_VAR,
@@ -243,7 +244,7 @@ def submission(
     inner = dataclasses.replace(
         spec, slurm=Slurm(), monitor=Monitor(), hosts=dataclasses.replace(spec.hosts, nodes=None)
     )
-    job_file = spec.program.job_file
+    job_file = role_file(spec.program)  # None: SCRIPT, given
     if job_file is not None:
         from fleetctl.plan.roles import load_job_file
         from fleetctl.plan.script_arg import default_code_dir
@@ -262,8 +263,6 @@ def submission(
         code_dir = os.path.abspath(code) if code is not None else str(default_code_dir(src))
         copy = (os.path.abspath(src), dest)
         inner = inner.replace(job_file=dest, code=code_dir)
-    elif spec.program.script is None:
-        raise UsageError("missing SCRIPT (or --job FILE)")
     if nodes is None:
         raise UsageError("--slurm needs --nodes N (the nodes to ask Slurm for)")
     if settings is None:

@@ -13,10 +13,8 @@ from typing import Any
 
 import click
 
-from fleetctl.api import checks
 from fleetctl.cli import cli
 from fleetctl.cli.options import (
-    Checked,
     Count,
     RegularFile,
     SSHOptions,
@@ -76,19 +74,8 @@ from fleetctl.cli.options import (
     show_default=True,
     help="Code snapshots kept per host.",
 )
-@click.option(
-    "--image",
-    default=None,
-    type=Checked(checks.image, "IMAGE"),
-    help="Ship this machine's container image to the hosts that lack it (alone: no code, no env).",
-)
-@click.option(
-    "--container-runtime",
-    type=click.Choice(["podman", "docker"]),
-    default=None,
-    help="With --image: the runtime here and on the hosts (default: podman here; "
-    "fleetctl_container_runtime, else the first found there).",
-)
+@field_option("image")  # RunSpec's Container group, as run's
+@field_option("container_runtime")
 def push_command(
     inventory: str | None,
     limit: str | None,
@@ -105,12 +92,16 @@ def push_command(
     ssh: SSHOptions,
     **params: Any,
 ) -> None:
-    """Ship code and the conda-pack env to every host; verify python and NCCL there."""
+    """Ship code and the conda-pack env to every host; verify python and NCCL there.
+
+    With --image: this machine's container image alone (no code, no env) to the hosts that
+    lack it, saved here by --container-runtime (default: podman; podman or docker).
+    """
     from fleetctl.api.runspec import Container, RunSpec
     from fleetctl.cli import render
     from fleetctl.errors import PushError
 
-    # --image and its runtime: RunSpec's container group, as run's (push's own help, choices)
+    # --image and its runtime: RunSpec's container group, as run's
     box = RunSpec().replace(**spec_keywords(params, "container")).container
     if box != Container() and (box.image is None or code_dir or env):
         from fleetctl.errors import UsageError

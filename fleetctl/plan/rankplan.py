@@ -43,9 +43,9 @@ from fleetctl.plan.plan_checks import (
     checked_env,
     where,
 )
+from fleetctl.plan.planfile import PLAN_VERSION, FileNames, plan_document, plan_values
 from fleetctl.plan.shared import expand_shared, share_values
 
-PLAN_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
 PENDING_DIGEST = "<code-digest>"  # code_dir placeholder before push has computed the digest
 
@@ -241,12 +241,13 @@ def container_python(n: Node) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(FileNames):
     """The whole job: identical plan-wide values plus one ``NodePlan`` per node in rank order.
 
     ``to_dict()`` is ``plan.json`` and ``--dry-run --json --full``: ``{"job_id", "nodes": [{"host",
-    "address", "node_rank", "nic", "argv", "env", …}]}`` (extra keys allowed); a plain
-    ``--dry-run --json`` prints ``to_json(compact=True)``.
+    "address", "node_rank", "nic", "argv", "env", …}]}`` (extra keys allowed; the shape is
+    ``plan/planfile.py``'s, which also answers the file's names); a plain ``--dry-run --json``
+    prints ``to_json(compact=True)``.
     """
 
     job_id: str
@@ -254,10 +255,10 @@ class Plan:
     script: str
     args: tuple[str, ...]
     master_addr: str
-    rdzv_port: int  # the rendezvous port claimed for the job (plan.json's master_port)
+    rdzv_port: int  # the rendezvous port claimed for the job
     ips: tuple[str, ...]
     nnodes: int
-    procs: int  # processes per node, resolved (plan.json's nproc_per_node)
+    procs: int  # processes per node, resolved
     gpus_per_node: int
     world_size: int
     nodes: tuple[NodePlan, ...]
@@ -286,16 +287,6 @@ class Plan:
         )
 
     @property
-    def master_port(self) -> int:
-        """plan.json's name for :attr:`rdzv_port` (a dry run's Plan, as library callers read it)."""
-        return self.rdzv_port
-
-    @property
-    def nproc_per_node(self) -> int:
-        """plan.json's name for :attr:`procs`."""
-        return self.procs
-
-    @property
     def spec(self) -> JobSpec:
         """The JobSpec this plan was made from (for re-planning a retry from plan.json)."""
         return JobSpec(
@@ -320,26 +311,7 @@ class Plan:
         raise KeyError(host)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "job_id": self.job_id,
-            "created": self.created,
-            "launcher": self.launcher,
-            "script": self.script,
-            **({"kind": self.kind} if self.kind != PYTHON else {}),
-            **({"folder": self.folder} if self.folder else {}),
-            "args": list(self.args),
-            "master_addr": self.master_addr,
-            "master_port": self.rdzv_port,
-            "ips": list(self.ips),
-            "nnodes": self.nnodes,
-            "nproc_per_node": self.procs,
-            "gpus_per_node": self.gpus_per_node,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "user_env": dict(self.user_env),
-            "nodes": [n.to_dict() for n in self.nodes],
-        }
+        return plan_document(self)
 
     def to_json(self, indent: int | None = 2, *, compact: bool = False) -> str:
         """``compact``: fleet-wide values written once (``fleetctl.plan.shared``), not per node."""
@@ -351,28 +323,7 @@ class Plan:
         """Reload a plan (``plan.json``, full or compact). PlanError on a malformed document."""
         d = expand_shared(_require(data, "plan", ("job_id", "nodes")))
         try:
-            nodes = tuple(NodePlan.from_dict(n) for n in d["nodes"])
-            first_env = nodes[0].env if nodes else {}
-            return cls(
-                job_id=str(d["job_id"]),
-                launcher=d.get("launcher", ""),
-                script=d.get("script", ""),
-                args=tuple(d.get("args") or ()),
-                master_addr=d.get("master_addr") or first_env.get("MASTER_ADDR", ""),
-                rdzv_port=int(d.get("master_port") or first_env.get("MASTER_PORT") or 0),
-                ips=tuple(d.get("ips") or (n.train_addr for n in nodes)),
-                nnodes=int(d.get("nnodes") or len(nodes)),
-                procs=int(d.get("nproc_per_node") or 1),
-                gpus_per_node=int(d.get("gpus_per_node") or 0),
-                world_size=int(d.get("world_size") or len(nodes)),
-                nodes=nodes,
-                user_env=dict(d.get("user_env") or {}),
-                backend=d.get("backend"),
-                created=d.get("created"),
-                version=int(d.get("version") or PLAN_VERSION),
-                kind=d.get("kind") or PYTHON,
-                folder=d.get("folder") or "",
-            )
+            return cls(**plan_values(d, tuple(NodePlan.from_dict(n) for n in d["nodes"])))
         except (TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"malformed plan: {e}") from e
 

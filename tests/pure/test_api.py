@@ -298,6 +298,24 @@ def test_the_run_tasks_nproc_per_node_is_parsed_by_the_record_as_the_commands() 
     )
 
 
+def test_the_run_tasks_record_options_are_the_fields_keyword_and_default() -> None:
+    """Invoke makes the task's flags of its parameters: those of the run record's options
+    are the field's keyword (``--nproc-per-node``'s ``nproc_per_node``) with its default."""
+    from dataclasses import fields
+
+    import fleetctl.tasks
+    from fleetctl.api.runspec import GROUPS
+    from fleetctl.api.runspec_fields import keyword
+
+    task = fleetctl.tasks.run
+    params = task.argspec(task.body).parameters
+    by_flag = {x: f for g in GROUPS.values() for f in fields(g) for x in f.metadata["flags"]}  # type: ignore[arg-type]
+    for flag in fleetctl.tasks._RUN_OPTIONS:
+        f = by_flag[flag]
+        assert params[keyword(f)].default == str(f.default), flag
+    assert [a.names[0] for a in task.get_arguments()][4:6] == ["launcher", "nproc-per-node"]
+
+
 def test_exit_4_says_the_logs_are_incomplete_not_succeeded() -> None:
     """A job that succeeded with a node's logs not home (exit 4) is not ``ok``, and its reason
     says why instead of the bare status."""
@@ -370,6 +388,24 @@ def test_run_refuses_a_job_file_with_a_script_and_a_fabric_task_without_ssh(
         fleet.run(str(code / "job.py"), before=f"{tmp_path}/fabfile.py:prepare")
     with pytest.raises(UsageError, match="--nodes 2: the selection has only 1 host"):
         fleet.run(str(code / "job.py"), launcher="plain", nodes=2)
+
+
+def test_a_run_without_script_or_role_job_is_one_line_in_both_preparers(tmp_path: Path) -> None:
+    """Neither SCRIPT nor ``--job``: the direct run and ``run --slurm`` refuse it alike, in
+    one line (exit 2), before anything is written."""
+    from fleetctl.api.slurm import submission
+
+    with pytest.raises(UsageError, match=r"^missing SCRIPT \(or --job FILE\)$"):
+        local(tmp_path).run(dry_run=True)
+    with pytest.raises(UsageError, match=r"^missing SCRIPT \(or --job FILE\)$"):
+        submission(None, nodes=1, runs_dir=tmp_path / "runs")
+    for argv in (("run", "--dry-run"), ("run", "--slurm", "--nodes", "1", "--dry-run")):
+        res = run_cli(*argv, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+        assert (res.exit_code, res.stderr) == (
+            2,
+            "fleetctl: error: missing SCRIPT (or --job FILE)\n",
+        )
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_foreground_run_ends_in_the_calling_thread_with_its_details(

@@ -30,38 +30,15 @@ NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
 EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # past the record and the keyword, the request is JobSpec's ``procs``/``rdzv_port`` and the
-    # resolved plan's (``Plan``, ``LaunchContext``); what keeps the names is outside the code.
-    # plan.json's key is in two files because the JSON is two layers': the Plan (plan/) makes
-    # it (also the dry run's, ``Plan.to_json``, a public method) and reads it back; the file's
-    # record (job/records/plan, on the job layer's FileRecord) types it; plan/ may not import
-    # job/ (test_layering), and the record cannot move down without its base.
-    "nproc_per_node": (
-        7,
-        "plan.json's key (the Plan that makes the JSON, the file's record that types it), a "
-        "role job file's key (plan/roles/jobfile), paddle's own --nproc_per_node flag, and the "
-        "invoke task's --nproc-per-node (tasks.py: invoke makes a task's flags of its "
-        "parameters' names)",
-    ),
-    "master_port": (
-        6,
-        "plan.json's key (the Plan that makes the JSON, the file's record that types it), "
-        "deepspeed's own --master_port flag, and check's own --master-port (cli/check_cmd, "
-        "Fleet.check: a port that must be free, 29500 by default, where run's is claimed)",
-    ),
-    # role job file keys (plan/roles), read by the file's parser and the role planner
-    "job_file": (
-        7,
-        "the record's cross-field rules (api/runspec_rules: runspec.py is at the size cap), the "
-        "run's preparer that takes a role job instead of SCRIPT (api/runrequest), the role "
-        "job's loader (job/run/rolejob) and run --slurm's copy (api/slurm, with its dry run's "
-        "JSON key); also the key of slurm.json and roles.json (job/records/files)",
-    ),
-    # the same word for a second thing
+    # three things share the word; each needs its files, and no file is only a forwarder
     "post_mortem": (
         6,
-        "also job.json's proof record (diagnose/proof fills JobResult's, JobRecord reads it "
-        "back) and the metrics' phase label (job/monitor/metrics)",
+        "the option: its field (api/runspec), Fleet.run's keyword (api/fleet) and its consumer, "
+        "the proof (job/diagnose/proof), which also fills job.json's proof key: written by "
+        "JobResult (job/records/result, through to_record) and typed by JobRecord "
+        "(job/records/jobrecord), two types for one file until JobResult is made of "
+        "JobRecord's fields; and the metrics' phase label fleetctl_job_phase{phase=post_mortem} "
+        "(job/monitor/metrics: a public label, docs/metrics.md)",
     ),
 }
 

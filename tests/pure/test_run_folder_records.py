@@ -249,6 +249,23 @@ def test_the_plan_read_through_its_record_is_the_plan_as_written(case: str) -> N
     assert Plan.from_dict(old.to_dict()).nodes[0].host == node["host"]
 
 
+def test_the_plan_json_record_has_the_keys_the_plan_writes_in_their_order() -> None:
+    """One list of plan.json's plan-wide keys (plan/planfile.PLAN_KEYS) makes the record's
+    fields and is what the Plan writes: a plan with every optional key set writes exactly
+    them, then ``nodes``; a key the Plan wrote past the list would fail here."""
+    from dataclasses import replace
+
+    from fleetctl.plan.planfile import PLAN_KEYS
+    from fleetctl.plan.rankplan import Plan
+
+    names = [f[0] for f in plan.PlanRecord.fields()]
+    assert names == [*PLAN_KEYS, "nodes", "shared"]
+    doc = json.loads((GOLDEN / "plan.json").read_text())
+    full = replace(Plan.from_dict(doc), kind="module", folder="sub")
+    assert list(full.to_dict()) == [*PLAN_KEYS, "nodes"]
+    assert plan.PlanRecord.from_dict(full.to_dict()).to_dict() == full.to_dict()
+
+
 def test_logs_of_a_folder_whose_plan_json_is_malformed_is_one_line_naming_it(
     tmp_path: Path,
 ) -> None:

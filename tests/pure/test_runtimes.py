@@ -336,6 +336,25 @@ def test_push_image_takes_the_container_group_and_refuses_before_any_host(tmp_pa
                 "docker")  # fmt: skip
     assert r.exit_code == 2, r.stderr
     assert re.search(r"docker( is not installed|\)$)", r.stderr.strip()), r.stderr
+    r = run_cli("push", "-i", str(inv), "--image", "x:1", "--container-runtime", "apptainer")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "apptainer images cannot be saved and loaded" in r.stderr
+
+
+def test_push_image_options_are_runs_the_container_groups() -> None:
+    """``push --image``/``--container-runtime`` are made from RunSpec's Container fields, as
+    ``run``'s are: the same flags, help, metavar and check."""
+    from fleetctl.cli import cli
+
+    def options(command: str) -> dict[str, tuple]:
+        params = cli.commands[command].params  # type: ignore[attr-defined]
+        return {
+            p.name: (p.opts, p.help, p.metavar, type(p.type).__name__)
+            for p in params
+            if p.name in ("image", "container_runtime")
+        }
+
+    assert options("push") == options("run") and len(options("push")) == 2
 
 
 def test_a_nodes_runtime_is_the_groups_else_its_inventorys() -> None:

@@ -194,6 +194,7 @@ class RoleJob:
 
 
 def load_role_job(
+    path: str,
     program: Program,
     nodes: Sequence[Node],
     groups: Mapping[str, Sequence[str]],
@@ -202,27 +203,26 @@ def load_role_job(
     code_dir: str | None = None,
     detach: bool = False,
 ) -> RoleJob:
-    """Read the run's role job file (``program``: the run's Program group, its ``--job`` and
-    ``--env-style``), lay its roles out on the nodes, check its scripts exist in the code
-    dir (default: the git work tree holding the job file). ``spec`` carries the job id, port,
-    env and backend; its script and launcher come from the job file."""
+    """Read the run's role job file ``path`` (its ``--job``, as the preparer found it:
+    ``api/runspec_rules.role_file``), lay its roles out on the nodes (``program``: the run's
+    Program group, its ``--env-style``), check its scripts exist in the code dir (default: the
+    git work tree holding the job file). ``spec`` carries the job id, port, env and backend;
+    its script and launcher come from the job file."""
     from fleetctl.plan.roles import load_job_file
     from fleetctl.plan.script_arg import default_code_dir
 
-    job_file = program.job_file
-    assert job_file is not None  # the caller's branch: a role job
-    job = load_job_file(job_file)
+    job = load_job_file(path)
     if detach and any(r.min_succeeded is not None for r in job.roles):
-        raise UsageError(f"{job_file}: min_succeeded needs a watching controller: no --detach")
+        raise UsageError(f"{path}: min_succeeded needs a watching controller: no --detach")
     planner = prepare_roles(job, nodes, groups, env_style=program.env_style)
-    code = code_dir if code_dir is not None else str(default_code_dir(job_file))
+    code = code_dir if code_dir is not None else str(default_code_dir(path))
     for rel, where in [(r.script, r.where) for r in job.roles if r.script] + (
-        [(job.script, job_file)] if job.script else []
+        [(job.script, path)] if job.script else []
     ):
         if not (Path(code) / str(rel)).is_file():
             raise UsageError(f"{where}: script {rel} not found in the code dir {code}")
     # the job file's image and runtime; the command line's win
     spec = dataclasses.replace(
-        spec.in_image_of(job), script=Path(job_file).name, launcher=job.launcher, procs=1
+        spec.in_image_of(job), script=Path(path).name, launcher=job.launcher, procs=1
     )
     return RoleJob(planner, spec, code)
