@@ -22,7 +22,8 @@ no clock, no I/O.
 
 from __future__ import annotations
 
-import statistics
+# statistics is imported where a round is judged: its import (decimal, fractions: ~2 ms of
+# CPU) would cost every `fleetctl run`'s start, since the run options read AGREE and WINDOW.
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ class NodePace:
     @classmethod
     def from_report(cls, rank: int, host: str, report: dict[str, Any]) -> NodePace | None:
         """From a ``W`` frame's payload; None when it holds no usable rank sample."""
+        import statistics
+
         ranks = report.get("ranks")
         if not isinstance(ranks, dict):
             return None
@@ -124,6 +127,8 @@ class SlowVerdict:
 def suspect(round_: list[NodePace]) -> NodePace | None:
     """The round's slow node, or None (fewer than two nodes, no clear one, or two rules that
     point at different nodes)."""
+    import statistics
+
     if len(round_) < 2:
         return None
     ranked = sorted(round_, key=lambda p: p.busy, reverse=True)
@@ -146,6 +151,8 @@ def suspect(round_: list[NodePace]) -> NodePace | None:
 
 def evidence(node: NodePace, peers: list[NodePace]) -> tuple[float, float, str]:
     """(compute ratio, peers' wait share, the words) for ``node`` against its ``peers``."""
+    import statistics
+
     peer_busy = statistics.median(p.busy for p in peers)
     ratio = node.busy / max(peer_busy, 0.02)
     parts = []
@@ -202,6 +209,8 @@ class PaceJudge:
     def scores(self) -> dict[str, float]:
         """The latest round's score by host (higher: slower): its ranks' busy share over the
         median of its peers' (1: like its peers), for the metrics' slow-node series."""
+        import statistics
+
         if not self.rounds:
             return {}
         round_ = self.rounds[-1][1]
@@ -213,6 +222,8 @@ class PaceJudge:
 
     def _verdict(self) -> SlowVerdict:
         """The streak's evidence, averaged over its rounds."""
+        import statistics
+
         rank = self.streak[-1][0].rank
         mine = [s[0] for s in self.streak]
         thr = [p.throttled for p in mine if p.throttled is not None]
