@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import FleetctlError, UsageError
-from fleetctl.slurm.specfile import SPEC_FILE, dumps
 
 #: set by the batch script: the fleetctl job id (and run folder) the inside run adopts
 RUN_ID_VAR = "FLEETCTL_RUN_ID"
@@ -127,6 +126,8 @@ class BatchRequest:
 def spec_path(folder: str, job_id: str, *, private: bool) -> str:
     """Where the run inside reads its spec: the run folder, or (no shared filesystem) the
     batch host's private folder (the run folder there must be new: it is not in it)."""
+    from fleetctl.slurm.specfile import SPEC_FILE  # not at import: every run reads GPUS_VAR
+
     return f"{PRIVATE_ROOT.format(job=job_id) if private else folder}/{SPEC_FILE}"
 
 
@@ -245,6 +246,8 @@ def render(req: BatchRequest) -> str:
     root, folder = shlex.quote(req.private_root), shlex.quote(req.inside_folder)
     spec = shlex.quote(req.spec_file)
     if req.spec is not None:  # the batch host cannot see the run folder: the spec comes here
+        from fleetctl.slurm.specfile import dumps
+
         lines += [
             "# the run's options, for `fleetctl run --spec` (0600 in a 0700 folder, never on",
             "# a command line)",
