@@ -23,9 +23,12 @@ no clock, no I/O.
 from __future__ import annotations
 
 # statistics is imported where a round is judged: its import (decimal, fractions: ~2 ms of
-# CPU) would cost every `fleetctl run`'s start, since the run options read AGREE and WINDOW.
+# CPU) would cost every multi-node run's launch, before any pace report has come.
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+from fleetctl.plan.userinput import AGREE as AGREE  # the run options' defaults, kept there
+from fleetctl.plan.userinput import WINDOW as WINDOW
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.slowstacks import SlowStacks
@@ -37,8 +40,6 @@ MIN_THROTTLED = 0.2
 MAX_PEER_THROTTLED = 0.05
 MIN_CPU = 0.02  # CPU-s/s a throttled node's ranks use: throttling an idle job slows nothing
 MIN_RATIO = 1.5  # said as "computes ~N× longer" from here
-AGREE = 4  # rounds of the last WINDOW that name the same node, and no other (reports every
-WINDOW = 6  # 2 s: named ~8-12 s after it shows)
 
 
 @dataclass(frozen=True)
