@@ -62,7 +62,8 @@ def prepare(
         prog = resolve(script, script_args, code_dir, p.launcher)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
-    relayed = rt.checkpoint_folder()  # refused before any host is reached
+    # refused before any host is reached; None: the work folder (the relay is not imported)
+    relayed = None if rt.checkpoint_dir is None else rt.checkpoint_folder()
     relay = None
     if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
         from fleetctl.job.run.resume import resolve as resolve_resume
