@@ -159,6 +159,10 @@ def new_job_id(now: datetime | None = None) -> str:
 
 def _adopted_job_id() -> str | None:
     """Inside the batch job ``run --slurm`` submitted: its job id (and run folder)."""
+    from fleetctl.slurm.allocation import job_id
+
+    if not job_id(os.environ):  # outside an allocation: the batch module is not loaded
+        return None
     from fleetctl.slurm.batch import adopted_job_id
 
     return adopted_job_id(os.environ)

@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import FleetctlError, UsageError
+from fleetctl.slurm.allocation import GPUS_VAR as GPUS_VAR  # set by the batch script
 
 #: set by the batch script: the fleetctl job id (and run folder) the inside run adopts
 RUN_ID_VAR = "FLEETCTL_RUN_ID"
-#: set by the batch script from ``--gres gpu:K``: the GPUs each node's steps get. The batch
-#: step's own ``SLURM_GPUS_ON_NODE`` can be more (an exclusive node gives it all of them)
-GPUS_VAR = "FLEETCTL_SLURM_GPUS_PER_NODE"
 MAX_GRES_COUNT = 4096  # per node and GRES: a typo's count must not reach sbatch
 OUTPUT_FILE = "slurm.out"  # in the run folder: the batch script's stdout
 ERROR_FILE = "slurm.err"  # and its stderr (fleetctl's own lines, the summary)
