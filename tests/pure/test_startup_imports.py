@@ -59,7 +59,9 @@ NOT_UP_FRONT = (
     "fleetctl.phases.check.collective",
     "fleetctl.plan.runtimes",  # --image: containers
     "fleetctl.phases.push.image",
-    "fleetctl.slurm.specfile",  # --slurm, or inside an allocation
+    "fleetctl.slurm.batch",  # --slurm, or inside an allocation
+    "fleetctl.slurm.specfile",
+    "fleetctl.slurm.hostlist",
     "fleetctl.slurm.submit",
     "fleetctl.slurm.private",
     "fleetctl.api.slurm",
@@ -69,6 +71,7 @@ NOT_UP_FRONT = (
     "fleetctl.job.run.rolejob",
     "fleetctl.job.run.elastic",  # --elastic
     "fleetctl.job.run.attempts",  # --max-retries
+    "fleetctl.phases.push.relay",  # --checkpoint-dir, retries, --resume
     "fleetctl.lab",
     "fleetctl.tasks",
     "invoke",
