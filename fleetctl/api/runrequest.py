@@ -62,7 +62,8 @@ def prepare(
         prog = resolve(script, script_args, code_dir, p.launcher)
         script, kind, folder, script_args = prog.script, prog.kind, prog.folder, prog.args
         code_dir = prog.code_dir
-    relayed = rt.checkpoint_folder()  # refused before any host is reached
+    # refused before any host is reached; None: the work folder (the relay is not imported)
+    relayed = None if rt.checkpoint_dir is None else rt.checkpoint_folder()
     relay = None
     if rt.resume is not None:  # the earlier job's run folder, read here (no host reached)
         from fleetctl.job.run.resume import resolve as resolve_resume
@@ -159,6 +160,10 @@ def new_job_id(now: datetime | None = None) -> str:
 
 def _adopted_job_id() -> str | None:
     """Inside the batch job ``run --slurm`` submitted: its job id (and run folder)."""
+    from fleetctl.slurm.allocation import job_id
+
+    if not job_id(os.environ):  # outside an allocation: the batch module is not loaded
+        return None
     from fleetctl.slurm.batch import adopted_job_id
 
     return adopted_job_id(os.environ)

@@ -25,13 +25,14 @@ from fleetctl.api.runspec_fields import _Group, keyword, option
 from fleetctl.api.runspec_fields import hint as hint  # re-exported: the JSON form, the CLI
 from fleetctl.api.runspec_fields import refuse as refuse
 from fleetctl.errors import UsageError
-from fleetctl.job.diagnose.pace import AGREE, WINDOW
 from fleetctl.plan.userinput import (
+    AGREE,
     MAX_BACKOFF,
     MAX_RETRIES,
     ON_SLOW,
     PROBE_TIMEOUT,
     PROBE_TIMEOUT_MAX,
+    WINDOW,
     OnSlow,
 )
 

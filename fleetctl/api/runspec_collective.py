@@ -123,10 +123,10 @@ COLLECT: tuple[Sub, ...] = (
 def collective_record(values: dict[str, Any]) -> Any:
     """``CollectiveOptions`` of the flags' values by parameter name (None: ``--collective``
     not given)."""
-    from fleetctl.plan.collective import CollectiveOptions
-
     if not values[COLLECTIVE[0].param]:
         return None
+    from fleetctl.plan.collective import CollectiveOptions
+
     kw = {s.attr: s.attribute(values[s.param]) for s in COLLECTIVE if s.attr}
     return CollectiveOptions(**kw)
 

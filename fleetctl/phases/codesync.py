@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import UsageError
-from fleetctl.remote.kit.keyscan import KeyScan
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -348,6 +347,10 @@ class _HashCache:
         hit = self.data.get(path)
         if hit and hit[:3] == key and len(hit) == 6 and hit[5] == _SCAN_VERSION:
             return hit[3], bool(hit[4])
+        # imported for a file to scan only: its patterns' compile is ~5 ms of CPU, and a
+        # check or a run whose code did not change scans nothing
+        from fleetctl.remote.kit.keyscan import KeyScan
+
         h = hashlib.sha256()
         scan = KeyScan()
         with open(path, "rb") as f:

@@ -28,6 +28,11 @@ PROBE_TIMEOUT_MAX = 600.0
 # run --on-slow: what a node the others wait for (fleetctl.job.diagnose.pace) makes the run do
 OnSlow = Literal["warn", "stop", "off"]
 ON_SLOW: tuple[OnSlow, ...] = get_args(OnSlow)
+# --slow-rounds: rounds of pace reports (every ~2 s) of the last WINDOW that must name the same
+# node, and no other, before it is called slow (named ~8-12 s after it shows); the judge is
+# fleetctl.job.diagnose.pace, whose import the option table need not pay
+AGREE = 4
+WINDOW = 6
 
 
 def read_user_file(

@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import FleetctlError, UsageError
 from fleetctl.node import Node
-from fleetctl.slurm.batch import GPUS_VAR
-from fleetctl.slurm.hostlist import expand
 
 if TYPE_CHECKING:
     from fleetctl.plan.inventory.load import Inventory
 
 SCONTROL_TIMEOUT = 15.0
+#: set by the batch script from ``--gres gpu:K``: the GPUs each node's steps get. The batch
+#: step's own ``SLURM_GPUS_ON_NODE`` can be more (an exclusive node gives it all of them).
+#: Here, not in batch.py: every run asks this module whether it is inside an allocation.
+GPUS_VAR = "FLEETCTL_SLURM_GPUS_PER_NODE"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ def from_env(env: Mapping[str, str]) -> Allocation | None:
             gpus = gpus_from(key, env[key])
             if gpus is not None:
                 break
+    from fleetctl.slurm.hostlist import expand
+
     return Allocation(job, tuple(expand(nodelist)), gpus)
 
 

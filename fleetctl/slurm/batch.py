@@ -22,13 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import FleetctlError, UsageError
-from fleetctl.slurm.specfile import SPEC_FILE, dumps
+from fleetctl.slurm.allocation import GPUS_VAR as GPUS_VAR  # set by the batch script
 
 #: set by the batch script: the fleetctl job id (and run folder) the inside run adopts
 RUN_ID_VAR = "FLEETCTL_RUN_ID"
-#: set by the batch script from ``--gres gpu:K``: the GPUs each node's steps get. The batch
-#: step's own ``SLURM_GPUS_ON_NODE`` can be more (an exclusive node gives it all of them)
-GPUS_VAR = "FLEETCTL_SLURM_GPUS_PER_NODE"
 MAX_GRES_COUNT = 4096  # per node and GRES: a typo's count must not reach sbatch
 OUTPUT_FILE = "slurm.out"  # in the run folder: the batch script's stdout
 ERROR_FILE = "slurm.err"  # and its stderr (fleetctl's own lines, the summary)
@@ -127,6 +124,8 @@ class BatchRequest:
 def spec_path(folder: str, job_id: str, *, private: bool) -> str:
     """Where the run inside reads its spec: the run folder, or (no shared filesystem) the
     batch host's private folder (the run folder there must be new: it is not in it)."""
+    from fleetctl.slurm.specfile import SPEC_FILE  # not at import: every run reads GPUS_VAR
+
     return f"{PRIVATE_ROOT.format(job=job_id) if private else folder}/{SPEC_FILE}"
 
 
@@ -245,6 +244,8 @@ def render(req: BatchRequest) -> str:
     root, folder = shlex.quote(req.private_root), shlex.quote(req.inside_folder)
     spec = shlex.quote(req.spec_file)
     if req.spec is not None:  # the batch host cannot see the run folder: the spec comes here
+        from fleetctl.slurm.specfile import dumps
+
         lines += [
             "# the run's options, for `fleetctl run --spec` (0600 in a 0700 folder, never on",
             "# a command line)",

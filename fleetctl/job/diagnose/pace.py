@@ -22,9 +22,13 @@ no clock, no I/O.
 
 from __future__ import annotations
 
-import statistics
+# statistics is imported where a round is judged: its import (decimal, fractions: ~2 ms of
+# CPU) would cost every multi-node run's launch, before any pace report has come.
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+from fleetctl.plan.userinput import AGREE as AGREE  # the run options' defaults, kept there
+from fleetctl.plan.userinput import WINDOW as WINDOW
 
 if TYPE_CHECKING:
     from fleetctl.job.diagnose.slowstacks import SlowStacks
@@ -36,8 +40,6 @@ MIN_THROTTLED = 0.2
 MAX_PEER_THROTTLED = 0.05
 MIN_CPU = 0.02  # CPU-s/s a throttled node's ranks use: throttling an idle job slows nothing
 MIN_RATIO = 1.5  # said as "computes ~N× longer" from here
-AGREE = 4  # rounds of the last WINDOW that name the same node, and no other (reports every
-WINDOW = 6  # 2 s: named ~8-12 s after it shows)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class NodePace:
     @classmethod
     def from_report(cls, rank: int, host: str, report: dict[str, Any]) -> NodePace | None:
         """From a ``W`` frame's payload; None when it holds no usable rank sample."""
+        import statistics
+
         ranks = report.get("ranks")
         if not isinstance(ranks, dict):
             return None
@@ -124,6 +128,8 @@ class SlowVerdict:
 def suspect(round_: list[NodePace]) -> NodePace | None:
     """The round's slow node, or None (fewer than two nodes, no clear one, or two rules that
     point at different nodes)."""
+    import statistics
+
     if len(round_) < 2:
         return None
     ranked = sorted(round_, key=lambda p: p.busy, reverse=True)
@@ -146,6 +152,8 @@ def suspect(round_: list[NodePace]) -> NodePace | None:
 
 def evidence(node: NodePace, peers: list[NodePace]) -> tuple[float, float, str]:
     """(compute ratio, peers' wait share, the words) for ``node`` against its ``peers``."""
+    import statistics
+
     peer_busy = statistics.median(p.busy for p in peers)
     ratio = node.busy / max(peer_busy, 0.02)
     parts = []
@@ -202,6 +210,8 @@ class PaceJudge:
     def scores(self) -> dict[str, float]:
         """The latest round's score by host (higher: slower): its ranks' busy share over the
         median of its peers' (1: like its peers), for the metrics' slow-node series."""
+        import statistics
+
         if not self.rounds:
             return {}
         round_ = self.rounds[-1][1]
@@ -213,6 +223,8 @@ class PaceJudge:
 
     def _verdict(self) -> SlowVerdict:
         """The streak's evidence, averaged over its rounds."""
+        import statistics
+
         rank = self.streak[-1][0].rank
         mine = [s[0] for s in self.streak]
         thr = [p.throttled for p in mine if p.throttled is not None]

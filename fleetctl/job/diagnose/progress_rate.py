@@ -22,7 +22,7 @@ slowness); by role in a role job. Pure: the caller gives the times.
 
 from __future__ import annotations
 
-import statistics
+# statistics is imported where rates are judged, as in pace.py: not at every run's launch
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,6 +117,8 @@ def _suspect(
     nodes: dict[int, str], series: dict[int, dict[tuple[str, str], _Series]], now: float
 ) -> tuple[NodeRate | None, dict[int, NodeRate], str]:
     """The round's slow node (or None), every node's rate and the shape measured."""
+    import statistics
+
     for kind in KINDS:
         rates: dict[int, NodeRate] = {}
         for rank, host in nodes.items():
@@ -137,6 +139,8 @@ def _suspect(
 
 
 def _slowest(rates: dict[int, NodeRate]) -> NodeRate | None:
+    import statistics
+
     if len(rates) < 2:
         return None
     ranked = sorted(rates.values(), key=lambda r: r.rate)
@@ -148,6 +152,8 @@ def _slowest(rates: dict[int, NodeRate]) -> NodeRate | None:
 
 
 def _verdict(node: NodeRate, peers: list[NodeRate], kind: str, rounds: int) -> SlowVerdict:
+    import statistics
+
     median = statistics.median(p.rate for p in peers)
     ratio = min(median / max(node.rate, 1e-9), 999.0)
     mine, theirs = node.rate * node.seconds, median * node.seconds

@@ -23,6 +23,7 @@ from fleetctl.job.run.retry import RetryPolicy
 if TYPE_CHECKING:
     from fleetctl.job.monitor.exposition import MetricsEndpoint
     from fleetctl.job.monitor.hooks import Hooks
+    from fleetctl.job.monitor.metrics import JobMetrics
     from fleetctl.job.monitor.process import SpawnedMonitor
     from fleetctl.job.records.result import JobEvent, JobResult
     from fleetctl.job.run.job import RunOptions
@@ -119,10 +120,15 @@ def submit(request: JobRequest, on_event: Callable[[JobEvent], None]) -> Submitt
 def _metrics_endpoint(request: JobRequest) -> MetricsEndpoint | None:
     """The run's metrics, listening already (None: not asked for)."""
     from fleetctl.job.monitor.exposition import endpoint_for
-    from fleetctl.job.monitor.metrics import JobMetrics
 
     tries = request.retry.tries
-    endpoint = endpoint_for(request.observe, lambda: JobMetrics(max_attempts=tries))
+
+    def metrics() -> JobMetrics:  # imported only when the run is observed
+        from fleetctl.job.monitor.metrics import JobMetrics
+
+        return JobMetrics(max_attempts=tries)
+
+    endpoint = endpoint_for(request.observe, metrics)
     return None if endpoint is None else endpoint.start()
 
 

@@ -27,7 +27,6 @@ from fleetctl.errors import CheckError
 from fleetctl.node import Node
 from fleetctl.plan.launchers.base import SHELL, kind_of
 from fleetctl.plan.rankplan import NodeFacts, Plan, container_python
-from fleetctl.plan.runtimes import ORDER, runtime
 from fleetctl.results import FleetResult
 from fleetctl.ssh.fanout import FanOut
 
@@ -149,6 +148,8 @@ def script(
     hung runtime is ``hung image|probe``, said in time, not a cut shell line at the SSH
     timeout, and its client is killed. ``container_timeout``: the probe's container's own
     limit (not ``--probe-timeout``, the node python's: the image's python is asked here)."""
+    from fleetctl.plan.runtimes import ORDER, runtime  # containers only: not at a plain run's start
+
     cases = []
     for name in ORDER:
         r = runtime(name)
@@ -242,6 +243,8 @@ def shell_dir(path: str) -> str:
 
 
 def parse(stdout: str, want: ImageWant) -> ImageFacts:
+    from fleetctl.plan.runtimes import ORDER
+
     image = want.image
     facts = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
     if "missing" in facts:

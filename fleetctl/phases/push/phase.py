@@ -18,7 +18,7 @@ from fleetctl.phases.envpack import EnvArchive, archive_info, human_bytes, nccl_
 from fleetctl.phases.push.nodecall import call_mode
 from fleetctl.phases.push.peers import _PeerDistribution
 from fleetctl.phases.push.report import NodePush, ProgressFn, PushEvent, PushOptions, PushReport
-from fleetctl.phases.push.state import ENVINFO_SRC, _node_error, _one_line, _State
+from fleetctl.phases.push.state import _node_error, _one_line, _State
 from fleetctl.phases.push.transfer import _Transfer
 from fleetctl.results import FleetResult
 
@@ -377,6 +377,8 @@ class _Push(_Transfer, _PeerDistribution):
     ) -> dict[str, Any]:
         """One node-side command; its JSON answer. Raises NodePushError with the reason."""
         if mode in ("probe", "finalize"):  # these may verify an env
+            from fleetctl.phases.push.state import ENVINFO_SRC
+
             cfg = {**cfg, "envinfo": ENVINFO_SRC}
         payload = call_mode(
             node,

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import remote
 from fleetctl.errors import NodePushError
 from fleetctl.phases.frames import PUSH_KINDS, FrameStream
-from fleetctl.phases.push.state import REMOTE_SRC
 
 if TYPE_CHECKING:
     from fleetctl.node import Node
@@ -51,6 +50,8 @@ def start_serve(
 ) -> Serving:
     """Start ``serve`` for ``path`` on ``node`` (``remove``: it deletes the file when it ends).
     Raises NodePushError (stage ``serve``) when it does not say where it listens in time."""
+    from fleetctl.phases.push.state import REMOTE_SRC
+
     token = secrets.token_hex(32)
     stream = conn.start([node.python, remote.NO_SITE, "-c", REMOTE_SRC, "serve"])
     cfg = {

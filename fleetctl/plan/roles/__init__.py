@@ -45,19 +45,50 @@ answers which are bindable (a one-shot bind test, ``fleetctl.job.run.rolejob``),
 
 from __future__ import annotations
 
-from fleetctl.plan.roles.completion import CompletionPolicy, Verdict
-from fleetctl.plan.roles.jobfile import JobFile, RetrySpec, RoleSpec, load_job_file, parse_job_file
-from fleetctl.plan.roles.plan import RoleLayout, make_role_plan
-from fleetctl.plan.roles.tasks import (
-    PORT_HI,
-    PORT_LO,
-    Task,
-    assign_ports,
-    assign_tasks,
-    candidate_ports,
-    port_needs,
-    ports_per_host,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each name loads its module on first use (module ``__getattr__``): a plain run reads only
+# ``jobfile.RetrySpec`` (its retry policy), and importing that module runs this package's
+# ``__init__`` first; completion, the layout and the port table are for role jobs.
+_NAMES = {
+    "CompletionPolicy": "completion",
+    "Verdict": "completion",
+    "JobFile": "jobfile",
+    "RetrySpec": "jobfile",
+    "RoleSpec": "jobfile",
+    "load_job_file": "jobfile",
+    "parse_job_file": "jobfile",
+    "RoleLayout": "plan",
+    "make_role_plan": "plan",
+    "PORT_HI": "tasks",
+    "PORT_LO": "tasks",
+    "Task": "tasks",
+    "assign_ports": "tasks",
+    "assign_tasks": "tasks",
+    "candidate_ports": "tasks",
+    "port_needs": "tasks",
+    "ports_per_host": "tasks",
+}
+
+if TYPE_CHECKING:
+    from fleetctl.plan.roles.completion import CompletionPolicy as CompletionPolicy
+    from fleetctl.plan.roles.completion import Verdict as Verdict
+    from fleetctl.plan.roles.jobfile import JobFile as JobFile
+    from fleetctl.plan.roles.jobfile import RetrySpec as RetrySpec
+    from fleetctl.plan.roles.jobfile import RoleSpec as RoleSpec
+    from fleetctl.plan.roles.jobfile import load_job_file as load_job_file
+    from fleetctl.plan.roles.jobfile import parse_job_file as parse_job_file
+    from fleetctl.plan.roles.plan import RoleLayout as RoleLayout
+    from fleetctl.plan.roles.plan import make_role_plan as make_role_plan
+    from fleetctl.plan.roles.tasks import PORT_HI as PORT_HI
+    from fleetctl.plan.roles.tasks import PORT_LO as PORT_LO
+    from fleetctl.plan.roles.tasks import Task as Task
+    from fleetctl.plan.roles.tasks import assign_ports as assign_ports
+    from fleetctl.plan.roles.tasks import assign_tasks as assign_tasks
+    from fleetctl.plan.roles.tasks import candidate_ports as candidate_ports
+    from fleetctl.plan.roles.tasks import port_needs as port_needs
+    from fleetctl.plan.roles.tasks import ports_per_host as ports_per_host
 
 __all__ = [
     "PORT_HI",
@@ -78,3 +109,16 @@ __all__ = [
     "port_needs",
     "ports_per_host",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})
