@@ -1355,12 +1355,28 @@ def test_the_supervisor_times_a_rank_end_its_launcher_reaps_at_once(
 
 STOPPED_LAUNCHER = """
 import os, subprocess, sys
-body = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
-rank = [sys.executable, "-c", body]
-# r1 lives 3 s: the supervisor finds ranks by a scan (every 0.2 s at first), which a loaded
-# machine can delay past a second (a rank that ends before it is seen stays unknown)
-r1 = subprocess.Popen(rank + ["3.0", "3"], env=dict(os.environ, LOCAL_RANK="1"))
-r0 = subprocess.Popen(rank + ["600", "0"], env=dict(os.environ, LOCAL_RANK="0"))
+# r1 ends 2 s after the supervisor found it (rank_pids.json in the run folder, argv[1], lists
+# local rank 1; the watcher then holds a pidfd for it): a rank that ends before a scan sees it
+# stays unknown, and a fixed life (it was 3 s) did not cover a loaded machine's start of it
+body = '''
+import json, os, sys, time
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        with open(os.path.join(sys.argv[1], "rank_pids.json")) as f:
+            if "1" in json.load(f):
+                break
+    except (OSError, ValueError):
+        pass
+    time.sleep(0.05)
+time.sleep(2.0)
+sys.exit(3)
+'''
+env = dict(os.environ, LOCAL_RANK="1")
+r1 = subprocess.Popen([sys.executable, "-c", body, sys.argv[1]], env=env)
+r0 = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(600)"], env=dict(os.environ, LOCAL_RANK="0")
+)
 print("r1 ended", r1.wait(), flush=True)
 r0.wait()
 """
@@ -1374,9 +1390,10 @@ def test_a_rank_that_ended_after_the_stop_reached_its_node_is_marked_so(
     (tmp_path / "launcher.py").write_text(STOPPED_LAUNCHER)
     job = jid("p-after-stop")
     spec = {"cwd": str(tmp_path), "env": {"FLEET_LAUNCHER": "torchrun"}}
-    run = jobs.start(job, [jobs.python, str(tmp_path / "launcher.py")], **spec)
+    argv = [jobs.python, str(tmp_path / "launcher.py"), jobs.run_dir(job)]
+    run = jobs.start(job, argv, **spec)
     seen = [f.text for f in run.pending]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 150
     while not any(t.startswith("r1 ended") for t in seen):
         assert time.monotonic() < deadline, seen
         run.stream.send(b"h")
