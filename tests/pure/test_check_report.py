@@ -213,6 +213,27 @@ def test_only_the_pairs_whose_tcp_failed_are_measured_again() -> None:
     assert failed_pairs({"error": "no peer list"}) == []
 
 
+def test_no_pair_with_an_end_whose_own_nic_is_down_is_measured_again() -> None:
+    """A host whose training NIC reads as down (its own facts: no carrier) can neither send
+    nor be reached: its pairs are judged by the first round (the second only waited out the
+    TCP timeout again: 2 s of a cut-link check), while a pair that merely timed out between
+    hosts with link is still measured again (a loaded host answers late)."""
+    from fleetctl.phases.check.mesh import Rendezvous, again_pairs
+
+    names = ["a", "b", "c", "d"]
+    timed_out = {"tcp": "timed out", "ping": "timeout"}
+    mesh = full_mesh(names, {("a", "b"): timed_out, ("a", "c"): timed_out})
+    rv = Rendezvous(names, ready_by=0.0, mesh_wait=1.0)
+    for n in names:
+        rv.arrive(n, ("10.0.0.1", 29501), link_up=n != "c")
+    members = rv.peers()
+    assert rv.no_link == {"c"}
+    assert again_pairs("a", {"peers": mesh["a"]}, members, rv.no_link) == ["b"]
+    cut = {"peers": {n: timed_out for n in names if n != "c"}}
+    assert again_pairs("c", cut, members, rv.no_link) == []  # its own link is down
+    assert again_pairs("a", {"peers": mesh["a"]}, members, set()) == ["b", "c"]
+
+
 def test_two_hosts_that_cannot_talk_both_fail() -> None:
     ns = nodes(2)
     r = judge(ns, good(ns, {("node1", "node2"): {"tcp": "timed out", "ping": "timeout"}}))

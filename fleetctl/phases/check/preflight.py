@@ -204,7 +204,7 @@ def _session(
             return out
         addr = (out.facts.get("nic") or {}).get("addr")
         out.listener = (str(addr), int(got.data()))
-        rv.arrive(node.name, out.listener)
+        rv.arrive(node.name, out.listener, (out.facts.get("nic") or {}).get("up") is not False)
         arrived = True
         members = rv.peers()
         if node.name not in members:
@@ -232,7 +232,7 @@ def _session(
         rv.tested(node.name)
         rv.wait_all_tested()
         if out.mesh is not None:
-            measure_again(stream, lines, out, members, rv)
+            measure_again(stream, lines, out, members, rv, node.name)
         rv.measured_again(node.name)
         rv.wait_all_measured_again()
         if hold_until is not None and out.mesh is not None:
