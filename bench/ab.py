@@ -36,13 +36,14 @@ def _argv(checkout: Path) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     env.pop("SSH_AUTH_SOCK", None)
     env["FLEETCTL_SSH_CONFIG"] = "/dev/null"
-    env["PYTHONPATH"] = str(checkout)
+    env["PYTHONPATH"] = str(checkout)  # and cwd=checkout: `python -m` puts the working
+    # directory first on sys.path, ahead of PYTHONPATH (run from a checkout, every side ran it)
     return [PY, "-m", "fleetctl"], env
 
 
 def _fanout(checkout: Path, inv: str, names: set[str]) -> tuple[float, float]:
     argv, env = _argv(checkout)
-    t = run_timed([*argv, "exec", "-i", inv, "hostname"], env=env, timeout=300)
+    t = run_timed([*argv, "exec", "-i", inv, "hostname"], env=env, timeout=300, cwd=str(checkout))
     if t.proc.returncode != 0:
         raise SampleFailed(f"{checkout}: exec exit {t.proc.returncode}: {tail(t.proc.stderr)}")
     missing = [n for n in names if n not in t.proc.stdout]
@@ -57,7 +58,7 @@ def _noop(checkout: Path, inv: str, work: Path, tag: str) -> tuple[float, float]
     env["FLEETCTL_CACHE_DIR"] = str(work / f"cache-{tag}")  # the check really runs
     cmd = [*argv, "run", "-i", inv, "--launcher", "plain", "--code-dir", str(code)]
     cmd += ["--runs-dir", str(work / f"runs-{checkout.name}"), str(code / "job.py")]
-    t = run_timed(cmd, env=env, timeout=600)
+    t = run_timed(cmd, env=env, timeout=600, cwd=str(checkout))
     if t.proc.returncode != 0:
         raise SampleFailed(f"{checkout}: run exit {t.proc.returncode}: {tail(t.proc.stderr)}")
     return t.seconds, t.cpu
