@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # the lab comes from the after checkout
 
-from common import PY, SampleFailed, run_timed, tail  # noqa: E402
+from common import SampleFailed, run_timed, tail  # noqa: E402
 from phases import NOOP_SCRIPT, PhaseBench  # noqa: E402
 
 
@@ -38,7 +38,8 @@ def _argv(checkout: Path) -> tuple[list[str], dict[str, str]]:
     env["FLEETCTL_SSH_CONFIG"] = "/dev/null"
     env["PYTHONPATH"] = str(checkout)  # and cwd=checkout: `python -m` puts the working
     # directory first on sys.path, ahead of PYTHONPATH (run from a checkout, every side ran it)
-    return [PY, "-m", "fleetctl"], env
+    # this interpreter as started (a venv's python): common.PY, its realpath, leaves the venv
+    return [sys.executable, "-m", "fleetctl"], env
 
 
 def _fanout(checkout: Path, inv: str, names: set[str]) -> tuple[float, float]:
