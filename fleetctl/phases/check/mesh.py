@@ -103,6 +103,18 @@ class Rendezvous:
                 self.cond.wait(left)
 
 
+def peer_list(
+    names: Sequence[str], members: Mapping[str, tuple[str, int]], no_link: Collection[str]
+) -> list[dict[str, Any]]:
+    """The probe's peer list: name, address, port, and ``"link": False`` for a peer whose own
+    facts say its training NIC has no link (the probe does not wait out timeouts to it)."""
+    return [
+        {"name": n, "addr": members[n][0], "port": members[n][1]}
+        | ({"link": False} if n in no_link else {})
+        for n in names
+    ]
+
+
 def failed_pairs(mesh: Any) -> list[str]:
     """The peers of a first mesh round whose TCP connect did not get through (or that were not
     tested): measured once more after every host's first round, before anyone is blamed."""
@@ -145,7 +157,7 @@ def measure_again(
     again = again_pairs(name, out.mesh, members, rv.no_link)
     if not again or not rv.measure_again:
         return
-    peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in again]
+    peers = peer_list(again, members, rv.no_link)
     try:
         stream.send((json.dumps({"peers": peers}) + "\n").encode())
     except OSError:
