@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # the lab comes from the after checkout
 
-from common import PY, SampleFailed, run_timed, tail  # noqa: E402
+from common import SampleFailed, run_timed, tail  # noqa: E402
 from phases import NOOP_SCRIPT, PhaseBench  # noqa: E402
 
 
@@ -36,13 +36,15 @@ def _argv(checkout: Path) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     env.pop("SSH_AUTH_SOCK", None)
     env["FLEETCTL_SSH_CONFIG"] = "/dev/null"
-    env["PYTHONPATH"] = str(checkout)
-    return [PY, "-m", "fleetctl"], env
+    env["PYTHONPATH"] = str(checkout)  # and cwd=checkout: `python -m` puts the working
+    # directory first on sys.path, ahead of PYTHONPATH (run from a checkout, every side ran it)
+    # this interpreter as started (a venv's python): common.PY, its realpath, leaves the venv
+    return [sys.executable, "-m", "fleetctl"], env
 
 
 def _fanout(checkout: Path, inv: str, names: set[str]) -> tuple[float, float]:
     argv, env = _argv(checkout)
-    t = run_timed([*argv, "exec", "-i", inv, "hostname"], env=env, timeout=300)
+    t = run_timed([*argv, "exec", "-i", inv, "hostname"], env=env, timeout=300, cwd=str(checkout))
     if t.proc.returncode != 0:
         raise SampleFailed(f"{checkout}: exec exit {t.proc.returncode}: {tail(t.proc.stderr)}")
     missing = [n for n in names if n not in t.proc.stdout]
@@ -57,7 +59,7 @@ def _noop(checkout: Path, inv: str, work: Path, tag: str) -> tuple[float, float]
     env["FLEETCTL_CACHE_DIR"] = str(work / f"cache-{tag}")  # the check really runs
     cmd = [*argv, "run", "-i", inv, "--launcher", "plain", "--code-dir", str(code)]
     cmd += ["--runs-dir", str(work / f"runs-{checkout.name}"), str(code / "job.py")]
-    t = run_timed(cmd, env=env, timeout=600)
+    t = run_timed(cmd, env=env, timeout=600, cwd=str(checkout))
     if t.proc.returncode != 0:
         raise SampleFailed(f"{checkout}: run exit {t.proc.returncode}: {tail(t.proc.stderr)}")
     return t.seconds, t.cpu

@@ -170,6 +170,28 @@ def test_host_cut_from_data_network_fails_its_row_and_column_only() -> None:
     assert not r.ok
 
 
+def test_a_host_whose_nic_has_no_link_fails_every_pair_untried_and_is_blamed_alone() -> None:
+    """Its pairs are not tried (the probes say which end has no link): the same blame as when
+    they timed out, and no ping problem of a ping that was not sent."""
+    from fleetctl.phases.check.mesh import peer_list
+
+    ns = nodes()
+    there = {"ping": "not tried", "tcp": "not tried: the destination's NIC has no link"}
+    here = {"ping": "not tried", "tcp": "not tried: the source's NIC has no link"}
+    bad = {(s, "node2"): there for s in ("node1", "node3")}
+    bad |= {("node2", d): here for d in ("node1", "node3")}
+    r = judge(ns, good(ns, bad))
+    assert failing(r) == {("node2", "mesh")}
+    f = next(f for f in r.mesh_failures if (f.src, f.dst) == ("node3", "node2"))
+    assert str(f) == "node3 → node2: TCP 29501 not tried: the destination's NIC has no link"
+    assert "except node2" in r.hosts["node1"].checks["mesh"].detail
+    members = {"a": ("10.0.0.1", 1), "b": ("10.0.0.2", 2)}
+    assert peer_list(["a", "b"], members, {"b"}) == [
+        {"name": "a", "addr": "10.0.0.1", "port": 1},
+        {"name": "b", "addr": "10.0.0.2", "port": 2, "link": False},
+    ]
+
+
 def test_one_way_firewall_blames_both_ends_of_the_pair() -> None:
     ns = nodes()
     r = judge(ns, good(ns, {("node1", "node3"): {"tcp": "refused"}}))
@@ -211,6 +233,27 @@ def test_only_the_pairs_whose_tcp_failed_are_measured_again() -> None:
     mesh["d"] = None
     assert failed_pairs({"peers": mesh}) == ["b", "d"]
     assert failed_pairs({"error": "no peer list"}) == []
+
+
+def test_no_pair_with_an_end_whose_own_nic_is_down_is_measured_again() -> None:
+    """A host whose training NIC reads as down (its own facts: no carrier) can neither send
+    nor be reached: its pairs are judged by the first round (the second only waited out the
+    TCP timeout again: 2 s of a cut-link check), while a pair that merely timed out between
+    hosts with link is still measured again (a loaded host answers late)."""
+    from fleetctl.phases.check.mesh import Rendezvous, again_pairs
+
+    names = ["a", "b", "c", "d"]
+    timed_out = {"tcp": "timed out", "ping": "timeout"}
+    mesh = full_mesh(names, {("a", "b"): timed_out, ("a", "c"): timed_out})
+    rv = Rendezvous(names, ready_by=0.0, mesh_wait=1.0)
+    for n in names:
+        rv.arrive(n, ("10.0.0.1", 29501), link_up=n != "c")
+    members = rv.peers()
+    assert rv.no_link == {"c"}
+    assert again_pairs("a", {"peers": mesh["a"]}, members, rv.no_link) == ["b"]
+    cut = {"peers": {n: timed_out for n in names if n != "c"}}
+    assert again_pairs("c", cut, members, rv.no_link) == []  # its own link is down
+    assert again_pairs("a", {"peers": mesh["a"]}, members, set()) == ["b", "c"]
 
 
 def test_two_hosts_that_cannot_talk_both_fail() -> None:

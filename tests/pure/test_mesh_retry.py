@@ -64,12 +64,29 @@ def test_the_slowdown_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe.load_factor(4.0) == 1.0
 
 
-def test_a_host_whose_own_training_link_is_down_tries_nothing_again(calls: list[Any]) -> None:
-    """Its NIC check fails it already; every pair would only wait out the longer timeouts."""
+def test_a_host_whose_own_training_link_is_down_tries_nothing(calls: list[Any]) -> None:
+    """Its NIC check fails it already; nothing passes a NIC without link, so every pair would
+    only wait out the timeouts: each fails at once, saying so."""
     peers = [{"name": n, "addr": n, "port": 1} for n in ("slow", "cut")]
     out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0, link_up=False)["peers"]
-    assert out["slow"]["tcp"] == "timed out" and "retried" not in out["slow"]
-    assert [t for kind, _, t in calls if kind == "tcp"] == [2.0, 2.0]
+    assert out["slow"] == {
+        "ping": "not tried",
+        "tcp": "not tried: the source's NIC has no link",
+        "route_src": "10.0.0.1",
+    }
+    assert calls == []
+
+
+def test_a_peer_whose_own_training_link_is_down_is_not_tried(calls: list[Any]) -> None:
+    """The controller marks it from that host's facts (``"link": false``); the other peers are
+    measured (and retried) as ever."""
+    peers = [{"name": "cut", "addr": "cut", "port": 1, "link": False}]
+    peers += [{"name": n, "addr": n, "port": 1} for n in ("slow", "off")]
+    out = probe.mesh("10.0.0.1", peers, timeout=2.0, max_slowdown=4.0)["peers"]
+    assert out["cut"]["tcp"] == "not tried: the destination's NIC has no link"
+    assert "retried" not in out["cut"]
+    assert out["slow"]["tcp"] == "ok" and out["slow"]["retried"] == 6.0
+    assert sorted({dst for _, dst, _ in calls}) == ["off", "slow"]
 
 
 def test_the_second_round_remembers_that_other_peers_echoed(calls: list[Any]) -> None:

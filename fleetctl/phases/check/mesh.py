@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.phases.check.mesh_plan import mesh_peers
@@ -45,12 +45,16 @@ class Rendezvous:
         self.again: set[str] = set()  # members not done with the second round yet
         self.again_by = 0.0
         self.measure_again = again  # False: one round, as a time-boxed post-mortem wants
+        self.no_link: set[str] = set()  # members whose own training NIC reads as down
 
-    def arrive(self, name: str, listener: tuple[str, int] | None) -> None:
+    def arrive(self, name: str, listener: tuple[str, int] | None, link_up: bool = True) -> None:
+        """``link_up``: what the host's own facts say of its training NIC (False: down)."""
         with self.cond:
             self.waiting.discard(name)
             if listener is not None and self.members is None:
                 self.ready[name] = listener
+                if not link_up:
+                    self.no_link.add(name)
             self.cond.notify_all()
 
     def peers(self) -> dict[str, tuple[str, int]]:
@@ -99,6 +103,18 @@ class Rendezvous:
                 self.cond.wait(left)
 
 
+def peer_list(
+    names: Sequence[str], members: Mapping[str, tuple[str, int]], no_link: Collection[str]
+) -> list[dict[str, Any]]:
+    """The probe's peer list: name, address, port, and ``"link": False`` for a peer whose own
+    facts say its training NIC has no link (the probe does not wait out timeouts to it)."""
+    return [
+        {"name": n, "addr": members[n][0], "port": members[n][1]}
+        | ({"link": False} if n in no_link else {})
+        for n in names
+    ]
+
+
 def failed_pairs(mesh: Any) -> list[str]:
     """The peers of a first mesh round whose TCP connect did not get through (or that were not
     tested): measured once more after every host's first round, before anyone is blamed."""
@@ -112,22 +128,36 @@ def failed_pairs(mesh: Any) -> list[str]:
     ]
 
 
+def again_pairs(
+    name: str, mesh: Any, members: Mapping[str, object], no_link: Collection[str]
+) -> list[str]:
+    """The peers ``name`` measures in the second round: its failed pairs, but none with an end
+    whose own training NIC reads as down (``no_link``: its probe's facts, not a timeout).
+    Nothing leaves or reaches a NIC without link however loaded the hosts are, so a second
+    try could only wait out the TCP timeout again: 2 s of every check with a cut data link
+    (64 lab hosts). Such a pair is judged by its first round; the ``nic`` cell fails the host."""
+    if name in no_link:
+        return []
+    return [n for n in failed_pairs(mesh) if n in members and n not in no_link]
+
+
 def measure_again(
     stream: Stream,
     lines: FrameStream,
     out: ProbeOutcome,
     members: dict[str, tuple[str, int]],
     rv: Rendezvous,
+    name: str,
 ) -> None:
     """The second round: once every host finished the first (the load of the whole mesh at
-    once is over), this host's failed pairs are measured once more; their results go to
-    ``out.mesh["again"]`` (the judge goes by them). 142 pairs of 128 lab hosts at load ~30
-    failed once and passed the second time."""
+    once is over), this host's failed pairs are measured once more (``again_pairs``); their
+    results go to ``out.mesh["again"]`` (the judge goes by them). 142 pairs of 128 lab hosts
+    at load ~30 failed once and passed the second time."""
     assert out.mesh is not None
-    again = [n for n in failed_pairs(out.mesh) if n in members]
+    again = again_pairs(name, out.mesh, members, rv.no_link)
     if not again or not rv.measure_again:
         return
-    peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in again]
+    peers = peer_list(again, members, rv.no_link)
     try:
         stream.send((json.dumps({"peers": peers}) + "\n").encode())
     except OSError:

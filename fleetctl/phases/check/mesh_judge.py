@@ -34,7 +34,7 @@ def pair_problems(res: object, port: object) -> tuple[tuple[str, ...], str | Non
     ping = str(res.get("ping", ""))
     tcp = str(res.get("tcp", ""))
     na = ping.startswith("n/a")
-    ping_problem = None if na or ping == "ok" else f"ping {ping}"
+    ping_problem = None if na or ping in ("ok", "not tried") else f"ping {ping}"
     if tcp == "ok":
         return (), ping_problem, na
     return ((ping_problem,) if ping_problem else ()) + (f"TCP {port} {tcp}",), None, na

@@ -35,7 +35,7 @@ from fleetctl.errors import ConnectError
 from fleetctl.phases.check.cache import load_cached, save_cached
 from fleetctl.phases.check.health_gate import apply_health, record_collective
 from fleetctl.phases.check.judge import build_report, fleet_clock_spread
-from fleetctl.phases.check.mesh import Rendezvous, measure_again
+from fleetctl.phases.check.mesh import Rendezvous, measure_again, peer_list
 from fleetctl.phases.check.mesh_plan import MAX_SLOWDOWN, RANDOM_PEERS, mesh_mode
 from fleetctl.phases.check.report import (
     CHECKS,
@@ -204,7 +204,7 @@ def _session(
             return out
         addr = (out.facts.get("nic") or {}).get("addr")
         out.listener = (str(addr), int(got.data()))
-        rv.arrive(node.name, out.listener)
+        rv.arrive(node.name, out.listener, (out.facts.get("nic") or {}).get("up") is not False)
         arrived = True
         members = rv.peers()
         if node.name not in members:
@@ -212,7 +212,7 @@ def _session(
             return out
         in_mesh = True
         out.mesh_peers = list(rv.plan.get(node.name, []))
-        peers = [{"name": n, "addr": members[n][0], "port": members[n][1]} for n in out.mesh_peers]
+        peers = peer_list(out.mesh_peers, members, rv.no_link)
         try:
             stream.send((json.dumps({"peers": peers}) + "\n").encode())
         except OSError:
@@ -232,7 +232,7 @@ def _session(
         rv.tested(node.name)
         rv.wait_all_tested()
         if out.mesh is not None:
-            measure_again(stream, lines, out, members, rv)
+            measure_again(stream, lines, out, members, rv, node.name)
         rv.measured_again(node.name)
         rv.wait_all_measured_again()
         if hold_until is not None and out.mesh is not None:

@@ -212,9 +212,23 @@ def mesh(
     longer timeouts: 10 s of a 64-host check with one data link cut, on this lab. ``echoed``:
     a peer of an earlier round echoed (the second round measures only failed pairs, which
     would otherwise all look ICMP-filtered and wait out the long timeouts: 64 lab hosts, one
-    data link cut, the check 9.3 -> 21.6 s)."""
+    data link cut, the check 9.3 -> 21.6 s).
+
+    Not tried at all: a pair with an end whose own training NIC has no link (this host's,
+    ``link_up`` False, or a peer's that the controller marks ``"link": false`` from that
+    host's facts): nothing passes a NIC without carrier, however loaded the hosts are, and
+    the try only waited out the TCP timeout (2 s of every check with a cut data link). The
+    pair fails, its ``tcp`` saying which end has no link."""
 
     def one(peer: dict, ping_t: float, tcp_t: float) -> tuple:
+        if not link_up or peer.get("link") is False:
+            end = "source" if not link_up else "destination"
+            why = f"not tried: the {end}'s NIC has no link"
+            return peer["name"], {
+                "ping": "not tried",
+                "tcp": why,
+                "route_src": route_source(peer["addr"]),
+            }
         p = Task(ping, src, peer["addr"], ping_t)
         conn = tcp(src, peer["addr"], int(peer["port"]), tcp_t)
         echo = p.result(timeout=ping_t + 10)
@@ -239,6 +253,7 @@ def mesh(
         p
         for p in peers
         if link_up
+        and p.get("link") is not False
         and results[p["name"]]["tcp"] not in ("ok", "refused")
         and not (echoes and results[p["name"]]["ping"] != "ok")
     ]
