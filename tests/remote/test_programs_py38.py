@@ -233,8 +233,10 @@ def jobs(tmp_path: Path, py38: str) -> Iterator[Jobs]:
         j.close()
 
 
-def drain(run: NodeRun, timeout: float = 20.0) -> list[tuple[str, str]]:
-    """Every frame until the stream ends, heartbeating; says goodbye once ``X`` arrived."""
+def drain(run: NodeRun, timeout: float = 60.0) -> list[tuple[str, str]]:
+    """Every frame until the stream ends, heartbeating; says goodbye once ``X`` arrived. The
+    limit only ends a hang: a supervisor started afresh (a Python 3.8 start, its bundle, the
+    job) took over 20 s at load ~25."""
     frames = [(f.kind, f.text) for f in run.pending]
     reader: FrameReader = run.reader
     deadline = time.monotonic() + timeout
@@ -1382,6 +1384,14 @@ r0.wait()
 """
 
 
+def _ended(exits_file: Path, local: int) -> bool:
+    """Whether the node's rank_exits.json already holds local rank ``local``'s end."""
+    try:
+        return any(e["local"] == local for e in json.loads(exits_file.read_text())["exits"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def test_a_rank_that_ended_after_the_stop_reached_its_node_is_marked_so(
     jobs: Jobs, tmp_path: Path
 ) -> None:
@@ -1394,7 +1404,10 @@ def test_a_rank_that_ended_after_the_stop_reached_its_node_is_marked_so(
     run = jobs.start(job, argv, **spec)
     seen = [f.text for f in run.pending]
     deadline = time.monotonic() + 150
-    while not any(t.startswith("r1 ended") for t in seen):
+    exits_file = Path(jobs.run_dir(job)) / "rank_exits.json"
+    # the stop once rank 1's end is the node's record (its watcher may run late on a loaded
+    # machine: what is proven is how an end before the stop and one after it are marked)
+    while not (any(t.startswith("r1 ended") for t in seen) and _ended(exits_file, 1)):
         assert time.monotonic() < deadline, seen
         run.stream.send(b"h")
         data = run.stream.recv(0.3)

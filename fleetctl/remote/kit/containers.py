@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +34,8 @@ def _run(argv: list, timeout: float) -> tuple:
     """(exit code, stdout, stderr's last line); code None when it did not run or timed out,
     negative when a signal ended it (or its shell)."""
     words = [str(a) for a in argv]
+    import shutil  # here: its import (bz2, lzma, fnmatch) is CPU at every supervisor start
+
     if shutil.which(words[0]) is None:
         return None, "", f"{words[0]}: No such file or directory"
     try:

@@ -19,7 +19,6 @@ from .jobprocs import adopt_port_claims, become_subreaper, stop_processes
 from .output import Out, gap_note, write_all, write_problem
 from .pace import pace_file, watch_pace
 from .procfs import pid_alive, proc_stat
-from .progress import Tally
 from .ranktail import MAX_LINE, RankTail
 from .rankwatch import RankWatch
 from .records import RecordError, SupervisorSpec, SupervisorState, read_state
@@ -90,7 +89,11 @@ class Supervisor(RankTail):
         self.begun = False  # the job's own first line or progress touch here (begin())
         # detached: the progress markers the monitor judges (no controller reads our lines)
         pace = spec.pace if spec.detach else None
-        self.tally = None if pace is None else Tally(pace.get("progress_regex"))
+        self.tally = None
+        if pace is not None:  # here: its import (dataclasses, the shapes' regexes) is ~10 ms
+            from .progress import Tally  # of CPU per start, and an attached run never needs it
+
+            self.tally = Tally(pace.get("progress_regex"))
 
     # -- setup --------------------------------------------------------------------------
     def prepare(self) -> None:
