@@ -188,3 +188,44 @@ def test_the_system_kernel_log_programs_run_only_where_the_ring_buffer_cannot_st
     kernel, programs = json.loads(out.stdout)
     assert (kernel["source"], programs) == (source, ran)
     assert isinstance(kernel["xids"], list)
+
+
+# ------------------------------------------------ the probe's program runner (waits.run)
+
+RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from remote.kit import waits
+py = sys.executable
+big = "import sys; sys.stdout.write('x' * 300000); sys.stderr.write('e' * 100000)"
+cases = [
+    waits.run([py, "-c", "import sys; print(sys.stdin.read() == ''); sys.exit(3)"], 10),
+    waits.run(["/no/such/program"], 10),
+    waits.run(["no-such-program-on-path"], 10),
+    waits.run([py, "-c", "import time; time.sleep(30)"], 0.5),
+    waits.run([py, "-c", big], 10),
+    waits.run([py, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], 10),
+    waits.run(["sh", "-c", "yes | head -c 3"], 10),
+    waits.run(["sh", "-c", "ls /proc/self/fd"], 10),
+]
+print(json.dumps([[c[0], c[1][:20], len(c[1]), len(c[2])] for c in cases]))
+"""
+
+
+def test_the_probe_runs_programs_as_subprocess_did_under_3_8(py38: str) -> None:
+    out = subprocess.run(
+        [py38, "-S", "-c", RUN, node_tree()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got[0][:2] == [3, "True\n"]  # stdin is /dev/null; the exit code kept
+    assert got[1][0] == 127 and got[2][0] == 127  # missing, by path or on PATH
+    assert got[3][0] == 124  # killed at its time limit
+    assert got[4][0] == 0 and got[4][2:] == [300000, 100000]  # both pipes read in full
+    assert got[5][0] == -15  # a signal's end, as subprocess says it
+    assert got[6] == [0, "y\ny", 3, 0]  # SIGPIPE as the default: yes ends without a word
+    assert got[7][1].split() == ["0", "1", "2", "3"]  # no fd of the probe's leaks into it
