@@ -229,3 +229,42 @@ def test_the_probe_runs_programs_as_subprocess_did_under_3_8(py38: str) -> None:
     assert got[5][0] == -15  # a signal's end, as subprocess says it
     assert got[6] == [0, "y\ny", 3, 0]  # SIGPIPE as the default: yes ends without a word
     assert got[7][1].split() == ["0", "1", "2", "3"]  # no fd of the probe's leaks into it
+
+
+SKIP = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from remote.kit import health
+health.NVIDIA_MODULE, health.KMSG = sys.argv[2], sys.argv[3]
+print(json.dumps(health.health_facts({"ib_root": sys.argv[3]})["kernel"]))
+"""
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_no_kernel_log_is_read_where_no_nvidia_driver_could_have_logged_an_xid(
+    py38: str, tmp_path: Path, driver: bool
+) -> None:
+    """No nvidia-smi and no driver loaded: no Xid line can exist, so none is looked for; a
+    loaded driver without nvidia-smi on PATH still has its kernel log read."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "dmesg").write_text(
+        "#!/bin/sh\necho '[ 12.500000] NVRM: Xid (PCI:0000:18:00): 79, off'\n"
+    )
+    (bindir / "dmesg").chmod(0o755)
+    module = tmp_path / "module"
+    if driver:
+        module.mkdir()
+    out = subprocess.run(
+        [py38, "-S", "-c", SKIP, node_tree(), str(module), str(tmp_path / "no-kmsg")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bindir)},
+    )
+    assert out.returncode == 0, out.stderr
+    kernel = json.loads(out.stdout)
+    if driver:
+        assert kernel["source"] == "dmesg" and [x["xid"] for x in kernel["xids"]] == [79]
+    else:
+        assert kernel["xids"] == [] and kernel["skipped"] and kernel["source"]

@@ -40,6 +40,7 @@ MAX_XIDS = 64  # the newest kept: a GPU in a fault loop logs thousands
 KMSG = "/dev/kmsg"
 KMSG_ESCAPE = r"\\x([0-9a-f]{2})"
 JOURNAL_DIRS = ("/run/log/journal", "/var/log/journal")
+NVIDIA_MODULE = "/sys/module/nvidia"  # while the driver is loaded
 
 
 def pci_key(bus_id: str) -> str:
@@ -345,7 +346,10 @@ def health_facts(args: dict) -> dict:
         else:
             last = (err or text).strip().splitlines()
             out["smi_error"] = f"nvidia-smi -q -x exited {code}" + (f": {last[-1]}" if last else "")
-    out["kernel"] = kernel_xids()
+    if smi or os.path.exists(NVIDIA_MODULE):
+        out["kernel"] = kernel_xids()
+    else:  # an Xid line needs the driver, loaded now or once with its nvidia-smi installed
+        out["kernel"] = {"source": "-", "xids": [], "skipped": "no NVIDIA driver, no nvidia-smi"}
     out["ib"] = ib_ports(args.get("ib_root") or IB_ROOT)
     dcgmi = which("dcgmi") if args.get("dcgm") else None
     if dcgmi:
