@@ -7,8 +7,9 @@ its health a few hundred bytes — so a large fleet sends the controller figures
 * ``nvidia-smi -q -x``: per GPU its PCI bus id, uncorrectable ECC counts (volatile and
   aggregate, every driver's field names), retired pages pending, remapped rows pending or
   failed, the active clock event (throttle) reasons, the PCIe link's width and generation;
-* the kernel log (``journalctl -k -b``, else ``dmesg``): its ``NVRM: Xid`` lines since boot,
-  with their seconds since boot, so the controller can tell the ones since the last check;
+* the kernel log (``journalctl -k -b``, else ``dmesg``; both read here from ``/dev/kmsg`` where
+  that says the same: ``kernel_xids``): its ``NVRM: Xid`` lines since boot, with their seconds
+  since boot, so the controller can tell the ones since the last check;
 * ``/sys/class/infiniband`` (``ib_root``): every port's state, rate and error counters;
 * ``dcgmi diag -r 1 -j`` where DCGM is installed and the check asks for it (``dcgm``).
 
@@ -33,8 +34,13 @@ IB_COUNTERS = (
     "local_link_integrity_errors",
     "excessive_buffer_overrun_errors",
 )
-XID_RE = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*?NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)$")
+# compiled at its first use (re caches it): most nodes' logs hold no Xid line
+XID_PATTERN = r"^\[\s*(\d+(?:\.\d+)?)\].*?NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)$"
 MAX_XIDS = 64  # the newest kept: a GPU in a fault loop logs thousands
+KMSG = "/dev/kmsg"
+KMSG_ESCAPE = r"\\x([0-9a-f]{2})"
+JOURNAL_DIRS = ("/run/log/journal", "/var/log/journal")
+NVIDIA_MODULE = "/sys/module/nvidia"  # while the driver is loaded
 
 
 def pci_key(bus_id: str) -> str:
@@ -132,7 +138,9 @@ def parse_xid_lines(text: str) -> list:
     ``{"t": seconds since boot, "pci": key, "xid": n, "text": rest}``, the newest MAX_XIDS."""
     out = []
     for line in text.splitlines():
-        m = XID_RE.match(line.strip())
+        if "NVRM: Xid" not in line:  # the regex's cost on every line of a long log
+            continue
+        m = re.match(XID_PATTERN, line.strip())
         if m:
             out.append(
                 {
@@ -212,21 +220,116 @@ def ib_ports(root: str = IB_ROOT) -> list:
 
 def kernel_xids() -> dict:
     """The ``NVRM: Xid`` lines since boot: journald's kernel log, else the kernel's ring buffer
-    (``dmesg`` may need root: ``kernel.dmesg_restrict``)."""
+    (``dmesg`` may need root: ``kernel.dmesg_restrict``).
+
+    Where the system's own tools are on PATH, no program is run when a read here says the
+    same: the ring buffer read from ``/dev/kmsg`` (what ``dmesg`` prints) stands in for
+    ``journalctl`` while it still holds every line since boot, and for ``dmesg`` always;
+    ``journalctl`` is not run where no journal was ever written (it would print nothing; the
+    ring buffer is then read however much of the boot it still holds, as ``dmesg`` was).
+    A script in their place (a site's wrapper, the lab's fake kernel log) is run as before.
+    Both programs cost a node ~13 ms CPU per check, a tenth of its remote work (64 lab hosts)."""
+    journalctl, dmesg = which("journalctl"), which("dmesg")
+    journal = journalctl is not None and (_wrapper(journalctl) or _journal())
+    ring = None
+    if not _wrapper(journalctl) and not _wrapper(dmesg):
+        ring = read_kmsg(KMSG, whole_only=journal)
     tried = []
-    for argv in (
-        ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager", "-q"],
-        ["dmesg"],
-    ):
-        exe = which(argv[0])
-        if not exe:
-            continue
-        code, out, err = run([exe, *argv[1:]], 8)
-        if code == 0 and (out.strip() or argv[0] == "dmesg"):
-            return {"source": argv[0], "xids": parse_xid_lines(out)}
+    if journal and ring is None:
+        argv = ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager", "-q"]
+        code, out, err = run([journalctl, *argv[1:]], 8)
+        if code == 0 and out.strip():
+            return {"source": "journalctl", "xids": parse_xid_lines(out)}
         last = (err or out).strip().splitlines()
-        tried.append(f"{argv[0]} exited {code}" + (f": {last[-1]}" if last else ""))
+        tried.append(f"journalctl exited {code}" + (f": {last[-1]}" if last else ""))
+    if ring is not None:
+        return {"source": "kmsg", "xids": parse_xid_lines(ring[0])}
+    if dmesg:
+        code, out, err = run([dmesg], 8)
+        if code == 0:
+            return {"source": "dmesg", "xids": parse_xid_lines(out)}
+        last = (err or out).strip().splitlines()
+        tried.append(f"dmesg exited {code}" + (f": {last[-1]}" if last else ""))
     return {"source": None, "error": "; ".join(tried) or "no journalctl or dmesg"}
+
+
+def _wrapper(exe: str | None) -> bool:
+    """Whether the program at ``exe`` is not a compiled one (a script standing in for it)."""
+    if exe is None:
+        return False
+    try:
+        with open(exe, "rb") as f:
+            return f.read(4) != b"\x7fELF"
+    except OSError:
+        return True  # run it, and let it say why it cannot
+
+
+def _journal() -> bool:
+    """Whether journald ever wrote a journal here (volatile or persistent)."""
+    for d in JOURNAL_DIRS:
+        try:
+            if os.listdir(d):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def read_kmsg(
+    path: str = KMSG, want: bytes = b"NVRM: Xid", whole_only: bool = False
+) -> tuple | None:
+    """The kernel's ring buffer as ``dmesg`` prints it, only its lines holding ``want``, and
+    whether it holds every line since boot (its first record is the boot's first, none was
+    overwritten while reading); None when it cannot be read (no root under dmesg_restrict),
+    and with ``whole_only`` as soon as it shows it does not hold them all."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    lines = []
+    whole = None
+    read = os.read  # one record a read, thousands of them: the loop is kept lean
+    try:
+        while True:
+            try:
+                rec = read(fd, 8192)
+            except BlockingIOError:  # EAGAIN: read to the end
+                break
+            except BrokenPipeError:  # EPIPE: records overwritten under us; on from the next
+                if whole_only:
+                    return None
+                whole = False
+                continue
+            except OSError:
+                return None
+            if not rec:
+                break
+            if whole is None:
+                whole = kmsg_line(rec, want)[0] == 0
+                if whole_only and not whole:
+                    return None
+            if want in rec:
+                line = kmsg_line(rec, want)[1]
+                if line is not None:
+                    lines.append(line)
+    finally:
+        os.close(fd)
+    return "\n".join(lines), whole is not False
+
+
+def kmsg_line(rec: bytes, want: bytes) -> tuple:
+    """One ``/dev/kmsg`` record (``prio,seq,usec,flags;text`` and its `` KEY=value`` lines):
+    its sequence number and, when its text holds ``want``, the line as ``dmesg`` prints it."""
+    head, _, msg = rec.partition(b";")
+    fields = head.split(b",")
+    seq = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else -1
+    if want not in msg or len(fields) < 3 or not fields[2].isdigit():
+        return seq, None
+    us = int(fields[2])
+    text = msg.split(b"\n", 1)[0].decode(errors="replace")
+    if "\\x" in text:  # the kernel's escape of a control character, as dmesg undoes it
+        text = re.sub(KMSG_ESCAPE, lambda m: chr(int(m.group(1), 16)), text)
+    return seq, f"[{us // 1000000:5d}.{us % 1000000:06d}] {text}"
 
 
 def health_facts(args: dict) -> dict:
@@ -243,7 +346,10 @@ def health_facts(args: dict) -> dict:
         else:
             last = (err or text).strip().splitlines()
             out["smi_error"] = f"nvidia-smi -q -x exited {code}" + (f": {last[-1]}" if last else "")
-    out["kernel"] = kernel_xids()
+    if smi or os.path.exists(NVIDIA_MODULE):
+        out["kernel"] = kernel_xids()
+    else:  # an Xid line needs the driver, loaded now or once with its nvidia-smi installed
+        out["kernel"] = {"source": "-", "xids": [], "skipped": "no NVIDIA driver, no nvidia-smi"}
     out["ib"] = ib_ports(args.get("ib_root") or IB_ROOT)
     dcgmi = which("dcgmi") if args.get("dcgm") else None
     if dcgmi:

@@ -21,7 +21,73 @@ def which(name: str) -> str | None:
 
 
 def run(argv: list, timeout: float) -> tuple:
-    """(exit code, stdout, stderr); 127 when the program is missing, 124 on timeout."""
+    """(exit code, stdout, stderr); 127 when the program is missing, 124 on timeout.
+
+    Started by ``os.posix_spawn``, read here: no ``subprocess`` import, which cost every
+    probe ~4 ms of its ~45 ms CPU (it runs rsync on every node). Python 3.7 has no
+    posix_spawn: ``subprocess`` there."""
+    if not hasattr(os, "posix_spawn"):
+        return _run_subprocess(argv, timeout)
+    import select
+    import signal
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        spawn = os.posix_spawn if "/" in argv[0] else os.posix_spawnp
+        pid = spawn(
+            argv[0],
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess restores them
+        )
+    except FileNotFoundError as e:
+        _close(out_r, err_r)
+        return 127, "", str(e)
+    except OSError as e:
+        _close(out_r, err_r)
+        return 126, "", str(e)
+    finally:
+        _close(out_w, err_w)
+    chunks: dict = {out_r: [], err_r: []}
+    open_fds = [out_r, err_r]
+    deadline = time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return 124, "", f"timed out after {timeout:g}s"
+            ready, _, _ = select.select(open_fds, [], [], left)
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    open_fds.remove(fd)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        _close(out_r, err_r)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
+    return code, out, err
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:  # noqa: SIM105 - contextlib stays unimported on the probe's path
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _run_subprocess(argv: list, timeout: float) -> tuple:
     import subprocess
 
     try:

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from ..kit.facts import gather
+from ..kit.facts import gather, lookup_name
 from ..kit.framing import frame
 from ..kit.icmp import icmp_echo
 from ..kit.waits import Task, pmap, run, which
@@ -157,7 +157,9 @@ def tcp(src: str, dst: str, port: int, timeout: float) -> str:
         if left <= 0:
             return last
         try:
-            s = socket.create_connection((dst, port), timeout=left, source_address=(src, 0))
+            s = socket.create_connection(
+                (lookup_name(dst), port), timeout=left, source_address=(src, 0)
+            )
         except socket.timeout:  # an alias of TimeoutError only from 3.10
             return "timed out"
         except ConnectionRefusedError:
