@@ -1191,19 +1191,25 @@ def test_a_reattach_after_the_ranks_ended_says_so_again_the_old_channel_took_the
     the launcher's quiet shut-down until its exit."""
     job = jid("p-reattach-a")
     done = jobs.root / "launcher-may-end"
-    rank = "env LOCAL_RANK=0 sh -c 'echo one; sleep 1.5; echo two'"  # and its launcher, lingering
-    launcher = f"{rank}; while [ ! -e {done} ]; do sleep 0.1; done"
+    # the rank ends 1.5 s after its supervisor found it (rank_pids.json lists local rank 0): one
+    # that ends before a scan sees it stays unknown, and a loaded machine delays the scan
+    pids = Path(jobs.run_dir(job)) / "rank_pids.json"
+    seen = f"until [ -s {pids} ]; do sleep 0.05; done"  # written once a rank is found
+    rank = f"env LOCAL_RANK=0 sh -c 'echo one; {seen}; sleep 1.5; echo two'"
+    launcher = f"{rank}; while [ ! -e {done} ]; do sleep 0.1; done"  # and it lingers
     run = jobs.start(job, ["sh", "-c", launcher], deadman=10, reattach=True)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     got: list[str] = []
-    while "one" not in got and time.monotonic() < deadline:
+    while "one" not in got:
+        assert time.monotonic() < deadline, got
+        run.stream.send(b"h")
         got += [f.text for f in run.reader.feed(run.stream.recv(0.3) or b"") if f.kind == "L"]
     back = threading.Event()  # the controller's heartbeats until the reattach speaks
     beats = threading.Thread(target=beat_until, args=(back, jobs.run_dir(job)))
     beats.start()
     run.stream.close()
     ended = Path(jobs.run_dir(job)) / "ranks_ended.json"
-    wait_for("the rank's end", ended.exists)
+    wait_for("the rank's end", ended.exists, timeout=60)
     argv = ["reattach", "--run-dir", jobs.run_dir(job), "--skip", "1"]
     sup = supervisor_path(str(jobs.root / "w"))
     p = subprocess.Popen(
