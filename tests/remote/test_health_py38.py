@@ -207,6 +207,7 @@ cases = [
     waits.run([py, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], 10),
     waits.run(["sh", "-c", "yes | head -c 3"], 10),
     waits.run(["sh", "-c", "ls /proc/self/fd"], 10),
+    waits.run(["sh", "-c", "exec >&- 2>&-; sleep 30"], 0.5),  # its pipes shut, it lingers
 ]
 print(json.dumps([[c[0], c[1][:20], len(c[1]), len(c[2])] for c in cases]))
 """
@@ -229,6 +230,7 @@ def test_the_probe_runs_programs_as_subprocess_did_under_3_8(py38: str) -> None:
     assert got[5][0] == -15  # a signal's end, as subprocess says it
     assert got[6] == [0, "y\ny", 3, 0]  # SIGPIPE as the default: yes ends without a word
     assert got[7][1].split() == ["0", "1", "2", "3"]  # no fd of the probe's leaks into it
+    assert got[8][0] == 124  # the limit holds after its output ended, as subprocess's did
 
 
 SKIP = """

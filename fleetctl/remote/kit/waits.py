@@ -61,9 +61,7 @@ def run(argv: list, timeout: float) -> tuple:
         while open_fds:
             left = deadline - time.monotonic()
             if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return 124, "", f"timed out after {timeout:g}s"
+                return _killed(pid, timeout)
             ready, _, _ = select.select(open_fds, [], [], left)
             for fd in ready:
                 data = os.read(fd, 65536)
@@ -71,12 +69,27 @@ def run(argv: list, timeout: float) -> tuple:
                     chunks[fd].append(data)
                 else:
                     open_fds.remove(fd)
-        _, status = os.waitpid(pid, 0)
+        # its output ended; the limit still holds (a program may shut its pipes and linger)
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                return _killed(pid, timeout)
+            time.sleep(0.005)
     finally:
         _close(out_r, err_r)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
     return code, out, err
+
+
+def _killed(pid: int, timeout: float) -> tuple:
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return 124, "", f"timed out after {timeout:g}s"
 
 
 def _close(*fds: int) -> None:
