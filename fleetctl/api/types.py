@@ -23,6 +23,7 @@ _NAMES = {
     "Plan": "fleetctl.plan.rankplan",
     "JobEvent": "fleetctl.job.records.result",
     "EventKind": "fleetctl.job.records.result",
+    "JobPhase": "fleetctl.job.records.result",
     "JobResult": "fleetctl.job.records.result",
     "NodeOutcome": "fleetctl.job.records.result",
     "NodeCollect": "fleetctl.phases.collect",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from fleetctl.job.monitor.process import SpawnedMonitor as SpawnedMonitor
     from fleetctl.job.records.result import EventKind as EventKind
     from fleetctl.job.records.result import JobEvent as JobEvent
+    from fleetctl.job.records.result import JobPhase as JobPhase
     from fleetctl.job.records.result import JobResult as JobResult
     from fleetctl.job.records.result import NodeOutcome as NodeOutcome
     from fleetctl.phases.check.collective_judge import CollectiveReport as CollectiveReport

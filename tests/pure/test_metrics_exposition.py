@@ -12,7 +12,7 @@ import pytest
 from fleetctl.job.monitor.exposition import render
 from fleetctl.job.monitor.hooks import Hooks, hook_env, run_hooks
 from fleetctl.job.monitor.metrics import JobMetrics, JobSample, NodeSample
-from fleetctl.job.records.result import JobEvent, JobResult, NodeOutcome
+from fleetctl.job.records.result import JobEvent, JobPhase, JobResult, NodeOutcome
 from fleetctl.job.records.state import NodeState
 
 J = 'job_id="j1"'
@@ -137,8 +137,8 @@ def test_the_observer_keeps_phase_states_lines_and_scores_from_the_job_events() 
     m.collective({"h0": {"busbw": 3.0}, "h1": {"busbw": None}})
     m.slow_scores({"h1": 7.0})
     running = _nodes(NodeState.RUNNING, NodeState.RUNNING)
-    m.event(JobEvent("phase", "checking nodes", time=10.0), running, "starting")
-    m.event(JobEvent("phase", "launching plain on 2 node(s)", time=11.0), running, "running")
+    m.event(JobEvent("phase", "checking", time=10.0, phase=JobPhase.CHECK), running, "starting")
+    m.event(JobEvent("phase", "launching", time=11.0, phase=JobPhase.RUN), running, "running")
     m.event(JobEvent("lines", rank=1, lines=("é", "ab"), time=12.0), running, "running")
     m.event(JobEvent("progress", rank=0, time=13.0), running, "running")
     ended = _nodes(NodeState.FAILED, NodeState.RUNNING)
@@ -152,7 +152,9 @@ def test_the_observer_keeps_phase_states_lines_and_scores_from_the_job_events() 
         ("h1", "running", 2, 6, None, 7.0),
     ]
     assert (s.last_progress, s.nodes[1].last_line, s.ranks_alive, s.now) == (13.0, 12.0, 4, 50.0)
-    m.event(JobEvent("phase", "checking every host after the failure"), ended, "failed")
+    m.event(JobEvent("phase", "attempt 2 of 2: job j.2"), ended, "failed")  # no JobPhase
+    assert m.sample().phase == "run"  # keeps the last
+    m.event(JobEvent("phase", "checking every host", phase=JobPhase.POST_MORTEM), ended, "failed")
     assert m.sample().phase == "post_mortem"
 
 

@@ -29,18 +29,9 @@ DISTINCTIVE = ("deadman",)  # one word, but no other meaning in fleetctl
 NOT_COUNTED = ("remote",)
 
 # name -> (the most files it may be in, why it is more than LIMIT)
-EXCEPTIONS: dict[str, tuple[int, str]] = {
-    # three things share the word; each needs its files, and no file is only a forwarder
-    "post_mortem": (
-        6,
-        "the option: its field (api/runspec), Fleet.run's keyword (api/fleet) and its consumer, "
-        "the proof (job/diagnose/proof), which also fills job.json's proof key: written by "
-        "JobResult (job/records/result, through to_record) and typed by JobRecord "
-        "(job/records/jobrecord), two types for one file until JobResult is made of "
-        "JobRecord's fields; and the metrics' phase label fleetctl_job_phase{phase=post_mortem} "
-        "(job/monitor/metrics: a public label, docs/metrics.md)",
-    ),
-}
+# (none left: post_mortem, the last, is in 5 since a phase event carries its JobPhase and the
+# metrics no longer map event texts to their labels)
+EXCEPTIONS: dict[str, tuple[int, str]] = {}
 
 
 def distinctive_options() -> list[str]:

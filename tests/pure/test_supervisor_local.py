@@ -355,6 +355,12 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert any(e.kind == "lines" and e.lines[0].startswith("rank 0") for e in events)
     assert result.teardown is not None and result.teardown.verified
+    # every phase event says its stable name (the metrics' label), the post-mortem's too
+    said = [(e.text.split(" ")[0], e.phase) for e in events if e.kind == "phase"]
+    assert said == [
+        *(("connecting", "connect"), ("pushing", "push"), ("launching", "run")),
+        *(("checking", "post_mortem"), ("collecting", "collect")),
+    ]
     assert "exit" in (folder / "events.log").read_text()
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.health.bisect import ALL_PAIRS_UP_TO, Bisect, Finding, Round, proof_lines
+from fleetctl.job.records.result import JobPhase
 from fleetctl.job.records.state import JobStatus, NodeState
 from fleetctl.plan.collective import CollectiveOptions
 from fleetctl.plan.rankplan import NodeFacts
@@ -365,9 +366,8 @@ def record(job: JobContext, ahead: Ahead | None) -> None:
     :func:`start` began; None: no proof wanted)."""
     if ahead is None:
         return
-    job.emit(
-        "phase", f"checking every host: a collective among them, after {ahead.why} (post-mortem)"
-    )
+    say = f"checking every host: a collective among them, after {ahead.why} (post-mortem)"
+    job.emit("phase", say, phase=JobPhase.POST_MORTEM)
     proof = prove(job, ahead)
     job.result.post_mortem = proof.to_dict()
     for line in proof.lines():

@@ -24,18 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from fleetctl.job.records.result import JobEvent, NodeOutcome
 
-# a phase event's text → the phase the metrics name (docs/metrics.md); the others keep the last
-PHASES = (
-    ("connecting", "connect"),
-    ("checking every host", "post_mortem"),
-    ("checking", "check"),
-    ("pushing", "push"),
-    ("before launch", "before"),
-    ("relaying", "relay"),
-    ("launching", "run"),
-    ("collecting", "collect"),
-)
-
 
 class JobObserver(Protocol):
     """What the job core reports to whoever watches a run from outside (metrics)."""
@@ -119,8 +107,8 @@ class JobMetrics:
         with self._lock:
             s = self._s
             s.status = str(status)
-            if ev.kind == "phase":
-                s.phase = next((p for lead, p in PHASES if ev.text.startswith(lead)), s.phase)
+            if ev.kind == "phase" and ev.phase is not None:  # its JobPhase: the label
+                s.phase = str(ev.phase)
             elif ev.kind == "done":
                 s.phase = "done"
             elif ev.kind == "teardown" and s.phase != "done":

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl.job.records.runfolder import iso
-from fleetctl.job.records.state import NODE_STOP, JobStatus, NodeState, node_state
+from fleetctl.job.records.state import NODE_STOP, JobStatus, NodeState, _Str, node_state
 
 if TYPE_CHECKING:
     from fleetctl.job.records.jobrecord import JobRecord
@@ -28,10 +28,28 @@ EventKind = Literal[
 ]  # fmt: skip
 
 
+class JobPhase(_Str):
+    """A ``phase`` event's stable name, whatever its text says (``checking nodes``, ``checking
+    images``: both ``check``): the metrics' ``fleetctl_job_phase`` label (docs/metrics.md) and
+    what a library user switches on. A phase event without one (an attempt's start, choosing
+    hosts for ``--nodes``) leaves the job in the phase it was in."""
+
+    CONNECT = "connect"
+    CHECK = "check"
+    PUSH = "push"
+    BEFORE = "before"  # run --before / the API's before_launch hook
+    RELAY = "relay"  # run --resume: the earlier job's checkpoints
+    RUN = "run"  # launched: the job runs
+    POST_MORTEM = "post_mortem"  # every host checked, the proof's collective, after a failure
+    COLLECT = "collect"
+
+
 @dataclass(frozen=True)
 class JobEvent:
     """What the CLI shows. ``kind``: an :data:`EventKind`. ``rank``/``host`` name the node for
-    node events; ``lines`` holds a node's output lines that arrived together (kind ``lines``)."""
+    node events; ``lines`` holds a node's output lines that arrived together (kind ``lines``);
+    ``phase``: a phase event's :class:`JobPhase` (None for other kinds, and for a phase event
+    that does not change the job's phase)."""
 
     kind: EventKind
     text: str = ""
@@ -40,6 +58,7 @@ class JobEvent:
     code: int | None = None
     time: float = field(default_factory=time.time)
     lines: tuple[str, ...] = ()
+    phase: JobPhase | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetctl.errors import NodePushError, PushError
+from fleetctl.job.records.result import JobPhase
 from fleetctl.phases.push.relay import (
     CHECKPOINT_MAX,
     RelayReport,
@@ -64,7 +65,9 @@ def relay_before_launch(job: JobContext, fleet: FanOut, shared: Sequence[Sequenc
         return
     src = relay.source
     of = f"job {relay.resume}" if relay.resume else f"attempt {src.attempt}"
-    job.emit("phase", f"relaying checkpoints from {src.node.name} (rank 0 of {of})")
+    job.emit(
+        "phase", f"relaying checkpoints from {src.node.name} (rank 0 of {of})", phase=JobPhase.RELAY
+    )
     by_name = {n.name: n for n in job.nodes}
     targets = [
         RelayTarget(by_name[np.host], getattr(np, "work_dir", "") or np.cwd, np.code_dir, np.cwd)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fleetctl.errors import RunFolderError
 from fleetctl.job.monitor.decide import ranks_ended_cleanly
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
-from fleetctl.job.records.result import EventKind, JobEvent, JobResult, NodeOutcome
+from fleetctl.job.records.result import EventKind, JobEvent, JobPhase, JobResult, NodeOutcome
 from fleetctl.job.records.runfolder import RunFolder
 from fleetctl.job.records.state import NODE_STOPPED, JobState, NodeState, exit_state
 
@@ -179,9 +179,10 @@ class JobContext:
         log: bool = True,
         ts: float | None = None,
         lines: tuple[str, ...] = (),
+        phase: JobPhase | None = None,
     ) -> None:
         host = self.result.nodes[rank].host if rank is not None else None
-        ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines)
+        ev = JobEvent(kind, text, rank, host, code, ts or time.time(), lines, phase)
         if kind == "phase":
             self.result.mark_phase(text, ev.time)
         if log and kind not in ("line", "lines"):

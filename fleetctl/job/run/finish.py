@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fleetctl.errors import RunFolderError
 from fleetctl.job.monitor.supervisors import EXTERNAL_STOP_REASON
+from fleetctl.job.records.result import JobPhase
 from fleetctl.job.records.state import JobStatus, NodeState
 from fleetctl.job.run.context import drain
 
@@ -174,7 +175,7 @@ def _collect(job: JobContext, fleet: FanOut, streams: dict[str, Stream] | None =
 
     assert job.plan is not None and job.watch is not None
     lost = _lost_hosts(job)
-    job.emit("phase", f"collecting logs into {job.folder.path}")
+    job.emit("phase", f"collecting logs into {job.folder.path}", phase=JobPhase.COLLECT)
     cut: CollectInterrupted | None = None
     try:
         results = collect(
@@ -258,7 +259,8 @@ def _post_mortem(job: JobContext, fleet: FanOut) -> None:
     """Which host is sick now: a lost node or a cut link is rarely the rank that failed first."""
     from fleetctl.job.diagnose.culprit import likely_causes
 
-    job.emit("phase", "checking every host after the failure (post-mortem)")
+    say = "checking every host after the failure (post-mortem)"
+    job.emit("phase", say, phase=JobPhase.POST_MORTEM)
     limit = job.options.supervision.post_mortem_timeout  # the proof's, the same promise
     found = likely_causes(fleet, job.spec, skip=_lost_hosts(job), limit=limit)
     job.result.culprits = [*(job.result.culprits or []), *found]  # a slow node named first

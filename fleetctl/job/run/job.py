@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.api.runspec import Hosts, Retry, Supervision
 from fleetctl.errors import FleetctlError, LaunchError
-from fleetctl.job.records.result import JobEvent, JobResult
+from fleetctl.job.records.result import JobEvent, JobPhase, JobResult
 from fleetctl.job.records.runfolder import DEFAULT_RUNS_DIR
 from fleetctl.job.records.state import JobStatus
 from fleetctl.job.run.context import JobContext, on_event
@@ -207,7 +207,8 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
     job.state.launch()
     job.sync()
     job.result.started = time.time()
-    job.emit("phase", f"launching {plan.launcher} on {len(plan.nodes)} node(s), job {plan.job_id}")
+    say = f"launching {plan.launcher} on {len(plan.nodes)} node(s), job {plan.job_id}"
+    job.emit("phase", say, phase=JobPhase.RUN)
     job.save()
 
     def start_one(np: Any) -> None:

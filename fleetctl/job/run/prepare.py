@@ -10,6 +10,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import CheckError, RunFolderError
+from fleetctl.job.records.result import JobPhase
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,7 +38,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     from fleetctl.plan.rankplan import NodeFacts, make_plan
 
     spec, options = job.spec, job.options
-    job.emit("phase", f"connecting to {len(job.nodes)} node(s)")
+    job.emit("phase", f"connecting to {len(job.nodes)} node(s)", phase=JobPhase.CONNECT)
     facts: dict[str, NodeFacts] = {}
     known_present: frozenset[str] = frozenset()  # nodes the check saw the code snapshot on
     shared: list[list[str]] = []  # groups of nodes that share one workdir (an NFS home)
@@ -49,7 +50,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
         from fleetctl.phases.check.preflight import check_fleet
 
         copts = check_options(spec, options, in_image)
-        job.emit("phase", "checking nodes")
+        job.emit("phase", "checking nodes", phase=JobPhase.CHECK)
         report = check_fleet(fleet, dataclasses.replace(copts, hold=PROBE_HOLD))
         job.held, report.held = report.held, {}
         with contextlib.suppress(OSError, RunFolderError):  # the check table: never the verdict
@@ -86,7 +87,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     images = cc.wanted(job.nodes, spec, facts, module=module, python=python)
     runtimes: dict[str, str] = {}
     if images:  # --image: runtime, image present and the same everywhere, before any push
-        job.emit("phase", "checking images")
+        job.emit("phase", "checking images", phase=JobPhase.CHECK)
         found = cc.check_images(fleet, images, recheck=options.recheck)
         runtimes = {h: f.runtime for h, f in found.items() if f.runtime}
         facts = cc.with_image_torch(facts, found)
@@ -94,7 +95,8 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     if options.push.asked():
         from fleetctl.phases import push as push_mod
 
-        job.emit("phase", "pushing code" + (" and env" if options.push.env_given() else ""))
+        more = " and env" if options.push.env_given() else ""
+        job.emit("phase", "pushing code" + more, phase=JobPhase.PUSH)
         popts = options.push_options or push_mod.PushOptions(
             require_nccl=spec.backend == "nccl",
             train_addrs={k: f.train_addr for k, f in facts.items() if f.train_addr},
@@ -116,7 +118,7 @@ def prepare(job: JobContext, fleet: FanOut) -> None:
     if options.before_launch is not None:  # `run --before`, the API's hook: nothing runs yet
         from fleetctl.job.run.beforelog import before_output
 
-        job.emit("phase", "before launch")
+        job.emit("phase", "before launch", phase=JobPhase.BEFORE)
         with before_output(job):  # its output: [rank host] lines, each node's before.log
             options.before_launch(job.nodes, fleet.settings)
     if options.planner is not None:  # role jobs: ports probed, roles laid out
