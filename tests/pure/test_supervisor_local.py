@@ -505,6 +505,40 @@ def test_a_20_mb_line_arrives_as_one_line_and_stays_byte_exact_in_console_log(
     assert (run_dir / "console.log").read_bytes() == expected  # byte-exact, no newline added
 
 
+def test_routine_starts_and_ends_wait_for_the_throttled_write_and_the_end_writes_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """job.json is rewritten whole: a node's routine start or exit is written with the next
+    throttled save (SAVE_EVERY), not at once — with the throttle never due, six nodes' starts
+    and exits make no write of their own, and the job's end writes every one of them."""
+    from fleetctl.job.records.runfolder import RunFolder
+    from fleetctl.job.run import context
+    from fleetctl.ssh.fanout import FanOut
+
+    writes: list[str] = []
+    real = RunFolder.write_job
+    monkeypatch.setattr(context, "SAVE_EVERY", 3600.0)
+    monkeypatch.setattr(RunFolder, "write_job", lambda f, j: (writes.append(j.status), real(f, j)))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "ok.py").write_text("print('ok')\n")
+    nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(6)]
+    spec = JobSpec(script="ok.py", job_id=jid("t-throttle-1"), launcher="plain")
+    options = RunOptions(
+        runs_dir=tmp_path / "runs",
+        hosts=Hosts(check=False),
+        push=PushRequest(code),
+        supervision=Supervision(grace=1),
+    )
+    with FanOut(nodes, options.settings, fanout=6) as fleet:
+        result = run_job(spec, nodes, options, fleet=fleet)
+    assert result.exit_code == 0, result.to_dict()
+    # created, launched (running), ended: none of the 12 node events wrote on its own
+    assert writes == ["starting", "running", "succeeded"], writes
+    job = json.loads((tmp_path / "runs" / jid("t-throttle-1") / "job.json").read_text())
+    assert [(n["state"], n["exit_code"]) for n in job["nodes"]] == [("succeeded", 0)] * 6
+
+
 def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
     tmp_path: Path,
 ) -> None:
