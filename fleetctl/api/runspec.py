@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from fleetctl.phases.push.request import PushRequest
     from fleetctl.plan.collective import CollectiveOptions
     from fleetctl.plan.rankplan import JobSpec
-    from fleetctl.plan.roles.jobfile import RetrySpec
+    from fleetctl.plan.retryrules import RetrySpec
     from fleetctl.transport.connection import SSHSettings
 
 # --startup-timeout where only --stall-timeout is given: loading a large model, compiling,
@@ -296,9 +296,9 @@ class Retry(_Group):
     def policy(self, file: RetrySpec | None = None) -> RetryPolicy:
         """The attempt loop's policy: these rules first, then a role job file's ``retry:``
         block's (``file``), whose values fill the fields unset here by name (its keys'
-        mapping: ``plan.roles.jobfile.RETRY_KEYS``); UsageError names a bad rule and where."""
+        mapping: ``plan.retryrules.RETRY_KEYS``); UsageError names a bad rule and where."""
         from fleetctl.job.run.retry import RetryPolicy
-        from fleetctl.plan.roles.jobfile import RetrySpec
+        from fleetctl.plan.retryrules import RetrySpec
 
         file = file or RetrySpec()
         own, where = self.filled(file), file.where or "job file"

@@ -2,7 +2,8 @@
 (``--retry-on``/``--no-retry-on``) and in a role job file's ``retry:`` block, parsed into
 :class:`Rule` values. Here, below both, so the job file's parser refuses a bad rule at its
 line without importing the attempt loop; whether a failure meets a rule is the retry
-policy's (``fleetctl.job.run.retry``)."""
+policy's (``fleetctl.job.run.retry``). The ``retry:`` block's values (:class:`RetrySpec`) are
+here too: a run without a job file builds its policy without loading the job file's parser."""
 
 from __future__ import annotations
 
@@ -73,3 +74,28 @@ def parse_rule(text: str, action: str, *, source: str = "command line") -> Rule:
         else:
             codes.add(_signal_number(part))
     return Rule(action, kind, codes=frozenset(codes), text=f"{kind}:{value}", source=source)
+
+
+#: a ``retry:`` block's keys -> the attribute of :class:`RetrySpec` each sets, named as the field
+#: of ``RunSpec``'s ``Retry`` group it fills (``Retry.policy``: by name, the command line wins):
+#: the one place the two spellings meet. ``backoff_max`` has no flag: the file's only.
+RETRY_KEYS: dict[str, str] = {
+    "max_retries": "max_retries",  # --max-retries
+    "retry_on": "retry_on",  # --retry-on (the command line's rules come first)
+    "no_retry_on": "no_retry_on",  # --no-retry-on
+    "backoff": "retry_backoff",  # --retry-backoff
+    "backoff_max": "retry_backoff_max",  # the file's only
+}
+
+
+@dataclass(frozen=True)
+class RetrySpec:
+    """The job file's ``retry:`` block, as plain values named as the ``Retry`` group's fields
+    (:data:`RETRY_KEYS`); the command line adds to / overrides it (``Retry.policy``)."""
+
+    max_retries: int | None = None
+    retry_on: tuple[str, ...] = ()
+    no_retry_on: tuple[str, ...] = ()
+    retry_backoff: float | None = None  # the file's ``backoff``
+    retry_backoff_max: float | None = None  # the file's ``backoff_max``
+    where: str = ""  # "job.yml:7", the ``retry:`` line: the rules' source in decisions

@@ -322,7 +322,7 @@ def test_the_retry_blocks_keys_meet_the_retry_groups_fields_in_one_mapping() -> 
     from pathlib import Path
 
     from fleetctl.api.runspec import Retry
-    from fleetctl.plan.roles.jobfile import RETRY_KEYS, RetrySpec
+    from fleetctl.plan.retryrules import RETRY_KEYS, RetrySpec
 
     group = {f.name for f in fields(Retry)}
     assert set(RETRY_KEYS.values()) | {"where"} == {f.name for f in fields(RetrySpec)}

@@ -66,6 +66,8 @@ NOT_UP_FRONT = (
     "fleetctl.slurm.private",
     "fleetctl.api.slurm",
     "fleetctl.plan.roles.completion",  # --job: role jobs
+    "fleetctl.plan.roles.jobfile",  # (a plain run's retry policy: plan.retryrules.RetrySpec)
+    "fleetctl.plan.roles.yamlfields",
     "fleetctl.plan.roles.plan",
     "fleetctl.plan.roles.tasks",
     "fleetctl.job.run.rolejob",

@@ -48,14 +48,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Each name loads its module on first use (module ``__getattr__``): a plain run reads only
-# ``jobfile.RetrySpec`` (its retry policy), and importing that module runs this package's
-# ``__init__`` first; completion, the layout and the port table are for role jobs.
+# Each name loads its module on first use (module ``__getattr__``): a plain run loads none of
+# them (its retry policy's RetrySpec is ``plan.retryrules``'); completion, the job file, the
+# layout and the port table are for role jobs.
 _NAMES = {
     "CompletionPolicy": "completion",
     "Verdict": "completion",
     "JobFile": "jobfile",
-    "RetrySpec": "jobfile",
     "RoleSpec": "jobfile",
     "load_job_file": "jobfile",
     "parse_job_file": "jobfile",
@@ -75,7 +74,6 @@ if TYPE_CHECKING:
     from fleetctl.plan.roles.completion import CompletionPolicy as CompletionPolicy
     from fleetctl.plan.roles.completion import Verdict as Verdict
     from fleetctl.plan.roles.jobfile import JobFile as JobFile
-    from fleetctl.plan.roles.jobfile import RetrySpec as RetrySpec
     from fleetctl.plan.roles.jobfile import RoleSpec as RoleSpec
     from fleetctl.plan.roles.jobfile import load_job_file as load_job_file
     from fleetctl.plan.roles.jobfile import parse_job_file as parse_job_file
@@ -95,7 +93,6 @@ __all__ = [
     "PORT_LO",
     "CompletionPolicy",
     "JobFile",
-    "RetrySpec",
     "RoleLayout",
     "RoleSpec",
     "Task",

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import UsageError
 from fleetctl.plan.launchers import LAUNCHER_NAMES, LAUNCHERS
-from fleetctl.plan.retryrules import parse_rule
+from fleetctl.plan.retryrules import RETRY_KEYS, RetrySpec, parse_rule
 from fleetctl.plan.roles.yamlfields import (
     LocatedList,
     LocatedMap,
@@ -106,16 +106,6 @@ _JOB_KEYS = frozenset(
         "container_runtime",
     }
 )
-#: a ``retry:`` block's keys -> the attribute of :class:`RetrySpec` each sets, named as the field
-#: of ``RunSpec``'s ``Retry`` group it fills (``Retry.policy``: by name, the command line wins):
-#: the one place the two spellings meet. ``backoff_max`` has no flag: the file's only.
-RETRY_KEYS: dict[str, str] = {
-    "max_retries": "max_retries",  # --max-retries
-    "retry_on": "retry_on",  # --retry-on (the command line's rules come first)
-    "no_retry_on": "no_retry_on",  # --no-retry-on
-    "backoff": "retry_backoff",  # --retry-backoff
-    "backoff_max": "retry_backoff_max",  # the file's only
-}
 
 
 @dataclass(frozen=True)
@@ -139,19 +129,6 @@ class RoleSpec:
 
 
 @dataclass(frozen=True)
-class RetrySpec:
-    """The job file's ``retry:`` block, as plain values named as the ``Retry`` group's fields
-    (:data:`RETRY_KEYS`); the command line adds to / overrides it (``Retry.policy``)."""
-
-    max_retries: int | None = None
-    retry_on: tuple[str, ...] = ()
-    no_retry_on: tuple[str, ...] = ()
-    retry_backoff: float | None = None  # the file's ``backoff``
-    retry_backoff_max: float | None = None  # the file's ``backoff_max``
-    where: str = ""  # "job.yml:7", the ``retry:`` line: the rules' source in decisions
-
-
-@dataclass(frozen=True)
 class JobFile:
     """A parsed ``job.yml``."""
 
@@ -163,7 +140,7 @@ class JobFile:
     script: str | None = None  # paddle-ps
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
-    retry: RetrySpec = RetrySpec()
+    retry: RetrySpec = field(default_factory=RetrySpec)
     backend: str | None = None
     timeout: float | None = None  # like `run --timeout` (the command line wins)
     stall_timeout: float | None = None  # like `run --stall-timeout`
