@@ -126,3 +126,56 @@ def test_plain_ssh_path_imports_none_of_the_other_paths_before_connecting(
 def test_a_planted_import_on_that_path_fails_the_guard(tmp_path: Path) -> None:
     names = modules_at_connect(tmp_path, *RUN, plant="statistics")
     assert up_front(names) == ["decimal", "statistics"]
+
+
+# A whole run over two local nodes (the slow-node and progress judges watch a multi-node run),
+# nothing wrong with it: sys.modules at its end.
+WHOLE_RUN = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from fleetctl.api.runspec import Hosts, Supervision
+from fleetctl.job.run.job import RunOptions, run_job
+from fleetctl.node import Node
+from fleetctl.phases.push import PushRequest
+from fleetctl.plan.rankplan import JobSpec
+from fleetctl.ssh.fanout import FanOut
+tmp = Path(sys.argv[1])
+nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp / f"w{i}")) for i in range(2)]
+opts = RunOptions(runs_dir=tmp / "runs", hosts=Hosts(check=False), push=PushRequest(tmp / "code"),
+                  supervision=Supervision(grace=1))
+with FanOut(nodes, opts.settings) as fleet:
+    result = run_job(JobSpec(script="job.py", job_id="t-quiet-1", launcher="plain"), nodes, opts,
+                     fleet=fleet)
+json.dump([result.exit_code, sorted(sys.modules)], open(tmp / "modules.json", "w"))
+"""
+
+# Loaded only when a run needs them: a node named slow (its ranks' stacks), progress markers
+# in the output (the rates' medians), a failure (the proof).
+NOT_IN_A_QUIET_RUN = (
+    "statistics",
+    "decimal",
+    "fractions",
+    "fleetctl.phases.stacks",
+    "fleetctl.phases.stackdumps",
+    "fleetctl.job.diagnose.proof",
+    "fleetctl.job.diagnose.culprit",
+)
+
+
+def test_a_quiet_multi_node_run_loads_no_stack_dumper_statistics_or_proof(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text("print('hello, no progress here')\n")
+    p = subprocess.run(
+        [sys.executable, "-c", WHOLE_RUN, str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    code, names = json.loads((tmp_path / "modules.json").read_text())
+    assert code == 0
+    assert "fleetctl.job.diagnose.pace" in names  # the judges did watch it
+    assert "fleetctl.job.diagnose.progress_rate" in names
+    assert [n for n in NOT_IN_A_QUIET_RUN if n in names] == []

@@ -117,8 +117,6 @@ def _suspect(
     nodes: dict[int, str], series: dict[int, dict[tuple[str, str], _Series]], now: float
 ) -> tuple[NodeRate | None, dict[int, NodeRate], str]:
     """The round's slow node (or None), every node's rate and the shape measured."""
-    import statistics
-
     for kind in KINDS:
         rates: dict[int, NodeRate] = {}
         for rank, host in nodes.items():
@@ -126,6 +124,8 @@ def _suspect(
             got = [r for r in per if r is not None]
             if not got:
                 break
+            import statistics  # here: a job whose lines carry no progress never needs it
+
             rates[rank] = NodeRate(
                 rank,
                 host,

@@ -285,14 +285,19 @@ def _launch_and_watch(job: JobContext, fleet: FanOut) -> None:
 
 
 def _stack_sampler(job: JobContext, fleet: FanOut) -> Callable[[], dict[int, dict[str, Any]]]:
-    """Every rank's py-spy samples once a node is named slow (``context.slow_node``)."""
-    from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
-
+    """Every rank's py-spy samples once a node is named slow (``context.slow_node``); the
+    stack modules load then, not at every launch (most runs never name one)."""
     plan = job.plan
     assert plan is not None
-    return lambda: sample_stacks(
-        fleet, plan, pythons=job.pythons, samples=SAMPLES, window=SAMPLE_WINDOW
-    )
+
+    def sample() -> dict[int, dict[str, Any]]:
+        from fleetctl.phases.stacks import SAMPLE_WINDOW, SAMPLES, sample_stacks
+
+        return sample_stacks(
+            fleet, plan, pythons=job.pythons, samples=SAMPLES, window=SAMPLE_WINDOW
+        )
+
+    return sample
 
 
 def _watch_health(job: JobContext, watch: Watch) -> list[HealthWatch]:
