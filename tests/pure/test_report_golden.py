@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.report import build_report, write_report
-from tests.pure.test_report_model import JOB, _write, at, make_run
+from tests.pure.test_report_model import JOB, _write, at, make_run, sixty_four_nodes
 
 CASES_DIR = Path(__file__).parent / "report_cases"
 REGEN = os.environ.get("FLEETCTL_REGEN_GOLDEN") == "1"
@@ -62,17 +62,7 @@ def never_launched(root: Path) -> Path:
 
 
 def big(root: Path) -> Path:
-    hosts = [f"gpu{i:02d}" for i in range(64)]
-    links = [
-        {"src": a, "dst": b, "busbw": 20.0 - (b == "gpu17")} for a in hosts for b in hosts if a != b
-    ]
-    coll = {"median_link_busbw": 20.0, "threshold_busbw": 10.0, "links": links,
-            "failures": [{"host": "gpu17", "reason": "slow"}]}  # fmt: skip
-    folder = make_run(
-        root, hosts=hosts, nproc=8, fail_node=17, log_lines=300, collective=coll, failing_ranks=8
-    )
-    (folder / "17-gpu17" / "rank7.log").write_text(("x" * 5000 + "\n") * 400 + "the end\n")
-    return folder
+    return sixty_four_nodes(root, "the end")
 
 
 def odd_names(root: Path) -> Path:

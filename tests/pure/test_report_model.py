@@ -217,7 +217,9 @@ def test_the_html_is_self_contained_escaped_and_names_the_culprit_first(tmp_path
     assert oct(out.stat().st_mode & 0o777) == "0o600"
 
 
-def test_a_64_node_report_with_big_logs_and_a_full_matrix_stays_under_2_mb(tmp_path: Path) -> None:
+def sixty_four_nodes(root: Path, last_words: str) -> Path:
+    """A failed 64-node run (8 ranks each): gpu17 failed first and is slow in the full
+    all-pairs matrix; its rank 7's 2 MB log ends with ``last_words``."""
     hosts = [f"gpu{i:02d}" for i in range(64)]
     links = [
         {"src": a, "dst": b, "busbw": 20.0 - (b == "gpu17")} for a in hosts for b in hosts if a != b
@@ -225,11 +227,14 @@ def test_a_64_node_report_with_big_logs_and_a_full_matrix_stays_under_2_mb(tmp_p
     coll = {"median_link_busbw": 20.0, "threshold_busbw": 10.0, "links": links,
             "failures": [{"host": "gpu17", "reason": "slow"}]}  # fmt: skip
     folder = make_run(
-        tmp_path, hosts=hosts, nproc=8, fail_node=17, log_lines=300, collective=coll,
-        failing_ranks=8,
-    )  # fmt: skip
-    big = folder / "17-gpu17" / "rank7.log"
-    big.write_text(("x" * 5000 + "\n") * 400 + "RuntimeError: the last words\n")
+        root, hosts=hosts, nproc=8, fail_node=17, log_lines=300, collective=coll, failing_ranks=8
+    )
+    (folder / "17-gpu17" / "rank7.log").write_text(("x" * 5000 + "\n") * 400 + last_words + "\n")
+    return folder
+
+
+def test_a_64_node_report_with_big_logs_and_a_full_matrix_stays_under_2_mb(tmp_path: Path) -> None:
+    folder = sixty_four_nodes(tmp_path, "RuntimeError: the last words")
     html = build_report(folder)
     size = len(html.encode())
     print(f"64-node report: {size} bytes")
