@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +28,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # the lab comes from the after checkout
 
 from common import SampleFailed, run_timed, tail  # noqa: E402
-from phases import NOOP_SCRIPT, PhaseBench  # noqa: E402
+from phases import NOOP_SCRIPT, sized_lab  # noqa: E402
 
 
 def _argv(checkout: Path) -> tuple[list[str], dict[str, str]]:
@@ -88,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
     for root in sides.values():
         compileall.compile_dir(str(root / "fleetctl"), quiet=1)
-    from fleetctl.lab import Lab
-
     raw: dict[str, dict[str, list[tuple[float, float]]]] = {}
     lines = [
         "| row | N | before median s | before CPU s | after median s | after CPU s | samples |",
@@ -97,32 +94,25 @@ def main(argv: list[str] | None = None) -> int:
     ]
     failures: list[str] = []
     for n in [int(x) for x in args.sizes.split(",")]:
-        lab = Lab.up(n, networks=2)
-        try:
-            with tempfile.TemporaryDirectory(prefix="fleetctl-ab-") as tmp:
-                work = Path(tmp)
-                bench = PhaseBench(lab, work, quick=False)
-                inv = bench.inventory(n, "/root/.fleetctl/bench-ab")
-                (work / "code").mkdir()
-                (work / "code" / "job.py").write_text(NOOP_SCRIPT)
-                names = {h.name for h in lab.hosts[:n]}
-                fan = {"before": [], "after": []}
-                run = {"before": [], "after": []}
-                for side, root in sides.items():  # untimed: the push is a no-op after it
-                    _noop(root, inv, work, f"warm-{side}")
-                for i in range(args.repeat):
-                    for side, root in sides.items():
-                        try:
-                            fan[side].append(_fanout(root, inv, names))
-                            run[side].append(_noop(root, inv, work, f"{side}-{i}"))
-                        except (SampleFailed, subprocess.TimeoutExpired) as e:
-                            failures.append(f"N={n} {side}: {e}")
-                raw[f"exec hostname N={n}"] = fan
-                raw[f"no-op run N={n}"] = run
-                lines.append(_row("fleetctl exec hostname", n, fan))
-                lines.append(_row("fleetctl run no-op job", n, run))
-        finally:
-            lab.down()
+        with sized_lab(n, "fleetctl-ab-", "/root/.fleetctl/bench-ab") as (lab, _, inv, work):
+            (work / "code").mkdir()
+            (work / "code" / "job.py").write_text(NOOP_SCRIPT)
+            names = {h.name for h in lab.hosts[:n]}
+            fan: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+            run: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+            for side, root in sides.items():  # untimed: the push is a no-op after it
+                _noop(root, inv, work, f"warm-{side}")
+            for i in range(args.repeat):
+                for side, root in sides.items():
+                    try:
+                        fan[side].append(_fanout(root, inv, names))
+                        run[side].append(_noop(root, inv, work, f"{side}-{i}"))
+                    except (SampleFailed, subprocess.TimeoutExpired) as e:
+                        failures.append(f"N={n} {side}: {e}")
+            raw[f"exec hostname N={n}"] = fan
+            raw[f"no-op run N={n}"] = run
+            lines.append(_row("fleetctl exec hostname", n, fan))
+            lines.append(_row("fleetctl run no-op job", n, run))
     print("\n".join(lines))
     for f in failures:
         print(f"FAILED: {f}", file=sys.stderr)

@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))  # the lab comes from this checkout
 
 from common import SampleFailed, run_timed, tail  # noqa: E402
 from fleet import _blamed, _failures, remote_cpu  # noqa: E402
-from phases import PhaseBench  # noqa: E402
+from phases import sized_lab  # noqa: E402
 
 
 def _check(root: Path, inv: str, lab: Any, cache: Path) -> tuple[dict[str, float], Any]:
@@ -79,40 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     for root in sides.values():
         if os.access(root / "fleetctl", os.W_OK):
             compileall.compile_dir(str(root / "fleetctl"), quiet=1)
-    from fleetctl.lab import Lab
-
     rows = args.rows.split(",")
     raw: dict[str, dict[str, list[dict[str, float]]]] = {}
     failures: list[str] = []
     for n in [int(x) for x in args.sizes.split(",")]:
-        lab = Lab.up(n, networks=2)
-        try:
-            with tempfile.TemporaryDirectory(prefix="fleetctl-abcheck-") as tmp:
-                bench = PhaseBench(lab, Path(tmp), quick=False)
-                inv = bench.inventory(n, "/root/.fleetctl/bench-abcheck")
-                victim = lab.hosts[n // 2].name
-                for row in rows:
-                    got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        with sized_lab(n, "fleetctl-abcheck-", "/root/.fleetctl/bench-abcheck") as lab_etc:
+            lab, _, inv, tmp = lab_etc
+            victim = lab.hosts[n // 2].name
+            for row in rows:
+                got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+                if row == "cut":
+                    lab.cut_link(victim, "data")
+                try:
+                    for i in range(args.repeat):
+                        for side, root in sides.items():
+                            try:
+                                s, rep = _check(root, inv, lab, tmp / f"c-{side}-{i}")
+                                if row == "healthy" and s["rc"] != 0:
+                                    raise SampleFailed(f"failed: {_failures(rep)}")
+                                if row == "cut" and _blamed(rep) != [victim]:
+                                    raise SampleFailed(f"blamed {_blamed(rep)}, not {victim}")
+                                got[side].append(s)
+                            except (SampleFailed, subprocess.TimeoutExpired) as e:
+                                failures.append(f"{row} N={n} {side}: {e}")
+                finally:
                     if row == "cut":
-                        lab.cut_link(victim, "data")
-                    try:
-                        for i in range(args.repeat):
-                            for side, root in sides.items():
-                                try:
-                                    s, rep = _check(root, inv, lab, Path(tmp) / f"c-{side}-{i}")
-                                    if row == "healthy" and s["rc"] != 0:
-                                        raise SampleFailed(f"failed: {_failures(rep)}")
-                                    if row == "cut" and _blamed(rep) != [victim]:
-                                        raise SampleFailed(f"blamed {_blamed(rep)}, not {victim}")
-                                    got[side].append(s)
-                                except (SampleFailed, subprocess.TimeoutExpired) as e:
-                                    failures.append(f"{row} N={n} {side}: {e}")
-                    finally:
-                        if row == "cut":
-                            lab.heal_link(victim, "data")
-                    raw[f"{row} N={n}"] = got
-        finally:
-            lab.down()
+                        lab.heal_link(victim, "data")
+                raw[f"{row} N={n}"] = got
     keys = ("elapsed", "wall", "cpu", "remote_ms_per_node")
     print("| row | side | samples | " + " | ".join(keys) + " |")
     print("|---|---|---:|" + "---:|" * len(keys))

@@ -97,6 +97,24 @@ def events(folder: Path) -> list[tuple[float, str, str]]:
     return out
 
 
+@contextlib.contextmanager
+def sized_lab(n: int, prefix: str, workdir: str) -> Any:
+    """A lab of ``n`` hosts (2 networks), a scratch folder and the hosts' inventory with
+    ``workdir``: ``(lab, bench, inventory, folder)``; the lab is taken down after. The A/B
+    scripts' per-size loop (bench/ab.py, bench/ab_check.py)."""
+    import tempfile
+
+    from fleetctl.lab import Lab
+
+    lab = Lab.up(n, networks=2)
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            bench = PhaseBench(lab, Path(tmp), quick=False)
+            yield lab, bench, bench.inventory(n, workdir), Path(tmp)
+    finally:
+        lab.down()
+
+
 class PhaseBench:
     """Runs ``fleetctl run``/``push`` on the lab with per-measurement inventories and workdirs."""
 
