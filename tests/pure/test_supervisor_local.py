@@ -18,6 +18,7 @@ import pytest
 
 from fleetctl import remote
 from fleetctl.api.runspec import Hosts, Supervision
+from fleetctl.job.records.result import JobResult
 from fleetctl.job.run.job import RunOptions, run_job
 from fleetctl.node import Node
 from fleetctl.phases.frames import FrameReader, last_data
@@ -505,6 +506,28 @@ def test_a_20_mb_line_arrives_as_one_line_and_stays_byte_exact_in_console_log(
     assert (run_dir / "console.log").read_bytes() == expected  # byte-exact, no newline added
 
 
+def _local_nodes_run(
+    tmp_path: Path, n: int, script: str, job_id: str, *, fanout: int
+) -> tuple[JobResult, Path]:
+    """``script`` (ok.py) on ``n`` local nodes, the fan-out ``fanout`` wide: its result and run
+    folder."""
+    from fleetctl.ssh.fanout import FanOut
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "ok.py").write_text(script)
+    nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(n)]
+    spec = JobSpec(script="ok.py", job_id=jid(job_id), launcher="plain")
+    options = RunOptions(
+        runs_dir=tmp_path / "runs",
+        hosts=Hosts(check=False),
+        push=PushRequest(code),
+        supervision=Supervision(grace=1),
+    )
+    with FanOut(nodes, options.settings, fanout=fanout) as fleet:
+        return run_job(spec, nodes, options, fleet=fleet), tmp_path / "runs" / jid(job_id)
+
+
 def test_routine_starts_and_ends_wait_for_the_throttled_write_and_the_end_writes_them_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -513,29 +536,16 @@ def test_routine_starts_and_ends_wait_for_the_throttled_write_and_the_end_writes
     and exits make no write of their own, and the job's end writes every one of them."""
     from fleetctl.job.records.runfolder import RunFolder
     from fleetctl.job.run import context
-    from fleetctl.ssh.fanout import FanOut
 
     writes: list[str] = []
     real = RunFolder.write_job
     monkeypatch.setattr(context, "SAVE_EVERY", 3600.0)
     monkeypatch.setattr(RunFolder, "write_job", lambda f, j: (writes.append(j.status), real(f, j)))
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "ok.py").write_text("print('ok')\n")
-    nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(6)]
-    spec = JobSpec(script="ok.py", job_id=jid("t-throttle-1"), launcher="plain")
-    options = RunOptions(
-        runs_dir=tmp_path / "runs",
-        hosts=Hosts(check=False),
-        push=PushRequest(code),
-        supervision=Supervision(grace=1),
-    )
-    with FanOut(nodes, options.settings, fanout=6) as fleet:
-        result = run_job(spec, nodes, options, fleet=fleet)
+    result, folder = _local_nodes_run(tmp_path, 6, "print('ok')\n", "t-throttle-1", fanout=6)
     assert result.exit_code == 0, result.to_dict()
     # created, launched (running), ended: none of the 12 node events wrote on its own
     assert writes == ["starting", "running", "succeeded"], writes
-    job = json.loads((tmp_path / "runs" / jid("t-throttle-1") / "job.json").read_text())
+    job = json.loads((folder / "job.json").read_text())
     assert [(n["state"], n["exit_code"]) for n in job["nodes"]] == [("succeeded", 0)] * 6
 
 
@@ -544,24 +554,10 @@ def test_more_nodes_than_the_fanout_all_start_and_job_json_books_every_phase(
 ) -> None:
     """Launch and collect run at most ``fanout`` nodes at once: three nodes through one worker
     still all run; job.json's ``phases`` name each phase with the controller's CPU so far."""
-    from fleetctl.ssh.fanout import FanOut
-
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "ok.py").write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
-    nodes = [Node.localhost(name=f"l{i}", workdir=str(tmp_path / f"w{i}")) for i in range(3)]
-    spec = JobSpec(script="ok.py", job_id=jid("t-fanout-1"), launcher="plain")
-    options = RunOptions(
-        runs_dir=tmp_path / "runs",
-        hosts=Hosts(check=False),
-        push=PushRequest(code),
-        supervision=Supervision(grace=1),
-    )
-    with FanOut(nodes, options.settings, fanout=1) as fleet:
-        result = run_job(spec, nodes, options, fleet=fleet)
+    script = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
+    result, folder = _local_nodes_run(tmp_path, 3, script, "t-fanout-1", fanout=1)
     assert result.exit_code == 0, result.to_dict()
     assert [n.exit_code for n in result.nodes] == [0, 0, 0]
-    folder = tmp_path / "runs" / jid("t-fanout-1")
     for i in range(3):
         assert (folder / f"{i}-l{i}" / "console.log").read_text() == f"rank {i}\n"
     phases = json.loads((folder / "job.json").read_text())["phases"]
