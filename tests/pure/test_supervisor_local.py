@@ -341,6 +341,7 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
             hosts=Hosts(check=False),
             push=PushRequest(code),
             supervision=Supervision(grace=1),
+            before_launch=lambda nodes, settings: None,  # `run --before`'s phase
         ),
         on_event=events.append,
     )
@@ -359,8 +360,8 @@ def test_run_job_locally_records_a_failure_and_collects_logs(tmp_path: Path) -> 
     # every phase event says its stable name (the metrics' label), the post-mortem's too
     said = [(e.text.split(" ")[0], e.phase) for e in events if e.kind == "phase"]
     assert said == [
-        *(("connecting", "connect"), ("pushing", "push"), ("launching", "run")),
-        *(("checking", "post_mortem"), ("collecting", "collect")),
+        *(("connecting", "connect"), ("pushing", "push"), ("before", "before")),
+        *(("launching", "run"), ("checking", "post_mortem"), ("collecting", "collect")),
     ]
     assert "exit" in (folder / "events.log").read_text()
 
