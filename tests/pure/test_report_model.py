@@ -345,3 +345,20 @@ def test_a_job_that_never_launched_still_has_a_report_with_its_errors(tmp_path: 
     html = build_report(folder)
     assert 'Job J1: <span class="status">error</span>' in html
     assert "<li>node2: &lt;refused&gt;</li>" in html and 'id="culprit"' not in html
+
+
+def test_a_ctrl_c_while_the_report_is_written_is_a_warning_not_the_runs_end(
+    tmp_path: Path,
+) -> None:
+    """The job has ended and its result is final: a Ctrl-C in the report's few milliseconds
+    leaves the page unwritten and says how to write it, and the run returns its result."""
+    from fleetctl.job.records.report import write_run_report
+
+    def interrupted(folder: Path) -> Path:
+        raise KeyboardInterrupt
+
+    told: list[Any] = []
+    write_run_report(interrupted, tmp_path / "J1", "J1", told.append)
+    assert [(e.kind, e.text) for e in told] == [
+        ("warning", "report not written: interrupted (`fleetctl report J1` writes it)")
+    ]

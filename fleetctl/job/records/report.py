@@ -23,7 +23,8 @@ def write_run_report(
 ) -> None:
     """report.html into the job's first run folder (every attempt in it), for an attached
     run and a detached job's monitor alike. Never changes the run's outcome: a failure to
-    write it is a warning."""
+    write it is a warning, and so is a Ctrl-C while it is written (the job has ended and its
+    result is final: the run still returns it, and ``fleetctl report`` writes the page later)."""
     from fleetctl.job.records.result import JobEvent
     from fleetctl.job.records.runs import ATTEMPT_RE
 
@@ -38,3 +39,6 @@ def write_run_report(
         on_event(JobEvent("notice", f"report: {path} (`fleetctl report {job_id}`)"))
     except Exception as e:  # a report is a convenience, never the run's verdict
         on_event(JobEvent("warning", f"report not written: {type(e).__name__}: {e}"))
+    except KeyboardInterrupt:
+        later = f"`fleetctl report {job_id}`"
+        on_event(JobEvent("warning", f"report not written: interrupted ({later} writes it)"))
