@@ -148,19 +148,20 @@ def _reattacher(fleet: FanOut) -> Callable[[NodeRun, float], list[Frame]]:
     (a link coming back answers the next try at once, not after the kernel's SYN back-off);
     it replaces the old one."""
 
-    def reattach(run: NodeRun, deadline: float) -> list[Frame]:
+    def dial(node: Node, deadline: float) -> Connection:
         from fleetctl.transport.connection import connect
 
         while True:
-            left = deadline - time.monotonic()
+            one = max(0.3, min(REATTACH_TRY, deadline - time.monotonic()))
             try:
-                one = max(0.3, min(REATTACH_TRY, left))
-                conn = connect(run.node, dataclasses.replace(fleet.settings, connect_timeout=one))
-                break
+                return connect(node, dataclasses.replace(fleet.settings, connect_timeout=one))
             except FleetctlError:
                 if time.monotonic() + 0.1 >= deadline:
                     raise
                 time.sleep(0.1)
+
+    def reattach(run: NodeRun, deadline: float) -> list[Frame]:
+        conn = dial(run.node, deadline)
         try:
             # a node that answered the handshake gets a moment to answer from its supervisor
             frames = reattach_stream(run, conn, timeout=max(1.0, deadline - time.monotonic()))
