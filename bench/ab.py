@@ -26,6 +26,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -63,14 +64,17 @@ def _fanout(checkout: Path, inv: str, names: set[str]) -> tuple[float, float]:
     return t.seconds, t.cpu
 
 
-def _noop(checkout: Path, inv: str, work: Path, tag: str, split: list | None = None) -> Sample:
-    """One no-op run's wall and CPU; with ``split``, its phases (:func:`phase_split`) too."""
+def _noop(
+    checkout: Path, inv: str, work: Path, tag: str, split: list | None = None, extra: tuple = ()
+) -> Sample:
+    """One no-op run's wall and CPU; with ``split``, its phases (:func:`phase_split`) too;
+    ``extra``: more ``run`` options (``--after-run-args``)."""
     argv, env = _argv(checkout)
     code = work / "code"
     env["FLEETCTL_CACHE_DIR"] = str(work / f"cache-{tag}")  # the check really runs
     runs = work / f"runs-{checkout.name}-{tag}"  # this sample's run folder alone
     cmd = [*argv, "run", "-i", inv, "--launcher", "plain", "--code-dir", str(code)]
-    cmd += ["--runs-dir", str(runs), str(code / "job.py")]
+    cmd += ["--runs-dir", str(runs), *extra, str(code / "job.py")]
     began = time.time()
     t = run_timed(cmd, env=env, timeout=600, cwd=str(checkout))
     if t.proc.returncode != 0:
@@ -140,8 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", type=Path, default=None, help="write the raw samples here")
     p.add_argument("--phases", action="store_true", help="the no-op run's phases, per side")
+    p.add_argument(
+        "--after-run-args",
+        default="",
+        help="more options for the after side's no-op run (shell words), e.g. "
+        "'--no-report --on-slow off': what features the before side lacks cost",
+    )
     args = p.parse_args(argv)
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    extra = {"before": (), "after": tuple(shlex.split(args.after_run_args))}
     for root in sides.values():
         compileall.compile_dir(str(root / "fleetctl"), quiet=1)
     raw: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -159,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
             run: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
             splits: dict[str, list] = {"before": [], "after": []}
             for side, root in sides.items():  # untimed: the push is a no-op after it
-                _noop(root, inv, work, f"warm-{side}")
+                _noop(root, inv, work, f"warm-{side}", extra=extra[side])
             for i in range(args.repeat):
                 for side, root in sides.items():
                     try:
                         fan[side].append(_fanout(root, inv, names))
                         keep = splits[side] if args.phases else None
-                        run[side].append(_noop(root, inv, work, f"{side}-{i}", keep))
+                        sample = _noop(root, inv, work, f"{side}-{i}", keep, extra[side])
+                        run[side].append(sample)
                     except (SampleFailed, subprocess.TimeoutExpired) as e:
                         failures.append(f"N={n} {side}: {e}")
             raw[f"exec hostname N={n}"] = fan
